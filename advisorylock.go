@@ -1,0 +1,417 @@
+// Package advisorylock gives any database/sql application named,
+// cluster-wide locks: run this exactly once across all replicas right now
+// (TryDo), or serialize this section across the fleet (Do).
+//
+// A Lock on PostgreSQL is a session advisory lock held on a connection
+// pinned for the whole hold; on SQLite it is a renewed lease row in the
+// application's database file. A LeaseLock is a lease row on either, and
+// each grant carries a FencingToken that a Fence checks at the resource,
+// so a holder that was paused or cut off cannot overwrite its successor.
+//
+// What can go wrong, and what the package does about it:
+//
+//   - A lock is never returned to the connection pool while held: N held
+//     locks use N connections of the pool (count them in SetMaxOpenConns).
+//   - A cancelled or failed acquire discards its connection, so the
+//     server frees whatever it might have granted.
+//   - A held lock whose session dies (killed, network cut, restart) closes
+//     its Guard's Lost channel and cancels Do's context.
+//   - Behind a transaction-mode pooler (PgBouncer pool_mode=transaction)
+//     session locks cannot work; New refuses them with
+//     ErrTransactionPooler. LeaseLock works there.
+//
+// Locks are not fair (waiters are not served in arrival order), and a Lock
+// is not a lease on PostgreSQL: it lasts exactly as long as its session.
+package advisorylock
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// DB is what a lock needs from a handle. *sql.DB and *sqlx.DB satisfy it.
+type DB interface {
+	Conn(ctx context.Context) (*sql.Conn, error)
+	Driver() driver.Driver
+}
+
+// KeyDomain separates the keys this package derives from keys that other
+// tools pick by hand. It is part of the key derivation and never changes
+// within v1.
+const KeyDomain = "advisorylock:v1"
+
+// Key returns the 64-bit lock key for name: the first 8 bytes, read as a
+// big-endian two's-complement integer, of SHA-256 over KeyDomain, one zero
+// byte, and the name's bytes. It is pure and stable, so any language can
+// compute the same key, for example in Python:
+//
+//	int.from_bytes(hashlib.sha256(b"advisorylock:v1\x00" + name.encode())
+//	    .digest()[:8], "big", signed=True)
+func Key(name string) int64 {
+	h := sha256.New()
+	h.Write([]byte(KeyDomain))
+	h.Write([]byte{0})
+	h.Write([]byte(name))
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8]))
+}
+
+// Holder describes who holds a lock now, for operators and tools.
+type Holder struct {
+	Name        string // the lock's name, where the backend stores it
+	Backend     string // "postgres", "sqlite", …
+	Key         int64
+	PID         int          // PostgreSQL backend pid, 0 if unknown
+	Application string       // application_name, if known
+	ClientAddr  string       // the holder's address, if known
+	Owner       string       // lease owner label, if a lease
+	Token       FencingToken // lease generation, 0 for session locks
+	Since       time.Time    // when the hold began (or an earlier bound)
+	ExpiresAt   time.Time    // zero for session locks
+}
+
+// Lock is a named lock. It is safe for concurrent use; every acquire takes
+// its own hold, so two acquires of one Lock exclude each other, in one
+// process as across processes.
+type Lock struct {
+	db      DB
+	name    string
+	key     int64
+	cfg     config
+	session SessionLocker // set when locks are session locks
+	rows    LeaseStore    // set otherwise: the lock is a lease row
+}
+
+// New returns a Lock on name. Any string is a valid name: only its Key
+// reaches the database (and, on SQLite, the name as a bound value).
+//
+// New detects the backend from db.Driver() unless WithBackend is given,
+// and returns ErrUnsupported for a nil db, a driver it cannot detect, or an
+// in-memory SQLite database. On PostgreSQL it probes once per db for a
+// transaction-mode pooler (see DetectPooler) and returns
+// ErrTransactionPooler if it sees one, unless WithPoolerCheck(false).
+func New(db DB, name string, opts ...Option) (*Lock, error) {
+	cfg := newConfig(opts)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout+defaultReleaseTimeout)
+	defer cancel()
+	b, err := resolveBackend(ctx, db, &cfg)
+	if err != nil {
+		return nil, wrapErr(name, "new", err)
+	}
+	l := &Lock{db: db, name: name, key: Key(name), cfg: cfg}
+	switch b := b.(type) {
+	case SessionLocker:
+		l.session = b
+		if cfg.poolerCheck {
+			if err := checkPooler(ctx, db, b); err != nil {
+				return nil, wrapErr(name, "new", err)
+			}
+		}
+	case LeaseStore:
+		l.rows = b
+	default:
+		return nil, wrapErr(name, "new", fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name()))
+	}
+	return l, nil
+}
+
+// Name returns the lock's name.
+func (l *Lock) Name() string { return l.name }
+
+// Key returns the lock's key, Key(l.Name()).
+func (l *Lock) Key() int64 { return l.key }
+
+// TryLock makes one attempt and returns a Guard, or an error matching
+// ErrNotAcquired when the lock is held elsewhere. A done ctx returns its
+// error without touching the pool; the pool checkout waits as long as ctx
+// allows.
+func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
+	g, err := l.acquire(ctx, ctx, false)
+	return g, wrapErr(l.name, "try lock", err)
+}
+
+// Lock waits until it holds the lock or ctx ends. On PostgreSQL the wait
+// is server-side, in slices of about a second so that no waiting statement
+// holds a snapshot long enough to stall CREATE INDEX CONCURRENTLY or
+// vacuum; a release lets a waiter in within about one round trip.
+// Elsewhere it polls (WithPollInterval).
+func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
+	g, err := l.acquire(ctx, ctx, true)
+	return g, wrapErr(l.name, "lock", err)
+}
+
+// LockTimeout is Lock bounded by d, which covers the pool checkout and the
+// wait. When d runs out it returns a *TimeoutError (errors.Is ErrTimeout)
+// no later than about one round trip after d, and the connection goes back
+// to the pool. With d <= 0 it makes exactly one attempt, like TryLock.
+func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
+	return withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
+		return l.acquire(ctx, budget, wait)
+	})
+}
+
+// withinBudget runs an acquire bounded by d (one attempt when d <= 0) and
+// turns running out of d into a *TimeoutError.
+func withinBudget[G any](ctx context.Context, name string, d time.Duration, acquire func(budget context.Context, wait bool) (G, error)) (G, error) {
+	start := time.Now()
+	var g G
+	var err error
+	if d <= 0 {
+		g, err = acquire(ctx, false)
+	} else {
+		budget, cancel := context.WithTimeoutCause(ctx, d, errBudget)
+		defer cancel()
+		g, err = acquire(budget, true)
+	}
+	if err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
+		return g, &TimeoutError{Name: name, Waited: time.Since(start)}
+	}
+	return g, wrapErr(name, "lock", err)
+}
+
+// errBudget is the cause of a LockTimeout budget running out.
+var errBudget = errors.New("advisorylock: wait budget spent")
+
+// acquire takes the lock. ctx is the caller's context; budget is ctx or a
+// context bounded by LockTimeout's d, which bounds the checkout and the
+// wait but is never left to cancel a statement in flight (a cancelled
+// statement costs the connection; a bounded wait does not).
+func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
+	if l.rows != nil {
+		return l.acquireRow(ctx, budget, wait)
+	}
+	cg, err := checkout(budget, l.db)
+	if err != nil {
+		return nil, err
+	}
+	defer cg.settle()
+	var res SessionResult
+	if !wait {
+		res, err = l.session.TryLockSession(ctx, cg.conn, l.key)
+	} else {
+		res, err = l.waitSession(ctx, budget, cg.conn)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !res.OK {
+		cg.recycle()
+		if wait {
+			return nil, context.Cause(budget)
+		}
+		return nil, ErrNotAcquired
+	}
+	return l.holdSession(cg.take(), res.Session), nil
+}
+
+// maxSlice bounds each server-side wait: no waiting statement holds a
+// snapshot for longer.
+const maxSlice = time.Second
+
+// sliceGrace is how long past its lock_timeout a waiting statement may run
+// before the client gives up on the connection (a dead network).
+const sliceGrace = 5 * time.Second
+
+// waitSession waits in slices until it holds the lock, or budget ends
+// between slices (a definite miss: OK false, nil error).
+func (l *Lock) waitSession(ctx, budget context.Context, conn *sql.Conn) (SessionResult, error) {
+	for {
+		slice := maxSlice
+		if dl, ok := budget.Deadline(); ok {
+			slice = min(slice, time.Until(dl))
+		}
+		if slice <= 0 {
+			<-budget.Done() // due now: let its cause be set
+		}
+		if budget.Err() != nil {
+			return SessionResult{}, nil
+		}
+		sctx, cancel := context.WithTimeout(ctx, slice+sliceGrace)
+		res, err := l.session.WaitLockSession(sctx, conn, l.key, slice)
+		cancel()
+		if err != nil || res.OK {
+			return res, err
+		}
+	}
+}
+
+// Holder reports who holds the lock now, or nil when it is free.
+func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
+	var h *Holder
+	var err error
+	if l.rows != nil {
+		h, err = l.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
+	} else {
+		h, err = l.session.SessionHolder(ctx, l.db, l.key)
+	}
+	if h != nil {
+		h.Name, h.Key = l.name, l.key
+	}
+	return h, wrapErr(l.name, "holder", err)
+}
+
+// Do waits for the lock (as Lock does), runs fn, and releases the lock when
+// fn returns, fails or panics. Do serializes: every caller runs fn, one at
+// a time. fn's context is cancelled, with cause ErrLockLost, if the lock is
+// lost while fn runs; Do then returns an error matching ErrLockLost unless
+// fn returned an error of its own. Otherwise Do returns fn's error, or the
+// release's.
+func (l *Lock) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	g, err := l.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	return g.run(ctx, fn)
+}
+
+// DoTimeout is Do with the wait bounded as in LockTimeout.
+func (l *Lock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context) error) error {
+	g, err := l.LockTimeout(ctx, d)
+	if err != nil {
+		return err
+	}
+	return g.run(ctx, fn)
+}
+
+// TryDo runs fn only if it can take the lock at once: run-once across the
+// fleet. It returns (false, nil) when the lock is held elsewhere, and
+// otherwise (true, the error Do would return).
+func (l *Lock) TryDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
+	g, err := l.TryLock(ctx)
+	if errors.Is(err, ErrNotAcquired) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, g.run(ctx, fn)
+}
+
+// Guard is a held lock. Release it when done; Release is idempotent and
+// safe for concurrent use. A Guard that becomes unreachable without
+// Release is cleaned up by the garbage collector (its connection closed,
+// which frees the lock, and a warning logged), but that may take long:
+// always Release.
+type Guard struct {
+	h *hold
+}
+
+// hold is a Guard's state. It never points back at its Guard, so the
+// Guard can become unreachable while its watcher still runs.
+type hold struct {
+	name     string
+	key      int64
+	log      func(msg string, args ...any)
+	lost     chan struct{}
+	lostOnce sync.Once
+	lostErr  error
+	release  func(ctx context.Context) error
+	forget   func() // frees what a forgotten guard holds, without I/O waits
+	mu       sync.Mutex
+	released bool
+	relTO    time.Duration
+}
+
+func newGuard(h *hold) *Guard {
+	g := &Guard{h: h}
+	runtime.AddCleanup(g, (*hold).forgotten, h)
+	return g
+}
+
+// Name returns the lock's name.
+func (g *Guard) Name() string { return g.h.name }
+
+// Key returns the lock's key.
+func (g *Guard) Key() int64 { return g.h.key }
+
+// Lost returns a channel that is closed when the lock is known lost: its
+// session is gone, or its lease row expired or was taken over. It stays
+// open after a normal Release.
+func (g *Guard) Lost() <-chan struct{} { return g.h.lost }
+
+// Release frees the lock. It runs on its own context bounded by
+// WithReleaseTimeout, keeping only ctx's values, so a caller whose context
+// is already done still releases. If the release statement fails the
+// connection is discarded, which frees a session lock anyway, and the error
+// is returned. Second and later calls return nil.
+func (g *Guard) Release(ctx context.Context) error {
+	err := g.h.doRelease(ctx)
+	runtime.KeepAlive(g)
+	return err
+}
+
+func (h *hold) doRelease(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return nil
+	}
+	h.released = true
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.relTO)
+	defer cancel()
+	return wrapErr(h.name, "release", h.release(rctx))
+}
+
+// forgotten runs when a Guard became unreachable without Release.
+func (h *hold) forgotten() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return
+	}
+	h.released = true
+	h.log("advisorylock: guard was never released; freeing the lock", "lock", h.name, "key", h.key)
+	h.forget()
+}
+
+// markLost closes lost once and records why.
+func (h *hold) markLost(err error) {
+	h.lostOnce.Do(func() {
+		h.lostErr = err
+		close(h.lost)
+	})
+}
+
+func (h *hold) isLost() bool {
+	select {
+	case <-h.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// run runs fn under the guard and releases it afterwards, also when fn
+// panics (the release runs as the panic unwinds).
+func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
+	fctx, cancel := context.WithCancelCause(ctx)
+	watched := make(chan struct{})
+	stop := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-g.h.lost:
+			cancel(g.h.lostErr)
+		case <-stop:
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-watched
+		cancel(nil)
+		relErr := g.Release(ctx)
+		if g.h.isLost() && (err == nil || errors.Is(err, context.Canceled)) {
+			err = wrapErr(g.h.name, "run", g.h.lostErr)
+		} else if err == nil {
+			err = relErr
+		}
+	}()
+	return fn(fctx)
+}

@@ -1,0 +1,124 @@
+package advisorylock
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Sentinel errors. Every error the package returns about a lock names the
+// lock and wraps one of these (or the driver's error, reachable with
+// errors.As), so callers branch with errors.Is.
+var (
+	// ErrNotAcquired means the lock is held by someone else right now.
+	ErrNotAcquired = errors.New("advisorylock: held elsewhere")
+	// ErrTimeout is matched by *TimeoutError.
+	ErrTimeout = errors.New("advisorylock: timed out")
+	// ErrLockLost means a held lock is gone: its session ended, or its
+	// lease row expired or was taken over.
+	ErrLockLost = errors.New("advisorylock: lock lost")
+	// ErrLeaseLost is matched by *LeaseLostError.
+	ErrLeaseLost = errors.New("advisorylock: lease lost")
+	// ErrStaleToken is matched by *StaleTokenError.
+	ErrStaleToken = errors.New("advisorylock: stale fencing token")
+	// ErrPoolUnavailable means no connection could be checked out of the
+	// pool; the driver's error is wrapped with it.
+	ErrPoolUnavailable = errors.New("advisorylock: no connection available")
+	// ErrTransactionPooler means session locks were refused because
+	// sessions are multiplexed by a transaction-mode pooler. Use LeaseLock.
+	ErrTransactionPooler = errors.New("advisorylock: transaction-mode pooler in the way (session locks cannot work there; use LeaseLock)")
+	// ErrUnsupported means the handle cannot be locked safely: an unknown
+	// driver without WithBackend, an in-memory SQLite database, a nil handle.
+	ErrUnsupported = errors.New("advisorylock: unsupported")
+)
+
+// TimeoutError reports that a bounded acquire ended without the lock.
+// It matches ErrTimeout with errors.Is.
+type TimeoutError struct {
+	Name   string        // the lock's name
+	Waited time.Duration // how long the acquire ran
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("advisorylock: lock %s: not acquired within %s", quoteName(e.Name), e.Waited.Round(time.Millisecond))
+}
+
+// Is reports whether target is ErrTimeout.
+func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
+
+// LeaseLostError reports that a lease ended before its holder released it.
+// It matches ErrLeaseLost (and ErrLockLost) with errors.Is.
+type LeaseLostError struct {
+	Name  string       // the lease's name
+	Token FencingToken // the token of the lost grant
+}
+
+func (e *LeaseLostError) Error() string {
+	return fmt.Sprintf("advisorylock: lease %s (token %d): lost", quoteName(e.Name), e.Token)
+}
+
+// Is reports whether target is ErrLeaseLost or ErrLockLost.
+func (e *LeaseLostError) Is(target error) bool {
+	return target == ErrLeaseLost || target == ErrLockLost
+}
+
+// StaleTokenError reports that a Fence refused a token lower than one it
+// already admitted. It matches ErrStaleToken with errors.Is.
+type StaleTokenError struct {
+	Resource string       // the fenced resource
+	Token    FencingToken // the refused token
+	Highest  FencingToken // the highest token admitted so far
+}
+
+func (e *StaleTokenError) Error() string {
+	return fmt.Sprintf("advisorylock: resource %s: stale fencing token %d (highest admitted %d)", quoteName(e.Resource), e.Token, e.Highest)
+}
+
+// Is reports whether target is ErrStaleToken.
+func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
+
+// lockError names the lock an error is about and keeps the cause reachable.
+type lockError struct {
+	name string
+	op   string
+	err  error
+}
+
+func (e *lockError) Error() string {
+	msg := strings.TrimPrefix(e.err.Error(), "advisorylock: ")
+	if e.op != "" {
+		msg = e.op + ": " + msg
+	}
+	return "advisorylock: lock " + quoteName(e.name) + ": " + msg
+}
+
+func (e *lockError) Unwrap() error { return e.err }
+
+// wrapErr returns err naming the lock and the operation, or nil.
+func wrapErr(name, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &lockError{name: name, op: op, err: err}
+}
+
+// quoteName quotes a name for a message, shortening very long names.
+func quoteName(name string) string {
+	const max = 120
+	if len(name) > max {
+		return strconv.Quote(name[:max]) + "…"
+	}
+	return strconv.Quote(name)
+}
+
+// sqlState returns the SQLSTATE of a driver error (lib/pq and pgx both
+// expose SQLState), or "".
+func sqlState(err error) string {
+	var s interface{ SQLState() string }
+	if errors.As(err, &s) {
+		return s.SQLState()
+	}
+	return ""
+}

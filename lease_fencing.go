@@ -1,0 +1,511 @@
+package advisorylock
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// FencingToken is the generation of a lease grant: it is at least 1 and
+// strictly increases with every grant of one name. A resource that
+// remembers the highest token it accepted (see Fence) can refuse writes
+// from a holder that has since lost its lease. It is stored as a BIGINT.
+type FencingToken uint64
+
+// ParseFencingToken converts a stored BIGINT to a token; v <= 0 is an error.
+func ParseFencingToken(v int64) (FencingToken, error) {
+	if v <= 0 {
+		return 0, fmt.Errorf("advisorylock: invalid fencing token %d (tokens start at 1)", v)
+	}
+	return FencingToken(v), nil
+}
+
+// Int64 returns the token as a BIGINT value.
+func (t FencingToken) Int64() int64 { return int64(t) }
+
+// Admits reports whether a resource that last accepted t may accept
+// incoming: equal tokens are admitted (one holder writes many times).
+func (t FencingToken) Admits(incoming FencingToken) bool { return incoming >= t }
+
+// String returns the token in decimal.
+func (t FencingToken) String() string { return strconv.FormatUint(uint64(t), 10) }
+
+// Value implements driver.Valuer: the token is sent as an int64.
+func (t FencingToken) Value() (driver.Value, error) { return int64(t), nil }
+
+// Scan implements sql.Scanner for BIGINT columns; it refuses NULL and
+// values <= 0.
+func (t *FencingToken) Scan(src any) error {
+	var v int64
+	var err error
+	switch s := src.(type) {
+	case int64:
+		v = s
+	case []byte:
+		v, err = strconv.ParseInt(string(s), 10, 64)
+	case string:
+		v, err = strconv.ParseInt(s, 10, 64)
+	default:
+		return fmt.Errorf("advisorylock: cannot scan %T into a FencingToken", src)
+	}
+	if err != nil {
+		return fmt.Errorf("advisorylock: cannot scan fencing token: %w", err)
+	}
+	tok, err := ParseFencingToken(v)
+	*t = tok
+	return err
+}
+
+// Schema returns the DDL of the tables that backend b keeps (leases, the
+// SQLite lock rows, fences), for teams that run schema changes through
+// their own migration tool. The package also creates them on first use.
+// It returns "" for a backend without tables.
+func Schema(b Backend) string {
+	if s, ok := b.(LeaseStore); ok {
+		return s.Schema()
+	}
+	return ""
+}
+
+// The lease schedule. A holder renews every TTL/3. It keeps a local
+// deadline of TTL minus one renew interval, measured on its own clock from
+// the moment the acquire or renew statement was sent, so it believes the
+// lease lost before the database can grant it to anyone else. After a
+// failed renew it retries sooner, until the deadline.
+func renewInterval(ttl time.Duration) time.Duration { return ttl / 3 }
+
+func localDeadline(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - renewInterval(ttl))
+}
+
+// leaseState is a held lease: its request, its local deadline and its
+// keeper goroutine. It never points at the Guard that owns it.
+type leaseState struct {
+	store LeaseStore
+	db    DB
+	req   LeaseRequest
+	clock Clock
+	h     *hold
+
+	mu       sync.Mutex
+	deadline time.Time
+
+	quit chan struct{}
+	done chan struct{}
+	stop func()
+}
+
+// ownerLabel makes the owner label of one acquire: the configured label
+// (or host:pid) and a random suffix, so no two acquires share an owner.
+func ownerLabel(label string) string {
+	if label == "" {
+		host, _ := os.Hostname()
+		label = host + ":" + strconv.Itoa(os.Getpid())
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return label + "/" + hex.EncodeToString(b[:])
+}
+
+// acquireLease takes a lease row: one attempt, or (wait) polling until
+// budget ends. A poll reads before it writes, so many waiters do not fight
+// for the database's writer. lostErr makes the error a lost lease reports.
+func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wait bool, lostErr func(FencingToken) error) (*leaseState, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var poll *time.Timer
+	for {
+		req.Owner = ownerLabel(cfg.owner)
+		req.TTL = cfg.ttl
+		sent := cfg.clock.Now()
+		req.Now = sent
+		grant, err := store.AcquireLease(budget, db, req)
+		if err == nil {
+			req.Token = grant.Token
+			return keepLease(store, db, cfg, req, sent, lostErr), nil
+		}
+		if !errors.Is(err, ErrNotAcquired) {
+			abandonLease(store, db, cfg, req)
+			if budget.Err() != nil && ctx.Err() == nil {
+				return nil, context.Cause(budget)
+			}
+			return nil, err
+		}
+		if !wait {
+			return nil, ErrNotAcquired
+		}
+		for {
+			if poll == nil {
+				poll = time.NewTimer(cfg.poll)
+				defer poll.Stop()
+			} else {
+				poll.Reset(cfg.poll)
+			}
+			select {
+			case <-budget.Done():
+				return nil, context.Cause(budget)
+			case <-poll.C:
+			}
+			req.Now = cfg.clock.Now()
+			h, err := store.LeaseHolder(budget, db, req)
+			if err != nil {
+				if budget.Err() != nil {
+					return nil, context.Cause(budget)
+				}
+				return nil, err
+			}
+			if h == nil {
+				break
+			}
+		}
+	}
+}
+
+// abandonLease frees a grant that an interrupted acquire may have made
+// without our knowing: the owner label is unique to that acquire, so this
+// can free nobody else's lease.
+func abandonLease(store LeaseStore, db DB, cfg *config, req LeaseRequest) {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout)
+	defer cancel()
+	req.Now = cfg.clock.Now()
+	_ = store.ReleaseLease(ctx, db, req)
+}
+
+// keepLease starts the keeper of a granted lease.
+func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time.Time, lostErr func(FencingToken) error) *leaseState {
+	s := &leaseState{
+		store:    store,
+		db:       db,
+		req:      req,
+		clock:    cfg.clock,
+		deadline: localDeadline(sent, req.TTL),
+		quit:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	s.h = &hold{
+		name:  req.Name,
+		key:   req.Key,
+		log:   cfg.log().Warn,
+		lost:  make(chan struct{}),
+		relTO: cfg.releaseTimeout,
+	}
+	s.stop = sync.OnceFunc(func() {
+		close(s.quit)
+		<-s.done
+	})
+	s.h.release = func(ctx context.Context) error {
+		s.stop()
+		r := s.req
+		r.Now = s.clock.Now()
+		return s.store.ReleaseLease(ctx, s.db, r)
+	}
+	s.h.forget = func() {
+		s.stop()
+		abandonLease(store, db, cfg, s.req)
+	}
+	go s.keep(lostErr(req.Token))
+	return s
+}
+
+func (s *leaseState) localDeadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline
+}
+
+// isLost reports a lost lease, also when the local deadline passed and no
+// goroutine has run since.
+func (s *leaseState) isLost() bool {
+	return s.h.isLost() || !s.clock.Now().Before(s.localDeadline())
+}
+
+// keep renews the lease until stopped, or marks it lost.
+func (s *leaseState) keep(lostErr error) {
+	defer close(s.done)
+	interval := renewInterval(s.req.TTL)
+	next := interval
+	timer := time.NewTimer(next)
+	defer timer.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-timer.C:
+		}
+		left := s.localDeadline().Sub(s.clock.Now())
+		if left <= 0 {
+			s.lose(lostErr, errors.New("no renewal before the local deadline"))
+			return
+		}
+		r := s.req
+		sent := s.clock.Now()
+		r.Now = sent
+		ctx, cancel := context.WithTimeout(context.Background(), min(interval, left))
+		_, err := s.store.RenewLease(ctx, s.db, r)
+		cancel()
+		switch {
+		case err == nil:
+			s.mu.Lock()
+			s.deadline = localDeadline(sent, s.req.TTL)
+			s.mu.Unlock()
+			next = interval
+		case errors.Is(err, ErrLeaseLost):
+			s.lose(lostErr, err)
+			return
+		default:
+			next = min(interval/4, max(s.localDeadline().Sub(s.clock.Now()), 0))
+		}
+		timer.Reset(next)
+	}
+}
+
+func (s *leaseState) lose(lostErr, why error) {
+	s.h.log("advisorylock: lease lost", "lock", s.req.Name, "token", s.req.Token, "err", why)
+	s.h.markLost(lostErr)
+}
+
+// acquireRow takes a Lock that is kept as a lease row (SQLite).
+func (l *Lock) acquireRow(ctx, budget context.Context, wait bool) (*Guard, error) {
+	s, err := acquireLease(ctx, budget, l.rows, l.db, &l.cfg, l.rowRequest(""), wait, func(FencingToken) error { return ErrLockLost })
+	if err != nil {
+		return nil, err
+	}
+	return newGuard(s.h), nil
+}
+
+func (l *Lock) rowRequest(owner string) LeaseRequest {
+	return LeaseRequest{Kind: KindLock, Name: l.name, Key: l.key, Owner: owner, TTL: l.cfg.ttl, Now: l.cfg.clock.Now()}
+}
+
+// LeaseLock is a named lease with fencing tokens, kept as a row that holds
+// no connection while held. Every grant gets a FencingToken larger than
+// any earlier grant of the name. It works on PostgreSQL (also through a
+// transaction-mode pooler, where times come from the database clock) and
+// on SQLite (where times come from the Clock). It is safe for concurrent
+// use.
+type LeaseLock struct {
+	db    DB
+	name  string
+	cfg   config
+	store LeaseStore
+}
+
+// NewLeaseLock returns a LeaseLock on name. A name the database cannot
+// store (a NUL byte, invalid UTF-8) is an error, as is anything New
+// refuses. The table is created on first use; see Schema for its DDL.
+func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
+	if err := storableName(name); err != nil {
+		return nil, wrapErr(name, "new lease", err)
+	}
+	cfg := newConfig(opts)
+	store, err := newStore(db, &cfg)
+	if err != nil {
+		return nil, wrapErr(name, "new lease", err)
+	}
+	return &LeaseLock{db: db, name: name, cfg: cfg, store: store}, nil
+}
+
+// storableName refuses names a text column cannot hold.
+func storableName(name string) error {
+	if !utf8.ValidString(name) {
+		return errors.New("name is not valid UTF-8")
+	}
+	if strings.IndexByte(name, 0) >= 0 {
+		return errors.New("name contains a NUL byte")
+	}
+	return nil
+}
+
+// newStore resolves db's backend and requires it to keep leases.
+func newStore(db DB, cfg *config) (LeaseStore, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout+defaultReleaseTimeout)
+	defer cancel()
+	b, err := resolveBackend(ctx, db, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s, ok := b.(LeaseStore)
+	if !ok {
+		return nil, fmt.Errorf("%w: backend %q keeps no leases", ErrUnsupported, b.Name())
+	}
+	return s, nil
+}
+
+// Name returns the lease's name.
+func (l *LeaseLock) Name() string { return l.name }
+
+// TryLock makes one attempt; ErrNotAcquired if the lease is held.
+func (l *LeaseLock) TryLock(ctx context.Context) (*LeaseGuard, error) {
+	g, err := l.acquire(ctx, ctx, false)
+	return g, wrapErr(l.name, "try lock", err)
+}
+
+// Lock polls (WithPollInterval) until it holds the lease or ctx ends.
+func (l *LeaseLock) Lock(ctx context.Context) (*LeaseGuard, error) {
+	g, err := l.acquire(ctx, ctx, true)
+	return g, wrapErr(l.name, "lock", err)
+}
+
+// LockTimeout is Lock bounded by d; it returns a *TimeoutError when d runs
+// out. With d <= 0 it makes exactly one attempt.
+func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGuard, error) {
+	return withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*LeaseGuard, error) {
+		return l.acquire(ctx, budget, wait)
+	})
+}
+
+func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard, error) {
+	req := LeaseRequest{Kind: KindLease, Name: l.name, Key: Key(l.name)}
+	s, err := acquireLease(ctx, budget, l.store, l.db, &l.cfg, req, wait, func(t FencingToken) error {
+		return &LeaseLostError{Name: l.name, Token: t}
+	})
+	if err != nil {
+		return nil, err
+	}
+	lease := Lease{name: l.name, token: s.req.Token, s: s}
+	return &LeaseGuard{g: newGuard(s.h), lease: lease}, nil
+}
+
+// Holder reports who holds the lease now, or nil when it is free or
+// expired.
+func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
+	h, err := l.store.LeaseHolder(ctx, l.db, LeaseRequest{Kind: KindLease, Name: l.name, Key: Key(l.name), Now: l.cfg.clock.Now()})
+	if h != nil {
+		h.Name, h.Key = l.name, Key(l.name)
+	}
+	return h, wrapErr(l.name, "holder", err)
+}
+
+// Do waits for the lease, runs fn with it, and releases it when fn
+// returns, fails or panics. fn's context is cancelled with a
+// *LeaseLostError cause if the lease is lost, and Do then returns that
+// error unless fn returned one of its own. Pass lease.Token() to the
+// resource's Fence with every write.
+func (l *LeaseLock) Do(ctx context.Context, fn func(ctx context.Context, lease Lease) error) error {
+	g, err := l.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	return g.run(ctx, fn)
+}
+
+// DoTimeout is Do with the wait bounded as in LockTimeout.
+func (l *LeaseLock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context, lease Lease) error) error {
+	g, err := l.LockTimeout(ctx, d)
+	if err != nil {
+		return err
+	}
+	return g.run(ctx, fn)
+}
+
+// TryDo runs fn only if it can take the lease at once; (false, nil) when
+// it is held elsewhere.
+func (l *LeaseLock) TryDo(ctx context.Context, fn func(ctx context.Context, lease Lease) error) (ran bool, err error) {
+	g, err := l.TryLock(ctx)
+	if errors.Is(err, ErrNotAcquired) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, g.run(ctx, fn)
+}
+
+// Lease is one grant of a LeaseLock. It is cheap to copy; copies share
+// the grant's state.
+type Lease struct {
+	name  string
+	token FencingToken
+	s     *leaseState
+}
+
+// Name returns the lease's name.
+func (l Lease) Name() string { return l.name }
+
+// Token returns the grant's fencing token.
+func (l Lease) Token() FencingToken { return l.token }
+
+// Lost returns a channel closed when the lease is known lost.
+func (l Lease) Lost() <-chan struct{} { return l.s.h.lost }
+
+// IsLost reports whether the lease is lost. It is also true once the local
+// deadline has passed, even if no goroutine noticed yet: check it right
+// before an action that must not run without the lease.
+func (l Lease) IsLost() bool { return l.s.isLost() }
+
+// LeaseGuard is a held lease. Release it when done; Release is idempotent.
+type LeaseGuard struct {
+	g     *Guard
+	lease Lease
+}
+
+// Lease returns the grant.
+func (g *LeaseGuard) Lease() Lease { return g.lease }
+
+// Token returns the grant's fencing token.
+func (g *LeaseGuard) Token() FencingToken { return g.lease.token }
+
+// Lost returns a channel closed when the lease is known lost.
+func (g *LeaseGuard) Lost() <-chan struct{} { return g.lease.Lost() }
+
+// IsLost reports whether the lease is lost; see Lease.IsLost.
+func (g *LeaseGuard) IsLost() bool { return g.lease.IsLost() }
+
+// Release stops renewing and frees the lease if this grant still holds it;
+// it never frees a successor's lease. It runs on its own context bounded by
+// WithReleaseTimeout. Second and later calls return nil.
+func (g *LeaseGuard) Release(ctx context.Context) error { return g.g.Release(ctx) }
+
+func (g *LeaseGuard) run(ctx context.Context, fn func(ctx context.Context, lease Lease) error) error {
+	return g.g.run(ctx, func(ctx context.Context) error { return fn(ctx, g.lease) })
+}
+
+// Fence guards a resource against writes from holders that lost their
+// lease: it keeps the highest token admitted per resource (in
+// advisorylock_fences), and Admit refuses lower ones.
+type Fence struct {
+	resource string
+	store    LeaseStore
+}
+
+// NewFence returns a Fence for resource on db's backend, creating its
+// table if needed. A resource name the database cannot store is an error.
+func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
+	if err := storableName(resource); err != nil {
+		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
+	}
+	cfg := newConfig(opts)
+	store, err := newStore(db, &cfg)
+	if err != nil {
+		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
+	}
+	return &Fence{resource: resource, store: store}, nil
+}
+
+// Admit records token as the resource's highest in tx if it is not lower
+// than the highest admitted so far, and returns nil; a lower token gets a
+// *StaleTokenError (errors.Is ErrStaleToken), and the caller must roll tx
+// back. Because the check and the caller's write commit together, a stale
+// holder's write can never land after a newer holder's.
+func (f *Fence) Admit(ctx context.Context, tx *sql.Tx, token FencingToken) error {
+	if token == 0 {
+		return fmt.Errorf("advisorylock: fence %s: invalid fencing token 0", quoteName(f.resource))
+	}
+	err := f.store.AdmitToken(ctx, tx, f.resource, token)
+	var stale *StaleTokenError
+	if err != nil && !errors.As(err, &stale) {
+		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
+	}
+	return err
+}

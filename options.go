@@ -1,0 +1,112 @@
+package advisorylock
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Option configures a Lock, LeaseLock or Fence.
+type Option func(*config)
+
+// Clock tells the time. The default is the system clock; tests inject one
+// to drive lease expiry deterministically. On PostgreSQL, lease expiry is
+// decided by the database clock, and the Clock only times the holder's own
+// local deadline.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+const (
+	defaultLeaseTTL       = 30 * time.Second
+	minLeaseTTL           = time.Second
+	maxLeaseTTL           = 24 * time.Hour
+	defaultPollInterval   = 20 * time.Millisecond
+	minPollInterval       = time.Millisecond
+	defaultKeepAlive      = 10 * time.Second
+	defaultReleaseTimeout = 5 * time.Second
+)
+
+type config struct {
+	backend        Backend
+	ttl            time.Duration
+	poll           time.Duration
+	keepAlive      time.Duration
+	releaseTimeout time.Duration
+	poolerCheck    bool
+	logger         *slog.Logger
+	clock          Clock
+	owner          string
+}
+
+func newConfig(opts []Option) config {
+	c := config{
+		ttl:            defaultLeaseTTL,
+		poll:           defaultPollInterval,
+		keepAlive:      defaultKeepAlive,
+		releaseTimeout: defaultReleaseTimeout,
+		poolerCheck:    true,
+		clock:          systemClock{},
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	c.ttl = min(max(c.ttl, minLeaseTTL), maxLeaseTTL)
+	c.poll = max(c.poll, minPollInterval)
+	if c.releaseTimeout <= 0 {
+		c.releaseTimeout = defaultReleaseTimeout
+	}
+	if c.clock == nil {
+		c.clock = systemClock{}
+	}
+	return c
+}
+
+func (c *config) log() *slog.Logger {
+	if c.logger != nil {
+		return c.logger
+	}
+	return slog.Default()
+}
+
+// WithBackend sets the backend instead of detecting it from db.Driver().
+// It is required where the driver cannot be detected, such as go-sqlmock.
+func WithBackend(b Backend) Option { return func(c *config) { c.backend = b } }
+
+// WithLeaseTTL sets how long a lease lives without renewal [30s]. It is
+// clamped to [1s, 24h]. A holder renews every third of it, so a holder that
+// dies frees the lock within one TTL.
+func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+
+// WithPollInterval sets how often a waiter polls where the backend cannot
+// wait server-side (SQLite, and LeaseLock everywhere) [20ms, floor 1ms].
+func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
+
+// WithKeepAlive sets how often a held PostgreSQL session lock checks that
+// its session still holds it [10s]; 0 turns the check off, and then Lost
+// only closes when the lock is released.
+func WithKeepAlive(d time.Duration) Option { return func(c *config) { c.keepAlive = max(d, 0) } }
+
+// WithReleaseTimeout bounds each release, which runs on its own context so
+// that a caller whose context is already done still releases [5s].
+func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.releaseTimeout = d } }
+
+// WithPoolerCheck turns the transaction-pooler probe of New on or off
+// [true]. Turn it off only where the probe cannot run (go-sqlmock) or
+// where you know no pooler multiplexes sessions.
+func WithPoolerCheck(on bool) Option { return func(c *config) { c.poolerCheck = on } }
+
+// WithLogger sets the logger for warnings (lease lost, release failed,
+// forgotten guard) [slog.Default()].
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithClock sets the clock [system clock]; see Clock.
+func WithClock(cl Clock) Option { return func(c *config) { c.clock = cl } }
+
+// WithOwner sets a label that lease rows record as their owner, such as
+// "host-a:4242", shown by Holder. A unique suffix is added per acquire, so
+// two acquires never share an owner. [hostname:pid]
+func WithOwner(label string) Option { return func(c *config) { c.owner = label } }

@@ -199,6 +199,9 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 		res, err = l.waitSession(ctx, budget, cg.conn)
 	}
 	if err != nil {
+		if ctx.Err() != nil { // say why first; keep the driver's error reachable
+			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		}
 		return nil, err
 	}
 	if !res.OK {

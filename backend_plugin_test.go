@@ -1,0 +1,169 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+	"github.com/lib/pq"
+)
+
+// mapBackend is a third backend, written outside the package: leases kept
+// in a map. It proves Backend is pluggable through exported names alone.
+type mapBackend struct {
+	mu     sync.Mutex
+	rows   map[string]*mapRow
+	fences map[string]advisorylock.FencingToken
+}
+
+type mapRow struct {
+	owner   string
+	gen     advisorylock.FencingToken
+	expires time.Time
+}
+
+func newMapBackend() *mapBackend {
+	return &mapBackend{rows: map[string]*mapRow{}, fences: map[string]advisorylock.FencingToken{}}
+}
+
+func (m *mapBackend) Name() string                                    { return "map" }
+func (m *mapBackend) Validate(context.Context, advisorylock.DB) error { return nil }
+func (m *mapBackend) Schema() string                                  { return "" }
+
+func (m *mapBackend) row(r advisorylock.LeaseRequest) *mapRow {
+	id := r.Name
+	if r.Kind == advisorylock.KindLock {
+		id = "lock:" + r.Name
+	}
+	if m.rows[id] == nil {
+		m.rows[id] = &mapRow{}
+	}
+	return m.rows[id]
+}
+
+func (m *mapBackend) AcquireLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	row := m.row(r)
+	if row.owner != "" && r.Now.Before(row.expires) {
+		return advisorylock.LeaseGrant{}, advisorylock.ErrNotAcquired
+	}
+	row.owner, row.gen, row.expires = r.Owner, row.gen+1, r.Now.Add(r.TTL)
+	return advisorylock.LeaseGrant{Token: row.gen, ExpiresAt: row.expires}, nil
+}
+
+func (m *mapBackend) RenewLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	row := m.row(r)
+	if row.owner != r.Owner || !r.Now.Before(row.expires) {
+		return advisorylock.LeaseGrant{}, advisorylock.ErrLeaseLost
+	}
+	row.expires = r.Now.Add(r.TTL)
+	return advisorylock.LeaseGrant{Token: row.gen, ExpiresAt: row.expires}, nil
+}
+
+func (m *mapBackend) ReleaseLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if row := m.row(r); row.owner == r.Owner {
+		row.owner = ""
+	}
+	return nil
+}
+
+func (m *mapBackend) LeaseHolder(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	row := m.row(r)
+	if row.owner == "" || !r.Now.Before(row.expires) {
+		return nil, nil
+	}
+	return &advisorylock.Holder{Backend: m.Name(), Owner: row.owner, Token: row.gen, ExpiresAt: row.expires}, nil
+}
+
+func (m *mapBackend) AdmitToken(_ context.Context, _ *sql.Tx, resource string, token advisorylock.FencingToken) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if hi := m.fences[resource]; !hi.Admits(token) {
+		return &advisorylock.StaleTokenError{Resource: resource, Token: token, Highest: hi}
+	}
+	m.fences[resource] = token
+	return nil
+}
+
+// noDB is a handle the map backend never uses.
+type noDB struct{}
+
+func (noDB) Conn(context.Context) (*sql.Conn, error) { return nil, errors.New("no database") }
+func (noDB) Driver() driver.Driver                   { return nil }
+
+func TestThirdBackendPlugsIn(t *testing.T) {
+	ctx := context.Background()
+	b := newMapBackend()
+	l, err := advisorylock.New(noDB{}, "plugged", advisorylock.WithBackend(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := l.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("second TryLock = %v, want ErrNotAcquired", err)
+	}
+	if h, err := l.Holder(ctx); err != nil || h == nil || h.Backend != "map" {
+		t.Fatalf("Holder = %+v, %v", h, err)
+	}
+	mustRelease(t, g)
+
+	ll, err := advisorylock.NewLeaseLock(noDB{}, "plugged", advisorylock.WithBackend(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tokens []advisorylock.FencingToken
+	for range 3 {
+		if _, err := ll.TryDo(ctx, func(_ context.Context, lease advisorylock.Lease) error {
+			tokens = append(tokens, lease.Token())
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(tokens) != 3 || tokens[0] != 1 || tokens[1] != 2 || tokens[2] != 3 {
+		t.Fatalf("tokens = %v, want [1 2 3]", tokens)
+	}
+}
+
+// wrappedDriver hides lib/pq's type, as instrumentation wrappers do.
+type wrappedDriver struct{ driver.Driver }
+
+var registerWrapped sync.Once
+
+func TestWrappedDriverIsDetectedByAskingTheDatabase(t *testing.T) {
+	registerWrapped.Do(func() { sql.Register("wrapped-pq", wrappedDriver{&pq.Driver{}}) })
+	dsn := testdb.PostgresDSN(t)
+	db, err := sql.Open("wrapped-pq", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l, err := advisorylock.New(db, testdb.UniqueName(t))
+	if err != nil {
+		t.Fatalf("New on a wrapped driver: %v", err)
+	}
+	g, err := l.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := l.Holder(context.Background()); h == nil || h.Backend != "postgres" {
+		t.Fatalf("Holder = %+v, want the postgres backend", h)
+	}
+	mustRelease(t, g)
+}

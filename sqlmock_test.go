@@ -1,0 +1,130 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/advisorylock/advisorylock"
+)
+
+// mockLock returns a Lock on a go-sqlmock DB, configured as an application
+// that unit-tests with go-sqlmock would configure it.
+func mockLock(t *testing.T, opts ...advisorylock.Option) (*advisorylock.Lock, *sql.DB, sqlmock.Sqlmock) {
+	t.Helper()
+	db, mock, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	opts = append([]advisorylock.Option{advisorylock.WithBackend(advisorylock.Postgres()), advisorylock.WithPoolerCheck(false)}, opts...)
+	l, err := advisorylock.New(db, "mocked", opts...)
+	if err != nil {
+		t.Fatalf("New on sqlmock with WithBackend: %v", err)
+	}
+	return l, db, mock
+}
+
+func lockRows(ok bool, pid int64) *sqlmock.Rows {
+	return sqlmock.NewRows([]string{"ok", "pid"}).AddRow(ok, pid)
+}
+
+func TestUndetectableDriverNeedsWithBackend(t *testing.T) {
+	db, _, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_, err = advisorylock.New(db, "x")
+	if !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "WithBackend") {
+		t.Fatalf("New on an undetectable driver = %v, want ErrUnsupported naming WithBackend", err)
+	}
+}
+
+func TestSqlmockLockAndCleanRelease(t *testing.T) {
+	l, db, mock := mockLock(t)
+	mock.ExpectQuery("pg_try_advisory_lock").WillReturnRows(lockRows(true, 7))
+	mock.ExpectQuery("pg_advisory_unlock").WillReturnRows(lockRows(true, 7))
+	g, err := l.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
+	}
+	if s := db.Stats(); s.Idle != 1 {
+		t.Fatalf("a clean release did not recycle the connection: %+v", s)
+	}
+}
+
+func TestUnlockErrorDiscardsTheConnection(t *testing.T) {
+	l, _, mock := mockLock(t)
+	cause := errors.New("connection reset by peer")
+	mock.ExpectQuery("pg_try_advisory_lock").WillReturnRows(lockRows(true, 7))
+	mock.ExpectQuery("pg_advisory_unlock").WillReturnError(cause)
+	mock.ExpectClose() // the physical connection is closed, not pooled
+	g, err := l.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(context.Background()); !errors.Is(err, cause) || !strings.Contains(err.Error(), `"mocked"`) {
+		t.Fatalf("Release = %v, want the driver's error, naming the lock", err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatalf("connection was not discarded: %v", err)
+	}
+}
+
+func TestAcquireErrorDiscardsTheConnection(t *testing.T) {
+	l, _, mock := mockLock(t)
+	cause := errors.New("server closed the connection unexpectedly")
+	mock.ExpectQuery("pg_try_advisory_lock").WillReturnError(cause)
+	mock.ExpectClose()
+	if _, err := l.TryLock(context.Background()); !errors.Is(err, cause) {
+		t.Fatalf("TryLock = %v, want the driver's error", err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatalf("connection was not discarded: %v", err)
+	}
+}
+
+func TestReleaseOnAnotherSessionIsReportedAsPooler(t *testing.T) {
+	l, _, mock := mockLock(t)
+	mock.ExpectQuery("pg_try_advisory_lock").WillReturnRows(lockRows(true, 7))
+	mock.ExpectQuery("pg_advisory_unlock").WillReturnRows(lockRows(false, 8))
+	mock.ExpectClose()
+	g, err := l.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(context.Background()); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+		t.Fatalf("Release landing on another backend = %v, want ErrTransactionPooler", err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnlockNotHeldWarnsAndRecycles(t *testing.T) {
+	var logs syncBuffer
+	l, db, mock := mockLock(t, advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	mock.ExpectQuery("pg_try_advisory_lock").WillReturnRows(lockRows(true, 7))
+	mock.ExpectQuery("pg_advisory_unlock").WillReturnRows(lockRows(false, 7))
+	g, err := l.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "not held") || db.Stats().Idle != 1 {
+		t.Fatalf("want a warning and a recycled connection; log %q, stats %+v", logs.String(), db.Stats())
+	}
+}

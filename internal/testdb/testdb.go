@@ -1,0 +1,123 @@
+// Package testdb is the test harness shared by advisorylock's tests: it finds
+// or starts a PostgreSQL server, a PgBouncer in front of it, cuttable TCP
+// proxies, SQLite files and helper processes, and stops what it started when
+// the test binary ends.
+//
+// A test package that uses it declares
+//
+//	func TestMain(m *testing.M) { goleak.VerifyTestMain(testdb.Main(m)) }
+//
+// Environment:
+//
+//	ADVISORYLOCK_TEST_POSTGRES  a DSN (URL or key=value) to use instead of searching
+//	ADVISORYLOCK_REQUIRE_DB=1   fail, rather than skip, when no PostgreSQL or PgBouncer can be had
+//	ADVISORYLOCK_HELPER         set in helper processes started by HelperCommand
+package testdb
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Environment variables read or set by the harness.
+const (
+	EnvPostgres  = "ADVISORYLOCK_TEST_POSTGRES"
+	EnvRequireDB = "ADVISORYLOCK_REQUIRE_DB"
+	EnvHelper    = "ADVISORYLOCK_HELPER"
+)
+
+// DefaultWait is the deadline the harness uses when waiting for a server or
+// process it started.
+const DefaultWait = 20 * time.Second
+
+// teardown holds the stop functions of process-wide resources (the shared
+// throwaway cluster, PgBouncer, a Docker container), run by Main in reverse
+// order of registration.
+var teardown struct {
+	mu    sync.Mutex
+	funcs []func()
+}
+
+func atTeardown(f func()) {
+	teardown.mu.Lock()
+	defer teardown.mu.Unlock()
+	teardown.funcs = append(teardown.funcs, f)
+}
+
+func runTeardown() {
+	teardown.mu.Lock()
+	funcs := teardown.funcs
+	teardown.funcs = nil
+	teardown.mu.Unlock()
+	for i := len(funcs) - 1; i >= 0; i-- {
+		funcs[i]()
+	}
+}
+
+type mainRunner struct{ m *testing.M }
+
+// Run runs the tests, then stops everything the harness started for the
+// whole process.
+func (r mainRunner) Run() int {
+	defer runTeardown()
+	return r.m.Run()
+}
+
+// Main wraps m for TestMain: its Run runs the tests and then stops whatever
+// the harness started (throwaway clusters, PgBouncer, Docker containers), so
+// that goleak, checking after Run returns, sees none of their goroutines.
+func Main(m *testing.M) interface{ Run() int } {
+	return mainRunner{m: m}
+}
+
+// requireDB reports whether a missing database must fail the test.
+func requireDB() bool {
+	return os.Getenv(EnvRequireDB) == "1"
+}
+
+// unavailable skips t with the one-line reason, or fails it when
+// ADVISORYLOCK_REQUIRE_DB=1.
+func unavailable(t testing.TB, reason string) {
+	t.Helper()
+	if requireDB() {
+		t.Fatalf("%s (%s=1)", reason, EnvRequireDB)
+		return
+	}
+	t.Skipf("%s (set %s=1 to fail instead)", reason, EnvRequireDB)
+}
+
+// WaitFor polls cond every few milliseconds until it returns true, or fails
+// the test with the formatted message once timeout has passed. A timeout of
+// zero or less means DefaultWait.
+func WaitFor(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	if timeout <= 0 {
+		timeout = DefaultWait
+	}
+	if poll(timeout, cond) {
+		return
+	}
+	t.Fatalf("after %v: %s", timeout, fmt.Sprintf(format, args...))
+}
+
+// poll calls cond until it returns true (reporting true) or timeout passes
+// (reporting false). The interval grows from 1ms to 50ms.
+func poll(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	interval := time.Millisecond
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(interval)
+		if interval < 50*time.Millisecond {
+			interval *= 2
+		}
+	}
+}

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	_ "github.com/glebarez/go-sqlite" // registers driver "sqlite" (pure Go)
+)
+
+// Why pgx and not lib/pq for PostgreSQL: pgx parses URL and key=value DSNs
+// into one structure (with PG* variables, .pgpass and service files), so
+// lockrun sets application_name and a connect timeout without editing the
+// DSN text; its exec mode can be chosen per connection, and lockrun picks
+// one that uses no named prepared statements, so --lease works through a
+// transaction-mode pooler; and it drops the connection at once when a
+// wait is interrupted.
+
+// sqlitePragmas make a SQLite file usable by many processes at once: a
+// writer waits up to 10s for another instead of failing, and readers do
+// not block the writer.
+const sqlitePragmas = "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
+
+// connectTimeout applies to PostgreSQL DSNs that set no connect_timeout.
+const connectTimeout = 15 * time.Second
+
+// configError is an error in the configuration (exit 78).
+type configError struct{ error }
+
+func (e configError) Unwrap() error { return e.error }
+
+func configErrorf(format string, args ...any) error {
+	return configError{fmt.Errorf(format, args...)}
+}
+
+// database is an open database and how to talk about it.
+type database struct {
+	*sql.DB
+	kind    string   // "postgres" or "sqlite"
+	shown   string   // the DSN with its password redacted
+	secrets []string // passwords to scrub from messages
+}
+
+// chooseDSN returns the DSN to use: --dsn, else $LOCKRUN_DSN, else
+// $DATABASE_URL, else the default SQLite file.
+func chooseDSN(flagDSN string, getenv func(string) string) (string, error) {
+	for _, dsn := range []string{flagDSN, getenv("LOCKRUN_DSN"), getenv("DATABASE_URL")} {
+		if dsn != "" {
+			return dsn, nil
+		}
+	}
+	path, err := defaultPath(getenv)
+	if err != nil {
+		return "", err
+	}
+	return "sqlite:" + path, nil
+}
+
+// defaultPath is $XDG_STATE_HOME/lockrun/locks.db (XDG's default for the
+// state directory is ~/.local/state); the directory is created, private
+// to the user, on first use.
+func defaultPath(getenv func(string) string) (string, error) {
+	state := getenv("XDG_STATE_HOME")
+	if !filepath.IsAbs(state) {
+		home := getenv("HOME")
+		if home == "" {
+			return "", configErrorf("no --dsn, LOCKRUN_DSN or DATABASE_URL, and neither XDG_STATE_HOME nor HOME is set for the default SQLite file")
+		}
+		state = filepath.Join(home, ".local", "state")
+	}
+	dir := filepath.Join(state, "lockrun")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", configErrorf("creating the state directory for the default SQLite file: %w", err)
+	}
+	return filepath.Join(dir, "locks.db"), nil
+}
+
+// schemeRE matches a URL scheme at the start of a DSN.
+var schemeRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*):`)
+
+// openDatabase opens dsn and checks that the database answers.
+func openDatabase(ctx context.Context, dsn string) (*database, error) {
+	d, err := open(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.PingContext(ctx); err != nil {
+		_ = d.Close()
+		return nil, fmt.Errorf("cannot connect to the database %s: %w", d.shown, err)
+	}
+	return d, nil
+}
+
+func open(dsn string) (*database, error) {
+	scheme, rest, _ := strings.Cut(dsn, "://")
+	switch {
+	case strings.EqualFold(scheme, "postgres"), strings.EqualFold(scheme, "postgresql"):
+		return openPostgres(strings.ToLower(scheme) + "://" + rest)
+	case strings.HasPrefix(dsn, "sqlite:"):
+		path := strings.TrimPrefix(strings.TrimPrefix(dsn, "sqlite:"), "//")
+		if path == "" {
+			return nil, configErrorf("DSN %q names no file (sqlite:PATH)", dsn)
+		}
+		return openSQLite(dsn, "file:"+escapeSQLitePath(path)+"?"+sqlitePragmas)
+	case strings.HasPrefix(dsn, "file:"):
+		file, query, _ := strings.Cut(dsn, "?")
+		if query != "" {
+			query = "&" + query // the caller's pragmas run after ours
+		}
+		return openSQLite(dsn, file+"?"+sqlitePragmas+query)
+	}
+	if m := schemeRE.FindStringSubmatch(dsn); m != nil {
+		return nil, configErrorf("unknown DSN scheme %q: use postgres://, postgresql://, key=value, sqlite:PATH or file:PATH", m[1])
+	}
+	if strings.Contains(dsn, "=") {
+		return openPostgres(dsn)
+	}
+	return nil, configErrorf("cannot tell what DSN %q is: use postgres://, postgresql://, key=value, sqlite:PATH or file:PATH", redactDSN(dsn))
+}
+
+// escapeSQLitePath escapes what a SQLite URI filename cannot hold.
+func escapeSQLitePath(path string) string {
+	return strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
+}
+
+func openSQLite(dsn, driverDSN string) (*database, error) {
+	db, err := sql.Open("sqlite", driverDSN)
+	if err != nil {
+		return nil, configError{err}
+	}
+	return &database{DB: db, kind: "sqlite", shown: dsn}, nil
+}
+
+// openPostgres opens a URL or key=value DSN with pgx: application_name is
+// lockrun unless the DSN (or PGAPPNAME) sets one, the connect timeout is
+// connectTimeout unless set, and no statement is prepared by name unless
+// the DSN chooses default_query_exec_mode.
+func openPostgres(dsn string) (*database, error) {
+	shown := redactDSN(dsn)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, configErrorf("bad DSN: %s", scrub(err.Error(), dsnSecrets(dsn)))
+	}
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "lockrun"
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = connectTimeout
+	}
+	if !strings.Contains(dsn, "default_query_exec_mode") {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	d := &database{DB: stdlib.OpenDB(*cfg), kind: "postgres", shown: shown}
+	d.secrets = append(dsnSecrets(dsn), cfg.Password)
+	return d, nil
+}
+
+// The password forms redactDSN knows: a URL's user info, and password=
+// (or sslpassword=) in key=value form or a URL query, quoted or not.
+var (
+	urlUserInfoRE = regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)\S*@`)
+	passwordKVRE  = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)`)
+)
+
+const redacted = "xxxxx"
+
+// redactDSN returns dsn with every password replaced by xxxxx: the
+// password in a URL's user info, and password=... in key=value form or a
+// URL's query. It errs on the side of hiding too much. Anything else is
+// kept, so the result still says which database was meant.
+func redactDSN(dsn string) string {
+	dsn = urlUserInfoRE.ReplaceAllString(dsn, "${1}"+redacted+"@")
+	return passwordKVRE.ReplaceAllString(dsn, "${1}"+redacted)
+}
+
+// dsnSecrets extracts the passwords a DSN spells out.
+func dsnSecrets(dsn string) []string {
+	var out []string
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		if pw, ok := u.User.Password(); ok {
+			out = append(out, pw)
+		}
+		q := u.Query()
+		out = append(out, q["password"]...)
+		out = append(out, q["sslpassword"]...)
+	}
+	for _, m := range passwordKVRE.FindAllStringSubmatch(dsn, -1) {
+		pw := m[2]
+		if strings.HasPrefix(pw, "'") {
+			pw = strings.NewReplacer(`\'`, `'`, `\\`, `\`).Replace(strings.Trim(pw, "'"))
+		}
+		out = append(out, pw)
+	}
+	return out
+}
+
+// scrub makes msg one line, with DSN passwords redacted and every secret
+// of three characters or more replaced (shorter ones would mangle the
+// message, and the DSN forms catch them where they are spelled out).
+func scrub(msg string, secrets []string) string {
+	msg = redactDSN(msg)
+	for _, s := range secrets {
+		if len(s) >= 3 {
+			msg = strings.ReplaceAll(msg, s, redacted)
+		}
+	}
+	return strings.Join(strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' || r == '\t' }), " ")
+}

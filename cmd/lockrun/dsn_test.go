@@ -1,0 +1,167 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestRedactDSNHidesEveryPassword(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://app:hunter22@db:5432/app":                     "postgres://app:xxxxx@db:5432/app",
+		"postgresql://app:p%40ss@db/app?sslmode=require":          "postgresql://app:xxxxx@db/app?sslmode=require",
+		"postgres://app:p@ss@db/app":                              "postgres://app:xxxxx@db/app",
+		"postgres://:onlypw@db/app":                               "postgres://:xxxxx@db/app",
+		"postgres://db/app?user=app&password=hunter22&sslmode=no": "postgres://db/app?user=app&password=xxxxx",
+		"host=db user=app password=hunter22 dbname=app":           "host=db user=app password=xxxxx dbname=app",
+		"host=db password = hunter22":                             "host=db password = xxxxx",
+		`host=db password='hunter 22 \' x' dbname=app`:            "host=db password=xxxxx dbname=app",
+		"host=db sslpassword=keypw user=app":                      "host=db sslpassword=xxxxx user=app",
+		"postgres://app@db:5432/app":                              "postgres://app@db:5432/app",
+		"host=db user=app":                                        "host=db user=app",
+		"sqlite:/var/lib/lockrun/locks.db":                        "sqlite:/var/lib/lockrun/locks.db",
+		"mysql://root:toor@db/x":                                  "mysql://root:xxxxx@db/x",
+		"failed: cannot parse `postgres://u:pw@h:bad/x`: port":    "failed: cannot parse `postgres://u:xxxxx@h:bad/x`: port",
+	} {
+		if got := redactDSN(in); got != want {
+			t.Errorf("redactDSN(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestDSNSecretsFindsThePasswords(t *testing.T) {
+	for in, want := range map[string][]string{
+		"postgres://app:hunter22@db/app":            {"hunter22"},
+		"postgres://app:p%40ss@db/app":              {"p@ss"},
+		"postgres://db/app?password=qq1":            {"qq1", "qq1"},
+		`host=db password='a b\'c' user=x`:          {"a b'c"},
+		"host=db password=plain sslpassword=keypw ": {"plain", "keypw"},
+		"host=db": nil,
+	} {
+		got := dsnSecrets(in)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("dsnSecrets(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestScrubMakesOneLineWithoutSecrets(t *testing.T) {
+	got := scrub("dial error:\n\thost=db password=hunter22\r\nsecret hunter22 and p@ss", []string{"hunter22", "p@ss", "ab"})
+	want := "dial error: host=db password=xxxxx secret xxxxx and xxxxx"
+	if got != want {
+		t.Errorf("scrub = %q, want %q", got, want)
+	}
+}
+
+func TestOpenKnowsItsSchemes(t *testing.T) {
+	dir := t.TempDir()
+	for dsn, kind := range map[string]string{
+		"postgres://u@127.0.0.1:1/x":                 "postgres",
+		"POSTGRESQL://u@127.0.0.1:1/x":               "postgres",
+		"host=127.0.0.1 port=1":                      "postgres",
+		"sqlite:" + filepath.Join(dir, "a.db"):       "sqlite",
+		"sqlite://" + filepath.Join(dir, "b?#%.db"):  "sqlite",
+		"file:" + filepath.Join(dir, "c.db?mode=rw"): "sqlite",
+	} {
+		d, err := open(dsn)
+		if err != nil {
+			t.Errorf("open(%q): %v", dsn, err)
+			continue
+		}
+		if d.kind != kind {
+			t.Errorf("open(%q) is %s, want %s", dsn, d.kind, kind)
+		}
+		_ = d.Close()
+	}
+	for _, dsn := range []string{"mysql://u@h/x", "redis://h", "/var/lib/x.db", "locks.db", "sqlite:", "postgres://u:pw@h:port/x"} {
+		_, err := open(dsn)
+		var ce configError
+		if !errors.As(err, &ce) || codeFor(err) != exitConfig {
+			t.Errorf("open(%q): %v; want a configuration error (exit %d)", dsn, err, exitConfig)
+		}
+	}
+}
+
+func TestSQLitePathsSurviveOddCharacters(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "odd ?#% name.db")
+	d, err := open("sqlite:" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var mode string
+	if err := d.QueryRow("PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+		t.Fatalf("journal_mode %q, %v; want wal", mode, err)
+	}
+	var file string
+	if err := d.QueryRow("SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&file); err != nil || file != path {
+		t.Errorf("opened %q (%v), want %q", file, err, path)
+	}
+}
+
+func TestDefaultPathFollowsXDG(t *testing.T) {
+	state, home := t.TempDir(), t.TempDir()
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	for _, c := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"XDG_STATE_HOME": state, "HOME": home}, filepath.Join(state, "lockrun", "locks.db")},
+		{map[string]string{"HOME": home}, filepath.Join(home, ".local", "state", "lockrun", "locks.db")},
+		{map[string]string{"XDG_STATE_HOME": "relative/ignored", "HOME": home}, filepath.Join(home, ".local", "state", "lockrun", "locks.db")},
+	} {
+		got, err := chooseDSN("", env(c.env))
+		if err != nil || got != "sqlite:"+c.want {
+			t.Errorf("env %v: %q, %v; want sqlite:%s", c.env, got, err, c.want)
+		}
+	}
+	if _, err := chooseDSN("", env(nil)); codeFor(err) != exitConfig {
+		t.Errorf("no HOME, no XDG_STATE_HOME: %v, want a configuration error", err)
+	}
+	got, _ := chooseDSN("", env(map[string]string{"DATABASE_URL": "b", "LOCKRUN_DSN": "a"}))
+	if got != "a" {
+		t.Errorf("LOCKRUN_DSN does not win over DATABASE_URL: %q", got)
+	}
+	got, _ = chooseDSN("flag", env(map[string]string{"DATABASE_URL": "b", "LOCKRUN_DSN": "a"}))
+	if got != "flag" {
+		t.Errorf("--dsn does not win: %q", got)
+	}
+}
+
+func TestCodeForSortsErrors(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{&pgconn.PgError{Code: "08006"}, exitUnavailable},
+		{&pgconn.PgError{Code: "53300"}, exitUnavailable},
+		{&pgconn.PgError{Code: "57P01"}, exitUnavailable},
+		{&pgconn.PgError{Code: "28P01"}, exitConfig},
+		{&pgconn.PgError{Code: "3D000"}, exitConfig},
+		{&pgconn.PgError{Code: "42P01"}, exitSoftware},
+		{fmt.Errorf("wrapped: %w", advisorylock.ErrUnsupported), exitConfig},
+		{advisorylock.ErrTransactionPooler, exitConfig},
+		{fmt.Errorf("%w: dial tcp: refused", advisorylock.ErrPoolUnavailable), exitUnavailable},
+		{errors.New("connection reset by peer"), exitUnavailable},
+	} {
+		if got := codeFor(c.err); got != c.want {
+			t.Errorf("codeFor(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+}
+
+func TestChildEnvReplacesInheritedLockVariables(t *testing.T) {
+	env := childEnv([]string{"A=1", "LOCKRUN_LOCK_NAME=outer", "LOCKRUN_FENCING_TOKEN=9"}, "inner", 0)
+	if got := strings.Join(env, " "); got != "A=1 LOCKRUN_LOCK_NAME=inner" {
+		t.Errorf("childEnv = %q", got)
+	}
+	env = childEnv(nil, "inner", 12)
+	if got := strings.Join(env, " "); got != "LOCKRUN_LOCK_NAME=inner LOCKRUN_FENCING_TOKEN=12" {
+		t.Errorf("childEnv = %q", got)
+	}
+}

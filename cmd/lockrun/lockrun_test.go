@@ -1,0 +1,655 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// Issue 6, item 1.
+func TestNonblockRunsTheCommandExactlyOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		const n = 6
+		procs := make([]*proc, n)
+		for i := range procs {
+			args := []string{"-n", name, "--"}
+			if i%2 == 1 {
+				args = []string{"-n", "-E", "3", name, "--"}
+			}
+			procs[i] = startLockrun(t, env, append(args, d.holdUntil("go")...)...)
+		}
+		testdb.WaitFor(t, 0, func() bool { return d.read("ran") != "" }, "no lockrun ran the command")
+		holder := strings.TrimSpace(d.read("ran"))
+		for i, p := range procs {
+			if strconv.Itoa(p.cmd.Process.Pid) == holder {
+				continue
+			}
+			want := 1
+			if i%2 == 1 {
+				want = 3
+			}
+			if code := p.wait(t); code != want {
+				t.Errorf("lockrun %d (not the holder) exited %d, want the conflict code %d; stderr: %q", i, code, want, p.stderr)
+			}
+			if p.stderr.String() != "" || p.stdout.String() != "" {
+				t.Errorf("lockrun -n said something on conflict (flock does not): %q %q", p.stdout, p.stderr)
+			}
+		}
+		d.touch(t, "go")
+		for _, p := range procs {
+			if strconv.Itoa(p.cmd.Process.Pid) == holder {
+				if code := p.wait(t); code != 0 {
+					t.Errorf("the holder exited %d; stderr: %q", code, p.stderr)
+				}
+			}
+		}
+		if ran := strings.Fields(d.read("ran")); len(ran) != 1 {
+			t.Errorf("the command ran %d times (%v), want exactly once", len(ran), ran)
+		}
+	})
+}
+
+// Issue 6, item 2: without -n, lockruns take turns.
+func TestWaitersTakeTurns(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		log := d.path("log")
+		const n = 4
+		procs := make([]*proc, n)
+		for i := range procs {
+			procs[i] = startLockrun(t, env, name, "--", "sh", "-c",
+				`echo "enter $PPID" >> "$1"; sleep 0.1; echo "exit $PPID" >> "$1"`, "sh", log)
+		}
+		for i, p := range procs {
+			if code := p.wait(t); code != 0 {
+				t.Fatalf("lockrun %d exited %d; stderr: %q", i, code, p.stderr)
+			}
+		}
+		lines := strings.Split(strings.TrimSpace(d.read("log")), "\n")
+		if len(lines) != 2*n {
+			t.Fatalf("log has %d lines, want %d:\n%s", len(lines), 2*n, d.read("log"))
+		}
+		seen := map[string]bool{}
+		for i := 0; i < len(lines); i += 2 {
+			enter, exit := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+			if enter[0] != "enter" || exit[0] != "exit" || enter[1] != exit[1] || seen[enter[1]] {
+				t.Fatalf("runs overlapped or repeated at line %d:\n%s", i+1, d.read("log"))
+			}
+			seen[enter[1]] = true
+		}
+	})
+}
+
+// Issue 6, item 2: -w gives up on time with the conflict code, and a
+// waiter whose lock comes free within -w runs.
+func TestWaitGivesUpOnTime(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
+
+		p := startLockrun(t, env, "-w", "0.3", name, "--", "touch", d.path("waiter-ran"))
+		if code := p.wait(t); code != 1 {
+			t.Fatalf("-w 0.3 exited %d, want the conflict code 1; stderr: %q", code, p.stderr)
+		}
+		if waited := p.ended.Sub(p.start); waited < 300*time.Millisecond {
+			t.Errorf("-w 0.3 gave up after %v, before its 0.3s", waited)
+		}
+		if !strings.Contains(p.stderr.String(), "gave up waiting for lock") {
+			t.Errorf("-w said nothing on giving up: %q", p.stderr)
+		}
+		if code, _, stderr := runLockrun(t, env, "-q", "--timeout=200ms", "-E", "7", name, "--", "touch", d.path("waiter-ran")); code != 7 || stderr != "" {
+			t.Errorf("-q --timeout=200ms -E 7 exited %d with stderr %q, want 7 and silence", code, stderr)
+		}
+		if d.exists("waiter-ran") {
+			t.Error("a waiter that gave up ran its command")
+		}
+
+		patient := startLockrun(t, env, "-w", "60", name, "--", "touch", d.path("waiter-ran"))
+		d.touch(t, "go")
+		if code := holder.wait(t); code != 0 {
+			t.Errorf("holder exited %d", code)
+		}
+		if code := patient.wait(t); code != 0 || !d.exists("waiter-ran") {
+			t.Errorf("-w 60 exited %d (ran: %v) after the lock came free; stderr: %q", code, d.exists("waiter-ran"), patient.stderr)
+		}
+	})
+}
+
+// Issue 6, item 3.
+func TestExitStatusIsTheCommands(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name := lockName(t)
+		for _, c := range []struct {
+			script string
+			want   int
+		}{
+			{"exit 0", 0},
+			{"exit 42", 42},
+			{"exit 1", 1},
+			{"kill -KILL $$", 128 + int(syscall.SIGKILL)},
+			{"kill -TERM $$", 128 + int(syscall.SIGTERM)},
+			{"echo out; echo err >&2", 0},
+		} {
+			code, stdout, stderr := runLockrun(t, env, name, "--", "sh", "-c", c.script)
+			if code != c.want {
+				t.Errorf("%q: lockrun exited %d, want %d; stderr: %q", c.script, code, c.want, stderr)
+			}
+			if c.script == "echo out; echo err >&2" && (stdout != "out\n" || stderr != "err\n") {
+				t.Errorf("the command's output was not passed through: stdout %q, stderr %q", stdout, stderr)
+			}
+		}
+	})
+}
+
+// Issue 6, item 3: SIGTERM (SIGHUP, SIGINT) to lockrun reaches the command, lockrun exits
+// with the command's status, and the lock is free afterwards.
+func TestSignalReachesCommandThenLockIsReleased(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		for _, c := range []struct {
+			sig  syscall.Signal
+			trap string
+			want int
+		}{
+			{syscall.SIGTERM, `trap 'echo TERM >> "$1"; exit 3' TERM;`, 3},
+			{syscall.SIGHUP, `trap 'echo HUP >> "$1"; exit 4' HUP;`, 4},
+			{syscall.SIGTERM, "", 128 + int(syscall.SIGTERM)},
+			{syscall.SIGINT, "", 128 + int(syscall.SIGINT)},
+		} {
+			name, d := lockName(t), newDir(t)
+			script := c.trap + ` echo $$ > "$2"; while :; do sleep 0.05; done`
+			p := startLockrun(t, env, name, "--", "sh", "-c", script, "sh", d.path("marks"), d.path("ready"))
+			testdb.WaitFor(t, 0, func() bool { return strings.TrimSpace(d.read("ready")) != "" }, "the command did not start")
+			if err := p.cmd.Process.Signal(c.sig); err != nil {
+				t.Fatal(err)
+			}
+			if code := p.wait(t); code != c.want {
+				t.Errorf("%v, trap %q: lockrun exited %d, want the command's %d; stderr: %q", c.sig, c.trap, code, c.want, p.stderr)
+			}
+			if name := map[syscall.Signal]string{syscall.SIGTERM: "TERM", syscall.SIGHUP: "HUP"}[c.sig]; c.trap != "" && d.read("marks") != name+"\n" {
+				t.Errorf("the command did not get %v once: marks %q", c.sig, d.read("marks"))
+			}
+			if code, _, stderr := runLockrun(t, env, "-n", name, "--", "true"); code != 0 {
+				t.Errorf("the lock was not released after the command ended: -n exited %d; stderr: %q", code, stderr)
+			}
+		}
+	})
+}
+
+// A signal while waiting for the lock ends lockrun with 128+N, and the
+// command never runs.
+func TestSignalWhileWaitingEndsLockrun(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
+		waiter := startLockrun(t, env, "-v", name, "--", "touch", d.path("waiter-ran"))
+		testdb.WaitFor(t, 0, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for lock") }, "the waiter is not waiting: %q", waiter.stderr)
+		if err := waiter.cmd.Process.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		if code := waiter.wait(t); code != 128+int(syscall.SIGINT) {
+			t.Errorf("interrupted waiter exited %d, want %d", code, 128+int(syscall.SIGINT))
+		}
+		d.touch(t, "go")
+		if code := holder.wait(t); code != 0 || d.exists("waiter-ran") {
+			t.Errorf("holder exited %d; waiter ran: %v", code, d.exists("waiter-ran"))
+		}
+	})
+}
+
+// Issue 6, item 4: the command sees its lease's name and token, tokens
+// grow from run to run.
+func TestLeaseGivesTheCommandItsToken(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name := lockName(t)
+		var last uint64
+		for i := 0; i < 3; i++ {
+			code, stdout, stderr := runLockrun(t, env, "--lease", name, "--", "sh", "-c", `echo "$LOCKRUN_LOCK_NAME"; echo "$LOCKRUN_FENCING_TOKEN"`)
+			lines := strings.Split(strings.TrimSpace(stdout), "\n")
+			if code != 0 || len(lines) != 2 {
+				t.Fatalf("lockrun --lease exited %d, stdout %q, stderr %q", code, stdout, stderr)
+			}
+			token, err := strconv.ParseUint(lines[1], 10, 64)
+			if lines[0] != name || err != nil || token <= last {
+				t.Fatalf("run %d: the command saw name %q and token %q; want %q and a token above %d", i, lines[0], lines[1], name, last)
+			}
+			last = token
+		}
+		code, stdout, _ := runLockrun(t, env, name, "--", "sh", "-c", `echo "$LOCKRUN_LOCK_NAME:$LOCKRUN_FENCING_TOKEN"`)
+		if code != 0 || stdout != name+":\n" {
+			t.Errorf("without --lease the command saw %q, want the name and no token", stdout)
+		}
+	})
+}
+
+// Issue 6, item 4: a lost lease stops the command, SIGTERM first, SIGKILL
+// after --kill-after (the command ignores SIGTERM), and lockrun exits 75.
+// On SQLite the same is proven for the default lock (a lease row too).
+func TestLostLockStopsTheCommand(t *testing.T) {
+	cases := []struct {
+		backend string
+		lease   bool
+		expire  string
+	}{
+		{"postgres", true, `UPDATE advisorylock_leases SET expires_at = now() - interval '1 hour' WHERE name = $1`},
+		{"sqlite", true, `UPDATE advisorylock_leases SET expires_at = 0 WHERE name = ?1`},
+		{"sqlite", false, `UPDATE advisorylock_locks SET expires_at = 0 WHERE name = ?1`},
+	}
+	for _, b := range backends {
+		for _, c := range cases {
+			if c.backend != b.name {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/lease=%v", c.backend, c.lease), func(t *testing.T) {
+				t.Parallel()
+				env := b.env(t)
+				name, d := lockName(t), newDir(t)
+				const grace = time.Second
+				args := []string{"--ttl", "3", "--kill-after", grace.String(), name, "--", "sh", "-c",
+					`trap 'echo TERM >> "$1"' TERM; echo $$ > "$2"; while :; do sleep 0.05; done`, "sh", d.path("marks"), d.path("ready")}
+				if c.lease {
+					args = append([]string{"--lease"}, args...)
+				}
+				p := startLockrun(t, env, args...)
+				testdb.WaitFor(t, 0, func() bool { return strings.TrimSpace(d.read("ready")) != "" }, "the command did not start")
+				db, _ := openStore(t, env)
+				if _, err := db.ExecContext(ctxT(t), c.expire, name); err != nil {
+					t.Fatalf("expiring the lease: %v", err)
+				}
+				expired := time.Now()
+				if code := p.wait(t); code != exitLost {
+					t.Fatalf("lockrun exited %d, want %d (lock lost); stderr: %q", code, exitLost, p.stderr)
+				}
+				if !strings.Contains(d.read("marks"), "TERM") {
+					t.Errorf("the command never got SIGTERM; stderr: %q", p.stderr)
+				}
+				if took := p.ended.Sub(expired); took < grace {
+					t.Errorf("lockrun exited %v after the loss, before the %v grace: SIGKILL came early", took, grace)
+				}
+				pgid, _ := strconv.Atoi(strings.TrimSpace(d.read("ready")))
+				testdb.WaitFor(t, 0, func() bool { return groupGone(pgid) }, "processes of the command's group %d survive", pgid)
+				if !strings.Contains(p.stderr.String(), "lost while the command ran") {
+					t.Errorf("lockrun did not say the lock was lost: %q", p.stderr)
+				}
+			})
+		}
+	}
+}
+
+// A PostgreSQL session lock whose session dies stops the command too
+// (found by the keep-alive check, every 10s).
+func TestLostSessionStopsTheCommand(t *testing.T) {
+	t.Parallel()
+	env := []string{"LOCKRUN_DSN=" + testdb.PostgresDSN(t)}
+	name, d := lockName(t), newDir(t)
+	p := startLockrun(t, env, "--kill-after", "0.5", name, "--", "sh", "-c", `echo $$ > "$1"; while :; do sleep 0.05; done`, "sh", d.path("ready"))
+	testdb.WaitFor(t, 0, func() bool { return strings.TrimSpace(d.read("ready")) != "" }, "the command did not start")
+	db := testdb.OpenPostgres(t, "pgx")
+	var pid int
+	err := db.QueryRowContext(ctxT(t), "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND "+keyWhere(name)).Scan(&pid)
+	if err != nil {
+		t.Fatalf("finding our lock's session: %v", err)
+	}
+	if _, err := db.ExecContext(ctxT(t), "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != exitLost {
+		t.Fatalf("lockrun exited %d, want %d; stderr: %q", code, exitLost, p.stderr)
+	}
+	pgid, _ := strconv.Atoi(strings.TrimSpace(d.read("ready")))
+	testdb.WaitFor(t, 0, func() bool { return groupGone(pgid) }, "processes of the command's group %d survive", pgid)
+}
+
+// Issue 6, item 5: a wait longer than a second says what it waits for
+// and who holds it; -q keeps quiet.
+func TestWaitingSaysWhoHolds(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
+		quiet := startLockrun(t, env, "-q", name, "--", "true")
+		if envValue(env, "LOCKRUN_DSN") != "" {
+			// On PostgreSQL the quiet waiter can be seen waiting.
+			db := testdb.OpenPostgres(t, "pgx")
+			testdb.WaitFor(t, 0, func() bool {
+				var n int
+				_ = db.QueryRowContext(ctxT(t), "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "+keyWhere(name)).Scan(&n)
+				return n > 0
+			}, "the quiet waiter is not waiting")
+		}
+		loud := startLockrun(t, env, name, "--", "true")
+		testdb.WaitFor(t, 0, func() bool { return strings.Contains(loud.stderr.String(), "waiting for lock") }, "the waiter said nothing in 20s")
+		msg := loud.stderr.String()
+		if waited := time.Since(loud.start); waited < time.Second {
+			t.Errorf("the waiter spoke after %v, before waiting a second", waited)
+		}
+		want := []string{strconv.Quote(name), "held by"}
+		if envValue(env, "LOCKRUN_DSN") != "" {
+			want = append(want, `application "lockrun"`, "pid ")
+		} else {
+			want = append(want, fmt.Sprintf("owner %s:%d/", hostname(t), holder.cmd.Process.Pid))
+		}
+		for _, w := range want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("the waiting message %q does not say %q", msg, w)
+			}
+		}
+		d.touch(t, "go")
+		for _, p := range []*proc{holder, quiet, loud} {
+			if code := p.wait(t); code != 0 {
+				t.Errorf("exit %d; stderr %q", code, p.stderr)
+			}
+		}
+		if s := quiet.stderr.String(); s != "" {
+			t.Errorf("-q said %q", s)
+		}
+	})
+}
+
+// keyWhere matches name's key in pg_locks (classid = high 32 bits, objid =
+// low 32 bits, objsubid = 1) in the current database.
+func keyWhere(name string) string {
+	k := uint64(advisorylock.Key(name))
+	return fmt.Sprintf("classid = %d AND objid = %d AND objsubid = 1 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())", k>>32, k&0xFFFFFFFF)
+}
+
+func hostname(t *testing.T) string {
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// Issue 6, item 6: status prints holders as an aligned table.
+func TestStatusPrintsAlignedTable(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		d := newDir(t)
+		locked, leased, free := lockName(t), lockName(t)+" leased", lockName(t)
+		holdEnv := env
+		if dsn := envValue(env, "LOCKRUN_DSN"); dsn != "" {
+			sep := "?"
+			if strings.Contains(dsn, "?") {
+				sep = "&"
+			}
+			holdEnv = append(append([]string{}, env...), "LOCKRUN_DSN="+dsn+sep+"application_name=nightly-host-7")
+		}
+		h1 := startLockrun(t, holdEnv, append([]string{locked, "--"}, d.holdUntil("go")...)...)
+		h2 := startLockrun(t, env, append([]string{"--lease", leased, "--"}, d.holdUntil("go")...)...)
+		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("ran"))) == 2 }, "the holders did not start")
+
+		code, stdout, stderr := runLockrun(t, env, "status", locked, leased, free)
+		if code != 0 || stderr != "" {
+			t.Fatalf("status exited %d; stderr %q", code, stderr)
+		}
+		rows := checkAligned(t, stdout)
+		if len(rows) != 4 {
+			t.Fatalf("status printed %d lines, want a header and 3 rows:\n%s", len(rows), stdout)
+		}
+		wantRow := func(row []string, name, kind string, more ...string) {
+			t.Helper()
+			line := strings.Join(row, " | ")
+			if row[0] != name && row[0] != strconv.Quote(name) || row[1] != kind {
+				t.Errorf("row %q: want name %q, kind %s", line, name, kind)
+			}
+			if row[2] != strconv.FormatInt(advisorylock.Key(name), 10) {
+				t.Errorf("row %q: key is not Key(%q)", line, name)
+			}
+			for _, m := range more {
+				if !strings.Contains(line, m) {
+					t.Errorf("row %q lacks %q", line, m)
+				}
+			}
+		}
+		if envValue(env, "LOCKRUN_DSN") != "" {
+			wantRow(rows[1], locked, "lock", "nightly-host-7")
+		} else {
+			wantRow(rows[1], locked, "lock", fmt.Sprintf("%s:%d/", hostname(t), h1.cmd.Process.Pid))
+		}
+		wantRow(rows[2], leased, "lease", fmt.Sprintf("%s:%d/", hostname(t), h2.cmd.Process.Pid))
+		wantRow(rows[3], free, "free")
+
+		code, stdout, _ = runLockrun(t, env, "status")
+		if code != 0 || !strings.Contains(stdout, strconv.Quote(leased)) || !strings.Contains(stdout, strconv.FormatInt(advisorylock.Key(locked), 10)) {
+			t.Errorf("status with no names exited %d and misses our lease or lock:\n%s", code, stdout)
+		}
+		checkAligned(t, stdout)
+		d.touch(t, "go")
+		h1.wait(t)
+		h2.wait(t)
+	})
+}
+
+// checkAligned checks that every field of every line starts in its
+// header's column (counted in runes, as tabwriter does), and returns the
+// fields.
+func checkAligned(t *testing.T, table string) [][]string {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(table, "\n"), "\n")
+	var starts []int
+	header := []rune(lines[0])
+	for i := range header {
+		if header[i] != ' ' && (i == 0 || header[i-1] == ' ') {
+			starts = append(starts, i)
+		}
+	}
+	var rows [][]string
+	for _, text := range lines {
+		line := []rune(text)
+		var row []string
+		for c, s := range starts {
+			if len(line) <= s || line[s] == ' ' || (s > 0 && line[s-1] != ' ') {
+				t.Fatalf("column %d does not start at %d in %q:\n%s", c, s, text, table)
+			}
+			end := len(line)
+			if c+1 < len(starts) {
+				end = starts[c+1]
+			}
+			row = append(row, strings.TrimSpace(string(line[s:end])))
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// Issue 6, items 6 and 7: a DSN's password never shows, whatever fails.
+func TestNoPasswordInAnyOutput(t *testing.T) {
+	t.Parallel()
+	const secret = "Sup3r-s3cret.pw"
+	port := closedPort(t)
+	dsns := map[string]int{
+		"postgres://lockuser:" + secret + "@127.0.0.1:" + port + "/db?sslmode=disable":              exitUnavailable,
+		"postgresql://127.0.0.1:" + port + "/db?user=u&password=" + secret:                          exitUnavailable,
+		"host=127.0.0.1 port=" + port + " user=u password=" + secret + " dbname=db sslmode=disable": exitUnavailable,
+		"host=127.0.0.1 port=" + port + " password='" + secret + " x' dbname=db":                    exitUnavailable,
+		"postgres://lockuser:" + secret + "@127.0.0.1:notaport/db":                                  exitConfig,
+		"mysql://lockuser:" + secret + "@127.0.0.1:" + port + "/db":                                 exitConfig,
+		"redis://:" + secret + "@cache:6379":                                                        exitConfig,
+	}
+	for dsn, want := range dsns {
+		for _, how := range [][]string{
+			{"--dsn", dsn, "-v", "job", "--", "true"},
+			{"--dsn=" + dsn, "--lease", "job", "--", "true"},
+			{"--dsn", dsn, "status", "job"},
+			{"--dsn", dsn, "status"},
+			{"env:LOCKRUN_DSN", "job", "--", "true"},
+			{"env:DATABASE_URL", "-n", "job", "--", "true"},
+		} {
+			var env []string
+			if v, ok := strings.CutPrefix(how[0], "env:"); ok {
+				env, how = []string{v + "=" + dsn}, how[1:]
+			}
+			code, stdout, stderr := runLockrun(t, env, how...)
+			out := stdout + stderr
+			if strings.Contains(out, secret) || strings.Contains(out, "s3cret") {
+				t.Errorf("%v with env %v printed the password: %q", how, env, out)
+			}
+			if code != want {
+				t.Errorf("%v with env %v: exit %d, want %d; stderr %q", how, env, code, want, stderr)
+			}
+			checkOneLineError(t, stdout, stderr)
+		}
+	}
+}
+
+// closedPort is a loopback port nothing listens on.
+func closedPort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	_ = ln.Close()
+	return port
+}
+
+func checkOneLineError(t *testing.T, stdout, stderr string) {
+	t.Helper()
+	if stdout != "" {
+		t.Errorf("an error printed on stdout: %q", stdout)
+	}
+	if !strings.HasPrefix(stderr, "lockrun: ") || strings.Count(stderr, "\n") != 1 || !strings.HasSuffix(stderr, "\n") {
+		t.Errorf("the error is not one line starting with \"lockrun: \": %q", stderr)
+	}
+	for _, bad := range []string{"goroutine ", "panic", ".go:"} {
+		if strings.Contains(stderr, bad) {
+			t.Errorf("the error looks like a stack trace (%q): %q", bad, stderr)
+		}
+	}
+}
+
+// Issue 6, item 7: bad input gets one line and its documented exit code.
+func TestBadInputGetsOneLineAndItsExitCode(t *testing.T) {
+	t.Parallel()
+	state := []string{"XDG_STATE_HOME=" + t.TempDir()}
+	notExec := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := closedPort(t)
+	for _, c := range []struct {
+		what string
+		args []string
+		want int
+	}{
+		{"no arguments", nil, exitUsage},
+		{"unknown long flag", []string{"--frobnicate", "job", "--", "true"}, exitUsage},
+		{"unknown short flag", []string{"-Z", "job", "--", "true"}, exitUsage},
+		{"value given to a boolean flag", []string{"--lease=yes", "job", "--", "true"}, exitUsage},
+		{"missing value at the end", []string{"job", "-w"}, exitUsage},
+		{"missing --", []string{"job", "echo", "hi"}, exitUsage},
+		{"no name", []string{"--", "true"}, exitUsage},
+		{"empty command", []string{"job", "--"}, exitUsage},
+		{"empty command name", []string{"job", "--", ""}, exitUsage},
+		{"unparsable -w", []string{"-w", "soon", "job", "--", "true"}, exitUsage},
+		{"negative -w", []string{"-w", "-1", "job", "--", "true"}, exitUsage},
+		{"-E out of range", []string{"-E", "256", "job", "--", "true"}, exitUsage},
+		{"zero TTL", []string{"--ttl", "0", "job", "--", "true"}, exitUsage},
+		{"-n with -w", []string{"-n", "-w", "3", "job", "--", "true"}, exitUsage},
+		{"status with -n", []string{"status", "-n", "job"}, exitUsage},
+		{"unreachable database", []string{"--dsn", "postgres://u@127.0.0.1:" + port + "/db?sslmode=disable", "job", "--", "true"}, exitUnavailable},
+		{"unknown DSN scheme", []string{"--dsn", "mongodb://h/db", "job", "--", "true"}, exitConfig},
+		{"a bare path as DSN", []string{"--dsn", "/var/lib/locks.db", "job", "--", "true"}, exitConfig},
+		{"in-memory SQLite", []string{"--dsn", "sqlite::memory:", "job", "--", "true"}, exitConfig},
+		{"command not found", []string{"job", "--", "no-such-command-lockrun-test"}, exitNotFound},
+		{"command not executable", []string{"job", "--", notExec}, exitNotRunnable},
+	} {
+		code, stdout, stderr := runLockrun(t, state, c.args...)
+		if code != c.want {
+			t.Errorf("%s: exit %d, want %d; stderr %q", c.what, code, c.want, stderr)
+		}
+		checkOneLineError(t, stdout, stderr)
+	}
+}
+
+// Issue 6, item 8.
+func TestHelpReadsLikeAManPage(t *testing.T) {
+	t.Parallel()
+	for _, flag := range []string{"--help", "-h"} {
+		code, stdout, stderr := runLockrun(t, nil, flag)
+		if code != 0 || stderr != "" {
+			t.Fatalf("%s: exit %d, stderr %q", flag, code, stderr)
+		}
+		for _, want := range []string{
+			"NAME\n", "SYNOPSIS\n", "lockrun [flags] NAME -- COMMAND [ARG...]", "lockrun status [--dsn DSN] [NAME...]",
+			"DESCRIPTION\n", "FLAGS\n", "EXIT STATUS\n", "EXAMPLES\n",
+			"-n, --nonblock", "-w, --wait", "-E, --conflict-exit-code", "--lease", "--ttl", "--kill-after", "-q, --quiet", "-v, --verbose",
+			"LOCKRUN_DSN", "DATABASE_URL", "XDG_STATE_HOME", "LOCKRUN_FENCING_TOKEN", "LOCKRUN_LOCK_NAME",
+			"0 3 * * * lockrun -n", "Deploy hook", "128+N",
+		} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("%s does not show %q", flag, want)
+			}
+		}
+		for _, code := range []int{exitConflict, exitUsage, exitUnavailable, exitSoftware, exitLost, exitConfig, exitNotRunnable, exitNotFound} {
+			if !strings.Contains(stdout, fmt.Sprintf("\n    %-6d ", code)) {
+				t.Errorf("%s does not document exit code %d", flag, code)
+			}
+		}
+	}
+}
+
+// The README's first command works on a fresh machine: no server, no
+// DSN, no state directory yet.
+func TestFreshMachineRunsWithTheSQLiteDefault(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	code, stdout, stderr := runLockrun(t, []string{"HOME=" + home}, "nightly-report", "--", "echo", "hello")
+	if code != 0 || stdout != "hello\n" || stderr != "" {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 0, \"hello\\n\", nothing", code, stdout, stderr)
+	}
+	dir := filepath.Join(home, ".local", "state", "lockrun")
+	fi, err := os.Stat(dir)
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("state directory %s: %v, mode %v; want 0700", dir, err, fi.Mode().Perm())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "locks.db")); err != nil {
+		t.Errorf("no SQLite file: %v", err)
+	}
+}
+
+// Behind PgBouncer in transaction mode the session lock is refused with a
+// hint, and --lease works.
+func TestTransactionPoolerWantsLease(t *testing.T) {
+	t.Parallel()
+	txDSN, _ := testdb.PgBouncer(t)
+	env := []string{"LOCKRUN_DSN=" + txDSN}
+	name := lockName(t)
+	code, stdout, stderr := runLockrun(t, env, name, "--", "echo", "ran")
+	if code != exitConfig || !strings.Contains(stderr, "--lease") || stdout != "" {
+		t.Errorf("session lock through a transaction pooler: exit %d, stdout %q, stderr %q; want %d and a hint to use --lease", code, stdout, stderr, exitConfig)
+	}
+	checkOneLineError(t, stdout, stderr)
+	for i := 0; i < 3; i++ {
+		code, stdout, stderr = runLockrun(t, env, "--lease", name, "--", "sh", "-c", `echo "$LOCKRUN_FENCING_TOKEN"`)
+		if code != 0 || strings.TrimSpace(stdout) == "" {
+			t.Errorf("--lease through a transaction pooler: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+		}
+	}
+}
+
+// -v says when the lock is taken and released.
+func TestVerboseSaysAcquiredAndReleased(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name := lockName(t)
+		code, _, stderr := runLockrun(t, env, "-v", "--lease", name, "--", "true")
+		want := fmt.Sprintf("lockrun: acquired lock %q (fencing token ", name)
+		if code != 0 || !strings.HasPrefix(stderr, want) || !strings.HasSuffix(stderr, fmt.Sprintf("lockrun: released lock %q\n", name)) {
+			t.Errorf("-v: exit %d, stderr %q", code, stderr)
+		}
+		if code, _, stderr := runLockrun(t, env, "-v", "-q", name, "--", "true"); code != 0 || stderr != "" {
+			t.Errorf("-v -q: exit %d, stderr %q; -q wins", code, stderr)
+		}
+	})
+}

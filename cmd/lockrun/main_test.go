@@ -1,0 +1,259 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// The tests build lockrun once (with -race when the tests run with it)
+// and run it as real processes, against the default SQLite file and
+// against PostgreSQL.
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(removeBuildAfter{testdb.Main(m)})
+}
+
+type removeBuildAfter struct{ m interface{ Run() int } }
+
+func (r removeBuildAfter) Run() int {
+	defer func() {
+		if build.dir != "" {
+			_ = os.RemoveAll(build.dir)
+		}
+	}()
+	return r.m.Run()
+}
+
+var build struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+	out  []byte
+}
+
+// lockrunBin builds lockrun into a temporary directory, once per test
+// binary, and returns its path.
+func lockrunBin(t *testing.T) string {
+	t.Helper()
+	build.once.Do(func() {
+		build.dir, build.err = os.MkdirTemp("", "lockrun-test-")
+		if build.err != nil {
+			return
+		}
+		build.bin = filepath.Join(build.dir, "lockrun")
+		args := []string{"build", "-o", build.bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, ".")...)
+		build.out, build.err = cmd.CombinedOutput()
+	})
+	if build.err != nil {
+		t.Fatalf("building lockrun: %v\n%s", build.err, build.out)
+	}
+	return build.bin
+}
+
+// backend is where the locks of a test live: the environment lockrun
+// runs with.
+type backend struct {
+	name string
+	env  func(t *testing.T) []string
+}
+
+var backends = []backend{
+	{"sqlite", func(t *testing.T) []string { return []string{"XDG_STATE_HOME=" + t.TempDir()} }},
+	{"postgres", func(t *testing.T) []string { return []string{"LOCKRUN_DSN=" + testdb.PostgresDSN(t)} }},
+}
+
+// eachBackend runs f as a parallel subtest per backend.
+func eachBackend(t *testing.T, f func(t *testing.T, env []string)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b.env(t))
+		})
+	}
+}
+
+// lockName is a lock name no other test (or agent) uses.
+func lockName(t *testing.T) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()) + "-" + hex.EncodeToString(b[:])
+}
+
+// baseEnv is the test's environment without what would steer lockrun.
+func baseEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "LOCKRUN_DSN", "DATABASE_URL", "XDG_STATE_HOME", "LOCKRUN_LOCK_NAME", "LOCKRUN_FENCING_TOKEN":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// proc is a running lockrun.
+type proc struct {
+	cmd    *exec.Cmd
+	stdout *syncBuffer
+	stderr *syncBuffer
+	done   chan struct{}
+	start  time.Time
+	ended  time.Time
+}
+
+// startLockrun starts lockrun with env added to baseEnv; it is killed at
+// the end of the test if still running.
+func startLockrun(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(lockrunBin(t), args...), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd.Env = append(baseEnv(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	p.cmd.Dir = t.TempDir()
+	p.start = time.Now()
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting lockrun: %v", err)
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		p.ended = time.Now()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// wait waits (generously) for lockrun to exit and returns its exit code.
+func (p *proc) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("lockrun %q still running after 60s; stderr: %s", p.cmd.Args, p.stderr)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// runLockrun runs lockrun to the end.
+func runLockrun(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	p := startLockrun(t, env, args...)
+	code = p.wait(t)
+	return code, p.stdout.String(), p.stderr.String()
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// dirFiles are the files a test's commands use to say what they did.
+type dirFiles struct{ dir string }
+
+func newDir(t *testing.T) dirFiles { return dirFiles{t.TempDir()} }
+
+func (d dirFiles) path(name string) string { return filepath.Join(d.dir, name) }
+
+func (d dirFiles) read(name string) string {
+	b, _ := os.ReadFile(d.path(name))
+	return string(b)
+}
+
+func (d dirFiles) exists(name string) bool {
+	_, err := os.Stat(d.path(name))
+	return err == nil
+}
+
+func (d dirFiles) touch(t *testing.T, name string) {
+	t.Helper()
+	if err := os.WriteFile(d.path(name), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holdUntil is a command that records its lockrun's pid in ran and holds
+// the lock until the file release exists.
+func (d dirFiles) holdUntil(release string) []string {
+	return []string{"sh", "-c", `echo $PPID >> "$1"; while [ ! -e "$2" ]; do sleep 0.02; done`, "sh", d.path("ran"), d.path(release)}
+}
+
+// envValue returns the value of key in env (the last one wins).
+func envValue(env []string, key string) string {
+	v := ""
+	for _, kv := range env {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
+			v = val
+		}
+	}
+	return v
+}
+
+// openStore opens the database lockrun uses under env, for the test to
+// look at or tamper with.
+func openStore(t *testing.T, env []string) (*sql.DB, string) {
+	t.Helper()
+	if dsn := envValue(env, "LOCKRUN_DSN"); dsn != "" {
+		return testdb.OpenPostgres(t, "pgx"), "postgres"
+	}
+	path := filepath.Join(envValue(env, "XDG_STATE_HOME"), "lockrun", "locks.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db, "sqlite"
+}
+
+// groupGone reports whether no process is left in process group pgid.
+func groupGone(pgid int) bool {
+	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
+}
+
+// ctxT is a context for the test's own queries.
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testdb.DefaultWait)
+	t.Cleanup(cancel)
+	return ctx
+}

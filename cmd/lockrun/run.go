@@ -1,0 +1,453 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/glebarez/go-sqlite"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// waitNotice is how long lockrun waits quietly before it says what it
+// waits for; recheck is how often it looks again for a new holder.
+const (
+	waitNotice = time.Second
+	recheck    = 5 * time.Second
+)
+
+// target is the lock lockrun takes: a session Lock or a LeaseLock.
+type target interface {
+	// acquire takes the lock: one attempt when wait is 0, as long as it
+	// takes when wait < 0, else for at most wait.
+	acquire(ctx context.Context, wait time.Duration) (*held, error)
+	Holder(ctx context.Context) (*advisorylock.Holder, error)
+}
+
+// held is a held lock.
+type held struct {
+	lost    <-chan struct{}
+	token   advisorylock.FencingToken // 0 unless a lease
+	release func(context.Context) error
+}
+
+type sessionTarget struct{ l *advisorylock.Lock }
+
+func (t sessionTarget) Holder(ctx context.Context) (*advisorylock.Holder, error) {
+	return t.l.Holder(ctx)
+}
+
+func (t sessionTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
+	g, err := within(ctx, wait, t.l.TryLock, t.l.Lock, t.l.LockTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return &held{lost: g.Lost(), release: g.Release}, nil
+}
+
+type leaseTarget struct{ l *advisorylock.LeaseLock }
+
+func (t leaseTarget) Holder(ctx context.Context) (*advisorylock.Holder, error) {
+	return t.l.Holder(ctx)
+}
+
+func (t leaseTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
+	g, err := within(ctx, wait, t.l.TryLock, t.l.Lock, t.l.LockTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return &held{lost: g.Lost(), token: g.Token(), release: g.Release}, nil
+}
+
+// within picks the acquire that matches wait.
+func within[G any](ctx context.Context, wait time.Duration, try, lock func(context.Context) (G, error), timeout func(context.Context, time.Duration) (G, error)) (G, error) {
+	switch {
+	case wait == 0:
+		return try(ctx)
+	case wait < 0:
+		return lock(ctx)
+	default:
+		return timeout(ctx, wait)
+	}
+}
+
+// run takes the lock, runs the command, and releases the lock once the
+// command has exited. It returns lockrun's exit code.
+func run(o *options, getenv func(string) string, say *reporter) int {
+	cmd := exec.Command(o.command[0], o.command[1:]...)
+	if cmd.Err != nil {
+		return notRunnable(say, o.command[0], cmd.Err)
+	}
+	signals := make(chan os.Signal, 8)
+	signal.Notify(signals, forwarded...)
+	defer signal.Stop(signals)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type outcome struct {
+		db  *database
+		h   *held
+		err error
+	}
+	taken := make(chan outcome, 1)
+	go func() {
+		db, h, err := take(ctx, o, getenv, say)
+		taken <- outcome{db, h, err}
+	}()
+	var got outcome
+	select {
+	case got = <-taken:
+	case sig := <-signals:
+		cancel()
+		got = <-taken
+		if got.h != nil {
+			_ = got.h.release(context.Background())
+		}
+		if got.db != nil {
+			_ = got.db.Close()
+		}
+		say.debugf("interrupted by %v while waiting for lock %q", sig, o.name)
+		return exitSignalOffset + signalNumber(sig)
+	}
+	if got.err != nil {
+		return failed(say, o, got.err)
+	}
+	defer got.db.Close()
+	say.debugf("acquired lock %q%s", o.name, tokenNote(got.h.token))
+	code := supervise(cmd, o, got.h, signals, say)
+	if err := got.h.release(context.Background()); err != nil {
+		say.infof("releasing: %s", plain(err))
+	} else {
+		say.debugf("released lock %q", o.name)
+	}
+	return code
+}
+
+// take opens the database and acquires the lock, saying what it waits for
+// while it waits. On error, it has closed what it opened.
+func take(ctx context.Context, o *options, getenv func(string) string, say *reporter) (*database, *held, error) {
+	dsn, err := chooseDSN(o.dsn, getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	say.secrets = dsnSecrets(dsn)
+	db, err := openDatabase(ctx, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	say.secrets = append(say.secrets, db.secrets...)
+	t, err := newTarget(db, o, say)
+	if err == nil {
+		var h *held
+		h, err = acquireTelling(ctx, t, o, say)
+		if err == nil {
+			return db, h, nil
+		}
+	}
+	_ = db.Close()
+	return nil, nil, err
+}
+
+// newTarget makes the lock: a LeaseLock with --lease, a Lock otherwise.
+func newTarget(db *database, o *options, say *reporter) (target, error) {
+	opts := []advisorylock.Option{advisorylock.WithOwner(ownerLabel()), advisorylock.WithLogger(say.logger())}
+	if o.ttl > 0 {
+		opts = append(opts, advisorylock.WithLeaseTTL(o.ttl))
+	}
+	if o.lease {
+		l, err := advisorylock.NewLeaseLock(db, o.name, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return leaseTarget{l}, nil
+	}
+	l, err := advisorylock.New(db, o.name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return sessionTarget{l}, nil
+}
+
+// ownerLabel is host:pid, the label lease rows record.
+func ownerLabel() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+// acquireTelling acquires t. While it waits longer than waitNotice (at
+// once with -v), it says on stderr what it waits for and who holds it,
+// and again whenever the holder changes.
+func acquireTelling(ctx context.Context, t target, o *options, say *reporter) (*held, error) {
+	if o.wait == 0 {
+		h, err := t.acquire(ctx, 0)
+		if errors.Is(err, advisorylock.ErrNotAcquired) && say.verbose {
+			say.debugf("lock %q is held%s", o.name, holderNote(ctx, t))
+		}
+		return h, err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	told := make(chan struct{})
+	go func() {
+		defer close(told)
+		tellWaiting(wctx, t, o, say)
+	}()
+	h, err := t.acquire(ctx, o.wait)
+	stop()
+	<-told
+	return h, err
+}
+
+// tellWaiting reports the holder after waitNotice and whenever it
+// changes, until ctx ends.
+func tellWaiting(ctx context.Context, t target, o *options, say *reporter) {
+	if say.quiet {
+		return
+	}
+	delay := waitNotice
+	if say.verbose {
+		delay = 0
+	}
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		h, err := t.Holder(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		note := ""
+		switch {
+		case err != nil:
+			note = " (cannot tell who holds it: " + plain(err) + ")"
+		case h != nil:
+			note = ", held by " + describe(h)
+		}
+		if note != last {
+			say.infof("waiting for lock %q%s", o.name, note)
+			last = note
+		}
+		timer.Reset(recheck)
+	}
+}
+
+// holderNote is ", by HOLDER" for the lock's holder, or "".
+func holderNote(ctx context.Context, t target) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	h, err := t.Holder(ctx)
+	if err != nil || h == nil {
+		return ""
+	}
+	return " by " + describe(h)
+}
+
+// describe says who a holder is, in the words an operator greps for.
+func describe(h *advisorylock.Holder) string {
+	var parts []string
+	if h.PID != 0 {
+		parts = append(parts, "pid "+strconv.Itoa(h.PID))
+	}
+	if h.Application != "" {
+		parts = append(parts, "application "+strconv.Quote(h.Application))
+	}
+	if h.ClientAddr != "" {
+		parts = append(parts, "client "+h.ClientAddr)
+	}
+	if h.Owner != "" {
+		parts = append(parts, "owner "+h.Owner)
+	}
+	if h.Token != 0 {
+		parts = append(parts, "token "+h.Token.String())
+	}
+	if !h.Since.IsZero() {
+		parts = append(parts, "since "+h.Since.Local().Format(time.DateTime))
+	}
+	if len(parts) == 0 {
+		return "an unknown holder"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func tokenNote(t advisorylock.FencingToken) string {
+	if t == 0 {
+		return ""
+	}
+	return " (fencing token " + t.String() + ")"
+}
+
+// supervise starts the command and waits for it, passing signals on to
+// its process group, and stopping it if the lock is lost. It returns the
+// command's exit status, or exitLost.
+func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say *reporter) int {
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = childEnv(os.Environ(), o.name, h.token)
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		return notRunnable(say, o.command[0], err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // the status is in cmd.ProcessState
+		close(exited)
+	}()
+	lost := h.lost
+	wasLost := false
+	var kill <-chan time.Time
+	for {
+		select {
+		case sig := <-signals:
+			signalGroup(cmd.Process, sig)
+		case <-lost:
+			lost, wasLost = nil, true
+			say.infof("lock %q lost while the command ran; stopping it (SIGTERM, then SIGKILL after %s)", o.name, o.killAfter)
+			signalGroup(cmd.Process, terminate)
+			timer := time.NewTimer(o.killAfter)
+			defer timer.Stop()
+			kill = timer.C
+		case <-kill:
+			kill = nil
+			signalGroup(cmd.Process, killSignal)
+		case <-exited:
+			if !wasLost && isClosed(h.lost) {
+				wasLost = true
+				say.infof("lock %q lost before the command ended", o.name)
+			}
+			if wasLost {
+				signalGroup(cmd.Process, killSignal) // what is left of the job
+				return exitLost
+			}
+			return exitStatus(cmd.ProcessState)
+		}
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// childEnv is env with the lock's name and, for a lease, its token.
+func childEnv(env []string, name string, token advisorylock.FencingToken) []string {
+	out := make([]string, 0, len(env)+2)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "LOCKRUN_LOCK_NAME=") && !strings.HasPrefix(kv, "LOCKRUN_FENCING_TOKEN=") {
+			out = append(out, kv)
+		}
+	}
+	out = append(out, "LOCKRUN_LOCK_NAME="+name)
+	if token != 0 {
+		out = append(out, "LOCKRUN_FENCING_TOKEN="+token.String())
+	}
+	return out
+}
+
+// notRunnable reports a command that cannot be started: 127 when it is
+// not found, 126 otherwise (as a shell does).
+func notRunnable(say *reporter, name string, err error) int {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		say.errorf("%s: command not found", name)
+		return exitNotFound
+	}
+	if inner := errors.Unwrap(err); inner != nil {
+		err = inner // the reason, without the repeated path
+	}
+	say.errorf("%s: cannot run: %v", name, err)
+	return exitNotRunnable
+}
+
+// failed reports why the lock was not taken and returns the exit code.
+func failed(say *reporter, o *options, err error) int {
+	var timeout *advisorylock.TimeoutError
+	switch {
+	case errors.Is(err, advisorylock.ErrNotAcquired):
+		return o.conflictCode // -n: as flock, silent unless -v (said in acquireTelling)
+	case errors.As(err, &timeout):
+		say.infof("gave up waiting for lock %q after %s", o.name, timeout.Waited.Round(time.Millisecond))
+		return o.conflictCode
+	case errors.Is(err, advisorylock.ErrTransactionPooler):
+		say.errorf("%s; run with --lease: a lease holds no connection and works through the pooler", plain(err))
+		return exitConfig
+	}
+	say.errorf("%s", plain(err))
+	return codeFor(err)
+}
+
+// codeFor maps an error about the database to an exit code: 78 for what
+// the configuration must fix, 70 for an error lockrun or the library
+// should not have caused, 69 for the rest (the database is unreachable,
+// shutting down, out of connections, or a SQLite file cannot be used).
+func codeFor(err error) int {
+	var pgErr *pgconn.PgError
+	var liteErr *sqlite.Error
+	var confErr configError
+	switch {
+	case errors.As(err, &confErr), errors.Is(err, advisorylock.ErrUnsupported), errors.Is(err, advisorylock.ErrTransactionPooler):
+		return exitConfig
+	case errors.As(err, &pgErr):
+		switch pgErr.Code[:2] {
+		case "08", "53", "57", "58":
+			return exitUnavailable
+		case "28", "3D":
+			return exitConfig // bad credentials, no such database
+		}
+		return exitSoftware
+	case errors.As(err, &liteErr):
+		switch liteErr.Code() & 0xff {
+		case 1, 19, 20, 21, 25: // SQL error, constraint, mismatch, misuse, range
+			return exitSoftware
+		case 26: // not a database
+			return exitConfig
+		}
+	}
+	return exitUnavailable
+}
+
+// plain is err's message without the library's "advisorylock: " prefix
+// (lockrun adds its own).
+func plain(err error) string {
+	return strings.TrimPrefix(err.Error(), "advisorylock: ")
+}
+
+// logger sends the library's warnings to stderr, one line each, with -v
+// (lockrun itself reports a lost lock and a failed release).
+func (r *reporter) logger() *slog.Logger {
+	if !r.verbose || r.quiet {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(scrubWriter{r}, &slog.HandlerOptions{
+		Level: slog.LevelWarn,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+}
+
+// scrubWriter writes log lines through the reporter's scrubbing.
+type scrubWriter struct{ r *reporter }
+
+func (w scrubWriter) Write(p []byte) (int, error) {
+	w.r.line("%s", strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}

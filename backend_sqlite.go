@@ -1,11 +1,471 @@
 package advisorylock
 
-import "context"
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
 
-// SQLite returns the SQLite backend. (stub)
-func SQLite() Backend { return sqliteStub{} }
+// SQLite returns the SQLite backend. A Lock is a lease row in
+// advisorylock_locks and a LeaseLock a row in advisorylock_leases, both in
+// the application's database file, renewed in the background; a Fence
+// keeps its tokens in advisorylock_fences. The tables are created on first
+// use (see Schema). It works with any SQLite driver (glebarez/go-sqlite,
+// modernc.org/sqlite, mattn/go-sqlite3) without importing one.
+//
+// Locks exclude every process that opens the same database file, on one
+// host. Lease times are Unix milliseconds from the Clock (WithClock), so
+// every process sharing the file must share the host's clock. An
+// in-memory database is refused with ErrUnsupported: database/sql gives
+// each connection its own, so a lock there would exclude nothing.
+//
+// SQLITE_BUSY and SQLITE_LOCKED mean another connection is writing: every
+// statement retries them, with a short jittered backoff, for as long as
+// its context allows, and reports them only with the context's error.
+func SQLite() Backend { return sqliteBackend{} }
 
-type sqliteStub struct{}
+type sqliteBackend struct{}
 
-func (sqliteStub) Name() string                       { return "sqlite" }
-func (sqliteStub) Validate(context.Context, DB) error { return ErrUnsupported }
+// sqliteTables is the DDL of the tables, one statement each. Times are
+// Unix milliseconds.
+var sqliteTables = []string{
+	`CREATE TABLE IF NOT EXISTS advisorylock_locks (
+	key         INTEGER PRIMARY KEY, -- Key(name)
+	name        TEXT    NOT NULL,
+	owner       TEXT    NOT NULL,    -- unique per acquire
+	acquired_at INTEGER NOT NULL,    -- Unix milliseconds
+	expires_at  INTEGER NOT NULL     -- Unix milliseconds
+)`,
+	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
+	name        TEXT    PRIMARY KEY,
+	owner       TEXT,                -- NULL when free
+	generation  INTEGER NOT NULL,    -- the fencing token of the last grant
+	acquired_at INTEGER NOT NULL,    -- Unix milliseconds
+	expires_at  INTEGER NOT NULL     -- Unix milliseconds
+)`,
+	`CREATE TABLE IF NOT EXISTS advisorylock_fences (
+	resource TEXT    PRIMARY KEY,
+	token    INTEGER NOT NULL        -- the highest token admitted
+)`,
+}
+
+// The statements. Each is one autocommit statement with bound parameters;
+// ?1 is the key or name, and times are Unix milliseconds from the Clock.
+const (
+	// The upsert takes the row only if it is absent or expired: one row
+	// changed means acquired.
+	sqliteAcquireLock = `INSERT INTO advisorylock_locks (key, name, owner, acquired_at, expires_at)
+VALUES (?1, ?2, ?3, ?4, ?5)
+ON CONFLICT (key) DO UPDATE SET name = excluded.name, owner = excluded.owner,
+	acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+WHERE advisorylock_locks.expires_at <= excluded.acquired_at`
+	sqliteRenewLock   = `UPDATE advisorylock_locks SET expires_at = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4`
+	sqliteReleaseLock = `DELETE FROM advisorylock_locks WHERE key = ?1 AND owner = ?2`
+	sqliteLockHolder  = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2`
+
+	// The upsert bumps the generation only if the row is free or expired,
+	// and returns it; no row returned means held.
+	sqliteAcquireLease = `INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
+VALUES (?1, ?2, 1, ?3, ?4)
+ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,
+	generation = advisorylock_leases.generation + 1,
+	acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+WHERE advisorylock_leases.owner IS NULL OR advisorylock_leases.expires_at <= excluded.acquired_at
+RETURNING generation`
+	sqliteRenewLease = `UPDATE advisorylock_leases SET expires_at = ?4
+WHERE name = ?1 AND owner = ?2 AND generation = ?3 AND expires_at > ?5`
+	// A release with generation 0 comes from an acquire whose outcome was
+	// unknown: the owner label, unique per acquire, identifies the grant.
+	sqliteReleaseLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = min(expires_at, ?4)
+WHERE name = ?1 AND owner = ?2 AND (?3 = 0 OR generation = ?3)`
+	sqliteLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
+WHERE name = ?1 AND owner IS NOT NULL AND expires_at > ?2`
+
+	// The upsert keeps the higher token and returns it: a returned token
+	// above ours means ours is stale.
+	sqliteAdmitToken = `INSERT INTO advisorylock_fences (resource, token) VALUES (?1, ?2)
+ON CONFLICT (resource) DO UPDATE SET token = max(advisorylock_fences.token, excluded.token)
+RETURNING token`
+)
+
+// busyPolicy says how a statement retries SQLITE_BUSY: the pause doubles
+// from a millisecond up to maxPause, with jitter so that processes that
+// collided do not collide again, until the context ends or, if patience
+// is set, patience has passed.
+//
+// SQLite serves no queue: whoever tries when the writer lock is free gets
+// it, and a long pause loses to everyone who keeps trying. So pauses stay
+// short, and a holder's statements (renew, release) pause less than a
+// newcomer's, so that under contention renewals win over acquires.
+type busyPolicy int
+
+const (
+	busyNewcomer busyPolicy = iota // acquires, reads, DDL
+	busyHolder                     // renewals and releases
+	// busyInTx bounds Fence.Admit's retries in the caller's transaction:
+	// a transaction that already read holds a shared lock, and a writer
+	// waiting for it to go cannot commit until the caller rolls back, so
+	// waiting longer helps no one. Its patience is shorter than the
+	// drivers' usual 5s busy_timeout, so that the other writer is still
+	// waiting when the caller rolls back.
+	busyInTx
+)
+
+func (p busyPolicy) maxPause() time.Duration {
+	if p == busyHolder {
+		return 2 * time.Millisecond
+	}
+	return 8 * time.Millisecond
+}
+
+func (p busyPolicy) patience() time.Duration {
+	if p == busyInTx {
+		return 2 * time.Second
+	}
+	return 0 // as long as the context allows
+}
+
+// sqliteBusySnapshot is SQLITE_BUSY_SNAPSHOT: a WAL transaction's snapshot
+// is older than the latest commit, so it cannot write; only a new
+// transaction can, and retrying is useless.
+const sqliteBusySnapshot = 5 | 2<<8
+
+func (sqliteBackend) Name() string { return "sqlite" }
+
+// Schema returns the DDL of advisorylock_locks, advisorylock_leases and
+// advisorylock_fences.
+func (sqliteBackend) Schema() string {
+	return strings.Join(sqliteTables, ";\n\n") + ";\n"
+}
+
+// Validate refuses an in-memory database and creates the tables.
+func (s sqliteBackend) Validate(ctx context.Context, db DB) error {
+	return s.run(ctx, db, busyNewcomer, func(conn *sql.Conn) error {
+		file, err := mainFile(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if file == "" {
+			return fmt.Errorf("%w: the SQLite database is in memory (\":memory:\", mode=memory or no file name); "+
+				"database/sql gives every connection its own in-memory database, so a lock there would exclude nothing: "+
+				"open a database file (such as \"app.db\") that every process taking the lock opens too", ErrUnsupported)
+		}
+		return createTables(ctx, conn)
+	})
+}
+
+// mainFile returns the file name of the connection's main database, "" if
+// it is in memory or temporary.
+func mainFile(ctx context.Context, conn *sql.Conn) (string, error) {
+	rows, err := conn.QueryContext(ctx, "PRAGMA database_list")
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var seq int
+		var name string
+		var file sql.NullString
+		if err := rows.Scan(&seq, &name, &file); err != nil {
+			return "", err
+		}
+		if name == "main" {
+			return file.String, rows.Close()
+		}
+	}
+	return "", rows.Err()
+}
+
+// createTables runs the DDL; each statement is idempotent, so processes
+// creating the tables at once all succeed (busy ones retry).
+func createTables(ctx context.Context, q sqliteQuerier) error {
+	for _, ddl := range sqliteTables {
+		if err := retryBusy(ctx, busyNewcomer, func() error {
+			_, err := q.ExecContext(ctx, ddl)
+			return err
+		}); err != nil {
+			return fmt.Errorf("advisorylock: sqlite: create tables: %w", err)
+		}
+	}
+	return nil
+}
+
+func (sqliteBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
+	var v string
+	return conn.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&v) == nil && v != ""
+}
+
+// AcquireLease takes the row if it is absent, free or expired, in one
+// upsert.
+func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+	now, exp := leaseTimes(r)
+	grant := LeaseGrant{Token: 1, ExpiresAt: time.UnixMilli(exp)}
+	acquired := false
+	err := s.run(ctx, db, busyNewcomer, func(conn *sql.Conn) error {
+		if r.Kind == KindLock {
+			res, err := conn.ExecContext(ctx, sqliteAcquireLock, r.Key, r.Name, r.Owner, now, exp)
+			if err != nil {
+				return err
+			}
+			n, err := res.RowsAffected()
+			acquired = n == 1
+			return err
+		}
+		err := conn.QueryRowContext(ctx, sqliteAcquireLease, r.Name, r.Owner, now, exp).Scan(&grant.Token)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		acquired = err == nil
+		return err
+	})
+	if err != nil {
+		return LeaseGrant{}, err
+	}
+	if !acquired {
+		return LeaseGrant{}, ErrNotAcquired
+	}
+	return grant, nil
+}
+
+// RenewLease extends the row if r.Owner (and, for a lease, r.Token) still
+// holds it unexpired; ErrLeaseLost otherwise.
+func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+	now, exp := leaseTimes(r)
+	var n int64
+	err := s.run(ctx, db, busyHolder, func(conn *sql.Conn) error {
+		var res sql.Result
+		var err error
+		if r.Kind == KindLock {
+			res, err = conn.ExecContext(ctx, sqliteRenewLock, r.Key, r.Owner, exp, now)
+		} else {
+			res, err = conn.ExecContext(ctx, sqliteRenewLease, r.Name, r.Owner, int64(r.Token), exp, now)
+		}
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return LeaseGrant{}, err
+	}
+	if n == 0 {
+		return LeaseGrant{}, fmt.Errorf("%w: its row expired or was taken over", ErrLeaseLost)
+	}
+	return LeaseGrant{Token: max(r.Token, 1), ExpiresAt: time.UnixMilli(exp)}, nil
+}
+
+// ReleaseLease deletes a lock row, or frees a lease row (which stays, so
+// generations never go down), only if r.Owner holds it. A release with
+// Token 0 matches the owner label alone.
+func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
+	now, _ := leaseTimes(r)
+	return s.run(ctx, db, busyHolder, func(conn *sql.Conn) error {
+		var err error
+		if r.Kind == KindLock {
+			_, err = conn.ExecContext(ctx, sqliteReleaseLock, r.Key, r.Owner)
+		} else {
+			_, err = conn.ExecContext(ctx, sqliteReleaseLease, r.Name, r.Owner, int64(r.Token), now)
+		}
+		return err
+	})
+}
+
+// LeaseHolder reads the row; nil when it is absent, free or expired as of
+// r.Now.
+func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+	now, _ := leaseTimes(r)
+	var h *Holder
+	err := s.run(ctx, db, busyNewcomer, func(conn *sql.Conn) error {
+		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
+		var since, until int64
+		var err error
+		if r.Kind == KindLock {
+			err = conn.QueryRowContext(ctx, sqliteLockHolder, r.Key, now).Scan(&h.Name, &h.Owner, &since, &until)
+		} else {
+			err = conn.QueryRowContext(ctx, sqliteLeaseHolder, r.Name, now).Scan(&h.Owner, &h.Token, &since, &until)
+		}
+		if errors.Is(err, sql.ErrNoRows) {
+			h = nil
+			return nil
+		}
+		h.Since, h.ExpiresAt = time.UnixMilli(since), time.UnixMilli(until)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// AdmitToken keeps the higher of token and the stored one, in tx, and
+// returns *StaleTokenError if the stored one was higher. A busy database
+// is retried for a short while only (busyInTx): if it stays busy,
+// or the transaction's WAL snapshot is stale, the error says to roll back
+// and retry the transaction, which BEGIN IMMEDIATE avoids.
+func (sqliteBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
+	var highest FencingToken
+	err := withTables(ctx, tx, busyInTx, func() error {
+		return tx.QueryRowContext(ctx, sqliteAdmitToken, resource, int64(token)).Scan(&highest)
+	})
+	if err != nil {
+		if isBusy(err) {
+			return fmt.Errorf("advisorylock: sqlite: database busy inside the transaction; roll back and retry it (begin it IMMEDIATE to avoid this): %w", err)
+		}
+		return err
+	}
+	if highest > token {
+		return &StaleTokenError{Resource: resource, Token: token, Highest: highest}
+	}
+	return nil
+}
+
+// leaseTimes returns r.Now and r.Now+r.TTL in Unix milliseconds. A zero
+// Now means the system clock.
+func leaseTimes(r LeaseRequest) (now, expires int64) {
+	t := r.Now
+	if t.IsZero() {
+		t = time.Now()
+	}
+	return t.UnixMilli(), t.Add(r.TTL).UnixMilli()
+}
+
+// sqliteQuerier is what *sql.Conn and *sql.Tx share.
+type sqliteQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// run runs stmt on a connection checked out of db and returned at once,
+// retrying while the database is busy (the checkout too: opening a
+// connection runs the driver's pragmas) and creating the tables if they
+// are missing.
+func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, stmt func(conn *sql.Conn) error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	created := false
+	return retryBusy(ctx, p, func() error {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			if isBusy(err) {
+				return err
+			}
+			return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+		}
+		defer conn.Close()
+		err = stmt(conn)
+		if err != nil && !created && isMissingTable(err) {
+			created = true
+			if err := createTables(ctx, conn); err != nil {
+				return err
+			}
+			err = stmt(conn)
+		}
+		return settled(ctx, err)
+	})
+}
+
+// settled returns err, or also ctx's error if ctx ended while the
+// statement ran: then an error is likely the interruption, and success
+// is unknown. (glebarez/go-sqlite's Exec, when the context ends just as it
+// starts, returns no error without running the statement, and
+// RowsAffected then reports the connection's previous statement, which
+// could read as a grant or a renewal that never happened.)
+func settled(ctx context.Context, err error) error {
+	cause := context.Cause(ctx)
+	switch {
+	case cause == nil || err != nil && (errors.Is(err, cause) || isBusy(err)):
+		return err
+	case err == nil:
+		return fmt.Errorf("advisorylock: sqlite: context ended while the statement ran, outcome unknown: %w", cause)
+	default:
+		return fmt.Errorf("advisorylock: sqlite: context ended while the statement ran: %w (%w)", cause, err)
+	}
+}
+
+// withTables runs stmt in a transaction, retrying while busy as p says,
+// and creating the tables (in the transaction) if missing.
+func withTables(ctx context.Context, tx *sql.Tx, p busyPolicy, stmt func() error) error {
+	created := false
+	return retryBusy(ctx, p, func() error {
+		err := stmt()
+		if err != nil && !created && isMissingTable(err) {
+			created = true
+			if err := createTables(ctx, tx); err != nil {
+				return err
+			}
+			err = stmt()
+		}
+		return settled(ctx, err)
+	})
+}
+
+// retryBusy runs stmt until it returns anything but a retryable busy
+// error, ctx ends, or p's patience has passed; then it returns the last
+// busy error, wrapped with ctx's error if ctx ended.
+func retryBusy(ctx context.Context, p busyPolicy, stmt func() error) error {
+	start := time.Now()
+	pause := time.Millisecond
+	var timer *time.Timer
+	for {
+		err := stmt()
+		if err == nil || !isBusy(err) || busyCode(err) == sqliteBusySnapshot {
+			return err
+		}
+		if p.patience() > 0 && time.Since(start) >= p.patience() {
+			return err
+		}
+		wait := pause/2 + rand.N(pause)
+		pause = min(2*pause, p.maxPause())
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("advisorylock: sqlite: database still busy when the context ended: %w (last: %w)", context.Cause(ctx), err)
+		case <-timer.C:
+		}
+	}
+}
+
+// isBusy reports SQLITE_BUSY or SQLITE_LOCKED (any extended code), from
+// the driver's Code() where it has one, else from the message.
+func isBusy(err error) bool {
+	if code := busyCode(err); code >= 0 {
+		return code&0xff == 5 || code&0xff == 6
+	}
+	msg := err.Error()
+	for _, s := range []string{"database is locked", "database table is locked", "SQLITE_BUSY", "SQLITE_LOCKED"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// busyCode returns the SQLite result code of a driver error with a Code()
+// method (glebarez/go-sqlite, modernc.org/sqlite), or -1.
+func busyCode(err error) int {
+	var c interface{ Code() int }
+	if errors.As(err, &c) {
+		return c.Code()
+	}
+	return -1
+}
+
+// isMissingTable reports an error about one of our tables not existing.
+func isMissingTable(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "no such table") && strings.Contains(msg, "advisorylock_")
+}

@@ -1,6 +1,18 @@
 package advisorylock
 
-import "context"
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+	"weak"
+)
 
 // PoolerMode is what DetectPooler saw.
 type PoolerMode int
@@ -14,13 +26,512 @@ const (
 	PoolerTransaction
 )
 
-// PoolerHint reads a DSN for signs of a well-known pooler. (stub)
-func PoolerHint(dsn string) (pooler string, ok bool) { return "", false }
-
-// DetectPooler probes db for session multiplexing. (stub)
-func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
-	return PoolerNotSeen, nil
+// String returns "not seen" or "transaction".
+func (m PoolerMode) String() string {
+	switch m {
+	case PoolerNotSeen:
+		return "not seen"
+	case PoolerTransaction:
+		return "transaction"
+	}
+	return fmt.Sprintf("PoolerMode(%d)", int(m))
 }
 
-// checkPooler refuses session locks behind a transaction-mode pooler. (stub)
-func checkPooler(ctx context.Context, db DB, s SessionLocker) error { return nil }
+// PoolerHint reads a PostgreSQL DSN, in URL form
+// (postgres://user@host:port/db?opts) or key=value form (host=… port=…),
+// for signs of a well-known connection pooler, and returns its short name:
+//
+//	"rds-proxy"  a host like name.proxy-id.region.rds.amazonaws.com
+//	"supabase"   a *.pooler.supabase.com host, or a Supabase host on port 6543
+//	"neon"       a Neon host whose first label ends in "-pooler"
+//	"pgbouncer"  pgbouncer=true, a host containing "pgbouncer", or port 6432
+//	"pooler"     another host whose first label ends in "-pooler", or port 6543
+//
+// Every host and port of a multi-host DSN is read. PoolerHint looks at the
+// text alone: it does no I/O, never fails and never panics, and returns
+// ("", false) for a DSN without signs or one it cannot read. A sign is a
+// hint, not a verdict: the pooler may run in session mode (where Lock
+// works), and a pooler on an ordinary port shows no sign. DetectPooler
+// tells by probing.
+func PoolerHint(dsn string) (pooler string, ok bool) {
+	p := parseDSN(dsn)
+	if isTrue(p.params["pgbouncer"]) {
+		return "pgbouncer", true
+	}
+	hosts := p.hosts
+	if len(hosts) == 0 {
+		hosts = []string{""} // libpq's default host, on the ports given
+	}
+	for i, host := range hosts {
+		port := ""
+		switch {
+		case i < len(p.ports):
+			port = p.ports[i]
+		case len(p.ports) == 1:
+			port = p.ports[0] // libpq: one port serves every host
+		}
+		if name := hostHint(strings.ToLower(strings.TrimSuffix(host, ".")), port); name != "" {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// hostHint names the pooler that host and port suggest, or "".
+func hostHint(host, port string) string {
+	first, rest, _ := strings.Cut(host, ".")
+	switch {
+	case isRDSProxy(rest):
+		return "rds-proxy"
+	case strings.HasSuffix(host, ".pooler.supabase.com"):
+		return "supabase"
+	case strings.HasSuffix(first, "-pooler") && (strings.HasSuffix(host, ".neon.tech") || strings.HasSuffix(host, ".neon.build")):
+		return "neon"
+	case strings.Contains(host, "pgbouncer"), port == "6432":
+		return "pgbouncer"
+	case port == "6543" && (strings.HasSuffix(host, ".supabase.co") || strings.HasSuffix(host, ".supabase.com")):
+		return "supabase"
+	case strings.HasSuffix(first, "-pooler"), port == "6543":
+		return "pooler"
+	}
+	return ""
+}
+
+// isRDSProxy reports whether domain (a host without its first label) is
+// an RDS Proxy endpoint's: proxy-<id>.<region>.rds.amazonaws.com[.cn].
+func isRDSProxy(domain string) bool {
+	if !strings.HasPrefix(domain, "proxy-") {
+		return false
+	}
+	return strings.HasSuffix(domain, ".rds.amazonaws.com") || strings.HasSuffix(domain, ".rds.amazonaws.com.cn")
+}
+
+func isTrue(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "true", "1", "yes", "on":
+		return true
+	}
+	return false
+}
+
+// dsnParts is what PoolerHint reads from a DSN.
+type dsnParts struct {
+	hosts, ports []string
+	params       map[string]string // keys lower-cased; host and port included
+}
+
+// parseDSN reads a URL or key=value DSN leniently: what it cannot read it
+// leaves out. It never panics.
+func parseDSN(dsn string) dsnParts {
+	var p dsnParts
+	if rest, ok := cutScheme(dsn); ok {
+		p = parseURLDSN(rest)
+	} else {
+		p.params = parseKeyValueDSN(dsn)
+	}
+	if v, ok := p.params["host"]; ok {
+		p.hosts = splitList(v)
+	}
+	if v, ok := p.params["port"]; ok {
+		p.ports = splitList(v)
+	}
+	return p
+}
+
+// cutScheme strips postgres:// or postgresql:// (any case).
+func cutScheme(dsn string) (rest string, ok bool) {
+	s := strings.TrimSpace(dsn)
+	for _, scheme := range []string{"postgres://", "postgresql://"} {
+		if len(s) >= len(scheme) && strings.EqualFold(s[:len(scheme)], scheme) {
+			return s[len(scheme):], true
+		}
+	}
+	return "", false
+}
+
+// parseURLDSN reads user@host1:port1,host2:port2/db?key=value&… (the part
+// after the scheme). Query parameters override the authority, as in libpq.
+func parseURLDSN(rest string) dsnParts {
+	p := dsnParts{params: map[string]string{}}
+	rest, _, _ = strings.Cut(rest, "#")
+	rest, query, _ := strings.Cut(rest, "?")
+	authority, _, _ := strings.Cut(rest, "/")
+	if at := strings.LastIndexByte(authority, '@'); at >= 0 {
+		authority = authority[at+1:]
+	}
+	for hp := range strings.SplitSeq(authority, ",") {
+		host, port := splitHostPort(hp)
+		p.hosts = append(p.hosts, unescape(host))
+		p.ports = append(p.ports, port)
+	}
+	for kv := range strings.SplitSeq(query, "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		if k = strings.ToLower(unescape(k)); k != "" {
+			p.params[k] = unescape(v)
+		}
+	}
+	return p
+}
+
+// splitHostPort splits host:port, [v6]:port, or a bare host.
+func splitHostPort(hp string) (host, port string) {
+	if strings.HasPrefix(hp, "[") {
+		if end := strings.IndexByte(hp, ']'); end > 0 {
+			host, rest := hp[1:end], hp[end+1:]
+			return host, strings.TrimPrefix(rest, ":")
+		}
+		return hp, ""
+	}
+	if i := strings.LastIndexByte(hp, ':'); i >= 0 {
+		return hp[:i], hp[i+1:]
+	}
+	return hp, ""
+}
+
+func unescape(s string) string {
+	if u, err := url.QueryUnescape(s); err == nil {
+		return u
+	}
+	return s
+}
+
+// parseKeyValueDSN reads libpq's key=value form: spaces around '=' are
+// allowed, and a value may be single-quoted, with a backslash escaping the
+// next character. Keys are lower-cased. Unreadable input yields what was
+// read before it.
+func parseKeyValueDSN(dsn string) map[string]string {
+	kv := map[string]string{}
+	s := dsn
+	for {
+		s = strings.TrimLeft(s, " \t\r\n")
+		if s == "" {
+			return kv
+		}
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return kv
+		}
+		key := strings.ToLower(strings.TrimSpace(s[:eq]))
+		if key == "" || strings.ContainsAny(key, " \t\r\n") {
+			return kv
+		}
+		var val string
+		val, s = readValue(strings.TrimLeft(s[eq+1:], " \t\r\n"))
+		kv[key] = val
+	}
+}
+
+// readValue reads one value at the start of s and returns it and the rest.
+func readValue(s string) (val, rest string) {
+	var b strings.Builder
+	if strings.HasPrefix(s, "'") {
+		s = s[1:]
+		for s != "" {
+			c := s[0]
+			s = s[1:]
+			switch {
+			case c == '\\' && s != "":
+				_, n := utf8.DecodeRuneInString(s)
+				b.WriteString(s[:n])
+				s = s[n:]
+			case c == '\'':
+				return b.String(), s
+			default:
+				b.WriteByte(c)
+			}
+		}
+		return b.String(), ""
+	}
+	end := strings.IndexAny(s, " \t\r\n")
+	if end < 0 {
+		end = len(s)
+	}
+	for i := 0; i < end; i++ {
+		if s[i] == '\\' && i+1 < end {
+			i++
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String(), s[end:]
+}
+
+func splitList(v string) []string {
+	var out []string
+	for part := range strings.SplitSeq(v, ",") {
+		out = append(out, strings.TrimSpace(part))
+	}
+	return out
+}
+
+// DetectPooler probes db for a pooler that multiplexes sessions, as
+// PgBouncer does in transaction or statement mode, and returns
+// PoolerTransaction if it sees one.
+//
+// The probe rests on one fact: two connections open at the same time
+// each have their own server session, unless something between client
+// and server multiplexes them. In each round it checks out two
+// connections A and B, reads the server session's identity (backend pid,
+// server address and port, postmaster start time) on A, then on B, then
+// on A again, and reports multiplexing when A and B shared a session or
+// A's session changed between its two statements. It runs a few rounds
+// and stops at the first sign. A statement failing because a prepared
+// statement vanished or already exists (SQLSTATE 26000 or 42P05) is also
+// taken as a sign: it means the driver's statements landed on different
+// sessions.
+//
+// What it proves: PoolerTransaction is never a guess; the connections
+// were seen sharing or switching sessions. What it cannot prove:
+// PoolerNotSeen means only that no round caught it. A pooler that happens
+// to give A and B different sessions and A the same one twice in every
+// round goes unseen. On PgBouncer 1.18 in transaction mode one round
+// caught it every time on an idle pool and about four times in five with
+// more busy clients than server connections; the probe runs 8 rounds.
+// When db cannot give two connections at once (SetMaxOpenConns(1), or
+// the second connection and its first statement take longer than a
+// second, as behind a session pooler with no free server connection) a
+// round reads A's identity twice instead, which catches a pooler only
+// when other clients move A to another session in between: on an idle
+// pooler it sees nothing. Whatever the probe saw, Release still compares
+// the sessions of acquire and release (see ErrTransactionPooler).
+//
+// DetectPooler needs a PostgreSQL backend (detected as New does); for a
+// backend without session locks, such as SQLite, it returns PoolerNotSeen.
+// It holds at most two connections of db, only while it runs, and sends
+// at most 24 short statements. It returns the pool's or the database's
+// errors wrapped, and ctx's error when ctx ends first. Its result is not
+// cached; New caches its own check per *sql.DB.
+func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
+	cfg := newConfig(nil)
+	b, err := resolveBackend(ctx, db, &cfg)
+	if err != nil {
+		return PoolerNotSeen, probeError(err)
+	}
+	s, ok := b.(SessionLocker)
+	if !ok {
+		return PoolerNotSeen, nil
+	}
+	mode, _, err := probePooler(ctx, db, s)
+	return mode, err
+}
+
+// probeRounds is how many rounds the probe runs before it reports that it
+// saw no multiplexing.
+const probeRounds = 8
+
+// secondConnWait bounds the checkout of a round's second connection; past
+// it, the probe reads one connection only, so a full pool never blocks it.
+const secondConnWait = time.Second
+
+// probePooler runs the probe and returns what it saw, and why, for
+// messages.
+func probePooler(ctx context.Context, db DB, s SessionLocker) (PoolerMode, string, error) {
+	paired := maxOpenConns(db) != 1
+	for range probeRounds {
+		why, stillPaired, err := probeRound(ctx, db, s, paired)
+		if err != nil {
+			return PoolerNotSeen, "", probeError(err)
+		}
+		if why != "" {
+			return PoolerTransaction, why, nil
+		}
+		paired = stillPaired
+	}
+	return PoolerNotSeen, "", nil
+}
+
+// probeRound runs one round of the probe (see DetectPooler). why is
+// non-empty when it saw multiplexing. paired reports whether later rounds
+// should still try two connections.
+func probeRound(ctx context.Context, db DB, s SessionLocker, paired bool) (why string, stillPaired bool, err error) {
+	cg, err := checkout(ctx, db)
+	if err != nil {
+		return "", paired, err
+	}
+	a := cg.take() // the probe takes no lock: a always goes back to the pool
+	defer recycle(a)
+	a1, why, err := sessionOf(ctx, s, a)
+	if why != "" || err != nil {
+		return why, paired, err
+	}
+	var b *sql.Conn
+	var b1 string
+	if paired {
+		b, b1, why, err = secondSession(ctx, db, s)
+		if why != "" || err != nil {
+			return why, paired, err
+		}
+		if b == nil {
+			paired = false // the pool or the pooler has no second session for us: read A alone
+		} else {
+			defer recycle(b)
+		}
+	}
+	a2, why, err := sessionOf(ctx, s, a)
+	switch {
+	case why != "" || err != nil:
+		return why, paired, err
+	case b != nil && (a1 == b1 || a2 == b1):
+		return "two connections open at once shared server session " + b1, paired, nil
+	case a1 != a2:
+		return "one connection moved from server session " + a1 + " to " + a2, paired, nil
+	}
+	return "", paired, nil
+}
+
+// secondSession checks out a second connection and reads its session
+// identity within secondConnWait. It returns a nil conn, and no error,
+// when that takes longer: a pool at its SetMaxOpenConns limit, or a
+// pooler with no free server session, must not hold the probe up.
+func secondSession(ctx context.Context, db DB, s SessionLocker) (conn *sql.Conn, id, why string, err error) {
+	bctx, cancel := context.WithTimeout(ctx, secondConnWait)
+	defer cancel()
+	conn, err = db.Conn(bctx)
+	if ctx.Err() != nil {
+		return nil, "", "", context.Cause(ctx)
+	}
+	if err != nil {
+		return nil, "", "", nil
+	}
+	id, why, err = sessionOf(bctx, s, conn)
+	switch {
+	case ctx.Err() != nil:
+		discard(conn)
+		return nil, "", "", context.Cause(ctx)
+	case bctx.Err() != nil:
+		discard(conn) // its statement was cut short: do not pool it
+		return nil, "", "", nil
+	case why != "" || err != nil:
+		recycle(conn)
+		return nil, "", why, err
+	}
+	return conn, id, "", nil
+}
+
+// sessionOf reads conn's server session identity. A prepared statement
+// that vanished or already exists is a sign of multiplexing, returned as
+// why.
+func sessionOf(ctx context.Context, s SessionLocker, conn *sql.Conn) (id, why string, err error) {
+	id, err = s.SessionIdentity(ctx, conn)
+	switch code := sqlState(err); code {
+	case "26000", "42P05":
+		return "", "a prepared statement was not on the session it was prepared on (SQLSTATE " + code + ")", nil
+	}
+	if err != nil && ctx.Err() != nil {
+		return "", "", context.Cause(ctx)
+	}
+	return id, "", err
+}
+
+// maxOpenConns returns db's SetMaxOpenConns limit when db reports pool
+// statistics (*sql.DB, *sqlx.DB), and 0 (unlimited or unknown) otherwise.
+func maxOpenConns(db DB) int {
+	if st, ok := db.(interface{ Stats() sql.DBStats }); ok {
+		return st.Stats().MaxOpenConnections
+	}
+	return 0
+}
+
+// probeError wraps an error of the probe, keeping it reachable.
+func probeError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &poolerError{err: err}
+}
+
+type poolerError struct{ err error }
+
+func (e *poolerError) Error() string {
+	return "advisorylock: pooler probe: " + strings.TrimPrefix(e.err.Error(), "advisorylock: ")
+}
+
+func (e *poolerError) Unwrap() error { return e.err }
+
+// poolerVerdicts caches checkPooler's verdict per *sql.DB. It is the
+// package's only global mutable state, guarded by mu. Entries are keyed by
+// weak pointers and removed when their *sql.DB is garbage collected, so
+// the cache keeps no pool alive. A probe in flight is shared: callers that
+// arrive meanwhile wait for its verdict. A failed probe is not kept; the
+// next caller probes again.
+var poolerVerdicts = struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[sql.DB]]*poolerVerdict
+}{m: map[weak.Pointer[sql.DB]]*poolerVerdict{}}
+
+type poolerVerdict struct {
+	done chan struct{} // closed when mode, why and err are set
+	mode PoolerMode
+	why  string
+	err  error
+}
+
+// checkPooler refuses session locks on db when the probe sees a
+// transaction-mode pooler, probing once per *sql.DB (see poolerVerdicts).
+// A handle that is not a *sql.DB and embeds none is probed on every call.
+func checkPooler(ctx context.Context, db DB, s SessionLocker) error {
+	mode, why, err := cachedProbe(ctx, db, s)
+	if err != nil {
+		return err
+	}
+	if mode == PoolerTransaction {
+		return fmt.Errorf("%w: %s", ErrTransactionPooler, why)
+	}
+	return nil
+}
+
+func cachedProbe(ctx context.Context, db DB, s SessionLocker) (PoolerMode, string, error) {
+	pool := sqlDBOf(db)
+	if pool == nil {
+		return probePooler(ctx, db, s)
+	}
+	key := weak.Make(pool)
+	poolerVerdicts.mu.Lock()
+	v := poolerVerdicts.m[key]
+	if v != nil {
+		poolerVerdicts.mu.Unlock()
+		select {
+		case <-v.done:
+			return v.mode, v.why, v.err
+		case <-ctx.Done():
+			return PoolerNotSeen, "", probeError(context.Cause(ctx))
+		}
+	}
+	v = &poolerVerdict{done: make(chan struct{})}
+	poolerVerdicts.m[key] = v
+	poolerVerdicts.mu.Unlock()
+	runtime.AddCleanup(pool, forgetVerdict, key)
+
+	defer close(v.done)
+	v.mode, v.why, v.err = probePooler(ctx, db, s)
+	if v.err != nil {
+		forgetVerdict(key)
+	}
+	return v.mode, v.why, v.err
+}
+
+func forgetVerdict(key weak.Pointer[sql.DB]) {
+	poolerVerdicts.mu.Lock()
+	defer poolerVerdicts.mu.Unlock()
+	delete(poolerVerdicts.m, key)
+}
+
+// sqlDBOf returns the *sql.DB behind db: db itself, or the exported
+// *sql.DB that a struct such as sqlx.DB embeds; nil if there is none.
+func sqlDBOf(db DB) *sql.DB {
+	if p, ok := db.(*sql.DB); ok {
+		return p
+	}
+	v := reflect.ValueOf(db)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	v = v.Elem()
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		if f.Anonymous && f.IsExported() && f.Type == reflect.TypeFor[*sql.DB]() {
+			p, _ := v.Field(i).Interface().(*sql.DB)
+			return p
+		}
+	}
+	return nil
+}

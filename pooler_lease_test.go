@@ -1,0 +1,136 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// leasePoolerClients are the driver settings LeaseLock is proven with
+// behind a PgBouncer transaction pool without prepared-statement support:
+// lib/pq as it comes (the lease statements carry no arguments for it), and
+// pgx in each mode its documentation names for PgBouncer.
+var leasePoolerClients = []struct {
+	name, driver, params string
+}{
+	{"lib/pq defaults", "postgres", ""},
+	{"pgx exec", "pgx", "&default_query_exec_mode=exec"},
+	{"pgx simple_protocol", "pgx", "&default_query_exec_mode=simple_protocol"},
+	{"pgx cache_describe", "pgx", "&default_query_exec_mode=cache_describe"},
+}
+
+// TestLeaseLockThroughTransactionPool: every LeaseLock step is one
+// autocommit statement and holds no connection, so a lease is acquired,
+// renewed over several TTLs, contended and released through a transaction
+// pool while other clients keep the pool busy (each statement may land on
+// any server session), and each grant's token is larger than the last.
+// A Fence admits the tokens there too.
+func TestLeaseLockThroughTransactionPool(t *testing.T) {
+	txDSN, _ := testdb.PgBouncer(t)
+	for _, c := range leasePoolerClients {
+		t.Run(c.name, func(t *testing.T) {
+			dsn := txDSN + c.params
+			direct := testdb.OpenPostgres(t, "postgres")
+			a := testdb.OpenPostgresDSN(t, c.driver, dsn)
+			b := testdb.OpenPostgresDSN(t, c.driver, dsn)
+			keepPoolBusy(t, c.driver, dsn, testdb.PgBouncerPoolSize)
+			name := testdb.UniqueName(t)
+			const ttl = time.Second
+			la := poolerLeaseLock(t, a, name, advisorylock.WithLeaseTTL(ttl))
+			lb := poolerLeaseLock(t, b, name, advisorylock.WithLeaseTTL(ttl))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+
+			g, err := la.TryLock(ctx)
+			if err != nil {
+				t.Fatalf("TryLock: %v", err)
+			}
+			first := g.Token()
+			_, expires0 := leaseRow(t, direct, name)
+			time.Sleep(4 * ttl) // long enough to need several renewals
+			if g.IsLost() {
+				t.Fatalf("lease lost while renewed through the pool over %v (TTL %v)", 4*ttl, ttl)
+			}
+			gen, expires1 := leaseRow(t, direct, name)
+			if gen != first.Int64() || !expires1.After(expires0.Add(2*ttl)) {
+				t.Fatalf("after %v: row generation %d (token %d), expiry moved %v; want it renewed", 4*ttl, gen, first, expires1.Sub(expires0))
+			}
+			if _, err := lb.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				t.Fatalf("TryLock by another client while held = %v, want ErrNotAcquired", err)
+			}
+			if err := g.Release(ctx); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+
+			last := first
+			for i, l := range []*advisorylock.LeaseLock{lb, la, lb} {
+				g, err := l.TryLock(ctx)
+				if err != nil {
+					t.Fatalf("TryLock %d after Release: %v", i, err)
+				}
+				if g.Token() <= last {
+					t.Fatalf("token %d after token %d: tokens must increase", g.Token(), last)
+				}
+				last = g.Token()
+				if err := g.Release(ctx); err != nil {
+					t.Fatalf("Release %d: %v", i, err)
+				}
+			}
+			if h, err := la.Holder(ctx); err != nil || h != nil {
+				t.Fatalf("Holder after the last Release = %+v, %v; want nil, nil", h, err)
+			}
+
+			// The fence runs in the caller's transaction, which the pooler
+			// keeps on one server session until it ends.
+			f, err := advisorylock.NewFence(a, testdb.UniqueName(t))
+			if err != nil {
+				t.Fatalf("NewFence: %v", err)
+			}
+			for _, c := range []struct {
+				token advisorylock.FencingToken
+				stale bool
+			}{{last, false}, {first, true}, {last, false}} {
+				if err := admitOnce(ctx, a, f, c.token); errors.Is(err, advisorylock.ErrStaleToken) != c.stale || (err != nil && !c.stale) {
+					t.Fatalf("Admit(%d) through the pool = %v, stale expected: %v", c.token, err, c.stale)
+				}
+			}
+		})
+	}
+}
+
+func poolerLeaseLock(t *testing.T, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.LeaseLock {
+	t.Helper()
+	l, err := advisorylock.NewLeaseLock(db, name, opts...)
+	if err != nil {
+		t.Fatalf("NewLeaseLock(%q): %v", name, err)
+	}
+	return l
+}
+
+// leaseRow reads the lease's generation and expiry, seen directly.
+func leaseRow(t *testing.T, direct *sql.DB, name string) (generation int64, expires time.Time) {
+	t.Helper()
+	if err := direct.QueryRow("SELECT generation, expires_at FROM advisorylock_leases WHERE name = $1", name).Scan(&generation, &expires); err != nil {
+		t.Fatalf("reading the lease row: %v", err)
+	}
+	return generation, expires
+}
+
+// admitOnce admits token in a transaction of its own, committed when
+// admitted and rolled back otherwise.
+func admitOnce(ctx context.Context, db *sql.DB, f *advisorylock.Fence, token advisorylock.FencingToken) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f.Admit(ctx, tx, token); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}

@@ -3,9 +3,16 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"reflect"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
+	"weak"
 )
 
 // Postgres returns the PostgreSQL backend: Lock is a session advisory lock
@@ -133,4 +140,380 @@ WHERE `+advisoryWhere(key)+` ORDER BY l.pid LIMIT 1`).Scan(&h.PID, &h.Applicatio
 	}
 	h.Since = since.Time
 	return &h, nil
+}
+
+// ---------------------------------------------------------------------------
+// Leases and fences: the LeaseStore half of the PostgreSQL backend.
+//
+// A LeaseLock is a row in advisorylock_leases and a Fence a row in
+// advisorylock_fences. Every lease time comes from the database clock
+// (now()), never from the application: LeaseRequest.Now is ignored here.
+// Each step is one autocommit statement, sent in one round trip: with
+// lib/pq (and unknown drivers) the values are written into the SQL text,
+// strings through quoteLiteral, because lib/pq sends a query with
+// arguments as two round trips; with pgx the text is constant and the
+// values go as $n arguments, because pgx caches one prepared statement per
+// SQL text and distinct texts would churn its cache.
+
+// postgresTables is the DDL of the lease and fence tables, one statement
+// each. Operators query these tables: their names and columns are part of
+// the contract.
+var postgresTables = []string{
+	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
+	name        text        PRIMARY KEY,
+	owner       text,                   -- NULL when free
+	generation  bigint      NOT NULL,   -- the fencing token of the latest grant
+	acquired_at timestamptz NOT NULL,
+	expires_at  timestamptz NOT NULL
+)`,
+	`CREATE TABLE IF NOT EXISTS advisorylock_fences (
+	resource text   PRIMARY KEY,
+	token    bigint NOT NULL            -- the highest token admitted
+)`,
+}
+
+// schemaKey is the transaction-scoped advisory lock that serializes
+// creating the tables, so that concurrent first uses all succeed.
+var schemaKey = Key("advisorylock:schema")
+
+// Schema returns the DDL of advisorylock_leases and advisorylock_fences.
+// PostgreSQL's Lock needs no table.
+func (p *postgres) Schema() string {
+	return strings.Join(postgresTables, ";\n\n") + ";\n"
+}
+
+// The lease statements. Each %s is a value written by pgSQL: a literal or
+// a $n argument.
+const (
+	// The upsert bumps the generation only if the row is free or expired;
+	// no row returned means held. A conflicting concurrent acquire waits
+	// for the row lock and then sees the winner's row, so one name is
+	// never granted twice.
+	pgAcquireLease = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
+VALUES (%s, %s, 1, now(), now() + %s * interval '1 millisecond')
+ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = l.generation + 1,
+	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+WHERE l.owner IS NULL OR l.expires_at <= now()
+RETURNING generation, expires_at`
+	pgRenewLease = `UPDATE advisorylock_leases SET expires_at = now() + %s * interval '1 millisecond'
+WHERE name = %s AND owner = %s AND generation = %s AND expires_at > now()
+RETURNING generation, expires_at`
+	// The release need not be durable (a lost release only means waiting
+	// for the expiry), so it commits without waiting for the WAL flush:
+	// synchronous_commit is set for its own transaction, in a subquery that
+	// runs before the row is written. Token 0 releases whatever grant the
+	// owner label, unique per acquire, holds.
+	pgReleaseLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+WHERE name = %s AND owner = %s AND (generation = %s OR %[3]s = 0)`
+	pgLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
+WHERE name = %s AND owner IS NOT NULL AND expires_at > now()`
+	// The upsert stores the token only if it is not lower than the stored
+	// one; no row returned means stale. It locks the row either way, so the
+	// caller's write commits before any later admit of the resource.
+	pgAdmitToken = `INSERT INTO advisorylock_fences AS f (resource, token) VALUES (%s, %s)
+ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token
+RETURNING token`
+	pgHighestToken = `SELECT token FROM advisorylock_fences WHERE resource = %s`
+)
+
+// pgSQL writes the values of one statement: as literals, or (params) as
+// $n arguments collected in args.
+type pgSQL struct {
+	params bool
+	args   []any
+	err    error
+}
+
+func (p *postgres) sql() *pgSQL { return &pgSQL{params: p.params} }
+
+// text writes a string value.
+func (q *pgSQL) text(s string) string {
+	if q.params {
+		q.args = append(q.args, s)
+		return fmt.Sprintf("$%d::text", len(q.args))
+	}
+	lit, err := quoteLiteral(s)
+	if err != nil && q.err == nil {
+		q.err = err
+	}
+	return lit
+}
+
+// int writes an integer value.
+func (q *pgSQL) int(v int64) string {
+	if q.params {
+		q.args = append(q.args, v)
+		return fmt.Sprintf("$%d::bigint", len(q.args))
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// quoteLiteral returns s as a PostgreSQL string constant that reads back
+// as exactly s whatever standard_conforming_strings says: an escape string
+// E'…' in which every backslash and every quote is doubled, so no escape
+// sequence can form. The session's client_encoding must be UTF8 (lib/pq
+// and pgx insist on it). A NUL byte or invalid UTF-8 is an error: a text
+// value cannot hold them.
+//
+// It is the only way a string reaches SQL text in this package.
+func quoteLiteral(s string) (string, error) {
+	if strings.IndexByte(s, 0) >= 0 {
+		return "", errors.New("advisorylock: a PostgreSQL text value cannot contain a NUL byte")
+	}
+	if !utf8.ValidString(s) {
+		return "", errors.New("advisorylock: a PostgreSQL text value must be valid UTF-8")
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 4)
+	b.WriteString(" E'")
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\\', '\'':
+			b.WriteByte(c)
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String(), nil
+}
+
+// ttlMillis is a lease's TTL as whole milliseconds, at least 1.
+func ttlMillis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
+
+// errNoLockRows refuses KindLock requests: a Lock on PostgreSQL is a
+// session lock and keeps no row.
+var errNoLockRows = fmt.Errorf("%w: a PostgreSQL Lock is a session lock, not a lease row", ErrUnsupported)
+
+// AcquireLease takes the lease if it is free or expired and returns the
+// new generation; ErrNotAcquired if it is held. The grant commits
+// durably: a lost grant could hand one token out twice after a crash.
+func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+	if r.Kind != KindLease {
+		return LeaseGrant{}, errNoLockRows
+	}
+	q := p.sql()
+	stmt := fmt.Sprintf(pgAcquireLease, q.text(r.Name), q.text(r.Owner), q.int(ttlMillis(r.TTL)))
+	g, found, err := p.grant(ctx, db, q, stmt)
+	if err == nil && !found {
+		err = ErrNotAcquired
+	}
+	return g, err
+}
+
+// RenewLease extends the lease by its TTL from the database's now, if
+// r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
+func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+	if r.Kind != KindLease {
+		return LeaseGrant{}, errNoLockRows
+	}
+	q := p.sql()
+	stmt := fmt.Sprintf(pgRenewLease, q.int(ttlMillis(r.TTL)), q.text(r.Name), q.text(r.Owner), q.int(r.Token.Int64()))
+	g, found, err := p.grant(ctx, db, q, stmt)
+	if err == nil && !found {
+		err = fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
+	}
+	return g, err
+}
+
+// ReleaseLease frees the lease if r.Owner and r.Token (any token when 0)
+// still hold it; the row stays, so the generation never goes down.
+func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
+	if r.Kind != KindLease {
+		return errNoLockRows
+	}
+	q := p.sql()
+	stmt := fmt.Sprintf(pgReleaseLease, q.text(r.Name), q.text(r.Owner), q.int(r.Token.Int64()))
+	return p.onConn(ctx, db, q, func(conn *sql.Conn) error {
+		_, err := conn.ExecContext(ctx, stmt, q.args...)
+		return err
+	})
+}
+
+// LeaseHolder reports the lease's holder, or nil when it is free or
+// expired by the database clock.
+func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+	if r.Kind != KindLease {
+		return nil, errNoLockRows
+	}
+	q := p.sql()
+	stmt := fmt.Sprintf(pgLeaseHolder, q.text(r.Name))
+	h := &Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
+	var gen int64
+	err := p.onConn(ctx, db, q, func(conn *sql.Conn) error {
+		return conn.QueryRowContext(ctx, stmt, q.args...).Scan(&h.Owner, &gen, &h.Since, &h.ExpiresAt)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	h.Token = FencingToken(gen)
+	return h, nil
+}
+
+// AdmitToken stores token as resource's highest in tx if it is not lower
+// than the stored one; otherwise it reads the highest and returns a
+// *StaleTokenError. The table must exist: a missing table aborts tx
+// (NewFence creates it).
+func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
+	q := p.sql()
+	stmt := fmt.Sprintf(pgAdmitToken, q.text(resource), q.int(token.Int64()))
+	if q.err != nil {
+		return q.err
+	}
+	var got int64
+	err := tx.QueryRowContext(ctx, stmt, q.args...).Scan(&got)
+	if !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	q = p.sql()
+	stmt = fmt.Sprintf(pgHighestToken, q.text(resource))
+	var highest int64
+	if err := tx.QueryRowContext(ctx, stmt, q.args...).Scan(&highest); err != nil {
+		return fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
+	}
+	return &StaleTokenError{Resource: resource, Token: token, Highest: FencingToken(highest)}
+}
+
+// grant runs an acquire or renew statement and reads the grant it
+// returns; found is false when it returned no row.
+func (p *postgres) grant(ctx context.Context, db DB, q *pgSQL, stmt string) (g LeaseGrant, found bool, err error) {
+	var gen int64
+	err = p.onConn(ctx, db, q, func(conn *sql.Conn) error {
+		return conn.QueryRowContext(ctx, stmt, q.args...).Scan(&gen, &g.ExpiresAt)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return LeaseGrant{}, false, nil
+	}
+	if err != nil {
+		return LeaseGrant{}, false, err
+	}
+	g.Token = FencingToken(gen)
+	return g, true, nil
+}
+
+// onConn runs stmt on a connection checked out of db and returned at
+// once. If a table is missing it creates the tables on that connection
+// and runs stmt again, once. A name too long for the primary key's index
+// is reported as ErrUnsupported.
+func (p *postgres) onConn(ctx context.Context, db DB, q *pgSQL, stmt func(conn *sql.Conn) error) error {
+	if q.err != nil {
+		return q.err
+	}
+	// Bounded by ctx even where the driver is not (see within): a lease
+	// step stuck on a dead network must not hold a release or an acquire.
+	_, err := within(ctx, func() (struct{}, error) { return struct{}{}, p.onConnUnbounded(ctx, db, stmt) }, nil, nil)
+	return err
+}
+
+func (p *postgres) onConnUnbounded(ctx context.Context, db DB, stmt func(conn *sql.Conn) error) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %w", ErrPoolUnavailable, context.Cause(ctx))
+		}
+		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+	}
+	defer conn.Close()
+	err = stmt(conn)
+	if sqlState(err) == "42P01" { // undefined_table
+		if err := createPostgresTables(ctx, conn); err != nil {
+			return err
+		}
+		markSchemaReady(db)
+		err = stmt(conn)
+	}
+	if sqlState(err) == "54000" { // program_limit_exceeded: the index row is too big
+		return fmt.Errorf("%w: the name is too long to be a PostgreSQL index key (a btree entry holds about 2.7kB after compression): %w", ErrUnsupported, err)
+	}
+	return err
+}
+
+// createPostgresTables creates the tables in one transaction, serialized
+// with every other creator by a transaction-scoped advisory lock, so that
+// concurrent first uses all succeed.
+func createPostgresTables(ctx context.Context, conn *sql.Conn) error {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("advisorylock: creating tables: %w", err)
+	}
+	defer tx.Rollback()
+	stmts := append([]string{fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", schemaKey)}, postgresTables...)
+	for _, s := range stmts {
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("advisorylock: creating tables: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("advisorylock: creating tables: %w", err)
+	}
+	return nil
+}
+
+// ensureSchema creates the tables unless db is known to have them. Fence
+// calls it: Admit runs in the caller's transaction, where a missing table
+// cannot be created and retried.
+func (p *postgres) ensureSchema(ctx context.Context, db DB) error {
+	if schemaKnown(db) {
+		return nil
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+	}
+	defer conn.Close()
+	if err := createPostgresTables(ctx, conn); err != nil {
+		return err
+	}
+	markSchemaReady(db)
+	return nil
+}
+
+// schemaReady remembers the pools known to have the tables, so that only
+// the first NewFence on a pool pays for creating them. It is keyed by a
+// weak pointer to the *sql.DB (found inside wrappers such as *sqlx.DB
+// that embed one), so it never keeps a pool alive, and an entry goes when
+// its pool is collected. Handles without a *sql.DB are not remembered.
+var schemaReady sync.Map // weak.Pointer[sql.DB] -> struct{}
+
+func schemaKnown(db DB) bool {
+	pool := poolOf(db)
+	if pool == nil {
+		return false
+	}
+	_, ok := schemaReady.Load(weak.Make(pool))
+	return ok
+}
+
+func markSchemaReady(db DB) {
+	pool := poolOf(db)
+	if pool == nil {
+		return
+	}
+	k := weak.Make(pool)
+	if _, loaded := schemaReady.LoadOrStore(k, struct{}{}); !loaded {
+		runtime.AddCleanup(pool, func(k weak.Pointer[sql.DB]) { schemaReady.Delete(k) }, k)
+	}
+}
+
+// poolOf returns the *sql.DB behind db: db itself, or the *sql.DB a
+// wrapper struct embeds (as *sqlx.DB does), or nil.
+func poolOf(db DB) *sql.DB {
+	if pool, ok := db.(*sql.DB); ok {
+		return pool
+	}
+	v := reflect.ValueOf(db)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	f := v.Elem().FieldByName("DB")
+	if !f.IsValid() || !f.CanInterface() {
+		return nil
+	}
+	pool, _ := f.Interface().(*sql.DB)
+	return pool
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -40,8 +41,14 @@ func (t FencingToken) Admits(incoming FencingToken) bool { return incoming >= t 
 // String returns the token in decimal.
 func (t FencingToken) String() string { return strconv.FormatUint(uint64(t), 10) }
 
-// Value implements driver.Valuer: the token is sent as an int64.
-func (t FencingToken) Value() (driver.Value, error) { return int64(t), nil }
+// Value implements driver.Valuer: the token is sent as an int64. A token
+// above math.MaxInt64, which no database grants, is an error.
+func (t FencingToken) Value() (driver.Value, error) {
+	if t > math.MaxInt64 {
+		return nil, fmt.Errorf("advisorylock: fencing token %d does not fit a BIGINT", uint64(t))
+	}
+	return int64(t), nil
+}
 
 // Scan implements sql.Scanner for BIGINT columns; it refuses NULL and
 // values <= 0.
@@ -136,7 +143,15 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 			return keepLease(store, db, cfg, req, sent, lostErr), nil
 		}
 		if !errors.Is(err, ErrNotAcquired) {
-			abandonLease(store, db, cfg, req)
+			// The statement may have granted the lease without our hearing
+			// of it: free that grant, unless nothing was sent.
+			switch {
+			case errors.Is(err, ErrPoolUnavailable):
+			case budget.Err() != nil: // the caller's time is up: free it in the background
+				go abandonLease(store, db, cfg, req)
+			default:
+				abandonLease(store, db, cfg, req)
+			}
 			if budget.Err() != nil && ctx.Err() == nil {
 				return nil, context.Cause(budget)
 			}
@@ -174,7 +189,8 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 
 // abandonLease frees a grant that an interrupted acquire may have made
 // without our knowing: the owner label is unique to that acquire, so this
-// can free nobody else's lease.
+// can free nobody else's lease. It is bounded by the release timeout, also
+// when it runs in the background.
 func abandonLease(store LeaseStore, db DB, cfg *config, req LeaseRequest) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout)
 	defer cancel()
@@ -212,7 +228,7 @@ func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time
 	}
 	s.h.forget = func() {
 		s.stop()
-		abandonLease(store, db, cfg, s.req)
+		go abandonLease(store, db, cfg, s.req) // cleanups must not wait on I/O
 	}
 	go s.keep(lostErr(req.Token))
 	return s
@@ -230,44 +246,73 @@ func (s *leaseState) isLost() bool {
 	return s.h.isLost() || !s.clock.Now().Before(s.localDeadline())
 }
 
-// keep renews the lease until stopped, or marks it lost.
+// keep renews the lease every renew interval until stopped, and marks it
+// lost when a renew finds it gone or when the local deadline passes first.
+// Each renew runs in a goroutine of its own, bounded by its context, so
+// that a renew stuck on a dead network (some drivers do not return until
+// the network does) cannot hold the deadline back. A renew still in flight
+// when keep returns finishes on its own; its result is dropped, and it can
+// extend nothing but this grant's own row.
 func (s *leaseState) keep(lostErr error) {
 	defer close(s.done)
 	interval := renewInterval(s.req.TTL)
-	next := interval
-	timer := time.NewTimer(next)
-	defer timer.Stop()
+	renewAt := time.NewTimer(interval)
+	defer renewAt.Stop()
+	expiry := time.NewTimer(s.untilDeadline())
+	defer expiry.Stop()
+	var inFlight <-chan error // non-nil while a renew runs
+	var sent time.Time
 	for {
 		select {
 		case <-s.quit:
 			return
-		case <-timer.C:
-		}
-		left := s.localDeadline().Sub(s.clock.Now())
-		if left <= 0 {
+		case <-expiry.C:
+			if left := s.untilDeadline(); left > 0 { // the Clock is not the timer's
+				expiry.Reset(left)
+				continue
+			}
 			s.lose(lostErr, errors.New("no renewal before the local deadline"))
 			return
+		case <-renewAt.C:
+			sent = s.clock.Now()
+			inFlight = s.renew(sent, min(interval, s.untilDeadline()))
+		case err := <-inFlight:
+			inFlight = nil
+			switch {
+			case err == nil:
+				s.mu.Lock()
+				s.deadline = localDeadline(sent, s.req.TTL)
+				s.mu.Unlock()
+				expiry.Reset(s.untilDeadline())
+				renewAt.Reset(interval)
+			case errors.Is(err, ErrLeaseLost):
+				s.lose(lostErr, err)
+				return
+			default: // unknown outcome: try again sooner, until the deadline
+				renewAt.Reset(min(interval/4, max(s.untilDeadline(), 0)))
+			}
 		}
-		r := s.req
-		sent := s.clock.Now()
-		r.Now = sent
-		ctx, cancel := context.WithTimeout(context.Background(), min(interval, left))
-		_, err := s.store.RenewLease(ctx, s.db, r)
-		cancel()
-		switch {
-		case err == nil:
-			s.mu.Lock()
-			s.deadline = localDeadline(sent, s.req.TTL)
-			s.mu.Unlock()
-			next = interval
-		case errors.Is(err, ErrLeaseLost):
-			s.lose(lostErr, err)
-			return
-		default:
-			next = min(interval/4, max(s.localDeadline().Sub(s.clock.Now()), 0))
-		}
-		timer.Reset(next)
 	}
+}
+
+// untilDeadline is how long the local deadline is away, by the Clock.
+func (s *leaseState) untilDeadline() time.Duration {
+	return s.localDeadline().Sub(s.clock.Now())
+}
+
+// renew sends one renew statement, sent at sent, in its own goroutine,
+// and delivers its outcome on the returned channel.
+func (s *leaseState) renew(sent time.Time, timeout time.Duration) <-chan error {
+	out := make(chan error, 1)
+	r := s.req
+	r.Now = sent
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Millisecond))
+		defer cancel()
+		_, err := s.store.RenewLease(ctx, s.db, r)
+		out <- err
+	}()
+	return out
 }
 
 func (s *leaseState) lose(lostErr, why error) {
@@ -309,6 +354,9 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 		return nil, wrapErr(name, "new lease", err)
 	}
 	cfg := newConfig(opts)
+	if err := storableName(cfg.owner); err != nil {
+		return nil, wrapErr(name, "new lease", fmt.Errorf("owner label: %w", err))
+	}
 	store, err := newStore(db, &cfg)
 	if err != nil {
 		return nil, wrapErr(name, "new lease", err)
@@ -480,7 +528,9 @@ type Fence struct {
 }
 
 // NewFence returns a Fence for resource on db's backend, creating its
-// table if needed. A resource name the database cannot store is an error.
+// table if needed (Admit runs in the caller's transaction, where a missing
+// table could not be created). A resource name the database cannot store
+// is an error, as is a backend that keeps no leases.
 func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
 	if err := storableName(resource); err != nil {
 		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
@@ -490,7 +540,20 @@ func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
 	if err != nil {
 		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
 	}
+	if s, ok := store.(schemaEnsurer); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout+defaultReleaseTimeout)
+		defer cancel()
+		if err := s.ensureSchema(ctx, db); err != nil {
+			return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
+		}
+	}
 	return &Fence{resource: resource, store: store}, nil
+}
+
+// schemaEnsurer is a LeaseStore that creates its tables ahead of use, for
+// NewFence.
+type schemaEnsurer interface {
+	ensureSchema(ctx context.Context, db DB) error
 }
 
 // Admit records token as the resource's highest in tx if it is not lower
@@ -499,8 +562,8 @@ func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
 // back. Because the check and the caller's write commit together, a stale
 // holder's write can never land after a newer holder's.
 func (f *Fence) Admit(ctx context.Context, tx *sql.Tx, token FencingToken) error {
-	if token == 0 {
-		return fmt.Errorf("advisorylock: fence %s: invalid fencing token 0", quoteName(f.resource))
+	if token == 0 || token > math.MaxInt64 {
+		return fmt.Errorf("advisorylock: fence %s: invalid fencing token %d", quoteName(f.resource), uint64(token))
 	}
 	err := f.store.AdmitToken(ctx, tx, f.resource, token)
 	var stale *StaleTokenError

@@ -1,0 +1,208 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+	"pgregory.net/rapid"
+)
+
+// propHolder is one lease holder of the model: what it believes it holds.
+type propHolder struct {
+	name  string
+	owner string
+	token advisorylock.FencingToken
+	until time.Time // the lease's expiry as last granted or renewed
+	held  bool      // it has not released, nor been told the lease is lost
+}
+
+// leaseModel drives the SQLite LeaseStore with a clock of its own and
+// predicts every answer.
+type leaseModel struct {
+	ctx      context.Context
+	db       *sql.DB
+	store    advisorylock.LeaseStore
+	now      time.Time
+	names    []string
+	holders  []*propHolder
+	issued   map[string]advisorylock.FencingToken // the highest token granted per name
+	admitted map[string]advisorylock.FencingToken // the highest token each fence admitted
+	acquires int
+}
+
+const propTTL = 10 * time.Second
+
+// valid reports whether h's lease is in force: granted, not released,
+// not expired.
+func (m *leaseModel) valid(h *propHolder) bool { return h.held && m.now.Before(h.until) }
+
+func (m *leaseModel) request(h *propHolder) advisorylock.LeaseRequest {
+	return advisorylock.LeaseRequest{Kind: advisorylock.KindLease, Name: h.name, Owner: h.owner, Token: h.token, TTL: propTTL, Now: m.now}
+}
+
+func (m *leaseModel) acquire(t *rapid.T) {
+	h := rapid.SampledFrom(m.holders).Draw(t, "holder")
+	if h.held {
+		t.Skip("holder holds a lease already")
+	}
+	name := rapid.SampledFrom(m.names).Draw(t, "name")
+	free := true
+	for _, o := range m.holders {
+		if o.name == name && m.valid(o) {
+			free = false
+		}
+	}
+	m.acquires++
+	owner := fmt.Sprintf("owner-%d", m.acquires)
+	grant, err := m.store.AcquireLease(m.ctx, m.db, advisorylock.LeaseRequest{Kind: advisorylock.KindLease, Name: name, Owner: owner, TTL: propTTL, Now: m.now})
+	switch {
+	case !free && errors.Is(err, advisorylock.ErrNotAcquired):
+	case !free:
+		t.Fatalf("acquire of a held lease = %+v, %v; want ErrNotAcquired", grant, err)
+	case err != nil:
+		t.Fatalf("acquire of a free lease: %v", err)
+	case grant.Token <= m.issued[name]:
+		t.Fatalf("token %d granted after %d: tokens must strictly increase", grant.Token, m.issued[name])
+	default:
+		m.issued[name] = grant.Token
+		*h = propHolder{name: name, owner: owner, token: grant.Token, until: m.now.Add(propTTL), held: true}
+	}
+}
+
+func (m *leaseModel) renew(t *rapid.T) {
+	h := rapid.SampledFrom(m.holders).Draw(t, "holder")
+	if !h.held {
+		t.Skip("holder holds nothing")
+	}
+	_, err := m.store.RenewLease(m.ctx, m.db, m.request(h))
+	switch {
+	case m.valid(h) && err == nil:
+		h.until = m.now.Add(propTTL)
+	case !m.valid(h) && errors.Is(err, advisorylock.ErrLeaseLost):
+		h.held = false
+	default:
+		t.Fatalf("renew of a lease in force=%v: %v", m.valid(h), err)
+	}
+}
+
+func (m *leaseModel) release(t *rapid.T) {
+	h := rapid.SampledFrom(m.holders).Draw(t, "holder")
+	if !h.held {
+		t.Skip("holder holds nothing")
+	}
+	if err := m.store.ReleaseLease(m.ctx, m.db, m.request(h)); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	h.held = false
+}
+
+func (m *leaseModel) advance(t *rapid.T) {
+	m.now = m.now.Add(time.Duration(rapid.Int64Range(0, 2*propTTL.Milliseconds()).Draw(t, "ms")) * time.Millisecond)
+}
+
+// write is a holder, which may have lost its lease without knowing,
+// writing to its resource through the fence.
+func (m *leaseModel) write(t *rapid.T) {
+	h := rapid.SampledFrom(m.holders).Draw(t, "holder")
+	if h.token == 0 {
+		t.Skip("holder never had a token")
+	}
+	resource := h.name + "/resource"
+	tx, err := m.db.BeginTx(m.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	err = m.store.AdmitToken(m.ctx, tx, resource, h.token)
+	highest := m.admitted[resource]
+	var stale *advisorylock.StaleTokenError
+	switch {
+	case err == nil && h.token < highest:
+		t.Fatalf("the fence admitted token %d after admitting %d", h.token, highest)
+	case err == nil:
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		m.admitted[resource] = h.token
+	case errors.As(err, &stale):
+		if h.token >= highest || stale.Highest != highest || stale.Token != h.token {
+			t.Fatalf("Admit(%d) refused with %v; the highest admitted is %d", h.token, err, highest)
+		}
+	default:
+		t.Fatalf("Admit(%d): %v", h.token, err)
+	}
+}
+
+// check asserts that at most one holder's lease per name is in force,
+// and that the database agrees on which.
+func (m *leaseModel) check(t *rapid.T) {
+	for _, name := range m.names {
+		var inForce []*propHolder
+		for _, h := range m.holders {
+			if h.name == name && m.valid(h) {
+				inForce = append(inForce, h)
+			}
+		}
+		if len(inForce) > 1 {
+			t.Fatalf("%d leases of %q in force at once", len(inForce), name)
+		}
+		got, err := m.store.LeaseHolder(m.ctx, m.db, advisorylock.LeaseRequest{Kind: advisorylock.KindLease, Name: name, Now: m.now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case len(inForce) == 0 && got != nil:
+			t.Fatalf("the database says %q is held by %s (token %d); the model says free", name, got.Owner, got.Token)
+		case len(inForce) == 1 && (got == nil || got.Owner != inForce[0].owner || got.Token != inForce[0].token):
+			t.Fatalf("the database says %q is held by %+v; the model says %s (token %d)", name, got, inForce[0].owner, inForce[0].token)
+		}
+	}
+}
+
+// TestLeaseStoreProperties drives random interleavings of acquire, renew,
+// release, expiry (the clock jumping) and fenced writes by several
+// holders against a real SQLite file, and checks that tokens per name
+// strictly increase, that a fence never admits a token lower than one it
+// admitted, and that at most one holder's lease is in force at any time.
+func TestLeaseStoreProperties(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	store, ok := advisorylock.SQLite().(advisorylock.LeaseStore)
+	if !ok {
+		t.Fatal("SQLite() is not a LeaseStore")
+	}
+	if err := store.Validate(ctx, db); err != nil { // creates the tables
+		t.Fatal(err)
+	}
+	base, run := testdb.UniqueName(t), 0
+	rapid.Check(t, func(t *rapid.T) {
+		run++
+		prefix := fmt.Sprintf("%s/%d", base, run)
+		m := &leaseModel{
+			ctx:      ctx,
+			db:       db,
+			store:    store,
+			now:      time.UnixMilli(1_700_000_000_000),
+			names:    []string{prefix + "/a", prefix + "/b"},
+			issued:   map[string]advisorylock.FencingToken{},
+			admitted: map[string]advisorylock.FencingToken{},
+		}
+		for range 3 {
+			m.holders = append(m.holders, &propHolder{})
+		}
+		t.Repeat(map[string]func(*rapid.T){
+			"acquire": m.acquire,
+			"renew":   m.renew,
+			"release": m.release,
+			"advance": m.advance,
+			"write":   m.write,
+			"":        m.check,
+		})
+	})
+}

@@ -194,9 +194,9 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	defer cg.settle()
 	var res SessionResult
 	if !wait {
-		res, err = l.session.TryLockSession(ctx, cg.conn, l.key)
+		res, err = ask(ctx, cg.p, func() (SessionResult, error) { return l.session.TryLockSession(ctx, cg.conn, l.key) })
 	} else {
-		res, err = l.waitSession(ctx, budget, cg.conn)
+		res, err = l.waitSession(ctx, budget, cg.p)
 	}
 	if err != nil {
 		if ctx.Err() != nil { // say why first; keep the driver's error reachable
@@ -224,7 +224,7 @@ const sliceGrace = 5 * time.Second
 
 // waitSession waits in slices until it holds the lock, or budget ends
 // between slices (a definite miss: OK false, nil error).
-func (l *Lock) waitSession(ctx, budget context.Context, conn *sql.Conn) (SessionResult, error) {
+func (l *Lock) waitSession(ctx, budget context.Context, p *pinned) (SessionResult, error) {
 	for {
 		slice := maxSlice
 		if dl, ok := budget.Deadline(); ok {
@@ -237,7 +237,7 @@ func (l *Lock) waitSession(ctx, budget context.Context, conn *sql.Conn) (Session
 			return SessionResult{}, nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, slice+sliceGrace)
-		res, err := l.session.WaitLockSession(sctx, conn, l.key, slice)
+		res, err := ask(sctx, p, func() (SessionResult, error) { return l.session.WaitLockSession(sctx, p.conn, l.key, slice) })
 		cancel()
 		if err != nil || res.OK {
 			return res, err

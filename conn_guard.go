@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,23 +22,30 @@ import (
 // have granted.
 type connGuard struct {
 	conn  *sql.Conn
+	p     *pinned // conn, for statements sent through ask
 	armed bool
 }
 
 // checkout takes a connection from db's pool for an acquire. A done
-// context returns its error before touching the pool.
+// context returns its error before touching the pool. The checkout is
+// bounded by ctx even where opening a connection is not (see within); a
+// connection that arrives after ctx ended goes back to the pool.
 func checkout(ctx context.Context, db DB) (*connGuard, error) {
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
 	}
-	conn, err := db.Conn(ctx)
+	conn, err := within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
+		if late != nil {
+			recycle(late)
+		}
+	})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
 		return nil, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
 	}
-	return &connGuard{conn: conn, armed: true}, nil
+	return &connGuard{conn: conn, p: &pinned{conn: conn}, armed: true}, nil
 }
 
 // settle discards the connection unless the outcome was made definite by
@@ -45,7 +53,7 @@ func checkout(ctx context.Context, db DB) (*connGuard, error) {
 func (g *connGuard) settle() {
 	if g.armed {
 		g.armed = false
-		discard(g.conn)
+		g.p.discard()
 	}
 }
 
@@ -85,23 +93,24 @@ func (l *Lock) holdSession(conn *sql.Conn, session int64) *Guard {
 		lost:  make(chan struct{}),
 		relTO: l.cfg.releaseTimeout,
 	}
+	p := &pinned{conn: conn}
 	stopWatch := func() {}
 	if l.cfg.keepAlive > 0 {
-		stopWatch = watchSession(h, l.session, conn, l.cfg.keepAlive, l.cfg.releaseTimeout)
+		stopWatch = watchSession(h, l.session, p, l.cfg.keepAlive, l.cfg.releaseTimeout)
 	}
 	h.release = func(ctx context.Context) error {
 		stopWatch()
 		if h.isLost() {
-			discard(conn)
+			p.discard()
 			return nil
 		}
-		res, err := l.session.UnlockSession(ctx, conn, l.key)
+		res, err := ask(ctx, p, func() (SessionResult, error) { return l.session.UnlockSession(ctx, conn, l.key) })
 		switch {
 		case err != nil:
-			discard(conn)
+			p.discard()
 			return err
 		case session != 0 && res.Session != 0 && res.Session != session:
-			discard(conn)
+			p.discard()
 			return fmt.Errorf("%w: acquired on server session %d, released on %d", ErrTransactionPooler, session, res.Session)
 		case !res.OK:
 			h.log("advisorylock: unlock found the lock not held by its session", "lock", l.name, "key", l.key)
@@ -111,16 +120,95 @@ func (l *Lock) holdSession(conn *sql.Conn, session int64) *Guard {
 	}
 	h.forget = func() {
 		stopWatch()
-		discard(conn)
+		p.discard()
 	}
 	return newGuard(h)
 }
 
-// watchSession checks every interval that conn's session still holds the
-// lock and marks h lost when it does not. The returned stop ends the
-// watcher and waits for it; a check in flight finishes first (it is
-// bounded by timeout), so the connection is never left mid-statement.
-func watchSession(h *hold, s SessionLocker, conn *sql.Conn, every, timeout time.Duration) (stop func()) {
+// pinned is the connection of a held Guard. Its statements go through
+// ask; once ask has abandoned one, the connection is discarded in the
+// background when the driver lets go of it, and must not be discarded
+// again meanwhile (that would wait for the driver).
+type pinned struct {
+	conn      *sql.Conn
+	abandoned atomic.Bool
+}
+
+// discard discards the connection unless ask already does.
+func (p *pinned) discard() {
+	if !p.abandoned.Load() {
+		discard(p.conn)
+	}
+}
+
+// ask runs stmt, a statement on p's connection, and waits for its answer
+// until ctx ends (see within); an abandoned statement's connection is
+// discarded when the statement returns.
+func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, error) {
+	return within(ctx, stmt, func() {
+		p.abandoned.Store(true)
+	}, func(T) { discard(p.conn) })
+}
+
+// answerGrace is how long within still waits, once ctx ended, for a
+// driver that honours ctx to return (pgx closes its socket, lib/pq gets
+// its cancel request through): on a live network that takes about one
+// round trip.
+const answerGrace = 250 * time.Millisecond
+
+// within runs f, which talks to the database, and waits for it until ctx
+// ends (and answerGrace more). Some drivers do not give up a read (or a
+// connection's startup) on a dead network when ctx ends: lib/pq sends a
+// cancel request over a new connection, which cannot get through either,
+// and keeps reading (lib/pq#620). A network cut would then hold the caller
+// until the network heals or TCP gives up, many minutes later. When f has
+// not returned by then, within calls abandon, returns ctx's cause, and
+// leaves f to finish on its own, calling late (if not nil) with its value
+// once it has.
+func within[T any](ctx context.Context, f func() (T, error), abandon func(), late func(T)) (T, error) {
+	if ctx.Done() == nil { // ctx never ends: nothing to bound
+		return f()
+	}
+	type answer struct {
+		v   T
+		err error
+	}
+	out := make(chan answer, 1)
+	go func() {
+		v, err := f()
+		out <- answer{v, err}
+	}()
+	select {
+	case a := <-out:
+		return a.v, a.err
+	case <-ctx.Done():
+	}
+	grace := time.NewTimer(answerGrace)
+	defer grace.Stop()
+	select {
+	case a := <-out:
+		return a.v, a.err
+	case <-grace.C:
+	}
+	if abandon != nil {
+		abandon()
+	}
+	go func() {
+		a := <-out
+		if late != nil {
+			late(a.v)
+		}
+	}()
+	var zero T
+	return zero, fmt.Errorf("no answer from the database: %w", context.Cause(ctx))
+}
+
+// watchSession checks every interval that the pinned connection's session
+// still holds the lock and marks h lost when it does not, or when a check
+// gets no answer within timeout (a dead network: see ask). The returned
+// stop ends the watcher and waits for it; a check in flight is answered
+// or abandoned first, within timeout plus answerGrace.
+func watchSession(h *hold, s SessionLocker, p *pinned, every, timeout time.Duration) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -134,7 +222,7 @@ func watchSession(h *hold, s SessionLocker, conn *sql.Conn, every, timeout time.
 			case <-t.C:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			held, err := s.HoldsSession(ctx, conn, h.key)
+			held, err := ask(ctx, p, func() (bool, error) { return s.HoldsSession(ctx, p.conn, h.key) })
 			cancel()
 			select {
 			case <-quit:

@@ -1,0 +1,1209 @@
+package advisorylock_test
+
+// The tests in this file put the library through what production does to
+// it: load from several processes, killed sessions, a server restart and
+// network cuts. Each ends with the leak checks of checkLeaks: no lock of
+// its own left held, no connection left checked out, no lease row left
+// held, no goroutine left running.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+	"go.uber.org/goleak"
+)
+
+// faultJobEnv carries a helper process's faultJob, as JSON.
+const faultJobEnv = "ADVISORYLOCK_FAULT_JOB"
+
+// faultJob tells a helper process what load to run.
+type faultJob struct {
+	Kind       string // "lock" (Lock.Do) or "lease" (LeaseLock.Do with fenced writes)
+	Driver     string // "postgres", "pgx" or "sqlite"
+	SQLite     string // the SQLite file and its DSN options
+	Counter    testdb.Counter
+	Name       string // the lock's name, also the fenced resource
+	Goroutines int
+	Iters      int
+}
+
+// sqliteLoadOptions makes SQLite wait for its writer lock instead of
+// failing, and begins transactions IMMEDIATE (as Fence.Admit advises).
+const sqliteLoadOptions = "_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+
+// open opens the job's database.
+func (j faultJob) open(t testing.TB) *sql.DB {
+	if j.Driver == "sqlite" {
+		return testdb.OpenSQLite(t, j.SQLite, sqliteLoadOptions)
+	}
+	return testdb.OpenPostgres(t, j.Driver)
+}
+
+// TestFaultHelperProcess is the body of the helper processes of
+// TestMutualExclusionUnderLoad; it skips in a normal run.
+func TestFaultHelperProcess(t *testing.T) {
+	if testdb.HelperRole() == "" {
+		t.Skip("helper process only")
+	}
+	var job faultJob
+	if err := json.Unmarshal([]byte(os.Getenv(faultJobEnv)), &job); err != nil {
+		t.Fatalf("helper process: bad %s: %v", faultJobEnv, err)
+	}
+	db := job.open(t)
+	db.SetMaxOpenConns(job.Goroutines + 2) // every waiter pins one; the holder needs one more for its work
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	section, err := job.section(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range job.Goroutines {
+		wg.Go(func() {
+			for i := range job.Iters {
+				if err := section(ctx); err != nil {
+					t.Errorf("section %d: %v", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// section returns one run of the job's critical section under its lock.
+func (j faultJob) section(db *sql.DB) (func(ctx context.Context) error, error) {
+	c := &j.Counter
+	poll := advisorylock.WithPollInterval(5 * time.Millisecond)
+	if j.Kind == "lock" {
+		l, err := advisorylock.New(db, j.Name, poll)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error {
+			return l.Do(ctx, func(ctx context.Context) error {
+				return counted(ctx, c, db, func() error { return c.Bump(ctx, db) })
+			})
+		}, nil
+	}
+	l, err := advisorylock.NewLeaseLock(db, j.Name, poll)
+	if err != nil {
+		return nil, err
+	}
+	f, err := advisorylock.NewFence(db, j.Name)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		return l.Do(ctx, func(ctx context.Context, lease advisorylock.Lease) error {
+			return counted(ctx, c, db, func() error {
+				return fencedWrite(ctx, db, f, c, lease.Token())
+			})
+		})
+	}, nil
+}
+
+// counted runs work between the counter's entry and exit marks, and fails
+// if another holder was inside at the same time.
+func counted(ctx context.Context, c *testdb.Counter, db *sql.DB, work func() error) error {
+	marks := context.WithoutCancel(ctx) // the marks must land (or fail) whole, even as the load stops
+	inside, err := c.Enter(marks, db)
+	if err != nil {
+		return err
+	}
+	werr := work()
+	if err := c.Exit(marks, db); err != nil {
+		return err
+	}
+	if inside != 1 {
+		return fmt.Errorf("%d holders inside the critical section at once", inside)
+	}
+	return werr
+}
+
+// fencedWrite bumps the counter and logs the write in one transaction
+// that Fence.Admit opens with the token: a stale token rolls it back.
+func fencedWrite(ctx context.Context, db *sql.DB, f *advisorylock.Fence, c *testdb.Counter, token advisorylock.FencingToken) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := f.Admit(ctx, tx, token); err != nil {
+		return err
+	}
+	if err := c.Bump(ctx, tx); err != nil {
+		return err
+	}
+	if err := c.Record(ctx, tx, token.Int64()); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// TestMutualExclusionUnderLoad runs a non-atomic read-modify-write of one
+// counter row from several processes, each with several goroutines, under
+// Lock.Do and under LeaseLock.Do with fenced writes, on PostgreSQL (lib/pq
+// and pgx processes mixed) and on one SQLite file. The count must be exact,
+// no two holders may ever be inside at once, every grant of the lease gets
+// its own token, and the fence log never goes back in token order.
+func TestMutualExclusionUnderLoad(t *testing.T) {
+	const procs, goroutines = 3, 4
+	for _, tc := range []struct {
+		name, kind string
+		sqlite     bool
+		iters      int
+	}{
+		{"postgres/Lock", "lock", false, 15},
+		{"postgres/LeaseLock", "lease", false, 6},
+		{"sqlite/Lock", "lock", true, 8},
+		{"sqlite/LeaseLock", "lease", true, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkGoroutines(t)
+			job := faultJob{Kind: tc.kind, Name: testdb.UniqueName(t), Goroutines: goroutines, Iters: tc.iters}
+			var admin *sql.DB
+			if tc.sqlite {
+				job.SQLite = testdb.SQLitePath(t)
+				admin = testdb.OpenSQLite(t, job.SQLite, sqliteLoadOptions)
+			} else {
+				admin = testdb.OpenPostgres(t, "postgres")
+			}
+			job.Counter = *testdb.NewCounter(t, admin, tc.sqlite)
+			cmds := make([]*exec.Cmd, procs)
+			for i := range cmds {
+				job.Driver = "sqlite"
+				if !tc.sqlite {
+					job.Driver = testdb.Drivers[i%len(testdb.Drivers)]
+				}
+				env, err := json.Marshal(job)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmds[i] = testdb.HelperCommand(t, "TestFaultHelperProcess", fmt.Sprintf("%s-%d", job.Driver, i), faultJobEnv+"="+string(env))
+				if err := cmds[i].Start(); err != nil {
+					t.Fatalf("start helper: %v", err)
+				}
+			}
+			for i, c := range cmds {
+				if err := c.Wait(); err != nil {
+					t.Errorf("helper %d: %v (its output is above)", i, err)
+				}
+			}
+			ctx := context.Background()
+			s, err := job.Counter.State(ctx, admin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := int64(procs * goroutines * tc.iters)
+			if s.N != want || s.Violations != 0 || s.Holders != 0 {
+				t.Fatalf("counter %d (want %d), %d overlapping holders seen, %d inside at the end", s.N, want, s.Violations, s.Holders)
+			}
+			if tc.kind == "lease" {
+				var distinct int64
+				q := "SELECT count(DISTINCT token) FROM " + job.Counter.Table + "_writes"
+				if err := admin.QueryRowContext(ctx, q).Scan(&distinct); err != nil {
+					t.Fatal(err)
+				}
+				if s.Writes != want || distinct != want || s.Regressions != 0 {
+					t.Fatalf("fence log: %d writes, %d distinct tokens (want %d each), %d stale writes admitted", s.Writes, distinct, want, s.Regressions)
+				}
+				if top := fenceToken(t, admin, tc.sqlite, job.Name); top != s.MaxToken {
+					t.Fatalf("fence keeps token %d, the highest write was %d", top, s.MaxToken)
+				}
+			}
+			checkLeaks(t, leakCheck{db: admin, sqlite: tc.sqlite, locks: lockNames(tc.kind, job.Name), leases: leaseNames(tc.kind, job.Name)})
+		})
+	}
+}
+
+func lockNames(kind, name string) []string {
+	if kind == "lock" {
+		return []string{name}
+	}
+	return nil
+}
+
+func leaseNames(kind, name string) []string {
+	if kind == "lease" {
+		return []string{name}
+	}
+	return nil
+}
+
+// placeholder is the first bind parameter in the dialect.
+func placeholder(sqlite bool) string {
+	if sqlite {
+		return "?"
+	}
+	return "$1"
+}
+
+// fenceToken reads the highest token a fence admitted.
+func fenceToken(t testing.TB, db *sql.DB, sqlite bool, resource string) int64 {
+	t.Helper()
+	var top int64
+	q := "SELECT token FROM advisorylock_fences WHERE resource = " + placeholder(sqlite)
+	if err := db.QueryRow(q, resource).Scan(&top); err != nil {
+		t.Fatalf("reading fence %q: %v", resource, err)
+	}
+	return top
+}
+
+// checkGoroutines fails t if goroutines started during it outlive it. Call
+// it first, so that its check runs after every other cleanup (closing
+// pools, proxies and clusters).
+func checkGoroutines(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		if err := goleak.Find(ignore); err != nil {
+			t.Errorf("goroutines left running: %v", err)
+		}
+	})
+}
+
+// leakCheck names what a scenario may have left behind.
+type leakCheck struct {
+	db     *sql.DB // a handle that saw none of the faults
+	sqlite bool
+	locks  []string  // Lock names
+	leases []string  // LeaseLock names
+	pools  []*sql.DB // handles whose connections must all be back
+	within time.Duration
+}
+
+// checkLeaks waits (within c.within, default 30s) until no Lock of c.locks
+// is held (a PostgreSQL advisory lock, a SQLite lock row), no LeaseLock of
+// c.leases is held unexpired, and no connection of c.pools (and c.db) is
+// checked out; it fails t if that does not happen.
+func checkLeaks(t *testing.T, c leakCheck) {
+	t.Helper()
+	within := c.within
+	if within <= 0 {
+		within = wait
+	}
+	ph := placeholder(c.sqlite)
+	for _, name := range c.locks {
+		if c.sqlite {
+			testdb.WaitFor(t, within, func() bool {
+				return countRows(t, c.db, "SELECT count(*) FROM advisorylock_locks WHERE key = "+ph, advisorylock.Key(name)) == 0
+			}, "SQLite lock %q left held", name)
+			continue
+		}
+		testdb.WaitFor(t, within, func() bool { return locksHeld(t, c.db, name) == 0 }, "advisory lock %q left held", name)
+	}
+	for _, name := range c.leases {
+		held := func() int {
+			if c.sqlite { // lease times are Unix milliseconds of the host's clock
+				return countRows(t, c.db, "SELECT count(*) FROM advisorylock_leases WHERE name = ? AND owner IS NOT NULL AND expires_at > ?", name, time.Now().UnixMilli())
+			}
+			return countRows(t, c.db, "SELECT count(*) FROM advisorylock_leases WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()", name)
+		}
+		testdb.WaitFor(t, within, func() bool { return held() == 0 }, "lease %q left held", name)
+	}
+	for i, p := range append(slices.Clone(c.pools), c.db) {
+		testdb.WaitFor(t, within, func() bool { return p.Stats().InUse == 0 }, "pool %d: %d connections left checked out", i, p.Stats().InUse)
+	}
+}
+
+func countRows(t testing.TB, db *sql.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// figures counts what a load did; the soak prints them.
+type figures struct {
+	ops          atomic.Int64 // Do calls made
+	acquired     atomic.Int64 // Do calls that got the lock and ran fn
+	losses       atomic.Int64 // Do calls that reported the lock or lease lost
+	errs         atomic.Int64 // Do calls that failed otherwise (a killed waiter, a dead connection)
+	faults       atomic.Int64 // faults injected
+	violations   atomic.Int64 // safety violations: must stay 0
+	writes       atomic.Int64 // fenced writes committed
+	staleRefused atomic.Int64 // fenced writes refused with a stale token
+	lateAdmitted atomic.Int64 // writes after a lost lease that no newer token had yet overtaken
+
+	mu      sync.Mutex
+	latency []time.Duration // from each Do call to its fn starting
+	errLog  map[string]int  // the first words of unexpected errors, for the report
+}
+
+// outcome counts how a Do call ended; lost says the lock was lost
+// (fn may have returned an error of its own for it).
+func (f *figures) outcome(ctx context.Context, err error, lost bool) {
+	f.ops.Add(1)
+	switch {
+	case err == nil:
+	case lost || errors.Is(err, advisorylock.ErrLockLost): // ErrLeaseLost matches it too
+		f.losses.Add(1)
+	case ctx.Err() != nil: // the load is stopping
+	default:
+		f.errs.Add(1)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.errLog == nil {
+			f.errLog = map[string]int{}
+		}
+		msg := err.Error()
+		if i := strings.LastIndex(msg, ": "); i >= 0 && len(msg)-i < 80 {
+			msg = msg[i+2:]
+		}
+		f.errLog[msg]++
+	}
+}
+
+func (f *figures) acquiredAfter(d time.Duration) {
+	f.acquired.Add(1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.latency = append(f.latency, d)
+}
+
+// percentile returns the p-th percentile (0 < p <= 1) of acquire latency.
+func (f *figures) percentile(p float64) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.latency) == 0 {
+		return 0
+	}
+	l := slices.Clone(f.latency)
+	slices.Sort(l)
+	return l[min(len(l)-1, int(p*float64(len(l))))]
+}
+
+func (f *figures) String() string {
+	f.mu.Lock()
+	errLog := fmt.Sprint(f.errLog)
+	f.mu.Unlock()
+	return fmt.Sprintf("operations %d, locks acquired %d, losses detected %d, other errors %d, faults injected %d, violations %d, "+
+		"fenced writes %d (stale refused %d, late admitted %d), acquire latency p50 %v p99 %v; errors seen: %s",
+		f.ops.Load(), f.acquired.Load(), f.losses.Load(), f.errs.Load(), f.faults.Load(), f.violations.Load(),
+		f.writes.Load(), f.staleRefused.Load(), f.lateAdmitted.Load(),
+		f.percentile(0.5).Round(10*time.Microsecond), f.percentile(0.99).Round(10*time.Microsecond), errLog)
+}
+
+// sections records the critical sections run under one lock name in
+// this process and catches two running at once. Of two overlapping lease
+// grants, the older must already report IsLost: a holder must believe
+// its lease lost before the database can grant it again. Of two
+// overlapping session-lock sections, the one that entered first must not
+// have ended cleanly (its Do returning nil means its session held the
+// lock throughout, so the second got a lock that was held).
+type sections struct {
+	name   string
+	figs   *figures
+	log    func(format string, args ...any)
+	mu     sync.Mutex
+	inside map[*section]struct{}
+	pairs  [][2]*section // (entered first, entered second), session locks only
+}
+
+type section struct {
+	lease *advisorylock.Lease // nil for a session lock
+	clean atomic.Bool         // set when a session lock's Do returned nil
+}
+
+func newSections(name string, figs *figures, log func(string, ...any)) *sections {
+	return &sections{name: name, figs: figs, log: log, inside: map[*section]struct{}{}}
+}
+
+func (s *sections) enter(lease *advisorylock.Lease) *section {
+	sec := &section{lease: lease}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for o := range s.inside {
+		if lease == nil {
+			s.pairs = append(s.pairs, [2]*section{o, sec})
+			continue
+		}
+		older := o.lease
+		if lease.Token() < older.Token() {
+			older = lease
+		}
+		if !older.IsLost() {
+			s.figs.violations.Add(1)
+			s.log("VIOLATION: %q: grants %d and %d inside at once, and the older does not know it lost its lease", s.name, o.lease.Token(), lease.Token())
+		}
+	}
+	s.inside[sec] = struct{}{}
+	return sec
+}
+
+func (s *sections) exit(sec *section) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.inside, sec)
+}
+
+// settle counts the session-lock violations; call it once every Do has
+// returned.
+func (s *sections) settle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pairs {
+		if p[0].clean.Load() {
+			s.figs.violations.Add(1)
+			s.log("VIOLATION: %q: a section entered while another held the lock to the end", s.name)
+		}
+	}
+	s.pairs = nil
+}
+
+// sessionWorker runs Lock.Do on l until ctx ends, holding the lock for
+// hold() in each section (or until the lock is lost).
+func sessionWorker(ctx context.Context, l *advisorylock.Lock, secs *sections, figs *figures, hold func() time.Duration) {
+	for ctx.Err() == nil {
+		start := time.Now()
+		var sec *section
+		err := l.Do(ctx, func(fctx context.Context) error {
+			figs.acquiredAfter(time.Since(start))
+			sec = secs.enter(nil)
+			defer secs.exit(sec)
+			t := time.NewTimer(hold())
+			defer t.Stop()
+			select {
+			case <-t.C:
+				return nil
+			case <-fctx.Done():
+				return context.Cause(fctx)
+			}
+		})
+		if sec != nil && err == nil {
+			sec.clean.Store(true)
+		}
+		figs.outcome(ctx, err, false)
+	}
+}
+
+// leaseWorker runs LeaseLock.Do on l until ctx ends; each section makes
+// a few fenced writes through db. After a lost lease it writes once more
+// with the lost token, as a holder that never looked would: the fence
+// must refuse that write once a newer token has written.
+func leaseWorker(ctx context.Context, l *advisorylock.LeaseLock, f *advisorylock.Fence, db *sql.DB, c *testdb.Counter, secs *sections, figs *figures) {
+	for ctx.Err() == nil {
+		start := time.Now()
+		var held *advisorylock.Lease
+		err := l.Do(ctx, func(fctx context.Context, lease advisorylock.Lease) error {
+			figs.acquiredAfter(time.Since(start))
+			held = &lease
+			sec := secs.enter(&lease)
+			defer secs.exit(sec)
+			for range 3 {
+				if err := figs.fenced(fctx, db, f, c, lease.Token()); err != nil {
+					return err
+				}
+				time.Sleep(time.Duration(rand.IntN(10)) * time.Millisecond)
+			}
+			return nil
+		})
+		lost := held != nil && held.IsLost()
+		figs.outcome(ctx, err, lost)
+		if lost {
+			late, cancel := context.WithTimeout(context.Background(), wait)
+			if figs.fenced(late, db, f, c, held.Token()) == nil {
+				figs.lateAdmitted.Add(1)
+				figs.writes.Add(-1)
+			}
+			cancel()
+		}
+	}
+}
+
+// fenced makes one fenced write and counts its outcome.
+func (f *figures) fenced(ctx context.Context, db *sql.DB, fence *advisorylock.Fence, c *testdb.Counter, token advisorylock.FencingToken) error {
+	err := fencedWrite(ctx, db, fence, c, token)
+	switch {
+	case err == nil:
+		f.writes.Add(1)
+	case errors.Is(err, advisorylock.ErrStaleToken):
+		f.staleRefused.Add(1)
+	}
+	return err
+}
+
+// holdBriefly holds a lock for up to 20ms, and one time in four for
+// 300-600ms, long enough for a keep-alive of 200ms to notice a fault.
+func holdBriefly() time.Duration {
+	if rand.IntN(4) == 0 {
+		return 300*time.Millisecond + rand.N(300*time.Millisecond)
+	}
+	return rand.N(20 * time.Millisecond)
+}
+
+// appName returns an application_name unique to this run, by which a
+// test finds its own sessions and no one else's.
+func appName() string {
+	return fmt.Sprintf("advisorylock-fault-%08x", rand.Uint32())
+}
+
+// killOne terminates one random session named app that holds or waits
+// for one of the named locks, and reports whether it was a holder.
+func killOne(ctx context.Context, admin *sql.DB, app string, names []string) (killed, holder bool, err error) {
+	var match []string
+	for _, n := range names {
+		k := uint64(advisorylock.Key(n))
+		match = append(match, fmt.Sprintf("(l.classid = %d AND l.objid = %d)", k>>32, k&0xFFFFFFFF))
+	}
+	q := fmt.Sprintf(`SELECT pg_terminate_backend(l.pid), l.granted FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND a.application_name = '%s' AND (%s)
+ORDER BY random() LIMIT 1`, app, strings.Join(match, " OR "))
+	err = admin.QueryRowContext(ctx, q).Scan(&killed, &holder)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, false, nil
+	}
+	return killed, holder, err
+}
+
+// waitGroupWithin waits for wg, failing t if that takes longer than d:
+// something hung.
+func waitGroupWithin(t *testing.T, wg *sync.WaitGroup, d time.Duration, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s still running after %v: something hangs", what, d)
+	}
+}
+
+// TestKilledSessionsUnderLoad terminates random holders and waiters (only
+// sessions of this test, found by their application_name and lock keys)
+// while workers on lib/pq and pgx take two locks with Lock.Do. Nothing may
+// hang, no two sections may hold one lock at once unless the first was
+// told of its loss, and afterwards no lock is held and no connection is
+// checked out.
+func TestKilledSessionsUnderLoad(t *testing.T) {
+	checkGoroutines(t)
+	app := appName()
+	admin := testdb.OpenPostgres(t, "postgres")
+	names := []string{testdb.UniqueName(t), testdb.UniqueName(t)}
+	figs := &figures{}
+	secs := map[string]*sections{}
+	for _, n := range names {
+		secs[n] = newSections(n, figs, t.Logf)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	var pools []*sql.DB
+	for _, drv := range testdb.Drivers {
+		db := testdb.OpenPostgresDSN(t, drv, testdb.WithParam(testdb.PostgresDSN(t), "application_name", app))
+		pools = append(pools, db)
+		for i := range 3 {
+			name := names[i%len(names)]
+			l := newLock(t, db, name, advisorylock.WithKeepAlive(200*time.Millisecond), advisorylock.WithReleaseTimeout(2*time.Second))
+			wg.Go(func() { sessionWorker(ctx, l, secs[name], figs, holdBriefly) })
+		}
+	}
+	var holders, waiters int
+	deadline := time.Now().Add(60 * time.Second)
+	for holders < 5 || waiters < 5 || figs.losses.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not enough happened in time: %d holders and %d waiters killed; %s", holders, waiters, figs)
+		}
+		time.Sleep(20*time.Millisecond + rand.N(40*time.Millisecond))
+		killed, holder, err := killOne(ctx, admin, app, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if killed {
+			figs.faults.Add(1)
+			if holder {
+				holders++
+			} else {
+				waiters++
+			}
+		}
+	}
+	stop()
+	waitGroupWithin(t, &wg, wait, "workers")
+	for _, s := range secs {
+		s.settle()
+	}
+	t.Logf("%d holders and %d waiters killed; %s", holders, waiters, figs)
+	if v := figs.violations.Load(); v != 0 {
+		t.Fatalf("%d violations of mutual exclusion", v)
+	}
+	if figs.acquired.Load() == 0 {
+		t.Fatal("no section ran")
+	}
+	checkLeaks(t, leakCheck{db: admin, locks: names, pools: pools})
+}
+
+// quiet discards the library's warnings (lock lost, release failed),
+// which the fault tests provoke by the hundred.
+var quiet = advisorylock.WithLogger(slog.New(slog.DiscardHandler))
+
+// TestServerRestart restarts a private PostgreSQL while Lock guards and
+// leases are held and waiters wait, on lib/pq and pgx. Every session guard
+// reports the loss, every waiter returns (with an error, or holding the
+// lock after the restart), nothing hangs, the pools recover and new
+// acquisitions work. Then an outage longer than the lease TTL: every held
+// lease is lost while the server is down, a successor gets a larger token
+// after the restart, and the fence refuses the lost holder's writes.
+func TestServerRestart(t *testing.T) {
+	checkGoroutines(t)
+	c := testdb.OwnCluster(t)
+	admin := testdb.OpenPostgresDSN(t, "postgres", c.DSN)
+	admin.SetMaxIdleConns(-1) // a fresh session per query: none dies in the restart
+	opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond),
+		advisorylock.WithReleaseTimeout(2 * time.Second), advisorylock.WithLeaseTTL(3 * time.Second)}
+	ctx := context.Background()
+
+	type waiter struct {
+		name   string
+		result chan error
+	}
+	var (
+		pools    []*sql.DB
+		guards   []*advisorylock.Guard
+		leases   []*advisorylock.LeaseGuard
+		waiters  []waiter
+		locks    []string
+		leaseFor = map[*advisorylock.LeaseGuard]*advisorylock.LeaseLock{}
+		wg       sync.WaitGroup
+	)
+	wctx, stopWaiters := context.WithTimeout(ctx, 2*wait)
+	t.Cleanup(func() { stopWaiters(); wg.Wait() })
+	for _, drv := range testdb.Drivers {
+		holderDB := testdb.OpenPostgresDSN(t, drv, c.DSN)
+		waiterDB := testdb.OpenPostgresDSN(t, drv, c.DSN)
+		pools = append(pools, holderDB, waiterDB)
+
+		name := testdb.UniqueName(t)
+		locks = append(locks, name)
+		g, err := newLock(t, holderDB, name, opts...).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		guards = append(guards, g)
+		ll, err := advisorylock.NewLeaseLock(holderDB, testdb.UniqueName(t), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lg, err := ll.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, lg)
+		leaseFor[lg] = ll
+		t.Cleanup(func() { _ = lg.Release(ctx) })
+
+		wl := newLock(t, waiterDB, name, opts...)
+		wll, err := advisorylock.NewLeaseLock(waiterDB, ll.Name(), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []struct {
+			name    string
+			acquire func() (interface{ Release(context.Context) error }, error)
+		}{
+			{name, func() (interface{ Release(context.Context) error }, error) { return wl.Lock(wctx) }},
+			{ll.Name(), func() (interface{ Release(context.Context) error }, error) { return wll.Lock(wctx) }},
+		} {
+			res := make(chan error, 1)
+			waiters = append(waiters, waiter{w.name, res})
+			wg.Go(func() {
+				g, err := w.acquire()
+				if err == nil {
+					err = g.Release(ctx)
+				}
+				res <- err
+			})
+		}
+	}
+	for _, name := range locks {
+		testdb.WaitFor(t, wait, func() bool { return waitingOn(t, admin, name) == 1 }, "waiter on %q never queued", name)
+	}
+
+	c.Restart(t)
+
+	for _, g := range guards {
+		select {
+		case <-g.Lost():
+		case <-time.After(wait):
+			t.Fatalf("guard of %q did not report the restart as a loss", g.Name())
+		}
+		if err := g.Release(ctx); err != nil {
+			t.Errorf("Release of a lost guard: %v", err)
+		}
+	}
+	for _, w := range waiters {
+		select {
+		case err := <-w.result:
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("waiter on %q waited out its whole deadline", w.name)
+			}
+			t.Logf("waiter on %q returned: %v", w.name, err)
+		case <-time.After(2 * wait):
+			t.Fatalf("waiter on %q still waiting long after the restart", w.name)
+		}
+	}
+	for _, lg := range leases {
+		// A restart shorter than the lease's local deadline may keep it;
+		// otherwise it must know it lost it.
+		var h *advisorylock.Holder
+		var err error
+		testdb.WaitFor(t, wait, func() bool { h, err = leaseFor[lg].Holder(ctx); return err == nil }, "Holder after the restart: %v", err)
+		kept := h != nil && h.Token == lg.Token()
+		t.Logf("lease %q (token %d) after the restart: lost %v, still held in the database %v", lg.Lease().Name(), lg.Token(), lg.IsLost(), kept)
+		if !kept && !lg.IsLost() {
+			testdb.WaitFor(t, wait, lg.IsLost, "lease %q is no longer held but its guard does not know", lg.Lease().Name())
+		}
+		_ = lg.Release(ctx)
+	}
+
+	// The pools recover: new acquisitions work on every pool (a pool may
+	// first hand out a few connections that died in the restart).
+	for i, db := range pools {
+		l := newLock(t, db, testdb.UniqueName(t), opts...)
+		ll, err := advisorylock.NewLeaseLock(db, testdb.UniqueName(t), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, l.Name())
+		var lastErr error
+		testdb.WaitFor(t, wait, func() bool {
+			g, err := l.TryLock(ctx)
+			if lastErr = err; err != nil {
+				return false
+			}
+			lg, err := ll.TryLock(ctx)
+			if lastErr = err; err != nil {
+				_ = g.Release(ctx)
+				return false
+			}
+			return g.Release(ctx) == nil && lg.Release(ctx) == nil
+		}, "pool %d never recovered from the restart: %v", i, lastErr)
+	}
+	var leaseNames []string
+	for _, lg := range leases {
+		leaseNames = append(leaseNames, lg.Lease().Name())
+	}
+	checkLeaks(t, leakCheck{db: admin, locks: locks, leases: leaseNames, pools: pools})
+
+	t.Run("outage longer than the lease TTL", func(t *testing.T) {
+		var held []*advisorylock.LeaseGuard
+		for i, db := range pools[:2] {
+			ll, err := advisorylock.NewLeaseLock(db, testdb.UniqueName(t), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lg, err := ll.TryLock(ctx)
+			if err != nil {
+				t.Fatalf("pool %d: %v", i, err)
+			}
+			held = append(held, lg)
+			t.Cleanup(func() { _ = lg.Release(ctx) })
+		}
+		c.Stop(t)
+		for _, lg := range held {
+			select {
+			case <-lg.Lost():
+			case <-time.After(wait):
+				t.Fatalf("lease %q kept while the server is down", lg.Lease().Name())
+			}
+			if !lg.IsLost() {
+				t.Fatal("Lost() closed but IsLost() is false")
+			}
+		}
+		c.Restart(t)
+		successor := testdb.OpenPostgresDSN(t, "pgx", c.DSN)
+		for _, lg := range held {
+			name := lg.Lease().Name()
+			next, err := advisorylock.NewLeaseLock(successor, name, quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ng, err := next.LockTimeout(ctx, wait)
+			if err != nil {
+				t.Fatalf("successor on %q: %v", name, err)
+			}
+			if ng.Token() <= lg.Token() {
+				t.Fatalf("successor's token %d is not above the lost %d", ng.Token(), lg.Token())
+			}
+			f, err := advisorylock.NewFence(successor, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := admitOnly(ctx, successor, f, ng.Token()); err != nil {
+				t.Fatalf("successor's write: %v", err)
+			}
+			var stale *advisorylock.StaleTokenError
+			if err := admitOnly(ctx, successor, f, lg.Token()); !errors.As(err, &stale) || stale.Highest != ng.Token() {
+				t.Fatalf("the lost holder's write = %v, want *StaleTokenError with highest %d", err, ng.Token())
+			}
+			if err := lg.Release(ctx); err != nil {
+				t.Logf("release of the lost lease: %v", err)
+			}
+			if h, err := next.Holder(ctx); err != nil || h == nil || h.Token != ng.Token() {
+				t.Fatalf("after the lost holder's release the successor does not hold %q: %+v, %v", name, h, err)
+			}
+			mustRelease(t, ng)
+			leaseNames = append(leaseNames, name)
+		}
+		checkLeaks(t, leakCheck{db: admin, leases: leaseNames, pools: append(pools, successor)})
+	})
+}
+
+// admitOnly runs a transaction that only passes token through f.
+func admitOnly(ctx context.Context, db *sql.DB, f *advisorylock.Fence, token advisorylock.FencingToken) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := f.Admit(ctx, tx, token); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// TestNetworkCutLosesLocksBeforeExpiry cuts the network (a proxy that
+// stops forwarding, sockets left open) under a held Lock guard and a held
+// lease, on lib/pq and pgx. The guard reports the loss through its
+// keep-alive; the lease is lost while its row is still unexpired in the
+// database, so before anyone else can be granted it; a successor then
+// gets a larger token, the fence refuses the cut-off holder's write once
+// the network heals, and the stale release does not free the successor.
+func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			checkGoroutines(t)
+			ctx := context.Background()
+			dsn := testdb.PostgresDSN(t)
+			proxy := testdb.NewProxy(t, testdb.HostPort(t, dsn))
+			db := testdb.OpenPostgresDSN(t, drv, proxy.DSN(dsn))
+			admin := testdb.OpenPostgres(t, drv)
+			opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond),
+				advisorylock.WithReleaseTimeout(time.Second), advisorylock.WithLeaseTTL(3 * time.Second)}
+
+			l := newLock(t, db, testdb.UniqueName(t), opts...)
+			g, err := l.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ll, err := advisorylock.NewLeaseLock(db, testdb.UniqueName(t), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lg, err := ll.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { proxy.Heal(); _ = lg.Release(ctx); _ = g.Release(ctx) })
+			f, err := advisorylock.NewFence(db, ll.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := admitOnly(ctx, db, f, lg.Token()); err != nil {
+				t.Fatalf("write before the cut: %v", err)
+			}
+
+			// A guard without keep-alive does not know of the cut; its
+			// Release must still come back within its timeout, cut or not.
+			unwatched, err := newLock(t, db, testdb.UniqueName(t), quiet, advisorylock.WithKeepAlive(0), advisorylock.WithReleaseTimeout(time.Second)).TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			proxy.Cut()
+			returnsDuringCut(t, "Release of a Lock guard", func() error { _ = unwatched.Release(ctx); return nil })
+			select {
+			case <-lg.Lost():
+			case <-time.After(wait):
+				t.Fatal("lease not lost during the cut")
+			}
+			var owned, unexpired bool
+			err = admin.QueryRow("SELECT owner IS NOT NULL AND generation = $2, expires_at > now() FROM advisorylock_leases WHERE name = $1",
+				ll.Name(), lg.Token().Int64()).Scan(&owned, &unexpired)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !owned || !unexpired {
+				t.Fatalf("the lease was lost only after its database expiry (row still ours %v, unexpired %v)", owned, unexpired)
+			}
+			select {
+			case <-g.Lost():
+			case <-time.After(wait):
+				t.Fatal("Lock guard did not report the cut as a loss")
+			}
+			// Acquires are bounded by their context or budget, cut or not.
+			other := newLock(t, db, testdb.UniqueName(t), opts...)
+			returnsDuringCut(t, "TryLock with a 1s context", func() error {
+				tctx, cancel := context.WithTimeout(ctx, time.Second)
+				defer cancel()
+				_, err := other.TryLock(tctx)
+				return expectFailure(err)
+			})
+			returnsDuringCut(t, "LockTimeout(1s)", func() error { _, err := other.LockTimeout(ctx, time.Second); return expectFailure(err) })
+			otherLease, err := advisorylock.NewLeaseLock(db, testdb.UniqueName(t), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			returnsDuringCut(t, "LeaseLock.LockTimeout(1s)", func() error { _, err := otherLease.LockTimeout(ctx, time.Second); return expectFailure(err) })
+
+			returnsDuringCut(t, "Release of the lost lease", func() error { _ = lg.Release(ctx); return nil })
+
+			next, err := advisorylock.NewLeaseLock(admin, ll.Name(), quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ng, err := next.LockTimeout(ctx, wait)
+			if err != nil {
+				t.Fatalf("successor: %v", err)
+			}
+			t.Cleanup(func() { _ = ng.Release(ctx) })
+			if ng.Token() <= lg.Token() {
+				t.Fatalf("successor's token %d is not above the lost %d", ng.Token(), lg.Token())
+			}
+			nf, err := advisorylock.NewFence(admin, ll.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := admitOnly(ctx, admin, nf, ng.Token()); err != nil {
+				t.Fatalf("successor's write: %v", err)
+			}
+
+			proxy.Heal()
+			var stale *advisorylock.StaleTokenError
+			testdb.WaitFor(t, wait, func() bool {
+				err = admitOnly(ctx, db, f, lg.Token())
+				return err == nil || errors.As(err, &stale) // else a connection that died in the cut: try again
+			}, "the fenced write never got an answer after the heal: %v", err)
+			if !errors.As(err, &stale) || stale.Highest != ng.Token() {
+				t.Fatalf("cut-off holder's write after the heal = %v, want *StaleTokenError (highest %d)", err, ng.Token())
+			}
+			if h, err := next.Holder(ctx); err != nil || h == nil || h.Token != ng.Token() {
+				t.Fatalf("the stale release freed the successor: %+v, %v", h, err)
+			}
+			mustRelease(t, ng)
+			_ = g.Release(ctx)
+			checkLeaks(t, leakCheck{db: admin, locks: []string{l.Name()}, leases: []string{ll.Name()}, pools: []*sql.DB{db}})
+		})
+	}
+}
+
+// returnsDuringCut fails t unless f returns while the network is still
+// cut (well within the test's deadline): a release is bounded by its
+// WithReleaseTimeout and an acquire by its context or budget, not by the
+// partition. An error from f fails t.
+func returnsDuringCut(t *testing.T, what string, f func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s during the cut: %v", what, err)
+		}
+	case <-time.After(wait):
+		t.Fatalf("%s still blocked %v into the cut", what, wait)
+	}
+}
+
+// expectFailure turns the error an acquire during a cut must return into
+// nil, and its absence into an error.
+func expectFailure(err error) error {
+	if err == nil {
+		return errors.New("acquired a lock with the network cut")
+	}
+	return nil
+}
+
+// pgLoad is a load on PostgreSQL through a cuttable proxy: Lock.Do
+// workers on one name and fenced LeaseLock.Do workers on another, on a
+// lib/pq and a pgx pool whose sessions carry an application_name of their
+// own, so that faults find this load's sessions and no one else's.
+type pgLoad struct {
+	app       string
+	proxy     *testdb.Proxy
+	admin     *sql.DB // direct to the server: sees no fault
+	pools     []*sql.DB
+	lockName  string
+	leaseName string
+	counter   *testdb.Counter
+	session   *figures // Lock.Do workers
+	lease     *figures // LeaseLock.Do workers
+	secs      []*sections
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// startPGLoad starts sessionWorkers Lock workers, each holding the lock
+// for hold() (or until lost), and leaseWorkers lease workers, per driver. Leases live 1.5s, so a cut of more than a second
+// loses them; session guards check their session every 200ms.
+func startPGLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() time.Duration) *pgLoad {
+	t.Helper()
+	dsn := testdb.PostgresDSN(t)
+	l := &pgLoad{
+		app:       appName(),
+		proxy:     testdb.NewProxy(t, testdb.HostPort(t, dsn)),
+		admin:     testdb.OpenPostgres(t, "pgx"),
+		lockName:  testdb.UniqueName(t),
+		leaseName: testdb.UniqueName(t),
+		session:   &figures{},
+		lease:     &figures{},
+	}
+	l.counter = testdb.NewCounter(t, l.admin, false)
+	sessionSecs := newSections(l.lockName, l.session, t.Logf)
+	leaseSecs := newSections(l.leaseName, l.lease, t.Logf)
+	l.secs = []*sections{sessionSecs, leaseSecs}
+	opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second),
+		advisorylock.WithLeaseTTL(1500 * time.Millisecond)}
+	ctx, stop := context.WithCancel(context.Background())
+	l.stop = stop
+	t.Cleanup(func() { l.proxy.Heal(); stop(); l.wg.Wait() })
+	for _, drv := range testdb.Drivers {
+		db := testdb.OpenPostgresDSN(t, drv, testdb.WithParam(l.proxy.DSN(dsn), "application_name", l.app))
+		l.pools = append(l.pools, db)
+		for range sessionWorkers {
+			lock := newLock(t, db, l.lockName, opts...)
+			l.wg.Go(func() { sessionWorker(ctx, lock, sessionSecs, l.session, hold) })
+		}
+		for range leaseWorkers {
+			ll, err := advisorylock.NewLeaseLock(db, l.leaseName, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := advisorylock.NewFence(db, l.leaseName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.wg.Go(func() { leaseWorker(ctx, ll, f, db, l.counter, leaseSecs, l.lease) })
+		}
+	}
+	return l
+}
+
+// cut partitions the load from the server for d, then heals.
+func (l *pgLoad) cut(d time.Duration) {
+	l.proxy.Cut()
+	time.Sleep(d)
+	l.proxy.Heal()
+	l.session.faults.Add(1)
+}
+
+// kill terminates one random session of the load that holds or waits for
+// its Lock, and reports whether there was one.
+func (l *pgLoad) kill(t *testing.T) bool {
+	killed, _, err := killOne(context.Background(), l.admin, l.app, []string{l.lockName})
+	if err != nil {
+		t.Errorf("kill: %v", err)
+	}
+	if killed {
+		l.session.faults.Add(1)
+	}
+	return killed
+}
+
+// progresses fails t unless both kinds of workers acquire their lock
+// again after the faults ended.
+func (l *pgLoad) progresses(t *testing.T) {
+	t.Helper()
+	s, ls := l.session.acquired.Load(), l.lease.acquired.Load()
+	testdb.WaitFor(t, 2*wait, func() bool { return l.session.acquired.Load() > s+1 && l.lease.acquired.Load() > ls+1 },
+		"no progress after the faults: %d Lock and %d lease acquisitions since", l.session.acquired.Load()-s, l.lease.acquired.Load()-ls)
+}
+
+// halt heals the network, stops the workers (failing t if they hang) and
+// counts the violations, also those only the database shows: a stale
+// write admitted, a fenced count that is not exact.
+func (l *pgLoad) halt(t *testing.T) {
+	t.Helper()
+	l.proxy.Heal()
+	l.stop()
+	waitGroupWithin(t, &l.wg, 2*wait, "workers")
+	for _, s := range l.secs {
+		s.settle()
+	}
+	st, err := l.counter.State(context.Background(), l.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := int64(0)
+	if st.Writes > 0 {
+		top = fenceToken(t, l.admin, false, l.leaseName)
+	}
+	fenceViolations(t, l.lease, st, top)
+}
+
+// fenceViolations counts what a fenced load's log shows into f.
+func fenceViolations(t *testing.T, f *figures, st testdb.CounterState, top int64) {
+	t.Helper()
+	if st.Regressions != 0 {
+		f.violations.Add(st.Regressions)
+		t.Logf("VIOLATION: %d stale writes admitted by the fence", st.Regressions)
+	}
+	if st.N != st.Writes {
+		f.violations.Add(1)
+		t.Logf("VIOLATION: fenced count %d, but %d fenced writes committed", st.N, st.Writes)
+	}
+	if top != st.MaxToken {
+		f.violations.Add(1)
+		t.Logf("VIOLATION: fence keeps token %d, the highest write committed was %d", top, st.MaxToken)
+	}
+}
+
+// check checks a halted load: no violation, nothing left held or checked
+// out.
+func (l *pgLoad) check(t *testing.T) {
+	t.Helper()
+	if v := l.session.violations.Load() + l.lease.violations.Load(); v != 0 {
+		t.Errorf("%d violations (see the log)", v)
+	}
+	checkLeaks(t, leakCheck{db: l.admin, locks: []string{l.lockName}, leases: []string{l.leaseName}, pools: l.pools})
+}
+
+// TestNetworkCutsUnderLoad cuts and heals the network again and again
+// under Lock and fenced LeaseLock workers on lib/pq and pgx: session
+// guards report their loss, leases are lost before anyone else can be
+// granted them (checked at every grant), the fence admits no stale write,
+// the load recovers after each heal, and nothing is left behind.
+func TestNetworkCutsUnderLoad(t *testing.T) {
+	checkGoroutines(t)
+	// One section in three holds its lock long enough (or until lost) for
+	// the keep-alive to notice a cut: 200ms between checks, 1s per check.
+	l := startPGLoad(t, 2, 1, func() time.Duration {
+		if rand.IntN(3) == 0 {
+			return 3 * time.Second
+		}
+		return rand.N(20 * time.Millisecond)
+	})
+	for cycle := 0; cycle < 3 || l.session.losses.Load() == 0 || l.lease.losses.Load() == 0; cycle++ {
+		if cycle == 10 {
+			t.Fatalf("after %d cuts: Lock workers %v; lease workers %v", cycle, l.session, l.lease)
+		}
+		time.Sleep(300*time.Millisecond + rand.N(400*time.Millisecond))
+		l.cut(1200*time.Millisecond + rand.N(800*time.Millisecond))
+	}
+	l.progresses(t)
+	l.halt(t)
+	l.check(t)
+	t.Logf("Lock workers: %v", l.session)
+	t.Logf("lease workers: %v", l.lease)
+}

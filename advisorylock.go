@@ -86,6 +86,7 @@ type Lock struct {
 	key     int64
 	cfg     config
 	session SessionLocker // set when locks are session locks
+	bounded bool          // session statements go through within
 	rows    LeaseStore    // set otherwise: the lock is a lease row
 }
 
@@ -109,6 +110,7 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	switch b := b.(type) {
 	case SessionLocker:
 		l.session = b
+		l.bounded = !endsWithContext(b)
 		if cfg.poolerCheck {
 			if err := checkPooler(ctx, db, b); err != nil {
 				return nil, wrapErr(name, "new", err)
@@ -187,20 +189,24 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if l.rows != nil {
 		return l.acquireRow(ctx, budget, wait)
 	}
-	cg, err := checkout(budget, l.db)
+	cg, err := checkout(budget, l.db, l.bounded)
 	if err != nil {
 		return nil, err
 	}
 	defer cg.settle()
 	var res SessionResult
 	if !wait {
-		res, err = ask(ctx, cg.p, func() (SessionResult, error) { return l.session.TryLockSession(ctx, cg.conn, l.key) })
+		res, err = ask(ctx, cg.p, func() (SessionResult, error) {
+			return l.session.TryLockSession(cg.p.stmtCtx(ctx), cg.p.conn, l.key)
+		})
 	} else {
 		res, err = l.waitSession(ctx, budget, cg.p)
 	}
-	if err != nil {
-		if ctx.Err() != nil { // say why first; keep the driver's error reachable
+	if err != nil { // say why first; keep the driver's error reachable
+		if ctx.Err() != nil {
 			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		} else if budget.Err() != nil {
+			err = fmt.Errorf("%w: %w", context.Cause(budget), err)
 		}
 		return nil, err
 	}
@@ -219,16 +225,21 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 const maxSlice = time.Second
 
 // sliceGrace is how long past its lock_timeout a waiting statement may run
-// before the client gives up on the connection (a dead network).
-const sliceGrace = 5 * time.Second
+// before the client gives up on the connection (a dead network); under a
+// LockTimeout budget, budgetGrace past the budget's end.
+const (
+	sliceGrace  = 5 * time.Second
+	budgetGrace = time.Second
+)
 
 // waitSession waits in slices until it holds the lock, or budget ends
 // between slices (a definite miss: OK false, nil error).
 func (l *Lock) waitSession(ctx, budget context.Context, p *pinned) (SessionResult, error) {
 	for {
-		slice := maxSlice
+		slice, grace := maxSlice, sliceGrace
 		if dl, ok := budget.Deadline(); ok {
 			slice = min(slice, time.Until(dl))
+			grace = budgetGrace
 		}
 		if slice <= 0 {
 			<-budget.Done() // due now: let its cause be set
@@ -236,7 +247,7 @@ func (l *Lock) waitSession(ctx, budget context.Context, p *pinned) (SessionResul
 		if budget.Err() != nil {
 			return SessionResult{}, nil
 		}
-		sctx, cancel := context.WithTimeout(ctx, slice+sliceGrace)
+		sctx, cancel := context.WithTimeout(ctx, slice+grace)
 		res, err := ask(sctx, p, func() (SessionResult, error) { return l.session.WaitLockSession(sctx, p.conn, l.key, slice) })
 		cancel()
 		if err != nil || res.OK {

@@ -5,14 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
-	"weak"
 )
 
 // Postgres returns the PostgreSQL backend: Lock is a session advisory lock
@@ -39,6 +35,10 @@ func (p *postgres) forDriver(db DB) Backend {
 }
 
 func (p *postgres) Validate(context.Context, DB) error { return nil }
+
+// endsWithContext: pgx closes its socket when a statement's context ends,
+// so its statements need no bounding (see within in conn_guard.go).
+func (p *postgres) endsWithContext() bool { return p.params }
 
 func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 	var v string
@@ -404,6 +404,9 @@ func (p *postgres) onConn(ctx context.Context, db DB, q *pgSQL, stmt func(conn *
 	if q.err != nil {
 		return q.err
 	}
+	if p.endsWithContext() {
+		return p.onConnUnbounded(ctx, db, stmt)
+	}
 	// Bounded by ctx even where the driver is not (see within): a lease
 	// step stuck on a dead network must not hold a release or an acquire.
 	_, err := within(ctx, func() (struct{}, error) { return struct{}{}, p.onConnUnbounded(ctx, db, stmt) }, nil, nil)
@@ -424,7 +427,6 @@ func (p *postgres) onConnUnbounded(ctx context.Context, db DB, stmt func(conn *s
 		if err := createPostgresTables(ctx, conn); err != nil {
 			return err
 		}
-		markSchemaReady(db)
 		err = stmt(conn)
 	}
 	if sqlState(err) == "54000" { // program_limit_exceeded: the index row is too big
@@ -454,66 +456,20 @@ func createPostgresTables(ctx context.Context, conn *sql.Conn) error {
 	return nil
 }
 
-// ensureSchema creates the tables unless db is known to have them. Fence
-// calls it: Admit runs in the caller's transaction, where a missing table
-// cannot be created and retried.
+// ensureSchema creates the tables unless they exist, which costs one round
+// trip. Fence calls it: Admit runs in the caller's transaction, where a
+// missing table cannot be created and retried. Where the tables exist it
+// writes nothing, so it works through a statement-mode pooler too.
 func (p *postgres) ensureSchema(ctx context.Context, db DB) error {
-	if schemaKnown(db) {
-		return nil
-	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
 	}
 	defer conn.Close()
-	if err := createPostgresTables(ctx, conn); err != nil {
+	var exist bool
+	err = conn.QueryRowContext(ctx, "SELECT to_regclass('advisorylock_leases') IS NOT NULL AND to_regclass('advisorylock_fences') IS NOT NULL").Scan(&exist)
+	if err != nil || exist {
 		return err
 	}
-	markSchemaReady(db)
-	return nil
-}
-
-// schemaReady remembers the pools known to have the tables, so that only
-// the first NewFence on a pool pays for creating them. It is keyed by a
-// weak pointer to the *sql.DB (found inside wrappers such as *sqlx.DB
-// that embed one), so it never keeps a pool alive, and an entry goes when
-// its pool is collected. Handles without a *sql.DB are not remembered.
-var schemaReady sync.Map // weak.Pointer[sql.DB] -> struct{}
-
-func schemaKnown(db DB) bool {
-	pool := poolOf(db)
-	if pool == nil {
-		return false
-	}
-	_, ok := schemaReady.Load(weak.Make(pool))
-	return ok
-}
-
-func markSchemaReady(db DB) {
-	pool := poolOf(db)
-	if pool == nil {
-		return
-	}
-	k := weak.Make(pool)
-	if _, loaded := schemaReady.LoadOrStore(k, struct{}{}); !loaded {
-		runtime.AddCleanup(pool, func(k weak.Pointer[sql.DB]) { schemaReady.Delete(k) }, k)
-	}
-}
-
-// poolOf returns the *sql.DB behind db: db itself, or the *sql.DB a
-// wrapper struct embeds (as *sqlx.DB does), or nil.
-func poolOf(db DB) *sql.DB {
-	if pool, ok := db.(*sql.DB); ok {
-		return pool
-	}
-	v := reflect.ValueOf(db)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return nil
-	}
-	f := v.Elem().FieldByName("DB")
-	if !f.IsValid() || !f.CanInterface() {
-		return nil
-	}
-	pool, _ := f.Interface().(*sql.DB)
-	return pool
+	return createPostgresTables(ctx, conn)
 }

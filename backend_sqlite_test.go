@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -52,35 +51,6 @@ func sqliteLeaseLock(t testing.TB, db advisorylock.DB, name string, opts ...advi
 	return l
 }
 
-func sqliteRelease(t testing.TB, g interface{ Release(context.Context) error }) {
-	t.Helper()
-	if err := g.Release(context.Background()); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-}
-
-// sqliteClock is a Clock that moves only when told.
-type sqliteClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newSQLiteClock() *sqliteClock {
-	return &sqliteClock{now: time.UnixMilli(time.Now().UnixMilli())}
-}
-
-func (c *sqliteClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *sqliteClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
@@ -116,12 +86,12 @@ func TestSQLiteTryLockIsNotReentrant(t *testing.T) {
 	if ran, err := l.TryDo(ctx, func(context.Context) error { return nil }); ran || err != nil {
 		t.Fatalf("TryDo while held: ran=%v err=%v, want false, nil", ran, err)
 	}
-	sqliteRelease(t, g)
+	mustRelease(t, g)
 	g2, err := sqliteLock(t, other, name).TryLock(ctx)
 	if err != nil {
 		t.Fatalf("TryLock after release: %v", err)
 	}
-	sqliteRelease(t, g2)
+	mustRelease(t, g2)
 }
 
 func TestSQLiteRefusesInMemoryDatabase(t *testing.T) {
@@ -164,7 +134,7 @@ func TestSQLiteRefusesInMemoryDatabase(t *testing.T) {
 
 func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 	_, db := sqliteFile(t, "")
-	clock := newSQLiteClock()
+	clock := testdb.NewFakeClock()
 	ctx := context.Background()
 	const ttl = 10 * time.Second
 
@@ -178,7 +148,7 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer sqliteRelease(t, g)
+		defer mustRelease(t, g)
 		h, err := l.Holder(ctx)
 		if err != nil || h == nil {
 			t.Fatalf("Holder: %+v, %v", h, err)
@@ -190,7 +160,7 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 		if !h.Since.Equal(want.Since) || !h.ExpiresAt.Equal(want.ExpiresAt) || h.Name != want.Name || h.Backend != want.Backend || h.Key != want.Key || h.Token != 0 {
 			t.Errorf("Holder = %+v, want %+v", *h, want)
 		}
-		later := sqliteLock(t, db, name, advisorylock.WithClock(&sqliteClock{now: clock.Now().Add(ttl)}))
+		later := sqliteLock(t, db, name, advisorylock.WithClock(testdb.FakeClockAt(clock.Now().Add(ttl))))
 		if h, err := later.Holder(ctx); h != nil || err != nil {
 			t.Errorf("Holder as of the expiry: %+v, %v; want nil (expired)", h, err)
 		}
@@ -209,7 +179,7 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 		if !strings.HasPrefix(h.Owner, "worker-8/") || h.Token != g.Token() || h.Token != 1 || !h.ExpiresAt.Equal(clock.Now().Add(ttl)) || !h.Since.Equal(clock.Now()) || h.Backend != "sqlite" || h.Name != name {
 			t.Errorf("Holder = %+v; want owner worker-8/…, token 1, expiry now+%v", *h, ttl)
 		}
-		sqliteRelease(t, g)
+		mustRelease(t, g)
 		if h, err := l.Holder(ctx); h != nil || err != nil {
 			t.Errorf("Holder after release: %+v, %v; want nil", h, err)
 		}
@@ -225,8 +195,8 @@ func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 	path, db := sqliteFile(t, "")
 	other := testdb.OpenSQLite(t, path, "")
 	ctx := context.Background()
-	stale := newSQLiteClock()
-	ahead := &sqliteClock{now: stale.Now().Add(time.Hour)}
+	stale := testdb.NewFakeClock()
+	ahead := testdb.FakeClockAt(stale.Now().Add(time.Hour))
 	const ttl = 3 * time.Second // renewals every second
 
 	t.Run("Lock", func(t *testing.T) {
@@ -240,13 +210,13 @@ func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 		if err != nil {
 			t.Fatalf("successor TryLock on an expired row: %v", err)
 		}
-		defer sqliteRelease(t, g2)
+		defer mustRelease(t, g2)
 		select {
 		case <-g.Lost():
 		case <-time.After(sqliteWait):
 			t.Fatal("Lost() did not close after the row was taken over")
 		}
-		sqliteRelease(t, g)
+		mustRelease(t, g)
 		h, err := successor.Holder(ctx)
 		if err != nil || h == nil {
 			t.Fatalf("successor's Holder after the stale Release: %+v, %v; want the successor", h, err)
@@ -269,7 +239,7 @@ func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 		if err != nil {
 			t.Fatalf("successor TryLock on an expired lease: %v", err)
 		}
-		defer sqliteRelease(t, g2)
+		defer mustRelease(t, g2)
 		if g2.Token() <= g.Token() {
 			t.Fatalf("successor token %d, want > %d", g2.Token(), g.Token())
 		}
@@ -281,7 +251,7 @@ func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 		if !g.IsLost() {
 			t.Error("IsLost() false after Lost() closed")
 		}
-		sqliteRelease(t, g)
+		mustRelease(t, g)
 		h, err := successor.Holder(ctx)
 		if err != nil || h == nil || h.Token != g2.Token() {
 			t.Fatalf("Holder after the stale Release: %+v, %v; want the successor's token %d", h, err, g2.Token())
@@ -344,7 +314,7 @@ func TestSQLiteLeaseGenerationsOnlyGoUp(t *testing.T) {
 		if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 			t.Fatalf("TryLock while held: %v, want ErrNotAcquired", err)
 		}
-		sqliteRelease(t, g)
+		mustRelease(t, g)
 		var owner sql.NullString
 		var gen int64
 		if err := db.QueryRow("SELECT owner, generation FROM advisorylock_leases WHERE name = ?", name).Scan(&owner, &gen); err != nil {
@@ -411,7 +381,7 @@ func TestSQLiteWeirdNamesAreData(t *testing.T) {
 		if h, err := l.Holder(ctx); err != nil || h == nil || h.Name != name {
 			t.Fatalf("Holder(%q): %+v, %v", name, h, err)
 		}
-		sqliteRelease(t, g)
+		mustRelease(t, g)
 
 		ll, err := advisorylock.NewLeaseLock(db, name)
 		if strings.ContainsRune(name, 0) || !utf8.ValidString(name) {
@@ -430,7 +400,7 @@ func TestSQLiteWeirdNamesAreData(t *testing.T) {
 		if h, err := ll.Holder(ctx); err != nil || h == nil || h.Token != lg.Token() {
 			t.Fatalf("LeaseLock Holder(%q): %+v, %v", name, h, err)
 		}
-		sqliteRelease(t, lg)
+		mustRelease(t, lg)
 	}
 	var tables int
 	if err := db.QueryRow("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'advisorylock\\_%' ESCAPE '\\'").Scan(&tables); err != nil || tables != 3 {
@@ -474,7 +444,7 @@ func TestSQLiteSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryLock with the tables dropped: %v", err)
 	}
-	sqliteRelease(t, g)
+	mustRelease(t, g)
 	if got := strings.Join(tables(), " "); got != want {
 		t.Fatalf("after TryLock: tables %q, want %q", got, want)
 	}
@@ -555,7 +525,7 @@ func TestSQLiteBusyIsWaitedOutNotReported(t *testing.T) {
 			if r.err != nil {
 				t.Fatalf("TryLock once the database was free: %v", r.err)
 			}
-			sqliteRelease(t, r.g)
+			mustRelease(t, r.g)
 			if isClosed(held.Lost()) {
 				t.Fatal("a lease renewed across a busy spell was reported lost")
 			}
@@ -577,7 +547,7 @@ func TestSQLiteBusyIsWaitedOutNotReported(t *testing.T) {
 			if h, err := l.Holder(ctx); h != nil || err != nil {
 				t.Errorf("after the busy attempts: holder %+v, %v; want a free lock", h, err)
 			}
-			sqliteRelease(t, held)
+			mustRelease(t, held)
 		})
 	}
 }
@@ -601,8 +571,8 @@ func TestSQLiteReleasedGuardLeavesNoGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second) // let the keepers renew
-	sqliteRelease(t, g)
-	sqliteRelease(t, lg)
+	mustRelease(t, g)
+	mustRelease(t, lg)
 	if err := l.Do(ctx, func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -699,56 +669,6 @@ type sqliteQuerier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// sqliteBenchJournals are the settings the benchmarks compare; the
-// driver's default busy_timeout (5s) is kept.
-var sqliteBenchJournals = []struct{ name, options string }{
-	{"rollback", ""},
-	{"wal", "_pragma=journal_mode(WAL)"},
-	{"wal-sync-normal", "_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"},
-}
-
-// BenchmarkSQLiteLockAcquireRelease measures one TryLock and Release of a
-// Lock (two write statements, and the keeper started and stopped).
-func BenchmarkSQLiteLockAcquireRelease(b *testing.B) {
-	for _, j := range sqliteBenchJournals {
-		b.Run(j.name, func(b *testing.B) {
-			_, db := sqliteFile(b, j.options)
-			l := sqliteLock(b, db, "bench")
-			ctx := context.Background()
-			for b.Loop() {
-				g, err := l.TryLock(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := g.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
-
-// BenchmarkSQLiteLeaseLockAcquireRelease measures one TryLock and Release
-// of a LeaseLock.
-func BenchmarkSQLiteLeaseLockAcquireRelease(b *testing.B) {
-	for _, j := range sqliteBenchJournals {
-		b.Run(j.name, func(b *testing.B) {
-			_, db := sqliteFile(b, j.options)
-			l := sqliteLeaseLock(b, db, "bench")
-			ctx := context.Background()
-			for b.Loop() {
-				g, err := l.TryLock(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := g.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
-
 // TestSQLiteContextEndingAtTheStatementGrantsNothingFalse races the
 // context's end against the acquire statement, on a lock nobody else
 // takes: every outcome must be a real grant or the context's error, never
@@ -772,7 +692,7 @@ func TestSQLiteContextEndingAtTheStatementGrantsNothingFalse(t *testing.T) {
 			if herr != nil || h == nil {
 				t.Fatalf("attempt %d: TryLock granted a guard, but the row is missing (holder %+v, %v)", i, h, herr)
 			}
-			sqliteRelease(t, g)
+			mustRelease(t, g)
 		case errors.Is(err, advisorylock.ErrNotAcquired):
 			t.Fatalf("attempt %d: %v on a lock nobody holds", i, err)
 		case errors.Is(err, context.DeadlineExceeded):

@@ -21,31 +21,37 @@ import (
 // discards, so the server ends the session and frees whatever it might
 // have granted.
 type connGuard struct {
-	conn  *sql.Conn
-	p     *pinned // conn, for statements sent through ask
+	p     *pinned
 	armed bool
 }
 
 // checkout takes a connection from db's pool for an acquire. A done
-// context returns its error before touching the pool. The checkout is
-// bounded by ctx even where opening a connection is not (see within); a
-// connection that arrives after ctx ended goes back to the pool.
-func checkout(ctx context.Context, db DB) (*connGuard, error) {
+// context returns its error before touching the pool. Where the driver
+// may not end a connection's startup when ctx ends (bounded), the checkout
+// goes through within; a connection that arrives after ctx ended goes back
+// to the pool.
+func checkout(ctx context.Context, db DB, bounded bool) (*connGuard, error) {
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
 	}
-	conn, err := within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
-		if late != nil {
-			recycle(late)
-		}
-	})
+	var conn *sql.Conn
+	var err error
+	if bounded {
+		conn, err = within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
+			if late != nil {
+				recycle(late)
+			}
+		})
+	} else {
+		conn, err = db.Conn(ctx)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
 		return nil, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
 	}
-	return &connGuard{conn: conn, p: &pinned{conn: conn}, armed: true}, nil
+	return &connGuard{p: &pinned{conn: conn, bounded: bounded}, armed: true}, nil
 }
 
 // settle discards the connection unless the outcome was made definite by
@@ -60,14 +66,14 @@ func (g *connGuard) settle() {
 // recycle returns the connection to the pool after a definite miss.
 func (g *connGuard) recycle() {
 	g.armed = false
-	recycle(g.conn)
+	recycle(g.p.conn)
 }
 
 // take disarms the guard and hands the connection to a lock holder, which
-// must later call recycle or discard.
-func (g *connGuard) take() *sql.Conn {
+// must later recycle or discard it.
+func (g *connGuard) take() *pinned {
 	g.armed = false
-	return g.conn
+	return g.p
 }
 
 // recycle returns a connection whose session holds none of our locks.
@@ -85,7 +91,7 @@ func discard(conn *sql.Conn) {
 // recycles it (or discards it when the unlock is not clean), the keep-alive
 // watcher marks the Guard lost when the session no longer holds the lock,
 // and a forgotten Guard discards it.
-func (l *Lock) holdSession(conn *sql.Conn, session int64) *Guard {
+func (l *Lock) holdSession(p *pinned, session int64) *Guard {
 	h := &hold{
 		name:  l.name,
 		key:   l.key,
@@ -93,7 +99,6 @@ func (l *Lock) holdSession(conn *sql.Conn, session int64) *Guard {
 		lost:  make(chan struct{}),
 		relTO: l.cfg.releaseTimeout,
 	}
-	p := &pinned{conn: conn}
 	stopWatch := func() {}
 	if l.cfg.keepAlive > 0 {
 		stopWatch = watchSession(h, l.session, p, l.cfg.keepAlive, l.cfg.releaseTimeout)
@@ -104,7 +109,7 @@ func (l *Lock) holdSession(conn *sql.Conn, session int64) *Guard {
 			p.discard()
 			return nil
 		}
-		res, err := ask(ctx, p, func() (SessionResult, error) { return l.session.UnlockSession(ctx, conn, l.key) })
+		res, err := ask(ctx, p, func() (SessionResult, error) { return l.session.UnlockSession(p.stmtCtx(ctx), p.conn, l.key) })
 		switch {
 		case err != nil:
 			p.discard()
@@ -115,7 +120,7 @@ func (l *Lock) holdSession(conn *sql.Conn, session int64) *Guard {
 		case !res.OK:
 			h.log("advisorylock: unlock found the lock not held by its session", "lock", l.name, "key", l.key)
 		}
-		recycle(conn)
+		recycle(p.conn)
 		return nil
 	}
 	h.forget = func() {
@@ -131,7 +136,27 @@ func (l *Lock) holdSession(conn *sql.Conn, session int64) *Guard {
 // again meanwhile (that would wait for the driver).
 type pinned struct {
 	conn      *sql.Conn
+	bounded   bool // statements go through within (see endsWithContext)
 	abandoned atomic.Bool
+}
+
+// endsWithContext reports whether b's driver ends a statement promptly
+// when its context ends, also on a dead network (pgx closes its socket).
+// Statements of other drivers go through within: lib/pq, for one, waits
+// for a cancel request that a dead network never delivers (lib/pq#620).
+func endsWithContext(b Backend) bool {
+	e, ok := b.(interface{ endsWithContext() bool })
+	return ok && e.endsWithContext()
+}
+
+// stmtCtx is the context for a statement that answers in one round trip.
+// Under within, the wait is bounded already, and a context that cannot end
+// spares the driver and database/sql a watcher goroutine each.
+func (p *pinned) stmtCtx(ctx context.Context) context.Context {
+	if p.bounded {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
 }
 
 // discard discards the connection unless ask already does.
@@ -141,10 +166,14 @@ func (p *pinned) discard() {
 	}
 }
 
-// ask runs stmt, a statement on p's connection, and waits for its answer
-// until ctx ends (see within); an abandoned statement's connection is
-// discarded when the statement returns.
+// ask runs stmt, a statement on p's connection. Where the driver may not
+// end it with ctx, it waits for the answer only until ctx ends (see
+// within), and an abandoned statement's connection is discarded when the
+// statement returns.
 func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, error) {
+	if !p.bounded {
+		return stmt()
+	}
 	return within(ctx, stmt, func() {
 		p.abandoned.Store(true)
 	}, func(T) { discard(p.conn) })
@@ -205,43 +234,41 @@ func within[T any](ctx context.Context, f func() (T, error), abandon func(), lat
 
 // watchSession checks every interval that the pinned connection's session
 // still holds the lock and marks h lost when it does not, or when a check
-// gets no answer within timeout (a dead network: see ask). The returned
-// stop ends the watcher and waits for it; a check in flight is answered
-// or abandoned first, within timeout plus answerGrace.
+// gets no answer within timeout (a dead network: see ask). The check runs
+// on a timer, so a held lock costs no goroutine between checks. The
+// returned stop ends the watcher; a check in flight is answered or
+// abandoned first (within timeout plus answerGrace), so the connection is
+// never left mid-statement.
 func watchSession(h *hold, s SessionLocker, p *pinned, every, timeout time.Duration) (stop func()) {
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			held, err := ask(ctx, p, func() (bool, error) { return s.HoldsSession(ctx, p.conn, h.key) })
-			cancel()
-			select {
-			case <-quit:
-				return
-			default:
-			}
-			if err == nil && held {
-				continue
-			}
-			if err == nil {
-				err = errors.New("session no longer holds it")
-			}
-			h.log("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", err)
-			h.markLost(fmt.Errorf("%w: %w", ErrLockLost, err))
+	var mu sync.Mutex // held by a check in flight
+	stopped := false
+	var t *time.Timer
+	check := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
 			return
 		}
-	}()
-	return sync.OnceFunc(func() {
-		close(quit)
-		<-done
-	})
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		held, err := ask(ctx, p, func() (bool, error) { return s.HoldsSession(ctx, p.conn, h.key) })
+		cancel()
+		if err == nil && held {
+			t.Reset(every)
+			return
+		}
+		if err == nil {
+			err = errors.New("session no longer holds it")
+		}
+		h.log("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", err)
+		h.markLost(fmt.Errorf("%w: %w", ErrLockLost, err))
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, check)
+	mu.Unlock()
+	return func() {
+		t.Stop()
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+	}
 }

@@ -343,11 +343,11 @@ func probePooler(ctx context.Context, db DB, s SessionLocker) (PoolerMode, strin
 // non-empty when it saw multiplexing. paired reports whether later rounds
 // should still try two connections.
 func probeRound(ctx context.Context, db DB, s SessionLocker, paired bool) (why string, stillPaired bool, err error) {
-	cg, err := checkout(ctx, db)
+	cg, err := checkout(ctx, db, !endsWithContext(s))
 	if err != nil {
 		return "", paired, err
 	}
-	a := cg.take() // the probe takes no lock: a always goes back to the pool
+	a := cg.take().conn // the probe takes no lock: a always goes back to the pool
 	defer recycle(a)
 	a1, why, err := sessionOf(ctx, s, a)
 	if why != "" || err != nil {

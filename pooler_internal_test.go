@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,7 +38,7 @@ func TestProbeRoundRate(t *testing.T) {
 				}
 			}
 			for _, busy := range []int{0, 2, 4} {
-				stop := keepBusy(t, bouncerDSN(drv, txDSN), drv, busy)
+				stop := testdb.KeepBusy(t, drv, bouncerDSN(drv, txDSN), busy)
 				paired := roundsSeeing(t, tx, drv, true, rounds)
 				single := roundsSeeing(t, tx, drv, false, rounds)
 				stop()
@@ -81,27 +80,6 @@ func roundsSeeing(t *testing.T, db *sql.DB, drv string, paired bool, n int) int 
 		}
 	}
 	return seen
-}
-
-// keepBusy runs clients goroutines, each on its own connection to dsn,
-// issuing short statements until stop is called.
-func keepBusy(t *testing.T, dsn, drv string, clients int) (stop func()) {
-	t.Helper()
-	db := testdb.OpenPostgresDSN(t, drv, dsn)
-	db.SetMaxOpenConns(clients)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range clients {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				_, _ = db.ExecContext(ctx, "SELECT pg_sleep(0.0002)")
-			}
-		})
-	}
-	return sync.OnceFunc(func() {
-		cancel()
-		wg.Wait()
-	})
 }
 
 // FuzzPoolerHint: PoolerHint never panics on any input, reports ok exactly

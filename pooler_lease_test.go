@@ -38,7 +38,7 @@ func TestLeaseLockThroughTransactionPool(t *testing.T) {
 			direct := testdb.OpenPostgres(t, "postgres")
 			a := testdb.OpenPostgresDSN(t, c.driver, dsn)
 			b := testdb.OpenPostgresDSN(t, c.driver, dsn)
-			keepPoolBusy(t, c.driver, dsn, testdb.PgBouncerPoolSize)
+			testdb.KeepBusy(t, c.driver, dsn, testdb.PgBouncerPoolSize)
 			name := testdb.UniqueName(t)
 			const ttl = time.Second
 			la := poolerLeaseLock(t, a, name, advisorylock.WithLeaseTTL(ttl))

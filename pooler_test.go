@@ -169,36 +169,13 @@ func TestDetectPoolerOneConnection(t *testing.T) {
 				t.Errorf("session pool: DetectPooler = %v, want %v", got, advisorylock.PoolerNotSeen)
 			}
 			txDSN, _ := testdb.PgBouncer(t)
-			stop := keepPoolBusy(t, drv, bouncerDSN(drv, txDSN), testdb.PgBouncerPoolSize+3)
+			stop := testdb.KeepBusy(t, drv, bouncerDSN(drv, txDSN), testdb.PgBouncerPoolSize+3)
 			defer stop()
 			if got := detect(t, tx); got != advisorylock.PoolerTransaction {
 				t.Errorf("busy transaction pool: DetectPooler = %v, want %v", got, advisorylock.PoolerTransaction)
 			}
 		})
 	}
-}
-
-// keepPoolBusy runs clients goroutines on their own connections to dsn,
-// each issuing short statements until stop is called.
-func keepPoolBusy(t *testing.T, drv, dsn string, clients int) (stop func()) {
-	t.Helper()
-	db := testdb.OpenPostgresDSN(t, drv, dsn)
-	db.SetMaxOpenConns(clients)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range clients {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				_, _ = db.ExecContext(ctx, "SELECT pg_sleep(0.0002)")
-			}
-		})
-	}
-	stop = sync.OnceFunc(func() {
-		cancel()
-		wg.Wait()
-	})
-	t.Cleanup(stop)
-	return stop
 }
 
 // TestDetectPoolerDoesNotWaitForASecondConnection: when the pool cannot

@@ -358,7 +358,7 @@ func TestSQLiteKilledHolderFreesTheLockAtExpiry(t *testing.T) {
 			if returned.Before(expiry) {
 				t.Fatalf("acquired at %v, before the dead holder's expiry %v", returned, expiry)
 			}
-			sqliteRelease(t, g)
+			mustRelease(t, g)
 			break
 		}
 		if !errors.Is(err, advisorylock.ErrNotAcquired) {
@@ -400,7 +400,7 @@ func TestSQLiteLiveHolderKeepsTheLockAcrossTTLs(t *testing.T) {
 			if !fileExists(job.file("releasing")) {
 				t.Fatalf("acquired %v after the helper took the lock, while it still held it", time.Since(start))
 			}
-			sqliteRelease(t, g)
+			mustRelease(t, g)
 			break
 		}
 		if !errors.Is(err, advisorylock.ErrNotAcquired) {

@@ -40,3 +40,6 @@ type SkewedClock time.Duration
 
 // Now returns time.Now() moved by the skew.
 func (s SkewedClock) Now() time.Time { return time.Now().Add(time.Duration(s)) }
+
+// FakeClockAt returns a FakeClock reading t.
+func FakeClockAt(t time.Time) *FakeClock { return &FakeClock{now: t} }

@@ -317,3 +317,27 @@ func (b *bouncerProc) kill() {
 		b.cmd = nil
 	}
 }
+
+// KeepBusy runs clients goroutines, each on its own connection to dsn,
+// sending short statements until the returned stop is called (also at
+// cleanup), so that a pooler in front of dsn is busy with other clients.
+func KeepBusy(t testing.TB, driverName, dsn string, clients int) (stop func()) {
+	t.Helper()
+	db := OpenPostgresDSN(t, driverName, dsn)
+	db.SetMaxOpenConns(clients)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				_, _ = db.ExecContext(ctx, "SELECT pg_sleep(0.0002)")
+			}
+		})
+	}
+	stop = sync.OnceFunc(func() {
+		cancel()
+		wg.Wait()
+	})
+	t.Cleanup(stop)
+	return stop
+}

@@ -45,28 +45,61 @@ func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 	return conn.QueryRowContext(ctx, "SELECT version()").Scan(&v) == nil && strings.Contains(v, "PostgreSQL")
 }
 
-// stmt returns the statement and its arguments: with literals, each %d in
-// form takes the next value; with parameters, each %d becomes $n.
-func (p *postgres) stmt(form string, vals ...any) (string, []any) {
-	if !p.params {
-		return fmt.Sprintf(form, vals...), nil
-	}
-	marks := make([]any, len(vals))
-	for i := range vals {
-		marks[i] = fmt.Sprintf("$%d", i+1)
-	}
-	return fmt.Sprintf(strings.ReplaceAll(form, "%d", "%s"), marks...), vals
+// keyedSQL is a session statement with integer values: the text around
+// them, and the same text with $1, $2, … in their places.
+type keyedSQL struct {
+	parts  []string
+	params string
 }
 
-func (p *postgres) sessionStatement(ctx context.Context, conn *sql.Conn, form string, vals ...any) (SessionResult, error) {
-	q, args := p.stmt(form, vals...)
+func keyed(parts ...string) keyedSQL {
+	var b strings.Builder
+	for i, part := range parts {
+		if i > 0 {
+			b.WriteString("$" + strconv.Itoa(i))
+		}
+		b.WriteString(part)
+	}
+	return keyedSQL{parts: parts, params: b.String()}
+}
+
+var (
+	sqlTryLock = keyed("SELECT pg_try_advisory_lock(", "), pg_backend_pid()")
+	sqlUnlock  = keyed("SELECT pg_advisory_unlock(", "), pg_backend_pid()")
+	sqlWait    = keyed("SELECT pg_advisory_lock(", ") IS NULL, pg_backend_pid() FROM (SELECT set_config('lock_timeout', (", ")::int::text, true)) AS bounded")
+)
+
+// text returns s with vals: as literals in the text (lib/pq sends a
+// statement with arguments as two round trips), or as arguments to the
+// constant text (pgx sends them in one, and caches the statement).
+func (p *postgres) text(s keyedSQL, vals ...int64) (string, []any) {
+	if p.params {
+		args := make([]any, len(vals))
+		for i, v := range vals {
+			args[i] = v
+		}
+		return s.params, args
+	}
+	var b strings.Builder
+	b.Grow(len(s.params) + 20*len(vals))
+	for i, part := range s.parts {
+		if i > 0 {
+			b.WriteString(strconv.FormatInt(vals[i-1], 10))
+		}
+		b.WriteString(part)
+	}
+	return b.String(), nil
+}
+
+func (p *postgres) sessionStatement(ctx context.Context, conn *sql.Conn, s keyedSQL, key int64) (SessionResult, error) {
+	q, args := p.text(s, key)
 	var r SessionResult
 	err := conn.QueryRowContext(ctx, q, args...).Scan(&r.OK, &r.Session)
 	return r, err
 }
 
 func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	return p.sessionStatement(ctx, conn, "SELECT pg_try_advisory_lock(%d), pg_backend_pid()", key)
+	return p.sessionStatement(ctx, conn, sqlTryLock, key)
 }
 
 // WaitLockSession waits in pg_advisory_lock bounded by a transaction-local
@@ -75,8 +108,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 // while the session-level lock, if granted, stays. A lock_timeout (55P03)
 // is a definite miss on a healthy connection.
 func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
-	ms := max(slice.Milliseconds(), 1)
-	q, args := p.stmt("SELECT pg_advisory_lock(%d) IS NULL, pg_backend_pid() FROM (SELECT set_config('lock_timeout', (%d)::int::text, true)) AS bounded", key, ms)
+	q, args := p.text(sqlWait, key, max(slice.Milliseconds(), 1))
 	var r SessionResult
 	var void bool
 	err := conn.QueryRowContext(ctx, q, args...).Scan(&void, &r.Session)
@@ -91,7 +123,7 @@ func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int6
 }
 
 func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	return p.sessionStatement(ctx, conn, "SELECT pg_advisory_unlock(%d), pg_backend_pid()", key)
+	return p.sessionStatement(ctx, conn, sqlUnlock, key)
 }
 
 // advisoryWhere matches a granted advisory lock on a bigint key in pg_locks:

@@ -116,6 +116,9 @@ func quoteName(name string) string {
 // sqlState returns the SQLSTATE of a driver error (lib/pq and pgx both
 // expose SQLState), or "".
 func sqlState(err error) string {
+	if err == nil {
+		return ""
+	}
 	var s interface{ SQLState() string }
 	if errors.As(err, &s) {
 		return s.SQLState()

@@ -116,13 +116,18 @@ type leaseState struct {
 // (or host:pid) and a random suffix, so no two acquires share an owner.
 func ownerLabel(label string) string {
 	if label == "" {
-		host, _ := os.Hostname()
-		label = host + ":" + strconv.Itoa(os.Getpid())
+		label = hostPID()
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return label + "/" + hex.EncodeToString(b[:])
 }
+
+// hostPID is this process's default owner label, host:pid.
+var hostPID = sync.OnceValue(func() string {
+	host, _ := os.Hostname()
+	return host + ":" + strconv.Itoa(os.Getpid())
+})
 
 // acquireLease takes a lease row: one attempt, or (wait) polling until
 // budget ends. A poll reads before it writes, so many waiters do not fight
@@ -342,6 +347,7 @@ func (l *Lock) rowRequest(owner string) LeaseRequest {
 type LeaseLock struct {
 	db    DB
 	name  string
+	key   int64
 	cfg   config
 	store LeaseStore
 }
@@ -361,7 +367,7 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 	if err != nil {
 		return nil, wrapErr(name, "new lease", err)
 	}
-	return &LeaseLock{db: db, name: name, cfg: cfg, store: store}, nil
+	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, store: store}, nil
 }
 
 // storableName refuses names a text column cannot hold.
@@ -414,7 +420,7 @@ func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGua
 }
 
 func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard, error) {
-	req := LeaseRequest{Kind: KindLease, Name: l.name, Key: Key(l.name)}
+	req := LeaseRequest{Kind: KindLease, Name: l.name, Key: l.key}
 	s, err := acquireLease(ctx, budget, l.store, l.db, &l.cfg, req, wait, func(t FencingToken) error {
 		return &LeaseLostError{Name: l.name, Token: t}
 	})
@@ -428,9 +434,9 @@ func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard
 // Holder reports who holds the lease now, or nil when it is free or
 // expired.
 func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
-	h, err := l.store.LeaseHolder(ctx, l.db, LeaseRequest{Kind: KindLease, Name: l.name, Key: Key(l.name), Now: l.cfg.clock.Now()})
+	h, err := l.store.LeaseHolder(ctx, l.db, LeaseRequest{Kind: KindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
 	if h != nil {
-		h.Name, h.Key = l.name, Key(l.name)
+		h.Name, h.Key = l.name, l.key
 	}
 	return h, wrapErr(l.name, "holder", err)
 }

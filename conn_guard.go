@@ -266,9 +266,9 @@ func watchSession(h *hold, s SessionLocker, p *pinned, every, timeout time.Durat
 	t = time.AfterFunc(every, check)
 	mu.Unlock()
 	return func() {
-		t.Stop()
-		mu.Lock()
+		mu.Lock() // waits for a check in flight, which may re-arm t
 		stopped = true
+		t.Stop()
 		mu.Unlock()
 	}
 }

@@ -133,7 +133,9 @@ func (l *Lock) Key() int64 { return l.key }
 // TryLock makes one attempt and returns a Guard, or an error matching
 // ErrNotAcquired when the lock is held elsewhere. A done ctx returns its
 // error without touching the pool; the pool checkout waits as long as ctx
-// allows.
+// allows. If ctx ends during the acquire, even as the lock is granted, the
+// acquire returns ctx's error and closes its connection, which frees the
+// lock: a cancelled acquire never leaves a lock held.
 func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 	g, err := l.acquire(ctx, ctx, false)
 	return g, wrapErr(l.name, "try lock", err)
@@ -216,6 +218,12 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 			return nil, context.Cause(budget)
 		}
 		return nil, ErrNotAcquired
+	}
+	if ctx.Err() != nil {
+		// Cancelled as it was granted: the caller has gone, and a driver
+		// may have given up on the connection (lib/pq closes it). The
+		// armed guard discards it, which frees the lock.
+		return nil, context.Cause(ctx)
 	}
 	return l.holdSession(cg.take(), res.Session), nil
 }

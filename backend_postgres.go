@@ -105,17 +105,23 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 // WaitLockSession waits in pg_advisory_lock bounded by a transaction-local
 // lock_timeout, set in a subquery that runs first: one statement, one round
 // trip, and the setting ends with the statement's implicit transaction
-// while the session-level lock, if granted, stays. A lock_timeout (55P03)
-// is a definite miss on a healthy connection.
+// while the session-level lock, if granted, stays.
+//
+// A lock_timeout (55P03) leaves the connection healthy, but it is not by
+// itself a miss: when the lock is granted at the moment the timeout fires,
+// PostgreSQL keeps the grant and still fails the statement (its lock error
+// cleanup remembers a lock it was granted while giving up). So a timeout
+// costs one more round trip, to ask whether the session holds the lock;
+// if it does, that is a grant.
 func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
 	q, args := p.text(sqlWait, key, max(slice.Milliseconds(), 1))
 	var r SessionResult
 	var void bool
 	err := conn.QueryRowContext(ctx, q, args...).Scan(&void, &r.Session)
+	if sqlState(err) == "55P03" {
+		return p.holds(ctx, conn, key)
+	}
 	if err != nil {
-		if sqlState(err) == "55P03" {
-			return SessionResult{}, nil
-		}
 		return SessionResult{}, err
 	}
 	r.OK = true
@@ -134,9 +140,15 @@ func advisoryWhere(key int64) string {
 }
 
 func (p *postgres) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (bool, error) {
-	var held bool
-	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.pid = pg_backend_pid())").Scan(&held)
-	return held, err
+	r, err := p.holds(ctx, conn, key)
+	return r.OK, err
+}
+
+// holds reports whether conn's session holds key, and which session it is.
+func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+	var r SessionResult
+	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.pid = pg_backend_pid()), pg_backend_pid()").Scan(&r.OK, &r.Session)
+	return r, err
 }
 
 func (p *postgres) SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error) {

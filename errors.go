@@ -41,6 +41,7 @@ type TimeoutError struct {
 	Waited time.Duration // how long the acquire ran
 }
 
+// Error names the lock and how long the acquire waited.
 func (e *TimeoutError) Error() string {
 	return fmt.Sprintf("advisorylock: lock %s: not acquired within %s", quoteName(e.Name), e.Waited.Round(time.Millisecond))
 }
@@ -55,6 +56,7 @@ type LeaseLostError struct {
 	Token FencingToken // the token of the lost grant
 }
 
+// Error names the lease and the token of the lost grant.
 func (e *LeaseLostError) Error() string {
 	return fmt.Sprintf("advisorylock: lease %s (token %d): lost", quoteName(e.Name), e.Token)
 }
@@ -72,6 +74,7 @@ type StaleTokenError struct {
 	Highest  FencingToken // the highest token admitted so far
 }
 
+// Error names the resource, the refused token and the highest admitted.
 func (e *StaleTokenError) Error() string {
 	return fmt.Sprintf("advisorylock: resource %s: stale fencing token %d (highest admitted %d)", quoteName(e.Resource), e.Token, e.Highest)
 }

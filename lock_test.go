@@ -174,6 +174,41 @@ func TestLockWaitsServerSideAndHandsOff(t *testing.T) {
 	}
 }
 
+// eventually polls cond until it holds or wait passes.
+func eventually(cond func() bool) bool {
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// describeHolders says which sessions hold the named lock, for failures.
+func describeHolders(t testing.TB, name string) string {
+	admin := testdb.OpenPostgres(t, "postgres")
+	k := uint64(advisorylock.Key(name))
+	rows, err := admin.Query(fmt.Sprintf(`SELECT l.pid, coalesce(a.state, '?'), coalesce(a.query, '?'), coalesce(a.backend_start::text, '?'), coalesce(a.state_change::text, '?')
+		FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %d AND l.objid = %d AND l.objsubid = 1`, k>>32, k&0xFFFFFFFF))
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var pid int
+		var state, query, started, changed string
+		if err := rows.Scan(&pid, &state, &query, &started, &changed); err != nil {
+			return err.Error()
+		}
+		out = append(out, fmt.Sprintf("pid %d state %s since %s (session from %s) last query %q", pid, state, changed, started, query))
+	}
+	return strings.Join(out, "; ")
+}
+
 // waitingOn counts sessions waiting in pg_locks for the named lock.
 func waitingOn(t testing.TB, db *sql.DB, name string) int {
 	k := uint64(advisorylock.Key(name))
@@ -412,7 +447,9 @@ func TestCancelHammerLeavesNothingBehind(t *testing.T) {
 			}
 			wg.Wait()
 			for _, n := range names {
-				testdb.WaitFor(t, wait, func() bool { return locksHeld(t, db, n) == 0 }, "lock %q left held after the hammer", n)
+				if !eventually(func() bool { return locksHeld(t, db, n) == 0 }) {
+					t.Fatalf("lock %q left held after the hammer by: %s", n, describeHolders(t, n))
+				}
 			}
 			if s := db.Stats(); s.InUse != 0 {
 				t.Fatalf("%d connections left checked out", s.InUse)

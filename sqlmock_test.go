@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/advisorylock/advisorylock"
@@ -126,5 +127,46 @@ func TestUnlockNotHeldWarnsAndRecycles(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "not held") || db.Stats().Idle != 1 {
 		t.Fatalf("want a warning and a recycled connection; log %q, stats %+v", logs.String(), db.Stats())
+	}
+}
+
+// pgError carries a SQLSTATE as lib/pq's and pgx's errors do.
+type pgError string
+
+func (e pgError) Error() string    { return "SQLSTATE " + string(e) }
+func (e pgError) SQLState() string { return string(e) }
+
+// PostgreSQL keeps a lock granted at the moment a lock_timeout fires and
+// still fails the statement with 55P03; the session then holds the lock.
+// A timed-out slice must therefore ask, and take such a lock as granted
+// rather than pool a connection that holds it.
+func TestLockTimeoutRacingAGrantIsAGrant(t *testing.T) {
+	l, _, mock := mockLock(t, advisorylock.WithKeepAlive(0))
+	mock.ExpectQuery("pg_advisory_lock").WillReturnError(pgError("55P03"))
+	mock.ExpectQuery("pg_locks").WillReturnRows(lockRows(true, 7))
+	mock.ExpectQuery("pg_advisory_unlock").WillReturnRows(lockRows(true, 7))
+	g, err := l.LockTimeout(context.Background(), 50*time.Millisecond)
+	if err != nil {
+		t.Fatalf("LockTimeout whose timeout raced the grant = %v, want the lock", err)
+	}
+	mustRelease(t, g)
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLockTimeoutNotGrantedRecyclesTheConnection(t *testing.T) {
+	l, db, mock := mockLock(t)
+	mock.ExpectQuery("pg_advisory_lock").WillDelayFor(60 * time.Millisecond).WillReturnError(pgError("55P03"))
+	mock.ExpectQuery("pg_locks").WillReturnRows(lockRows(false, 7))
+	_, err := l.LockTimeout(context.Background(), 50*time.Millisecond)
+	if !errors.Is(err, advisorylock.ErrTimeout) {
+		t.Fatalf("LockTimeout = %v, want ErrTimeout", err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
+	}
+	if s := db.Stats(); s.Idle != 1 {
+		t.Fatalf("a definite miss must recycle the connection: %+v", s)
 	}
 }

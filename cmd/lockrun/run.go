@@ -195,6 +195,11 @@ func acquireTelling(ctx context.Context, t target, o *options, say *reporter) (*
 		}
 		return h, err
 	}
+	// One attempt first: a lock taken at once has no wait to report (and a
+	// report racing the grant would name this process as the holder).
+	if h, err := t.acquire(ctx, 0); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		return h, err
+	}
 	wctx, stop := context.WithCancel(ctx)
 	told := make(chan struct{})
 	go func() {

@@ -1086,14 +1086,7 @@ func startPGLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() tim
 			l.wg.Go(func() { sessionWorker(ctx, lock, sessionSecs, l.session, hold) })
 		}
 		for range leaseWorkers {
-			ll, err := advisorylock.NewLeaseLock(db, l.leaseName, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := advisorylock.NewFence(db, l.leaseName)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ll, f := fencedLease(t, db, l.leaseName, opts...)
 			l.wg.Go(func() { leaseWorker(ctx, ll, f, db, l.counter, leaseSecs, l.lease) })
 		}
 	}
@@ -1206,4 +1199,19 @@ func TestNetworkCutsUnderLoad(t *testing.T) {
 	l.check(t)
 	t.Logf("Lock workers: %v", l.session)
 	t.Logf("lease workers: %v", l.lease)
+}
+
+// fencedLease returns a LeaseLock on name and the Fence that guards its
+// writes, both on db.
+func fencedLease(t testing.TB, db *sql.DB, name string, opts ...advisorylock.Option) (*advisorylock.LeaseLock, *advisorylock.Fence) {
+	t.Helper()
+	ll, err := advisorylock.NewLeaseLock(db, name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := advisorylock.NewFence(db, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ll, f
 }

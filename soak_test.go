@@ -182,14 +182,7 @@ func startSQLiteLoad(t *testing.T, lockWorkers, leaseWorkers int) *sqliteLoad {
 			l.wg.Go(func() { l.lockWorker(ctx, lock, db, lockSecs) })
 		}
 		for range leaseWorkers {
-			ll, err := advisorylock.NewLeaseLock(db, l.leaseName, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := advisorylock.NewFence(db, l.leaseName)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ll, f := fencedLease(t, db, l.leaseName, opts...)
 			l.wg.Go(func() { leaseWorker(ctx, ll, f, db, l.fenced, leaseSecs, l.lease) })
 		}
 	}

@@ -138,6 +138,7 @@ func counted(ctx context.Context, c *testdb.Counter, db *sql.DB, work func() err
 
 // fencedWrite bumps the counter and logs the write in one transaction
 // that Fence.Admit opens with the token: a stale token rolls it back.
+// With a nil counter the transaction only passes token through f.
 func fencedWrite(ctx context.Context, db *sql.DB, f *advisorylock.Fence, c *testdb.Counter, token advisorylock.FencingToken) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -146,6 +147,9 @@ func fencedWrite(ctx context.Context, db *sql.DB, f *advisorylock.Fence, c *test
 	defer tx.Rollback()
 	if err := f.Admit(ctx, tx, token); err != nil {
 		return err
+	}
+	if c == nil {
+		return tx.Commit()
 	}
 	if err := c.Bump(ctx, tx); err != nil {
 		return err
@@ -850,11 +854,11 @@ func TestServerRestart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := admitOnly(ctx, successor, f, ng.Token()); err != nil {
+			if err := fencedWrite(ctx, successor, f, nil, ng.Token()); err != nil {
 				t.Fatalf("successor's write: %v", err)
 			}
 			var stale *advisorylock.StaleTokenError
-			if err := admitOnly(ctx, successor, f, lg.Token()); !errors.As(err, &stale) || stale.Highest != ng.Token() {
+			if err := fencedWrite(ctx, successor, f, nil, lg.Token()); !errors.As(err, &stale) || stale.Highest != ng.Token() {
 				t.Fatalf("the lost holder's write = %v, want *StaleTokenError with highest %d", err, ng.Token())
 			}
 			if err := lg.Release(ctx); err != nil {
@@ -868,19 +872,6 @@ func TestServerRestart(t *testing.T) {
 		}
 		checkLeaks(t, leakCheck{db: admin, leases: leaseNames, pools: append(pools, successor)})
 	})
-}
-
-// admitOnly runs a transaction that only passes token through f.
-func admitOnly(ctx context.Context, db *sql.DB, f *advisorylock.Fence, token advisorylock.FencingToken) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if err := f.Admit(ctx, tx, token); err != nil {
-		return err
-	}
-	return tx.Commit()
 }
 
 // TestNetworkCutLosesLocksBeforeExpiry cuts the network (a proxy that
@@ -920,7 +911,7 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := admitOnly(ctx, db, f, lg.Token()); err != nil {
+			if err := fencedWrite(ctx, db, f, nil, lg.Token()); err != nil {
 				t.Fatalf("write before the cut: %v", err)
 			}
 
@@ -985,14 +976,14 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := admitOnly(ctx, admin, nf, ng.Token()); err != nil {
+			if err := fencedWrite(ctx, admin, nf, nil, ng.Token()); err != nil {
 				t.Fatalf("successor's write: %v", err)
 			}
 
 			proxy.Heal()
 			var stale *advisorylock.StaleTokenError
 			testdb.WaitFor(t, wait, func() bool {
-				err = admitOnly(ctx, db, f, lg.Token())
+				err = fencedWrite(ctx, db, f, nil, lg.Token())
 				return err == nil || errors.As(err, &stale) // else a connection that died in the cut: try again
 			}, "the fenced write never got an answer after the heal: %v", err)
 			if !errors.As(err, &stale) || stale.Highest != ng.Token() {
@@ -1134,18 +1125,25 @@ func (l *pgLoad) halt(t *testing.T) {
 	for _, s := range l.secs {
 		s.settle()
 	}
-	st, err := l.counter.State(context.Background(), l.admin)
+	checkFenced(t, l.admin, false, l.counter, l.leaseName, l.lease)
+}
+
+// fenceViolations counts what a fenced load's log shows into f.
+// checkFenced reads counter c, whose writes the Fence of resource
+// guarded, and counts its violations into f.
+func checkFenced(t *testing.T, admin *sql.DB, sqlite bool, c *testdb.Counter, resource string, f *figures) {
+	t.Helper()
+	st, err := c.State(context.Background(), admin)
 	if err != nil {
 		t.Fatal(err)
 	}
 	top := int64(0)
 	if st.Writes > 0 {
-		top = fenceToken(t, l.admin, false, l.leaseName)
+		top = fenceToken(t, admin, sqlite, resource)
 	}
-	fenceViolations(t, l.lease, st, top)
+	fenceViolations(t, f, st, top)
 }
 
-// fenceViolations counts what a fenced load's log shows into f.
 func fenceViolations(t *testing.T, f *figures, st testdb.CounterState, top int64) {
 	t.Helper()
 	if st.Regressions != 0 {

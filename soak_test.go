@@ -232,15 +232,7 @@ func (l *sqliteLoad) halt(t *testing.T) {
 		l.lock.violations.Add(1)
 		t.Logf("VIOLATION: SQLite counter %d after %d bumps; %d overlapping holders seen, %d inside at the end", s.N, l.bumps.Load(), s.Violations, s.Holders)
 	}
-	f, err := l.fenced.State(ctx, l.admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	top := int64(0)
-	if f.Writes > 0 {
-		top = fenceToken(t, l.admin, true, l.leaseName)
-	}
-	fenceViolations(t, l.lease, f, top)
+	checkFenced(t, l.admin, true, l.fenced, l.leaseName, l.lease)
 }
 
 // check checks a halted load: no violation, nothing left held.

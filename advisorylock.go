@@ -191,18 +191,17 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if l.rows != nil {
 		return l.acquireRow(ctx, budget, wait)
 	}
-	cg, err := checkout(budget, l.db, l.bounded)
+	s := &sessionHold{l: l, p: pinned{bounded: l.bounded}}
+	cg, err := checkout(budget, l.db, &s.p)
 	if err != nil {
 		return nil, err
 	}
 	defer cg.settle()
-	var res SessionResult
-	if !wait {
-		res, err = ask(ctx, cg.p, func() (SessionResult, error) {
-			return l.session.TryLockSession(cg.p.stmtCtx(ctx), cg.p.conn, l.key)
-		})
-	} else {
-		res, err = l.waitSession(ctx, budget, cg.p)
+	// Lock tries first too: a free lock costs the one cheap statement, and
+	// only a held one starts the server-side wait.
+	res, err := s.p.session(ctx, l.session, opTry, l.key)
+	if wait && err == nil && !res.OK {
+		res, err = l.waitSession(ctx, budget, &s.p)
 	}
 	if err != nil { // say why first; keep the driver's error reachable
 		if ctx.Err() != nil {
@@ -225,7 +224,8 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 		// armed guard discards it, which frees the lock.
 		return nil, context.Cause(ctx)
 	}
-	return l.holdSession(cg.take(), res.Session), nil
+	cg.take()
+	return s.grant(res.Session), nil
 }
 
 // maxSlice bounds each server-side wait: no waiting statement holds a
@@ -328,17 +328,27 @@ type Guard struct {
 // hold is a Guard's state. It never points back at its Guard, so the
 // Guard can become unreachable while its watcher still runs.
 type hold struct {
-	name     string
-	key      int64
-	log      func(msg string, args ...any)
-	lost     chan struct{}
-	lostOnce sync.Once
-	lostErr  error
-	release  func(ctx context.Context) error
-	forget   func() // frees what a forgotten guard holds, without I/O waits
-	mu       sync.Mutex
+	name  string
+	key   int64
+	log   func(msg string, args ...any)
+	relTO time.Duration
+	end   holdEnd
+
+	mu       sync.Mutex // serializes the release and the cleanup
 	released bool
-	relTO    time.Duration
+
+	lostMu   sync.Mutex
+	lostCh   chan struct{} // made on first use: most holds are never asked
+	isGone   bool
+	lostErr  error
+	lostFunc func(error) // called by markLost (see onLost)
+}
+
+// holdEnd ends a hold: release frees the lock; forget frees what a
+// forgotten Guard holds without waiting on I/O (it runs in a cleanup).
+type holdEnd interface {
+	release(ctx context.Context) error
+	forget()
 }
 
 func newGuard(h *hold) *Guard {
@@ -356,7 +366,7 @@ func (g *Guard) Key() int64 { return g.h.key }
 // Lost returns a channel that is closed when the lock is known lost: its
 // session is gone, or its lease row expired or was taken over. It stays
 // open after a normal Release.
-func (g *Guard) Lost() <-chan struct{} { return g.h.lost }
+func (g *Guard) Lost() <-chan struct{} { return g.h.lost() }
 
 // Release frees the lock. It runs on its own context bounded by
 // WithReleaseTimeout, keeping only ctx's values, so a caller whose context
@@ -376,9 +386,12 @@ func (h *hold) doRelease(ctx context.Context) error {
 		return nil
 	}
 	h.released = true
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.relTO)
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	rctx, cancel := context.WithTimeout(ctx, h.relTO)
 	defer cancel()
-	return wrapErr(h.name, "release", h.release(rctx))
+	return wrapErr(h.name, "release", h.end.release(rctx))
 }
 
 // forgotten runs when a Guard became unreachable without Release.
@@ -390,47 +403,71 @@ func (h *hold) forgotten() {
 	}
 	h.released = true
 	h.log("advisorylock: guard was never released; freeing the lock", "lock", h.name, "key", h.key)
-	h.forget()
+	h.end.forget()
 }
 
-// markLost closes lost once and records why.
-func (h *hold) markLost(err error) {
-	h.lostOnce.Do(func() {
-		h.lostErr = err
-		close(h.lost)
-	})
-}
-
-func (h *hold) isLost() bool {
-	select {
-	case <-h.lost:
-		return true
-	default:
-		return false
+// lost returns the channel that markLost closes.
+func (h *hold) lost() <-chan struct{} {
+	h.lostMu.Lock()
+	defer h.lostMu.Unlock()
+	if h.lostCh == nil {
+		h.lostCh = make(chan struct{})
+		if h.isGone {
+			close(h.lostCh)
+		}
 	}
+	return h.lostCh
+}
+
+// markLost marks the hold lost, once, and records why.
+func (h *hold) markLost(err error) {
+	h.lostMu.Lock()
+	if h.isGone {
+		h.lostMu.Unlock()
+		return
+	}
+	h.isGone, h.lostErr = true, err
+	if h.lostCh != nil {
+		close(h.lostCh)
+	}
+	f := h.lostFunc
+	h.lostMu.Unlock()
+	if f != nil {
+		f(err)
+	}
+}
+
+// onLost makes markLost call f with its error (at once if the hold is
+// lost already), until onLost(nil): what Do uses to cancel fn's context,
+// without a goroutine to watch the lost channel. f must not block.
+func (h *hold) onLost(f func(error)) {
+	h.lostMu.Lock()
+	h.lostFunc = f
+	gone, why := h.isGone, h.lostErr
+	h.lostMu.Unlock()
+	if gone && f != nil {
+		f(why)
+	}
+}
+
+// isLost reports whether markLost ran, and with what.
+func (h *hold) isLost() (bool, error) {
+	h.lostMu.Lock()
+	defer h.lostMu.Unlock()
+	return h.isGone, h.lostErr
 }
 
 // run runs fn under the guard and releases it afterwards, also when fn
 // panics (the release runs as the panic unwinds).
 func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
-	watched := make(chan struct{})
-	stop := make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case <-g.h.lost:
-			cancel(g.h.lostErr)
-		case <-stop:
-		}
-	}()
+	g.h.onLost(cancel)
 	defer func() {
-		close(stop)
-		<-watched
+		g.h.onLost(nil)
 		cancel(nil)
 		relErr := g.Release(ctx)
-		if g.h.isLost() && (err == nil || errors.Is(err, context.Canceled)) {
-			err = wrapErr(g.h.name, "run", g.h.lostErr)
+		if gone, why := g.h.isLost(); gone && (err == nil || errors.Is(err, context.Canceled)) {
+			err = wrapErr(g.h.name, "run", why)
 		} else if err == nil {
 			err = relErr
 		}

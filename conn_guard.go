@@ -25,18 +25,18 @@ type connGuard struct {
 	armed bool
 }
 
-// checkout takes a connection from db's pool for an acquire. A done
-// context returns its error before touching the pool. Where the driver
-// may not end a connection's startup when ctx ends (bounded), the checkout
-// goes through within; a connection that arrives after ctx ended goes back
-// to the pool.
-func checkout(ctx context.Context, db DB, bounded bool) (*connGuard, error) {
+// checkout takes a connection from db's pool into p for an acquire. A
+// done context returns its error before touching the pool. Where the
+// driver may not end a connection's startup when ctx ends (p.bounded),
+// the checkout goes through within; a connection that arrives after ctx
+// ended goes back to the pool.
+func checkout(ctx context.Context, db DB, p *pinned) (connGuard, error) {
 	if ctx.Err() != nil {
-		return nil, context.Cause(ctx)
+		return connGuard{}, context.Cause(ctx)
 	}
 	var conn *sql.Conn
 	var err error
-	if bounded {
+	if p.bounded && ctx.Done() != nil {
 		conn, err = within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
 			if late != nil {
 				recycle(late)
@@ -47,11 +47,12 @@ func checkout(ctx context.Context, db DB, bounded bool) (*connGuard, error) {
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			return connGuard{}, context.Cause(ctx)
 		}
-		return nil, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+		return connGuard{}, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
 	}
-	return &connGuard{p: &pinned{conn: conn, bounded: bounded}, armed: true}, nil
+	p.conn = conn
+	return connGuard{p: p, armed: true}, nil
 }
 
 // settle discards the connection unless the outcome was made definite by
@@ -69,12 +70,9 @@ func (g *connGuard) recycle() {
 	recycle(g.p.conn)
 }
 
-// take disarms the guard and hands the connection to a lock holder, which
-// must later recycle or discard it.
-func (g *connGuard) take() *pinned {
-	g.armed = false
-	return g.p
-}
+// take disarms the guard: the connection now belongs to a lock holder,
+// which must later recycle or discard it.
+func (g *connGuard) take() { g.armed = false }
 
 // recycle returns a connection whose session holds none of our locks.
 func recycle(conn *sql.Conn) { _ = conn.Close() }
@@ -86,48 +84,98 @@ func discard(conn *sql.Conn) {
 	_ = conn.Close() // sql.ErrConnDone: Raw has closed it already
 }
 
-// holdSession hands a connection whose session now holds l's lock to a new
-// Guard. From here on the Guard owns the connection: Release unlocks and
-// recycles it (or discards it when the unlock is not clean), the keep-alive
-// watcher marks the Guard lost when the session no longer holds the lock,
-// and a forgotten Guard discards it.
-func (l *Lock) holdSession(p *pinned, session int64) *Guard {
-	h := &hold{
-		name:  l.name,
-		key:   l.key,
-		log:   l.cfg.log().Warn,
-		lost:  make(chan struct{}),
-		relTO: l.cfg.releaseTimeout,
-	}
-	stopWatch := func() {}
+// sessionHold is a held session lock: the Guard's hold, the connection
+// whose session holds the lock, and its keep-alive watcher. From the grant
+// on it owns the connection: release unlocks and recycles it (or discards
+// it when the unlock is not clean), the watcher marks the hold lost when
+// the session no longer holds the lock, and a forgotten Guard discards it.
+// One allocation serves the whole hold.
+type sessionHold struct {
+	hold
+	l       *Lock
+	p       pinned
+	session int64 // the server session that granted it; 0 if unknown
+
+	watchMu sync.Mutex // held by a keep-alive check in flight
+	stopped bool
+	timer   *time.Timer
+}
+
+// grant turns s, whose connection's session now holds l's lock, into a
+// Guard.
+func (s *sessionHold) grant(session int64) *Guard {
+	l := s.l
+	s.hold = hold{name: l.name, key: l.key, log: l.cfg.log().Warn, relTO: l.cfg.releaseTimeout, end: s}
+	s.session = session
 	if l.cfg.keepAlive > 0 {
-		stopWatch = watchSession(h, l.session, p, l.cfg.keepAlive, l.cfg.releaseTimeout)
+		s.watchMu.Lock()
+		s.timer = time.AfterFunc(l.cfg.keepAlive, s.check)
+		s.watchMu.Unlock()
 	}
-	h.release = func(ctx context.Context) error {
-		stopWatch()
-		if h.isLost() {
-			p.discard()
-			return nil
-		}
-		res, err := ask(ctx, p, func() (SessionResult, error) { return l.session.UnlockSession(p.stmtCtx(ctx), p.conn, l.key) })
-		switch {
-		case err != nil:
-			p.discard()
-			return err
-		case session != 0 && res.Session != 0 && res.Session != session:
-			p.discard()
-			return fmt.Errorf("%w: acquired on server session %d, released on %d", ErrTransactionPooler, session, res.Session)
-		case !res.OK:
-			h.log("advisorylock: unlock found the lock not held by its session", "lock", l.name, "key", l.key)
-		}
-		recycle(p.conn)
+	return newGuard(&s.hold)
+}
+
+func (s *sessionHold) release(ctx context.Context) error {
+	s.stopWatch()
+	if gone, _ := s.isLost(); gone {
+		s.p.discard()
 		return nil
 	}
-	h.forget = func() {
-		stopWatch()
-		p.discard()
+	res, err := s.p.session(ctx, s.l.session, opUnlock, s.key)
+	switch {
+	case err != nil:
+		s.p.discard()
+		return err
+	case s.session != 0 && res.Session != 0 && res.Session != s.session:
+		s.p.discard()
+		return fmt.Errorf("%w: acquired on server session %d, released on %d", ErrTransactionPooler, s.session, res.Session)
+	case !res.OK:
+		s.log("advisorylock: unlock found the lock not held by its session", "lock", s.name, "key", s.key)
 	}
-	return newGuard(h)
+	recycle(s.p.conn)
+	return nil
+}
+
+func (s *sessionHold) forget() {
+	s.stopWatch()
+	s.p.discard()
+}
+
+// check is the keep-alive: it runs every keepAlive on a timer (a held lock
+// costs no goroutine between checks), asks whether the session still
+// holds the lock, and marks the hold lost when it does not, or when the
+// check gets no answer within the release timeout (a dead network: see
+// ask).
+func (s *sessionHold) check() {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
+	held, err := ask(ctx, &s.p, func() (bool, error) { return s.l.session.HoldsSession(ctx, s.p.conn, s.key) })
+	cancel()
+	if err == nil && held {
+		s.timer.Reset(s.l.cfg.keepAlive)
+		return
+	}
+	if err == nil {
+		err = errors.New("session no longer holds it")
+	}
+	s.log("advisorylock: lock lost", "lock", s.name, "key", s.key, "err", err)
+	s.markLost(fmt.Errorf("%w: %w", ErrLockLost, err))
+}
+
+// stopWatch ends the keep-alive. A check in flight is answered or
+// abandoned first (within the release timeout plus answerGrace), so the
+// connection is never left mid-statement.
+func (s *sessionHold) stopWatch() {
+	s.watchMu.Lock() // waits for a check in flight, which may re-arm the timer
+	defer s.watchMu.Unlock()
+	s.stopped = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
 }
 
 // pinned is the connection of a held Guard. Its statements go through
@@ -149,16 +197,6 @@ func endsWithContext(b Backend) bool {
 	return ok && e.endsWithContext()
 }
 
-// stmtCtx is the context for a statement that answers in one round trip.
-// Under within, the wait is bounded already, and a context that cannot end
-// spares the driver and database/sql a watcher goroutine each.
-func (p *pinned) stmtCtx(ctx context.Context) context.Context {
-	if p.bounded {
-		return context.WithoutCancel(ctx)
-	}
-	return ctx
-}
-
 // discard discards the connection unless ask already does.
 func (p *pinned) discard() {
 	if !p.abandoned.Load() {
@@ -177,6 +215,32 @@ func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, erro
 	return within(ctx, stmt, func() {
 		p.abandoned.Store(true)
 	}, func(T) { discard(p.conn) })
+}
+
+// sessionOp is a one-round-trip statement of a session lock.
+type sessionOp int
+
+const (
+	opTry sessionOp = iota
+	opUnlock
+)
+
+// session runs op on p's connection as ask would, without allocating
+// where the statement needs no bounding.
+func (p *pinned) session(ctx context.Context, s SessionLocker, op sessionOp, key int64) (SessionResult, error) {
+	if !p.bounded || ctx.Done() == nil {
+		return op.run(ctx, s, p.conn, key)
+	}
+	// Bounded already: a context that cannot end spares the driver and
+	// database/sql a watcher goroutine each.
+	return ask(ctx, p, func() (SessionResult, error) { return op.run(context.WithoutCancel(ctx), s, p.conn, key) })
+}
+
+func (op sessionOp) run(ctx context.Context, s SessionLocker, conn *sql.Conn, key int64) (SessionResult, error) {
+	if op == opUnlock {
+		return s.UnlockSession(ctx, conn, key)
+	}
+	return s.TryLockSession(ctx, conn, key)
 }
 
 // answerGrace is how long within still waits, once ctx ended, for a
@@ -230,45 +294,4 @@ func within[T any](ctx context.Context, f func() (T, error), abandon func(), lat
 	}()
 	var zero T
 	return zero, fmt.Errorf("no answer from the database: %w", context.Cause(ctx))
-}
-
-// watchSession checks every interval that the pinned connection's session
-// still holds the lock and marks h lost when it does not, or when a check
-// gets no answer within timeout (a dead network: see ask). The check runs
-// on a timer, so a held lock costs no goroutine between checks. The
-// returned stop ends the watcher; a check in flight is answered or
-// abandoned first (within timeout plus answerGrace), so the connection is
-// never left mid-statement.
-func watchSession(h *hold, s SessionLocker, p *pinned, every, timeout time.Duration) (stop func()) {
-	var mu sync.Mutex // held by a check in flight
-	stopped := false
-	var t *time.Timer
-	check := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		held, err := ask(ctx, p, func() (bool, error) { return s.HoldsSession(ctx, p.conn, h.key) })
-		cancel()
-		if err == nil && held {
-			t.Reset(every)
-			return
-		}
-		if err == nil {
-			err = errors.New("session no longer holds it")
-		}
-		h.log("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", err)
-		h.markLost(fmt.Errorf("%w: %w", ErrLockLost, err))
-	}
-	mu.Lock()
-	t = time.AfterFunc(every, check)
-	mu.Unlock()
-	return func() {
-		mu.Lock() // waits for a check in flight, which may re-arm t
-		stopped = true
-		t.Stop()
-		mu.Unlock()
-	}
 }

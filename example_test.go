@@ -101,15 +101,16 @@ func sendDigestOnce(ctx context.Context, db *sql.DB, send func(), opts ...adviso
 
 // Unit-testing code that takes a lock, with go-sqlmock: name the backend
 // (sqlmock's driver cannot be detected), skip the pooler probe, and expect
-// one statement per step. Here another replica holds the lock.
+// one statement per step: the try and the unlock are Execs that return
+// one row when they succeed. Here another replica holds the lock.
 func Example_sqlmock() {
 	db, mock, err := sqlmock.New()
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	mock.ExpectQuery("pg_try_advisory_lock").
-		WillReturnRows(sqlmock.NewRows([]string{"locked", "pid"}).AddRow(false, 4242))
+	mock.ExpectExec("pg_try_advisory_lock").
+		WillReturnResult(sqlmock.NewResult(0, 0)) // 0 rows: held elsewhere
 
 	ran, err := sendDigestOnce(context.Background(), db, func() { fmt.Println("sent") },
 		advisorylock.WithBackend(advisorylock.Postgres()),

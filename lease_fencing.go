@@ -96,20 +96,20 @@ func localDeadline(sent time.Time, ttl time.Duration) time.Time {
 }
 
 // leaseState is a held lease: its request, its local deadline and its
-// keeper goroutine. It never points at the Guard that owns it.
+// keeper. It never points at the Guard that owns it.
 type leaseState struct {
 	store LeaseStore
 	db    DB
 	req   LeaseRequest
 	clock Clock
-	h     *hold
+	hold  // the Guard's state; leaseState is its end
 
 	mu       sync.Mutex
 	deadline time.Time
-
-	quit chan struct{}
-	done chan struct{}
-	stop func()
+	starter  *time.Timer // starts keep at the first renewal
+	stopped  bool
+	quit     chan struct{} // made when keep starts
+	done     chan struct{}
 }
 
 // ownerLabel makes the owner label of one acquire: the configured label
@@ -118,9 +118,16 @@ func ownerLabel(label string) string {
 	if label == "" {
 		label = hostPID()
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return label + "/" + hex.EncodeToString(b[:])
+	var r [8]byte
+	_, _ = rand.Read(r[:])
+	var x [16]byte
+	hex.Encode(x[:], r[:])
+	var b strings.Builder
+	b.Grow(len(label) + 1 + len(x))
+	b.WriteString(label)
+	b.WriteByte('/')
+	b.Write(x[:])
+	return b.String()
 }
 
 // hostPID is this process's default owner label, host:pid.
@@ -131,8 +138,8 @@ var hostPID = sync.OnceValue(func() string {
 
 // acquireLease takes a lease row: one attempt, or (wait) polling until
 // budget ends. A poll reads before it writes, so many waiters do not fight
-// for the database's writer. lostErr makes the error a lost lease reports.
-func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wait bool, lostErr func(FencingToken) error) (*leaseState, error) {
+// for the database's writer.
+func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wait bool) (*leaseState, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -145,7 +152,7 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 		grant, err := store.AcquireLease(budget, db, req)
 		if err == nil {
 			req.Token = grant.Token
-			return keepLease(store, db, cfg, req, sent, lostErr), nil
+			return keepLease(store, db, cfg, req, sent), nil
 		}
 		if !errors.Is(err, ErrNotAcquired) {
 			// The statement may have granted the lease without our hearing
@@ -153,9 +160,9 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 			switch {
 			case errors.Is(err, ErrPoolUnavailable):
 			case budget.Err() != nil: // the caller's time is up: free it in the background
-				go abandonLease(store, db, cfg, req)
+				go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
 			default:
-				abandonLease(store, db, cfg, req)
+				abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
 			}
 			if budget.Err() != nil && ctx.Err() == nil {
 				return nil, context.Cause(budget)
@@ -196,47 +203,71 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 // without our knowing: the owner label is unique to that acquire, so this
 // can free nobody else's lease. It is bounded by the release timeout, also
 // when it runs in the background.
-func abandonLease(store LeaseStore, db DB, cfg *config, req LeaseRequest) {
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout)
+func abandonLease(store LeaseStore, db DB, timeout time.Duration, clock Clock, req LeaseRequest) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	req.Now = cfg.clock.Now()
+	req.Now = clock.Now()
 	_ = store.ReleaseLease(ctx, db, req)
 }
 
-// keepLease starts the keeper of a granted lease.
-func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time.Time, lostErr func(FencingToken) error) *leaseState {
-	s := &leaseState{
-		store:    store,
-		db:       db,
-		req:      req,
-		clock:    cfg.clock,
-		deadline: localDeadline(sent, req.TTL),
-		quit:     make(chan struct{}),
-		done:     make(chan struct{}),
-	}
-	s.h = &hold{
-		name:  req.Name,
-		key:   req.Key,
-		log:   cfg.log().Warn,
-		lost:  make(chan struct{}),
-		relTO: cfg.releaseTimeout,
-	}
-	s.stop = sync.OnceFunc(func() {
-		close(s.quit)
-		<-s.done
-	})
-	s.h.release = func(ctx context.Context) error {
-		s.stop()
-		r := s.req
-		r.Now = s.clock.Now()
-		return s.store.ReleaseLease(ctx, s.db, r)
-	}
-	s.h.forget = func() {
-		s.stop()
-		go abandonLease(store, db, cfg, s.req) // cleanups must not wait on I/O
-	}
-	go s.keep(lostErr(req.Token))
+// keepLease holds a granted lease. Its keeper starts at the first
+// renewal, on a timer: a lease released before then (most are) costs no
+// goroutine.
+func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time.Time) *leaseState {
+	s := &leaseState{store: store, db: db, req: req, clock: cfg.clock, deadline: localDeadline(sent, req.TTL)}
+	s.hold = hold{name: req.Name, key: req.Key, log: cfg.log().Warn, relTO: cfg.releaseTimeout, end: s}
+	s.mu.Lock()
+	s.starter = time.AfterFunc(renewInterval(req.TTL), s.startKeeping)
+	s.mu.Unlock()
 	return s
+}
+
+func (s *leaseState) startKeeping() {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	s.quit, s.done = make(chan struct{}), make(chan struct{})
+	s.mu.Unlock()
+	s.keep()
+}
+
+// stop ends the keeper, waiting for it if it runs.
+func (s *leaseState) stop() {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	s.stopped = true
+	quit, done := s.quit, s.done
+	s.mu.Unlock()
+	s.starter.Stop()
+	if quit != nil {
+		close(quit)
+		<-done
+	}
+}
+
+func (s *leaseState) release(ctx context.Context) error {
+	s.stop()
+	r := s.req
+	r.Now = s.clock.Now()
+	return s.store.ReleaseLease(ctx, s.db, r)
+}
+
+func (s *leaseState) forget() {
+	s.stop()
+	go abandonLease(s.store, s.db, s.relTO, s.clock, s.req) // cleanups must not wait on I/O
+}
+
+// lostErr is the error a lost grant reports.
+func (s *leaseState) lostErr() error {
+	if s.req.Kind == KindLease {
+		return &LeaseLostError{Name: s.req.Name, Token: s.req.Token}
+	}
+	return ErrLockLost
 }
 
 func (s *leaseState) localDeadline() time.Time {
@@ -248,7 +279,8 @@ func (s *leaseState) localDeadline() time.Time {
 // isLost reports a lost lease, also when the local deadline passed and no
 // goroutine has run since.
 func (s *leaseState) isLost() bool {
-	return s.h.isLost() || !s.clock.Now().Before(s.localDeadline())
+	gone, _ := s.hold.isLost()
+	return gone || !s.clock.Now().Before(s.localDeadline())
 }
 
 // keep renews the lease every renew interval until stopped, and marks it
@@ -258,10 +290,11 @@ func (s *leaseState) isLost() bool {
 // the network does) cannot hold the deadline back. A renew still in flight
 // when keep returns finishes on its own; its result is dropped, and it can
 // extend nothing but this grant's own row.
-func (s *leaseState) keep(lostErr error) {
+func (s *leaseState) keep() {
 	defer close(s.done)
+	lostErr := s.lostErr()
 	interval := renewInterval(s.req.TTL)
-	renewAt := time.NewTimer(interval)
+	renewAt := time.NewTimer(0) // started at the first renewal
 	defer renewAt.Stop()
 	expiry := time.NewTimer(s.untilDeadline())
 	defer expiry.Stop()
@@ -321,17 +354,17 @@ func (s *leaseState) renew(sent time.Time, timeout time.Duration) <-chan error {
 }
 
 func (s *leaseState) lose(lostErr, why error) {
-	s.h.log("advisorylock: lease lost", "lock", s.req.Name, "token", s.req.Token, "err", why)
-	s.h.markLost(lostErr)
+	s.log("advisorylock: lease lost", "lock", s.req.Name, "token", s.req.Token, "err", why)
+	s.markLost(lostErr)
 }
 
 // acquireRow takes a Lock that is kept as a lease row (SQLite).
 func (l *Lock) acquireRow(ctx, budget context.Context, wait bool) (*Guard, error) {
-	s, err := acquireLease(ctx, budget, l.rows, l.db, &l.cfg, l.rowRequest(""), wait, func(FencingToken) error { return ErrLockLost })
+	s, err := acquireLease(ctx, budget, l.rows, l.db, &l.cfg, l.rowRequest(""), wait)
 	if err != nil {
 		return nil, err
 	}
-	return newGuard(s.h), nil
+	return newGuard(&s.hold), nil
 }
 
 func (l *Lock) rowRequest(owner string) LeaseRequest {
@@ -421,14 +454,12 @@ func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGua
 
 func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard, error) {
 	req := LeaseRequest{Kind: KindLease, Name: l.name, Key: l.key}
-	s, err := acquireLease(ctx, budget, l.store, l.db, &l.cfg, req, wait, func(t FencingToken) error {
-		return &LeaseLostError{Name: l.name, Token: t}
-	})
+	s, err := acquireLease(ctx, budget, l.store, l.db, &l.cfg, req, wait)
 	if err != nil {
 		return nil, err
 	}
 	lease := Lease{name: l.name, token: s.req.Token, s: s}
-	return &LeaseGuard{g: newGuard(s.h), lease: lease}, nil
+	return &LeaseGuard{g: newGuard(&s.hold), lease: lease}, nil
 }
 
 // Holder reports who holds the lease now, or nil when it is free or
@@ -491,7 +522,7 @@ func (l Lease) Name() string { return l.name }
 func (l Lease) Token() FencingToken { return l.token }
 
 // Lost returns a channel closed when the lease is known lost.
-func (l Lease) Lost() <-chan struct{} { return l.s.h.lost }
+func (l Lease) Lost() <-chan struct{} { return l.s.lost() }
 
 // IsLost reports whether the lease is lost. It is also true once the local
 // deadline has passed, even if no goroutine noticed yet: check it right

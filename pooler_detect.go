@@ -343,11 +343,13 @@ func probePooler(ctx context.Context, db DB, s SessionLocker) (PoolerMode, strin
 // non-empty when it saw multiplexing. paired reports whether later rounds
 // should still try two connections.
 func probeRound(ctx context.Context, db DB, s SessionLocker, paired bool) (why string, stillPaired bool, err error) {
-	cg, err := checkout(ctx, db, !endsWithContext(s))
+	p := &pinned{bounded: !endsWithContext(s)}
+	cg, err := checkout(ctx, db, p)
 	if err != nil {
 		return "", paired, err
 	}
-	a := cg.take().conn // the probe takes no lock: a always goes back to the pool
+	cg.take()
+	a := p.conn // the probe takes no lock: a always goes back to the pool
 	defer recycle(a)
 	a1, why, err := sessionOf(ctx, s, a)
 	if why != "" || err != nil {

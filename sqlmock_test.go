@@ -3,6 +3,7 @@ package advisorylock_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"log/slog"
 	"strings"
@@ -34,6 +35,22 @@ func lockRows(ok bool, pid int64) *sqlmock.Rows {
 	return sqlmock.NewRows([]string{"ok", "pid"}).AddRow(ok, pid)
 }
 
+// granted is the result of a try or an unlock that returned its row: the
+// lock was granted, or released.
+func granted(ok bool) driver.Result {
+	if ok {
+		return sqlmock.NewResult(0, 1)
+	}
+	return sqlmock.NewResult(0, 0)
+}
+
+// unlockCheck answers the check after an unlock that found nothing to
+// release: whether this session holds the key, whether any does, and this
+// session's pid.
+func unlockCheck(here, anywhere bool, pid int64) *sqlmock.Rows {
+	return sqlmock.NewRows([]string{"here", "anywhere", "pid"}).AddRow(here, anywhere, pid)
+}
+
 func TestUndetectableDriverNeedsWithBackend(t *testing.T) {
 	db, _, err := sqlmock.New()
 	if err != nil {
@@ -48,8 +65,8 @@ func TestUndetectableDriverNeedsWithBackend(t *testing.T) {
 
 func TestSqlmockLockAndCleanRelease(t *testing.T) {
 	l, db, mock := mockLock(t)
-	mock.ExpectQuery("pg_try_advisory_lock").WillReturnRows(lockRows(true, 7))
-	mock.ExpectQuery("pg_advisory_unlock").WillReturnRows(lockRows(true, 7))
+	mock.ExpectExec("pg_try_advisory_lock").WillReturnResult(granted(true))
+	mock.ExpectExec("pg_advisory_unlock").WillReturnResult(granted(true))
 	g, err := l.TryLock(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -68,8 +85,8 @@ func TestSqlmockLockAndCleanRelease(t *testing.T) {
 func TestUnlockErrorDiscardsTheConnection(t *testing.T) {
 	l, _, mock := mockLock(t)
 	cause := errors.New("connection reset by peer")
-	mock.ExpectQuery("pg_try_advisory_lock").WillReturnRows(lockRows(true, 7))
-	mock.ExpectQuery("pg_advisory_unlock").WillReturnError(cause)
+	mock.ExpectExec("pg_try_advisory_lock").WillReturnResult(granted(true))
+	mock.ExpectExec("pg_advisory_unlock").WillReturnError(cause)
 	mock.ExpectClose() // the physical connection is closed, not pooled
 	g, err := l.TryLock(context.Background())
 	if err != nil {
@@ -86,7 +103,7 @@ func TestUnlockErrorDiscardsTheConnection(t *testing.T) {
 func TestAcquireErrorDiscardsTheConnection(t *testing.T) {
 	l, _, mock := mockLock(t)
 	cause := errors.New("server closed the connection unexpectedly")
-	mock.ExpectQuery("pg_try_advisory_lock").WillReturnError(cause)
+	mock.ExpectExec("pg_try_advisory_lock").WillReturnError(cause)
 	mock.ExpectClose()
 	if _, err := l.TryLock(context.Background()); !errors.Is(err, cause) {
 		t.Fatalf("TryLock = %v, want the driver's error", err)
@@ -96,28 +113,40 @@ func TestAcquireErrorDiscardsTheConnection(t *testing.T) {
 	}
 }
 
+// An unlock that finds nothing to release, while this session (reached
+// anew) or another one holds the lock, means the connection's statements
+// reach several server sessions: a transaction-mode pooler.
 func TestReleaseOnAnotherSessionIsReportedAsPooler(t *testing.T) {
-	l, _, mock := mockLock(t)
-	mock.ExpectQuery("pg_try_advisory_lock").WillReturnRows(lockRows(true, 7))
-	mock.ExpectQuery("pg_advisory_unlock").WillReturnRows(lockRows(false, 8))
-	mock.ExpectClose()
-	g, err := l.TryLock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g.Release(context.Background()); !errors.Is(err, advisorylock.ErrTransactionPooler) {
-		t.Fatalf("Release landing on another backend = %v, want ErrTransactionPooler", err)
-	}
-	if err := mock.ExpectationsWereMet(); err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name           string
+		here, anywhere bool
+	}{{"held elsewhere", false, true}, {"held by the session reached next", true, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			l, _, mock := mockLock(t)
+			mock.ExpectExec("pg_try_advisory_lock").WillReturnResult(granted(true))
+			mock.ExpectExec("pg_advisory_unlock").WillReturnResult(granted(false))
+			mock.ExpectQuery("pg_locks").WillReturnRows(unlockCheck(c.here, c.anywhere, 8))
+			mock.ExpectClose()
+			g, err := l.TryLock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := g.Release(context.Background()); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+				t.Fatalf("Release landing on another backend = %v, want ErrTransactionPooler", err)
+			}
+			if err := mock.ExpectationsWereMet(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
 func TestUnlockNotHeldWarnsAndRecycles(t *testing.T) {
 	var logs syncBuffer
 	l, db, mock := mockLock(t, advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	mock.ExpectQuery("pg_try_advisory_lock").WillReturnRows(lockRows(true, 7))
-	mock.ExpectQuery("pg_advisory_unlock").WillReturnRows(lockRows(false, 7))
+	mock.ExpectExec("pg_try_advisory_lock").WillReturnResult(granted(true))
+	mock.ExpectExec("pg_advisory_unlock").WillReturnResult(granted(false))
+	mock.ExpectQuery("pg_locks").WillReturnRows(unlockCheck(false, false, 7))
 	g, err := l.TryLock(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -142,9 +171,10 @@ func (e pgError) SQLState() string { return string(e) }
 // rather than pool a connection that holds it.
 func TestLockTimeoutRacingAGrantIsAGrant(t *testing.T) {
 	l, _, mock := mockLock(t, advisorylock.WithKeepAlive(0))
+	mock.ExpectExec("pg_try_advisory_lock").WillReturnResult(granted(false)) // Lock tries first
 	mock.ExpectQuery("pg_advisory_lock").WillReturnError(pgError("55P03"))
 	mock.ExpectQuery("pg_locks").WillReturnRows(lockRows(true, 7))
-	mock.ExpectQuery("pg_advisory_unlock").WillReturnRows(lockRows(true, 7))
+	mock.ExpectExec("pg_advisory_unlock").WillReturnResult(granted(true))
 	g, err := l.LockTimeout(context.Background(), 50*time.Millisecond)
 	if err != nil {
 		t.Fatalf("LockTimeout whose timeout raced the grant = %v, want the lock", err)
@@ -157,6 +187,7 @@ func TestLockTimeoutRacingAGrantIsAGrant(t *testing.T) {
 
 func TestLockTimeoutNotGrantedRecyclesTheConnection(t *testing.T) {
 	l, db, mock := mockLock(t)
+	mock.ExpectExec("pg_try_advisory_lock").WillReturnResult(granted(false))
 	mock.ExpectQuery("pg_advisory_lock").WillDelayFor(60 * time.Millisecond).WillReturnError(pgError("55P03"))
 	mock.ExpectQuery("pg_locks").WillReturnRows(lockRows(false, 7))
 	_, err := l.LockTimeout(context.Background(), 50*time.Millisecond)

@@ -25,6 +25,7 @@ type machine struct {
 	SQLite     string
 	LoadBefore string
 	LoadAfter  string
+	Pinning    string   // where the server and the benchmarks ran (see pinning)
 	Modules    []string // "path version" of the libraries measured
 	Commit     string   // advisorylock's commit, "+dirty" if the tree has changes
 	Started    time.Time

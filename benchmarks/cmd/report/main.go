@@ -116,11 +116,16 @@ func main() {
 		}
 		m.LoadBefore = cmp.Or(meta["report-load-before"], "unknown")
 		m.LoadAfter = cmp.Or(meta["report-load-after"], "unknown")
+		m.Pinning = cmp.Or(meta["report-pinning"], "not recorded")
 	} else {
 		var all bytes.Buffer
 		fmt.Fprintf(&all, "report-command: %s\nreport-quick: %t\nreport-count: %d\nreport-started: %s\nreport-load-before: %s\n",
 			cmdline, *quick, *count, m.Started.Format(time.RFC3339), m.LoadBefore)
-		out, err := runSuite(groups(*quick, *count))
+		pin := pinServer(dsn)
+		m.Pinning = pin.desc
+		fmt.Fprintf(&all, "report-pinning: %s\n", pin.desc)
+		out, err := runSuite(groups(*quick, *count), pin)
+		pin.restore()
 		all.Write(out)
 		suiteErr = err
 		if out == nil {
@@ -158,7 +163,7 @@ func main() {
 // runSuite builds the test binary once and runs every group, echoing the
 // output, and returns it all. A group that fails does not stop the others:
 // its error is returned with everything measured.
-func runSuite(gs []group) ([]byte, error) {
+func runSuite(gs []group, pin *pinning) ([]byte, error) {
 	dir, err := os.MkdirTemp("", "advisorylock-bench")
 	if err != nil {
 		return nil, err
@@ -186,7 +191,7 @@ func runSuite(gs []group) ([]byte, error) {
 				"-test.count", "1", "-test.benchmem", "-test.timeout", "30m")
 			cmd.Stdout = io.MultiWriter(&all, os.Stderr)
 			cmd.Stderr = os.Stderr
-			if err := cmd.Run(); err != nil {
+			if err := pin.run(cmd); err != nil {
 				failed = append(failed, fmt.Sprintf("%s, pass %d (%v)", g.name, pass, err))
 			}
 		}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pinning keeps the PostgreSQL server's processes on CPU 0 and the
+// benchmarks on the other CPUs, as if the database ran on another host: a
+// round trip then always crosses CPUs. Unpinned, the scheduler sometimes
+// runs client and server on one CPU (a SELECT 1 round trip takes about
+// 14 µs here) and sometimes on two (about 85 µs, most of it waking an idle
+// virtual CPU), so ratios swing from run to run with where things landed.
+type pinning struct {
+	desc       string       // what the report says about it
+	client     *unix.CPUSet // nil: not pinned
+	postmaster int
+	saved      unix.CPUSet // the server's affinity before
+}
+
+// pinServer pins the server at dsn, when it runs on this machine and this
+// process may move it; otherwise it says why not and pins nothing.
+func pinServer(dsn string) *pinning {
+	p := &pinning{}
+	if runtime.NumCPU() < 2 {
+		p.desc = "not pinned (one CPU)"
+		return p
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		p.desc = "not pinned: " + err.Error()
+		return p
+	}
+	defer db.Close()
+	var dataDir string
+	if err := db.QueryRowContext(ctx, "SELECT current_setting('data_directory')").Scan(&dataDir); err != nil {
+		p.desc = "not pinned (cannot read data_directory: " + err.Error() + ")"
+		return p
+	}
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		p.desc = "not pinned (the server is not on this machine, or its postmaster.pid is unreadable)"
+		return p
+	}
+	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	if err != nil {
+		p.desc = "not pinned (postmaster.pid unreadable)"
+		return p
+	}
+	if err := unix.SchedGetaffinity(pm, &p.saved); err != nil {
+		p.desc = "not pinned: " + err.Error()
+		return p
+	}
+	var server unix.CPUSet
+	server.Set(0)
+	if err := setTree(pm, &server); err != nil {
+		p.desc = "not pinned: " + err.Error()
+		return p
+	}
+	p.postmaster = pm
+	p.client = &unix.CPUSet{}
+	for c := 1; c < runtime.NumCPU(); c++ {
+		p.client.Set(c)
+	}
+	p.desc = fmt.Sprintf("PostgreSQL's processes on CPU 0, the benchmarks on CPUs 1–%d (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time)", runtime.NumCPU()-1)
+	return p
+}
+
+// setTree sets the affinity of process pid and of its children (a
+// PostgreSQL backend is one thread, and forks inherit the postmaster's).
+func setTree(pid int, set *unix.CPUSet) error {
+	if err := unix.SchedSetaffinity(pid, set); err != nil {
+		return err
+	}
+	for _, child := range children(pid) {
+		_ = unix.SchedSetaffinity(child, set) // it may have ended meanwhile
+	}
+	return nil
+}
+
+// children lists the processes whose parent is pid.
+func children(pid int) []int {
+	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var out []int
+	for _, d := range dirs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces, so cut after ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			if c, err := strconv.Atoi(filepath.Base(filepath.Dir(d))); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// restore gives the server back its affinity.
+func (p *pinning) restore() {
+	if p.postmaster != 0 {
+		_ = setTree(p.postmaster, &p.saved)
+	}
+}
+
+// run runs cmd on the client CPUs: a child inherits the affinity of the
+// thread that starts it.
+func (p *pinning) run(cmd *exec.Cmd) error {
+	if p.client == nil {
+		return cmd.Run()
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var before unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &before); err != nil {
+		return err
+	}
+	if err := unix.SchedSetaffinity(0, p.client); err != nil {
+		return err
+	}
+	err := cmd.Start()
+	_ = unix.SchedSetaffinity(0, &before)
+	if err != nil {
+		return err
+	}
+	return cmd.Wait()
+}

@@ -74,7 +74,11 @@ func pinServer(dsn string) *pinning {
 	for c := 1; c < runtime.NumCPU(); c++ {
 		p.client.Set(c)
 	}
-	p.desc = fmt.Sprintf("PostgreSQL's processes on CPU 0, the benchmarks on CPUs 1–%d (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time)", runtime.NumCPU()-1)
+	others := "CPU 1"
+	if n := runtime.NumCPU(); n > 2 {
+		others = fmt.Sprintf("CPUs 1–%d", n-1)
+	}
+	p.desc = "PostgreSQL's processes on CPU 0, the benchmarks on " + others + " (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time)"
 	return p
 }
 

@@ -93,7 +93,18 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.PingContext(ctx); err != nil {
+	err = d.PingContext(ctx)
+	// Several lockruns starting at once on a new SQLite file race to switch
+	// it to WAL, which fails at once with SQLITE_BUSY (no busy handler
+	// runs for it): try again for a few seconds.
+	for pause := 10 * time.Millisecond; err != nil && strings.Contains(err.Error(), "SQLITE_BUSY") && pause < 3*time.Second; pause *= 2 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+			err = d.PingContext(ctx)
+		}
+	}
+	if err != nil {
 		_ = d.Close()
 		return nil, fmt.Errorf("cannot connect to the database %s: %w", d.shown, err)
 	}

@@ -341,17 +341,19 @@ func (q *pgSQL) int(v int64) string {
 // placeholder is $n with a cast; the first few are made once.
 func placeholder(n int, cast string) string {
 	if n < len(placeholders) {
-		return placeholders[n][cast]
+		switch cast {
+		case "::text":
+			return placeholders[n][0]
+		case "::bigint":
+			return placeholders[n][1]
+		}
 	}
 	return "$" + strconv.Itoa(n) + cast
 }
 
-var placeholders = func() (p [8]map[string]string) {
+var placeholders = func() (p [8][2]string) {
 	for n := range p {
-		p[n] = map[string]string{}
-		for _, cast := range []string{"::text", "::bigint"} {
-			p[n][cast] = "$" + strconv.Itoa(n) + cast
-		}
+		p[n] = [2]string{"$" + strconv.Itoa(n) + "::text", "$" + strconv.Itoa(n) + "::bigint"}
 	}
 	return p
 }()

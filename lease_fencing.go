@@ -276,10 +276,10 @@ func (s *leaseState) localDeadline() time.Time {
 	return s.deadline
 }
 
-// isLost reports a lost lease, also when the local deadline passed and no
-// goroutine has run since.
-func (s *leaseState) isLost() bool {
-	gone, _ := s.hold.isLost()
+// lostOrExpired reports a lost lease, also when the local deadline passed
+// and no goroutine has run since.
+func (s *leaseState) lostOrExpired() bool {
+	gone, _ := s.isLost()
 	return gone || !s.clock.Now().Before(s.localDeadline())
 }
 
@@ -527,7 +527,7 @@ func (l Lease) Lost() <-chan struct{} { return l.s.lost() }
 // IsLost reports whether the lease is lost. It is also true once the local
 // deadline has passed, even if no goroutine noticed yet: check it right
 // before an action that must not run without the lease.
-func (l Lease) IsLost() bool { return l.s.isLost() }
+func (l Lease) IsLost() bool { return l.s.lostOrExpired() }
 
 // LeaseGuard is a held lease. Release it when done; Release is idempotent.
 type LeaseGuard struct {

@@ -97,7 +97,7 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 	// Several lockruns starting at once on a new SQLite file race to switch
 	// it to WAL, which fails at once with SQLITE_BUSY (no busy handler
 	// runs for it): try again for a few seconds.
-	for pause := 10 * time.Millisecond; err != nil && strings.Contains(err.Error(), "SQLITE_BUSY") && pause < 3*time.Second; pause *= 2 {
+	for pause := 10 * time.Millisecond; err != nil && strings.Contains(err.Error(), "SQLITE_BUSY") && pause < 3*time.Second && ctx.Err() == nil; pause *= 2 {
 		select {
 		case <-ctx.Done():
 		case <-time.After(pause):

@@ -32,6 +32,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
 	"time"
@@ -328,11 +329,11 @@ type Guard struct {
 // hold is a Guard's state. It never points back at its Guard, so the
 // Guard can become unreachable while its watcher still runs.
 type hold struct {
-	name  string
-	key   int64
-	log   func(msg string, args ...any)
-	relTO time.Duration
-	end   holdEnd
+	name   string
+	key    int64
+	logger *slog.Logger
+	relTO  time.Duration
+	end    holdEnd
 
 	mu       sync.Mutex // serializes the release and the cleanup
 	released bool
@@ -402,9 +403,12 @@ func (h *hold) forgotten() {
 		return
 	}
 	h.released = true
-	h.log("advisorylock: guard was never released; freeing the lock", "lock", h.name, "key", h.key)
+	h.warn("advisorylock: guard was never released; freeing the lock", "lock", h.name, "key", h.key)
 	h.end.forget()
 }
+
+// warn logs a warning about the hold.
+func (h *hold) warn(msg string, args ...any) { h.logger.Warn(msg, args...) }
 
 // lost returns the channel that markLost closes.
 func (h *hold) lost() <-chan struct{} {

@@ -362,12 +362,12 @@ var placeholders = func() (p [8][2]string) {
 // text depends on format alone, so it is made once per format.
 func (q *pgSQL) stmt(format string, vals ...string) string {
 	if !q.params {
-		return fmt.Sprintf(format, toAny(vals)...)
+		return fill(format, vals)
 	}
 	if t, ok := paramTexts.Load(format); ok {
 		return t.(string)
 	}
-	t := fmt.Sprintf(format, toAny(vals)...)
+	t := fill(format, vals)
 	paramTexts.Store(format, t)
 	return t
 }
@@ -375,12 +375,35 @@ func (q *pgSQL) stmt(format string, vals ...string) string {
 // paramTexts caches the $n text of each statement format.
 var paramTexts sync.Map
 
-func toAny(vals []string) []any {
-	out := make([]any, len(vals))
-	for i, v := range vals {
-		out[i] = v
+// fill writes vals into format's verbs, %s (the next value) and %[n]s (the
+// nth), in one allocation; the statement formats use no other verb.
+func fill(format string, vals []string) string {
+	size := len(format)
+	for _, v := range vals {
+		size += len(v)
 	}
-	return out
+	var b strings.Builder
+	b.Grow(size)
+	next := 0
+	for {
+		i := strings.IndexByte(format, '%')
+		if i < 0 {
+			b.WriteString(format)
+			return b.String()
+		}
+		b.WriteString(format[:i])
+		format = format[i+1:]
+		n := next
+		if strings.HasPrefix(format, "[") {
+			end := strings.IndexByte(format, ']')
+			n, _ = strconv.Atoi(format[1:end])
+			n--
+			format = format[end+1:]
+		}
+		format = strings.TrimPrefix(format, "s")
+		b.WriteString(vals[n])
+		next = n + 1
+	}
 }
 
 // quoteLiteral returns s as a PostgreSQL string constant that reads back

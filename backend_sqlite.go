@@ -203,7 +203,7 @@ func (sqliteBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 // upsert.
 func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
 	now, exp := leaseTimes(r)
-	grant := LeaseGrant{Token: 1, ExpiresAt: time.UnixMilli(exp)}
+	token := int64(1) // a lock row's grant; a lease row returns its generation
 	acquired := false
 	err := s.run(ctx, db, busyNewcomer, func(conn *sql.Conn) error {
 		if r.Kind == KindLock {
@@ -215,11 +215,12 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 			acquired = n == 1
 			return err
 		}
-		err := conn.QueryRowContext(ctx, sqliteAcquireLease, r.Name, r.Owner, now, exp).Scan(&grant.Token)
+		var gen int64 // its own variable: only a lease pays for the Scan's pointer
+		err := conn.QueryRowContext(ctx, sqliteAcquireLease, r.Name, r.Owner, now, exp).Scan(&gen)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
-		acquired = err == nil
+		acquired, token = err == nil, gen
 		return err
 	})
 	if err != nil {
@@ -228,7 +229,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	if !acquired {
 		return LeaseGrant{}, ErrNotAcquired
 	}
-	return grant, nil
+	return LeaseGrant{Token: FencingToken(token), ExpiresAt: time.UnixMilli(exp)}, nil
 }
 
 // RenewLease extends the row if r.Owner (and, for a lease, r.Token) still

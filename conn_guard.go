@@ -105,7 +105,7 @@ type sessionHold struct {
 // Guard.
 func (s *sessionHold) grant(session int64) *Guard {
 	l := s.l
-	s.hold = hold{name: l.name, key: l.key, log: l.cfg.log().Warn, relTO: l.cfg.releaseTimeout, end: s}
+	s.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: s}
 	s.session = session
 	if l.cfg.keepAlive > 0 {
 		s.watchMu.Lock()
@@ -130,7 +130,7 @@ func (s *sessionHold) release(ctx context.Context) error {
 		s.p.discard()
 		return fmt.Errorf("%w: acquired on server session %d, released on %d", ErrTransactionPooler, s.session, res.Session)
 	case !res.OK:
-		s.log("advisorylock: unlock found the lock not held by its session", "lock", s.name, "key", s.key)
+		s.warn("advisorylock: unlock found the lock not held by its session", "lock", s.name, "key", s.key)
 	}
 	recycle(s.p.conn)
 	return nil
@@ -162,7 +162,7 @@ func (s *sessionHold) check() {
 	if err == nil {
 		err = errors.New("session no longer holds it")
 	}
-	s.log("advisorylock: lock lost", "lock", s.name, "key", s.key, "err", err)
+	s.warn("advisorylock: lock lost", "lock", s.name, "key", s.key, "err", err)
 	s.markLost(fmt.Errorf("%w: %w", ErrLockLost, err))
 }
 

@@ -215,7 +215,7 @@ func abandonLease(store LeaseStore, db DB, timeout time.Duration, clock Clock, r
 // goroutine.
 func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time.Time) *leaseState {
 	s := &leaseState{store: store, db: db, req: req, clock: cfg.clock, deadline: localDeadline(sent, req.TTL)}
-	s.hold = hold{name: req.Name, key: req.Key, log: cfg.log().Warn, relTO: cfg.releaseTimeout, end: s}
+	s.hold = hold{name: req.Name, key: req.Key, logger: cfg.log(), relTO: cfg.releaseTimeout, end: s}
 	s.mu.Lock()
 	s.starter = time.AfterFunc(renewInterval(req.TTL), s.startKeeping)
 	s.mu.Unlock()
@@ -354,7 +354,7 @@ func (s *leaseState) renew(sent time.Time, timeout time.Duration) <-chan error {
 }
 
 func (s *leaseState) lose(lostErr, why error) {
-	s.log("advisorylock: lease lost", "lock", s.req.Name, "token", s.req.Token, "err", why)
+	s.warn("advisorylock: lease lost", "lock", s.req.Name, "token", s.req.Token, "err", why)
 	s.markLost(lostErr)
 }
 

@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -120,4 +121,24 @@ func FuzzQuoteLiteral(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		checkQuoted(t, conns, s)
 	})
+}
+
+// fill must write a statement exactly as fmt.Sprintf would, also for
+// values that hold verbs themselves.
+func TestFillMatchesSprintf(t *testing.T) {
+	formats := []string{pgAcquireLease, pgRenewLease, pgReleaseLease, pgLeaseHolder, pgAdmitToken, pgHighestToken}
+	for _, f := range formats {
+		verbs := strings.Count(f, "%s")
+		for _, seed := range append(quoteSeeds, "%s", "%[1]s", "100%", "$1::text") {
+			vals := make([]string, verbs)
+			args := make([]any, verbs)
+			for i := range vals {
+				vals[i] = seed + strings.Repeat("x", i)
+				args[i] = vals[i]
+			}
+			if got, want := fill(f, vals), fmt.Sprintf(f, args...); got != want {
+				t.Fatalf("fill(%q, %q)\n= %q\nwant %q", f, vals, got, want)
+			}
+		}
+	}
 }

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -70,6 +72,15 @@ func pinServer(dsn string) *pinning {
 		return p
 	}
 	p.postmaster = pm
+	// An interrupted run must not leave the server on one CPU.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		p.restore()
+		fmt.Fprintf(os.Stderr, "report: %v: gave the server back its CPUs\n", s)
+		os.Exit(130)
+	}()
 	p.client = &unix.CPUSet{}
 	for c := 1; c < runtime.NumCPU(); c++ {
 		p.client.Set(c)

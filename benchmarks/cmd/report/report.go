@@ -304,12 +304,13 @@ func missWhy(what string) string {
 	case strings.Contains(what, "`LeaseLock` acquire+release"):
 		return "both are bound by the WAL flush of the acquire's commit; the release already commits without waiting for it."
 	case strings.Contains(what, "SQLite"):
-		return "the floor runs both statements on the handle; the library pins a connection for each (to tell glebarez/go-sqlite's lost statements from real ones: 2), " +
-			"bounds the release with its own context, for which the driver starts an interrupt watcher (about 7), and holds a Guard with its cleanup, an owner label and the keeper's timer (about 6)."
+		return "the floor runs both statements on the handle. The library checks a connection out for each (its DB interface asks only for Conn: about 3), " +
+			"bounds the release with a context of its own (about 5), and holds a Guard with its cleanup (3), an owner label unique to the acquire (1) and the keeper's start timer (3)."
 	case strings.Contains(what, "`leaselock`"):
-		return "the floor is two statements on the pool and nothing else. A LeaseLock also bounds its release with its own context " +
-			"(about 4 allocations, and pgx's context watcher 3 more), reads back `expires_at` (a timestamptz: about 3 in pgx), makes an owner label unique to the acquire (1), " +
-			"arms its keeper's timer (2) and gives the Guard a cleanup (3). pgx's floor is so low (two cached statements) that these alone pass +10."
+		return "the floor is two statements on the pool and nothing else. A LeaseLock also checks a connection out per statement (about 3), " +
+			"bounds its release with a context of its own (about 4, and pgx's context watcher 3 more; on lib/pq the goroutine that can abandon a statement on a dead network, 3, and lib/pq's own watcher, 3), " +
+			"reads back `expires_at` (a timestamptz: about 3 in pgx), makes an owner label unique to the acquire (1), arms its keeper's start timer (3) and gives the Guard a cleanup (3). " +
+			"pgx's floor is so low (two cached statements) that these alone pass +10."
 	}
 	return ""
 }

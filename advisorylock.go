@@ -345,10 +345,11 @@ type hold struct {
 	lostFunc func(error) // called by markLost (see onLost)
 }
 
-// holdEnd ends a hold: release frees the lock; forget frees what a
-// forgotten Guard holds without waiting on I/O (it runs in a cleanup).
+// holdEnd ends a hold: release frees the lock, within timeout; forget
+// frees what a forgotten Guard holds without waiting on I/O (it runs in a
+// cleanup).
 type holdEnd interface {
-	release(ctx context.Context) error
+	release(ctx context.Context, timeout time.Duration) error
 	forget()
 }
 
@@ -390,9 +391,7 @@ func (h *hold) doRelease(ctx context.Context) error {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	rctx, cancel := context.WithTimeout(ctx, h.relTO)
-	defer cancel()
-	return wrapErr(h.name, "release", h.end.release(rctx))
+	return wrapErr(h.name, "release", h.end.release(ctx, h.relTO))
 }
 
 // forgotten runs when a Guard became unreachable without Release.

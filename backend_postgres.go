@@ -277,18 +277,22 @@ VALUES (%s, %s, 1, now(), now() + %s * interval '1 millisecond')
 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = l.generation + 1,
 	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
 WHERE l.owner IS NULL OR l.expires_at <= now()
-RETURNING generation, expires_at`
+RETURNING generation`
 	pgRenewLease = `UPDATE advisorylock_leases SET expires_at = now() + %s * interval '1 millisecond'
 WHERE name = %s AND owner = %s AND generation = %s AND expires_at > now()
-RETURNING generation, expires_at`
+RETURNING generation`
 	// The release need not be durable (a lost release only means waiting
 	// for the expiry), so it commits without waiting for the WAL flush:
 	// synchronous_commit is set for its own transaction, in a subquery that
-	// runs before the row is written. Token 0 releases whatever grant the
-	// owner label, unique per acquire, holds.
+	// runs before the row is written. A grant is its generation, so the
+	// release names it alone; an acquire whose outcome was unknown has none
+	// and frees whatever its owner label, unique per acquire, holds.
 	pgReleaseLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-WHERE name = %s AND owner = %s AND (generation = %s OR %[3]s = 0)`
+WHERE name = %s AND generation = %s AND owner IS NOT NULL`
+	pgAbandonLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+WHERE name = %s AND owner = %s`
 	pgLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
 WHERE name = %s AND owner IS NOT NULL AND expires_at > now()`
 	// The upsert stores the token only if it is not lower than the stored
@@ -301,26 +305,26 @@ RETURNING token`
 )
 
 // pgSQL writes the values of one statement: as literals, or (params) as
-// $n arguments collected in args.
+// $n arguments collected in args. It lives on its caller's stack, and so
+// do its arguments: a slice it appended to would be on the heap.
 type pgSQL struct {
 	params bool
-	args   []any
+	n      int
+	vals   [4]any // as many as a statement has
 	err    error
 }
 
-func (p *postgres) sql() *pgSQL {
-	q := &pgSQL{params: p.params}
-	if p.params {
-		q.args = make([]any, 0, 4)
-	}
-	return q
-}
+func (p *postgres) sql() pgSQL { return pgSQL{params: p.params} }
+
+// args returns the $n arguments written so far.
+func (q *pgSQL) args() []any { return q.vals[:q.n] }
 
 // text writes a string value.
 func (q *pgSQL) text(s string) string {
 	if q.params {
-		q.args = append(q.args, s)
-		return placeholder(len(q.args), "::text")
+		q.vals[q.n] = s
+		q.n++
+		return placeholder(q.n, "::text")
 	}
 	lit, err := quoteLiteral(s)
 	if err != nil && q.err == nil {
@@ -332,8 +336,9 @@ func (q *pgSQL) text(s string) string {
 // int writes an integer value.
 func (q *pgSQL) int(v int64) string {
 	if q.params {
-		q.args = append(q.args, v)
-		return placeholder(len(q.args), "::bigint")
+		q.vals[q.n] = v
+		q.n++
+		return placeholder(q.n, "::bigint")
 	}
 	return strconv.FormatInt(v, 10)
 }
@@ -375,8 +380,8 @@ func (q *pgSQL) stmt(format string, vals ...string) string {
 // paramTexts caches the $n text of each statement format.
 var paramTexts sync.Map
 
-// fill writes vals into format's verbs, %s (the next value) and %[n]s (the
-// nth), in one allocation; the statement formats use no other verb.
+// fill writes vals into format's %s verbs, in order, in one allocation;
+// the statement formats use no other verb.
 func fill(format string, vals []string) string {
 	size := len(format)
 	for _, v := range vals {
@@ -384,26 +389,14 @@ func fill(format string, vals []string) string {
 	}
 	var b strings.Builder
 	b.Grow(size)
-	next := 0
-	for {
-		i := strings.IndexByte(format, '%')
-		if i < 0 {
-			b.WriteString(format)
-			return b.String()
-		}
-		b.WriteString(format[:i])
-		format = format[i+1:]
-		n := next
-		if strings.HasPrefix(format, "[") {
-			end := strings.IndexByte(format, ']')
-			n, _ = strconv.Atoi(format[1:end])
-			n--
-			format = format[end+1:]
-		}
-		format = strings.TrimPrefix(format, "s")
-		b.WriteString(vals[n])
-		next = n + 1
+	for _, v := range vals {
+		before, after, _ := strings.Cut(format, "%s")
+		b.WriteString(before)
+		b.WriteString(v)
+		format = after
 	}
+	b.WriteString(format)
+	return b.String()
 }
 
 // quoteLiteral returns s as a PostgreSQL string constant that reads back
@@ -453,7 +446,7 @@ func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (Lea
 	}
 	q := p.sql()
 	stmt := q.stmt(pgAcquireLease, q.text(r.Name), q.text(r.Owner), q.int(ttlMillis(r.TTL)))
-	g, found, err := p.grant(ctx, db, q, stmt)
+	g, found, err := p.grant(ctx, db, q, stmt, r)
 	if err == nil && !found {
 		err = ErrNotAcquired
 	}
@@ -468,23 +461,40 @@ func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Lease
 	}
 	q := p.sql()
 	stmt := q.stmt(pgRenewLease, q.int(ttlMillis(r.TTL)), q.text(r.Name), q.text(r.Owner), q.int(r.Token.Int64()))
-	g, found, err := p.grant(ctx, db, q, stmt)
+	g, found, err := p.grant(ctx, db, q, stmt, r)
 	if err == nil && !found {
 		err = fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
 	}
 	return g, err
 }
 
-// ReleaseLease frees the lease if r.Owner and r.Token (any token when 0)
-// still hold it; the row stays, so the generation never goes down.
+// ReleaseLease frees the lease if grant r.Token still holds it (with
+// Token 0, whatever r.Owner holds); the row stays, so the generation never
+// goes down.
 func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
 	if r.Kind != KindLease {
 		return errNoLockRows
 	}
 	q := p.sql()
-	stmt := q.stmt(pgReleaseLease, q.text(r.Name), q.text(r.Owner), q.int(r.Token.Int64()))
-	return p.onConn(ctx, db, q, func(conn *sql.Conn) error {
-		_, err := conn.ExecContext(ctx, stmt, q.args...)
+	var stmt string
+	if r.Token == 0 {
+		stmt = q.stmt(pgAbandonLease, q.text(r.Name), q.text(r.Owner))
+	} else {
+		stmt = q.stmt(pgReleaseLease, q.text(r.Name), q.int(r.Token.Int64()))
+	}
+	if q.err != nil {
+		return q.err
+	}
+	if !p.endsWithContext() { // see grant
+		_, err := within(ctx, func() (struct{}, error) { return struct{}{}, p.release(ctx, db, nil, stmt) }, nil, nil)
+		return err
+	}
+	return p.release(ctx, db, q.args(), stmt)
+}
+
+func (p *postgres) release(ctx context.Context, db DB, args []any, stmt string) error {
+	return p.run(ctx, db, func(h handle) error {
+		_, err := h.ExecContext(ctx, stmt, args...)
 		return err
 	})
 }
@@ -497,19 +507,25 @@ func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Hol
 	}
 	q := p.sql()
 	stmt := q.stmt(pgLeaseHolder, q.text(r.Name))
-	h := &Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
-	var gen int64
-	err := p.onConn(ctx, db, q, func(conn *sql.Conn) error {
-		return conn.QueryRowContext(ctx, stmt, q.args...).Scan(&h.Owner, &gen, &h.Since, &h.ExpiresAt)
-	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
+	if q.err != nil {
+		return nil, q.err
 	}
-	if err != nil {
-		return nil, err
+	read := func(args []any) (*Holder, error) {
+		h := &Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
+		var gen int64
+		err := p.run(ctx, db, func(on handle) error {
+			return on.QueryRowContext(ctx, stmt, args...).Scan(&h.Owner, &gen, &h.Since, &h.ExpiresAt)
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, nil
+		}
+		h.Token = FencingToken(gen)
+		return h, err
 	}
-	h.Token = FencingToken(gen)
-	return h, nil
+	if !p.endsWithContext() { // see grant
+		return within(ctx, func() (*Holder, error) { return read(nil) }, nil, nil)
+	}
+	return read(q.args())
 }
 
 // AdmitToken stores token as resource's highest in tx if it is not lower
@@ -523,25 +539,49 @@ func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, 
 		return q.err
 	}
 	var got int64
-	err := tx.QueryRowContext(ctx, stmt, q.args...).Scan(&got)
+	err := tx.QueryRowContext(ctx, stmt, q.args()...).Scan(&got)
 	if !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
 	q = p.sql()
 	stmt = q.stmt(pgHighestToken, q.text(resource))
 	var highest int64
-	if err := tx.QueryRowContext(ctx, stmt, q.args...).Scan(&highest); err != nil {
+	if err := tx.QueryRowContext(ctx, stmt, q.args()...).Scan(&highest); err != nil {
 		return fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
 	}
 	return &StaleTokenError{Resource: resource, Token: token, Highest: FencingToken(highest)}
 }
 
 // grant runs an acquire or renew statement and reads the grant it
-// returns; found is false when it returned no row.
-func (p *postgres) grant(ctx context.Context, db DB, q *pgSQL, stmt string) (g LeaseGrant, found bool, err error) {
+// returns; found is false when it returned no row. Where the driver does
+// not end a statement with ctx (lib/pq), the step is bounded by ctx all
+// the same (see within): a lease step stuck on a dead network must not
+// hold an acquire, a renewal or a release. The branch is here, not in a
+// helper, so that the drivers that need no bound pay for no closure; the
+// bounded drivers get literals, so the closure passes no arguments (which
+// would move every statement's arguments to the heap).
+func (p *postgres) grant(ctx context.Context, db DB, q pgSQL, stmt string, r LeaseRequest) (LeaseGrant, bool, error) {
+	if q.err != nil {
+		return LeaseGrant{}, false, q.err
+	}
+	if !p.endsWithContext() {
+		type granted struct {
+			g     LeaseGrant
+			found bool
+		}
+		a, err := within(ctx, func() (granted, error) {
+			g, found, err := p.grantNow(ctx, db, nil, stmt, r)
+			return granted{g, found}, err
+		}, nil, nil)
+		return a.g, a.found, err
+	}
+	return p.grantNow(ctx, db, q.args(), stmt, r)
+}
+
+func (p *postgres) grantNow(ctx context.Context, db DB, args []any, stmt string, r LeaseRequest) (LeaseGrant, bool, error) {
 	var gen int64
-	err = p.onConn(ctx, db, q, func(conn *sql.Conn) error {
-		return conn.QueryRowContext(ctx, stmt, q.args...).Scan(&gen, &g.ExpiresAt)
+	err := p.run(ctx, db, func(h handle) error {
+		return h.QueryRowContext(ctx, stmt, args...).Scan(&gen)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return LeaseGrant{}, false, nil
@@ -549,53 +589,41 @@ func (p *postgres) grant(ctx context.Context, db DB, q *pgSQL, stmt string) (g L
 	if err != nil {
 		return LeaseGrant{}, false, err
 	}
-	g.Token = FencingToken(gen)
-	return g, true, nil
+	_, expires := leaseTimes(r) // the database's clock decides; this is the local estimate
+	return LeaseGrant{Token: FencingToken(gen), ExpiresAt: time.UnixMilli(expires)}, true, nil
 }
 
-// onConn runs stmt on a connection checked out of db and returned at
-// once. If a table is missing it creates the tables on that connection
-// and runs stmt again, once. A name too long for the primary key's index
-// is reported as ErrUnsupported.
-func (p *postgres) onConn(ctx context.Context, db DB, q *pgSQL, stmt func(conn *sql.Conn) error) error {
-	if q.err != nil {
-		return q.err
-	}
-	if p.endsWithContext() {
-		return p.onConnUnbounded(ctx, db, stmt)
-	}
-	// Bounded by ctx even where the driver is not (see within): a lease
-	// step stuck on a dead network must not hold a release or an acquire.
-	_, err := within(ctx, func() (struct{}, error) { return struct{}{}, p.onConnUnbounded(ctx, db, stmt) }, nil, nil)
-	return err
-}
-
-func (p *postgres) onConnUnbounded(ctx context.Context, db DB, stmt func(conn *sql.Conn) error) error {
-	conn, err := db.Conn(ctx)
+// run runs stmt where lease statements run (see onHandle). If a table is
+// missing it creates the tables and runs stmt again, once. A name too long
+// for the primary key's index is reported as ErrUnsupported.
+func (p *postgres) run(ctx context.Context, db DB, stmt func(h handle) error) error {
+	h, done, err := onHandle(ctx, db)
 	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: %w", ErrPoolUnavailable, context.Cause(ctx))
-		}
-		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+		return err
 	}
-	defer conn.Close()
-	err = stmt(conn)
+	defer done()
+	err = stmt(h)
 	if sqlState(err) == "42P01" { // undefined_table
-		if err := createPostgresTables(ctx, conn); err != nil {
+		if err := createPostgresTables(ctx, db); err != nil {
 			return err
 		}
-		err = stmt(conn)
+		err = stmt(h)
 	}
 	if sqlState(err) == "54000" { // program_limit_exceeded: the index row is too big
 		return fmt.Errorf("%w: the name is too long to be a PostgreSQL index key (a btree entry holds about 2.7kB after compression): %w", ErrUnsupported, err)
 	}
-	return err
+	return unreachable(err)
 }
 
 // createPostgresTables creates the tables in one transaction, serialized
 // with every other creator by a transaction-scoped advisory lock, so that
 // concurrent first uses all succeed.
-func createPostgresTables(ctx context.Context, conn *sql.Conn) error {
+func createPostgresTables(ctx context.Context, db DB) error {
+	conn, err := takeConn(ctx, db)
+	if err != nil {
+		return fmt.Errorf("advisorylock: creating tables: %w", err)
+	}
+	defer conn.Close()
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
@@ -618,15 +646,12 @@ func createPostgresTables(ctx context.Context, conn *sql.Conn) error {
 // missing table cannot be created and retried. Where the tables exist it
 // writes nothing, so it works through a statement-mode pooler too.
 func (p *postgres) ensureSchema(ctx context.Context, db DB) error {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
-	}
-	defer conn.Close()
 	var exist bool
-	err = conn.QueryRowContext(ctx, "SELECT to_regclass('advisorylock_leases') IS NOT NULL AND to_regclass('advisorylock_fences') IS NOT NULL").Scan(&exist)
+	err := p.run(ctx, db, func(h handle) error {
+		return h.QueryRowContext(ctx, "SELECT to_regclass('advisorylock_leases') IS NOT NULL AND to_regclass('advisorylock_fences') IS NOT NULL").Scan(&exist)
+	})
 	if err != nil || exist {
 		return err
 	}
-	return createPostgresTables(ctx, conn)
+	return createPostgresTables(ctx, db)
 }

@@ -78,10 +78,13 @@ WHERE advisorylock_leases.owner IS NULL OR advisorylock_leases.expires_at <= exc
 RETURNING generation`
 	sqliteRenewLease = `UPDATE advisorylock_leases SET expires_at = ?4
 WHERE name = ?1 AND owner = ?2 AND generation = ?3 AND expires_at > ?5`
-	// A release with generation 0 comes from an acquire whose outcome was
-	// unknown: the owner label, unique per acquire, identifies the grant.
-	sqliteReleaseLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = min(expires_at, ?4)
-WHERE name = ?1 AND owner = ?2 AND (?3 = 0 OR generation = ?3)`
+	// A grant is its generation: a release names it alone. An acquire
+	// whose outcome was unknown has none, and frees whatever its owner
+	// label, unique per acquire, holds.
+	sqliteReleaseLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = min(expires_at, ?3)
+WHERE name = ?1 AND generation = ?2 AND owner IS NOT NULL`
+	sqliteAbandonLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = min(expires_at, ?3)
+WHERE name = ?1 AND owner = ?2`
 	sqliteLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
 WHERE name = ?1 AND owner IS NOT NULL AND expires_at > ?2`
 
@@ -144,7 +147,12 @@ func (sqliteBackend) Schema() string {
 
 // Validate refuses an in-memory database and creates the tables.
 func (s sqliteBackend) Validate(ctx context.Context, db DB) error {
-	return s.run(ctx, db, busyNewcomer, func(conn *sql.Conn) error {
+	return retryBusy(ctx, busyNewcomer, time.Time{}, func() error {
+		conn, err := takeConn(ctx, db)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
 		file, err := mainFile(ctx, conn)
 		if err != nil {
 			return err
@@ -182,9 +190,9 @@ func mainFile(ctx context.Context, conn *sql.Conn) (string, error) {
 
 // createTables runs the DDL; each statement is idempotent, so processes
 // creating the tables at once all succeed (busy ones retry).
-func createTables(ctx context.Context, q sqliteQuerier) error {
+func createTables(ctx context.Context, q querier) error {
 	for _, ddl := range sqliteTables {
-		if err := retryBusy(ctx, busyNewcomer, func() error {
+		if err := retryBusy(ctx, busyNewcomer, time.Time{}, func() error {
 			_, err := q.ExecContext(ctx, ddl)
 			return err
 		}); err != nil {
@@ -205,9 +213,9 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	now, exp := leaseTimes(r)
 	token := int64(1) // a lock row's grant; a lease row returns its generation
 	acquired := false
-	err := s.run(ctx, db, busyNewcomer, func(conn *sql.Conn) error {
+	err := s.run(ctx, db, busyNewcomer, time.Time{}, func(q handle) error {
 		if r.Kind == KindLock {
-			res, err := conn.ExecContext(ctx, sqliteAcquireLock, r.Key, r.Name, r.Owner, now, exp)
+			res, err := q.ExecContext(ctx, sqliteAcquireLock, r.Key, r.Name, r.Owner, now, exp)
 			if err != nil {
 				return err
 			}
@@ -216,7 +224,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 			return err
 		}
 		var gen int64 // its own variable: only a lease pays for the Scan's pointer
-		err := conn.QueryRowContext(ctx, sqliteAcquireLease, r.Name, r.Owner, now, exp).Scan(&gen)
+		err := q.QueryRowContext(ctx, sqliteAcquireLease, r.Name, r.Owner, now, exp).Scan(&gen)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
@@ -237,13 +245,13 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
 	now, exp := leaseTimes(r)
 	var n int64
-	err := s.run(ctx, db, busyHolder, func(conn *sql.Conn) error {
+	err := s.run(ctx, db, busyHolder, time.Time{}, func(q handle) error {
 		var res sql.Result
 		var err error
 		if r.Kind == KindLock {
-			res, err = conn.ExecContext(ctx, sqliteRenewLock, r.Key, r.Owner, exp, now)
+			res, err = q.ExecContext(ctx, sqliteRenewLock, r.Key, r.Owner, exp, now)
 		} else {
-			res, err = conn.ExecContext(ctx, sqliteRenewLease, r.Name, r.Owner, int64(r.Token), exp, now)
+			res, err = q.ExecContext(ctx, sqliteRenewLease, r.Name, r.Owner, int64(r.Token), exp, now)
 		}
 		if err != nil {
 			return err
@@ -260,17 +268,40 @@ func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (L
 	return LeaseGrant{Token: max(r.Token, 1), ExpiresAt: time.UnixMilli(exp)}, nil
 }
 
-// ReleaseLease deletes a lock row, or frees a lease row (which stays, so
-// generations never go down), only if r.Owner holds it. A release with
-// Token 0 matches the owner label alone.
+// ReleaseLease deletes a lock row if r.Owner holds it, or frees a lease
+// row (which stays, so generations never go down) if grant r.Token holds
+// it; a release with Token 0 frees what the owner label holds.
 func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
+	return s.release(ctx, db, r, time.Time{})
+}
+
+// releaseWithin is ReleaseLease bounded by timeout. A release can block
+// on two things: a pool at its SetMaxOpenConns limit, which only a
+// context ends, and a busy database, which the driver's busy_timeout
+// bounds (an interrupt does not end that wait) and after it our retries.
+// So where db's pool has no limit, a time limit on the retries bounds the
+// release, and the context needs no timer (nor the driver a goroutine to
+// watch it).
+func (s sqliteBackend) releaseWithin(ctx context.Context, db DB, r LeaseRequest, timeout time.Duration) error {
+	if p, ok := db.(interface{ Stats() sql.DBStats }); ok && p.Stats().MaxOpenConnections == 0 && ctx.Done() == nil {
+		return s.release(ctx, db, r, time.Now().Add(timeout))
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return s.release(ctx, db, r, time.Time{})
+}
+
+func (s sqliteBackend) release(ctx context.Context, db DB, r LeaseRequest, until time.Time) error {
 	now, _ := leaseTimes(r)
-	return s.run(ctx, db, busyHolder, func(conn *sql.Conn) error {
+	return s.run(ctx, db, busyHolder, until, func(q handle) error {
 		var err error
-		if r.Kind == KindLock {
-			_, err = conn.ExecContext(ctx, sqliteReleaseLock, r.Key, r.Owner)
-		} else {
-			_, err = conn.ExecContext(ctx, sqliteReleaseLease, r.Name, r.Owner, int64(r.Token), now)
+		switch {
+		case r.Kind == KindLock:
+			_, err = q.ExecContext(ctx, sqliteReleaseLock, r.Key, r.Owner)
+		case r.Token == 0:
+			_, err = q.ExecContext(ctx, sqliteAbandonLease, r.Name, r.Owner, now)
+		default:
+			_, err = q.ExecContext(ctx, sqliteReleaseLease, r.Name, int64(r.Token), now)
 		}
 		return err
 	})
@@ -281,14 +312,14 @@ func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) 
 func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
 	now, _ := leaseTimes(r)
 	var h *Holder
-	err := s.run(ctx, db, busyNewcomer, func(conn *sql.Conn) error {
+	err := s.run(ctx, db, busyNewcomer, time.Time{}, func(q handle) error {
 		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
 		var since, until int64
 		var err error
 		if r.Kind == KindLock {
-			err = conn.QueryRowContext(ctx, sqliteLockHolder, r.Key, now).Scan(&h.Name, &h.Owner, &since, &until)
+			err = q.QueryRowContext(ctx, sqliteLockHolder, r.Key, now).Scan(&h.Name, &h.Owner, &since, &until)
 		} else {
-			err = conn.QueryRowContext(ctx, sqliteLeaseHolder, r.Name, now).Scan(&h.Owner, &h.Token, &since, &until)
+			err = q.QueryRowContext(ctx, sqliteLeaseHolder, r.Name, now).Scan(&h.Owner, &h.Token, &since, &until)
 		}
 		if errors.Is(err, sql.ErrNoRows) {
 			h = nil
@@ -335,40 +366,28 @@ func leaseTimes(r LeaseRequest) (now, expires int64) {
 	return t.UnixMilli(), t.Add(r.TTL).UnixMilli()
 }
 
-// sqliteQuerier is what *sql.Conn and *sql.Tx share.
-type sqliteQuerier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// run runs stmt on a connection checked out of db and returned at once,
-// retrying while the database is busy (the checkout too: opening a
-// connection runs the driver's pragmas) and creating the tables if they
-// are missing.
-func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, stmt func(conn *sql.Conn) error) error {
+// run runs stmt on db itself where it runs statements (see onHandle),
+// else on a connection checked out and returned at once; it retries while
+// the database is busy (opening a connection runs the driver's pragmas, so
+// that can be busy too) and creates the tables if they are missing.
+func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, until time.Time, stmt func(q handle) error) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	created := false
-	return retryBusy(ctx, p, func() error {
-		conn, err := db.Conn(ctx)
+	return retryBusy(ctx, p, until, func() error {
+		q, done, err := onHandle(ctx, db)
 		if err != nil {
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			if isBusy(err) {
-				return err
-			}
-			return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+			return err
 		}
-		defer conn.Close()
-		err = stmt(conn)
+		defer done()
+		err = stmt(q)
 		if err != nil && !created && isMissingTable(err) {
 			created = true
-			if err := createTables(ctx, conn); err != nil {
+			if err := createTables(ctx, q); err != nil {
 				return err
 			}
-			err = stmt(conn)
+			err = stmt(q)
 		}
 		return settled(ctx, err)
 	})
@@ -396,7 +415,7 @@ func settled(ctx context.Context, err error) error {
 // and creating the tables (in the transaction) if missing.
 func withTables(ctx context.Context, tx *sql.Tx, p busyPolicy, stmt func() error) error {
 	created := false
-	return retryBusy(ctx, p, func() error {
+	return retryBusy(ctx, p, time.Time{}, func() error {
 		err := stmt()
 		if err != nil && !created && isMissingTable(err) {
 			created = true
@@ -410,10 +429,12 @@ func withTables(ctx context.Context, tx *sql.Tx, p busyPolicy, stmt func() error
 }
 
 // retryBusy runs stmt until it returns anything but a retryable busy
-// error, ctx ends, or p's patience has passed; then it returns the last
-// busy error, wrapped with ctx's error if ctx ended.
-func retryBusy(ctx context.Context, p busyPolicy, stmt func() error) error {
-	start := time.Now()
+// error, ctx ends, until (if not zero) or p's patience has passed; then
+// it returns the last busy error, wrapped with ctx's error if ctx ended.
+func retryBusy(ctx context.Context, p busyPolicy, until time.Time, stmt func() error) error {
+	if p.patience() > 0 {
+		until = time.Now().Add(p.patience())
+	}
 	pause := time.Millisecond
 	var timer *time.Timer
 	for {
@@ -421,7 +442,7 @@ func retryBusy(ctx context.Context, p busyPolicy, stmt func() error) error {
 		if err == nil || !isBusy(err) || busyCode(err) == sqliteBusySnapshot {
 			return err
 		}
-		if p.patience() > 0 && time.Since(start) >= p.patience() {
+		if !until.IsZero() && !time.Now().Before(until) {
 			return err
 		}
 		wait := pause/2 + rand.N(pause)

@@ -709,3 +709,58 @@ func TestSQLiteContextEndingAtTheStatementGrantsNothingFalse(t *testing.T) {
 	}
 	t.Logf("%d granted, %d cut short", granted, ended)
 }
+
+// TestSQLiteReleaseIsBoundedWhileBusy holds the database's write lock from
+// another connection while a Guard is released: the release retries until
+// WithReleaseTimeout and then fails, whether the pool has a limit (which
+// only a context can bound) or not (where a time limit on the retries
+// bounds it and the context has no timer). (With a busy_timeout longer
+// than the release timeout both take the busy_timeout: an interrupt does
+// not end SQLite's busy wait; WithReleaseTimeout says so.)
+func TestSQLiteReleaseIsBoundedWhileBusy(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	for _, c := range []struct {
+		name     string
+		maxOpen  int
+		busyWait string
+	}{
+		{"unlimited pool", 0, "100"},
+		{"limited pool", 4, "100"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			path := testdb.SQLitePath(t)
+			db := testdb.OpenSQLite(t, path, "_pragma=busy_timeout("+c.busyWait+")&_pragma=journal_mode(WAL)")
+			db.SetMaxOpenConns(c.maxOpen)
+			l, err := advisorylock.New(db, "busy-release", advisorylock.WithReleaseTimeout(timeout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := l.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writer, err := testdb.OpenSQLite(t, path, "").Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer writer.Close()
+			if _, err := writer.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			err = g.Release(ctx)
+			took := time.Since(start)
+			if _, rerr := writer.ExecContext(ctx, "ROLLBACK"); rerr != nil {
+				t.Fatal(rerr)
+			}
+			t.Logf("release took %v: %v", took, err)
+			if err == nil || !strings.Contains(err.Error(), "locked") {
+				t.Fatalf("release while another connection writes returned %v, want the busy error", err)
+			}
+			if took < timeout {
+				t.Fatalf("release gave up after %v, before its timeout of %v", took, timeout)
+			}
+		})
+	}
+}

@@ -115,7 +115,9 @@ func (s *sessionHold) grant(session int64) *Guard {
 	return newGuard(&s.hold)
 }
 
-func (s *sessionHold) release(ctx context.Context) error {
+func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	s.stopWatch()
 	if gone, _ := s.isLost(); gone {
 		s.p.discard()

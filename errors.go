@@ -24,7 +24,9 @@ var (
 	// ErrStaleToken is matched by *StaleTokenError.
 	ErrStaleToken = errors.New("advisorylock: stale fencing token")
 	// ErrPoolUnavailable means no connection could be checked out of the
-	// pool; the driver's error is wrapped with it.
+	// pool, or, for a lease statement (which runs on the handle itself
+	// where it can), none could be dialed: nothing was sent. The driver's
+	// error is wrapped with it.
 	ErrPoolUnavailable = errors.New("advisorylock: no connection available")
 	// ErrTransactionPooler means session locks were refused because
 	// sessions are multiplexed by a transaction-mode pooler. Use LeaseLock.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,10 +251,21 @@ func (s *leaseState) stop() {
 	}
 }
 
-func (s *leaseState) release(ctx context.Context) error {
+// boundsRelease is a LeaseStore that bounds a release by timeout itself,
+// where it can do so more cheaply than a context with a timer (SQLite).
+type boundsRelease interface {
+	releaseWithin(ctx context.Context, db DB, r LeaseRequest, timeout time.Duration) error
+}
+
+func (s *leaseState) release(ctx context.Context, timeout time.Duration) error {
 	s.stop()
 	r := s.req
 	r.Now = s.clock.Now()
+	if b, ok := s.store.(boundsRelease); ok {
+		return b.releaseWithin(ctx, s.db, r, timeout)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	return s.store.ReleaseLease(ctx, s.db, r)
 }
 
@@ -459,7 +471,9 @@ func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard
 		return nil, err
 	}
 	lease := Lease{name: l.name, token: s.req.Token, s: s}
-	return &LeaseGuard{g: newGuard(&s.hold), lease: lease}, nil
+	g := &LeaseGuard{g: Guard{h: &s.hold}, lease: lease} // one allocation for both
+	runtime.AddCleanup(g, (*hold).forgotten, &s.hold)
+	return g, nil
 }
 
 // Holder reports who holds the lease now, or nil when it is free or
@@ -531,7 +545,7 @@ func (l Lease) IsLost() bool { return l.s.lostOrExpired() }
 
 // LeaseGuard is a held lease. Release it when done; Release is idempotent.
 type LeaseGuard struct {
-	g     *Guard
+	g     Guard
 	lease Lease
 }
 

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -758,5 +759,28 @@ func TestPostgresKeepsNoLockRows(t *testing.T) {
 	}
 	if _, ok := advisorylock.Postgres().(advisorylock.SessionLocker); !ok {
 		t.Fatal("Postgres() is no longer a SessionLocker")
+	}
+}
+
+// TestLeaseOnAnUnreachableServerIsPoolUnavailable: when no connection can
+// be made (the server refuses them), an acquire reports ErrPoolUnavailable,
+// with the driver's dial error reachable: nothing was sent.
+func TestLeaseOnAnUnreachableServerIsPoolUnavailable(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			dsn := testdb.PostgresDSN(t)
+			proxy := testdb.NewProxy(t, testdb.HostPort(t, dsn))
+			db := testdb.OpenPostgresDSN(t, drv, proxy.DSN(dsn))
+			l := newLeaseLock(t, db, testdb.UniqueName(t), quiet)
+			proxy.Close()
+			g, err := l.TryLock(context.Background())
+			var op *net.OpError
+			if g != nil || !errors.Is(err, advisorylock.ErrPoolUnavailable) || !errors.As(err, &op) || op.Op != "dial" {
+				t.Fatalf("TryLock with the server refusing connections = %v, %v; want ErrPoolUnavailable wrapping the dial error", g, err)
+			}
+			if !strings.Contains(err.Error(), l.Name()) {
+				t.Fatalf("error %q does not name the lock", err)
+			}
+		})
 	}
 }

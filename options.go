@@ -91,7 +91,9 @@ func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll 
 func WithKeepAlive(d time.Duration) Option { return func(c *config) { c.keepAlive = max(d, 0) } }
 
 // WithReleaseTimeout bounds each release, which runs on its own context so
-// that a caller whose context is already done still releases [5s].
+// that a caller whose context is already done still releases [5s]. On
+// SQLite one statement that waits for a busy database waits as long as the
+// driver's busy_timeout, which nothing can cut short: keep that below this.
 func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.releaseTimeout = d } }
 
 // WithPoolerCheck turns the transaction-pooler probe of New on or off

@@ -126,7 +126,7 @@ func FuzzQuoteLiteral(f *testing.F) {
 // fill must write a statement exactly as fmt.Sprintf would, also for
 // values that hold verbs themselves.
 func TestFillMatchesSprintf(t *testing.T) {
-	formats := []string{pgAcquireLease, pgRenewLease, pgReleaseLease, pgLeaseHolder, pgAdmitToken, pgHighestToken}
+	formats := []string{pgAcquireLease, pgRenewLease, pgReleaseLease, pgAbandonLease, pgLeaseHolder, pgAdmitToken, pgHighestToken}
 	for _, f := range formats {
 		verbs := strings.Count(f, "%s")
 		for _, seed := range append(quoteSeeds, "%s", "%[1]s", "100%", "$1::text") {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
@@ -41,7 +42,7 @@ func TestSQLiteBusyIsToldFromOtherErrors(t *testing.T) {
 		}
 		calls := 0
 		ctx, cancel := context.WithCancel(context.Background())
-		err := retryBusy(ctx, busyNewcomer, func() error {
+		err := retryBusy(ctx, busyNewcomer, time.Time{}, func() error {
 			calls++
 			if calls == 3 {
 				cancel()

@@ -52,6 +52,7 @@ var pgOps = []pgOp{
 	{"migrate", pgDrivers, setupMigrate},
 	{"leaselock", pgDrivers, setupLeaseLock},
 	{"lease_raw_param", pgDrivers, setupLeaseRaw(leaseParam)},
+	{"lease_raw_param_bounded", pgDrivers, setupLeaseRaw(leaseParamBounded)},
 	{"lease_raw_literal", pgDrivers, setupLeaseRaw(leaseLiteral)},
 	{"lease_raw_literal_async_release", pgDrivers, setupLeaseRaw(leaseLiteralAsync)},
 	{"goose_table", pgDrivers, setupGooseTable},
@@ -415,6 +416,7 @@ type leaseForm int
 
 const (
 	leaseParam        leaseForm = iota // values as parameters, as a user would write it
+	leaseParamBounded                  // as leaseParam, the release bounded by its own 5s context, as Release is
 	leaseLiteral                       // values as literals: one round trip on every driver
 	leaseLiteralAsync                  // literals, release committed with synchronous_commit off
 )
@@ -439,13 +441,25 @@ WHERE t.owner IS NULL OR t.expires_at <= now()
 RETURNING generation`
 		release := "UPDATE " + table + " SET owner = NULL, expires_at = now() WHERE name = $1 AND generation = $2"
 		ttl := (30 * time.Second).Milliseconds()
-		if form == leaseParam {
+		switch form {
+		case leaseParam:
 			return func(ctx context.Context) error {
 				var gen int64
 				if err := e.db.QueryRowContext(ctx, acquire, name, owner, ttl).Scan(&gen); err != nil {
 					return err
 				}
 				_, err := e.db.ExecContext(ctx, release, name, gen)
+				return err
+			}
+		case leaseParamBounded:
+			return func(ctx context.Context) error {
+				var gen int64
+				if err := e.db.QueryRowContext(ctx, acquire, name, owner, ttl).Scan(&gen); err != nil {
+					return err
+				}
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				_, err := e.db.ExecContext(rctx, release, name, gen)
 				return err
 			}
 		}

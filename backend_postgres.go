@@ -204,25 +204,29 @@ func (p *postgres) SessionIdentity(ctx context.Context, conn *sql.Conn) (string,
 // the holder's acquire statement started while that is still its latest
 // statement, and otherwise its session's start (an earlier bound).
 func (p *postgres) SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
-	}
-	defer conn.Close()
-	h := Holder{Backend: p.Name(), Key: key}
-	var since sql.NullTime
-	err = conn.QueryRowContext(ctx, `SELECT l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+	stmt := `SELECT l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
   CASE WHEN a.query LIKE 'SELECT pg\_%advisory\_lock(%' THEN a.query_start ELSE a.backend_start END
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE `+advisoryWhere(key)+` ORDER BY l.pid LIMIT 1`).Scan(&h.PID, &h.Application, &h.ClientAddr, &since)
-	if err == sql.ErrNoRows {
-		return nil, nil
+WHERE ` + advisoryWhere(key) + ` ORDER BY l.pid LIMIT 1`
+	read := func() (*Holder, error) {
+		h := &Holder{Backend: p.Name(), Key: key}
+		var since sql.NullTime
+		err := p.run(ctx, db, func(on handle) error {
+			return on.QueryRowContext(ctx, stmt).Scan(&h.PID, &h.Application, &h.ClientAddr, &since)
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		h.Since = since.Time
+		return h, nil
 	}
-	if err != nil {
-		return nil, err
+	if !p.endsWithContext() { // bounded by ctx all the same, as the lease steps are (see grant)
+		return within(ctx, read, nil, nil)
 	}
-	h.Since = since.Time
-	return &h, nil
+	return read()
 }
 
 // ---------------------------------------------------------------------------
@@ -255,9 +259,14 @@ var postgresTables = []string{
 )`,
 }
 
-// schemaKey is the transaction-scoped advisory lock that serializes
-// creating the tables, so that concurrent first uses all succeed.
-var schemaKey = Key("advisorylock:schema")
+// schemaLock takes the transaction-scoped advisory lock that serializes
+// creating the tables, so that concurrent first uses all succeed. It is a
+// two-int4 lock, a key space apart from the bigint keys of Lock names, so
+// no Lock can hold it.
+var schemaLock = func() string {
+	k := uint64(Key("advisorylock:schema"))
+	return fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, %d)", int32(k>>32), int32(k))
+}()
 
 // Schema returns the DDL of advisorylock_leases and advisorylock_fences.
 // PostgreSQL's Lock needs no table.
@@ -519,8 +528,11 @@ func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Hol
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, nil
 		}
+		if err != nil {
+			return nil, err
+		}
 		h.Token = FencingToken(gen)
-		return h, err
+		return h, nil
 	}
 	if !p.endsWithContext() { // see grant
 		return within(ctx, func() (*Holder, error) { return read(nil) }, nil, nil)
@@ -595,7 +607,8 @@ func (p *postgres) grantNow(ctx context.Context, db DB, args []any, stmt string,
 
 // run runs stmt where lease statements run (see onHandle). If a table is
 // missing it creates the tables and runs stmt again, once. A name too long
-// for the primary key's index is reported as ErrUnsupported.
+// for the primary key's index is reported as ErrUnsupported, and no rows
+// from a statement whose context ended as an unknown outcome.
 func (p *postgres) run(ctx context.Context, db DB, stmt func(h handle) error) error {
 	h, done, err := onHandle(ctx, db)
 	if err != nil {
@@ -611,6 +624,12 @@ func (p *postgres) run(ctx context.Context, db DB, stmt func(h handle) error) er
 	}
 	if sqlState(err) == "54000" { // program_limit_exceeded: the index row is too big
 		return fmt.Errorf("%w: the name is too long to be a PostgreSQL index key (a btree entry holds about 2.7kB after compression): %w", ErrUnsupported, err)
+	}
+	if errors.Is(err, sql.ErrNoRows) && ctx.Err() != nil {
+		// database/sql can report a query cut short by its context as
+		// no rows (lib/pq#874; seen with pgx in a network cut): that
+		// answers nothing, and "no row" means "held" or "free" here.
+		return fmt.Errorf("advisorylock: context ended while the statement ran, outcome unknown: %w", context.Cause(ctx))
 	}
 	return unreachable(err)
 }
@@ -629,7 +648,7 @@ func createPostgresTables(ctx context.Context, db DB) error {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
 	}
 	defer tx.Rollback()
-	stmts := append([]string{fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", schemaKey)}, postgresTables...)
+	stmts := append([]string{schemaLock}, postgresTables...)
 	for _, s := range stmts {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("advisorylock: creating tables: %w", err)

@@ -957,6 +957,22 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 				t.Fatal(err)
 			}
 			returnsDuringCut(t, "LeaseLock.LockTimeout(1s)", func() error { _, err := otherLease.LockTimeout(ctx, time.Second); return expectFailure(err) })
+			// So are the questions.
+			for what, holder := range map[string]func(context.Context) (*advisorylock.Holder, error){
+				"Lock.Holder": other.Holder, "LeaseLock.Holder": otherLease.Holder,
+			} {
+				returnsDuringCut(t, what+" with a 1s context", func() error {
+					tctx, cancel := context.WithTimeout(ctx, time.Second)
+					defer cancel()
+					switch h, err := holder(tctx); {
+					case err == nil:
+						return errors.New("answered with the network cut")
+					case h != nil:
+						return fmt.Errorf("returned a holder (%+v) with its error %w", h, err)
+					}
+					return nil
+				})
+			}
 
 			returnsDuringCut(t, "Release of the lost lease", func() error { _ = lg.Release(ctx); return nil })
 

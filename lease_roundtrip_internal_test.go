@@ -2,6 +2,8 @@ package advisorylock
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
@@ -155,5 +157,22 @@ func TestLeaseLockTryLockAndReleaseAreOneRoundTripEach(t *testing.T) {
 			measureOneRoundTrip(t, "TryLock", &last, lock)
 			measureOneRoundTrip(t, "Release", &last, release)
 		})
+	}
+}
+
+// A query cut short by its context can come back from database/sql as no
+// rows (lib/pq#874; seen with pgx in a network cut). A lease or holder
+// statement's "no row" means held, free or lost, so run must turn it into
+// an unknown outcome when the context ended, and leave it alone otherwise.
+func TestNoRowsFromAnEndedContextIsNoAnswer(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	p := &postgres{params: true}
+	ctx, cancel := context.WithCancel(context.Background())
+	err := p.run(ctx, db, func(handle) error { cancel(); return sql.ErrNoRows })
+	if errors.Is(err, sql.ErrNoRows) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("no rows from a statement whose context ended = %v, want an unknown outcome wrapping context.Canceled", err)
+	}
+	if err := p.run(context.Background(), db, func(handle) error { return sql.ErrNoRows }); !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("no rows with the context alive = %v, want sql.ErrNoRows", err)
 	}
 }

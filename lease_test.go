@@ -784,3 +784,25 @@ func TestLeaseOnAnUnreachableServerIsPoolUnavailable(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseSchemaCreationIgnoresLockNames: the tables are created under a
+// transaction-scoped advisory lock that no Lock name can reach, so a Lock
+// held on any name (here the schema lock's own label) never blocks a first
+// use.
+func TestLeaseSchemaCreationIgnoresLockNames(t *testing.T) {
+	ctx := context.Background()
+	admin := testdb.OpenPostgres(t, "postgres")
+	db := testdb.OpenPostgresDSN(t, "pgx", testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin)))
+	held, err := newLock(t, db, "advisorylock:schema").TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mustRelease(t, held)
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	g, err := newLeaseLock(t, db, testdb.UniqueName(t)).TryLock(tctx)
+	if err != nil {
+		t.Fatalf("first use with a Lock held on %q: %v", "advisorylock:schema", err)
+	}
+	releaseLease(t, g)
+}

@@ -169,6 +169,7 @@ func runSuite(gs []group, pin *pinning) ([]byte, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
+	atInterrupt(func() { _ = os.RemoveAll(dir) })
 	bin := filepath.Join(dir, "bench.test")
 	build := exec.Command("go", "test", "-c", "-o", bin, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr

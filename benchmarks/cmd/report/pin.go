@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -72,15 +73,10 @@ func pinServer(dsn string) *pinning {
 		return p
 	}
 	p.postmaster = pm
-	// An interrupted run must not leave the server on one CPU.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		s := <-sig
+	atInterrupt(func() { // an interrupted run must not leave the server on one CPU
 		p.restore()
-		fmt.Fprintf(os.Stderr, "report: %v: gave the server back its CPUs\n", s)
-		os.Exit(130)
-	}()
+		fmt.Fprintln(os.Stderr, "report: gave the server back its CPUs")
+	})
 	p.client = &unix.CPUSet{}
 	for c := 1; c < runtime.NumCPU(); c++ {
 		p.client.Set(c)
@@ -91,6 +87,34 @@ func pinServer(dsn string) *pinning {
 	}
 	p.desc = "PostgreSQL's processes on CPU 0, the benchmarks on " + others + " (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time)"
 	return p
+}
+
+// interrupted holds what must be undone if the report is interrupted
+// (SIGINT, SIGTERM), where os.Exit would skip deferred calls.
+var interrupted struct {
+	sync.Mutex
+	undo []func()
+}
+
+// atInterrupt registers f to run, last registered first, if the report is
+// interrupted; the first registration starts listening for the signals.
+func atInterrupt(f func()) {
+	interrupted.Lock()
+	defer interrupted.Unlock()
+	if interrupted.undo == nil {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		go func() {
+			s := <-sig
+			interrupted.Lock()
+			for i := len(interrupted.undo) - 1; i >= 0; i-- {
+				interrupted.undo[i]()
+			}
+			fmt.Fprintf(os.Stderr, "report: %v: stopped\n", s)
+			os.Exit(130)
+		}()
+	}
+	interrupted.undo = append(interrupted.undo, f)
 }
 
 // setTree sets the affinity of process pid and of its children (a

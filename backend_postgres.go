@@ -223,10 +223,17 @@ WHERE ` + advisoryWhere(key) + ` ORDER BY l.pid LIMIT 1`
 		h.Since = since.Time
 		return h, nil
 	}
-	if !p.endsWithContext() { // bounded by ctx all the same, as the lease steps are (see grant)
-		return within(ctx, read, nil, nil)
+	return bounded(ctx, p, read)
+}
+
+// bounded runs f, bounded by ctx even where the driver does not end a
+// statement with ctx (see grant). The hot lease steps branch by themselves
+// instead, so that pgx pays for no closure.
+func bounded[T any](ctx context.Context, p *postgres, f func() (T, error)) (T, error) {
+	if p.endsWithContext() {
+		return f()
 	}
-	return read()
+	return within(ctx, f, nil, nil)
 }
 
 // ---------------------------------------------------------------------------
@@ -519,11 +526,11 @@ func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Hol
 	if q.err != nil {
 		return nil, q.err
 	}
-	read := func(args []any) (*Holder, error) {
+	return bounded(ctx, p, func() (*Holder, error) {
 		h := &Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
 		var gen int64
 		err := p.run(ctx, db, func(on handle) error {
-			return on.QueryRowContext(ctx, stmt, args...).Scan(&h.Owner, &gen, &h.Since, &h.ExpiresAt)
+			return on.QueryRowContext(ctx, stmt, q.args()...).Scan(&h.Owner, &gen, &h.Since, &h.ExpiresAt)
 		})
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, nil
@@ -533,11 +540,7 @@ func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Hol
 		}
 		h.Token = FencingToken(gen)
 		return h, nil
-	}
-	if !p.endsWithContext() { // see grant
-		return within(ctx, func() (*Holder, error) { return read(nil) }, nil, nil)
-	}
-	return read(q.args())
+	})
 }
 
 // AdmitToken stores token as resource's highest in tx if it is not lower

@@ -886,9 +886,7 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			checkGoroutines(t)
 			ctx := context.Background()
-			dsn := testdb.PostgresDSN(t)
-			proxy := testdb.NewProxy(t, testdb.HostPort(t, dsn))
-			db := testdb.OpenPostgresDSN(t, drv, proxy.DSN(dsn))
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			admin := testdb.OpenPostgres(t, drv)
 			opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond),
 				advisorylock.WithReleaseTimeout(time.Second), advisorylock.WithLeaseTTL(3 * time.Second)}

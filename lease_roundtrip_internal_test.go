@@ -22,9 +22,7 @@ const pgxPingAfter = time.Second
 func TestLeaseStepsAreOneRoundTrip(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
-			dsn := testdb.PostgresDSN(t)
-			proxy := testdb.NewProxy(t, testdb.HostPort(t, dsn))
-			db := testdb.OpenPostgresDSN(t, drv, proxy.DSN(dsn))
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			db.SetMaxOpenConns(1) // one connection: the warm-up warms the measured one
 			store := Postgres().(driverBound).forDriver(db).(LeaseStore)
 			ctx := context.Background()
@@ -128,9 +126,7 @@ func measureOneRoundTrip(t *testing.T, name string, last *time.Time, step func()
 func TestLeaseLockTryLockAndReleaseAreOneRoundTripEach(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
-			dsn := testdb.PostgresDSN(t)
-			proxy := testdb.NewProxy(t, testdb.HostPort(t, dsn))
-			db := testdb.OpenPostgresDSN(t, drv, proxy.DSN(dsn))
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			db.SetMaxOpenConns(1)
 			l, err := NewLeaseLock(db, testdb.UniqueName(t))
 			if err != nil {

@@ -251,9 +251,7 @@ func TestPartitionedHolderGivesUpBeforeItsSuccessorGetsIn(t *testing.T) {
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		t.Parallel()
 		ctx := context.Background()
-		dsn := testdb.PostgresDSN(t)
-		proxy := testdb.NewProxy(t, testdb.HostPort(t, dsn))
-		dbA := testdb.OpenPostgresDSN(t, drv, proxy.DSN(dsn))
+		dbA, proxy := testdb.OpenPostgresProxied(t, drv)
 		dbB := testdb.OpenPostgres(t, drv)
 		name, resource := testdb.UniqueName(t), testdb.UniqueName(t)
 		a := newLeaseLock(t, dbA, name, advisorylock.WithLeaseTTL(ttl))
@@ -768,9 +766,7 @@ func TestPostgresKeepsNoLockRows(t *testing.T) {
 func TestLeaseOnAnUnreachableServerIsPoolUnavailable(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
-			dsn := testdb.PostgresDSN(t)
-			proxy := testdb.NewProxy(t, testdb.HostPort(t, dsn))
-			db := testdb.OpenPostgresDSN(t, drv, proxy.DSN(dsn))
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			l := newLeaseLock(t, db, testdb.UniqueName(t), quiet)
 			proxy.Close()
 			g, err := l.TryLock(context.Background())

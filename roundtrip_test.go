@@ -14,9 +14,7 @@ func TestEachLockStepIsOneRoundTrip(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
-			dsn := testdb.PostgresDSN(t)
-			proxy := testdb.NewProxy(t, testdb.HostPort(t, dsn))
-			db := testdb.OpenPostgresDSN(t, drv, proxy.DSN(dsn))
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			db.SetMaxOpenConns(1)
 			l := newLock(t, db, testdb.UniqueName(t))
 			// Warm up: pgx prepares each statement text once per connection.

@@ -153,6 +153,15 @@ func OpenPostgres(t testing.TB, driverName string) *sql.DB {
 	return OpenPostgresDSN(t, driverName, PostgresDSN(t))
 }
 
+// OpenPostgresProxied opens the test server with driverName through a new
+// Proxy in front of it (closed at t.Cleanup), and returns both.
+func OpenPostgresProxied(t testing.TB, driverName string) (*sql.DB, *Proxy) {
+	t.Helper()
+	dsn := PostgresDSN(t)
+	proxy := NewProxy(t, HostPort(t, dsn))
+	return OpenPostgresDSN(t, driverName, proxy.DSN(dsn)), proxy
+}
+
 // OpenPostgresDSN opens a *sql.DB on dsn with driverName, pings it (failing
 // the test if that does not work within DefaultWait), and closes it at
 // t.Cleanup.

@@ -3,11 +3,8 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"net"
 	"reflect"
-	"slices"
 	"strings"
 	"time"
 )
@@ -195,71 +192,6 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// handle is where a statement runs: a *sql.DB, *sql.Conn or *sql.Tx,
-// called as such so that the statement's arguments stay on the stack, or
-// any other querier (an sqlx.DB, a wrapper).
-type handle struct {
-	db    *sql.DB
-	conn  *sql.Conn
-	tx    *sql.Tx
-	other querier
-}
-
-func handleOf(q querier) handle {
-	switch q := q.(type) {
-	case *sql.DB:
-		return handle{db: q}
-	case *sql.Conn:
-		return handle{conn: q}
-	case *sql.Tx:
-		return handle{tx: q}
-	}
-	return handle{other: q}
-}
-
-// ExecContext runs a statement that returns no rows.
-func (h handle) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	switch {
-	case h.db != nil:
-		return h.db.ExecContext(ctx, query, args...)
-	case h.conn != nil:
-		return h.conn.ExecContext(ctx, query, args...)
-	case h.tx != nil:
-		return h.tx.ExecContext(ctx, query, args...)
-	}
-	// A copy: args handed to an interface would move every caller's
-	// arguments to the heap.
-	return h.other.ExecContext(ctx, query, slices.Clone(args)...)
-}
-
-// QueryRowContext runs a statement that returns at most one row.
-func (h handle) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	switch {
-	case h.db != nil:
-		return h.db.QueryRowContext(ctx, query, args...)
-	case h.conn != nil:
-		return h.conn.QueryRowContext(ctx, query, args...)
-	case h.tx != nil:
-		return h.tx.QueryRowContext(ctx, query, args...)
-	}
-	return h.other.QueryRowContext(ctx, query, slices.Clone(args)...)
-}
-
-// onHandle returns where a lease statement runs: db itself when it runs
-// statements (*sql.DB, *sqlx.DB), which takes a pooled connection for each
-// statement as database/sql does for any, and costs less than a checkout;
-// else a connection checked out of db, which done returns.
-func onHandle(ctx context.Context, db DB) (h handle, done func(), err error) {
-	if q, ok := db.(querier); ok {
-		return handleOf(q), func() {}, nil
-	}
-	conn, err := takeConn(ctx, db)
-	if err != nil {
-		return handle{}, nil, err
-	}
-	return handle{conn: conn}, func() { _ = conn.Close() }, nil
-}
-
 // takeConn checks a connection out of db; a failure is ErrPoolUnavailable.
 func takeConn(ctx context.Context, db DB) (*sql.Conn, error) {
 	conn, err := db.Conn(ctx)
@@ -270,18 +202,4 @@ func takeConn(ctx context.Context, db DB) (*sql.Conn, error) {
 		return nil, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
 	}
 	return conn, nil
-}
-
-// unreachable marks as ErrPoolUnavailable the error of a statement run on
-// a handle that never reached the server: dialing it failed, so nothing
-// was sent.
-func unreachable(err error) error {
-	if err == nil || errors.Is(err, ErrPoolUnavailable) {
-		return err
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
-	}
-	return err
 }

@@ -462,8 +462,8 @@ func (p *postgres) queryRow(ctx context.Context, db DB, text string, args []any,
 	if err != nil {
 		return false, err
 	}
-	err = p.run(ctx, db, func(conn *sql.Conn) error {
-		return conn.QueryRowContext(ctx, q, args...).Scan(dest...)
+	err = p.run(ctx, db, func(on querier) error {
+		return on.QueryRowContext(ctx, q, args...).Scan(dest...)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
@@ -477,34 +477,34 @@ func (p *postgres) exec(ctx context.Context, db DB, text string, args ...any) er
 	if err != nil {
 		return err
 	}
-	return p.run(ctx, db, func(conn *sql.Conn) error {
-		_, err := conn.ExecContext(ctx, q, args...)
+	return p.run(ctx, db, func(on querier) error {
+		_, err := on.ExecContext(ctx, q, args...)
 		return err
 	})
 }
 
-// run runs stmt on a connection checked out of db for it, bounded by ctx
+// run runs stmt where statements run (see statementsOn), bounded by ctx
 // also where the driver does not end a statement with ctx (see within): a
 // lease step stuck on a dead network must not hold an acquire, a renewal
 // or a release. If a table is missing it creates the tables and runs stmt
 // again, once. A name too long for the primary key's index is reported as
 // ErrUnsupported, and no rows from a statement whose context ended as an
 // unknown outcome.
-func (p *postgres) run(ctx context.Context, db DB, stmt func(conn *sql.Conn) error) error {
+func (p *postgres) run(ctx context.Context, db DB, stmt func(on querier) error) error {
 	return p.bound(ctx, func() error {
-		conn, err := takeConn(ctx, db)
+		on, done, err := statementsOn(ctx, db)
 		if err != nil {
 			return err
 		}
-		defer conn.Close()
-		err = stmt(conn)
+		defer done()
+		err = stmt(on)
 		if sqlState(err) == "42P01" { // undefined_table
-			if err := createPostgresTables(ctx, conn); err != nil {
+			if err := createPostgresTables(ctx, db); err != nil {
 				return err
 			}
-			err = stmt(conn)
+			err = stmt(on)
 		}
-		return p.explain(ctx, err)
+		return p.explain(ctx, unreachable(err))
 	})
 }
 
@@ -534,10 +534,15 @@ func (p *postgres) bound(ctx context.Context, f func() error) error {
 	return err
 }
 
-// createPostgresTables creates the tables in one transaction on conn,
-// serialized with every other creator by a transaction-scoped advisory
-// lock, so that concurrent first uses all succeed.
-func createPostgresTables(ctx context.Context, conn *sql.Conn) error {
+// createPostgresTables creates the tables in one transaction, serialized
+// with every other creator by a transaction-scoped advisory lock, so that
+// concurrent first uses all succeed.
+func createPostgresTables(ctx context.Context, db DB) error {
+	conn, err := takeConn(ctx, db)
+	if err != nil {
+		return fmt.Errorf("advisorylock: creating tables: %w", err)
+	}
+	defer conn.Close()
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
@@ -565,5 +570,5 @@ func (p *postgres) ensureSchema(ctx context.Context, db DB) error {
 	if err != nil || exist {
 		return err
 	}
-	return p.run(ctx, db, func(conn *sql.Conn) error { return createPostgresTables(ctx, conn) })
+	return p.bound(ctx, func() error { return createPostgresTables(ctx, db) })
 }

@@ -213,7 +213,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	now, exp := leaseTimes(r)
 	token := int64(1) // a lock row's grant; a lease row returns its generation
 	acquired := false
-	err := s.run(ctx, db, busyNewcomer, time.Time{}, func(q *sql.Conn) error {
+	err := s.run(ctx, db, busyNewcomer, time.Time{}, func(q querier) error {
 		if r.Kind == KindLock {
 			res, err := q.ExecContext(ctx, sqliteAcquireLock, r.Key, r.Name, r.Owner, now, exp)
 			if err != nil {
@@ -245,7 +245,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
 	now, exp := leaseTimes(r)
 	var n int64
-	err := s.run(ctx, db, busyHolder, time.Time{}, func(q *sql.Conn) error {
+	err := s.run(ctx, db, busyHolder, time.Time{}, func(q querier) error {
 		var res sql.Result
 		var err error
 		if r.Kind == KindLock {
@@ -293,7 +293,7 @@ func (s sqliteBackend) releaseWithin(ctx context.Context, db DB, r LeaseRequest,
 
 func (s sqliteBackend) release(ctx context.Context, db DB, r LeaseRequest, until time.Time) error {
 	now, _ := leaseTimes(r)
-	return s.run(ctx, db, busyHolder, until, func(q *sql.Conn) error {
+	return s.run(ctx, db, busyHolder, until, func(q querier) error {
 		var err error
 		switch {
 		case r.Kind == KindLock:
@@ -312,7 +312,7 @@ func (s sqliteBackend) release(ctx context.Context, db DB, r LeaseRequest, until
 func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
 	now, _ := leaseTimes(r)
 	var h *Holder
-	err := s.run(ctx, db, busyNewcomer, time.Time{}, func(q *sql.Conn) error {
+	err := s.run(ctx, db, busyNewcomer, time.Time{}, func(q querier) error {
 		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
 		var since, until int64
 		var err error
@@ -366,20 +366,20 @@ func leaseTimes(r LeaseRequest) (now, expires int64) {
 	return t.UnixMilli(), t.Add(r.TTL).UnixMilli()
 }
 
-// run runs stmt on a connection checked out of db and returned at once; it retries while
+// run runs stmt where statements run (see statementsOn); it retries while
 // the database is busy (opening a connection runs the driver's pragmas, so
 // that can be busy too) and creates the tables if they are missing.
-func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, until time.Time, stmt func(q *sql.Conn) error) error {
+func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, until time.Time, stmt func(q querier) error) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	created := false
 	return retryBusy(ctx, p, until, func() error {
-		q, err := takeConn(ctx, db)
+		q, done, err := statementsOn(ctx, db)
 		if err != nil {
 			return err
 		}
-		defer q.Close()
+		defer done()
 		err = stmt(q)
 		if err != nil && !created && isMissingTable(err) {
 			created = true

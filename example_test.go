@@ -100,7 +100,7 @@ func sendDigestOnce(ctx context.Context, db *sql.DB, send func(), opts ...adviso
 }
 
 // Unit-testing code that takes a lock, with go-sqlmock: name the backend
-// (sqlmock's driver cannot be detected), skip the pooler probe, and expect
+// (sqlmock's driver cannot be detected), skip the server checks, and expect
 // one statement per step: the try and the unlock are Execs that return
 // one row when they succeed. Here another replica holds the lock.
 func Example_sqlmock() {
@@ -114,7 +114,7 @@ func Example_sqlmock() {
 
 	ran, err := sendDigestOnce(context.Background(), db, func() { fmt.Println("sent") },
 		advisorylock.WithBackend(advisorylock.Postgres()),
-		advisorylock.WithPoolerCheck(false))
+		advisorylock.WithServerChecks(false))
 	fmt.Println("ran:", ran, "err:", err, "met:", mock.ExpectationsWereMet())
 	// Output: ran: false err: <nil> met: <nil>
 }

@@ -17,11 +17,27 @@
 //   - A held lock whose session dies (killed, network cut, restart) closes
 //     its Guard's Lost channel and cancels Do's context.
 //   - Behind a transaction-mode pooler (PgBouncer pool_mode=transaction)
-//     session locks cannot work; New refuses them with
-//     ErrTransactionPooler. LeaseLock works there.
+//     session locks cannot work; the first operation of a Lock refuses
+//     them with ErrTransactionPooler. LeaseLock works there.
+//   - Constructors do no I/O, as sql.Open: what needs the database (the
+//     backend of a wrapped driver, the pooler probe, SQLite's checks) runs
+//     at the first operation, under its context, once per *sql.DB. Call
+//     Check at start-up to fail early.
 //
 // Locks are not fair (waiters are not served in arrival order), and a Lock
 // is not a lease on PostgreSQL: it lasts exactly as long as its session.
+//
+// # Writing a backend
+//
+// PostgreSQL and SQLite are built in (Postgres, SQLite). Another database
+// plugs in through WithBackend with a value that implements Backend and
+// one or both of its capability interfaces: SessionLocker, for locks tied
+// to a pinned connection's session (its statements return a
+// SessionResult), and LeaseStore, for locks and leases kept as rows (its
+// statements take a LeaseRequest, whose LeaseKind names the table, and
+// return a LeaseGrant). Every method is one round trip; the package owns
+// connections, retries, keep-alives and the lease schedule. Users of the
+// built-in backends need none of these types.
 package advisorylock
 
 import (

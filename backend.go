@@ -23,8 +23,9 @@ import (
 type Backend interface {
 	// Name is a short label, such as "postgres"; it shows in Holder.Backend.
 	Name() string
-	// Validate is called once by New, NewLeaseLock and NewFence and refuses
-	// a handle the backend cannot lock safely (wrap ErrUnsupported).
+	// Validate is called at the first operation on a *sql.DB (once per
+	// *sql.DB; skipped with WithServerChecks(false)) and refuses a handle
+	// the backend cannot lock safely (wrap ErrUnsupported).
 	Validate(ctx context.Context, db DB) error
 }
 
@@ -32,6 +33,8 @@ type Backend interface {
 // session: the lock is taken on a pinned connection and ends with it.
 // Every method is one round trip and must leave conn usable when it
 // returns a nil error.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type SessionLocker interface {
 	Backend
 	// TryLockSession makes one attempt; OK false is a definite miss.
@@ -51,6 +54,8 @@ type SessionLocker interface {
 }
 
 // SessionResult is the outcome of one session-lock statement.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type SessionResult struct {
 	OK      bool  // acquired, or released
 	Session int64 // the server session that ran it (PostgreSQL backend pid); 0 if unknown
@@ -58,6 +63,8 @@ type SessionResult struct {
 
 // LeaseStore is a Backend that keeps leases as rows. Every method is one
 // statement (one round trip), committed on its own.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type LeaseStore interface {
 	Backend
 	// AcquireLease takes the row if it is free or expired, in one atomic
@@ -79,6 +86,8 @@ type LeaseStore interface {
 }
 
 // LeaseKind says which table a lease row lives in.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type LeaseKind int
 
 const (
@@ -91,6 +100,8 @@ const (
 )
 
 // LeaseRequest describes one lease statement.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type LeaseRequest struct {
 	Kind  LeaseKind
 	Name  string
@@ -102,6 +113,8 @@ type LeaseRequest struct {
 }
 
 // LeaseGrant is what an acquire or renew granted.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type LeaseGrant struct {
 	Token     FencingToken // the generation; for KindLock any value >= 1
 	ExpiresAt time.Time    // r.Now + r.TTL; where the database's clock decides (PostgreSQL), an estimate

@@ -739,8 +739,7 @@ func TestSQLiteContextEndingAtTheStatementGrantsNothingFalse(t *testing.T) {
 // TestSQLiteReleaseIsBoundedWhileBusy holds the database's write lock from
 // another connection while a Guard is released: the release retries until
 // WithReleaseTimeout and then fails, whether the pool has a limit (which
-// only a context can bound) or not (where a time limit on the retries
-// bounds it and the context has no timer). (With a busy_timeout longer
+// only a context can bound) or not. (With a busy_timeout longer
 // than the release timeout both take the busy_timeout: an interrupt does
 // not end SQLite's busy wait; WithReleaseTimeout says so.)
 func TestSQLiteReleaseIsBoundedWhileBusy(t *testing.T) {

@@ -137,66 +137,73 @@ var hostPID = sync.OnceValue(func() string {
 	return host + ":" + strconv.Itoa(os.Getpid())
 })
 
-// acquireLease takes a lease row: one attempt, or (wait) polling until
-// budget ends. A poll reads before it writes, so many waiters do not fight
-// for the database's writer.
+// acquireLease takes a lease row: one attempt, or (wait) attempts until
+// budget ends, waiting for the row to read free between them.
 func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wait bool) (*leaseState, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var poll *time.Timer
 	for {
-		req.Owner = ownerLabel(cfg.owner)
-		req.TTL = cfg.ttl
-		sent := cfg.clock.Now()
-		req.Now = sent
-		grant, err := store.AcquireLease(budget, db, req)
-		if err == nil {
-			req.Token = grant.Token
-			return keepLease(store, db, cfg, req, sent), nil
+		s, err := tryLease(ctx, budget, store, db, cfg, req)
+		if !wait || !errors.Is(err, ErrNotAcquired) {
+			return s, err
 		}
-		if !errors.Is(err, ErrNotAcquired) {
-			// The statement may have granted the lease without our hearing
-			// of it: free that grant, unless nothing was sent.
-			switch {
-			case errors.Is(err, ErrPoolUnavailable):
-			case budget.Err() != nil: // the caller's time is up: free it in the background
-				go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
-			default:
-				abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
-			}
-			if budget.Err() != nil && ctx.Err() == nil {
-				return nil, context.Cause(budget)
-			}
+		if err := waitUntilFree(budget, store, db, cfg, req); err != nil {
 			return nil, err
 		}
-		if !wait {
-			return nil, ErrNotAcquired
+	}
+}
+
+// tryLease makes one attempt. An attempt whose outcome is unknown may
+// have granted the lease without our hearing of it: it frees that grant,
+// unless nothing was sent.
+func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
+	req.Owner = ownerLabel(cfg.owner)
+	req.TTL = cfg.ttl
+	sent := cfg.clock.Now()
+	req.Now = sent
+	grant, err := store.AcquireLease(budget, db, req)
+	switch {
+	case err == nil:
+		req.Token = grant.Token
+		return keepLease(store, db, cfg, req, sent), nil
+	case errors.Is(err, ErrNotAcquired):
+		return nil, err
+	case errors.Is(err, ErrPoolUnavailable): // nothing was sent
+	case budget.Err() != nil: // the caller's time is up: free it in the background
+		go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+	default:
+		abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+	}
+	if budget.Err() != nil && ctx.Err() == nil {
+		return nil, context.Cause(budget)
+	}
+	return nil, err
+}
+
+// waitUntilFree polls the row every poll interval until it reads free or
+// expired, or budget ends. A poll reads before anyone writes, so many
+// waiters do not fight for the database's writer.
+func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
+	poll := time.NewTimer(cfg.poll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-budget.Done():
+			return context.Cause(budget)
+		case <-poll.C:
 		}
-		for {
-			if poll == nil {
-				poll = time.NewTimer(cfg.poll)
-				defer poll.Stop()
-			} else {
-				poll.Reset(cfg.poll)
-			}
-			select {
-			case <-budget.Done():
-				return nil, context.Cause(budget)
-			case <-poll.C:
-			}
-			req.Now = cfg.clock.Now()
-			h, err := store.LeaseHolder(budget, db, req)
-			if err != nil {
-				if budget.Err() != nil {
-					return nil, context.Cause(budget)
-				}
-				return nil, err
-			}
-			if h == nil {
-				break
-			}
+		req.Now = cfg.clock.Now()
+		h, err := store.LeaseHolder(budget, db, req)
+		switch {
+		case err != nil && budget.Err() != nil:
+			return context.Cause(budget)
+		case err != nil:
+			return err
+		case h == nil:
+			return nil
 		}
+		poll.Reset(cfg.poll)
 	}
 }
 
@@ -251,19 +258,10 @@ func (s *leaseState) stop() {
 	}
 }
 
-// boundsRelease is a LeaseStore that bounds a release by timeout itself,
-// where it can do so more cheaply than a context with a timer (SQLite).
-type boundsRelease interface {
-	releaseWithin(ctx context.Context, db DB, r LeaseRequest, timeout time.Duration) error
-}
-
 func (s *leaseState) release(ctx context.Context, timeout time.Duration) error {
 	s.stop()
 	r := s.req
 	r.Now = s.clock.Now()
-	if b, ok := s.store.(boundsRelease); ok {
-		return b.releaseWithin(ctx, s.db, r, timeout)
-	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return s.store.ReleaseLease(ctx, s.db, r)

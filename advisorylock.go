@@ -112,6 +112,7 @@ type lockBackend struct {
 	session SessionLocker
 	bounded bool
 	rows    LeaseStore
+	windows WindowedSessionLocker // with WithMinHold on a session backend
 }
 
 // New returns a Lock on name. Any string is a valid name: only its Key
@@ -152,8 +153,15 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 					return nil, err
 				}
 			}
-			return &lockBackend{session: b, bounded: !endsWithContext(b)}, nil
+			w, err := l.windowsFor(ctx, b)
+			if err != nil {
+				return nil, err
+			}
+			return &lockBackend{session: b, bounded: !endsWithContext(b), windows: w}, nil
 		case LeaseStore:
+			if err := checkRowWindows(&l.cfg, b); err != nil {
+				return nil, err
+			}
 			return &lockBackend{rows: b}, nil
 		}
 		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
@@ -249,8 +257,12 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 	defer cg.settle()
 	// Lock tries first too: a free lock costs the one cheap statement, and
 	// only a held one starts the server-side wait.
-	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(ctx, s.p.conn, l.key) })
-	if wait && err == nil && !res.OK {
+	res, err := l.trySession(ctx, b, &s.p)
+	switch {
+	case !wait || err != nil || res.OK:
+	case b.windows != nil:
+		res, err = l.waitWindowed(ctx, budget, b.windows, &s.p)
+	default:
 		res, err = l.waitSession(ctx, budget, s.locker, &s.p)
 	}
 	if err != nil {
@@ -301,24 +313,31 @@ const (
 // between slices (a definite miss: OK false, nil error).
 func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p *pinned) (SessionResult, error) {
 	for {
-		slice, grace := maxSlice, sliceGrace
-		if dl, ok := budget.Deadline(); ok {
-			slice = min(slice, time.Until(dl))
-			grace = budgetGrace
-		}
-		if slice <= 0 {
-			<-budget.Done() // due now: let its cause be set
-		}
-		if budget.Err() != nil {
-			return SessionResult{}, nil
-		}
-		sctx, cancel := context.WithTimeout(ctx, slice+grace)
-		res, err := ask(sctx, p, func() (SessionResult, error) { return session.WaitLockSession(sctx, p.conn, l.key, slice) })
-		cancel()
-		if err != nil || res.OK {
+		res, over, err := l.waitSlice(ctx, budget, session, p)
+		if over || err != nil || res.OK {
 			return res, err
 		}
 	}
+}
+
+// waitSlice waits one server-side slice; over reports that budget ended
+// before it (a definite miss).
+func (l *Lock) waitSlice(ctx, budget context.Context, session SessionLocker, p *pinned) (res SessionResult, over bool, err error) {
+	slice, grace := maxSlice, sliceGrace
+	if dl, ok := budget.Deadline(); ok {
+		slice = min(slice, time.Until(dl))
+		grace = budgetGrace
+	}
+	if slice <= 0 {
+		<-budget.Done() // due now: let its cause be set
+	}
+	if budget.Err() != nil {
+		return SessionResult{}, true, nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, slice+grace)
+	defer cancel()
+	res, err = ask(sctx, p, func() (SessionResult, error) { return session.WaitLockSession(sctx, p.conn, l.key, slice) })
+	return res, false, err
 }
 
 // Holder reports who holds the lock now, or nil when it is free.
@@ -330,7 +349,7 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	var h *Holder
 	if b.rows != nil {
 		h, err = b.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
-	} else {
+	} else if h, err = l.windowHolder(ctx, b); h == nil && err == nil {
 		h, err = b.session.SessionHolder(ctx, l.db, l.key)
 	}
 	if h != nil {

@@ -110,6 +110,11 @@ type LeaseRequest struct {
 	Token FencingToken  // the grant being renewed or released (0 to acquire)
 	TTL   time.Duration // lease length
 	Now   time.Time     // the Clock's time, for backends that keep time in the application
+	// MinHold is the window of WithMinHold (0: none): the row stays taken
+	// until the grant's time plus MinHold, through renewals, a release
+	// (which keeps the owner until then) and the holder's death. Only a
+	// WindowedLeaseStore is given a non-zero MinHold.
+	MinHold time.Duration
 }
 
 // LeaseGrant is what an acquire or renew granted.

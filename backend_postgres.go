@@ -266,6 +266,7 @@ var postgresTables = []string{
 	resource text   PRIMARY KEY,
 	token    bigint NOT NULL            -- the highest token admitted
 )`,
+	postgresWindowsTable,
 }
 
 // schemaLock takes the transaction-scoped advisory lock that serializes
@@ -277,8 +278,9 @@ var schemaLock = func() string {
 	return fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, %d)", int32(k>>32), int32(k))
 }()
 
-// Schema returns the DDL of advisorylock_leases and advisorylock_fences.
-// PostgreSQL's Lock needs no table.
+// Schema returns the DDL of advisorylock_leases, advisorylock_fences and
+// advisorylock_windows. PostgreSQL's Lock needs no table, unless it has
+// WithMinHold (advisorylock_windows).
 func (p *postgres) Schema() string {
 	return strings.Join(postgresTables, ";\n\n") + ";\n"
 }
@@ -367,7 +369,7 @@ func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (Lea
 		return LeaseGrant{}, errNoLockRows
 	}
 	var gen int64
-	found, err := p.queryRow(ctx, db, pgAcquireLease, []any{r.Name, r.Owner, ttlMillis(r.TTL)}, &gen)
+	found, err := p.queryRow(ctx, db, pgAcquireLease, []any{r.Name, r.Owner, ttlMillis(max(r.TTL, r.MinHold))}, &gen)
 	if err != nil {
 		return LeaseGrant{}, err
 	}
@@ -384,7 +386,13 @@ func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Lease
 		return LeaseGrant{}, errNoLockRows
 	}
 	var gen int64
-	found, err := p.queryRow(ctx, db, pgRenewLease, []any{ttlMillis(r.TTL), r.Name, r.Owner, r.Token.Int64()}, &gen)
+	var found bool
+	var err error
+	if r.MinHold > 0 {
+		found, err = p.renewLeaseWindow(ctx, db, r, &gen)
+	} else {
+		found, err = p.queryRow(ctx, db, pgRenewLease, []any{ttlMillis(r.TTL), r.Name, r.Owner, r.Token.Int64()}, &gen)
+	}
 	if err != nil {
 		return LeaseGrant{}, err
 	}
@@ -410,6 +418,9 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 	}
 	if r.Token == 0 {
 		return p.exec(ctx, db, pgAbandonLease, r.Name, r.Owner)
+	}
+	if r.MinHold > 0 {
+		return p.releaseLeaseWindow(ctx, db, r)
 	}
 	return p.exec(ctx, db, pgReleaseLease, r.Name, r.Token.Int64())
 }

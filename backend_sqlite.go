@@ -88,6 +88,18 @@ WHERE name = ?1 AND owner = ?2`
 	sqliteLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
 WHERE name = ?1 AND owner IS NOT NULL AND expires_at > ?2`
 
+	// With a window (LeaseRequest.MinHold, ?5 or ?4 in milliseconds), a
+	// renewal or release never moves expires_at before the window's end:
+	// a lock row is kept instead of deleted, a lease row keeps its owner
+	// for Holder to show, until then.
+	sqliteRenewLockWindow   = `UPDATE advisorylock_locks SET expires_at = max(?3, acquired_at + ?5) WHERE key = ?1 AND owner = ?2 AND expires_at > ?4`
+	sqliteReleaseLockWindow = `UPDATE advisorylock_locks SET expires_at = min(expires_at, max(?3, acquired_at + ?4)) WHERE key = ?1 AND owner = ?2`
+	sqliteRenewLeaseWindow  = `UPDATE advisorylock_leases SET expires_at = max(?4, acquired_at + ?6)
+WHERE name = ?1 AND owner = ?2 AND generation = ?3 AND expires_at > ?5`
+	sqliteReleaseLeaseWindow = `UPDATE advisorylock_leases SET owner = CASE WHEN acquired_at + ?4 > ?3 THEN owner END,
+	expires_at = min(expires_at, max(?3, acquired_at + ?4))
+WHERE name = ?1 AND generation = ?2 AND owner IS NOT NULL`
+
 	// The upsert keeps the higher token and returns it: a returned token
 	// above ours means ours is stale.
 	sqliteAdmitToken = `INSERT INTO advisorylock_fences (resource, token) VALUES (?1, ?2)
@@ -138,6 +150,9 @@ func (p busyPolicy) patience() time.Duration {
 const sqliteBusySnapshot = 5 | 2<<8
 
 func (sqliteBackend) Name() string { return "sqlite" }
+
+// KeepsWindows marks the SQLite backend as a WindowedLeaseStore.
+func (sqliteBackend) KeepsWindows() {}
 
 // Schema returns the DDL of advisorylock_locks, advisorylock_leases and
 // advisorylock_fences.
@@ -210,6 +225,7 @@ func (sqliteBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 // AcquireLease takes the row if it is absent, free or expired, in one
 // upsert.
 func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+	r.TTL = max(r.TTL, r.MinHold) // the row stays taken for the window too
 	now, exp := leaseTimes(r)
 	token := int64(1) // a lock row's grant; a lease row returns its generation
 	acquired := false
@@ -248,9 +264,15 @@ func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (L
 	err := s.run(ctx, db, busyHolder, func(q querier) error {
 		var res sql.Result
 		var err error
-		if r.Kind == KindLock {
+		win := r.MinHold.Milliseconds()
+		switch {
+		case r.Kind == KindLock && win > 0:
+			res, err = q.ExecContext(ctx, sqliteRenewLockWindow, r.Key, r.Owner, exp, now, win)
+		case r.Kind == KindLock:
 			res, err = q.ExecContext(ctx, sqliteRenewLock, r.Key, r.Owner, exp, now)
-		} else {
+		case win > 0:
+			res, err = q.ExecContext(ctx, sqliteRenewLeaseWindow, r.Name, r.Owner, int64(r.Token), exp, now, win)
+		default:
 			res, err = q.ExecContext(ctx, sqliteRenewLease, r.Name, r.Owner, int64(r.Token), exp, now)
 		}
 		if err != nil {
@@ -278,11 +300,16 @@ func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) 
 	now, _ := leaseTimes(r)
 	return s.run(ctx, db, busyHolder, func(q querier) error {
 		var err error
+		win := r.MinHold.Milliseconds()
 		switch {
+		case r.Kind == KindLock && win > 0 && r.Token != 0:
+			_, err = q.ExecContext(ctx, sqliteReleaseLockWindow, r.Key, r.Owner, now, win)
 		case r.Kind == KindLock:
 			_, err = q.ExecContext(ctx, sqliteReleaseLock, r.Key, r.Owner)
 		case r.Token == 0:
 			_, err = q.ExecContext(ctx, sqliteAbandonLease, r.Name, r.Owner, now)
+		case win > 0:
+			_, err = q.ExecContext(ctx, sqliteReleaseLeaseWindow, r.Name, int64(r.Token), now, win)
 		default:
 			_, err = q.ExecContext(ctx, sqliteReleaseLease, r.Name, int64(r.Token), now)
 		}

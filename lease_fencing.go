@@ -160,6 +160,7 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
 	req.Owner = ownerLabel(cfg.owner)
 	req.TTL = cfg.ttl
+	req.MinHold = cfg.minHold
 	sent := cfg.clock.Now()
 	req.Now = sent
 	grant, err := store.AcquireLease(budget, db, req)
@@ -423,7 +424,13 @@ func (l *LeaseLock) Check(ctx context.Context) error {
 
 // store returns l's backend, doing the first-use work once.
 func (l *LeaseLock) store(ctx context.Context) (LeaseStore, error) {
-	s, err := l.setup.get(ctx, func(ctx context.Context) (*LeaseStore, error) { return leaseStoreOf(ctx, l.db, &l.cfg) })
+	s, err := l.setup.get(ctx, func(ctx context.Context) (*LeaseStore, error) {
+		s, err := leaseStoreOf(ctx, l.db, &l.cfg)
+		if err != nil {
+			return nil, err
+		}
+		return s, checkRowWindows(&l.cfg, *s)
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -40,6 +40,7 @@ type config struct {
 	logger         *slog.Logger
 	clock          Clock
 	owner          string
+	minHold        time.Duration
 }
 
 func newConfig(opts []Option) config {
@@ -124,3 +125,20 @@ func WithClock(cl Clock) Option { return func(c *config) { c.clock = cl } }
 // "host-a:4242", shown by Holder. A unique suffix is added per acquire, so
 // two acquires never share an owner. [hostname:pid]
 func WithOwner(label string) Option { return func(c *config) { c.owner = label } }
+
+// WithMinHold keeps a Lock's or LeaseLock's name taken until d after each
+// grant, also when the holder releases it sooner or dies [0: off]: during
+// that window TryLock and TryDo report not acquired, Lock waits, and
+// Holder shows the last holder with ExpiresAt at the window's end. It is
+// what makes a short job that every replica's cron fires, a little apart,
+// run once per tick (ShedLock's lockAtLeastFor). The window counts from
+// the grant, by the database's clock on PostgreSQL (the Clock on SQLite);
+// a window counted from the release is not offered, see the README's
+// "Cron on every replica". Every user of a name must use the same d: a
+// Lock without it does not see windows at all.
+//
+// A PostgreSQL Lock with it keeps its windows in a table,
+// advisorylock_windows (created at the first operation, see Schema); its
+// try still takes one round trip, and its release one. A backend that
+// cannot keep windows makes the first operation fail with ErrUnsupported.
+func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = max(d, 0) } }

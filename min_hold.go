@@ -1,0 +1,157 @@
+package advisorylock
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Once per window (WithMinHold): a grant keeps the name taken until the
+// window after it ends, whatever the holder does. The window is recorded
+// at the grant, in the statement that takes the lock, so a holder that
+// dies keeps it too; the release is unchanged. Row backends keep the
+// window in the row's expiry (LeaseRequest.MinHold); session backends,
+// whose locks end with their session, keep it in a row of their own
+// (WindowedSessionLocker).
+
+// WindowedSessionLocker is a SessionLocker that can keep a name taken for
+// a window after each grant (WithMinHold), on the database's clock. A Lock
+// with WithMinHold on a SessionLocker that does not implement it fails at
+// its first operation with ErrUnsupported.
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type WindowedSessionLocker interface {
+	SessionLocker
+	// PrepareWindows makes ready what windows need (PostgreSQL: the
+	// advisorylock_windows table), once per Lock, at its first operation.
+	PrepareWindows(ctx context.Context, db DB) error
+	// TryLockSessionFor is TryLockSession for a name kept taken for window
+	// after each grant: in one statement it refuses while an earlier
+	// grant's window is open (without trying the lock), takes the lock,
+	// and records the new window, which starts at the database's now. If
+	// it cannot record the window it must not keep the lock.
+	TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error)
+	// ClaimWindow records the window of a lock that conn's session was
+	// just granted by WaitLockSession, in a statement of its own (the
+	// wait's snapshot is older than the wait). If an earlier grant's
+	// window is still open it releases the lock and reports OK false.
+	ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error)
+	// WindowLeft reports how long key's window stays open by the
+	// database's clock; 0 when none is.
+	WindowLeft(ctx context.Context, conn *sql.Conn, key int64) (time.Duration, error)
+	// WindowHolder reports the grant whose window on key is open (its
+	// ExpiresAt the window's end), or nil.
+	WindowHolder(ctx context.Context, db DB, key int64) (*Holder, error)
+}
+
+// WindowedLeaseStore is a LeaseStore that honours LeaseRequest.MinHold.
+// A Lock or LeaseLock with WithMinHold on a LeaseStore that does not
+// implement it fails at its first operation with ErrUnsupported.
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type WindowedLeaseStore interface {
+	LeaseStore
+	// KeepsWindows marks the store as honouring LeaseRequest.MinHold.
+	KeepsWindows()
+}
+
+// errNoWindows is the first-use error of a Lock or LeaseLock with
+// WithMinHold on a backend that cannot keep windows.
+func errNoWindows(b Backend) error {
+	return fmt.Errorf("%w: backend %q cannot keep a name taken after a release (WithMinHold)", ErrUnsupported, b.Name())
+}
+
+// windowsFor returns the session locker's windows for a Lock with
+// WithMinHold, made ready; nil without the option.
+func (l *Lock) windowsFor(ctx context.Context, b SessionLocker) (WindowedSessionLocker, error) {
+	if l.cfg.minHold <= 0 {
+		return nil, nil
+	}
+	w, ok := b.(WindowedSessionLocker)
+	if !ok {
+		return nil, errNoWindows(b)
+	}
+	if err := storableName(l.name); err != nil {
+		return nil, fmt.Errorf("%w: WithMinHold records the name: %w", ErrUnsupported, err)
+	}
+	return w, w.PrepareWindows(ctx, l.db)
+}
+
+// checkRowWindows refuses WithMinHold on a row backend that ignores it.
+func checkRowWindows(cfg *config, s LeaseStore) error {
+	if _, ok := s.(WindowedLeaseStore); cfg.minHold > 0 && !ok {
+		return errNoWindows(s)
+	}
+	return nil
+}
+
+// trySession makes the one attempt of an acquire: the plain try, or with
+// a window the try that checks and records it.
+func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (SessionResult, error) {
+	if b.windows != nil {
+		return ask(ctx, p, func() (SessionResult, error) {
+			return b.windows.TryLockSessionFor(ctx, p.conn, l.key, l.name, l.cfg.minHold)
+		})
+	}
+	return ask(ctx, p, func() (SessionResult, error) { return b.session.TryLockSession(ctx, p.conn, l.key) })
+}
+
+// waitWindowed is waitSession for a Lock with a window: while a window is
+// open it sleeps until the window's end (asked of the database, whose
+// clock decides) and tries again; otherwise it waits one server-side
+// slice, and a grant claims its window in a statement of its own, letting
+// the lock go again if a window opened meanwhile. OK false with a nil
+// error means budget ended: the session then holds no lock.
+func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker, p *pinned) (SessionResult, error) {
+	for {
+		left, err := ask(ctx, p, func() (time.Duration, error) { return w.WindowLeft(ctx, p.conn, l.key) })
+		if err != nil {
+			return SessionResult{}, err
+		}
+		var res SessionResult
+		if left > 0 {
+			if !sleepWithin(budget, left) {
+				return SessionResult{}, nil
+			}
+			res, err = ask(ctx, p, func() (SessionResult, error) {
+				return w.TryLockSessionFor(ctx, p.conn, l.key, l.name, l.cfg.minHold)
+			})
+		} else {
+			var over bool
+			res, over, err = l.waitSlice(ctx, budget, w, p)
+			if over {
+				return SessionResult{}, nil
+			}
+			if err == nil && res.OK {
+				res, err = ask(ctx, p, func() (SessionResult, error) {
+					return w.ClaimWindow(ctx, p.conn, l.key, l.name, l.cfg.minHold)
+				})
+			}
+		}
+		if err != nil || res.OK {
+			return res, err
+		}
+	}
+}
+
+// sleepWithin sleeps for d, or until budget ends (then false).
+func sleepWithin(budget context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-budget.Done():
+		return false
+	}
+}
+
+// windowHolder reports the holder of an open window of a Lock with
+// WithMinHold, nil without the option or when no window is open.
+func (l *Lock) windowHolder(ctx context.Context, b *lockBackend) (*Holder, error) {
+	if b.windows == nil {
+		return nil, nil
+	}
+	return b.windows.WindowHolder(ctx, l.db, l.key)
+}

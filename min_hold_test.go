@@ -1,0 +1,578 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// The once-per-window tests (WithMinHold, SPEC 9.3): replicas whose cron
+// fires a little apart run a short job once per window.
+
+const (
+	minHoldWindow   = 2 * time.Second
+	minHoldReplicas = 5
+	minHoldSkew     = 100 * time.Millisecond
+	minHoldJobTime  = 10 * time.Millisecond
+)
+
+// windowLock is a Lock or a LeaseLock, seen through what these tests use.
+type windowLock struct {
+	check  func(ctx context.Context) error
+	tryDo  func(ctx context.Context, job func()) (bool, error)
+	try    func(ctx context.Context) (release func() error, err error)
+	lock   func(ctx context.Context) (release func() error, err error)
+	holder func(ctx context.Context) (*advisorylock.Holder, error)
+}
+
+// newWindowLock makes a lock of kind ("lock" or "lease") on name.
+func newWindowLock(t testing.TB, kind string, db advisorylock.DB, name string, opts ...advisorylock.Option) windowLock {
+	t.Helper()
+	if kind == "lease" {
+		l := newLeaseLock(t, db, name, opts...)
+		return windowLock{
+			check: l.Check,
+			tryDo: func(ctx context.Context, job func()) (bool, error) {
+				return l.TryDo(ctx, func(context.Context, advisorylock.Lease) error { job(); return nil })
+			},
+			try: func(ctx context.Context) (func() error, error) {
+				g, err := l.TryLock(ctx)
+				return releaser(g, err)
+			},
+			lock: func(ctx context.Context) (func() error, error) {
+				g, err := l.Lock(ctx)
+				return releaser(g, err)
+			},
+			holder: l.Holder,
+		}
+	}
+	l := newLock(t, db, name, opts...)
+	return windowLock{
+		check: l.Check,
+		tryDo: func(ctx context.Context, job func()) (bool, error) {
+			return l.TryDo(ctx, func(context.Context) error { job(); return nil })
+		},
+		try: func(ctx context.Context) (func() error, error) {
+			g, err := l.TryLock(ctx)
+			return releaser(g, err)
+		},
+		lock: func(ctx context.Context) (func() error, error) {
+			g, err := l.Lock(ctx)
+			return releaser(g, err)
+		},
+		holder: l.Holder,
+	}
+}
+
+func releaser[G interface{ Release(context.Context) error }](g G, err error) (func() error, error) {
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return g.Release(context.Background()) }, nil
+}
+
+// windowKinds are the kinds of lock that take WithMinHold.
+var windowKinds = []string{"lock", "lease"}
+
+// eachPostgresWindowLock runs f for every kind on both drivers.
+func eachPostgresWindowLock(t *testing.T, f func(t *testing.T, kind, drv string)) {
+	for _, kind := range windowKinds {
+		for _, drv := range testdb.Drivers {
+			t.Run(kind+"/"+drv, func(t *testing.T) { f(t, kind, drv) })
+		}
+	}
+}
+
+// waitWindowOver polls Holder until nobody holds the name.
+func waitWindowOver(t *testing.T, l windowLock) {
+	t.Helper()
+	testdb.WaitFor(t, wait, func() bool {
+		h, err := l.holder(context.Background())
+		if err != nil {
+			t.Fatalf("Holder: %v", err)
+		}
+		return h == nil
+	}, "the window never ended")
+}
+
+// checkWindowHolder asserts that Holder shows a grant whose window ends
+// between notBefore and notAfter.
+func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAfter time.Time) {
+	t.Helper()
+	h, err := l.holder(context.Background())
+	if err != nil || h == nil {
+		t.Fatalf("Holder during the window = %+v, %v; want the last holder", h, err)
+	}
+	if h.Name != name || h.ExpiresAt.Before(notBefore) || h.ExpiresAt.After(notAfter) {
+		t.Fatalf("Holder during the window = %+v; want name %q and ExpiresAt in [%v, %v]", h, name, notBefore, notAfter)
+	}
+}
+
+// TestMinHoldRunsASkewedJobOncePerWindowOnPostgres fires five replicas
+// (separate *sql.DBs) 100 ms apart, each TryDo of a 10 ms job: without
+// the option the job would run five times; with a 2 s window it runs
+// once, Holder shows the last holder until the window's end, and the
+// next firing after the window runs it again.
+func TestMinHoldRunsASkewedJobOncePerWindowOnPostgres(t *testing.T) {
+	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
+		ctx := context.Background()
+		name := testdb.UniqueName(t)
+		locks := make([]windowLock, minHoldReplicas)
+		for i := range locks {
+			locks[i] = newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow))
+			if err := locks[i].check(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var runs atomic.Int32
+		fire := func() time.Time {
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i, l := range locks {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(time.Duration(i) * minHoldSkew) // the replicas' cron fires this far apart
+					if _, err := l.tryDo(ctx, func() { runs.Add(1); time.Sleep(minHoldJobTime) }); err != nil {
+						t.Errorf("replica %d: TryDo: %v", i, err)
+					}
+				}()
+			}
+			wg.Wait()
+			return start
+		}
+		start := fire()
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("the job ran %d times in one window, want 1", n)
+		}
+		checkWindowHolder(t, locks[0], name, start.Add(minHoldWindow-time.Second), time.Now().Add(minHoldWindow+time.Second))
+		waitWindowOver(t, locks[0])
+		fire()
+		if n := runs.Load(); n != 2 {
+			t.Fatalf("the job ran %d times in two windows, want 2", n)
+		}
+	})
+}
+
+// TestMinHoldLockWaitsForTheWindow: Lock waits until the window's end
+// (and not longer than a second past it), after a holder that released
+// at once; LockTimeout shorter than the window times out.
+func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
+	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
+		ctx := context.Background()
+		name := testdb.UniqueName(t)
+		a := newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithPollInterval(5*time.Millisecond))
+		b := newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithPollInterval(5*time.Millisecond))
+		if err := b.check(ctx); err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now()
+		release, err := a.try(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := release(); err != nil {
+			t.Fatal(err)
+		}
+		after := time.Now()
+		if _, err := b.try(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+			t.Fatalf("TryLock in the window = %v, want ErrNotAcquired", err)
+		}
+		short, cancel := context.WithTimeout(ctx, minHoldWindow/4)
+		_, err = b.lock(short)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Lock bounded by a quarter of the window = %v, want context.DeadlineExceeded", err)
+		}
+		release, err = b.lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := time.Now()
+		if err := release(); err != nil {
+			t.Fatal(err)
+		}
+		if got.Before(before.Add(minHoldWindow)) || got.After(after.Add(minHoldWindow+time.Second)) {
+			t.Fatalf("Lock got the name %v after the grant, want about %v", got.Sub(before), minHoldWindow)
+		}
+	})
+}
+
+// TestMinHoldWaiterAfterALongHolderClaimsANewWindow: a holder that keeps
+// the lock past its window hands off to a waiting Lock (server-side), and
+// that grant opens a window of its own.
+func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			ctx := context.Background()
+			name := testdb.UniqueName(t)
+			window := 500 * time.Millisecond
+			a := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
+			b := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
+			c := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
+			ga, err := a.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan *advisorylock.Guard, 1)
+			go func() {
+				g, err := b.Lock(ctx)
+				if err != nil {
+					t.Errorf("Lock: %v", err)
+				}
+				got <- g
+			}()
+			testdb.WaitFor(t, wait, func() bool {
+				h, err := a.Holder(ctx)
+				return err == nil && h != nil && h.ExpiresAt.IsZero() // the window is over, a still holds
+			}, "the first window never ended")
+			mustRelease(t, ga)
+			gb := <-got
+			if gb == nil {
+				t.FailNow()
+			}
+			mustRelease(t, gb)
+			if _, err := c.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				t.Fatalf("TryLock right after the waiter's release = %v, want ErrNotAcquired (its own window)", err)
+			}
+			h, err := c.Holder(ctx)
+			if err != nil || h == nil || h.ExpiresAt.IsZero() {
+				t.Fatalf("Holder in the waiter's window = %+v, %v; want the window", h, err)
+			}
+		})
+	}
+}
+
+// TestMinHoldWindowIsTheDatabaseClocksOnPostgres: replicas whose clocks
+// are an hour off either way still get a window of the database's clock.
+func TestMinHoldWindowIsTheDatabaseClocksOnPostgres(t *testing.T) {
+	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
+		ctx := context.Background()
+		name := testdb.UniqueName(t)
+		late := newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithClock(testdb.SkewedClock(-time.Hour)))
+		early := newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithClock(testdb.SkewedClock(time.Hour)))
+		before := time.Now()
+		ran, err := late.tryDo(ctx, func() {})
+		if err != nil || !ran {
+			t.Fatalf("TryDo = %v, %v", ran, err)
+		}
+		if ran, err := early.tryDo(ctx, func() {}); err != nil || ran {
+			t.Fatalf("TryDo an hour ahead, in the window = %v, %v; want not run", ran, err)
+		}
+		checkWindowHolder(t, early, name, before.Add(minHoldWindow-time.Second), time.Now().Add(minHoldWindow+time.Second))
+		waitWindowOver(t, late)
+		if got := time.Since(before); got < minHoldWindow-100*time.Millisecond {
+			t.Fatalf("the window ended %v after the grant, want %v", got, minHoldWindow)
+		}
+		if ran, err := early.tryDo(ctx, func() {}); err != nil || !ran {
+			t.Fatalf("TryDo after the window = %v, %v; want run", ran, err)
+		}
+	})
+}
+
+// TestLockWithoutMinHoldNeverTouchesTheWindowsTable: in a fresh database
+// a Lock without the option takes, waits, reports and releases without
+// creating advisorylock_windows; with the option its first use creates it.
+func TestLockWithoutMinHoldNeverTouchesTheWindowsTable(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "pgx")
+	fresh := freshDatabase(t, admin)
+	for _, drv := range testdb.Drivers {
+		db := testdb.OpenPostgresDSN(t, drv, testdb.WithDatabase(testdb.PostgresDSN(t), fresh))
+		ctx := context.Background()
+		l := newLock(t, db, testdb.UniqueName(t))
+		for _, acquire := range []func(context.Context) (*advisorylock.Guard, error){l.TryLock, l.Lock} {
+			g, err := acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h, err := l.Holder(ctx); err != nil || h == nil {
+				t.Fatalf("Holder = %+v, %v", h, err)
+			}
+			mustRelease(t, g)
+		}
+		if windowsTableExists(t, db) {
+			t.Fatalf("%s: a Lock without WithMinHold created advisorylock_windows", drv)
+		}
+	}
+	db := testdb.OpenPostgresDSN(t, "pgx", testdb.WithDatabase(testdb.PostgresDSN(t), fresh))
+	if err := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second)).Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !windowsTableExists(t, db) {
+		t.Fatal("a Lock with WithMinHold did not create advisorylock_windows at its first use")
+	}
+}
+
+func windowsTableExists(t *testing.T, db *sql.DB) bool {
+	t.Helper()
+	var exists bool
+	if err := db.QueryRow("SELECT to_regclass('advisorylock_windows') IS NOT NULL").Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	return exists
+}
+
+// TestMinHoldOnABackendWithoutWindowsIsUnsupported: a plugged-in backend
+// that does not keep windows refuses WithMinHold at the first operation.
+func TestMinHoldOnABackendWithoutWindowsIsUnsupported(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	b := advisorylock.WithBackend(newMapBackend())
+	ctx := context.Background()
+	l := newLock(t, db, "x", b, advisorylock.WithMinHold(time.Second))
+	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Fatalf("Lock.TryLock = %v, want ErrUnsupported", err)
+	}
+	ll := newLeaseLock(t, db, "x", b, advisorylock.WithMinHold(time.Second))
+	if _, err := ll.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Fatalf("LeaseLock.TryLock = %v, want ErrUnsupported", err)
+	}
+	g, err := newLeaseLock(t, db, "x", b).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("the same backend without WithMinHold: %v", err)
+	}
+	mustRelease(t, g)
+}
+
+// ---------------------------------------------------------------------------
+// In separate processes: SQLite replicas, and holders that die.
+
+// minHoldJobEnv carries a helper process's minHoldTask, as JSON.
+const minHoldJobEnv = "ADVISORYLOCK_MINHOLD_JOB"
+
+// minHoldTask tells a helper process what to do.
+type minHoldTask struct {
+	Do     string        // "fire": one TryDo at Gun+Delay; "hold": take the lock and hold it until killed
+	Kind   string        // "lock" or "lease"
+	Driver string        // "postgres", "pgx" or "sqlite"
+	Path   string        // the SQLite file
+	Name   string        // the lock's name
+	Window time.Duration // WithMinHold
+	TTL    time.Duration // WithLeaseTTL
+	Delay  time.Duration // after the gun
+	Dir    string        // markers: ready-N, gun, runs, held
+	ID     int
+}
+
+func (j minHoldTask) open(t testing.TB) *sql.DB {
+	if j.Driver == "sqlite" {
+		return testdb.OpenSQLite(t, j.Path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	}
+	return testdb.OpenPostgres(t, j.Driver)
+}
+
+func (j minHoldTask) lock(t testing.TB, db *sql.DB) windowLock {
+	return newWindowLock(t, j.Kind, db, j.Name, advisorylock.WithMinHold(j.Window), advisorylock.WithLeaseTTL(j.TTL))
+}
+
+// startMinHoldHelper starts a helper process running job.
+func startMinHoldHelper(t *testing.T, job minHoldTask) *exec.Cmd {
+	t.Helper()
+	env, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := testdb.HelperCommand(t, "TestMinHoldHelperProcess", fmt.Sprintf("%s-%d", job.Do, job.ID), minHoldJobEnv+"="+string(env))
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start helper: %v", err)
+	}
+	return cmd
+}
+
+// TestMinHoldHelperProcess is the body of the helper processes; it skips
+// in a normal run.
+func TestMinHoldHelperProcess(t *testing.T) {
+	if testdb.HelperRole() == "" {
+		t.Skip("helper process only")
+	}
+	var job minHoldTask
+	if err := json.Unmarshal([]byte(os.Getenv(minHoldJobEnv)), &job); err != nil {
+		t.Fatalf("bad %s: %v", minHoldJobEnv, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l := job.lock(t, job.open(t))
+	if err := l.check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	switch job.Do {
+	case "fire":
+		touch(t, filepath.Join(job.Dir, "ready-"+strconv.Itoa(job.ID)), "")
+		var gun time.Time
+		testdb.WaitFor(t, time.Minute, func() bool {
+			b, err := os.ReadFile(filepath.Join(job.Dir, "gun"))
+			if err != nil || len(b) == 0 {
+				return false
+			}
+			ms, err := strconv.ParseInt(string(b), 10, 64)
+			gun = time.UnixMilli(ms)
+			return err == nil
+		}, "no starting gun")
+		time.Sleep(time.Until(gun.Add(job.Delay))) // this replica's cron fires now
+		if _, err := l.tryDo(ctx, func() {
+			appendLine(t, filepath.Join(job.Dir, "runs"), strconv.Itoa(job.ID))
+			time.Sleep(minHoldJobTime)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	case "hold":
+		release, err := l.lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		touch(t, filepath.Join(job.Dir, "held"), "")
+		<-ctx.Done()               // until killed
+		runtime.KeepAlive(release) // a forgotten guard would be released
+	default:
+		t.Fatalf("unknown job %q", job.Do)
+	}
+}
+
+func touch(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func appendLine(t testing.TB, path, line string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(line + "\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func countLines(t testing.TB, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "\n")
+}
+
+// TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses is the
+// skewed-replicas test with each replica a process of its own on one
+// SQLite file.
+func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
+	for _, kind := range windowKinds {
+		t.Run(kind, func(t *testing.T) {
+			path := testdb.SQLitePath(t)
+			job := minHoldTask{Do: "fire", Kind: kind, Driver: "sqlite", Path: path, Name: testdb.UniqueName(t), Window: minHoldWindow, TTL: 30 * time.Second}
+			l := job.lock(t, job.open(t))
+			fire := func() time.Time {
+				job.Dir = t.TempDir()
+				cmds := make([]*exec.Cmd, minHoldReplicas)
+				for i := range cmds {
+					job.ID, job.Delay = i, time.Duration(i)*minHoldSkew
+					cmds[i] = startMinHoldHelper(t, job)
+				}
+				testdb.WaitFor(t, time.Minute, func() bool {
+					for i := range cmds {
+						if _, err := os.Stat(filepath.Join(job.Dir, "ready-"+strconv.Itoa(i))); err != nil {
+							return false
+						}
+					}
+					return true
+				}, "helpers not ready")
+				gun := time.Now().Add(200 * time.Millisecond)
+				touch(t, filepath.Join(job.Dir, "gun"), strconv.FormatInt(gun.UnixMilli(), 10))
+				for i, c := range cmds {
+					if err := c.Wait(); err != nil {
+						t.Fatalf("helper %d: %v (its output is above)", i, err)
+					}
+				}
+				return gun
+			}
+			gun := fire()
+			if n := countLines(t, filepath.Join(job.Dir, "runs")); n != 1 {
+				t.Fatalf("the job ran %d times in one window, want 1", n)
+			}
+			checkWindowHolder(t, l, job.Name, gun.Add(minHoldWindow-time.Second), time.Now().Add(minHoldWindow+time.Second))
+			waitWindowOver(t, l)
+			fire()
+			if n := countLines(t, filepath.Join(job.Dir, "runs")); n != 1 {
+				t.Fatalf("the job ran %d times in the next window, want 1", n)
+			}
+		})
+	}
+}
+
+// TestMinHoldWindowOutlivesAKilledHolder: a holder process killed right
+// after its grant keeps the name until the window's end, also when the
+// window is longer than the lease TTL (1 s here, window 3 s), on every
+// backend and kind.
+func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
+	const window = 3 * time.Second
+	type setup struct{ kind, driver string }
+	var setups []setup
+	for _, kind := range windowKinds {
+		for _, drv := range append([]string{"sqlite"}, testdb.Drivers...) {
+			setups = append(setups, setup{kind, drv})
+		}
+	}
+	for _, s := range setups {
+		t.Run(s.kind+"/"+s.driver, func(t *testing.T) {
+			job := minHoldTask{Do: "hold", Kind: s.kind, Driver: s.driver, Name: testdb.UniqueName(t), Window: window, TTL: time.Second, Dir: t.TempDir()}
+			if s.driver == "sqlite" {
+				job.Path = testdb.SQLitePath(t)
+			}
+			l := job.lock(t, job.open(t))
+			if err := l.check(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			started := time.Now() // before the grant
+			cmd := startMinHoldHelper(t, job)
+			testdb.WaitFor(t, time.Minute, func() bool { return fileExists(filepath.Join(job.Dir, "held")) }, "the holder never held")
+			held := time.Now() // after the grant
+			if err := cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			_ = cmd.Wait()
+			checkWindowHolder(t, l, job.Name, started.Add(window-time.Second), held.Add(window+time.Second))
+			var got time.Time
+			testdb.WaitFor(t, wait, func() bool {
+				release, err := l.try(context.Background())
+				if errors.Is(err, advisorylock.ErrNotAcquired) {
+					return false
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = time.Now()
+				if err := release(); err != nil {
+					t.Fatal(err)
+				}
+				return true
+			}, "never acquired after the window")
+			if got.Before(started.Add(window)) {
+				t.Fatalf("acquired %v after the dead holder started, before its %v window ended", got.Sub(started), window)
+			}
+		})
+	}
+}

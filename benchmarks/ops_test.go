@@ -47,10 +47,12 @@ var pgOps = []pgOp{
 	{"trylock_release", pgDrivers, setupTryLock(nil)},
 	{"trylock_release_nokeepalive", pgDrivers, setupTryLock([]advisorylock.Option{advisorylock.WithKeepAlive(0)})},
 	{"trydo", pgDrivers, setupTryDo},
+	{"trydo_minhold", pgDrivers, setupTryDoMinHold},
 	{"lock_release", pgDrivers, setupLockRelease},
 	{"goose_session", pgDrivers, setupGooseSession},
 	{"migrate", pgDrivers, setupMigrate},
 	{"leaselock", pgDrivers, setupLeaseLock},
+	{"leaselock_minhold", pgDrivers, setupLeaseLockMinHold},
 	{"lease_raw_param", pgDrivers, setupLeaseRaw(leaseParam)},
 	{"lease_raw_param_bounded", pgDrivers, setupLeaseRaw(leaseParamBounded)},
 	{"lease_raw_literal", pgDrivers, setupLeaseRaw(leaseLiteral)},
@@ -137,6 +139,8 @@ var pgPairs = []struct{ base, op string }{
 	{"select1_pinned", "raw_param"},
 	{"select1_pinned", "goose_session"},
 	{"leaselock", "goose_table"},
+	{"trydo", "trydo_minhold"},
+	{"leaselock", "leaselock_minhold"},
 }
 
 // BenchmarkPaired alternates two operations on one handle, iteration by

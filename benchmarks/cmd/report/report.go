@@ -31,10 +31,12 @@ var pgRows = []opRow{
 	{"trylock_release", "**advisorylock `TryLock` + `Release`** (pool checkout included)", "session"},
 	{"trylock_release_nokeepalive", "advisorylock `TryLock` + `Release`, `WithKeepAlive(0)`", "session"},
 	{"trydo", "**advisorylock `TryDo`** (no-op fn)", "session"},
+	{"trydo_minhold", "advisorylock `TryDo` with `WithMinHold` (records its window at the grant)", "session"},
 	{"lock_release", "advisorylock `Lock` + `Release`, uncontended", "session"},
 	{"goose_session", "peer: goose v3 session locker, lock + unlock (pinned)", "session"},
 	{"migrate", "peer: golang-migrate postgres `Lock` + `Unlock` (pinned)", "session"},
 	{"leaselock", "**advisorylock `LeaseLock` `TryLock` + `Release`**", "lease"},
+	{"leaselock_minhold", "advisorylock `LeaseLock` `TryLock` + `Release` with `WithMinHold`", "lease"},
 	{"lease_raw_param", "raw lease upsert + release, parameterized, release unbounded", "lease"},
 	{"lease_raw_param_bounded", "raw lease, parameterized, release on its own 5s-bounded context as `Release` must (the floor)", "lease"},
 	{"lease_raw_literal", "raw lease upsert + release, literals", "lease"},
@@ -412,6 +414,8 @@ var pairedRows = []struct{ op, base, label string }{
 	{"trylock_release", "raw_pool_ask", "`TryLock`+`Release` vs its hand-written equivalent (`raw_pool_ask`)"},
 	{"trylock_release", "trylock_release_nokeepalive", "`TryLock`+`Release` vs the same with `WithKeepAlive(0)`"},
 	{"goose_table", "leaselock", "goose table locker vs **`LeaseLock`**"},
+	{"trydo_minhold", "trydo", "`TryDo` with `WithMinHold` vs without"},
+	{"leaselock_minhold", "leaselock", "`LeaseLock` with `WithMinHold` vs without"},
 }
 
 func (r *report) writePaired(w func(string, ...any)) {

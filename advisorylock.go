@@ -38,6 +38,16 @@
 // return a LeaseGrant). Every method is one round trip; the package owns
 // connections, retries, keep-alives and the lease schedule. Users of the
 // built-in backends need none of these types.
+//
+// WithMinHold (once per window) needs more of a backend. A LeaseStore
+// honours LeaseRequest.MinHold (its rows stay taken until the grant plus
+// MinHold, through renewals, releases and the holder's death) and says so
+// by implementing WindowedLeaseStore. A SessionLocker, whose locks end
+// with their session, keeps windows elsewhere and implements
+// WindowedSessionLocker: a try that checks and records the window in the
+// statement that takes the lock, a claim that records it after a wait's
+// grant, and the window's remaining time and holder. Without them the
+// option is refused with ErrUnsupported at the first operation.
 package advisorylock
 
 import (
@@ -340,7 +350,9 @@ func (l *Lock) waitSlice(ctx, budget context.Context, session SessionLocker, p *
 	return res, false, err
 }
 
-// Holder reports who holds the lock now, or nil when it is free.
+// Holder reports who holds the lock now, or nil when it is free. With
+// WithMinHold, a name kept taken by a grant's window reports that grant,
+// with ExpiresAt at the window's end.
 func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	b, err := l.backend(ctx)
 	if err != nil {

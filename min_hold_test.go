@@ -605,3 +605,31 @@ func TestMinHoldTryLockAndReleaseAreOneRoundTripEach(t *testing.T) {
 		}
 	})
 }
+
+// TestWithoutMinHoldASkewedJobRunsOnSeveralReplicas is the problem
+// WithMinHold solves: the same replicas without the option run the short
+// job more than once per tick.
+func TestWithoutMinHoldASkewedJobRunsOnSeveralReplicas(t *testing.T) {
+	ctx := context.Background()
+	name := testdb.UniqueName(t)
+	var runs atomic.Int32
+	var wg sync.WaitGroup
+	for i := range minHoldReplicas {
+		l := newLock(t, testdb.OpenPostgres(t, "pgx"), name)
+		if err := l.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * minHoldSkew)
+			if _, err := l.TryDo(ctx, func(context.Context) error { runs.Add(1); time.Sleep(minHoldJobTime); return nil }); err != nil {
+				t.Errorf("replica %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := runs.Load(); n < 2 {
+		t.Fatalf("without WithMinHold the job ran %d times, want several (each replica releases before the next fires)", n)
+	}
+}

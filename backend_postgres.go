@@ -12,7 +12,8 @@ import (
 )
 
 // Postgres returns the PostgreSQL backend: Lock is a session advisory lock
-// on a pinned connection, LeaseLock a row in advisorylock_leases. It works
+// on a pinned connection (with WithMinHold, its windows are rows of
+// advisorylock_windows), LeaseLock a row in advisorylock_leases. It works
 // with lib/pq, pgx's stdlib driver and any driver that speaks to
 // PostgreSQL.
 //

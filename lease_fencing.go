@@ -504,7 +504,8 @@ func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard
 }
 
 // Holder reports who holds the lease now, or nil when it is free or
-// expired.
+// expired. With WithMinHold, a lease released in its window reports its
+// last holder until the window's end (ExpiresAt).
 func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 	store, err := l.store(ctx)
 	if err != nil {

@@ -99,7 +99,7 @@ func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (Sessi
 
 // waitWindowed is waitSession for a Lock with a window: while a window is
 // open it sleeps until the window's end (asked of the database, whose
-// clock decides) and tries again; otherwise it waits one server-side
+// clock decides, about once a slice) and tries again; otherwise it waits one server-side
 // slice, and a grant claims its window in a statement of its own, letting
 // the lock go again if a window opened meanwhile. OK false with a nil
 // error means budget ended: the session then holds no lock.
@@ -111,8 +111,14 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 		}
 		var res SessionResult
 		if left > 0 {
-			if !sleepWithin(budget, left) {
+			// In steps of at most a slice, each followed by a statement: a
+			// connection idle for a whole window could be cut by a proxy or
+			// idle_session_timeout.
+			if !sleepWithin(budget, min(left, maxSlice)) {
 				return SessionResult{}, nil
+			}
+			if left > maxSlice {
+				continue
 			}
 			res, err = ask(ctx, p, func() (SessionResult, error) {
 				return w.TryLockSessionFor(ctx, p.conn, l.key, l.name, l.cfg.minHold)

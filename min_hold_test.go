@@ -633,3 +633,25 @@ func TestWithoutMinHoldASkewedJobRunsOnSeveralReplicas(t *testing.T) {
 		t.Fatalf("without WithMinHold the job ran %d times, want several (each replica releases before the next fires)", n)
 	}
 }
+
+// TestMinHoldRunsOnTheTableFromSchema: Schema's DDL holds
+// advisorylock_windows, and a Lock with WithMinHold runs on the table an
+// operator made from it.
+func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
+	ddl := advisorylock.Schema(advisorylock.Postgres())
+	if !strings.Contains(ddl, "advisorylock_windows") {
+		t.Fatalf("Schema(Postgres()) lacks advisorylock_windows:\n%s", ddl)
+	}
+	admin := testdb.OpenPostgres(t, "pgx")
+	db := testdb.OpenPostgresDSN(t, "pgx", testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin)))
+	if _, err := db.Exec(ddl); err != nil {
+		t.Fatalf("running the exported DDL: %v", err)
+	}
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Minute))
+	if ran, err := l.TryDo(context.Background(), func(context.Context) error { return nil }); err != nil || !ran {
+		t.Fatalf("TryDo = %v, %v", ran, err)
+	}
+	if ran, err := l.TryDo(context.Background(), func(context.Context) error { return nil }); err != nil || ran {
+		t.Fatalf("TryDo in the window = %v, %v; want not run", ran, err)
+	}
+}

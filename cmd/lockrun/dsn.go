@@ -207,11 +207,14 @@ func openPostgres(dsn string) (*database, error) {
 	return d, nil
 }
 
-// serverOf is HOST:PORT/DB, with any fallback hosts after a comma.
+// serverOf is HOST:PORT/DB, with any other hosts of a multi-host DSN
+// after a comma (pgx lists each host once more per TLS fallback).
 func serverOf(cfg *pgx.ConnConfig) string {
 	hosts := []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
 	for _, f := range cfg.Fallbacks {
-		hosts = append(hosts, net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))))
+		if h := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
 	}
 	return strings.Join(hosts, ",") + "/" + cfg.Database
 }

@@ -14,10 +14,13 @@ func manPage(help string) string {
 	var b strings.Builder
 	b.WriteString(".\\\" Generated from lockrun --help by go generate; do not edit.\n")
 	b.WriteString(".TH LOCKRUN 1 \"\" \"lockrun\" \"User Commands\"\n")
-	nofill := false
+	nofill, blank := false, false
 	for _, line := range strings.Split(strings.TrimRight(help, "\n"), "\n") {
 		switch {
-		case line != "" && !strings.HasPrefix(line, " "):
+		case line == "":
+			blank = true // written before the next text line; .SH spaces itself
+			continue
+		case !strings.HasPrefix(line, " "):
 			if nofill {
 				b.WriteString(".fi\n")
 			}
@@ -26,11 +29,13 @@ func manPage(help string) string {
 			if nofill {
 				b.WriteString(".nf\n")
 			}
-		case line == "":
-			b.WriteString("\n")
 		default:
+			if blank {
+				b.WriteString("\n")
+			}
 			b.WriteString(roffLine(strings.TrimPrefix(line, "    ")) + "\n")
 		}
+		blank = false
 	}
 	if nofill {
 		b.WriteString(".fi\n")

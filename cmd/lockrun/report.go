@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 )
 
@@ -89,7 +90,7 @@ func (c *lossCause) Handle(_ context.Context, rec slog.Record) error {
 	rec.Attrs(func(a slog.Attr) bool {
 		if a.Key == "err" {
 			c.mu.Lock()
-			c.last = a.Value.String()
+			c.last = strings.TrimPrefix(a.Value.String(), "advisorylock: ")
 			c.mu.Unlock()
 		}
 		return true

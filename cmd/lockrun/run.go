@@ -92,9 +92,13 @@ func run(o *options, say *reporter) int {
 	defer db.Close()
 	say.debugf("acquired lock %q%s", o.name, tokenNote(h.token))
 	code := supervise(cmd, o, h, signals, say)
-	if err := h.release(context.Background()); err != nil {
+	lost := isClosed(h.lost)
+	err = h.release(context.Background())
+	switch {
+	case lost: // said already, by supervise; releasing it can only fail
+	case err != nil:
 		say.warnf("releasing lock %q: %s", o.name, plain(err))
-	} else {
+	default:
 		say.debugf("released lock %q", o.name)
 	}
 	return code
@@ -455,4 +459,3 @@ func codeFor(err error) int {
 func plain(err error) string {
 	return strings.TrimPrefix(err.Error(), "advisorylock: ")
 }
-

@@ -247,6 +247,9 @@ func (o *options) placeCommand(rest []string) error {
 		return errors.New("the lock NAME is empty")
 	}
 	command, err := commandOf(rest[1:])
+	if err != nil && contains(subcommands, o.name) {
+		return fmt.Errorf("%w (%s is a subcommand only as the first argument)", err, o.name)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -123,4 +124,38 @@ func TestApplyConfigFillsWhatTheFlagsLeft(t *testing.T) {
 			t.Errorf("%s = %s: %v; want a configuration error naming the line", key, value, err)
 		}
 	}
+}
+
+// The README's lockrun section shows a config file and a crontab line
+// that lockrun takes as they are.
+func TestREADMEConfigAndCrontabLineWork(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	conf := between(t, readme, "```ini\n", "```")
+	settings, err := parseConfig("README", []byte(conf))
+	if err != nil || settings["dsn"].value == "" {
+		t.Fatalf("the README's config file: %v, %v", settings, err)
+	}
+	o, _ := parseArgs([]string{"job", "true"})
+	if err := o.applyConfig(settings); err != nil {
+		t.Errorf("the README's config file has a bad value: %v", err)
+	}
+	line := strings.TrimSpace(between(t, between(t, readme, "```crontab\n", "```"), "0 3 * * *", "\n"))
+	o, err = parseArgs(strings.Fields(line)[1:])
+	if err != nil || o.name != "nightly-report" || !o.nonblock || o.command[0] != "/usr/local/bin/report" {
+		t.Errorf("the README's crontab line %q: %+v, %v", line, o, err)
+	}
+}
+
+func between(t *testing.T, s, start, end string) string {
+	t.Helper()
+	_, after, ok := strings.Cut(s, start)
+	inside, _, ok2 := strings.Cut(after, end)
+	if !ok || !ok2 {
+		t.Fatalf("no %q...%q", start, end)
+	}
+	return inside
 }

@@ -483,8 +483,8 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 		for _, how := range [][]string{
 			{"--dsn", dsn, "-v", "job", "--", "true"},
 			{"--dsn=" + dsn, "--lease", "job", "--", "true"},
-			{"--dsn", dsn, "status", "job"},
-			{"--dsn", dsn, "status"},
+			{"status", "--dsn", dsn, "job"},
+			{"status", "--dsn", dsn},
 			{"env:LOCKRUN_DSN", "job", "--", "true"},
 			{"env:DATABASE_URL", "-n", "job", "--", "true"},
 		} {

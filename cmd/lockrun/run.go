@@ -147,6 +147,7 @@ func take(ctx context.Context, o *options, say *reporter) (*database, *held, err
 	if err != nil {
 		return nil, nil, err
 	}
+	say.debugf("%s", db.describe(o.dsnFrom))
 	t, err := newTarget(db, o, say)
 	if err == nil {
 		var h *held
@@ -159,7 +160,7 @@ func take(ctx context.Context, o *options, say *reporter) (*database, *held, err
 	return nil, nil, err
 }
 
-// connect opens the database o names, and with -v says which it is.
+// connect opens the database o names and learns its secrets.
 func connect(ctx context.Context, o *options, say *reporter) (*database, error) {
 	say.secrets = dsnSecrets(o.dsn)
 	db, err := openDatabase(ctx, o.dsn)
@@ -167,7 +168,6 @@ func connect(ctx context.Context, o *options, say *reporter) (*database, error) 
 		return nil, err
 	}
 	say.secrets = append(say.secrets, db.secrets...)
-	say.debugf("%s", db.describe(o.dsnFrom))
 	return db, nil
 }
 
@@ -322,17 +322,10 @@ func tokenNote(t advisorylock.FencingToken) string {
 // its process group, and stopping it if the lock is lost. It returns the
 // command's exit status, or exitLost.
 func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say *reporter) int {
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = childEnv(os.Environ(), o.name, h.token)
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
+	exited, err := startCommand(cmd, o.name, h.token)
+	if err != nil {
 		return notRunnable(say, o.command[0], err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait() // the status is in cmd.ProcessState
-		close(exited)
-	}()
 	lost := h.lost
 	wasLost := false
 	var kill <-chan time.Time
@@ -362,6 +355,24 @@ func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say
 			return exitStatus(cmd.ProcessState)
 		}
 	}
+}
+
+// startCommand starts cmd in its own process group, with lockrun's stdin,
+// stdout and stderr and the lock's variables; the returned channel is
+// closed once it has exited (its status is then in cmd.ProcessState).
+func startCommand(cmd *exec.Cmd, name string, token advisorylock.FencingToken) (<-chan struct{}, error) {
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = childEnv(os.Environ(), name, token)
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	return exited, nil
 }
 
 func isClosed(c <-chan struct{}) bool {

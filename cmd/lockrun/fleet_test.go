@@ -367,3 +367,21 @@ func expireSQLiteLock(t *testing.T, env []string, name string) {
 		t.Fatalf("expiring the lock: %v", err)
 	}
 }
+
+// Issue 16, item 4: a SQLite file in a missing directory is exit 78
+// saying so (SQLite itself says "out of memory (14)").
+func TestSQLiteFileInAMissingDirectorySaysSo(t *testing.T) {
+	t.Parallel()
+	missing := filepath.Join(t.TempDir(), "no-such-dir")
+	for _, dsn := range []string{"sqlite:" + missing + "/locks.db", "file:" + missing + "/locks.db"} {
+		code, stdout, stderr := runBare(t, cronEnv(t.TempDir()), "--dsn", dsn, "job", "true")
+		if code != exitConfig || !strings.Contains(stderr, "directory "+missing+" does not exist") || strings.Contains(stderr, "out of memory") {
+			t.Errorf("%s: exit %d, stderr %q; want %d saying the directory does not exist", dsn, code, stderr, exitConfig)
+		}
+		checkOneLineError(t, stdout, stderr)
+	}
+	code, _, stderr := runBare(t, cronEnv(t.TempDir()), "--log-format", "json", "--dsn", "sqlite:"+missing+"/locks.db", "job", "true")
+	if lines := jsonLines(t, stderr); code != exitConfig || len(lines) != 1 || lines[0]["level"] != "ERROR" {
+		t.Errorf("with --log-format json: exit %d, stderr %q; want one JSON error line", code, stderr)
+	}
+}

@@ -68,7 +68,8 @@ FLAGS
                     and SIGKILL [10s]
     --log-format text|json
                     how lockrun writes its own lines on stderr [text]; json
-                    is one object per line (time, level, msg, lock)
+                    is one object per line (time, level, msg, lock), for
+                    all but usage errors
     -q, --quiet     print nothing but errors
     -v, --verbose   also say which database is used, when the lock is taken
                     and released, who holds it while lockrun waits, and why

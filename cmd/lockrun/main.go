@@ -58,11 +58,12 @@ func lockrun(args []string, getenv func(string) string, stdout, stderr io.Writer
 		_, _ = io.WriteString(stdout, completion(o.shell))
 		return 0
 	}
+	say.configure(o) // --log-format json applies to config errors too
 	if err := configure(o, getenv); err != nil {
 		say.errorf("%s", plain(err))
 		return codeFor(err)
 	}
-	say.configure(o)
+	say.configure(o) // with the config files' defaults
 	if o.subcommand == "status" {
 		return status(o, stdout, say)
 	}

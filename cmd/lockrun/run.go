@@ -295,14 +295,17 @@ func describe(h *advisorylock.Holder) string {
 }
 
 // holderPID is the PostgreSQL backend's pid of a session holder, or the
-// process id of a SQLite holder, read from the owner label that lockrun
-// (and the library by default) gives it: HOST:PID/SUFFIX. It is 0 if
-// unknown.
+// process id of a SQLite holder on this host, read from the owner label
+// that lockrun (and the library by default) gives it, HOST:PID, to which
+// the library adds /SUFFIX. It is 0 if unknown.
 func holderPID(h *advisorylock.Holder) int {
 	if h.PID != 0 || h.Backend != "sqlite" {
 		return h.PID
 	}
-	_, rest, _ := strings.Cut(h.Owner, ":")
+	host, rest, _ := strings.Cut(h.Owner, ":")
+	if this, err := os.Hostname(); err != nil || host != this {
+		return 0
+	}
 	digits, _, _ := strings.Cut(rest, "/")
 	pid, err := strconv.Atoi(digits)
 	if err != nil || pid <= 0 {

@@ -33,8 +33,8 @@ func flagWords() (all, valued []string) {
 	return all, valued
 }
 
-// bashScript is the bash completion; %s are the flags, those that take a
-// value, and the subcommands. After NAME it completes a command, and that
+// bashScript is the bash completion; %s are the flags and those that
+// take a value. After NAME it completes a command, and that
 // command's arguments with bash-completion's _command_offset if loaded.
 const bashScript = `# bash completion for lockrun: source <(lockrun completion bash)
 _lockrun() {
@@ -58,7 +58,7 @@ _lockrun() {
 		return
 	fi
 	if [[ $COMP_CWORD -eq 1 && $cur != -* ]]; then
-		COMPREPLY=($(compgen -W '%s' -- "$cur"))
+		COMPREPLY=($(compgen -W 'status completion' -- "$cur"))
 		return
 	fi
 	local i=1 name=0
@@ -98,7 +98,7 @@ complete -F _lockrun lockrun
 
 func bashCompletion() string {
 	all, valued := flagWords()
-	return fmt.Sprintf(bashScript, strings.Join(all, " "), strings.Join(valued, " "), strings.Join(subcommands[:2], " "))
+	return fmt.Sprintf(bashScript, strings.Join(all, " "), strings.Join(valued, " "))
 }
 
 // zshScript is the zsh completion; %s are _arguments' flag specs.

@@ -253,7 +253,7 @@ func TestConflictsAreSilentUnlessVerbose(t *testing.T) {
 				t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d and silence", args, code, stdout, stderr, want)
 			}
 		}
-		code, _, stderr := runLockrun(t, env, "-v", "-w", "0.3", name, "true")
+		code, _, stderr := runLockrun(t, env, "-v", "-w", "1.5", name, "true")
 		if code != exitConflict || !strings.Contains(stderr, "waiting for lock "+strconv.Quote(name)+", held by") ||
 			!strings.Contains(stderr, "gave up waiting for lock") {
 			t.Errorf("-v -w: exit %d, stderr %q; want the wait and the giving up said", code, stderr)
@@ -332,7 +332,7 @@ func TestJSONLogFormat(t *testing.T) {
 			t.Errorf("-v line %v: want level INFO, lock %q and a time", l, name)
 		}
 	}
-	p := startLockrun(t, env, "--log-format=json", "--kill-after", "0.2", name, "sh", "-c", `echo $$ > "$1"; while :; do sleep 0.05; done`, "sh", d.path("ready"))
+	p := startLockrun(t, env, "--log-format=json", "--ttl", "3", "--kill-after", "0.2", name, "sh", "-c", `echo $$ > "$1"; while :; do sleep 0.05; done`, "sh", d.path("ready"))
 	testdb.WaitFor(t, 0, func() bool { return d.exists("ready") }, "the command did not start")
 	expireSQLiteLock(t, env, name)
 	if code := p.wait(t); code != exitLost {

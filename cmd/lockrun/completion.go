@@ -57,6 +57,12 @@ _lockrun() {
 	if [[ $valued == *" $prev "* ]]; then
 		return
 	fi
+	if [[ $COMP_CWORD -gt 1 && ${COMP_WORDS[1]} == status ]]; then
+		if [[ $cur == -* ]]; then
+			COMPREPLY=($(compgen -W "$flags" -- "$cur"))
+		fi
+		return
+	fi
 	if [[ $COMP_CWORD -eq 1 && $cur != -* ]]; then
 		COMPREPLY=($(compgen -W 'status completion' -- "$cur"))
 		return

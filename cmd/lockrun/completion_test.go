@@ -54,11 +54,16 @@ func TestBashCompletionCompletes(t *testing.T) {
 		"lockrun -n -w 5 job ech":         "echo",
 		"lockrun -n job -- ech":           "echo",
 		"lockrun -w 5 --kil":              "--kill-after",
+		"lockrun status job --ds":         "--dsn",
 	} {
 		cmd := exec.Command("bash", "-c", `source "$1"; COMP_WORDS=($2); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _lockrun; printf '%s\n' "${COMPREPLY[@]}"`, "bash", file, words)
 		out, err := cmd.CombinedOutput()
 		if err != nil || !contains(strings.Split(string(out), "\n"), want) {
 			t.Errorf("completing %q: %v, got %q; want %q among them", words, err, out, want)
 		}
+	}
+	out, err := exec.Command("bash", "-c", `source "$1"; COMP_WORDS=(lockrun status ech); COMP_CWORD=2; _lockrun; echo "${#COMPREPLY[@]}"`, "bash", file).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "0" {
+		t.Errorf("status's lock names were completed as commands: %v, %q", err, out)
 	}
 }

@@ -279,8 +279,8 @@ func TestLostLockStopsTheCommand(t *testing.T) {
 				}
 				pgid, _ := strconv.Atoi(strings.TrimSpace(d.read("ready")))
 				testdb.WaitFor(t, 0, func() bool { return groupGone(pgid) }, "processes of the command's group %d survive", pgid)
-				if !strings.Contains(p.stderr.String(), "lost while the command ran") || strings.Count(p.stderr.String(), "lockrun: ") != 1 {
-					t.Errorf("lockrun did not say the lock was lost in one line: %q", p.stderr)
+				if !strings.Contains(p.stderr.String(), "lost while the command ran (lease lost: ") || strings.Count(p.stderr.String(), "lockrun: ") != 1 {
+					t.Errorf("lockrun did not say the lock was lost, and why, in one line: %q", p.stderr)
 				}
 			})
 		}
@@ -306,6 +306,9 @@ func TestLostSessionStopsTheCommand(t *testing.T) {
 	}
 	if code := p.wait(t); code != exitLost {
 		t.Fatalf("lockrun exited %d, want %d; stderr: %q", code, exitLost, p.stderr)
+	}
+	if s := p.stderr.String(); !strings.Contains(s, "lost while the command ran (") || strings.Count(s, "lockrun: ") != 1 {
+		t.Errorf("lockrun did not say the lock was lost, and why, in one line: %q", s)
 	}
 	pgid, _ := strconv.Atoi(strings.TrimSpace(d.read("ready")))
 	testdb.WaitFor(t, 0, func() bool { return groupGone(pgid) }, "processes of the command's group %d survive", pgid)

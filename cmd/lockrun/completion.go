@@ -107,23 +107,42 @@ func bashCompletion() string {
 	return fmt.Sprintf(bashScript, strings.Join(all, " "), strings.Join(valued, " "))
 }
 
-// zshScript is the zsh completion; %s are _arguments' flag specs.
+// zshScript is the zsh completion; %s are _arguments' flag specs. It
+// works from fpath (as _lockrun) and sourced after compinit.
 const zshScript = `#compdef lockrun
 # zsh completion for lockrun: lockrun completion zsh > "${fpath[1]}/_lockrun"
+# (or, after compinit: source <(lockrun completion zsh))
 _lockrun() {
+	local -a flags
+	flags=(
+%s	)
 	if (( CURRENT == 2 )) && [[ $words[2] != -* ]]; then
 		_alternative 'subcommands:subcommand:(status completion)' 'names:lock name:'
 		return
 	fi
-	if [[ $words[2] == completion ]]; then
-		_values shell bash zsh
-		return
-	fi
-	_arguments -s -S \
-%s		'1:lock name:' \
-		'*::command:_normal'
+	case $words[2] in
+	completion)
+		(( CURRENT == 3 )) && _values shell bash zsh
+		return ;;
+	status)
+		shift words
+		(( CURRENT-- ))
+		_arguments -s $flags '*:lock name:'
+		return ;;
+	esac
+	_arguments -s -S $flags '1:lock name:' '*::command:_lockrun_command'
 }
-_lockrun "$@"
+# _lockrun_command completes what follows NAME: a command and its arguments.
+_lockrun_command() {
+	shift words
+	(( CURRENT-- ))
+	_normal
+}
+if [[ $funcstack[1] == _lockrun ]]; then
+	_lockrun "$@"
+else
+	compdef _lockrun lockrun
+fi
 `
 
 func zshCompletion() string {
@@ -141,7 +160,7 @@ func zshCompletion() string {
 			}
 		}
 		for _, w := range zshNames(f) {
-			fmt.Fprintf(&specs, "\t\t'%s[%s]%s' \\\n", w, desc, arg)
+			fmt.Fprintf(&specs, "\t\t'%s[%s]%s'\n", w, desc, arg)
 		}
 	}
 	return fmt.Sprintf(zshScript, specs.String())

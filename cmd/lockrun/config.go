@@ -91,6 +91,8 @@ func parseConfig(path string, b []byte) (map[string]setting, error) {
 			return nil, configErrorf("%s: unknown key %q (known: %s)", at, key, strings.Join(configKeys(), ", "))
 		case out[key].at != "":
 			return nil, configErrorf("%s: %s is set twice (first at %s)", at, key, out[key].at)
+		case value == "":
+			return nil, configErrorf("%s: %s has no value", at, key)
 		}
 		out[key] = setting{value: value, at: at}
 	}

@@ -52,6 +52,8 @@ func TestParseConfigRefusesWhatItDoesNotKnow(t *testing.T) {
 		"verbose = true\n":                  `unknown key "verbose"`,
 		"dsn = x\n\n# ok\n  wiat = 5 \n":    `/c:4: unknown key "wiat" (known: dsn, wait,`,
 		"conflict-exit-code = 3\nquiet=1\n": `/c:2: unknown key "quiet"`,
+		"dsn =\n":                           "/c:1: dsn has no value",
+		"dsn = ''\n":                        "/c:1: dsn has no value",
 	} {
 		_, err := parseConfig("/c", []byte(text))
 		if err == nil || codeFor(err) != exitConfig || !strings.Contains(err.Error(), say) || strings.Contains(err.Error(), "hunter22") {

@@ -234,6 +234,13 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if b.rows != nil {
 		return l.acquireRow(ctx, budget, b.rows, wait)
 	}
+	return l.acquireSession(ctx, budget, b, wait)
+}
+
+// acquireSession takes a session lock on a connection pinned for the hold;
+// the connection guard discards the connection unless the outcome is
+// definite (see connGuard).
+func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
 	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded}}
 	cg, err := checkout(budget, l.db, &s.p)
 	if err != nil {
@@ -246,13 +253,8 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if wait && err == nil && !res.OK {
 		res, err = l.waitSession(ctx, budget, s.locker, &s.p)
 	}
-	if err != nil { // say why first; keep the driver's error reachable
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
-		} else if budget.Err() != nil {
-			err = fmt.Errorf("%w: %w", context.Cause(budget), err)
-		}
-		return nil, err
+	if err != nil {
+		return nil, whyFailed(ctx, budget, err)
 	}
 	if !res.OK {
 		cg.recycle()
@@ -269,6 +271,18 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	}
 	cg.take()
 	return s.grant(res.Session), nil
+}
+
+// whyFailed says first why a statement of an acquire failed when a
+// context ended, keeping the driver's error reachable.
+func whyFailed(ctx, budget context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", context.Cause(ctx), err)
+	}
+	if budget.Err() != nil {
+		return fmt.Errorf("%w: %w", context.Cause(budget), err)
+	}
+	return err
 }
 
 // maxSlice bounds each server-side wait: no waiting statement holds a

@@ -211,7 +211,8 @@ func TestUnknownConfigKeyIsAConfigError(t *testing.T) {
 }
 
 // Issue 16, item 3: flock's forms: NAME COMMAND [ARG...] without --, and
-// NAME -c 'COMMAND' run by sh -c; both hold the lock while they run.
+// NAME -c 'COMMAND' run by sh -c; both hold the lock while they run. A
+// subcommand word is a NAME after a flag or -- (SPEC 9.10).
 func TestFlockFormsRunTheCommand(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
@@ -222,6 +223,12 @@ func TestFlockFormsRunTheCommand(t *testing.T) {
 		code, stdout, _ = runLockrun(t, env, "-n", name, "-c", `echo "$LOCKRUN_LOCK_NAME" | tr a-z A-Z; exit 7`)
 		if code != 7 || stdout != strings.ToUpper(name)+"\n" {
 			t.Errorf("NAME -c: exit %d, stdout %q; want 7 and the name in capitals", code, stdout)
+		}
+		for _, args := range [][]string{{"--", "status", "echo", "lock status"}, {"-w", "60", "completion", "echo", "lock completion"}, {"status", "--", "echo", "lock status"}} {
+			code, stdout, stderr := runLockrun(t, env, args...)
+			if code != 0 || stdout != args[len(args)-1]+"\n" {
+				t.Errorf("%q: exit %d, stdout %q, stderr %q; want a lock named as the subcommand word, taken", args, code, stdout, stderr)
+			}
 		}
 		script := `echo $PPID > '` + d.path("ran") + `'; while [ ! -e '` + d.path("go") + `' ]; do sleep 0.02; done`
 		holder := startLockrun(t, env, name, "-c", script)

@@ -42,6 +42,12 @@ func TestCronJobWithConfigFileTakesTheClusterLock(t *testing.T) {
 		t.Errorf("a second cron job with the same config: exit %d, stdout %q, stderr %q, ran %v; want a silent conflict",
 			code, stdout, stderr, d.exists("second-ran"))
 	}
+	code, stdout, stderr = runBare(t, cronEnv(home), "status", name)
+	first, table, _ := strings.Cut(stdout, "\n")
+	if rows := checkAligned(t, table); code != 0 || !strings.HasPrefix(first, "database postgres ") || strings.Contains(stdout, secret) ||
+		len(rows) != 2 || rows[1][1] != "lock" || rows[1][4] != "lockrun" {
+		t.Errorf("status from cron: exit %d, stderr %q, stdout:\n%s\nwant the database, then the lock held by lockrun", code, stderr, stdout)
+	}
 	lock, err := advisorylock.New(testdb.OpenPostgres(t, "pgx"), name)
 	if err != nil {
 		t.Fatal(err)

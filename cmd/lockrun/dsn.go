@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -172,8 +174,11 @@ func openSQLite(dsn, path, driverDSN string) (*database, error) {
 			path = abs
 		}
 		dir := filepath.Dir(path)
-		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		switch fi, err := os.Stat(dir); {
+		case errors.Is(err, fs.ErrNotExist):
 			return nil, configErrorf("SQLite file %s: directory %s does not exist", path, dir)
+		case err == nil && !fi.IsDir():
+			return nil, configErrorf("SQLite file %s: %s is not a directory", path, dir)
 		}
 	}
 	db, err := sql.Open("sqlite", driverDSN)

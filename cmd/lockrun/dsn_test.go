@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -165,6 +166,13 @@ func TestSQLiteInAMissingDirectorySaysSo(t *testing.T) {
 		if codeFor(err) != exitConfig || err == nil || !strings.Contains(err.Error(), "directory "+missing+" does not exist") {
 			t.Errorf("open(%q): %v; want a configuration error naming the missing directory", dsn, err)
 		}
+	}
+	file := filepath.Join(t.TempDir(), "plain-file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open("sqlite:" + file + "/locks.db"); codeFor(err) != exitConfig || err == nil || !strings.Contains(err.Error(), file+" is not a directory") {
+		t.Errorf("SQLite file under a plain file: %v; want a configuration error saying so", err)
 	}
 }
 

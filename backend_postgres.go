@@ -412,7 +412,8 @@ func (p *postgres) granted(r LeaseRequest, gen int64) LeaseGrant {
 
 // ReleaseLease frees the lease if grant r.Token still holds it (with
 // Token 0, whatever r.Owner holds); the row stays, so the generation never
-// goes down.
+// goes down. With r.MinHold it stays taken by its owner until the window's
+// end.
 func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
 	if r.Kind != KindLease {
 		return errNoLockRows

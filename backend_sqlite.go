@@ -292,7 +292,9 @@ func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (L
 
 // ReleaseLease deletes a lock row if r.Owner holds it, or frees a lease
 // row (which stays, so generations never go down) if grant r.Token holds
-// it; a release with Token 0 frees what the owner label holds. A release
+// it; a release with Token 0 frees what the owner label holds. With
+// r.MinHold, a grant's row stays taken (a lease row by its owner) until
+// the window's end instead. A release
 // waits for a busy database as long as ctx allows, plus one statement's
 // busy_timeout (an interrupt does not end the driver's busy wait): keep
 // busy_timeout below the release timeout.

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,11 +34,13 @@ const (
 
 // windowLock is a Lock or a LeaseLock, seen through what these tests use.
 type windowLock struct {
-	check  func(ctx context.Context) error
-	tryDo  func(ctx context.Context, job func()) (bool, error)
-	try    func(ctx context.Context) (release func() error, err error)
-	lock   func(ctx context.Context) (release func() error, err error)
-	holder func(ctx context.Context) (*advisorylock.Holder, error)
+	check func(ctx context.Context) error
+	tryDo func(ctx context.Context, job func()) (bool, error)
+	try   func(ctx context.Context) (release func() error, err error)
+	lock  func(ctx context.Context) (release func() error, err error)
+	// lockTimeout is LockTimeout; its release is nil on an error.
+	lockTimeout func(ctx context.Context, d time.Duration) (release func() error, err error)
+	holder      func(ctx context.Context) (*advisorylock.Holder, error)
 }
 
 // newWindowLock makes a lock of kind ("lock" or "lease") on name.
@@ -58,6 +61,10 @@ func newWindowLock(t testing.TB, kind string, db advisorylock.DB, name string, o
 				g, err := l.Lock(ctx)
 				return releaser(g, err)
 			},
+			lockTimeout: func(ctx context.Context, d time.Duration) (func() error, error) {
+				g, err := l.LockTimeout(ctx, d)
+				return releaser(g, err)
+			},
 			holder: l.Holder,
 		}
 	}
@@ -73,6 +80,10 @@ func newWindowLock(t testing.TB, kind string, db advisorylock.DB, name string, o
 		},
 		lock: func(ctx context.Context) (func() error, error) {
 			g, err := l.Lock(ctx)
+			return releaser(g, err)
+		},
+		lockTimeout: func(ctx context.Context, d time.Duration) (func() error, error) {
+			g, err := l.LockTimeout(ctx, d)
 			return releaser(g, err)
 		},
 		holder: l.Holder,
@@ -95,6 +106,22 @@ func eachPostgresWindowLock(t *testing.T, f func(t *testing.T, kind, drv string)
 		for _, drv := range testdb.Drivers {
 			t.Run(kind+"/"+drv, func(t *testing.T) { f(t, kind, drv) })
 		}
+	}
+}
+
+// eachWindowLock runs f for every kind on PostgreSQL (both drivers) and
+// on a SQLite file; open opens a new handle on the same database.
+func eachWindowLock(t *testing.T, f func(t *testing.T, kind string, open func() *sql.DB)) {
+	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
+		f(t, kind, func() *sql.DB { return testdb.OpenPostgres(t, drv) })
+	})
+	for _, kind := range windowKinds {
+		t.Run(kind+"/sqlite", func(t *testing.T) {
+			path := testdb.SQLitePath(t)
+			f(t, kind, func() *sql.DB {
+				return testdb.OpenSQLite(t, path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+			})
+		})
 	}
 }
 
@@ -173,11 +200,11 @@ func TestMinHoldRunsASkewedJobOncePerWindowOnPostgres(t *testing.T) {
 // (and not longer than a second past it), after a holder that released
 // at once; LockTimeout shorter than the window times out.
 func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
-	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
+	eachWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
-		a := newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithPollInterval(5*time.Millisecond))
-		b := newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithPollInterval(5*time.Millisecond))
+		a := newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithPollInterval(5*time.Millisecond))
+		b := newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithPollInterval(5*time.Millisecond))
 		if err := b.check(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -198,6 +225,10 @@ func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Lock bounded by a quarter of the window = %v, want context.DeadlineExceeded", err)
+		}
+		var timeout *advisorylock.TimeoutError
+		if _, err := b.lockTimeout(ctx, minHoldWindow/4); !errors.As(err, &timeout) {
+			t.Fatalf("LockTimeout of a quarter of the window = %v, want a *TimeoutError", err)
 		}
 		release, err = b.lock(ctx)
 		if err != nil {
@@ -653,5 +684,63 @@ func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
 	}
 	if ran, err := l.TryDo(context.Background(), func(context.Context) error { return nil }); err != nil || ran {
 		t.Fatalf("TryDo in the window = %v, %v; want not run", ran, err)
+	}
+}
+
+// TestMinHoldGrantsAreAWindowApartUnderContention: replicas that try and
+// wait for one name over and over, with no skew at all, get grants at
+// least a window apart by the database's clock (each run reads its grant's
+// time from Holder), and keep getting them.
+func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
+	const window = 150 * time.Millisecond
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			name := testdb.UniqueName(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			var mu sync.Mutex
+			var grants []time.Time
+			var wg sync.WaitGroup
+			for i := range 6 {
+				l := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					job := func(ctx context.Context) error {
+						h, err := l.Holder(ctx)
+						if err != nil || h == nil {
+							return fmt.Errorf("Holder while holding = %+v, %v", h, err)
+						}
+						mu.Lock()
+						grants = append(grants, h.Since)
+						mu.Unlock()
+						return nil
+					}
+					for ctx.Err() == nil {
+						var err error
+						if i%2 == 0 {
+							_, err = l.TryDo(ctx, job)
+						} else {
+							err = l.Do(ctx, job)
+						}
+						if err != nil && ctx.Err() == nil {
+							t.Errorf("worker %d: %v", i, err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			slices.SortFunc(grants, time.Time.Compare)
+			t.Logf("%d grants", len(grants))
+			if len(grants) < 3 {
+				t.Fatalf("%d grants in 2s of %v windows, want several", len(grants), window)
+			}
+			for i := 1; i < len(grants); i++ {
+				if gap := grants[i].Sub(grants[i-1]); gap < window {
+					t.Fatalf("grants %v apart (of %d), want at least the window %v", gap, len(grants), window)
+				}
+			}
+		})
 	}
 }

@@ -2,11 +2,33 @@ package advisorylock
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
+
+// windowSession opens drv's PostgreSQL with the windows table ready, a
+// connection of it (closed at cleanup) and a lock name (whose window row
+// is deleted at cleanup).
+func windowSession(t *testing.T, drv string) (*sql.DB, *postgres, *sql.Conn, string) {
+	t.Helper()
+	ctx := context.Background()
+	db := testdb.OpenPostgres(t, drv)
+	p := Postgres().(driverBound).forDriver(db).(*postgres)
+	if err := p.PrepareWindows(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	name := testdb.UniqueName(t)
+	t.Cleanup(func() { _, _ = db.Exec("DELETE FROM advisorylock_windows WHERE key = $1", Key(name)) })
+	return db, p, conn, name
+}
 
 // TestClaimWindowLetsTheLockGoWhileAWindowIsOpen: a session granted the
 // lock by a wait while another grant's window is open (a window recorded
@@ -16,19 +38,8 @@ func TestClaimWindowLetsTheLockGoWhileAWindowIsOpen(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
-			db := testdb.OpenPostgres(t, drv)
-			p := Postgres().(driverBound).forDriver(db).(*postgres)
-			if err := p.PrepareWindows(ctx, db); err != nil {
-				t.Fatal(err)
-			}
-			name := testdb.UniqueName(t)
+			db, p, conn, name := windowSession(t, drv)
 			key := Key(name)
-			t.Cleanup(func() { _, _ = db.Exec("DELETE FROM advisorylock_windows WHERE key = $1", key) })
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
 			if _, err := db.Exec(`INSERT INTO advisorylock_windows VALUES ($1, $2, 0, 'other', NULL, now(), now() + interval '1 hour')`, key, name); err != nil {
 				t.Fatal(err)
 			}
@@ -76,19 +87,8 @@ func TestTryLockSessionForLeavesNoLockInAnOpenWindow(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
-			db := testdb.OpenPostgres(t, drv)
-			p := Postgres().(driverBound).forDriver(db).(*postgres)
-			if err := p.PrepareWindows(ctx, db); err != nil {
-				t.Fatal(err)
-			}
-			name := testdb.UniqueName(t)
+			db, p, conn, name := windowSession(t, drv)
 			key := Key(name)
-			t.Cleanup(func() { _, _ = db.Exec("DELETE FROM advisorylock_windows WHERE key = $1", key) })
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
 			res, err := p.TryLockSessionFor(ctx, conn, key, name, time.Hour)
 			if err != nil || !res.OK {
 				t.Fatalf("first try = %+v, %v; want OK", res, err)

@@ -48,45 +48,31 @@ func newWindowLock(t testing.TB, kind string, db advisorylock.DB, name string, o
 	t.Helper()
 	if kind == "lease" {
 		l := newLeaseLock(t, db, name, opts...)
-		return windowLock{
-			check: l.Check,
-			tryDo: func(ctx context.Context, job func()) (bool, error) {
-				return l.TryDo(ctx, func(context.Context, advisorylock.Lease) error { job(); return nil })
-			},
-			try: func(ctx context.Context) (func() error, error) {
-				g, err := l.TryLock(ctx)
-				return releaser(g, err)
-			},
-			lock: func(ctx context.Context) (func() error, error) {
-				g, err := l.Lock(ctx)
-				return releaser(g, err)
-			},
-			lockTimeout: func(ctx context.Context, d time.Duration) (func() error, error) {
-				g, err := l.LockTimeout(ctx, d)
-				return releaser(g, err)
-			},
-			holder: l.Holder,
-		}
+		return windowLockOf(l.Check, l.TryLock, l.Lock, l.LockTimeout, l.Holder, func(ctx context.Context, job func()) (bool, error) {
+			return l.TryDo(ctx, func(context.Context, advisorylock.Lease) error { job(); return nil })
+		})
 	}
 	l := newLock(t, db, name, opts...)
+	return windowLockOf(l.Check, l.TryLock, l.Lock, l.LockTimeout, l.Holder, func(ctx context.Context, job func()) (bool, error) {
+		return l.TryDo(ctx, func(context.Context) error { job(); return nil })
+	})
+}
+
+// windowLockOf is a windowLock of a kind's methods.
+func windowLockOf[G interface{ Release(context.Context) error }](
+	check func(context.Context) error,
+	try, lock func(context.Context) (G, error),
+	lockTimeout func(context.Context, time.Duration) (G, error),
+	holder func(context.Context) (*advisorylock.Holder, error),
+	tryDo func(ctx context.Context, job func()) (bool, error),
+) windowLock {
 	return windowLock{
-		check: l.Check,
-		tryDo: func(ctx context.Context, job func()) (bool, error) {
-			return l.TryDo(ctx, func(context.Context) error { job(); return nil })
-		},
-		try: func(ctx context.Context) (func() error, error) {
-			g, err := l.TryLock(ctx)
-			return releaser(g, err)
-		},
-		lock: func(ctx context.Context) (func() error, error) {
-			g, err := l.Lock(ctx)
-			return releaser(g, err)
-		},
-		lockTimeout: func(ctx context.Context, d time.Duration) (func() error, error) {
-			g, err := l.LockTimeout(ctx, d)
-			return releaser(g, err)
-		},
-		holder: l.Holder,
+		check:       check,
+		tryDo:       tryDo,
+		try:         func(ctx context.Context) (func() error, error) { return releaser(try(ctx)) },
+		lock:        func(ctx context.Context) (func() error, error) { return releaser(lock(ctx)) },
+		lockTimeout: func(ctx context.Context, d time.Duration) (func() error, error) { return releaser(lockTimeout(ctx, d)) },
+		holder:      holder,
 	}
 }
 

@@ -87,7 +87,7 @@ func TestTryLockSessionForLeavesNoLockInAnOpenWindow(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
-			db, p, conn, name := windowSession(t, drv)
+			_, p, conn, name := windowSession(t, drv)
 			key := Key(name)
 			res, err := p.TryLockSessionFor(ctx, conn, key, name, time.Hour)
 			if err != nil || !res.OK {

@@ -323,31 +323,24 @@ const (
 // between slices (a definite miss: OK false, nil error).
 func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p *pinned) (SessionResult, error) {
 	for {
-		res, over, err := l.waitSlice(ctx, budget, session, p)
-		if over || err != nil || res.OK {
+		slice, grace := maxSlice, sliceGrace
+		if dl, ok := budget.Deadline(); ok {
+			slice = min(slice, time.Until(dl))
+			grace = budgetGrace
+		}
+		if slice <= 0 {
+			<-budget.Done() // due now: let its cause be set
+		}
+		if budget.Err() != nil {
+			return SessionResult{}, nil
+		}
+		sctx, cancel := context.WithTimeout(ctx, slice+grace)
+		res, err := ask(sctx, p, func() (SessionResult, error) { return session.WaitLockSession(sctx, p.conn, l.key, slice) })
+		cancel()
+		if err != nil || res.OK {
 			return res, err
 		}
 	}
-}
-
-// waitSlice waits one server-side slice; over reports that budget ended
-// before it (a definite miss).
-func (l *Lock) waitSlice(ctx, budget context.Context, session SessionLocker, p *pinned) (res SessionResult, over bool, err error) {
-	slice, grace := maxSlice, sliceGrace
-	if dl, ok := budget.Deadline(); ok {
-		slice = min(slice, time.Until(dl))
-		grace = budgetGrace
-	}
-	if slice <= 0 {
-		<-budget.Done() // due now: let its cause be set
-	}
-	if budget.Err() != nil {
-		return SessionResult{}, true, nil
-	}
-	sctx, cancel := context.WithTimeout(ctx, slice+grace)
-	defer cancel()
-	res, err = ask(sctx, p, func() (SessionResult, error) { return session.WaitLockSession(sctx, p.conn, l.key, slice) })
-	return res, false, err
 }
 
 // Holder reports who holds the lock now, or nil when it is free. With

@@ -124,9 +124,10 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 				return w.TryLockSessionFor(ctx, p.conn, l.key, l.name, l.cfg.minHold)
 			})
 		} else {
-			var over bool
-			res, over, err = l.waitSlice(ctx, budget, w, p)
-			if over {
+			slice, cancel := context.WithTimeout(budget, maxSlice) // one server-side slice
+			res, err = l.waitSession(ctx, slice, w, p)
+			cancel()
+			if err == nil && !res.OK && budget.Err() != nil {
 				return SessionResult{}, nil
 			}
 			if err == nil && res.OK {

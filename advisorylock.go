@@ -1,6 +1,8 @@
 // Package advisorylock gives any database/sql application named,
 // cluster-wide locks: run this exactly once across all replicas right now
-// (TryDo), or serialize this section across the fleet (Do).
+// (TryDo), or serialize this section across the fleet (Do). For a job
+// that every replica's scheduler fires, a little apart, WithMinHold keeps
+// the name taken for a window after each grant, so it runs once per tick.
 //
 // A Lock on PostgreSQL is a session advisory lock held on a connection
 // pinned for the whole hold; on SQLite it is a renewed lease row in the

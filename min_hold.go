@@ -99,13 +99,16 @@ func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (Sessi
 
 // waitWindowed is waitSession for a Lock with a window: while a window is
 // open it sleeps until the window's end (asked of the database, whose
-// clock decides, about once a slice) and tries again; otherwise it waits one server-side
-// slice, and a grant claims its window in a statement of its own, letting
-// the lock go again if a window opened meanwhile. OK false with a nil
-// error means budget ended: the session then holds no lock.
+// clock decides, about once a slice) and tries again; otherwise it waits
+// one server-side slice, and a grant claims its window in a statement of
+// its own, letting the lock go again if a window opened meanwhile. OK
+// false with a nil error means budget ended: the session then holds no
+// lock.
 func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker, p *pinned) (SessionResult, error) {
 	for {
-		left, err := ask(ctx, p, func() (time.Duration, error) { return w.WindowLeft(ctx, p.conn, l.key) })
+		left, err := askWithin(ctx, budget, p, func(ctx context.Context) (time.Duration, error) {
+			return w.WindowLeft(ctx, p.conn, l.key)
+		})
 		if err != nil {
 			return SessionResult{}, err
 		}
@@ -120,7 +123,7 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 			if left > maxSlice {
 				continue
 			}
-			res, err = ask(ctx, p, func() (SessionResult, error) {
+			res, err = askWithin(ctx, budget, p, func(ctx context.Context) (SessionResult, error) {
 				return w.TryLockSessionFor(ctx, p.conn, l.key, l.name, l.cfg.minHold)
 			})
 		} else {
@@ -131,7 +134,7 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 				return SessionResult{}, nil
 			}
 			if err == nil && res.OK {
-				res, err = ask(ctx, p, func() (SessionResult, error) {
+				res, err = askWithin(ctx, budget, p, func(ctx context.Context) (SessionResult, error) {
 					return w.ClaimWindow(ctx, p.conn, l.key, l.name, l.cfg.minHold)
 				})
 			}
@@ -140,6 +143,22 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 			return res, err
 		}
 	}
+}
+
+// askWithin runs a statement of a wait on p's connection, bounded as a
+// wait slice is (a dead network must not hold the wait): until budget's
+// deadline and budgetGrace more, or sliceGrace without one. It is never
+// cut short by budget itself.
+func askWithin[T any](ctx, budget context.Context, p *pinned, stmt func(ctx context.Context) (T, error)) (T, error) {
+	var sctx context.Context
+	var cancel context.CancelFunc
+	if dl, ok := budget.Deadline(); ok {
+		sctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
+	} else {
+		sctx, cancel = context.WithTimeout(ctx, sliceGrace)
+	}
+	defer cancel()
+	return ask(sctx, p, func() (T, error) { return stmt(sctx) })
 }
 
 // sleepWithin sleeps for d, or until budget ends (then false).

@@ -730,3 +730,45 @@ func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
 		})
 	}
 }
+
+// TestMinHoldLockTimeoutHoldsOnADeadNetwork: a LockTimeout waiting out a
+// window returns its *TimeoutError about on time when the network dies
+// under it (its statements are bounded as wait slices are).
+func TestMinHoldLockTimeoutHoldsOnADeadNetwork(t *testing.T) {
+	const budget = 2 * time.Second
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			ctx := context.Background()
+			name := testdb.UniqueName(t)
+			first := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(time.Minute))
+			if ran, err := first.TryDo(ctx, func(context.Context) error { return nil }); err != nil || !ran {
+				t.Fatalf("TryDo = %v, %v", ran, err)
+			}
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
+			waiter := newLock(t, db, name, advisorylock.WithMinHold(time.Minute))
+			if err := waiter.Check(ctx); err != nil {
+				t.Fatal(err)
+			}
+			proxy.ResetCount()
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() {
+				_, err := waiter.LockTimeout(ctx, budget)
+				done <- err
+			}()
+			// The try and the first question about the window went through:
+			// the waiter sleeps out the window now.
+			testdb.WaitFor(t, wait, func() bool { return proxy.RoundTrips() >= 2 }, "the waiter never asked")
+			proxy.Cut()
+			t.Cleanup(proxy.Heal)
+			err := <-done
+			var timeout *advisorylock.TimeoutError
+			if !errors.As(err, &timeout) {
+				t.Fatalf("LockTimeout on a dead network = %v, want a *TimeoutError", err)
+			}
+			if took := time.Since(start); took > budget+3*time.Second {
+				t.Fatalf("LockTimeout(%v) on a dead network returned after %v", budget, took)
+			}
+		})
+	}
+}

@@ -772,3 +772,33 @@ func TestMinHoldLockTimeoutHoldsOnADeadNetwork(t *testing.T) {
 		})
 	}
 }
+
+// TestMinHoldOnSQLiteFollowsTheClock: on SQLite the window is the Clock's:
+// taken until exactly the grant plus the window.
+func TestMinHoldOnSQLiteFollowsTheClock(t *testing.T) {
+	const window = time.Minute
+	for _, kind := range windowKinds {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			clock := testdb.NewFakeClock()
+			db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+			l := newWindowLock(t, kind, db, testdb.UniqueName(t), advisorylock.WithMinHold(window), advisorylock.WithClock(clock))
+			grant := clock.Now()
+			if ran, err := l.tryDo(ctx, func() {}); err != nil || !ran {
+				t.Fatalf("TryDo = %v, %v", ran, err)
+			}
+			h, err := l.holder(ctx)
+			if err != nil || h == nil || !h.ExpiresAt.Equal(grant.Add(window).Truncate(time.Millisecond)) {
+				t.Fatalf("Holder after the release = %+v, %v; want ExpiresAt at %v", h, err, grant.Add(window))
+			}
+			clock.Add(window - time.Millisecond)
+			if ran, err := l.tryDo(ctx, func() {}); err != nil || ran {
+				t.Fatalf("TryDo a millisecond before the window's end = %v, %v; want not run", ran, err)
+			}
+			clock.Add(time.Millisecond)
+			if ran, err := l.tryDo(ctx, func() {}); err != nil || !ran {
+				t.Fatalf("TryDo at the window's end = %v, %v; want run", ran, err)
+			}
+		})
+	}
+}

@@ -183,8 +183,8 @@ func TestMinHoldRunsASkewedJobOncePerWindowOnPostgres(t *testing.T) {
 }
 
 // TestMinHoldLockWaitsForTheWindow: Lock waits until the window's end
-// (and not longer than a second past it), after a holder that released
-// at once; LockTimeout shorter than the window times out.
+// (and not a whole window longer), after a holder that released at once;
+// Lock and LockTimeout bounded shorter than the window give up.
 func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 	eachWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		ctx := context.Background()
@@ -224,7 +224,7 @@ func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 		if err := release(); err != nil {
 			t.Fatal(err)
 		}
-		if got.Before(before.Add(minHoldWindow)) || got.After(after.Add(minHoldWindow+time.Second)) {
+		if got.Before(before.Add(minHoldWindow)) || got.After(after.Add(2*minHoldWindow)) {
 			t.Fatalf("Lock got the name %v after the grant, want about %v", got.Sub(before), minHoldWindow)
 		}
 	})
@@ -495,12 +495,13 @@ func countLines(t testing.TB, path string) int {
 
 // TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses is the
 // skewed-replicas test with each replica a process of its own on one
-// SQLite file.
+// SQLite file (a 3 s window: five processes on a busy machine can start
+// their job late).
 func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
 	for _, kind := range windowKinds {
 		t.Run(kind, func(t *testing.T) {
 			path := testdb.SQLitePath(t)
-			job := minHoldTask{Do: "fire", Kind: kind, Driver: "sqlite", Path: path, Name: testdb.UniqueName(t), Window: minHoldWindow, TTL: 30 * time.Second}
+			job := minHoldTask{Do: "fire", Kind: kind, Driver: "sqlite", Path: path, Name: testdb.UniqueName(t), Window: 3 * time.Second, TTL: 30 * time.Second}
 			l := job.lock(t, job.open(t))
 			fire := func() time.Time {
 				job.Dir = t.TempDir()
@@ -530,7 +531,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
 			if n := countLines(t, filepath.Join(job.Dir, "runs")); n != 1 {
 				t.Fatalf("the job ran %d times in one window, want 1", n)
 			}
-			checkWindowHolder(t, l, job.Name, gun.Add(minHoldWindow-time.Second), time.Now().Add(minHoldWindow+time.Second))
+			checkWindowHolder(t, l, job.Name, gun.Add(job.Window-time.Second), time.Now().Add(job.Window+time.Second))
 			waitWindowOver(t, l)
 			fire()
 			if n := countLines(t, filepath.Join(job.Dir, "runs")); n != 1 {

@@ -89,6 +89,7 @@ type Lock struct {
 	session SessionLocker // set when locks are session locks
 	bounded bool          // session statements go through within
 	rows    LeaseStore    // set otherwise: the lock is a lease row
+	obs     *observed     // nil without an Observer
 }
 
 // New returns a Lock on name. Any string is a valid name: only its Key
@@ -122,6 +123,7 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	default:
 		return nil, wrapErr(name, "new", fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name()))
 	}
+	l.obs = newObserved(cfg.observer, b.Name(), LockKindLock, name)
 	return l, nil
 }
 
@@ -138,8 +140,11 @@ func (l *Lock) Key() int64 { return l.key }
 // acquire returns ctx's error and closes its connection, which frees the
 // lock: a cancelled acquire never leaves a lock held.
 func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
+	ctx, a := l.obs.startAcquire(ctx, false)
 	g, err := l.acquire(ctx, ctx, false)
-	return g, wrapErr(l.name, "try lock", err)
+	err = wrapErr(l.name, "try lock", err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // Lock waits until it holds the lock or ctx ends. On PostgreSQL the wait
@@ -148,8 +153,11 @@ func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 // vacuum; a release lets a waiter in within about one round trip.
 // Elsewhere it polls (WithPollInterval).
 func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
+	ctx, a := l.obs.startAcquire(ctx, true)
 	g, err := l.acquire(ctx, ctx, true)
-	return g, wrapErr(l.name, "lock", err)
+	err = wrapErr(l.name, "lock", err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // LockTimeout is Lock bounded by d, which covers the pool checkout and the
@@ -157,9 +165,12 @@ func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 // no later than about one round trip after d, and the connection goes back
 // to the pool. With d <= 0 it makes exactly one attempt, like TryLock.
 func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
-	return withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
+	ctx, a := l.obs.startAcquire(ctx, d > 0)
+	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
 		return l.acquire(ctx, budget, wait)
 	})
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // withinBudget runs an acquire bounded by d (one attempt when d <= 0) and
@@ -192,7 +203,7 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if l.rows != nil {
 		return l.acquireRow(ctx, budget, wait)
 	}
-	s := &sessionHold{l: l, p: pinned{bounded: l.bounded}}
+	s := &sessionHold{l: l, p: pinned{bounded: l.bounded, obs: l.obs}}
 	cg, err := checkout(budget, l.db, &s.p)
 	if err != nil {
 		return nil, err
@@ -340,9 +351,11 @@ type hold struct {
 
 	lostMu   sync.Mutex
 	lostCh   chan struct{} // made on first use: most holds are never asked
-	isGone   bool
-	lostErr  error
-	lostFunc func(error) // called by markLost (see onLost)
+	isGone    bool
+	lostErr   error
+	lostCause LossCause    // why, for the Observer ("" if not told)
+	lostFunc  func(error)  // called by lose (see onLost)
+	obs       holdObserved // set once the acquire has returned; zero without an Observer
 }
 
 // holdEnd ends a hold: release frees the lock, within timeout; forget
@@ -357,6 +370,14 @@ func newGuard(h *hold) *Guard {
 	g := &Guard{h: h}
 	runtime.AddCleanup(g, (*hold).forgotten, h)
 	return g
+}
+
+// hold returns g's hold, nil for a nil g.
+func (g *Guard) hold() *hold {
+	if g == nil {
+		return nil
+	}
+	return g.h
 }
 
 // Name returns the lock's name.
@@ -391,7 +412,9 @@ func (h *hold) doRelease(ctx context.Context) error {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return wrapErr(h.name, "release", h.end.release(ctx, h.relTO))
+	err := wrapErr(h.name, "release", h.end.release(ctx, h.relTO))
+	h.observer().released(false, err)
+	return err
 }
 
 // forgotten runs when a Guard became unreachable without Release.
@@ -404,12 +427,13 @@ func (h *hold) forgotten() {
 	h.released = true
 	h.warn("advisorylock: guard was never released; freeing the lock", "lock", h.name, "key", h.key)
 	h.end.forget()
+	h.observer().released(true, nil)
 }
 
 // warn logs a warning about the hold.
 func (h *hold) warn(msg string, args ...any) { h.logger.Warn(msg, args...) }
 
-// lost returns the channel that markLost closes.
+// lost returns the channel that lose closes.
 func (h *hold) lost() <-chan struct{} {
 	h.lostMu.Lock()
 	defer h.lostMu.Unlock()
@@ -422,25 +446,36 @@ func (h *hold) lost() <-chan struct{} {
 	return h.lostCh
 }
 
-// markLost marks the hold lost, once, and records why.
-func (h *hold) markLost(err error) {
+// lose marks the hold lost, once, records why, and tells the Observer
+// the cause (unless it is "").
+func (h *hold) lose(cause LossCause, err error) {
 	h.lostMu.Lock()
 	if h.isGone {
 		h.lostMu.Unlock()
 		return
 	}
-	h.isGone, h.lostErr = true, err
+	h.isGone, h.lostErr, h.lostCause = true, err, cause
 	if h.lostCh != nil {
 		close(h.lostCh)
 	}
-	f := h.lostFunc
+	f, w := h.lostFunc, h.obs
 	h.lostMu.Unlock()
+	if cause != "" {
+		w.lost(cause, err)
+	}
 	if f != nil {
 		f(err)
 	}
 }
 
-// onLost makes markLost call f with its error (at once if the hold is
+// observer returns what the hold's events need; zero without an Observer.
+func (h *hold) observer() holdObserved {
+	h.lostMu.Lock()
+	defer h.lostMu.Unlock()
+	return h.obs
+}
+
+// onLost makes lose call f with its error (at once if the hold is
 // lost already), until onLost(nil): what Do uses to cancel fn's context,
 // without a goroutine to watch the lost channel. f must not block.
 func (h *hold) onLost(f func(error)) {
@@ -453,7 +488,7 @@ func (h *hold) onLost(f func(error)) {
 	}
 }
 
-// isLost reports whether markLost ran, and with what.
+// isLost reports whether lose ran, and with what.
 func (h *hold) isLost() (bool, error) {
 	h.lostMu.Lock()
 	defer h.lostMu.Unlock()

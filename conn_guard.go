@@ -22,6 +22,7 @@ import (
 // have granted.
 type connGuard struct {
 	p     *pinned
+	ctx   context.Context // the acquire's: ended means a discard is for "canceled"
 	armed bool
 }
 
@@ -52,7 +53,7 @@ func checkout(ctx context.Context, db DB, p *pinned) (connGuard, error) {
 		return connGuard{}, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
 	}
 	p.conn = conn
-	return connGuard{p: p, armed: true}, nil
+	return connGuard{p: p, ctx: ctx, armed: true}, nil
 }
 
 // settle discards the connection unless the outcome was made definite by
@@ -60,7 +61,11 @@ func checkout(ctx context.Context, db DB, p *pinned) (connGuard, error) {
 func (g *connGuard) settle() {
 	if g.armed {
 		g.armed = false
-		g.p.discard()
+		if g.ctx.Err() != nil {
+			g.p.discard(DiscardCanceled, context.Cause(g.ctx))
+		} else {
+			g.p.discard(DiscardError, nil)
+		}
 	}
 }
 
@@ -119,17 +124,17 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s.stopWatch()
-	if gone, _ := s.isLost(); gone {
-		s.p.discard()
+	if gone, why := s.isLost(); gone {
+		s.p.discard(DiscardLost, why)
 		return nil
 	}
 	res, err := s.p.session(ctx, s.l.session, opUnlock, s.key)
 	switch {
 	case err != nil:
-		s.p.discard()
+		s.p.discard(DiscardError, err)
 		return err
 	case s.session != 0 && res.Session != 0 && res.Session != s.session:
-		s.p.discard()
+		s.p.discard(DiscardError, ErrTransactionPooler)
 		return fmt.Errorf("%w: acquired on server session %d, released on %d", ErrTransactionPooler, s.session, res.Session)
 	case !res.OK:
 		s.warn("advisorylock: unlock found the lock not held by its session", "lock", s.name, "key", s.key)
@@ -140,7 +145,7 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 
 func (s *sessionHold) forget() {
 	s.stopWatch()
-	s.p.discard()
+	s.p.discard(DiscardForgotten, nil)
 }
 
 // check is the keep-alive: it runs every keepAlive on a timer (a held lock
@@ -156,16 +161,21 @@ func (s *sessionHold) check() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
 	held, err := ask(ctx, &s.p, func() (bool, error) { return s.l.session.HoldsSession(ctx, s.p.conn, s.key) })
+	timedOut := ctx.Err() != nil
 	cancel()
 	if err == nil && held {
 		s.timer.Reset(s.l.cfg.keepAlive)
 		return
 	}
-	if err == nil {
-		err = errors.New("session no longer holds it")
+	cause := LossSessionEnded
+	switch {
+	case err == nil:
+		cause, err = LossNotHeld, errors.New("session no longer holds it")
+	case timedOut:
+		cause = LossNoAnswer
 	}
 	s.warn("advisorylock: lock lost", "lock", s.name, "key", s.key, "err", err)
-	s.markLost(fmt.Errorf("%w: %w", ErrLockLost, err))
+	s.lose(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
 }
 
 // stopWatch ends the keep-alive. A check in flight is answered or
@@ -186,7 +196,8 @@ func (s *sessionHold) stopWatch() {
 // again meanwhile (that would wait for the driver).
 type pinned struct {
 	conn      *sql.Conn
-	bounded   bool // statements go through within (see endsWithContext)
+	bounded   bool      // statements go through within (see endsWithContext)
+	obs       *observed // told of discards; nil without an Observer
 	abandoned atomic.Bool
 }
 
@@ -199,10 +210,11 @@ func endsWithContext(b Backend) bool {
 	return ok && e.endsWithContext()
 }
 
-// discard discards the connection unless ask already does.
-func (p *pinned) discard() {
+// discard discards the connection, for reason, unless ask already does.
+func (p *pinned) discard(reason DiscardReason, err error) {
 	if !p.abandoned.Load() {
 		discard(p.conn)
+		p.obs.discarded(reason, err)
 	}
 }
 
@@ -216,6 +228,7 @@ func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, erro
 	}
 	return within(ctx, stmt, func() {
 		p.abandoned.Store(true)
+		p.obs.discarded(DiscardNoAnswer, context.Cause(ctx))
 	}, func(T) { discard(p.conn) })
 }
 

@@ -311,7 +311,7 @@ func (s *leaseState) keep() {
 	expiry := time.NewTimer(s.untilDeadline())
 	defer expiry.Stop()
 	var inFlight <-chan error // non-nil while a renew runs
-	var sent time.Time
+	var sent, started time.Time // started: by the wall clock, for the Observer
 	for {
 		select {
 		case <-s.quit:
@@ -321,13 +321,16 @@ func (s *leaseState) keep() {
 				expiry.Reset(left)
 				continue
 			}
-			s.lose(lostErr, errors.New("no renewal before the local deadline"))
+			s.lose(LossExpired, lostErr, errors.New("no renewal before the local deadline"))
 			return
 		case <-renewAt.C:
-			sent = s.clock.Now()
+			sent, started = s.clock.Now(), time.Now()
 			inFlight = s.renew(sent, min(interval, s.untilDeadline()))
 		case err := <-inFlight:
 			inFlight = nil
+			if ob := s.observer().ob; ob != nil {
+				ob.renewed(time.Since(started), err)
+			}
 			switch {
 			case err == nil:
 				s.mu.Lock()
@@ -336,7 +339,7 @@ func (s *leaseState) keep() {
 				expiry.Reset(s.untilDeadline())
 				renewAt.Reset(interval)
 			case errors.Is(err, ErrLeaseLost):
-				s.lose(lostErr, err)
+				s.lose(LossTakenOver, lostErr, err)
 				return
 			default: // unknown outcome: try again sooner, until the deadline
 				renewAt.Reset(min(interval/4, max(s.untilDeadline(), 0)))
@@ -365,9 +368,9 @@ func (s *leaseState) renew(sent time.Time, timeout time.Duration) <-chan error {
 	return out
 }
 
-func (s *leaseState) lose(lostErr, why error) {
+func (s *leaseState) lose(cause LossCause, lostErr, why error) {
 	s.warn("advisorylock: lease lost", "lock", s.req.Name, "token", s.req.Token, "err", why)
-	s.markLost(lostErr)
+	s.hold.lose(cause, lostErr)
 }
 
 // acquireRow takes a Lock that is kept as a lease row (SQLite).
@@ -395,6 +398,7 @@ type LeaseLock struct {
 	key   int64
 	cfg   config
 	store LeaseStore
+	obs   *observed // nil without an Observer
 }
 
 // NewLeaseLock returns a LeaseLock on name. A name the database cannot
@@ -412,7 +416,8 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 	if err != nil {
 		return nil, wrapErr(name, "new lease", err)
 	}
-	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, store: store}, nil
+	obs := newObserved(cfg.observer, store.Name(), LockKindLease, name)
+	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, store: store, obs: obs}, nil
 }
 
 // storableName refuses names a text column cannot hold.
@@ -446,22 +451,31 @@ func (l *LeaseLock) Name() string { return l.name }
 
 // TryLock makes one attempt; ErrNotAcquired if the lease is held.
 func (l *LeaseLock) TryLock(ctx context.Context) (*LeaseGuard, error) {
+	ctx, a := l.obs.startAcquire(ctx, false)
 	g, err := l.acquire(ctx, ctx, false)
-	return g, wrapErr(l.name, "try lock", err)
+	err = wrapErr(l.name, "try lock", err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // Lock polls (WithPollInterval) until it holds the lease or ctx ends.
 func (l *LeaseLock) Lock(ctx context.Context) (*LeaseGuard, error) {
+	ctx, a := l.obs.startAcquire(ctx, true)
 	g, err := l.acquire(ctx, ctx, true)
-	return g, wrapErr(l.name, "lock", err)
+	err = wrapErr(l.name, "lock", err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // LockTimeout is Lock bounded by d; it returns a *TimeoutError when d runs
 // out. With d <= 0 it makes exactly one attempt.
 func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGuard, error) {
-	return withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*LeaseGuard, error) {
+	ctx, a := l.obs.startAcquire(ctx, d > 0)
+	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*LeaseGuard, error) {
 		return l.acquire(ctx, budget, wait)
 	})
+	a.end(g.hold(), err)
+	return g, err
 }
 
 func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard, error) {
@@ -547,6 +561,14 @@ func (l Lease) IsLost() bool { return l.s.lostOrExpired() }
 type LeaseGuard struct {
 	g     Guard
 	lease Lease
+}
+
+// hold returns g's hold, nil for a nil g.
+func (g *LeaseGuard) hold() *hold {
+	if g == nil {
+		return nil
+	}
+	return g.g.h
 }
 
 // Lease returns the grant.

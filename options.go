@@ -38,6 +38,7 @@ type config struct {
 	logger         *slog.Logger
 	clock          Clock
 	owner          string
+	observer       Observer // see WithObserver
 }
 
 func newConfig(opts []Option) config {

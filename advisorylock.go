@@ -349,8 +349,8 @@ type hold struct {
 	mu       sync.Mutex // serializes the release and the cleanup
 	released bool
 
-	lostMu   sync.Mutex
-	lostCh   chan struct{} // made on first use: most holds are never asked
+	lostMu    sync.Mutex
+	lostCh    chan struct{} // made on first use: most holds are never asked
 	isGone    bool
 	lostErr   error
 	lostCause LossCause    // why, for the Observer ("" if not told)

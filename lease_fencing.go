@@ -310,7 +310,7 @@ func (s *leaseState) keep() {
 	defer renewAt.Stop()
 	expiry := time.NewTimer(s.untilDeadline())
 	defer expiry.Stop()
-	var inFlight <-chan error // non-nil while a renew runs
+	var inFlight <-chan error   // non-nil while a renew runs
 	var sent, started time.Time // started: by the wall clock, for the Observer
 	for {
 		select {

@@ -17,7 +17,10 @@
 // Spans: "advisorylock.acquire" covers an acquire's wait (its statements
 // run under it), and "advisorylock.hold" a granted hold, from the grant to
 // the release, with an "advisorylock.lost" event when the lock is lost.
-// Both are children of the span in the acquire's context.
+// Both are children of the span in the acquire's context. An acquire whose
+// context carries no span (it is part of no trace) gets no spans unless
+// WithRootSpans(true): most locks are taken outside any request, and a
+// trace per acquire would be noise (and 3 to 4 µs more per TryLock+Release).
 //
 // The global providers are used unless options give others. Lock names
 // are not an attribute unless WithLockNames(true): one series per name can
@@ -27,6 +30,7 @@ package advisorylockotel
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/advisorylock/advisorylock"
 	"go.opentelemetry.io/otel"
@@ -56,6 +60,7 @@ type config struct {
 	meters    metric.MeterProvider
 	tracers   trace.TracerProvider
 	lockNames bool
+	rootSpans bool
 }
 
 // WithMeterProvider sets the meter provider [otel.GetMeterProvider()].
@@ -72,6 +77,10 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // metric and span [false]. Each name is a series of its own: turn it on
 // only for a bounded set of names.
 func WithLockNames(on bool) Option { return func(c *config) { c.lockNames = on } }
+
+// WithRootSpans makes spans also for acquires whose context carries no
+// span, each the root of a trace of its own [false].
+func WithRootSpans(on bool) Option { return func(c *config) { c.rootSpans = on } }
 
 // NewObserver returns an advisorylock.Observer that records the package's
 // metrics and spans. An instrument the meter cannot create is reported to
@@ -94,6 +103,7 @@ func NewObserver(opts ...Option) advisorylock.Observer {
 	o := &observer{
 		tracer:    c.tracers.Tracer(ScopeName),
 		lockNames: c.lockNames,
+		rootSpans: c.rootSpans,
 		sets:      map[setKey]*attrs{},
 	}
 	var err error
@@ -103,8 +113,11 @@ func NewObserver(opts ...Option) advisorylock.Observer {
 	o.hold, err = m.Float64Histogram(MetricHoldDuration, metric.WithUnit("s"), buckets,
 		metric.WithDescription("How long locks were held, from the grant to the release."))
 	handle(err)
-	o.held, err = m.Int64UpDownCounter(MetricHeld, metric.WithUnit("{lock}"),
-		metric.WithDescription("Locks granted and not yet released."))
+	// held is counted here and read at collection: an observable counter
+	// spares every grant and release a trip through the SDK.
+	_, err = m.Int64ObservableUpDownCounter(MetricHeld, metric.WithUnit("{lock}"),
+		metric.WithDescription("Locks granted and not yet released."),
+		metric.WithInt64Callback(o.observeHeld))
 	handle(err)
 	o.lost, err = m.Int64Counter(MetricLost, metric.WithUnit("{lock}"),
 		metric.WithDescription("Held locks found lost, by cause."))
@@ -131,9 +144,9 @@ type observer struct {
 
 	tracer    trace.Tracer
 	lockNames bool
+	rootSpans bool
 	acquire   metric.Float64Histogram
 	hold      metric.Float64Histogram
-	held      metric.Int64UpDownCounter
 	lost      metric.Int64Counter
 	discarded metric.Int64Counter
 	renew     metric.Float64Histogram
@@ -151,10 +164,11 @@ type setKey struct {
 // They are built once per set, so that recording allocates nothing of
 // ours.
 type attrs struct {
-	list []attribute.KeyValue
+	set  attribute.Set
 	rec  []metric.RecordOption
 	add  []metric.AddOption
 	span []trace.SpanStartOption
+	held atomic.Int64 // grants minus releases, for the held counter
 }
 
 // attrsFor returns the attribute set of info plus label=value (if label
@@ -183,11 +197,11 @@ func (o *observer) attrsFor(info advisorylock.LockInfo, withKind bool, label, va
 	if o.lockNames {
 		list = append(list, attribute.String("name", k.name))
 	}
-	set := metric.WithAttributeSet(attribute.NewSet(list...))
+	set := attribute.NewSet(list...)
 	a = &attrs{
-		list: list,
-		rec:  []metric.RecordOption{set},
-		add:  []metric.AddOption{set},
+		set:  set,
+		rec:  []metric.RecordOption{metric.WithAttributeSet(set)},
+		add:  []metric.AddOption{metric.WithAttributeSet(set)},
 		span: []trace.SpanStartOption{trace.WithAttributes(list...), trace.WithSpanKind(trace.SpanKindInternal)},
 	}
 	o.mu.Lock()
@@ -199,47 +213,77 @@ func (o *observer) attrsFor(info advisorylock.LockInfo, withKind bool, label, va
 	return a
 }
 
-// parentKey holds, in an acquire's context, the span that was current
-// before the acquire span: the parent of the hold span.
-type parentKey struct{}
+// observeHeld reports the held count of every backend and kind seen.
+func (o *observer) observeHeld(_ context.Context, obs metric.Int64Observer) error {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	for k, a := range o.sets {
+		if k.kind != "" && k.label == "" {
+			obs.Observe(a.held.Load(), metric.WithAttributeSet(a.set))
+		}
+	}
+	return nil
+}
+
+// spans are the spans of one acquire and its hold, carried in the
+// acquire's context (under spansKey) when there are any: the observer
+// ends only spans it started, never the caller's.
+type spans struct {
+	parent  trace.Span // current before the acquire: the parent of both
+	acquire trace.Span
+	hold    trace.Span // set by AcquireEnd for a grant
+}
+
+type spansKey struct{}
 
 func (o *observer) AcquireStart(ctx context.Context, e advisorylock.AcquireStartEvent) context.Context {
 	parent := trace.SpanFromContext(ctx)
+	if !o.rootSpans && !parent.SpanContext().IsValid() {
+		return ctx
+	}
 	ctx, span := o.tracer.Start(ctx, "advisorylock.acquire", o.attrsFor(e.LockInfo, true, "", "").span...)
 	if !span.IsRecording() {
 		return ctx
 	}
 	span.SetAttributes(attribute.Bool("wait", e.Wait))
-	return context.WithValue(ctx, parentKey{}, parent)
+	return context.WithValue(ctx, spansKey{}, &spans{parent: parent, acquire: span})
 }
 
 func (o *observer) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEvent) context.Context {
 	a := o.attrsFor(e.LockInfo, true, "outcome", string(e.Outcome))
 	o.acquire.Record(ctx, e.Wait.Seconds(), a.rec...)
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attribute.String("outcome", string(e.Outcome)))
+	s, traced := ctx.Value(spansKey{}).(*spans)
+	if traced {
+		s.acquire.SetAttributes(attribute.String("outcome", string(e.Outcome)))
 		if e.Outcome == advisorylock.OutcomeError {
-			span.SetStatus(codes.Error, e.Err.Error())
+			s.acquire.SetStatus(codes.Error, e.Err.Error())
 		}
-		span.End()
+		s.acquire.End()
 	}
 	if e.Outcome != advisorylock.OutcomeAcquired {
 		return ctx
 	}
 	h := o.attrsFor(e.LockInfo, true, "", "")
-	o.held.Add(ctx, 1, h.add...)
-	if parent, ok := ctx.Value(parentKey{}).(trace.Span); ok {
-		ctx = trace.ContextWithSpan(ctx, parent)
+	h.held.Add(1)
+	if traced {
+		_, s.hold = o.tracer.Start(trace.ContextWithSpan(ctx, s.parent), "advisorylock.hold", h.span...)
 	}
-	ctx, _ = o.tracer.Start(ctx, "advisorylock.hold", h.span...)
 	return ctx
+}
+
+// holdSpan returns the hold span that ctx carries, or nil.
+func holdSpan(ctx context.Context) trace.Span {
+	if s, ok := ctx.Value(spansKey{}).(*spans); ok {
+		return s.hold
+	}
+	return nil
 }
 
 func (o *observer) Released(ctx context.Context, e advisorylock.ReleaseEvent) {
 	a := o.attrsFor(e.LockInfo, true, "", "")
 	o.hold.Record(ctx, e.Held.Seconds(), a.rec...)
-	o.held.Add(ctx, -1, a.add...)
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+	a.held.Add(-1)
+	if span := holdSpan(ctx); span != nil {
 		if e.Forgotten {
 			span.SetAttributes(attribute.Bool("forgotten", true))
 		}
@@ -253,7 +297,7 @@ func (o *observer) Released(ctx context.Context, e advisorylock.ReleaseEvent) {
 func (o *observer) Lost(ctx context.Context, e advisorylock.LossEvent) {
 	a := o.attrsFor(e.LockInfo, true, "cause", string(e.Cause))
 	o.lost.Add(ctx, 1, a.add...)
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+	if span := holdSpan(ctx); span != nil {
 		span.AddEvent("advisorylock.lost", trace.WithAttributes(attribute.String("cause", string(e.Cause))))
 		msg := string(e.Cause)
 		if e.Err != nil {

@@ -101,7 +101,7 @@ func counts(t *testing.T, data metricdata.Aggregation) map[string]int64 {
 func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 	p := newProviders(t)
 	db := testdb.OpenPostgres(t, "pgx")
-	observetest.PostgresScenario(t, db, p.observer(), observetest.Hooks{
+	observetest.PostgresScenario(t, db, p.observer(advisorylockotel.WithRootSpans(true)), observetest.Hooks{
 		WhileHeld: func(t *testing.T) {
 			held := counts(t, p.metrics(t)[advisorylockotel.MetricHeld])
 			if n := held["backend=postgres,kind=lock"]; n != 1 {
@@ -218,6 +218,9 @@ func TestObserverParentsSpansOnTheCallersSpan(t *testing.T) {
 	ctx = o.AcquireStart(ctx, advisorylock.AcquireStartEvent{LockInfo: info, Wait: true})
 	ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
 	o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
+	if !root.IsRecording() {
+		t.Fatal("the observer ended the caller's span")
+	}
 	root.End()
 	for _, s := range p.spans.Ended() {
 		if s.Name() != "job" && s.Parent().SpanID() != root.SpanContext().SpanID() {
@@ -226,5 +229,30 @@ func TestObserverParentsSpansOnTheCallersSpan(t *testing.T) {
 	}
 	if n := len(p.spans.Ended()); n != 3 {
 		t.Errorf("%d spans ended, want 3 (job, acquire, hold)", n)
+	}
+}
+
+// TestNoSpansOutsideATraceUnlessAsked checks that an acquire whose context
+// carries no span records metrics but starts no span, and never ends a
+// span it did not start.
+func TestNoSpansOutsideATraceUnlessAsked(t *testing.T) {
+	for _, root := range []bool{false, true} {
+		p := newProviders(t)
+		o := p.observer(advisorylockotel.WithRootSpans(root))
+		info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "x"}
+		ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
+		ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
+		o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
+		o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
+		want := 0
+		if root {
+			want = 2
+		}
+		if n := len(p.spans.Ended()); n != want {
+			t.Errorf("WithRootSpans(%v): %d spans, want %d", root, n, want)
+		}
+		if n := counts(t, p.metrics(t)[advisorylockotel.MetricLost])["backend=postgres,cause=not_held,kind=lock"]; n != 1 {
+			t.Errorf("WithRootSpans(%v): lost = %d, want 1", root, n)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 )
 
@@ -339,4 +340,22 @@ func DurationBuckets() []float64 {
 		0.1, 0.25, 0.5,
 		1, 2.5, 5, 10, 30, 60,
 	}
+}
+
+// observedOf makes the observed that *p caches for a lock of kind named
+// name, and caches it once the backend's name is known: from WithBackend
+// or the driver's type (no I/O), else from the lock's first use
+// (resolved returns nil until it succeeded). Until then, events say
+// backend "unknown": the first acquires of a wrapped driver, which the
+// first use identifies by asking the database.
+func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind LockKind, name string, resolved func() Backend) *observed {
+	b := localBackend(db, cfg)
+	if b == nil {
+		b = resolved()
+	}
+	if b == nil {
+		return newObserved(cfg.observer, "unknown", kind, name)
+	}
+	p.CompareAndSwap(nil, newObserved(cfg.observer, b.Name(), kind, name))
+	return p.Load()
 }

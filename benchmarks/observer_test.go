@@ -3,6 +3,7 @@ package benchmarks
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,16 +90,30 @@ var observerEvents = []struct {
 }
 
 // BenchmarkObserverEvents measures what an Observer costs per event, with
-// no database: ns/op and allocs/op of each event sequence, per observer.
+// no database: ns/op and allocs/op of each event sequence, per observer
+// ("otel_traced": the OpenTelemetry observer called in a trace, so that it
+// also records spans).
 // Pin "trylock_release" against BenchmarkPG/trylock_release (the library
 // adds no cost of its own without an Observer: one nil check).
 func BenchmarkObserverEvents(b *testing.B) {
 	info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "bench"}
 	for _, ev := range observerEvents {
-		for _, name := range []string{"noop", "otel", "prom"} {
-			b.Run(ev.name+"/"+name, func(b *testing.B) {
+		for _, name := range []string{"noop", "otel", "otel_traced", "prom"} {
+			name, traced := strings.CutSuffix(name, "_traced")
+			label := ev.name + "/" + name
+			if traced {
+				label += "_traced"
+			}
+			b.Run(label, func(b *testing.B) {
 				o := observers(b)[name]
 				ctx := context.Background()
+				if traced {
+					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+					b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+					var request trace.Span
+					ctx, request = tp.Tracer("benchmark").Start(ctx, "request")
+					defer request.End()
+				}
 				ev.run(ctx, o, info) // first use builds the attribute sets
 				b.ReportAllocs()
 				b.ResetTimer()

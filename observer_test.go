@@ -2,6 +2,7 @@ package advisorylock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"runtime"
 	"testing"
@@ -177,5 +178,49 @@ func TestObserverAddsNoAllocation(t *testing.T) {
 	bare, observed := allocs(), allocs(advisorylock.WithObserver(advisorylock.NoopObserver{}))
 	if observed > bare {
 		t.Errorf("TryLock+Release: %.0f allocations with a no-op Observer, %.0f without", observed, bare)
+	}
+}
+
+// TestObserverSeesALeaseLoss expires a lease by its clock and lets another
+// holder take it over: the first holder's keeper reports the loss, with
+// the lease's kind and a lease cause (which of the two it notices first,
+// the local deadline or the renewal's refusal, is a race of timers).
+func TestObserverSeesALeaseLoss(t *testing.T) {
+	const ttl = time.Second
+	path := testdb.SQLitePath(t)
+	open := func() *sql.DB {
+		return testdb.OpenSQLite(t, path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	}
+	clock := testdb.NewFakeClock()
+	rec := &observetest.Recorder{}
+	name := testdb.UniqueName(t)
+	opts := []advisorylock.Option{advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock), advisorylock.WithObserver(rec)}
+	first := newLeaseLock(t, open(), name, opts...)
+	second := newLeaseLock(t, open(), name, opts...)
+	g := tryLease(t, first)
+	clock.Add(ttl)
+	h := tryLease(t, second)
+	defer releaseLease(t, h)
+	select {
+	case <-g.Lost():
+	case <-time.After(leaseWait):
+		t.Fatal("the expired holder's Lost() never closed")
+	}
+	releaseLease(t, g)
+
+	lost := rec.Events("Lost")
+	if len(lost) != 1 || lost[0].Info.Kind != advisorylock.LockKindLease || lost[0].Info.Backend != "sqlite" ||
+		(lost[0].Value != string(advisorylock.LossExpired) && lost[0].Value != string(advisorylock.LossTakenOver)) ||
+		!errors.Is(lost[0].Err, advisorylock.ErrLeaseLost) {
+		t.Fatalf("Lost events %+v, want one for the lease, expired or taken_over, with ErrLeaseLost", lost)
+	}
+	if lost[0].Value == string(advisorylock.LossTakenOver) && rec.Count("Renewed", "lost") != 1 {
+		t.Errorf("taken over, but renewals say %+v", rec.Events("Renewed"))
+	}
+	if a := rec.Count("AcquireEnd", "acquired"); a != 2 {
+		t.Errorf("%d grants observed, want 2", a)
+	}
+	if r := rec.Events("Released"); len(r) != 1 || r[0].Span != lost[0].Span {
+		t.Errorf("Released %+v: want the lost lease's release, with its acquire's context", r)
 	}
 }

@@ -17,7 +17,7 @@ func ExampleNewObserver() {
 		panic(err)
 	}
 	defer db.Close()
-	reg := prometheus.NewRegistry()  // or prometheus.DefaultRegisterer
+	reg := prometheus.NewRegistry() // or prometheus.DefaultRegisterer
 
 	obs, err := advisorylockprom.NewObserver(reg)
 	if err != nil {

@@ -92,7 +92,13 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				t.Errorf("Lost came with acquire %d's context, the lost lock's release with %d", lost[0].Span, released[1].Span)
 			}
 
-			if c, l, n := rec.Count("Discarded", "canceled"), rec.Count("Discarded", "lost"), len(rec.Events("Discarded")); c != 1 || l != 1 || n != 2 {
+			c, l, n := rec.Count("Discarded", "canceled"), rec.Count("Discarded", "lost"), len(rec.Events("Discarded"))
+			if driver == "postgres" {
+				// lib/pq's cancel request may miss answerGrace on a loaded
+				// machine: the statement is then abandoned, not answered.
+				c += rec.Count("Discarded", "no_answer")
+			}
+			if c != 1 || l != 1 || n != 2 {
 				t.Errorf("discards: %d canceled, %d lost, %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events("Discarded"))
 			}
 			for _, e := range rec.Events("Renewed") {

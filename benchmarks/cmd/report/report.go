@@ -30,6 +30,10 @@ var pgRows = []opRow{
 	{"raw_pool_ask_nowatch", "raw: as above, the statement's own context without Done (no database/sql or driver watcher)", "session"},
 	{"trylock_release", "**advisorylock `TryLock` + `Release`** (pool checkout included)", "session"},
 	{"trylock_release_nokeepalive", "advisorylock `TryLock` + `Release`, `WithKeepAlive(0)`", "session"},
+	{"trylock_release_noop", "advisorylock `TryLock` + `Release`, `WithObserver(NoopObserver{})`", "session"},
+	{"trylock_release_prom", "advisorylock `TryLock` + `Release`, observed by `advisorylockprom`", "session"},
+	{"trylock_release_otel", "advisorylock `TryLock` + `Release`, observed by `advisorylockotel` (SDK, metrics)", "session"},
+	{"trylock_release_otel_traced", "advisorylock `TryLock` + `Release`, observed by `advisorylockotel` in a trace (metrics and two spans)", "session"},
 	{"trydo", "**advisorylock `TryDo`** (no-op fn)", "session"},
 	{"lock_release", "advisorylock `Lock` + `Release`, uncontended", "session"},
 	{"goose_session", "peer: goose v3 session locker, lock + unlock (pinned)", "session"},
@@ -411,6 +415,10 @@ var pairedRows = []struct{ op, base, label string }{
 	{"trylock_release", "raw_pool_bounded", "`TryLock`+`Release` vs `raw_pool_bounded`"},
 	{"trylock_release", "raw_pool_ask", "`TryLock`+`Release` vs its hand-written equivalent (`raw_pool_ask`)"},
 	{"trylock_release", "trylock_release_nokeepalive", "`TryLock`+`Release` vs the same with `WithKeepAlive(0)`"},
+	{"trylock_release_noop", "trylock_release", "cost of the observer's call sites: no-op `Observer` vs none"},
+	{"trylock_release_prom", "trylock_release", "`TryLock`+`Release` observed by Prometheus vs not observed (limit 1.05)"},
+	{"trylock_release_otel", "trylock_release", "`TryLock`+`Release` observed by OpenTelemetry (metrics) vs not observed (limit 1.05)"},
+	{"trylock_release_otel_traced", "trylock_release", "`TryLock`+`Release` observed by OpenTelemetry in a trace vs not observed"},
 	{"goose_table", "leaselock", "goose table locker vs **`LeaseLock`**"},
 }
 

@@ -183,7 +183,7 @@ func (l *Lock) Key() int64 { return l.key }
 // acquire returns ctx's error and closes its connection, which frees the
 // lock: a cancelled acquire never leaves a lock held.
 func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
-	ctx, a := l.observed().startAcquire(ctx, false)
+	ctx, a := startAcquire(ctx, l, false)
 	g, err := l.acquire(ctx, ctx, false)
 	err = wrapErr(l.name, "try lock", err)
 	a.end(g.hold(), err)
@@ -196,7 +196,7 @@ func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 // vacuum; a release lets a waiter in within about one round trip.
 // Elsewhere it polls (WithPollInterval).
 func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
-	ctx, a := l.observed().startAcquire(ctx, true)
+	ctx, a := startAcquire(ctx, l, true)
 	g, err := l.acquire(ctx, ctx, true)
 	err = wrapErr(l.name, "lock", err)
 	a.end(g.hold(), err)
@@ -208,7 +208,7 @@ func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 // no later than about one round trip after d, and the connection goes back
 // to the pool. With d <= 0 it makes exactly one attempt, like TryLock.
 func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
-	ctx, a := l.observed().startAcquire(ctx, d > 0)
+	ctx, a := startAcquire(ctx, l, d > 0)
 	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
 		return l.acquire(ctx, budget, wait)
 	})

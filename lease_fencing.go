@@ -464,7 +464,7 @@ func (l *LeaseLock) Name() string { return l.name }
 
 // TryLock makes one attempt; ErrNotAcquired if the lease is held.
 func (l *LeaseLock) TryLock(ctx context.Context) (*LeaseGuard, error) {
-	ctx, a := l.observed().startAcquire(ctx, false)
+	ctx, a := startAcquire(ctx, l, false)
 	g, err := l.acquire(ctx, ctx, false)
 	err = wrapErr(l.name, "try lock", err)
 	a.end(g.hold(), err)
@@ -473,7 +473,7 @@ func (l *LeaseLock) TryLock(ctx context.Context) (*LeaseGuard, error) {
 
 // Lock polls (WithPollInterval) until it holds the lease or ctx ends.
 func (l *LeaseLock) Lock(ctx context.Context) (*LeaseGuard, error) {
-	ctx, a := l.observed().startAcquire(ctx, true)
+	ctx, a := startAcquire(ctx, l, true)
 	g, err := l.acquire(ctx, ctx, true)
 	err = wrapErr(l.name, "lock", err)
 	a.end(g.hold(), err)
@@ -483,7 +483,7 @@ func (l *LeaseLock) Lock(ctx context.Context) (*LeaseGuard, error) {
 // LockTimeout is Lock bounded by d; it returns a *TimeoutError when d runs
 // out. With d <= 0 it makes exactly one attempt.
 func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGuard, error) {
-	ctx, a := l.observed().startAcquire(ctx, d > 0)
+	ctx, a := startAcquire(ctx, l, d > 0)
 	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*LeaseGuard, error) {
 		return l.acquire(ctx, budget, wait)
 	})

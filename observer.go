@@ -239,22 +239,30 @@ func newObserved(o Observer, backend string, kind LockKind, name string) *observ
 	return &observed{o: o, info: LockInfo{Backend: backend, Kind: kind, Name: name}}
 }
 
+// observable is a lock whose events an Observer may see.
+type observable interface {
+	observed() *observed // nil without an Observer
+}
+
 // acquiring is an acquire in progress, as AcquireStart saw it.
 type acquiring struct {
+	l     observable
 	ob    *observed
 	ctx   context.Context
 	start time.Time
 }
 
-// startAcquire reports an acquire's start and returns the context the
-// acquire runs on. With no Observer it returns ctx and a zero acquiring.
-func (ob *observed) startAcquire(ctx context.Context, wait bool) (context.Context, acquiring) {
+// startAcquire reports the start of an acquire of l and returns the
+// context the acquire runs on. With no Observer it returns ctx and a zero
+// acquiring, at the cost of one nil check.
+func startAcquire(ctx context.Context, l observable, wait bool) (context.Context, acquiring) {
+	ob := l.observed()
 	if ob == nil {
 		return ctx, acquiring{}
 	}
 	start := time.Now()
 	ctx = ob.o.AcquireStart(ctx, AcquireStartEvent{LockInfo: ob.info, Wait: wait})
-	return ctx, acquiring{ob: ob, ctx: ctx, start: start}
+	return ctx, acquiring{l: l, ob: ob, ctx: ctx, start: start}
 }
 
 // end reports the acquire's end; for a grant (h not nil, err nil) it
@@ -265,6 +273,9 @@ func (a acquiring) end(h *hold, err error) {
 		return
 	}
 	now := time.Now()
+	if a.ob.info.Backend == unknownBackend {
+		a.ob = a.l.observed() // the acquire's first use may have learnt it
+	}
 	outcome := acquireOutcome(err)
 	ctx := a.ob.o.AcquireEnd(a.ctx, AcquireEndEvent{LockInfo: a.ob.info, Outcome: outcome, Wait: now.Sub(a.start), Err: err})
 	if h == nil || outcome != OutcomeAcquired {
@@ -342,19 +353,23 @@ func DurationBuckets() []float64 {
 	}
 }
 
+// unknownBackend is the backend events name before a lock knows its own.
+const unknownBackend = "unknown"
+
 // observedOf makes the observed that *p caches for a lock of kind named
 // name, and caches it once the backend's name is known: from WithBackend
 // or the driver's type (no I/O), else from the lock's first use
 // (resolved returns nil until it succeeded). Until then, events say
-// backend "unknown": the first acquires of a wrapped driver, which the
-// first use identifies by asking the database.
+// backend "unknown": the AcquireStart of a wrapped driver's first acquire,
+// whose first use identifies the backend by asking the database (its
+// AcquireEnd names the backend when that succeeded).
 func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind LockKind, name string, resolved func() Backend) *observed {
 	b := localBackend(db, cfg)
 	if b == nil {
 		b = resolved()
 	}
 	if b == nil {
-		return newObserved(cfg.observer, "unknown", kind, name)
+		return newObserved(cfg.observer, unknownBackend, kind, name)
 	}
 	p.CompareAndSwap(nil, newObserved(cfg.observer, b.Name(), kind, name))
 	return p.Load()

@@ -5,12 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
+	"github.com/lib/pq"
 )
 
 // TestObserverSeesEveryEventOnPostgres runs the shared scenario (acquire,
@@ -228,5 +230,36 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	}
 	if r := rec.Events("Released"); len(r) != 1 || r[0].Span != lost[0].Span {
 		t.Errorf("Released %+v: want the lost lease's release, with its acquire's context", r)
+	}
+}
+
+// TestObserverLearnsTheBackendOfAWrappedDriver checks the one case where
+// a lock does not know its backend before its first use (a driver wrapped
+// by instrumentation): the first AcquireStart says "unknown", and every
+// later event names the backend the first use found.
+func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
+	registerWrapped.Do(func() { sql.Register("wrapped-pq", wrappedDriver{&pq.Driver{}}) })
+	db, err := sql.Open("wrapped-pq", testdb.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rec := &observetest.Recorder{}
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec))
+	for range 2 {
+		g, err := l.TryLock(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRelease(t, g)
+	}
+	var backends []string
+	for _, e := range rec.Events() {
+		backends = append(backends, e.Method+":"+e.Info.Backend)
+	}
+	want := []string{"AcquireStart:unknown", "AcquireEnd:postgres", "Released:postgres",
+		"AcquireStart:postgres", "AcquireEnd:postgres", "Released:postgres"}
+	if !slices.Equal(backends, want) {
+		t.Errorf("events %v, want %v", backends, want)
 	}
 }

@@ -256,7 +256,7 @@ func chart(title string, series []buckets) string {
 	var s strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }
 	w(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
-	w(`<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	w(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	w(`<text x="%d" y="22" font-size="13" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
 	for i, sr := range series {
 		x := left + i*190

@@ -95,7 +95,10 @@ const (
 
 // LockInfo says which lock an event is about.
 type LockInfo struct {
-	Backend string   // the backend's Name(): "postgres", "sqlite", …
+	// Backend is the backend's Name(): "postgres", "sqlite", …; "unknown"
+	// in the AcquireStart of the first acquire on a wrapped driver, which
+	// that acquire identifies by asking the database.
+	Backend string
 	Kind    LockKind // which kind of lock
 	// Name is the lock's name. Names can be many (one per tenant, per
 	// job): adapters do not put them on metrics unless asked.

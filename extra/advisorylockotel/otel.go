@@ -29,6 +29,7 @@ package advisorylockotel
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -167,8 +168,10 @@ type attrs struct {
 	set  attribute.Set
 	rec  []metric.RecordOption
 	add  []metric.AddOption
-	span []trace.SpanStartOption
-	held atomic.Int64 // grants minus releases, for the held counter
+	span []trace.SpanStartOption // a hold span's
+	try  []trace.SpanStartOption // an acquire span's, one attempt (wait=false)
+	wait []trace.SpanStartOption // an acquire span's that may wait (wait=true)
+	held atomic.Int64            // grants minus releases, for the held counter
 }
 
 // attrsFor returns the attribute set of info plus label=value (if label
@@ -203,6 +206,8 @@ func (o *observer) attrsFor(info advisorylock.LockInfo, withKind bool, label, va
 		rec:  []metric.RecordOption{metric.WithAttributeSet(set)},
 		add:  []metric.AddOption{metric.WithAttributeSet(set)},
 		span: []trace.SpanStartOption{trace.WithAttributes(list...), trace.WithSpanKind(trace.SpanKindInternal)},
+		try:  []trace.SpanStartOption{trace.WithAttributes(slices.Concat(list, []attribute.KeyValue{attribute.Bool("wait", false)})...), trace.WithSpanKind(trace.SpanKindInternal)},
+		wait: []trace.SpanStartOption{trace.WithAttributes(slices.Concat(list, []attribute.KeyValue{attribute.Bool("wait", true)})...), trace.WithSpanKind(trace.SpanKindInternal)},
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -236,17 +241,36 @@ type spans struct {
 
 type spansKey struct{}
 
+// spanContext is an acquire's context with its spans: one allocation
+// where context.WithValue and the spans would take two.
+type spanContext struct {
+	context.Context
+	spans
+}
+
+// Value returns the spans for spansKey, else what the context holds.
+func (c *spanContext) Value(key any) any {
+	if key == (spansKey{}) {
+		return &c.spans
+	}
+	return c.Context.Value(key)
+}
+
 func (o *observer) AcquireStart(ctx context.Context, e advisorylock.AcquireStartEvent) context.Context {
 	parent := trace.SpanFromContext(ctx)
 	if !o.rootSpans && !parent.SpanContext().IsValid() {
 		return ctx
 	}
-	ctx, span := o.tracer.Start(ctx, "advisorylock.acquire", o.attrsFor(e.LockInfo, true, "", "").span...)
+	a := o.attrsFor(e.LockInfo, true, "", "")
+	opts := a.try
+	if e.Wait {
+		opts = a.wait
+	}
+	ctx, span := o.tracer.Start(ctx, "advisorylock.acquire", opts...)
 	if !span.IsRecording() {
 		return ctx
 	}
-	span.SetAttributes(attribute.Bool("wait", e.Wait))
-	return context.WithValue(ctx, spansKey{}, &spans{parent: parent, acquire: span})
+	return &spanContext{Context: ctx, spans: spans{parent: parent, acquire: span}}
 }
 
 func (o *observer) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEvent) context.Context {

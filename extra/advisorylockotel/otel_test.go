@@ -159,6 +159,17 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 	if a, h := len(byName["advisorylock.acquire"]), len(byName["advisorylock.hold"]); a != 6 || h != 3 {
 		t.Errorf("%d acquire spans and %d hold spans, want 6 and 3", a, h)
 	}
+	waits := map[bool]int{}
+	for _, s := range byName["advisorylock.acquire"] {
+		for _, kv := range s.Attributes() {
+			if kv.Key == "wait" {
+				waits[kv.Value.AsBool()]++
+			}
+		}
+	}
+	if waits[false] != 4 || waits[true] != 2 {
+		t.Errorf("acquire spans by their wait attribute: %v, want 4 single attempts (TryLock) and 2 that may wait", waits)
+	}
 	var lostEvents int
 	for _, s := range byName["advisorylock.hold"] {
 		if s.Parent().IsValid() {
@@ -223,6 +234,9 @@ func TestObserverParentsSpansOnTheCallersSpan(t *testing.T) {
 	}
 	root.End()
 	for _, s := range p.spans.Ended() {
+		if s.Name() == "advisorylock.acquire" && !slices.Contains(s.Attributes(), attribute.Bool("wait", true)) {
+			t.Errorf("acquire span of a waiting acquire has attributes %v, want wait=true", s.Attributes())
+		}
 		if s.Name() != "job" && s.Parent().SpanID() != root.SpanContext().SpanID() {
 			t.Errorf("span %s has parent %v, want the caller's span %v", s.Name(), s.Parent().SpanID(), root.SpanContext().SpanID())
 		}

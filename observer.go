@@ -229,6 +229,15 @@ func acquireOutcome(err error) Outcome {
 // observed is a lock's Observer with the description its events carry.
 // Locks without an Observer have none (a nil *observed), so that every
 // call site costs one nil check and nothing else.
+//
+// How a kind of lock reports (Lock and LeaseLock do; shared locks,
+// semaphores and elections follow them): its public acquires wrap the
+// work in startAcquire and acquiring.end (after wrapErr, so a
+// *TimeoutError is seen); a keeper that finds a hold gone calls
+// hold.lose with a LossCause; release and cleanup report through the
+// hold (doRelease, forgotten); a pinned connection carries the observed,
+// and pinned.discard names a DiscardReason; a lease keeper reports each
+// renewal with observed.renewed.
 type observed struct {
 	o    Observer
 	info LockInfo

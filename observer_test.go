@@ -263,3 +263,44 @@ func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 		t.Errorf("events %v, want %v", backends, want)
 	}
 }
+
+// TestObserverSeesANetworkCut cuts the network under a held lock: the
+// keep-alive gets no answer (cause no_answer). Where the driver does not
+// end a statement with its context (lib/pq), the check is abandoned and
+// its connection discarded for no_answer; pgx ends it, and the release of
+// the lost lock discards the connection for "lost".
+func TestObserverSeesANetworkCut(t *testing.T) {
+	for _, driver := range []string{"pgx", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			db, proxy := testdb.OpenPostgresProxied(t, driver)
+			rec := &observetest.Recorder{}
+			l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec),
+				advisorylock.WithKeepAlive(50*time.Millisecond), advisorylock.WithReleaseTimeout(300*time.Millisecond))
+			g, err := l.TryLock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy.Cut()
+			defer proxy.Heal()
+			select {
+			case <-g.Lost():
+			case <-time.After(testdb.DefaultWait):
+				t.Fatal("the cut was not reported as a loss")
+			}
+			_ = g.Release(context.Background())
+			if lost := rec.Events("Lost"); len(lost) != 1 || lost[0].Value != string(advisorylock.LossNoAnswer) {
+				t.Fatalf("Lost events %+v, want one no_answer", lost)
+			}
+			want := "lost"
+			if driver == "postgres" {
+				want = "no_answer"
+			}
+			if d := rec.Events("Discarded"); len(d) != 1 || d[0].Value != want {
+				t.Errorf("discards %+v, want one %s", d, want)
+			}
+			if r := rec.Events("Released"); len(r) != 1 {
+				t.Errorf("Released events %+v, want one", r)
+			}
+		})
+	}
+}

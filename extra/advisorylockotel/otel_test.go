@@ -2,6 +2,7 @@ package advisorylockotel_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -140,7 +141,7 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 	}
 	for name, series := range want {
 		got := counts(t, m[name])
-		if !mapsEqual(got, series) {
+		if !maps.Equal(got, series) {
 			t.Errorf("%s: %v, want %v", name, got, series)
 		}
 	}
@@ -184,18 +185,6 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 	if lostEvents != 1 {
 		t.Errorf("%d advisorylock.lost span events, want 1", lostEvents)
 	}
-}
-
-func mapsEqual(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestLockNamesAreAnAttributeOnlyWhenAsked feeds one acquire to two

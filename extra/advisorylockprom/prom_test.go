@@ -3,6 +3,7 @@ package advisorylockprom_test
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -99,21 +100,9 @@ func TestObserverRecordsEveryMetric(t *testing.T) {
 		t.Errorf("%s = %v, want at least 1", renewed, got[renewed])
 	}
 	delete(got, renewed)
-	if !equal(got, want) {
+	if !maps.Equal(got, want) {
 		t.Errorf("series:\n%s\nwant:\n%s", render(got), render(want))
 	}
-}
-
-func equal(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 func render(m map[string]float64) string {

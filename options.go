@@ -1,6 +1,7 @@
 package advisorylock
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -26,6 +27,8 @@ const (
 	minPollInterval       = time.Millisecond
 	defaultKeepAlive      = 10 * time.Second
 	defaultReleaseTimeout = 5 * time.Second
+	defaultDeadHolder     = 20 * time.Second
+	defaultPoolWait       = time.Second
 )
 
 type config struct {
@@ -38,6 +41,8 @@ type config struct {
 	logger         *slog.Logger
 	clock          Clock
 	owner          string
+	deadHolder     time.Duration
+	poolWait       time.Duration
 }
 
 func newConfig(opts []Option) config {
@@ -48,6 +53,8 @@ func newConfig(opts []Option) config {
 		releaseTimeout: defaultReleaseTimeout,
 		poolerCheck:    true,
 		clock:          systemClock{},
+		deadHolder:     defaultDeadHolder,
+		poolWait:       defaultPoolWait,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -58,6 +65,9 @@ func newConfig(opts []Option) config {
 	c.poll = max(c.poll, minPollInterval)
 	if c.releaseTimeout <= 0 {
 		c.releaseTimeout = defaultReleaseTimeout
+	}
+	if c.poolWait <= 0 {
+		c.poolWait = defaultPoolWait
 	}
 	if c.clock == nil {
 		c.clock = systemClock{}
@@ -112,3 +122,34 @@ func WithClock(cl Clock) Option { return func(c *config) { c.clock = cl } }
 // "host-a:4242", shown by Holder. A unique suffix is added per acquire, so
 // two acquires never share an owner. [hostname:pid]
 func WithOwner(label string) Option { return func(c *config) { c.owner = label } }
+
+// WithDeadHolderTimeout sets how soon PostgreSQL frees the session lock of
+// a holder that vanished without closing its socket (a host powered off,
+// a network blackhole) [20s; 0 leaves the server's settings, with which
+// the kernel notices after about two hours]. Each pinned session gets TCP
+// keepalive settings and a TCP user timeout that make the server end it
+// within about d, in the same round trip as its first lock statement.
+//
+// d must exceed the keep-alive interval plus the release timeout, so that
+// a holder cut off from the server notices the loss (Lost closes) before
+// the server frees its lock; New refuses an option set that breaks this.
+// Behind a proxy (PgBouncer, a cloud proxy) the server's keepalives reach
+// the proxy, not the client, and this bounds nothing.
+func WithDeadHolderTimeout(d time.Duration) Option {
+	return func(c *config) { c.deadHolder = max(d, 0) }
+}
+
+// WithPoolWait bounds how long an acquire waits for a connection from an
+// exhausted pool before it fails with ErrPoolUnavailable [1s], so that
+// TryLock and TryDo on a context without a deadline do not hang. A
+// shorter deadline on the acquire's context still wins.
+func WithPoolWait(d time.Duration) Option { return func(c *config) { c.poolWait = d } }
+
+// check refuses an option set that cannot keep its promises.
+func (c *config) check() error {
+	if c.deadHolder > 0 && c.deadHolder <= c.keepAlive+c.releaseTimeout {
+		return fmt.Errorf("advisorylock: invalid options: WithDeadHolderTimeout(%s) must exceed the keep-alive interval (%s) plus the release timeout (%s), so that a cut-off holder learns of its loss before the server frees its lock",
+			c.deadHolder, c.keepAlive, c.releaseTimeout)
+	}
+	return nil
+}

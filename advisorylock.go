@@ -128,7 +128,11 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	if isNil(db) {
 		return nil, wrapErr(name, "new", errNilDB)
 	}
-	return &Lock{db: db, name: name, key: Key(name), cfg: newConfig(opts), setup: newFirstUse[lockBackend]()}, nil
+	cfg := newConfig(opts)
+	if err := cfg.check(); err != nil {
+		return nil, wrapErr(name, "new", err)
+	}
+	return &Lock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[lockBackend]()}, nil
 }
 
 // Check runs the first-use work now (see New), for a service that wants
@@ -147,6 +151,9 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		switch b := b.(type) {
 		case SessionLocker:
+			if d, ok := b.(deadHolderSetter); ok {
+				b = d.withDeadHolder(l.cfg.deadHolder).(SessionLocker)
+			}
 			if l.cfg.poolerCheck && l.cfg.serverChecks {
 				if err := checkPooler(ctx, l.db, b); err != nil {
 					return nil, err
@@ -158,6 +165,12 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
 	})
+}
+
+// deadHolderSetter is a built-in SessionLocker that applies
+// WithDeadHolderTimeout to the sessions it pins (see backend_postgres.go).
+type deadHolderSetter interface {
+	withDeadHolder(d time.Duration) Backend
 }
 
 // Name returns the lock's name.

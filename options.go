@@ -44,6 +44,7 @@ type config struct {
 	clock          Clock
 	owner          string
 	deadHolder     time.Duration
+	deadHolderSet  bool // by WithDeadHolderTimeout; else derived (see check)
 	poolWait       time.Duration
 }
 
@@ -148,7 +149,7 @@ func WithOwner(label string) Option { return func(c *config) { c.owner = label }
 // Behind a proxy (PgBouncer, a cloud proxy) the server's keepalives reach
 // the proxy, not the client, and this bounds nothing.
 func WithDeadHolderTimeout(d time.Duration) Option {
-	return func(c *config) { c.deadHolder = max(d, 0) }
+	return func(c *config) { c.deadHolder, c.deadHolderSet = max(d, 0), true }
 }
 
 // WithPoolWait bounds how long an acquire waits for a connection from an
@@ -157,8 +158,14 @@ func WithDeadHolderTimeout(d time.Duration) Option {
 // shorter deadline on the acquire's context still wins.
 func WithPoolWait(d time.Duration) Option { return func(c *config) { c.poolWait = d } }
 
-// check refuses an option set that cannot keep its promises.
+// check refuses an option set that cannot keep its promises. Without
+// WithDeadHolderTimeout the dead-holder timeout is its default, raised
+// where longer keep-alive or release timeouts need more.
 func (c *config) check() error {
+	if !c.deadHolderSet {
+		c.deadHolder = max(defaultDeadHolder, c.keepAlive+c.releaseTimeout+defaultReleaseTimeout)
+		return nil
+	}
 	if c.deadHolder > 0 && c.deadHolder <= c.keepAlive+c.releaseTimeout {
 		return fmt.Errorf("advisorylock: invalid options: WithDeadHolderTimeout(%s) must exceed the keep-alive interval (%s) plus the release timeout (%s), so that a cut-off holder learns of its loss before the server frees its lock",
 			c.deadHolder, c.keepAlive, c.releaseTimeout)

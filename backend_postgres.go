@@ -29,17 +29,24 @@ type postgres struct {
 	// unknown drivers).
 	params bool
 	// tryLock is the try statement: pgTryLock, or with the dead-holder
-	// settings of a Lock's WithDeadHolderTimeout (see withDeadHolder).
+	// settings of a Lock's WithDeadHolderTimeout (see forLock).
 	tryLock string
+	// askStandby makes a missed try ask whether the server is a hot
+	// standby (off with WithServerChecks(false)).
+	askStandby bool
 }
 
 func (p *postgres) Name() string { return "postgres" }
 
 func (p *postgres) forDriver(db DB) Backend {
-	return &postgres{params: strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/"), tryLock: p.tryLock}
+	return &postgres{params: strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/"), tryLock: p.tryLock, askStandby: p.askStandby}
 }
 
-// withDeadHolder returns a copy of p whose try statement also sets, on
+// forLock returns a copy of p for one Lock: a missed try asks whether the
+// server is a hot standby unless serverChecks is off, and the try
+// statement also sets the dead-holder settings of d (see below).
+//
+// With d > 0 the try statement also sets, on
 // the pinned session, TCP keepalives and a TCP user timeout that make the
 // server end the session within about d once its client has vanished
 // without closing the socket (a host powered off, a blackhole), and
@@ -53,8 +60,9 @@ func (p *postgres) forDriver(db DB) Backend {
 // plus the probes, or, with a user timeout, at the first probe after that
 // timeout: with idle d/4, interval d/8, 4 probes and a user timeout of
 // 3d/4, that is between 3d/4 and d (seconds are whole, at least 1).
-func (p *postgres) withDeadHolder(d time.Duration) Backend {
+func (p *postgres) forLock(d time.Duration, serverChecks bool) Backend {
 	c := *p
+	c.askStandby = serverChecks
 	c.tryLock = pgTryLock
 	if d > 0 {
 		secs := func(f time.Duration) int64 { return max(int64(f/time.Second), 1) }
@@ -72,6 +80,9 @@ func (p *postgres) withDeadHolder(d time.Duration) Backend {
 func (p *postgres) Validate(ctx context.Context, db DB) error {
 	var version string
 	if _, err := p.queryRow(ctx, db, "SELECT version()", nil, &version); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
+			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		}
 		return fmt.Errorf("advisorylock: asking the server's version: %w", err)
 	}
 	if strings.Contains(version, "CockroachDB") {
@@ -206,7 +217,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 		text = pgTryLock
 	}
 	ok, err := p.rowStatement(ctx, conn, text, key)
-	if ok || err != nil {
+	if ok || err != nil || !p.askStandby {
 		return SessionResult{OK: ok}, err
 	}
 	var standby bool

@@ -481,6 +481,9 @@ func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard
 	if err := budget.Err(); err != nil {
 		return nil, context.Cause(budget)
 	}
+	if !wait {
+		budget = withPoolWait(budget, l.cfg.poolWait)
+	}
 	store, err := l.store(budget)
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mathrand "math/rand/v2"
 	"os"
 	"runtime"
 	"strconv"
@@ -181,13 +182,19 @@ func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config,
 	return nil, err
 }
 
-// waitUntilFree polls the row every poll interval until it reads free or
-// expired, or budget ends. A poll reads before anyone writes, so many
-// waiters do not fight for the database's writer.
+// waitUntilFree polls the row until it reads free or expired, or budget
+// ends. A poll reads before anyone writes, so many waiters do not fight
+// for the database's writer. A LeaseLock waiter backs off (see
+// pollPause), so that a hundred waiting replicas do not send thousands of
+// queries a second; a Lock kept as a row (SQLite) polls every interval.
 func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
-	poll := time.NewTimer(cfg.poll)
+	longest := cfg.poll
+	if req.Kind == KindLease {
+		longest = max(cfg.poll, leaseWaitCap)
+	}
+	poll := time.NewTimer(pollPause(cfg.poll, longest, 0))
 	defer poll.Stop()
-	for {
+	for n := 1; ; n++ {
 		select {
 		case <-budget.Done():
 			return context.Cause(budget)
@@ -203,8 +210,32 @@ func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config,
 		case h == nil:
 			return nil
 		}
-		poll.Reset(cfg.poll)
+		pause := pollPause(cfg.poll, longest, n)
+		if left := h.ExpiresAt.Sub(cfg.clock.Now()); !h.ExpiresAt.IsZero() && left < pause {
+			pause = max(left, minPollInterval) // sleep until the known expiry, no longer
+		}
+		poll.Reset(pause)
 	}
+}
+
+// leaseWaitCap is the longest pause between a LeaseLock waiter's polls
+// (or the poll interval, if longer): a lease released early is seen
+// within it.
+const leaseWaitCap = 500 * time.Millisecond
+
+// pollPause is the pause before poll n (from 0) of a waiter: the poll
+// interval doubled n times, at most longest, drawn at random from the
+// upper half of that, so that waiters that started together spread out.
+func pollPause(interval, longest time.Duration, n int) time.Duration {
+	d := interval
+	for ; n > 0 && d < longest; n-- {
+		d *= 2
+	}
+	d = min(d, longest)
+	if d < 2 {
+		return d
+	}
+	return d/2 + mathrand.N(d/2+1)
 }
 
 // abandonLease frees a grant that an interrupted acquire may have made

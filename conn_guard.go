@@ -198,9 +198,15 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	return nil
 }
 
+// forget runs in the runtime's single cleanup goroutine, which must not
+// wait on I/O: stopping the keep-alive waits for a check in flight (up to
+// the release timeout on a dead network), so it and the discard run in a
+// goroutine of their own, as a forgotten lease's release does.
 func (s *sessionHold) forget() {
-	s.stopWatch()
-	s.p.discard()
+	go func() {
+		s.stopWatch()
+		s.p.discard()
+	}()
 }
 
 // check is the keep-alive: it runs every keepAlive on a timer (a held lock

@@ -168,9 +168,8 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 }
 
 // sessionConfigurable is a built-in SessionLocker that applies a Lock's
-// WithDeadHolderTimeout to the sessions it pins, and its
-// WithServerChecks to the per-connection standby check (see
-// backend_postgres.go).
+// WithDeadHolderTimeout to the sessions it pins, and its WithServerChecks
+// to the per-connection standby check (see backend_postgres.go).
 type sessionConfigurable interface {
 	forLock(deadHolder time.Duration, serverChecks bool) Backend
 }

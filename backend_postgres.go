@@ -28,45 +28,62 @@ type postgres struct {
 	// params sends keys as arguments (pgx) instead of literals (lib/pq and
 	// unknown drivers).
 	params bool
-	// tryLock is the try statement: pgTryLock, or with the dead-holder
-	// settings of a Lock's WithDeadHolderTimeout (see forLock).
-	tryLock string
-	// askStandby makes a missed try ask whether the server is a hot
-	// standby (off with WithServerChecks(false)).
-	askStandby bool
+	// tryLock is the try statement: pgTryLock, or pgTryLockMarked with
+	// the marker of a Lock's dead-holder settings (see forLock); whyMissed
+	// is the question a try that returned no row asks.
+	tryLock, whyMissed string
+	// deadHolder is the statement that applies those settings to a
+	// session, "" for none.
+	deadHolder string
 }
 
 func (p *postgres) Name() string { return "postgres" }
 
 func (p *postgres) forDriver(db DB) Backend {
-	return &postgres{params: strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/"), tryLock: p.tryLock, askStandby: p.askStandby}
+	return &postgres{params: strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/"), tryLock: p.tryLock, whyMissed: p.whyMissed, deadHolder: p.deadHolder}
 }
 
-// forLock returns a copy of p for one Lock: a missed try asks whether the
-// server is a hot standby unless serverChecks is off, and the try
-// statement also sets the dead-holder settings of d (see below).
-//
-// With d > 0 the try statement also sets, on
-// the pinned session, TCP keepalives and a TCP user timeout that make the
-// server end the session within about d once its client has vanished
-// without closing the socket (a host powered off, a blackhole), and
-// idle_session_timeout = 0 (an idle lock holder is not idle): in the same
-// round trip, with set_config in a subquery that runs before the lock is
-// tried. The settings stay on the session when it goes back to the pool;
-// shorter keepalives are harmless there. d = 0 leaves the server's
-// settings.
+// forLock returns a copy of p for one Lock whose sessions get the
+// dead-holder settings of d (WithDeadHolderTimeout): TCP keepalives and a
+// TCP user timeout that make the server end a session within about d once
+// its client has vanished without closing the socket (a host powered off,
+// a blackhole), and idle_session_timeout = 0 (an idle lock holder is not
+// idle). d = 0 leaves the server's settings.
 //
 // The kernel gives up on an idle connection after the keepalive idle time
 // plus the probes, or, with a user timeout, at the first probe after that
 // timeout: with idle d/4, interval d/8, 4 probes and a user timeout of
 // 3d/4, that is between 3d/4 and d (seconds are whole, at least 1).
+//
+// A session keeps the settings (and the marker advisorylock.dead_holder,
+// a custom setting any role may set) when it goes back to the pool, where
+// shorter keepalives are harmless, so only a session's first grant sends
+// them: the try reads the marker, and a grant on a session without it
+// costs two more round trips (see TryLockSession). Sending the settings
+// with every try would cost lib/pq, which sends the statement's text each
+// time, about a fifth of a try in parsing alone (measured: the marker
+// costs about a tenth of that).
+//
+// With the server checks off (WithServerChecks(false): go-sqlmock, or an
+// operator who knows the topology) a missed try asks nothing, so the
+// settings go with every try instead (pgTryLockInline), and a standby is
+// not refused.
 func (p *postgres) forLock(d time.Duration, serverChecks bool) Backend {
 	c := *p
-	c.askStandby = serverChecks
-	c.tryLock = pgTryLock
-	if d > 0 {
-		secs := func(f time.Duration) int64 { return max(int64(f/time.Second), 1) }
-		c.tryLock = fmt.Sprintf(pgTryLockDeadHolder, secs(d/4), secs(d/8), 4, max((3*d/4).Milliseconds(), 1))
+	c.tryLock, c.whyMissed, c.deadHolder = pgTryLock, pgWhyMissed, ""
+	secs := func(f time.Duration) int64 { return max(int64(f/time.Second), 1) }
+	marker := max((3*d/4).Milliseconds(), 1)
+	switch {
+	case d > 0 && serverChecks:
+		c.tryLock = fmt.Sprintf(pgTryLockMarked, marker)
+		c.whyMissed = fmt.Sprintf(pgWhyMissedMarked, marker)
+		c.deadHolder = fmt.Sprintf(pgDeadHolder, secs(d/4), secs(d/8), 4, marker)
+	case d > 0:
+		c.tryLock = fmt.Sprintf(pgTryLockInline, secs(d/4), secs(d/8), 4, marker)
+		c.whyMissed = ""
+		c.deadHolder = fmt.Sprintf(pgDeadHolder, secs(d/4), secs(d/8), 4, marker)
+	case !serverChecks:
+		c.whyMissed = ""
 	}
 	return &c
 }
@@ -110,16 +127,35 @@ func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 // The try and the unlock are sent with Exec: the row count is the answer
 // (1: granted, or released), which spares database/sql and the driver a
 // result set. The try is not even attempted on a server in recovery (a
-// hot standby, where a lock excludes nothing): CASE evaluates in order, so
-// a standby answers no row, and the miss asks why (see TryLockSession).
+// hot standby, where a lock excludes nothing): CASE evaluates in order.
+// pgTryLockMarked also returns no row for a grant on a session that lacks
+// the dead-holder settings (its marker is not set): a try that returns no
+// row asks why (pgWhyMissed), which tells a miss from a standby and from
+// such a grant, which only a new session sees.
 const (
-	pgTryLock = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1::bigint) END`
-	// With the dead-holder settings (see withDeadHolder); the values are
-	// numbers written once per Lock, so the text stays constant.
-	pgTryLockDeadHolder = `SELECT FROM (SELECT set_config('tcp_keepalives_idle', '%d', false), set_config('tcp_keepalives_interval', '%d', false),
-	set_config('tcp_keepalives_count', '%d', false), set_config('tcp_user_timeout', '%d', false),
-	CASE WHEN current_setting('server_version_num')::int >= 140000 THEN set_config('idle_session_timeout', '0', false) END) AS dead_holder
-WHERE CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1::bigint) END`
+	pgTryLock       = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1::bigint) END`
+	pgTryLockMarked = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false WHEN NOT pg_try_advisory_lock($1::bigint) THEN false
+	ELSE current_setting('advisorylock.dead_holder', true) = '%d' END`
+	// pgTryLockInline sends the dead-holder settings with the try (values
+	// as in pgDeadHolder); the second condition is never false, so the
+	// lock is tried whichever the planner evaluates first.
+	pgTryLockInline = pgTryLock + `
+	AND (current_setting('advisorylock.dead_holder', true) = '%[4]d' OR ROW(
+	set_config('tcp_keepalives_idle', '%[1]d', false), set_config('tcp_keepalives_interval', '%[2]d', false),
+	set_config('tcp_keepalives_count', '%[3]d', false), set_config('tcp_user_timeout', '%[4]d', false),
+	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL THEN set_config('idle_session_timeout', '0', false) ELSE '' END,
+	set_config('advisorylock.dead_holder', '%[4]d', false)) IS NOT NULL)`
+	pgWhyMissed       = `SELECT pg_is_in_recovery(), false`
+	pgWhyMissedMarked = `SELECT pg_is_in_recovery(), CASE WHEN current_setting('advisorylock.dead_holder', true) = '%d' THEN false
+	ELSE EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
+		AND l.classid = (($1::bigint >> 32) & 4294967295)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1) END`
+	// The dead-holder settings (see forLock), values in order: keepalive
+	// idle, interval and count, and the user timeout in milliseconds, which
+	// is also the marker. idle_session_timeout exists from PostgreSQL 14.
+	pgDeadHolder = `SELECT set_config('tcp_keepalives_idle', '%d', false), set_config('tcp_keepalives_interval', '%d', false),
+	set_config('tcp_keepalives_count', '%d', false), set_config('tcp_user_timeout', '%[4]d', false),
+	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL THEN set_config('idle_session_timeout', '0', false) END,
+	set_config('advisorylock.dead_holder', '%[4]d', false)`
 	pgUnlock = `SELECT WHERE pg_advisory_unlock($1::bigint)`
 	// The wait is three statements in one simple-protocol message (no
 	// arguments: pgx sends it as a simple query too), which PostgreSQL runs
@@ -207,27 +243,39 @@ func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string
 // lock, and UnlockSession finds out by itself when a pooler moved the
 // connection to another server session.
 //
-// A miss costs one more round trip to ask whether the server is a hot
-// standby (then an error matching ErrUnsupported): the check is per
-// connection, since behind DNS, a virtual IP or a multi-host DSN a new
-// connection can reach a demoted server.
+// The same statement refuses a hot standby, per connection: behind DNS, a
+// virtual IP or a multi-host DSN a new connection can reach a demoted
+// server. A try that returns no row asks why, one more round trip: a
+// standby is an error matching ErrUnsupported (should the session hold
+// the lock after all, the guard discards the connection, which frees it),
+// and a grant on a session without the dead-holder settings sends them
+// (once per session; a failure there is an error, with the same effect).
 func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	text := p.tryLock
-	if text == "" {
-		text = pgTryLock
+	text, why := p.tryLock, p.whyMissed
+	if text == "" { // not made by forLock: a backend used outside a Lock
+		text, why = pgTryLock, pgWhyMissed
 	}
 	ok, err := p.rowStatement(ctx, conn, text, key)
-	if ok || err != nil || !p.askStandby {
+	if ok || err != nil || why == "" {
 		return SessionResult{OK: ok}, err
 	}
-	var standby bool
-	if err := conn.QueryRowContext(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
+	q, args, err := p.statement(why, key)
+	if err != nil {
 		return SessionResult{}, err
 	}
-	if standby {
-		return SessionResult{}, errStandby
+	var standby, granted bool
+	if err := conn.QueryRowContext(ctx, q, args...).Scan(&standby, &granted); err != nil {
+		return SessionResult{}, err
 	}
-	return SessionResult{}, nil
+	switch {
+	case standby:
+		return SessionResult{}, errStandby
+	case granted:
+		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
+			return SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
+		}
+	}
+	return SessionResult{OK: granted}, nil
 }
 
 // WaitLockSession waits in pg_advisory_lock bounded by a transaction-local
@@ -244,7 +292,13 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 // grant.
 func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
 	ms := max(slice.Milliseconds(), 1)
-	res, err := conn.ExecContext(ctx, fmt.Sprintf(pgWait, ms+waitStatementSlack.Milliseconds(), ms, key))
+	q := fmt.Sprintf(pgWait, ms+waitStatementSlack.Milliseconds(), ms, key)
+	if p.deadHolder != "" {
+		// A slice is long next to a statement: it sends the settings each
+		// time (they are rolled back with a slice that times out).
+		q = strings.Replace(q, "SELECT pg_advisory_lock", p.deadHolder+"; SELECT pg_advisory_lock", 1)
+	}
+	res, err := conn.ExecContext(ctx, q)
 	if code := sqlState(err); code == "55P03" || code == "57014" && ctx.Err() == nil {
 		return p.holds(ctx, conn, key)
 	}

@@ -130,25 +130,32 @@ func TestDeadHolderTimeoutMustExceedKeepAlivePlusReleaseTimeout(t *testing.T) {
 
 func TestPinnedSessionGetsDeadHolderSettings(t *testing.T) {
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
-		db := testdb.OpenPostgres(t, drv)
-		db.SetMaxOpenConns(1) // the guard's pinned connection is the pool's only one
-		l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithDeadHolderTimeout(20*time.Second))
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		defer cancel()
-		g, err := l.TryLock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := g.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		var userTimeout, idle, idleSession string
-		err = db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle'), current_setting('idle_session_timeout')").Scan(&userTimeout, &idle, &idleSession)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if userTimeout == "0" || idle == "0" || idleSession != "0" {
-			t.Fatalf("after a hold the session has tcp_user_timeout=%s tcp_keepalives_idle=%s idle_session_timeout=%s; want the dead-holder settings", userTimeout, idle, idleSession)
+		for _, checks := range []bool{true, false} {
+			db := testdb.OpenPostgres(t, drv)
+			db.SetMaxOpenConns(1) // the guard's pinned connection is the pool's only one
+			l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithDeadHolderTimeout(20*time.Second), advisorylock.WithServerChecks(checks))
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			for range 2 { // a new session, then one that has the settings
+				g, err := l.TryLock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var userTimeout, idle, idleSession string
+			err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle'), current_setting('idle_session_timeout')").Scan(&userTimeout, &idle, &idleSession)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if userTimeout != "15000" || idle != "5" || idleSession != "0" {
+				t.Fatalf("server checks %v: after a hold the session has tcp_user_timeout=%s tcp_keepalives_idle=%s idle_session_timeout=%s; want 15000, 5, 0", checks, userTimeout, idle, idleSession)
+			}
+			if n := testdb.AdvisoryLocks(t, testdb.OpenPostgres(t, "postgres"), nil); n != 0 {
+				t.Fatalf("%d advisory locks held after the releases", n)
+			}
 		}
 	})
 }

@@ -72,7 +72,7 @@ func (p *postgres) forLock(d time.Duration, serverChecks bool) Backend {
 	c := *p
 	c.tryLock, c.whyMissed, c.deadHolder = pgTryLock, pgWhyMissed, ""
 	secs := func(f time.Duration) int64 { return max(int64(f/time.Second), 1) }
-	marker := max((3*d/4).Milliseconds(), 1)
+	marker := max((3 * d / 4).Milliseconds(), 1)
 	switch {
 	case d > 0 && serverChecks:
 		c.tryLock = fmt.Sprintf(pgTryLockMarked, marker)

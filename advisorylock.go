@@ -89,7 +89,7 @@ type Holder struct {
 	Application string       // application_name, if known
 	ClientAddr  string       // the holder's address, if known
 	Owner       string       // lease owner label, if a lease
-	Token       FencingToken // lease generation, 0 for session locks
+	Token       FencingToken // the lease's latest grant (see FencingToken), 0 for session locks
 	Since       time.Time    // when the hold began (or an earlier bound)
 	ExpiresAt   time.Time    // zero for session locks
 }

@@ -19,10 +19,14 @@ import (
 	"unicode/utf8"
 )
 
-// FencingToken is the generation of a lease grant: it is at least 1 and
-// strictly increases with every grant of one name. A resource that
-// remembers the highest token it accepted (see Fence) can refuse writes
-// from a holder that has since lost its lease. It is stored as a BIGINT.
+// FencingToken identifies a lease grant: it is at least 1 and strictly
+// increases with every grant of one name, also when lease rows are
+// deleted and, on PostgreSQL, across a failover to a standby that lacked
+// the last grants (the server's WAL timeline is in its bits 40 to 62; the
+// README's "How tokens are made" gives the bounds). Tokens are not
+// consecutive. A resource that remembers the highest token it accepted
+// (see Fence) can refuse writes from a holder that has since lost its
+// lease. It is stored as a BIGINT (the generation column).
 type FencingToken uint64
 
 // ParseFencingToken converts a stored BIGINT to a token; v <= 0 is an error.
@@ -578,12 +582,14 @@ func (l Lease) Name() string { return l.name }
 // Token returns the grant's fencing token.
 func (l Lease) Token() FencingToken { return l.token }
 
-// Lost returns a channel closed when the lease is known lost.
+// Lost returns a channel closed when the lease no longer protects
+// anything: it is known lost, or it was released (Release, or the cleanup
+// of a forgotten guard).
 func (l Lease) Lost() <-chan struct{} { return l.s.lost() }
 
-// IsLost reports whether the lease is lost. It is also true once the local
-// deadline has passed, even if no goroutine noticed yet: check it right
-// before an action that must not run without the lease.
+// IsLost reports whether the lease is lost or released. It is also true
+// once the local deadline has passed, even if no goroutine noticed yet:
+// check it right before an action that must not run without the lease.
 func (l Lease) IsLost() bool { return l.s.lostOrExpired() }
 
 // LeaseGuard is a held lease. Release it when done; Release is idempotent.
@@ -598,7 +604,8 @@ func (g *LeaseGuard) Lease() Lease { return g.lease }
 // Token returns the grant's fencing token.
 func (g *LeaseGuard) Token() FencingToken { return g.lease.token }
 
-// Lost returns a channel closed when the lease is known lost.
+// Lost returns a channel closed when the lease is known lost or was
+// released; see Lease.Lost.
 func (g *LeaseGuard) Lost() <-chan struct{} { return g.lease.Lost() }
 
 // IsLost reports whether the lease is lost; see Lease.IsLost.

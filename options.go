@@ -97,6 +97,9 @@ func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d }
 
 // WithPollInterval sets how often a waiter polls where the backend cannot
 // wait server-side (SQLite, and LeaseLock everywhere) [20ms, floor 1ms].
+// A LeaseLock waiter starts at this interval and backs off, with jitter,
+// to at most the larger of it and 500ms, so that many waiters do not
+// flood the database; a lease released early is still seen within that.
 func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
 
 // WithKeepAlive sets how often a held PostgreSQL session lock checks that

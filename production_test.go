@@ -162,8 +162,7 @@ func TestPinnedSessionGetsDeadHolderSettings(t *testing.T) {
 
 func TestShortStatementTimeoutDoesNotBreakLock(t *testing.T) {
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
-		// %20, not +: pgx reads a + in a URL as a plus sign.
-		dsn := strings.ReplaceAll(testdb.WithParam(testdb.PostgresDSN(t), "options", "-c statement_timeout=300"), "+", "%20")
+		dsn := testdb.WithParam(testdb.PostgresDSN(t), "options", "-c statement_timeout=300")
 		holderDB, waiterDB := testdb.OpenPostgresDSN(t, drv, dsn), testdb.OpenPostgresDSN(t, drv, dsn)
 		name := testdb.UniqueName(t)
 		holder, waiter := newLockOpts(t, holderDB, name), newLockOpts(t, waiterDB, name)

@@ -9,6 +9,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
@@ -459,4 +460,61 @@ func newLockOpts(t testing.TB, db advisorylock.DB, name string, opts ...advisory
 		t.Fatalf("New(%.40q): %v", name, err)
 	}
 	return l
+}
+
+// A forgotten session guard's cleanup runs in the runtime's one cleanup
+// goroutine; if it waited there for its keep-alive check, stuck on a dead
+// network, every other cleanup of the process would wait too.
+func TestForgottenGuardOnADeadNetworkDelaysNoOtherCleanup(t *testing.T) {
+	db, proxy := testdb.OpenPostgresProxied(t, "postgres")
+	started := make(chan struct{}, 1)
+	logger := slog.New(signalHandler{on: "never released", ch: started})
+	const relTO = 3 * time.Second
+	l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(20*time.Millisecond),
+		advisorylock.WithReleaseTimeout(relTO), advisorylock.WithDeadHolderTimeout(0), advisorylock.WithLogger(logger))
+	forgetGuard(t, l)
+	proxy.Cut()
+	defer proxy.Heal()
+	testdb.WaitFor(t, wait, func() bool { return proxy.Held() > 0 }, "no keep-alive check went into the cut")
+	testdb.WaitFor(t, wait, func() bool {
+		runtime.GC()
+		return len(started) > 0
+	}, "the forgotten guard's cleanup never ran")
+
+	lease := forgetLease(t, newLeaseLock(t, testdb.OpenSQLite(t, testdb.SQLitePath(t), ""), testdb.UniqueName(t)))
+	start := time.Now()
+	testdb.WaitFor(t, wait, func() bool {
+		runtime.GC()
+		return lease.IsLost()
+	}, "a forgotten lease's cleanup never ran")
+	if took := time.Since(start); took > relTO/2 {
+		t.Fatalf("another guard's cleanup ran %v later: the cleanup goroutine waited for a keep-alive check on a dead network", took)
+	}
+}
+
+// forgetGuard takes l and drops its guard.
+func forgetGuard(t *testing.T, l *advisorylock.Lock) {
+	if _, err := l.TryLock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// signalHandler is a slog.Handler that signals ch when a record's message
+// contains on.
+type signalHandler struct {
+	on string
+	ch chan struct{}
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h signalHandler) WithGroup(string) slog.Handler            { return h }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.on) {
+		select {
+		case h.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
 }

@@ -693,7 +693,9 @@ func (p *postgres) run(ctx context.Context, db DB, stmt func(on querier) error) 
 		}
 		defer done()
 		err = stmt(on)
-		if sqlState(err) == "42P01" { // undefined_table: a table or the sequence
+		// A relation (a table, the sequence) or a column that an upgrade
+		// step adds is missing: apply the steps the database lacks.
+		if code := sqlState(err); code == "42P01" || code == "42703" {
 			if err := upgradePostgresSchema(ctx, db); err != nil {
 				return p.onStandby(ctx, on, err)
 			}

@@ -90,7 +90,7 @@ type Holder struct {
 	Application string       // application_name, if known
 	ClientAddr  string       // the holder's address, if known
 	Owner       string       // lease owner label, if a lease
-	Token       FencingToken // lease generation, 0 for session locks
+	Token       FencingToken // the lease's latest grant (see FencingToken), 0 for session locks
 	Since       time.Time    // when the hold began (or an earlier bound)
 	ExpiresAt   time.Time    // zero for session locks
 }
@@ -138,7 +138,11 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	if isNil(db) {
 		return nil, wrapErr(name, "new", errNilDB)
 	}
-	return &Lock{db: db, name: name, key: Key(name), cfg: newConfig(opts), setup: newFirstUse[lockBackend]()}, nil
+	cfg := newConfig(opts)
+	if err := cfg.check(); err != nil {
+		return nil, wrapErr(name, "new", err)
+	}
+	return &Lock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[lockBackend]()}, nil
 }
 
 // Check runs the first-use work now (see New), for a service that wants
@@ -157,6 +161,9 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		switch b := b.(type) {
 		case SessionLocker:
+			if c, ok := b.(sessionConfigurable); ok {
+				b = c.forLock(l.cfg.deadHolder, l.cfg.serverChecks).(SessionLocker)
+			}
 			if l.cfg.poolerCheck && l.cfg.serverChecks {
 				if err := checkPooler(ctx, l.db, b); err != nil {
 					return nil, err
@@ -168,6 +175,13 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
 	})
+}
+
+// sessionConfigurable is a built-in SessionLocker that applies a Lock's
+// WithDeadHolderTimeout to the sessions it pins, and its WithServerChecks
+// to the per-connection standby check (see backend_postgres.go).
+type sessionConfigurable interface {
+	forLock(deadHolder time.Duration, serverChecks bool) Backend
 }
 
 // Name returns the lock's name.
@@ -260,6 +274,9 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if err := budget.Err(); err != nil {
 		return nil, context.Cause(budget)
 	}
+	if !wait {
+		budget = withPoolWait(budget, l.cfg.poolWait)
+	}
 	b, err := l.backend(budget)
 	if err != nil {
 		return nil, err
@@ -275,14 +292,27 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 // definite (see connGuard).
 func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
 	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded, obs: l.observed()}}
-	cg, err := checkout(budget, l.db, &s.p)
+	poolWait := l.cfg.poolWait
+	if wait {
+		poolWait = 0 // a wait's checkout is bounded by its budget (LockTimeout) or ctx
+	}
+	cg, err := checkout(budget, l.db, &s.p, poolWait)
 	if err != nil {
 		return nil, err
 	}
 	defer cg.settle()
 	// Lock tries first too: a free lock costs the one cheap statement, and
-	// only a held one starts the server-side wait.
-	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(ctx, s.p.conn, l.key) })
+	// only a held one starts the server-side wait. Under a budget the try
+	// is bounded as a wait slice is: on a dead network (a connection taken
+	// warm from the pool is not pinged) it gives up a grace after the
+	// budget's end.
+	tctx := ctx
+	if dl, ok := budget.Deadline(); ok {
+		var cancel context.CancelFunc
+		tctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
+		defer cancel()
+	}
+	res, err := ask(tctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(tctx, s.p.conn, l.key) })
 	if wait && err == nil && !res.OK {
 		res, err = l.waitSession(ctx, budget, s.locker, &s.p)
 	}
@@ -480,9 +510,11 @@ func (g *Guard) Name() string { return g.h.name }
 // Key returns the lock's key.
 func (g *Guard) Key() int64 { return g.h.key }
 
-// Lost returns a channel that is closed when the lock is known lost: its
-// session is gone, or its lease row expired or was taken over. It stays
-// open after a normal Release.
+// Lost returns a channel that is closed when the guard no longer protects
+// anything: the lock is known lost (its session is gone, or its lease row
+// expired or was taken over), or the guard was released (Release, or the
+// cleanup of a forgotten guard). A release is not a loss: Do still returns
+// fn's result for a section that ended normally.
 func (g *Guard) Lost() <-chan struct{} { return g.h.lost() }
 
 // Release frees the lock. It runs on its own context bounded by
@@ -503,6 +535,7 @@ func (h *hold) doRelease(ctx context.Context) error {
 		return nil
 	}
 	h.released = true
+	defer h.markReleased()
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
@@ -519,6 +552,7 @@ func (h *hold) forgotten() {
 		return
 	}
 	h.released = true
+	defer h.markReleased()
 	h.warn("advisorylock: guard was never released; freeing the lock", "lock", h.name, "key", h.key)
 	h.end.forget()
 	h.observer().released(true, nil)
@@ -569,6 +603,21 @@ func (h *hold) observer() holdObserved {
 	return h.obs
 }
 
+// markReleased closes the lost channel of a released hold: it protects
+// nothing any more. Unlike lose it records no error (a release is not
+// a loss) and calls no onLost function.
+func (h *hold) markReleased() {
+	h.lostMu.Lock()
+	defer h.lostMu.Unlock()
+	if h.isGone {
+		return
+	}
+	h.isGone = true
+	if h.lostCh != nil {
+		close(h.lostCh)
+	}
+}
+
 // onLost makes lose call f with its error (at once if the hold is
 // lost already), until onLost(nil): what Do uses to cancel fn's context,
 // without a goroutine to watch the lost channel. f must not block.
@@ -598,7 +647,9 @@ func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (er
 		g.h.onLost(nil)
 		cancel(nil)
 		relErr := g.Release(ctx)
-		if gone, why := g.h.isLost(); gone && (err == nil || errors.Is(err, context.Canceled)) {
+		// A lost hold has a cause; a released one (our own release) has
+		// none and is no loss.
+		if _, why := g.h.isLost(); why != nil && (err == nil || errors.Is(err, context.Canceled)) {
 			err = wrapErr(g.h.name, "run", why)
 		} else if err == nil {
 			err = relErr

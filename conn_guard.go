@@ -27,13 +27,21 @@ type connGuard struct {
 }
 
 // checkout takes a connection from db's pool into p for an acquire. A
-// done context returns its error before touching the pool. Where the
-// driver may not end a connection's startup when ctx ends (p.bounded),
-// the checkout goes through within; a connection that arrives after ctx
-// ended goes back to the pool.
-func checkout(ctx context.Context, db DB, p *pinned) (connGuard, error) {
+// done context returns its error before touching the pool. poolWait, if
+// not 0, bounds the wait for a connection (WithPoolWait): an exhausted
+// pool is then ErrPoolUnavailable, not a hang on a context that never
+// ends. Where the driver may not end a connection's startup when ctx ends
+// (p.bounded), the checkout goes through within; a connection that
+// arrives after ctx ended goes back to the pool.
+func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (connGuard, error) {
 	if ctx.Err() != nil {
 		return connGuard{}, context.Cause(ctx)
+	}
+	caller := ctx
+	if poolWait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, poolWait, errPoolWait)
+		defer cancel()
 	}
 	var conn *sql.Conn
 	var err error
@@ -47,13 +55,13 @@ func checkout(ctx context.Context, db DB, p *pinned) (connGuard, error) {
 		conn, err = db.Conn(ctx)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return connGuard{}, context.Cause(ctx)
+		if caller.Err() != nil {
+			return connGuard{}, context.Cause(caller)
 		}
-		return connGuard{}, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+		return connGuard{}, fmt.Errorf("%w: %w", ErrPoolUnavailable, context.Cause(ctx))
 	}
 	p.conn = conn
-	return connGuard{p: p, ctx: ctx, armed: true}, nil
+	return connGuard{p: p, ctx: caller, armed: true}, nil
 }
 
 // settle discards the connection unless the outcome was made definite by
@@ -84,7 +92,7 @@ func (g *connGuard) take() { g.armed = false }
 // see checkout). Hand it back with giveBack.
 func borrow(ctx context.Context, db DB, bounded bool) (*sql.Conn, error) {
 	p := &pinned{bounded: bounded}
-	cg, err := checkout(ctx, db, p)
+	cg, err := checkout(ctx, db, p, poolWaitOf(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -101,6 +109,33 @@ func giveBack(conn *sql.Conn, clean bool) {
 	} else {
 		discard(conn)
 	}
+}
+
+// errPoolWait is the cause of a checkout that WithPoolWait ended.
+var errPoolWait = errors.New("no connection came free within the pool wait (WithPoolWait)")
+
+// poolWaitKey carries a try's WithPoolWait in its context to the places
+// that take connections for it: the first-use checks and the lease
+// statements, whose signatures (Backend's, for one) have no room for it.
+type poolWaitKey struct{}
+
+// withPoolWait bounds, by d, every pool checkout made for ctx.
+func withPoolWait(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, poolWaitKey{}, d)
+}
+
+// poolWaitOf is the bound withPoolWait put in ctx, or 0.
+func poolWaitOf(ctx context.Context) time.Duration {
+	d, _ := ctx.Value(poolWaitKey{}).(time.Duration)
+	return d
+}
+
+// mayWaitForPool reports whether a checkout from db can wait for a
+// connection to come free: only a pool with a limit can be exhausted
+// (other handles are assumed to be).
+func mayWaitForPool(db DB) bool {
+	pool := sqlDBOf(db)
+	return pool == nil || pool.Stats().MaxOpenConnections > 0
 }
 
 // recycle returns a connection whose session holds none of our locks.
@@ -168,9 +203,15 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	return nil
 }
 
+// forget runs in the runtime's single cleanup goroutine, which must not
+// wait on I/O: stopping the keep-alive waits for a check in flight (up to
+// the release timeout on a dead network), so it and the discard run in a
+// goroutine of their own, as a forgotten lease's release does.
 func (s *sessionHold) forget() {
-	s.stopWatch()
-	s.p.discard(DiscardForgotten, nil)
+	go func() {
+		s.stopWatch()
+		s.p.discard(DiscardForgotten, nil)
+	}()
 }
 
 // check is the keep-alive: it runs every keepAlive on a timer (a held lock

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mathrand "math/rand/v2"
 	"os"
 	"runtime"
 	"strconv"
@@ -19,10 +20,14 @@ import (
 	"unicode/utf8"
 )
 
-// FencingToken is the generation of a lease grant: it is at least 1 and
-// strictly increases with every grant of one name. A resource that
-// remembers the highest token it accepted (see Fence) can refuse writes
-// from a holder that has since lost its lease. It is stored as a BIGINT.
+// FencingToken identifies a lease grant: it is at least 1 and strictly
+// increases with every grant of one name, also when lease rows are
+// deleted and, on PostgreSQL, across a failover to a standby that lacked
+// the last grants (the server's WAL timeline is in its bits 40 to 62; the
+// README's "How tokens are made" gives the bounds). Tokens are not
+// consecutive. A resource that remembers the highest token it accepted
+// (see Fence) can refuse writes from a holder that has since lost its
+// lease. It is stored as a BIGINT (the generation column).
 type FencingToken uint64
 
 // ParseFencingToken converts a stored BIGINT to a token; v <= 0 is an error.
@@ -182,13 +187,19 @@ func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config,
 	return nil, err
 }
 
-// waitUntilFree polls the row every poll interval until it reads free or
-// expired, or budget ends. A poll reads before anyone writes, so many
-// waiters do not fight for the database's writer.
+// waitUntilFree polls the row until it reads free or expired, or budget
+// ends. A poll reads before anyone writes, so many waiters do not fight
+// for the database's writer. A LeaseLock waiter backs off (see
+// pollPause), so that a hundred waiting replicas do not send thousands of
+// queries a second; a Lock kept as a row (SQLite) polls every interval.
 func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
-	poll := time.NewTimer(cfg.poll)
+	longest := cfg.poll
+	if req.Kind == KindLease {
+		longest = max(cfg.poll, leaseWaitCap)
+	}
+	poll := time.NewTimer(pollPause(cfg.poll, longest, 0))
 	defer poll.Stop()
-	for {
+	for n := 1; ; n++ {
 		select {
 		case <-budget.Done():
 			return context.Cause(budget)
@@ -204,8 +215,32 @@ func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config,
 		case h == nil:
 			return nil
 		}
-		poll.Reset(cfg.poll)
+		pause := pollPause(cfg.poll, longest, n)
+		if left := h.ExpiresAt.Sub(cfg.clock.Now()); !h.ExpiresAt.IsZero() && left < pause {
+			pause = max(left, minPollInterval) // sleep until the known expiry, no longer
+		}
+		poll.Reset(pause)
 	}
+}
+
+// leaseWaitCap is the longest pause between a LeaseLock waiter's polls
+// (or the poll interval, if longer): a lease released early is seen
+// within it.
+const leaseWaitCap = 500 * time.Millisecond
+
+// pollPause is the pause before poll n (from 0) of a waiter: the poll
+// interval doubled n times, at most longest, drawn at random from the
+// upper half of that, so that waiters that started together spread out.
+func pollPause(interval, longest time.Duration, n int) time.Duration {
+	d := interval
+	for ; n > 0 && d < longest; n-- {
+		d *= 2
+	}
+	d = min(d, longest)
+	if d < 2 {
+		return d
+	}
+	return d/2 + mathrand.N(d/2+1)
 }
 
 // abandonLease frees a grant that an interrupted acquire may have made
@@ -509,6 +544,9 @@ func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard
 	if err := budget.Err(); err != nil {
 		return nil, context.Cause(budget)
 	}
+	if !wait {
+		budget = withPoolWait(budget, l.cfg.poolWait)
+	}
 	store, err := l.store(budget)
 	if err != nil {
 		return nil, err
@@ -572,12 +610,14 @@ func (l Lease) Name() string { return l.name }
 // Token returns the grant's fencing token.
 func (l Lease) Token() FencingToken { return l.token }
 
-// Lost returns a channel closed when the lease is known lost.
+// Lost returns a channel closed when the lease no longer protects
+// anything: it is known lost, or it was released (Release, or the cleanup
+// of a forgotten guard).
 func (l Lease) Lost() <-chan struct{} { return l.s.lost() }
 
-// IsLost reports whether the lease is lost. It is also true once the local
-// deadline has passed, even if no goroutine noticed yet: check it right
-// before an action that must not run without the lease.
+// IsLost reports whether the lease is lost or released. It is also true
+// once the local deadline has passed, even if no goroutine noticed yet:
+// check it right before an action that must not run without the lease.
 func (l Lease) IsLost() bool { return l.s.lostOrExpired() }
 
 // LeaseGuard is a held lease. Release it when done; Release is idempotent.
@@ -600,7 +640,8 @@ func (g *LeaseGuard) Lease() Lease { return g.lease }
 // Token returns the grant's fencing token.
 func (g *LeaseGuard) Token() FencingToken { return g.lease.token }
 
-// Lost returns a channel closed when the lease is known lost.
+// Lost returns a channel closed when the lease is known lost or was
+// released; see Lease.Lost.
 func (g *LeaseGuard) Lost() <-chan struct{} { return g.lease.Lost() }
 
 // IsLost reports whether the lease is lost; see Lease.IsLost.

@@ -249,7 +249,7 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 	defer cg.settle()
 	// Lock tries first too: a free lock costs the one cheap statement, and
 	// only a held one starts the server-side wait.
-	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(ctx, s.p.conn, l.key) })
+	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(s.p.quiet(ctx), s.p.conn, l.key) })
 	if wait && err == nil && !res.OK {
 		res, err = l.waitSession(ctx, budget, s.locker, &s.p)
 	}

@@ -137,6 +137,9 @@ var pgPairs = []struct{ base, op string }{
 	{"select1_pinned", "raw_param"},
 	{"select1_pinned", "goose_session"},
 	{"leaselock", "goose_table"},
+	{"raw_literal", "trylock_release"},
+	{"raw_literal", "trydo"},
+	{"raw_pool_bounded", "raw_pool_ask"},
 }
 
 // BenchmarkPaired alternates two operations on one handle, iteration by

@@ -346,6 +346,9 @@ func (r *report) writeTargets(w func(string, ...any)) {
 	if r.pinned {
 		w("Verdicts use the **pinned, paired** ratios (see \"Paired ratios\" and \"Handoff, paired\" below): two operations alternate iteration by iteration, so load that comes and goes hits both alike. ")
 		w("The same pairs run again with nothing pinned, right after the pinned run of their group; those figures are reported beside the verdict, not gated (\"(over)\" marks one above the limit). ")
+		w("Unpinned, a round trip takes about a sixth of the time when the client and the server session share a CPU, and each server session stays where the scheduler put it, ")
+		w("so a ratio between two operations on different sessions (the gate's bare statements run on a connection of their own) swings from about 0.5× to 1.5× between runs on this shared machine; ")
+		w("pairs on the same pooled session (`raw_pool`, `raw_pool_bounded`, `raw_pool_ask*` below) are the steadier unpinned figures. ")
 	} else {
 		w("**Nothing could be pinned in this run** (see \"CPU pinning\" below): the verdicts use unpinned paired ratios. ")
 	}
@@ -464,6 +467,7 @@ var pairedRows = []struct{ op, base, label string }{
 	{"raw_pool_ask_nowatch", "raw_pool", "cost of an abandonable release goroutine alone (the dead-network bound): `raw_pool_ask_nowatch` vs `raw_pool`"},
 	{"raw_pool_worker", "raw_pool_ask_nowatch", "a long-lived worker goroutine instead of a fresh one: `raw_pool_worker` vs `raw_pool_ask_nowatch`"},
 	{"trylock_release", "raw_pool_ask_nowatch", "what the library adds to its hand-written floor: `TryLock`+`Release` vs `raw_pool_ask_nowatch`"},
+	{"trylock_release", "raw_pool", "`TryLock`+`Release` vs `raw_pool` (the same pooled server session: the steadier unpinned figure)"},
 	{"trylock_release", "raw_pool_ask", "`TryLock`+`Release` vs `raw_pool_ask`"},
 	{"trylock_release", "raw_pool_bounded", "`TryLock`+`Release` vs `raw_pool_bounded`"},
 	{"trylock_release", "trylock_release_nokeepalive", "`TryLock`+`Release` vs the same with `WithKeepAlive(0)`"},

@@ -143,6 +143,7 @@ var pgPairs = []struct{ base, op string }{
 	{"raw_pool_ask_nowatch", "trylock_release"},
 	{"raw_pool_ask_nowatch", "raw_pool_worker"},
 	{"raw_pool", "trylock_release"},
+	{"raw_literal", "raw_pool_ask_nowatch"},
 }
 
 // sqlitePairs are measured side by side by BenchmarkPaired on one SQLite

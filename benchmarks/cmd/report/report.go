@@ -102,7 +102,8 @@ type report struct {
 // the unpinned ones reported beside them.
 type target struct {
 	what, driver, measured, unpinned, limit string
-	met                                     *bool // nil when not measured
+	drv                                     string // the driver's id in benchmark names
+	met                                     *bool  // nil when not measured
 }
 
 func newReport(phases map[string]*results, m machine, gs []group, cmdline, stat, rawPath, svg string, suiteErr error) *report {
@@ -183,7 +184,9 @@ var (
 func (r *report) checkTargets() []target {
 	var ts []target
 	paired := func(g gate, driver, name string) {
-		ts = append(ts, r.pairedTarget(g, driver, name, "x-base"))
+		t := r.pairedTarget(g, driver, name, "x-base")
+		t.drv = name[strings.LastIndexByte(name, '/')+1:]
+		ts = append(ts, t)
 	}
 	for _, d := range pgDrivers {
 		paired(tryGate, d.label, "BenchmarkPaired/trylock_release_vs_raw_literal/"+d.id)
@@ -358,36 +361,45 @@ func (r *report) writeTargets(w func(string, ...any)) {
 		w("| %s | %s | %s | %s | %s | %s |\n", mark(t.met), t.what, t.driver, t.measured, t.unpinned, t.limit)
 	}
 	w("\n")
-	written := map[string]bool{}
+	written := 0
 	for _, t := range r.targets {
-		if t.met == nil || *t.met || written[t.what] {
+		if t.met == nil || *t.met {
 			continue
 		}
-		if why := missWhy(t.what); why != "" {
-			if len(written) == 0 {
+		if why := r.missWhy(t.what, t.drv); why != "" {
+			if written == 0 {
 				w("### Misses, and why\n\n")
 			}
-			written[t.what] = true
-			w("- **%s**: %s\n", t.what, why)
+			written++
+			w("- **%s**, %s: %s\n", t.what, t.driver, why)
 		}
 	}
-	if len(written) > 0 {
+	if written > 0 {
 		w("\n")
 	}
 }
 
-// missWhy explains a gate that was missed, from what the decomposition
-// rows of the paired table showed; "" where there is nothing known to say.
-func missWhy(what string) string {
+// missWhy explains a gate missed on driver drv, from what the
+// decomposition rows of the paired table showed; "" where there is
+// nothing known to say.
+func (r *report) missWhy(what, drv string) string {
+	pair := func(op, base string) string {
+		v, ok := r.res.median("BenchmarkPaired/"+op+"_vs_"+base+"/"+drv, "x-base")
+		if !ok {
+			return "–"
+		}
+		return ratio(v)
+	}
 	switch what {
 	case tryGateWhat:
-		return "on top of the bare statements, `TryLock`+`Release` checks a connection out of the pool and back (`raw_pool` vs `raw_literal`) and bounds the release by the release timeout. " +
+		return "on top of the bare statements, `TryLock`+`Release` checks a connection out of the pool and back (" + pair("raw_pool", "raw_literal") + ") and bounds the release by the release timeout. " +
 			"On lib/pq the bound is a goroutine per release that the caller can abandon on a dead network (lib/pq cannot end a read when a context ends, lib/pq#620): " +
-			"its cost is `raw_pool_ask_nowatch` vs `raw_pool`, and what the library adds beyond that hand-written floor is `TryLock`+`Release` vs `raw_pool_ask_nowatch` (see the paired table). " +
-			"A long-lived worker goroutine instead of a fresh one saves part of it (`raw_pool_worker` vs `raw_pool_ask_nowatch`), but it would outlive the Guard that started it."
+			"that goroutine costs " + pair("raw_pool_ask_nowatch", "raw_pool") + ", so the hand-written floor of a release a dead network cannot hold is " + pair("raw_pool_ask_nowatch", "raw_literal") +
+			" the bare statements before any library code; the library adds " + pair("trylock_release", "raw_pool_ask_nowatch") + " to that floor. " +
+			"A long-lived worker goroutine instead of a fresh one per release measures " + pair("raw_pool_worker", "raw_pool_ask_nowatch") + " of the fresh one (the cost is mostly the hop between goroutines, not starting one), and would outlive the Guard that started it."
 	case handoffGateWhat:
-		return "on lib/pq the waiter's statement is bounded by a goroutine of ours (a dead network) and keeps its context for lib/pq (a cancelled wait must leave the server's lock queue at once), " +
-			"so the grant reaches the caller through two goroutines more than the bare statement's; the holder's release crosses one."
+		return "the waiter's statement runs in a goroutine of ours (a dead network must not hold the caller), lib/pq watches its context in a second (a cancelled wait must leave the server's lock queue at once, so the wait keeps its context) " +
+			"and database/sql watches the row's context in a third: the grant reaches the caller through hops the bare statement does not make, and the holder's release crosses one more (see the `TryLock`+`Release` gate)."
 	case sqliteLock.what, sqliteLease.what, sqliteHand.what:
 		return "each statement commits a write transaction bound by the disk's sync on a shared machine; the library's release also runs on a bounded context of its own."
 	case leaseGate.what:
@@ -460,6 +472,7 @@ func (r *report) num(name, unit, format string) string {
 var pairedRows = []struct{ op, base, label string }{
 	{"trylock_release", "raw_literal", "**`TryLock`+`Release`** vs the bare statements (literal keys, pinned connection) — **the gate**"},
 	{"trydo", "raw_literal", "`TryDo` vs the bare statements"},
+	{"raw_pool_ask_nowatch", "raw_literal", "the floor of a release that a dead network cannot hold (pool checkout, unlock in an abandonable goroutine) vs the bare statements"},
 	{"raw_literal", "select1_pinned", "context: the bare statements vs `SELECT 1`"},
 	{"raw_pool", "raw_literal", "cost of the pool checkout: `raw_pool` vs `raw_literal`"},
 	{"raw_pool_bounded", "raw_pool", "cost of a bounded release context (lib/pq: its cancel watcher goroutine): `raw_pool_bounded` vs `raw_pool`"},

@@ -31,9 +31,10 @@ var pgRows = []opRow{
 	{"raw_pool_worker", "raw: as above, the unlock handed to one long-lived worker goroutine instead of a fresh one", "session"},
 	{"trylock_release", "**advisorylock `TryLock` + `Release`** (pool checkout included)", "session"},
 	{"trylock_release_nokeepalive", "advisorylock `TryLock` + `Release`, `WithKeepAlive(0)`", "session"},
-	{"trylock_release_otel", "advisorylock `TryLock` + `Release`, OpenTelemetry observer", "session"},
-	{"trylock_release_prom", "advisorylock `TryLock` + `Release`, Prometheus observer", "session"},
-	{"trylock_release_otel_traced", "advisorylock `TryLock` + `Release`, OpenTelemetry observer in a recording span", "session"},
+	{"trylock_release_noop", "advisorylock `TryLock` + `Release`, `WithObserver(NoopObserver{})`", "session"},
+	{"trylock_release_prom", "advisorylock `TryLock` + `Release`, observed by `advisorylockprom`", "session"},
+	{"trylock_release_otel", "advisorylock `TryLock` + `Release`, observed by `advisorylockotel` (SDK, metrics)", "session"},
+	{"trylock_release_otel_traced", "advisorylock `TryLock` + `Release`, observed by `advisorylockotel` in a trace (metrics and two spans)", "session"},
 	{"trydo", "**advisorylock `TryDo`** (no-op fn)", "session"},
 	{"lock_release", "advisorylock `Lock` + `Release`, uncontended", "session"},
 	{"goose_session", "peer: goose v3 session locker, lock + unlock (pinned)", "session"},
@@ -547,9 +548,10 @@ func (r *report) writeHandoffPaired(w func(string, ...any)) {
 // observerOps are the per-op rows of TryLock+Release with an Observer
 // (benchmarks/observer_test.go), when the run has them.
 var observerOps = []struct{ op, label string }{
-	{"trylock_release_otel", "OpenTelemetry observer (SDK, manual reader)"},
-	{"trylock_release_prom", "Prometheus observer"},
-	{"trylock_release_otel_traced", "OpenTelemetry observer inside a recording span"},
+	{"trylock_release_noop", "cost of the observer's call sites: no-op `Observer` vs none"},
+	{"trylock_release_prom", "observed by Prometheus vs not observed"},
+	{"trylock_release_otel", "observed by OpenTelemetry (metrics) vs not observed"},
+	{"trylock_release_otel_traced", "observed by OpenTelemetry in a trace vs not observed"},
 }
 
 // writeObserver shows what an Observer costs: TryLock+Release with each

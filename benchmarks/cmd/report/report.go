@@ -572,7 +572,7 @@ func (r *report) writeObserver(w func(string, ...any)) {
 		return
 	}
 	w("## Observer\n\n")
-	w("`TryLock`+`Release` with an Observer, paired with the same without one (allocations per op of the pair, both operations):\n\n")
+	w("`TryLock`+`Release` with an Observer, paired with the same without one (allocations per op are in the per-op tables above):\n\n")
 	w("| observer | driver | with p50 | without p50 | ratio | unpinned ratio |\n|---|---|---:|---:|---:|---:|\n")
 	for _, o := range observerOps {
 		for _, d := range pgDrivers {
@@ -580,7 +580,7 @@ func (r *report) writeObserver(w func(string, ...any)) {
 		}
 	}
 	w("\nThe observer's own cost per event sequence, without a database, and as a share of a pinned `TryLock`+`Release` (p50):\n\n")
-	w("| event sequence / observer | ns/op | B/op | allocs/op | × lib/pq `TryLock`+`Release` | × pgx |\n|---|---:|---:|---:|---:|---:|\n")
+	w("| event sequence / observer | ns/op | B/op | allocs/op | share of lib/pq `TryLock`+`Release` | share of pgx's |\n|---|---:|---:|---:|---:|---:|\n")
 	pq, pqok := r.ns(pgName("trylock_release", "pq"))
 	pgx, pgxok := r.ns(pgName("trylock_release", "pgx"))
 	for _, name := range events {
@@ -606,6 +606,8 @@ func (r *report) writeMySQL(w func(string, ...any)) {
 		w("Not measured in this run (no benchmark names MySQL).\n\n")
 		return
 	}
+	w("From `benchmarks/mysql_test.go`, in the group \"other benchmarks\": the benchmarks ran on the client CPUs; the MySQL/MariaDB server is not pinned. ")
+	w("The gates above use the paired results (`x-base`) whose names mention trylock or handoff.\n\n")
 	r.writeMetrics(w, names)
 }
 

@@ -357,7 +357,11 @@ func (r *report) writeTargets(w func(string, ...any)) {
 		w("**Nothing could be pinned in this run** (see \"CPU pinning\" below): the verdicts use unpinned paired ratios. ")
 	}
 	w("Allocations are reported in the tables below, not gated; `SELECT 1` is shown as context.\n\n")
-	w("| | gate | driver | pinned | unpinned | limit |\n|---|---|---|---|---|---|\n")
+	first := "pinned"
+	if !r.pinned {
+		first = "measured (not pinned)"
+	}
+	w("| | gate | driver | %s | unpinned | limit |\n|---|---|---|---|---|---|\n", first)
 	for _, t := range r.targets {
 		w("| %s | %s | %s | %s | %s | %s |\n", mark(t.met), t.what, t.driver, t.measured, t.unpinned, t.limit)
 	}

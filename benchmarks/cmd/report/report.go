@@ -226,7 +226,7 @@ func (r *report) pairedTarget(g gate, driver, name, unit string) target {
 	t := target{what: g.what, driver: driver, limit: g.limit, measured: "not measured", unpinned: "–"}
 	if v, ok := r.res.median(name, unit); ok {
 		met := g.met(v)
-		t.met, t.measured = &met, fine(v, g.bound)
+		t.met, t.measured = &met, fine(v, g.bound)+r.res.spread(name, unit)
 	}
 	if v, ok := r.unp.median(name, unit); ok {
 		t.unpinned = fine(v, g.bound)

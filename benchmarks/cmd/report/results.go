@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"regexp"
 	"slices"
@@ -94,6 +95,16 @@ func (r *results) median(name, unit string) (float64, bool) {
 		return s[n/2], true
 	}
 	return (s[n/2-1] + s[n/2]) / 2, true
+}
+
+// spread describes the range of name's values in unit when there are
+// several (one a pass): " (1.02–1.13× over 5 passes)".
+func (r *results) spread(name, unit string) string {
+	vs := r.vals[name][unit]
+	if len(vs) < 2 {
+		return ""
+	}
+	return fmt.Sprintf(" (%.2f–%.2f× over %d passes)", slices.Min(vs), slices.Max(vs), len(vs))
 }
 
 // unseen returns the names the report has not looked up, sorted.

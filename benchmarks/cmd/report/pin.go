@@ -85,7 +85,7 @@ func pinServer(dsn string) *pinning {
 	if n := runtime.NumCPU(); n > 2 {
 		others = fmt.Sprintf("CPUs 1–%d", n-1)
 	}
-	p.desc = "PostgreSQL's processes on CPU 0, the benchmarks on " + others + " (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time); the gating groups run again unpinned"
+	p.desc = "PostgreSQL's processes on CPU 0, the benchmarks on " + others + " (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time); the uncontended operations and the gating pairs run again unpinned"
 	return p
 }
 

@@ -430,7 +430,7 @@ func (r *report) writeMachine(w func(string, ...any)) {
 
 func (r *report) writeOps(w func(string, ...any), drv, label string) {
 	w("## Uncontended operations — %s\n\n", label)
-	w("| operation | p50 | mean | × `SELECT 1` | × best peer | round trips | B/op | allocs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| operation | p50 | mean | × `SELECT 1` | × best peer | unpinned p50 | round trips | B/op | allocs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, row := range pgRows {
 		drvs := []string{drv}
 		if drv == "pq" && row.op == "raw_param" {
@@ -458,11 +458,20 @@ func (r *report) writeOps(w func(string, ...any), drv, label string) {
 				unitCol = ratio(v / unit)
 			}
 			mean, _ := r.res.median(name, "ns/op")
-			w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, dur(v), dur(mean), unitCol, peerCol,
+			w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label, dur(v), dur(mean), unitCol, peerCol, r.unpinnedP50(name),
 				r.num("BenchmarkRoundTrips/"+row.op+"/"+d, "rt/op", "%.1f"), r.num(name, "B/op", "%.0f"), r.num(name, "allocs/op", "%.0f"))
 		}
 	}
 	w("\n")
+}
+
+// unpinnedP50 is name's median iteration in the unpinned phase, or "–".
+func (r *report) unpinnedP50(name string) string {
+	v, ok := r.unp.median(name, "p50-ns")
+	if !ok {
+		return "–"
+	}
+	return dur(v)
 }
 
 func (r *report) num(name, unit, format string) string {
@@ -657,7 +666,7 @@ func (r *report) writeMetrics(w func(string, ...any), names []string) {
 
 func (r *report) writeSQLite(w func(string, ...any)) {
 	w("## Uncontended operations — SQLite\n\n")
-	w("| operation | p50 | mean | × `SELECT 1` | × raw floor | B/op | allocs/op |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	w("| operation | p50 | mean | × `SELECT 1` | × raw floor | unpinned p50 | B/op | allocs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	unit, uok := r.ns("BenchmarkSQLite/select1")
 	for _, row := range sqliteRows {
 		name := "BenchmarkSQLite/" + row.op
@@ -673,7 +682,7 @@ func (r *report) writeSQLite(w func(string, ...any)) {
 			floorCol = ratio(v / f)
 		}
 		mean, _ := r.res.median(name, "ns/op")
-		w("| %s | %s | %s | %s | %s | %s | %s |\n", row.label, dur(v), dur(mean), unitCol, floorCol, r.num(name, "B/op", "%.0f"), r.num(name, "allocs/op", "%.0f"))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.label, dur(v), dur(mean), unitCol, floorCol, r.unpinnedP50(name), r.num(name, "B/op", "%.0f"), r.num(name, "allocs/op", "%.0f"))
 	}
 	w("\nEach acquire and release commits a write transaction, so these are bound by the disk's sync, not by SQL.\n\n")
 }

@@ -312,7 +312,7 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 		tctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
 		defer cancel()
 	}
-	res, err := ask(tctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(tctx, s.p.conn, l.key) })
+	res, err := ask(tctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(s.p.quiet(tctx), s.p.conn, l.key) })
 	if wait && err == nil && !res.OK {
 		res, err = l.waitSession(ctx, budget, s.locker, &s.p)
 	}

@@ -188,7 +188,7 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		s.p.discard(DiscardLost, why)
 		return nil
 	}
-	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.UnlockSession(ctx, s.p.conn, s.key) })
+	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.UnlockSession(s.p.quiet(ctx), s.p.conn, s.key) })
 	switch {
 	case err != nil:
 		s.p.discard(DiscardError, err)
@@ -226,7 +226,7 @@ func (s *sessionHold) check() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
-	held, err := ask(ctx, &s.p, func() (bool, error) { return s.locker.HoldsSession(ctx, s.p.conn, s.key) })
+	held, err := ask(ctx, &s.p, func() (bool, error) { return s.locker.HoldsSession(s.p.quiet(ctx), s.p.conn, s.key) })
 	timedOut := ctx.Err() != nil
 	cancel()
 	if err == nil && held {
@@ -296,6 +296,24 @@ func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, erro
 		p.abandoned.Store(true)
 		p.obs.discarded(DiscardNoAnswer, context.Cause(ctx))
 	}, func(T) { discard(p.conn) })
+}
+
+// quiet returns the context to give the driver for a statement of p's
+// connection that never waits in the server (a try, an unlock, a
+// keep-alive check), run through ask under ctx. Where ask bounds the
+// statement itself (p.bounded), that is ctx without its end: lib/pq would
+// otherwise start a goroutine of its own for every statement whose
+// context can end, to send a cancel request that a dead network does not
+// deliver, and on a loaded machine that goroutine costs as much as a
+// quarter of a round trip. ask still returns to the caller when ctx ends
+// (and answerGrace more) and discards the connection once the statement
+// returns. Waits keep ctx, so that a cancelled wait leaves the server's
+// lock queue at once.
+func (p *pinned) quiet(ctx context.Context) context.Context {
+	if p.bounded {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
 }
 
 // answerGrace is how long within still waits, once ctx ended, for a

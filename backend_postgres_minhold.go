@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -46,13 +48,14 @@ const (
 	// CASE orders the steps, so pg_try_advisory_lock is never called
 	// while a window is open; a grant records its window; and a grant
 	// whose window cannot be recorded (a window committed meanwhile) is
-	// unlocked again before the statement returns. A row means acquired.
+	// unlocked again before the statement returns. A row means acquired;
+	// it holds the session's dead-holder marker (see forLock).
 	pgTryLockWindow = `WITH win AS (
 	SELECT EXISTS (SELECT FROM advisorylock_windows WHERE key = $1::bigint AND taken_until > now()) AS open
 ), taken AS (
 	SELECT CASE WHEN win.open THEN false ELSE pg_try_advisory_lock($1::bigint) END AS ok FROM win
 ), recorded AS (` + pgRecordWindow + `)
-SELECT FROM taken
+SELECT coalesce(current_setting('advisorylock.dead_holder', true), '') FROM taken
 WHERE CASE WHEN NOT taken.ok THEN false WHEN EXISTS (SELECT FROM recorded) THEN true ELSE NOT pg_advisory_unlock($1::bigint) END`
 
 	// pgClaimWindow records the window of a lock the session holds (a
@@ -96,24 +99,45 @@ func (p *postgres) PrepareWindows(ctx context.Context, db DB) error {
 		if _, err := p.queryRow(ctx, db, pgWindowsExist, nil, &exist); err != nil || exist {
 			return struct{}{}, err
 		}
-		return struct{}{}, p.bound(ctx, func() error { return createPostgresTables(ctx, db) })
+		return struct{}{}, p.bound(ctx, func() error { return upgradePostgresSchema(ctx, db) })
 	})
 	return err
 }
 
 // TryLockSessionFor takes key unless a window is open, and records the
-// grant's window, in one statement (see pgTryLockWindow).
+// grant's window, in one statement (see pgTryLockWindow). A grant on a
+// session that lacks the Lock's dead-holder settings (see forLock) sends
+// them, one more round trip, once per session. On a hot standby the
+// window's write fails: that is an error matching ErrUnsupported.
 func (p *postgres) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
 	q, args, err := p.statement(pgTryLockWindow, key, name, ttlMillis(window))
 	if err != nil {
 		return SessionResult{}, err
 	}
-	res, err := conn.ExecContext(ctx, q, args...)
-	if err != nil {
-		return SessionResult{}, err
+	var marker string
+	err = conn.QueryRowContext(ctx, q, args...).Scan(&marker)
+	if errors.Is(err, sql.ErrNoRows) {
+		return SessionResult{}, p.noRowAnswers(ctx)
 	}
-	n, err := res.RowsAffected()
-	return SessionResult{OK: n == 1}, err
+	if err != nil {
+		return SessionResult{}, p.onStandby(ctx, conn, err)
+	}
+	if p.deadHolder != "" && (marker == "" || !strings.Contains(p.deadHolder, "'advisorylock.dead_holder', '"+marker+"'")) {
+		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
+			return SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
+		}
+	}
+	return SessionResult{OK: true}, nil
+}
+
+// noRowAnswers is nil when no row from a session statement is its answer
+// (a miss); when ctx ended it is no answer (see explain), and the guard
+// then discards the connection, which frees whatever was granted.
+func (p *postgres) noRowAnswers(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	return p.explain(ctx, sql.ErrNoRows)
 }
 
 // ClaimWindow records the window of a lock the session was just granted,
@@ -126,7 +150,7 @@ func (p *postgres) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, n
 	var r SessionResult
 	err = conn.QueryRowContext(ctx, q, args...).Scan(&r.Session)
 	if errors.Is(err, sql.ErrNoRows) {
-		return SessionResult{}, nil
+		return SessionResult{}, p.noRowAnswers(ctx)
 	}
 	r.OK = err == nil
 	return r, err

@@ -91,10 +91,10 @@ func checkRowWindows(cfg *config, s LeaseStore) error {
 func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (SessionResult, error) {
 	if b.windows != nil {
 		return ask(ctx, p, func() (SessionResult, error) {
-			return b.windows.TryLockSessionFor(ctx, p.conn, l.key, l.name, l.cfg.minHold)
+			return b.windows.TryLockSessionFor(p.quiet(ctx), p.conn, l.key, l.name, l.cfg.minHold)
 		})
 	}
-	return ask(ctx, p, func() (SessionResult, error) { return b.session.TryLockSession(ctx, p.conn, l.key) })
+	return ask(ctx, p, func() (SessionResult, error) { return b.session.TryLockSession(p.quiet(ctx), p.conn, l.key) })
 }
 
 // waitWindowed is waitSession for a Lock with a window: while a window is
@@ -158,7 +158,7 @@ func askWithin[T any](ctx, budget context.Context, p *pinned, stmt func(ctx cont
 		sctx, cancel = context.WithTimeout(ctx, sliceGrace)
 	}
 	defer cancel()
-	return ask(sctx, p, func() (T, error) { return stmt(sctx) })
+	return ask(sctx, p, func() (T, error) { return stmt(p.quiet(sctx)) })
 }
 
 // sleepWithin sleeps for d, or until budget ends (then false).

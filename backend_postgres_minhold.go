@@ -99,7 +99,16 @@ func (p *postgres) PrepareWindows(ctx context.Context, db DB) error {
 		if _, err := p.queryRow(ctx, db, pgWindowsExist, nil, &exist); err != nil || exist {
 			return struct{}{}, err
 		}
-		return struct{}{}, p.bound(ctx, func() error { return upgradePostgresSchema(ctx, db) })
+		err := p.bound(ctx, func() error { return upgradePostgresSchema(ctx, db) })
+		if err == nil {
+			return struct{}{}, nil
+		}
+		on, done, cerr := statementsOn(ctx, db)
+		if cerr != nil {
+			return struct{}{}, err
+		}
+		defer done()
+		return struct{}{}, p.onStandby(ctx, on, err) // a standby cannot create it
 	})
 	return err
 }

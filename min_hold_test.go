@@ -806,3 +806,51 @@ func TestMinHoldOnSQLiteFollowsTheClock(t *testing.T) {
 		})
 	}
 }
+
+// TestMinHoldPinnedSessionGetsDeadHolderSettings: the windowed try sends
+// the dead-holder settings to a session that lacks them, as the plain try
+// does.
+func TestMinHoldPinnedSessionGetsDeadHolderSettings(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgres(t, drv)
+			db.SetMaxOpenConns(1) // the guard's pinned connection is the pool's only one
+			ctx := context.Background()
+			l := newWindowLock(t, "lock", db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Millisecond), advisorylock.WithDeadHolderTimeout(20*time.Second))
+			for range 2 { // a new session, then one that has the settings
+				waitWindowOver(t, l)
+				release, err := l.try(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := release(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var userTimeout, idle string
+			if err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle')").Scan(&userTimeout, &idle); err != nil {
+				t.Fatal(err)
+			}
+			if userTimeout != "15000" || idle != "5" {
+				t.Fatalf("after a windowed hold the session has tcp_user_timeout=%s tcp_keepalives_idle=%s; want 15000, 5", userTimeout, idle)
+			}
+		})
+	}
+}
+
+// TestMinHoldOnAHotStandbyIsUnsupported: a Lock with WithMinHold on a
+// standby is refused as a plain Lock is.
+func TestMinHoldOnAHotStandbyIsUnsupported(t *testing.T) {
+	primary := testdb.OwnCluster(t)
+	standby := testdb.StandbyOf(t, primary)
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgresDSN(t, drv, standby.DSN)
+			l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second))
+			_, err := l.TryLock(context.Background())
+			if !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "standby") {
+				t.Fatalf("TryLock with WithMinHold on a hot standby = %v, want ErrUnsupported saying hot standby", err)
+			}
+		})
+	}
+}

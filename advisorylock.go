@@ -69,7 +69,8 @@ type Holder struct {
 	Name        string // the lock's name, where the backend stores it
 	Backend     string // "postgres", "sqlite", …
 	Key         int64
-	PID         int          // PostgreSQL backend pid, 0 if unknown
+	PID         int          // PostgreSQL backend pid, MySQL connection id; 0 if unknown
+	User        string       // the holder's database user (MySQL), if known
 	Application string       // application_name, if known
 	ClientAddr  string       // the holder's address, if known
 	Owner       string       // lease owner label, if a lease

@@ -47,42 +47,59 @@ func MySQLDSN(t testing.TB) string {
 	return mysqlShared.dsn
 }
 
-// freshMySQLDatabase creates a database of its own on the server and
-// returns a DSN for it, or why it could not.
+// freshMySQLDatabase creates a database of its own on the server, to be
+// dropped when the test binary ends, and returns a DSN for it, or why it
+// could not.
 func freshMySQLDatabase() (dsn, reason string) {
+	dsn, drop, err := createMySQLDatabase()
+	if err != nil {
+		return "", err.Error()
+	}
+	atTeardown(drop)
+	return dsn, ""
+}
+
+// NewMySQLDatabase creates an empty database on the test server for one
+// test, dropped at t.Cleanup, and returns its DSN.
+func NewMySQLDatabase(t testing.TB) string {
+	t.Helper()
+	MySQLDSN(t) // skips or fails the test when there is no server
+	dsn, drop, err := createMySQLDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	return dsn
+}
+
+func createMySQLDatabase() (dsn string, drop func(), err error) {
 	server := os.Getenv(EnvMySQL)
 	if server == "" {
 		server = defaultMySQL
 	}
 	cfg, err := mysql.ParseDSN(server)
 	if err != nil {
-		return "", fmt.Sprintf("testdb: %s: %v", EnvMySQL, err)
+		return "", nil, fmt.Errorf("testdb: %s: %w", EnvMySQL, err)
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	name := fmt.Sprintf("advisorylock_%d_%s", os.Getpid(), hex.EncodeToString(b[:]))
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		return "", "testdb: no MySQL for tests: " + err.Error()
-	}
-	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		return "", fmt.Sprintf("testdb: no MySQL for tests at %s (%s unset or wrong): %v", cfg.Addr, EnvMySQL, err)
-	}
-	atTeardown(func() {
+	exec := func(stmt string) error {
 		db, err := sql.Open("mysql", cfg.FormatDSN())
 		if err != nil {
-			return
+			return err
 		}
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, _ = db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
-	})
+		_, err = db.ExecContext(ctx, stmt)
+		return err
+	}
+	if err := exec("CREATE DATABASE " + name); err != nil {
+		return "", nil, fmt.Errorf("testdb: no MySQL for tests at %s (%s unset or wrong): %w", cfg.Addr, EnvMySQL, err)
+	}
 	cfg.DBName = name
-	return cfg.FormatDSN(), ""
+	return cfg.FormatDSN(), func() { _ = exec("DROP DATABASE IF EXISTS " + name) }, nil
 }
 
 // MySQLAddr returns the "host:port" of a go-sql-driver DSN.
@@ -151,6 +168,12 @@ func MySQLLockHolder(t testing.TB, db *sql.DB, name string) int64 {
 		t.Fatalf("testdb: IS_USED_LOCK: %v", err)
 	}
 	return id.Int64
+}
+
+// NewMySQLCounter is NewCounter in a MySQL or MariaDB database.
+func NewMySQLCounter(t testing.TB, db *sql.DB) *Counter {
+	t.Helper()
+	return newCounter(t, db, &Counter{MySQL: true})
 }
 
 // NewMySQLProxy is NewProxy for the MySQL protocol: RoundTrips counts the

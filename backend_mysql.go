@@ -452,18 +452,15 @@ func createMySQLTables(ctx context.Context, db DB) error {
 	return nil
 }
 
-// mysqlRun runs stmt on db itself where db runs statements (*sql.DB,
-// *sqlx.DB), else on a connection checked out of it.
+// mysqlRun runs stmt where statements that hold no lock run (see
+// statementsOn).
 func mysqlRun(ctx context.Context, db DB, stmt func(q querier) error) error {
-	if q, ok := db.(querier); ok {
-		return unreachable(stmt(q))
-	}
-	conn, err := takeConn(ctx, db)
+	q, done, err := statementsOn(ctx, db)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	return unreachable(stmt(conn))
+	defer done()
+	return unreachable(stmt(q))
 }
 
 // MySQL error numbers the lease statements act on.

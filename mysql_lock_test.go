@@ -415,12 +415,6 @@ func TestMySQLPartitionBoundsEveryStatement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	warm, err := newLock(t, db, testdb.UniqueName(t)).TryLock(ctx) // leaves a warm connection in the pool
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustRelease(t, warm)
-
 	proxy.Cut()
 	start := time.Now()
 	select {
@@ -429,6 +423,13 @@ func TestMySQLPartitionBoundsEveryStatement(t *testing.T) {
 		t.Fatal("Lost() did not close during the cut")
 	}
 	t.Logf("lost after %v", time.Since(start))
+	start = time.Now()
+	tctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = late.TryLock(tctx)
+	cancel()
+	if err == nil || time.Since(start) > 3*time.Second {
+		t.Fatalf("TryLock with a 500ms context through a cut network = %v after %v", err, time.Since(start))
+	}
 	start = time.Now()
 	_, err = late.LockTimeout(ctx, 500*time.Millisecond)
 	if err == nil {

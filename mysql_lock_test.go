@@ -111,15 +111,24 @@ func TestMySQLLockWaitsServerSideAndHandsOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	waiter := newLock(t, dbB, name)
+	if err := waiter.Check(ctx); err != nil { // the first-use checks, done before counting
+		t.Fatal(err)
+	}
 	proxy.ResetCount()
-	got := make(chan *advisorylock.Guard, 1)
+	type result struct {
+		g   *advisorylock.Guard
+		err error
+	}
+	got := make(chan result, 1)
 	go func() {
 		g, err := waiter.Lock(ctx)
-		if err != nil {
-			t.Errorf("Lock: %v", err)
-		}
-		got <- g
+		got <- result{g, err}
 	}()
+	t.Cleanup(func() {
+		if r := <-got; r.g != nil {
+			_ = r.g.Release(ctx)
+		}
+	})
 	// Wait until at least two slices have passed: three statements (a try
 	// and two waits) at the least.
 	testdb.WaitFor(t, wait, func() bool { return proxy.RoundTrips() >= 3 }, "the waiter sent %d statements", proxy.RoundTrips())
@@ -131,17 +140,9 @@ func TestMySQLLockWaitsServerSideAndHandsOff(t *testing.T) {
 	}
 	released := time.Now()
 	mustRelease(t, g)
-	var g2 *advisorylock.Guard
-	select {
-	case g2 = <-got:
-	case <-time.After(wait):
-		t.Fatal("the waiter never got the lock")
-	}
+	testdb.WaitFor(t, wait, func() bool { return mysqlHolder(t, dbA, name) != 0 }, "the waiter never got the lock")
 	if d := time.Since(released); d > 2*time.Second {
 		t.Errorf("handoff took %v, want about one round trip", d)
-	}
-	if g2 != nil {
-		mustRelease(t, g2)
 	}
 }
 
@@ -155,6 +156,9 @@ func TestMySQLLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) 
 	}
 	defer mustRelease(t, g)
 	l := newLock(t, dbB, name)
+	if err := l.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
 	open := dbB.Stats().OpenConnections
 	for _, d := range []time.Duration{0, -time.Second, 300 * time.Millisecond, 1300 * time.Millisecond} {
 		start := time.Now()
@@ -181,6 +185,9 @@ func TestMySQLCancelledWaitLeavesNoLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	waiter := newLock(t, dbB, name)
+	if err := waiter.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
 	open := dbB.Stats().OpenConnections
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -361,6 +368,9 @@ func TestMySQLEachStepIsOneRoundTrip(t *testing.T) {
 	}
 	name := testdb.UniqueName(t)
 	l := newLock(t, db, name)
+	if err := l.Check(ctx); err != nil { // first-use checks, once per *sql.DB
+		t.Fatal(err)
+	}
 	var g *advisorylock.Guard
 	for _, acquire := range []struct {
 		name string

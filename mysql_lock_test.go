@@ -9,12 +9,14 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/go-sql-driver/mysql"
@@ -539,5 +541,48 @@ func TestSessionLockerPlugsInOnMariaDB(t *testing.T) {
 	defer b.mu.Unlock()
 	if b.calls["try"] != 2 || b.calls["wait"] < 1 || b.calls["unlock"] != 1 {
 		t.Fatalf("calls = %v; want 2 tries, at least 1 wait, 1 unlock", b.calls)
+	}
+}
+
+// A Galera node is refused at the first operation (go-sqlmock stands in
+// for the cluster, which cannot run here); RELEASE_LOCK's 0 and NULL
+// answers are told apart.
+func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
+	ctx := context.Background()
+	db, mock, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l := newLock(t, db, "galera", advisorylock.WithBackend(advisorylock.MySQL()))
+	mock.ExpectQuery("SELECT @@version").WillReturnRows(sqlmock.NewRows([]string{"v"}).AddRow("10.11.6-MariaDB"))
+	mock.ExpectQuery("SHOW GLOBAL VARIABLES").WillReturnRows(sqlmock.NewRows([]string{"n", "v"}).AddRow("wsrep_on", "ON"))
+	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "Galera") {
+		t.Fatalf("TryLock on a Galera node = %v, want ErrUnsupported naming Galera", err)
+	}
+
+	var logs syncBuffer
+	m := newLock(t, db, "release", advisorylock.WithBackend(advisorylock.MySQL()), advisorylock.WithServerChecks(false),
+		advisorylock.WithKeepAlive(0), advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	for _, tc := range []struct {
+		answer  driver.Value
+		wantErr error
+	}{{nil, nil}, {int64(0), advisorylock.ErrTransactionPooler}} {
+		mock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id"}).AddRow(int64(1), int64(7)))
+		mock.ExpectQuery("SELECT RELEASE_LOCK").WillReturnRows(sqlmock.NewRows([]string{"released", "id", "holder"}).AddRow(tc.answer, int64(7), int64(9)))
+		g, err := m.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = g.Release(ctx)
+		if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+			t.Fatalf("Release when RELEASE_LOCK answers %v = %v, want %v", tc.answer, err, tc.wantErr)
+		}
+	}
+	if !strings.Contains(logs.String(), "not held by its session") {
+		t.Fatalf("RELEASE_LOCK NULL logged %q, want a warning", logs.String())
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -112,6 +112,9 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 }
 
 func open(dsn string) (*database, error) {
+	if d, ok, err := openMySQL(dsn); ok {
+		return d, err
+	}
 	scheme, rest, _ := strings.Cut(dsn, "://")
 	switch {
 	case strings.EqualFold(scheme, "postgres"), strings.EqualFold(scheme, "postgresql"):

@@ -474,7 +474,7 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 		"host=127.0.0.1 port=" + port + " user=u password=" + secret + " dbname=db sslmode=disable": exitUnavailable,
 		"host=127.0.0.1 port=" + port + " password='" + secret + " x' dbname=db":                    exitUnavailable,
 		"postgres://lockuser:" + secret + "@127.0.0.1:notaport/db":                                  exitConfig,
-		"mysql://lockuser:" + secret + "@127.0.0.1:" + port + "/db":                                 exitConfig,
+		"mysql://lockuser:" + secret + "@127.0.0.1:" + port + "/db":                                 exitUnavailable,
 		"redis://:" + secret + "@cache:6379":                                                        exitConfig,
 	}
 	for dsn, want := range dsns {

@@ -155,35 +155,40 @@ func BenchmarkPaired(b *testing.B) {
 				db := openPG(b, drv, dsn, 4)
 				warm(b, db, 3)
 				e := pgEnv{drv: drv, dsn: dsn, db: db}
-				base, op := ops[pair.base].setup(b, e), ops[pair.op].setup(b, e)
-				ctx := context.Background()
-				baseLat, opLat := make([]time.Duration, b.N), make([]time.Duration, b.N)
-				timed := func(step func(context.Context) error, into *time.Duration) {
-					t := time.Now()
-					if err := step(ctx); err != nil {
-						b.Fatal(err)
-					}
-					*into = time.Since(t)
-				}
-				b.ReportAllocs()
-				b.ResetTimer()
-				for i := range b.N {
-					if i%2 == 0 {
-						timed(base, &baseLat[i])
-						timed(op, &opLat[i])
-					} else {
-						timed(op, &opLat[i])
-						timed(base, &baseLat[i])
-					}
-				}
-				b.StopTimer()
-				bm, om := median(baseLat), median(opLat)
-				b.ReportMetric(float64(bm), "base-p50-ns")
-				b.ReportMetric(float64(om), "op-p50-ns")
-				b.ReportMetric(float64(om)/float64(bm), "x-base")
+				runPaired(b, ops[pair.base].setup(b, e), ops[pair.op].setup(b, e))
 			})
 		}
 	}
+}
+
+// runPaired alternates base and op for b.N iterations each and reports
+// their medians and ratio (see BenchmarkPaired).
+func runPaired(b *testing.B, base, op func(ctx context.Context) error) {
+	ctx := context.Background()
+	baseLat, opLat := make([]time.Duration, b.N), make([]time.Duration, b.N)
+	timed := func(step func(context.Context) error, into *time.Duration) {
+		t := time.Now()
+		if err := step(ctx); err != nil {
+			b.Fatal(err)
+		}
+		*into = time.Since(t)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			timed(base, &baseLat[i])
+			timed(op, &opLat[i])
+		} else {
+			timed(op, &opLat[i])
+			timed(base, &baseLat[i])
+		}
+	}
+	b.StopTimer()
+	bm, om := median(baseLat), median(opLat)
+	b.ReportMetric(float64(bm), "base-p50-ns")
+	b.ReportMetric(float64(om), "op-p50-ns")
+	b.ReportMetric(float64(om)/float64(bm), "x-base")
 }
 
 func setupSelect1Pinned(b *testing.B, e pgEnv) func(ctx context.Context) error {

@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -26,7 +27,8 @@ import (
 // Holder then reports the connection id alone.
 //
 // A LeaseLock is a row in advisorylock_leases and a Fence a row in
-// advisorylock_fences (InnoDB), with every lease time taken from the
+// advisorylock_fences (InnoDB, keyed by the SHA-256 of the name, so a
+// name of any length is kept byte for byte), with every lease time taken from the
 // database clock in UTC (UTC_TIMESTAMP(6)), so sessions with different
 // time zones agree. A grant's token is the larger of the name's previous
 // token plus one and the database clock in microseconds since 1970: it
@@ -215,25 +217,25 @@ func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Hol
 // ---------------------------------------------------------------------------
 // Leases and fences: the LeaseStore half of the MySQL backend.
 
-// mysqlTables is the DDL of the lease and fence tables. Names are
-// VARBINARY so that they compare byte for byte (MySQL's default collations
-// ignore case and trailing spaces); times are UTC.
+// mysqlTables is the DDL of the lease and fence tables. A name of any
+// length is kept byte for byte (MySQL's default collations ignore case
+// and trailing spaces) in a BLOB; the key is its SHA-256, since an InnoDB
+// key holds at most 3072 bytes. Times are UTC.
 var mysqlTables = []string{
 	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
-	name        VARBINARY(1024) NOT NULL PRIMARY KEY,
+	name_hash   BINARY(32)  NOT NULL PRIMARY KEY, -- SHA-256 of name
+	name        MEDIUMBLOB  NOT NULL,
 	owner       VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, -- NULL when free
 	generation  BIGINT      NOT NULL, -- the fencing token of the latest grant
 	acquired_at DATETIME(6) NOT NULL, -- UTC
 	expires_at  DATETIME(6) NOT NULL  -- UTC
 ) ENGINE=InnoDB`,
 	`CREATE TABLE IF NOT EXISTS advisorylock_fences (
-	resource VARBINARY(1024) NOT NULL PRIMARY KEY,
-	token    BIGINT NOT NULL -- the highest token admitted
+	resource_hash BINARY(32) NOT NULL PRIMARY KEY, -- SHA-256 of resource
+	resource      MEDIUMBLOB NOT NULL,
+	token         BIGINT     NOT NULL -- the highest token admitted
 ) ENGINE=InnoDB`,
 }
-
-// mysqlMaxName is the longest lease name or fence resource, in bytes.
-const mysqlMaxName = 1024
 
 // Schema returns the DDL of advisorylock_leases and advisorylock_fences.
 // MySQL's Lock needs no table.
@@ -255,6 +257,12 @@ func mysqlHex(s string) string {
 	return "X'" + hex.EncodeToString([]byte(s)) + "'"
 }
 
+// mysqlHash writes the key of a name: its SHA-256, as a hex literal.
+func mysqlHash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return "X'" + hex.EncodeToString(sum[:]) + "'"
+}
+
 // mysqlExpires is now plus the lease's TTL.
 func mysqlExpires(ttl time.Duration) string {
 	return "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(ttlMillis(ttl)*1000, 10) + " MICROSECOND"
@@ -266,9 +274,6 @@ var errMySQLNoLockRows = fmt.Errorf("%w: a MySQL Lock is a session lock, not a l
 func checkLeaseName(r LeaseRequest) error {
 	if r.Kind != KindLease {
 		return errMySQLNoLockRows
-	}
-	if len(r.Name) > mysqlMaxName {
-		return fmt.Errorf("%w: a MySQL lease name is at most %d bytes", ErrUnsupported, mysqlMaxName)
 	}
 	return nil
 }
@@ -286,8 +291,8 @@ func (m mysqlBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (
 		return LeaseGrant{}, err
 	}
 	owner, expires := mysqlHex(r.Owner), mysqlExpires(r.TTL)
-	stmt := `INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
-VALUES (` + mysqlHex(r.Name) + `, ` + owner + `, LAST_INSERT_ID(` + mysqlNowMicros + `), UTC_TIMESTAMP(6), ` + expires + `)
+	stmt := `INSERT INTO advisorylock_leases (name_hash, name, owner, generation, acquired_at, expires_at)
+VALUES (` + mysqlHash(r.Name) + `, ` + mysqlHex(r.Name) + `, ` + owner + `, LAST_INSERT_ID(` + mysqlNowMicros + `), UTC_TIMESTAMP(6), ` + expires + `)
 ON DUPLICATE KEY UPDATE
 	owner = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), ` + owner + `, owner),
 	generation = IF(owner = ` + owner + `, LAST_INSERT_ID(GREATEST(generation + 1, ` + mysqlNowMicros + `)), generation + LAST_INSERT_ID(0)),
@@ -307,7 +312,7 @@ func (m mysqlBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Le
 		return LeaseGrant{}, err
 	}
 	stmt := `UPDATE advisorylock_leases SET expires_at = ` + mysqlExpires(r.TTL) + `, generation = LAST_INSERT_ID(generation)
-WHERE name = ` + mysqlHex(r.Name) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND generation = ` + strconv.FormatInt(r.Token.Int64(), 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
+WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND generation = ` + strconv.FormatInt(r.Token.Int64(), 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
 	token, err := m.execToken(ctx, db, stmt)
 	if err == nil && FencingToken(token) != r.Token {
 		err = fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
@@ -349,7 +354,7 @@ func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) err
 	if r.Token == 0 {
 		which = "owner = " + mysqlHex(r.Owner)
 	}
-	stmt := "UPDATE advisorylock_leases SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE name = " + mysqlHex(r.Name) + " AND " + which
+	stmt := "UPDATE advisorylock_leases SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE name_hash = " + mysqlHash(r.Name) + " AND " + which
 	return mysqlLeaseRun(ctx, db, func(q querier) error {
 		_, err := q.ExecContext(ctx, stmt)
 		return err
@@ -363,7 +368,7 @@ func (m mysqlBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*
 		return nil, err
 	}
 	stmt := `SELECT owner, generation, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)
-FROM advisorylock_leases WHERE name = ` + mysqlHex(r.Name) + ` AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)`
+FROM advisorylock_leases WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)`
 	h := &Holder{Name: r.Name, Backend: m.Name(), Key: r.Key}
 	var gen, since, expires int64
 	err := mysqlLeaseRun(ctx, db, func(q querier) error {
@@ -385,11 +390,8 @@ FROM advisorylock_leases WHERE name = ` + mysqlHex(r.Name) + ` AND owner IS NOT 
 // otherwise it reads the highest and returns a *StaleTokenError. As in
 // AcquireLease, LAST_INSERT_ID reports the outcome: the token, or 0.
 func (mysqlBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
-	if len(resource) > mysqlMaxName {
-		return fmt.Errorf("%w: a MySQL fence resource is at most %d bytes", ErrUnsupported, mysqlMaxName)
-	}
-	res, tok := mysqlHex(resource), strconv.FormatInt(token.Int64(), 10)
-	result, err := tx.ExecContext(ctx, "INSERT INTO advisorylock_fences (resource, token) VALUES ("+res+", LAST_INSERT_ID("+tok+"))"+
+	key, tok := mysqlHash(resource), strconv.FormatInt(token.Int64(), 10)
+	result, err := tx.ExecContext(ctx, "INSERT INTO advisorylock_fences (resource_hash, resource, token) VALUES ("+key+", "+mysqlHex(resource)+", LAST_INSERT_ID("+tok+"))"+
 		" ON DUPLICATE KEY UPDATE token = IF(token <= "+tok+", LAST_INSERT_ID("+tok+"), token + LAST_INSERT_ID(0))")
 	if err != nil {
 		return err
@@ -398,7 +400,7 @@ func (mysqlBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string,
 		return err
 	}
 	var highest int64
-	if err := tx.QueryRowContext(ctx, "SELECT token FROM advisorylock_fences WHERE resource = "+res).Scan(&highest); err != nil {
+	if err := tx.QueryRowContext(ctx, "SELECT token FROM advisorylock_fences WHERE resource_hash = "+key).Scan(&highest); err != nil {
 		return fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
 	}
 	return &StaleTokenError{Resource: resource, Token: token, Highest: FencingToken(highest)}
@@ -460,7 +462,11 @@ func mysqlRun(ctx context.Context, db DB, stmt func(q querier) error) error {
 		return err
 	}
 	defer done()
-	return unreachable(stmt(q))
+	err = stmt(q)
+	if err != nil && ctx.Err() != nil { // say why first (a LockTimeout's budget), keep the driver's error
+		err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+	}
+	return unreachable(err)
 }
 
 // MySQL error numbers the lease statements act on.

@@ -6,6 +6,7 @@ package benchmarks
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"fmt"
 	"os"
@@ -103,11 +104,13 @@ var mysqlOps = map[string]func(b *testing.B, db *sql.DB) func(ctx context.Contex
 		table := tableName("mylease")
 		mysqlExec(b, db, "CREATE TABLE "+table+" LIKE advisorylock_leases")
 		b.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + table) })
-		name := "X'" + fmt.Sprintf("%x", lockName(b, "lease_raw")) + "'"
+		raw := lockName(b, "lease_raw")
+		name := "X'" + fmt.Sprintf("%x", raw) + "'"
+		hash := "X'" + fmt.Sprintf("%x", sha256.Sum256([]byte(raw))) + "'"
 		owner := "X'6f776e6572'"
 		now := "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))"
-		acquire := "INSERT INTO " + table + ` (name, owner, generation, acquired_at, expires_at)
-VALUES (` + name + `, ` + owner + `, LAST_INSERT_ID(` + now + `), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30000000 MICROSECOND)
+		acquire := "INSERT INTO " + table + ` (name_hash, name, owner, generation, acquired_at, expires_at)
+VALUES (` + hash + `, ` + name + `, ` + owner + `, LAST_INSERT_ID(` + now + `), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30000000 MICROSECOND)
 ON DUPLICATE KEY UPDATE owner = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), ` + owner + `, owner),
 	generation = IF(owner = ` + owner + `, LAST_INSERT_ID(GREATEST(generation + 1, ` + now + `)), generation + LAST_INSERT_ID(0)),
 	acquired_at = IF(owner = ` + owner + `, UTC_TIMESTAMP(6), acquired_at),
@@ -121,7 +124,7 @@ ON DUPLICATE KEY UPDATE owner = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(
 			if err != nil || gen == 0 {
 				return fmt.Errorf("raw lease not granted: %v", err)
 			}
-			_, err = db.ExecContext(ctx, "UPDATE "+table+" SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE name = "+name+
+			_, err = db.ExecContext(ctx, "UPDATE "+table+" SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE name_hash = "+hash+
 				" AND generation = "+strconv.FormatInt(gen, 10)+" AND owner IS NOT NULL")
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
+	"github.com/go-sql-driver/mysql"
 )
 
 // mysqlExpire ends the named lease's row now, as if its holder had
@@ -245,5 +247,85 @@ func TestMySQLLeaseTimesIgnoreTheSessionTimeZone(t *testing.T) {
 		if _, err := other.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 			t.Fatalf("TryLock from a session in time zone %s = %v, want ErrNotAcquired", tz, err)
 		}
+	}
+}
+
+// An ordinary user (no PROCESS, no CREATE) works on tables an
+// administrator created from Schema(); its Holder of someone else's Lock
+// gives the connection id alone, since the process list shows it only its
+// own connections.
+func TestMySQLLeastPrivilegeUser(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.NewMySQLDatabase(t)
+	admin := testdb.OpenMySQLDSN(t, dsn)
+	for _, stmt := range strings.Split(advisorylock.Schema(advisorylock.MySQL()), ";\n") {
+		if strings.TrimSpace(stmt) != "" {
+			if _, err := admin.Exec(stmt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := fmt.Sprintf("al_%d", time.Now().UnixNano()%1e9)
+	for _, stmt := range []string{
+		"CREATE USER '" + user + "'@'%' IDENTIFIED BY 'pw-" + user + "'",
+		"CREATE USER '" + user + "'@'localhost' IDENTIFIED BY 'pw-" + user + "'",
+		"GRANT SELECT, INSERT, UPDATE ON " + cfg.DBName + ".* TO '" + user + "'@'%'",
+		"GRANT SELECT, INSERT, UPDATE ON " + cfg.DBName + ".* TO '" + user + "'@'localhost'",
+	} {
+		if _, err := admin.Exec(stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec("DROP USER IF EXISTS '" + user + "'@'%'")
+		_, _ = admin.Exec("DROP USER IF EXISTS '" + user + "'@'localhost'")
+	})
+	cfg.User, cfg.Passwd = user, "pw-"+user
+	db := testdb.OpenMySQLDSN(t, cfg.FormatDSN())
+
+	name := testdb.UniqueName(t)
+	g, err := newLock(t, admin, name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := newLock(t, db, name).Holder(ctx)
+	if err != nil || h == nil || int64(h.PID) != mysqlHolder(t, admin, name) || h.User != "" {
+		t.Fatalf("Holder without PROCESS = %+v, %v; want the connection id alone", h, err)
+	}
+	mustRelease(t, g)
+	mine, err := newLock(t, db, name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := newLock(t, db, name).Holder(ctx); err != nil || h == nil || h.User != user {
+		t.Fatalf("Holder of its own lock = %+v, %v; want user %s", h, err, user)
+	}
+	mustRelease(t, mine)
+
+	lease := newLeaseLock(t, db, name)
+	lg := tryLease(t, lease)
+	f, err := advisorylock.NewFence(db, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fencedWrite(ctx, db, f, nil, lg.Token()); err != nil {
+		t.Fatalf("fenced write as an ordinary user: %v", err)
+	}
+	releaseLease(t, lg)
+
+	// Without the tables, the error names what the user may not do.
+	bare := testdb.NewMySQLDatabase(t)
+	bcfg, _ := mysql.ParseDSN(bare)
+	if _, err := admin.Exec("GRANT SELECT, INSERT, UPDATE ON " + bcfg.DBName + ".* TO '" + user + "'@'%'"); err != nil {
+		t.Fatal(err)
+	}
+	bcfg.User, bcfg.Passwd = user, "pw-"+user
+	_, err = newLeaseLock(t, testdb.OpenMySQLDSN(t, bcfg.FormatDSN()), name).TryLock(ctx)
+	if err == nil || !strings.Contains(err.Error(), "CREATE command denied") {
+		t.Fatalf("first use without CREATE = %v; want the server's refusal naming CREATE", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -27,10 +28,10 @@ import (
 // Holder then reports the connection id alone.
 //
 // A LeaseLock is a row in advisorylock_leases and a Fence a row in
-// advisorylock_fences (InnoDB, keyed by the SHA-256 of the name, so a
-// name of any length is kept byte for byte), with every lease time taken from the
-// database clock in UTC (UTC_TIMESTAMP(6)), so sessions with different
-// time zones agree. A grant's token is the larger of the name's previous
+// advisorylock_fences (InnoDB, keyed by the SHA-256 of the name, so a name
+// of any length is kept byte for byte), with every lease time taken from
+// the database clock in UTC (UTC_TIMESTAMP(6)), so sessions with
+// different time zones agree. A grant's token is the larger of the name's previous
 // token plus one and the database clock in microseconds since 1970: it
 // strictly increases per name, and stays larger than every earlier token
 // after an operator deletes the row, as long as the database clock does
@@ -69,8 +70,10 @@ func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 	return conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@version").Scan(&id, &v) == nil
 }
 
-// Validate refuses servers whose named locks do not exclude: versions that
-// hold one named lock per session, and Galera/PXC nodes.
+// Validate refuses, with ErrUnsupported, servers whose named locks do not
+// exclude: versions that hold one named lock per session, and Galera/PXC
+// nodes. It costs two round trips, once per *sql.DB; an error from the
+// server or the pool is returned wrapped.
 func (mysqlBackend) Validate(ctx context.Context, db DB) error {
 	var version, name, wsrep string
 	err := mysqlRun(ctx, db, func(q querier) error {
@@ -121,14 +124,11 @@ func versionNumbers(v string) (major, minor, patch int) {
 	return n[0], n[1], n[2]
 }
 
-// mysqlLockName is the server-side name of key's lock: lowercase hex, so
-// no two keys share a name under a case-insensitive comparison.
+// mysqlLockName is the server-side name of key's lock, as a quoted
+// literal: the key in lowercase hex, so no two keys share a name under the
+// server's case-insensitive comparison.
 func mysqlLockName(key int64) string {
-	var b [8]byte
-	for i := range b {
-		b[i] = byte(uint64(key) >> (56 - 8*i))
-	}
-	return "'advisorylock:v1:" + hex.EncodeToString(b[:]) + "'"
+	return "'advisorylock:v1:" + hex.EncodeToString(binary.BigEndian.AppendUint64(nil, uint64(key))) + "'"
 }
 
 // TryLockSession makes one GET_LOCK attempt with no wait.

@@ -45,8 +45,9 @@ import (
 //
 // Refused with ErrUnsupported: servers that cannot hold several named
 // locks per session (MySQL before 5.7, MariaDB before 10.0.2, where a
-// second GET_LOCK silently frees the first) and Galera or Percona XtraDB
-// clusters (wsrep_on: GET_LOCK is local to one node there).
+// second GET_LOCK silently frees the first), Galera or Percona XtraDB
+// clusters (wsrep_on: GET_LOCK is local to one node there) and read-only
+// servers (replicas).
 //
 // ProxySQL: a connection that called GET_LOCK is pinned to its server
 // connection by ProxySQL (multiplexing is disabled for it), so Lock works
@@ -71,13 +72,15 @@ func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 }
 
 // Validate refuses, with ErrUnsupported, servers whose named locks do not
-// exclude: versions that hold one named lock per session, and Galera/PXC
-// nodes. It costs two round trips, once per *sql.DB; an error from the
+// exclude: versions that hold one named lock per session, Galera/PXC
+// nodes, and read-only servers (a replica's locks exclude nothing on its
+// primary). It costs two round trips, once per *sql.DB; an error from the
 // server or the pool is returned wrapped.
 func (mysqlBackend) Validate(ctx context.Context, db DB) error {
 	var version, name, wsrep string
+	var readOnly bool
 	err := mysqlRun(ctx, db, func(q querier) error {
-		if err := q.QueryRowContext(ctx, "SELECT @@version").Scan(&version); err != nil {
+		if err := q.QueryRowContext(ctx, "SELECT @@version, @@read_only").Scan(&version, &readOnly); err != nil {
 			return err
 		}
 		// No row where the server has no Galera support at all.
@@ -89,6 +92,9 @@ func (mysqlBackend) Validate(ctx context.Context, db DB) error {
 	})
 	if err != nil {
 		return fmt.Errorf("advisorylock: checking the MySQL server: %w", err)
+	}
+	if readOnly {
+		return fmt.Errorf("%w: the MySQL server is read-only (read_only=ON, as a replica is): its locks would exclude nothing on the primary", ErrUnsupported)
 	}
 	return mysqlServerSupported(version, wsrep)
 }

@@ -544,9 +544,9 @@ func TestSessionLockerPlugsInOnMariaDB(t *testing.T) {
 	}
 }
 
-// A Galera node is refused at the first operation (go-sqlmock stands in
-// for the cluster, which cannot run here); RELEASE_LOCK's 0 and NULL
-// answers are told apart.
+// A Galera node and a read-only server (a replica) are refused at the
+// first operation (go-sqlmock stands in for them, which cannot run here);
+// RELEASE_LOCK's 0 and NULL answers are told apart.
 func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	ctx := context.Background()
 	db, mock, err := sqlmock.New()
@@ -555,10 +555,15 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	}
 	defer db.Close()
 	l := newLock(t, db, "galera", advisorylock.WithBackend(advisorylock.MySQL()))
-	mock.ExpectQuery("SELECT @@version").WillReturnRows(sqlmock.NewRows([]string{"v"}).AddRow("10.11.6-MariaDB"))
+	mock.ExpectQuery("SELECT @@version").WillReturnRows(sqlmock.NewRows([]string{"v", "ro"}).AddRow("10.11.6-MariaDB", int64(0)))
 	mock.ExpectQuery("SHOW GLOBAL VARIABLES").WillReturnRows(sqlmock.NewRows([]string{"n", "v"}).AddRow("wsrep_on", "ON"))
 	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "Galera") {
 		t.Fatalf("TryLock on a Galera node = %v, want ErrUnsupported naming Galera", err)
+	}
+	mock.ExpectQuery("SELECT @@version").WillReturnRows(sqlmock.NewRows([]string{"v", "ro"}).AddRow("8.0.36", int64(1)))
+	mock.ExpectQuery("SHOW GLOBAL VARIABLES").WillReturnError(sql.ErrNoRows)
+	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "read-only") {
+		t.Fatalf("TryLock on a read-only server = %v, want ErrUnsupported naming read-only", err)
 	}
 
 	var logs syncBuffer

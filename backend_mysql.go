@@ -94,10 +94,13 @@ func (mysqlBackend) Validate(ctx context.Context, db DB) error {
 		return fmt.Errorf("advisorylock: checking the MySQL server: %w", err)
 	}
 	if readOnly {
-		return fmt.Errorf("%w: the MySQL server is read-only (read_only=ON, as a replica is): its locks would exclude nothing on the primary", ErrUnsupported)
+		return errReadOnly
 	}
 	return mysqlServerSupported(version, wsrep)
 }
+
+// errReadOnly refuses a read-only server.
+var errReadOnly = fmt.Errorf("%w: the MySQL server is read-only (read_only=ON, as a replica is): its locks would exclude nothing on the primary", ErrUnsupported)
 
 // mysqlServerSupported refuses a server version without several named
 // locks per session, and a Galera/PXC node.
@@ -149,13 +152,20 @@ func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key i
 	return m.getLock(ctx, conn, key, secs)
 }
 
+// getLock runs GET_LOCK. It also reads read_only, in the same round trip:
+// behind a VIP or DNS a new connection can reach a replica, whose locks
+// exclude nothing on the primary; the error makes the acquire discard the
+// connection, which frees a lock granted there.
 func (mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, key int64, timeout string) (SessionResult, error) {
 	var got sql.NullInt64
+	var readOnly bool
 	var r SessionResult
-	err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+mysqlLockName(key)+", "+timeout+"), CONNECTION_ID()").Scan(&got, &r.Session)
+	err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+mysqlLockName(key)+", "+timeout+"), CONNECTION_ID(), @@read_only").Scan(&got, &r.Session, &readOnly)
 	switch {
 	case err != nil:
 		return SessionResult{}, err
+	case readOnly:
+		return SessionResult{}, errReadOnly
 	case !got.Valid: // an error on the server, such as the statement being killed
 		return SessionResult{}, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
 	}
@@ -182,10 +192,16 @@ func (mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64
 	return r, nil
 }
 
-// HoldsSession reports whether conn's session holds key.
+// HoldsSession reports whether conn's session holds key; a server that
+// turned read-only (demoted in a failover) is an error, so the keep-alive
+// reports the lock lost.
 func (mysqlBackend) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (bool, error) {
 	var held sql.NullBool
-	err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK("+mysqlLockName(key)+") = CONNECTION_ID()").Scan(&held)
+	var readOnly bool
+	err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK("+mysqlLockName(key)+") = CONNECTION_ID(), @@read_only").Scan(&held, &readOnly)
+	if err == nil && readOnly {
+		err = errReadOnly
+	}
 	return held.Valid && held.Bool, err
 }
 

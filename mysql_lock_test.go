@@ -573,7 +573,7 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 		answer  driver.Value
 		wantErr error
 	}{{nil, nil}, {int64(0), advisorylock.ErrTransactionPooler}} {
-		mock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id"}).AddRow(int64(1), int64(7)))
+		mock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro"}).AddRow(int64(1), int64(7), int64(0)))
 		mock.ExpectQuery("SELECT RELEASE_LOCK").WillReturnRows(sqlmock.NewRows([]string{"released", "id", "holder"}).AddRow(tc.answer, int64(7), int64(9)))
 		g, err := m.TryLock(ctx)
 		if err != nil {
@@ -589,5 +589,21 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	}
 	if err := mock.ExpectationsWereMet(); err != nil {
 		t.Fatal(err)
+	}
+
+	// A connection that reaches a replica (behind a VIP) is refused, and
+	// discarded with whatever GET_LOCK granted on it.
+	rdb, rmock, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	r := newLock(t, rdb, "replica", advisorylock.WithBackend(advisorylock.MySQL()), advisorylock.WithServerChecks(false))
+	rmock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro"}).AddRow(int64(1), int64(8), int64(1)))
+	if _, err := r.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "read-only") {
+		t.Fatalf("TryLock on a connection to a replica = %v, want ErrUnsupported naming read-only", err)
+	}
+	if s := rdb.Stats(); s.OpenConnections != 0 {
+		t.Fatalf("the replica's connection was kept: %+v", s)
 	}
 }

@@ -65,7 +65,7 @@ var mysqlOps = map[string]func(b *testing.B, db *sql.DB) func(ctx context.Contex
 		lock := mysqlServerName(lockName(b, "raw"))
 		return func(ctx context.Context) error {
 			var got, id int64
-			if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 0), CONNECTION_ID()").Scan(&got, &id); err != nil || got != 1 {
+			if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 0), CONNECTION_ID(), @@read_only").Scan(&got, &id, new(bool)); err != nil || got != 1 {
 				return fmt.Errorf("GET_LOCK = %d, %v", got, err)
 			}
 			var released, holder sql.NullInt64
@@ -141,7 +141,7 @@ func setupMySQLRawPool(bounded bool) func(b *testing.B, db *sql.DB) func(ctx con
 			}
 			defer conn.Close()
 			var got, id int64
-			if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 0), CONNECTION_ID()").Scan(&got, &id); err != nil || got != 1 {
+			if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 0), CONNECTION_ID(), @@read_only").Scan(&got, &id, new(bool)); err != nil || got != 1 {
 				return fmt.Errorf("GET_LOCK = %d, %v", got, err)
 			}
 			if bounded {

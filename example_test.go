@@ -188,10 +188,10 @@ func ExampleLock_Holder() {
 // Key is what a service in another language computes to take the same
 // lock (see Key's documentation for Python).
 func ExampleKey() {
-	fmt.Println(advisorylock.Key("daily-digest") == advisorylock.Key("daily-digest"))
-	fmt.Println(advisorylock.Key("daily-digest") == advisorylock.Key("Daily-Digest"))
+	fmt.Println(advisorylock.Key("daily-digest"))
+	fmt.Println(advisorylock.Key("daily-digest") == advisorylock.Key("Daily-Digest")) // names are case-sensitive
 	// Output:
-	// true
+	// 6074357047860495937
 	// false
 }
 

@@ -52,7 +52,8 @@ func openMySQL(dsn string) (d *database, ok bool, err error) {
 	if err != nil {
 		return nil, true, configErrorf("bad MySQL DSN: %s", scrub(err.Error(), secrets))
 	}
-	d = &database{DB: sql.OpenDB(connector), kind: "mysql", shown: shown, secrets: append(secrets, cfg.Passwd)}
+	d = &database{DB: sql.OpenDB(connector), kind: "mysql", shown: shown, where: "mysql " + cfg.Addr + "/" + cfg.DBName,
+		secrets: append(secrets, cfg.Passwd)}
 	return d, true, nil
 }
 

@@ -30,8 +30,8 @@ func TestMySQLDSNFormsOpenTheServer(t *testing.T) {
 		if err != nil {
 			t.Fatalf("openDatabase(%q): %v", dsn, err)
 		}
-		if d.kind != "mysql" {
-			t.Errorf("openDatabase(%q) is %s, want mysql", dsn, d.kind)
+		if d.kind != "mysql" || !strings.HasPrefix(d.describe("--dsn"), "database mysql 127.0.0.1:") {
+			t.Errorf("openDatabase(%q) is %s (%s), want mysql", dsn, d.kind, d.describe("--dsn"))
 		}
 		var v string
 		if err := d.QueryRow("SELECT @@version").Scan(&v); err != nil {

@@ -618,7 +618,7 @@ func TestHelpReadsLikeAManPage(t *testing.T) {
 			"DESCRIPTION\n", "FLAGS\n", "EXIT STATUS\n", "EXAMPLES\n",
 			"-n, --nonblock", "-w, --wait", "-E, --conflict-exit-code", "--lease", "--ttl", "--kill-after", "-q, --quiet", "-v, --verbose",
 			"LOCKRUN_DSN", "DATABASE_URL", "XDG_STATE_HOME", "LOCKRUN_FENCING_TOKEN", "LOCKRUN_LOCK_NAME",
-			"0 3 * * * lockrun -n", "Deploy hook", "128+N",
+			"0 3 * * * lockrun -n", "Deploy hook", "128+N", "mysql://", "@tcp(HOST:3306)",
 		} {
 			if !strings.Contains(stdout, want) {
 				t.Errorf("%s does not show %q", flag, want)

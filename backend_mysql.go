@@ -142,25 +142,34 @@ func mysqlLockName(key int64) string {
 
 // TryLockSession makes one GET_LOCK attempt with no wait.
 func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	return m.getLock(ctx, conn, key, "0")
+	return m.getLock(ctx, conn, "SELECT GET_LOCK("+mysqlLockName(key)+", 0)")
 }
 
 // WaitLockSession waits in GET_LOCK for at most slice (the server takes
 // fractions of a second). A 0 is a definite miss on a healthy connection.
+//
+// A server statement timeout shorter than the slice would end the wait
+// early with NULL, so the statement lifts it for itself: MariaDB runs the
+// executable comment (SET STATEMENT max_statement_time=0 FOR, no limit),
+// which MySQL ignores; MySQL takes the optimizer hint (a limit a second
+// past the slice), which MariaDB ignores.
 func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
-	secs := strconv.FormatFloat(max(slice, time.Millisecond).Seconds(), 'f', 3, 64)
-	return m.getLock(ctx, conn, key, secs)
+	slice = max(slice, time.Millisecond)
+	secs := strconv.FormatFloat(slice.Seconds(), 'f', 3, 64)
+	limit := strconv.FormatInt((slice + time.Second).Milliseconds(), 10)
+	return m.getLock(ctx, conn, "/*M! SET STATEMENT max_statement_time=0 FOR */ SELECT /*+ MAX_EXECUTION_TIME("+limit+") */ GET_LOCK("+mysqlLockName(key)+", "+secs+")")
 }
 
-// getLock runs GET_LOCK. It also reads read_only, in the same round trip:
+// getLock runs getLock, a SELECT of GET_LOCK. It also reads the session
+// and read_only, in the same round trip:
 // behind a VIP or DNS a new connection can reach a replica, whose locks
 // exclude nothing on the primary; the error makes the acquire discard the
 // connection, which frees a lock granted there.
-func (mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, key int64, timeout string) (SessionResult, error) {
+func (mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
 	var got sql.NullInt64
 	var readOnly bool
 	var r SessionResult
-	err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+mysqlLockName(key)+", "+timeout+"), CONNECTION_ID(), @@read_only").Scan(&got, &r.Session, &readOnly)
+	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only").Scan(&got, &r.Session, &readOnly)
 	switch {
 	case err != nil:
 		return SessionResult{}, err

@@ -607,3 +607,47 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 		t.Fatalf("the replica's connection was kept: %+v", s)
 	}
 }
+
+// A server statement timeout shorter than a wait slice (MariaDB's
+// max_statement_time, MySQL's max_execution_time) does not break Lock:
+// each waiting statement lifts it for itself.
+func TestMySQLShortServerStatementTimeoutDoesNotBreakLock(t *testing.T) {
+	ctx := context.Background()
+	admin := testdb.OpenMySQL(t)
+	var version string
+	if err := admin.QueryRow("SELECT @@version").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := mysql.ParseDSN(testdb.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = map[string]string{"max_execution_time": "200"}
+	if strings.Contains(version, "MariaDB") {
+		cfg.Params = map[string]string{"max_statement_time": "0.2"}
+	}
+	db := testdb.OpenMySQLDSN(t, cfg.FormatDSN())
+	name := testdb.UniqueName(t)
+	g, err := newLock(t, admin, name).TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLock(t, db, name)
+	if _, err := l.LockTimeout(ctx, 700*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
+		t.Fatalf("LockTimeout(700ms) under a 200ms server statement timeout = %v, want ErrTimeout", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		g, err := l.Lock(ctx)
+		if err == nil {
+			err = g.Release(ctx)
+		}
+		got <- err
+	}()
+	testdb.WaitFor(t, wait, func() bool { return mysqlWaiters(t, admin, name) == 1 }, "the waiter never waited")
+	time.Sleep(1200 * time.Millisecond) // lets the waiter through more than one slice; not a synchronization
+	mustRelease(t, g)
+	if err := <-got; err != nil {
+		t.Fatalf("Lock under a 200ms server statement timeout: %v", err)
+	}
+}

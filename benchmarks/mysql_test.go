@@ -158,9 +158,8 @@ func setupMySQLRawPool(bounded bool) func(b *testing.B, db *sql.DB) func(ctx con
 // mysqlPairs are compared side by side, as BenchmarkPaired does.
 var mysqlPairs = []struct{ base, op string }{
 	{"select1_pinned", "raw_literal"},
-	{"raw_literal", "trylock_release"},
-	{"raw_pool", "trylock_release"},
-	{"raw_pool", "raw_pool_bounded"},
+	{"raw_literal", "trylock_release"}, // the gate
+	{"raw_pool", "raw_pool_bounded"},   // what a bounded release costs
 	{"raw_pool_bounded", "trylock_release"},
 	{"lease_raw", "leaselock"},
 }
@@ -216,23 +215,8 @@ func BenchmarkMySQLHandoff(b *testing.B) {
 		period time.Duration
 		mk     func(b *testing.B, name string) func(i int) contender
 	}{
-		{"advisorylock", 0, func(b *testing.B, name string) func(i int) contender {
-			return func(int) contender { return guardContender(newLock(b, openMySQL(b, 2), name).Lock) }
-		}},
-		{"raw_blocking", 0, func(b *testing.B, name string) func(i int) contender {
-			lock := mysqlServerName(name)
-			return func(int) contender {
-				conn := pin(b, openMySQL(b, 2))
-				return contender{
-					acquire: func(ctx context.Context) error {
-						return conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 3600)").Scan(new(int))
-					},
-					release: func(ctx context.Context) error {
-						return conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+lock+")").Scan(new(int))
-					},
-				}
-			}
-		}},
+		{"advisorylock", 0, mysqlLockContenders},
+		{"raw_blocking", 0, mysqlRawContenders},
 		{"leaselock", libraryPoll, func(b *testing.B, name string) func(i int) contender {
 			return func(int) contender { return guardContender(newLeaseLock(b, openMySQL(b, 2), name).Lock) }
 		}},
@@ -250,6 +234,52 @@ func BenchmarkMySQLHandoff(b *testing.B) {
 			})
 		})
 	}
+}
+
+// mysqlLockContenders contend with Lock, each on a pool of its own.
+func mysqlLockContenders(b *testing.B, name string) func(i int) contender {
+	return func(int) contender { return guardContender(newLock(b, openMySQL(b, 2), name).Lock) }
+}
+
+// mysqlRawContenders are the floor: GET_LOCK waiting on the server on a
+// pinned connection, then RELEASE_LOCK.
+func mysqlRawContenders(b *testing.B, name string) func(i int) contender {
+	lock := mysqlServerName(name)
+	return func(int) contender {
+		conn := pin(b, openMySQL(b, 2))
+		return contender{
+			acquire: func(ctx context.Context) error {
+				return conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 3600)").Scan(new(int))
+			},
+			release: func(ctx context.Context) error {
+				return conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+lock+")").Scan(new(int))
+			},
+		}
+	}
+}
+
+// BenchmarkMySQLHandoffPaired alternates handoffs of Lock and of bare
+// GET_LOCK/RELEASE_LOCK between two contenders each (see
+// BenchmarkHandoffPaired) and reports their ratio (x-base).
+func BenchmarkMySQLHandoffPaired(b *testing.B) {
+	b.Run("advisorylock_vs_raw_blocking", func(b *testing.B) {
+		mysqlReady(b)
+		pair := func(mk func(b *testing.B, name string) func(i int) contender, suffix string) *pingPong {
+			name := lockName(b, suffix)
+			contend := mk(b, name)
+			p := &pingPong{cs: [2]contender{contend(0), contend(1)}, queued: mysqlQueuedOn(b, name)}
+			ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+			defer cancel()
+			must(b, p.cs[0].acquire(ctx), "first acquire")
+			b.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+				defer cancel()
+				_ = p.cs[p.holder].release(ctx)
+			})
+			return p
+		}
+		runHandoffPair(b, pair(mysqlLockContenders, "handoff"), pair(mysqlRawContenders, "handoff_raw"))
+	})
 }
 
 // mysqlQueuedOn counts the sessions waiting in GET_LOCK for name's lock.

@@ -248,11 +248,15 @@ func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Hol
 // ---------------------------------------------------------------------------
 // Leases and fences: the LeaseStore half of the MySQL backend.
 
-// mysqlTables is the DDL of the lease and fence tables. A name of any
-// length is kept byte for byte (MySQL's default collations ignore case
-// and trailing spaces) in a BLOB; the key is its SHA-256, since an InnoDB
-// key holds at most 3072 bytes. Times are UTC.
-var mysqlTables = []string{
+// mysqlSteps are the schema's upgrade steps; advisorylock_schema records
+// those applied, and the first use that finds a table missing applies the
+// rest under the schema lock (see createMySQLTables). Every step is
+// idempotent (MySQL's DDL is not transactional). Step 1: the lease and
+// fence tables. A name of any length is kept byte for byte (MySQL's
+// default collations ignore case and trailing spaces) in a BLOB; the key
+// is its SHA-256, since an InnoDB key holds at most 3072 bytes. Times are
+// UTC.
+var mysqlSteps = [][]string{1: {
 	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
 	name_hash   BINARY(32)  NOT NULL PRIMARY KEY, -- SHA-256 of name
 	name        MEDIUMBLOB  NOT NULL,
@@ -266,12 +270,36 @@ var mysqlTables = []string{
 	resource      MEDIUMBLOB NOT NULL,
 	token         BIGINT     NOT NULL -- the highest token admitted
 ) ENGINE=InnoDB`,
-}
+}}
 
-// Schema returns the DDL of advisorylock_leases and advisorylock_fences.
-// MySQL's Lock needs no table.
+// mysqlSchemaVersions is the table of applied upgrade steps.
+const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
+	version    INT         NOT NULL PRIMARY KEY,
+	applied_at DATETIME(6) NOT NULL -- UTC
+) ENGINE=InnoDB`
+
+// Schema returns the DDL of advisorylock_leases, advisorylock_fences and
+// the schema version table, with every upgrade step, for an administrator
+// or a migration tool to run (it is idempotent). The application's user
+// then needs only the grants listed at its end. MySQL's Lock needs no
+// table.
 func (mysqlBackend) Schema() string {
-	return strings.Join(mysqlTables, ";\n\n") + ";\n"
+	var b strings.Builder
+	b.WriteString(mysqlSchemaVersions + ";\n")
+	for v, step := range mysqlSteps[1:] {
+		fmt.Fprintf(&b, "\n-- version %d\n", v+1)
+		for _, ddl := range step {
+			b.WriteString(ddl + ";\n")
+		}
+		fmt.Fprintf(&b, "INSERT IGNORE INTO advisorylock_schema (version, applied_at) VALUES (%d, UTC_TIMESTAMP(6));\n", v+1)
+	}
+	b.WriteString(`
+-- The application's user needs (no CREATE; PROCESS only for Holder's user and host):
+--   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_leases TO app;
+--   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_fences TO app;
+--   GRANT SELECT ON db.advisorylock_schema TO app;
+`)
+	return b.String()
 }
 
 // mysqlNowMicros is the database clock in microseconds since 1970 (UTC).
@@ -455,9 +483,10 @@ func (mysqlBackend) ensureSchema(ctx context.Context, db DB) error {
 // no Lock's name can be it (see mysqlLockName).
 const mysqlSchemaLock = "'advisorylock:schema'"
 
-// createMySQLTables creates the tables on one connection while holding
-// the schema lock, so that concurrent first uses all succeed. The
-// connection is discarded if the unlock does not answer.
+// createMySQLTables applies the upgrade steps the database lacks, on one
+// connection, while holding the schema lock, so that concurrent first
+// uses all succeed. The connection is discarded if the unlock does not
+// answer.
 func createMySQLTables(ctx context.Context, db DB) error {
 	conn, err := takeConn(ctx, db)
 	if err != nil {
@@ -468,19 +497,46 @@ func createMySQLTables(ctx context.Context, db DB) error {
 	if err == nil && got.Int64 != 1 {
 		err = errors.New("the schema lock was not granted within 30s")
 	}
-	for _, s := range mysqlTables {
-		if err != nil {
-			break
-		}
-		_, err = conn.ExecContext(ctx, s)
+	if err == nil {
+		err = applyMySQLSteps(ctx, conn)
 	}
 	if _, uerr := conn.ExecContext(ctx, "DO RELEASE_LOCK("+mysqlSchemaLock+")"); uerr != nil {
 		discard(conn) // ending the session frees the schema lock
 	} else {
 		recycle(conn)
 	}
-	if err != nil {
+	switch {
+	case mysqlErrno(err) == mysqlDenied:
+		return fmt.Errorf("advisorylock: creating tables: the database user may not create them; an administrator creates them from Schema(MySQL()) and grants what its end lists: %w", err)
+	case err != nil:
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
+	}
+	return nil
+}
+
+// applyMySQLSteps applies on conn the upgrade steps not recorded in
+// advisorylock_schema, and records them.
+func applyMySQLSteps(ctx context.Context, conn *sql.Conn) error {
+	current := 0
+	err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM advisorylock_schema").Scan(&current)
+	if err != nil && mysqlErrno(err) != mysqlNoSuchTable {
+		return err
+	}
+	if current >= len(mysqlSteps)-1 {
+		return nil
+	}
+	if _, err := conn.ExecContext(ctx, mysqlSchemaVersions); err != nil {
+		return err
+	}
+	for v := current + 1; v < len(mysqlSteps); v++ {
+		for _, ddl := range mysqlSteps[v] {
+			if _, err := conn.ExecContext(ctx, ddl); err != nil {
+				return err
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO advisorylock_schema (version, applied_at) VALUES ("+strconv.Itoa(v)+", UTC_TIMESTAMP(6))"); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -502,6 +558,7 @@ func mysqlRun(ctx context.Context, db DB, stmt func(q querier) error) error {
 
 // MySQL error numbers the lease statements act on.
 const (
+	mysqlDenied       = 1142 // ER_TABLEACCESS_DENIED_ERROR: a command the user may not run
 	mysqlNoSuchTable  = 1146 // ER_NO_SUCH_TABLE
 	mysqlLockWaitTime = 1205 // ER_LOCK_WAIT_TIMEOUT: nothing was written
 	mysqlDeadlock     = 1213 // ER_LOCK_DEADLOCK: rolled back, nothing was written

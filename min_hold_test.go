@@ -854,3 +854,17 @@ func TestMinHoldOnAHotStandbyIsUnsupported(t *testing.T) {
 		})
 	}
 }
+
+// TestMinHoldOnMySQLIsUnsupportedForNow: the MySQL backend keeps no
+// windows yet, and says so at the first operation instead of running the
+// job on every replica.
+func TestMinHoldOnMySQLIsUnsupportedForNow(t *testing.T) {
+	db := testdb.OpenMySQL(t)
+	ctx := context.Background()
+	for _, kind := range windowKinds {
+		l := newWindowLock(t, kind, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second))
+		if _, err := l.try(ctx); !errors.Is(err, advisorylock.ErrUnsupported) {
+			t.Fatalf("%s TryLock with WithMinHold on MySQL = %v, want ErrUnsupported", kind, err)
+		}
+	}
+}

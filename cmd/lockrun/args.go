@@ -18,6 +18,7 @@ type options struct {
 	lease        bool
 	ttl          time.Duration // 0: the library's default
 	killAfter    time.Duration
+	minHold      time.Duration
 	quiet        bool
 	verbose      bool
 	logFormat    string // "text" or "json"
@@ -69,9 +70,8 @@ var flags = []flagSpec{
 	{long: []string{"ttl"}, config: true, help: "how long a lease lives without renewal", value: setTTL},
 	{long: []string{"kill-after"}, config: true, help: "grace between SIGTERM and SIGKILL after a lost lock",
 		value: func(o *options, v string) (err error) { o.killAfter, err = parseSeconds(v); return err }},
-	// --min-hold DURATION (SPEC 9.3) goes here once advisorylock.WithMinHold
-	// exists: {long: []string{"min-hold"}, config: true, value: ...} setting
-	// o.minHold, which newTarget passes as advisorylock.WithMinHold.
+	{long: []string{"min-hold"}, config: true, help: "keep the lock taken until this long after the grant",
+		value: func(o *options, v string) (err error) { o.minHold, err = parseSeconds(v); return err }},
 	{long: []string{"log-format"}, config: true, help: "text or json", value: setLogFormat},
 	{long: []string{"quiet", "silent"}, short: 'q', help: "print nothing but errors",
 		bool: func(o *options) { o.quiet = true }},
@@ -317,7 +317,7 @@ func (o *options) parseStatus(args []string) error {
 		}
 		o.names, args = append(o.names, rest[0]), rest[1:]
 	}
-	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after"} {
+	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after", "min-hold"} {
 		if o.given[f] {
 			return fmt.Errorf("flag --%s does not apply to status", f)
 		}

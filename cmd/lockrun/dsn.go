@@ -30,9 +30,10 @@ import (
 // wait is interrupted.
 
 // sqlitePragmas make a SQLite file usable by many processes at once: a
-// writer waits up to 10s for another instead of failing, and readers do
+// writer waits up to 4s for another instead of failing (below the 5s
+// release timeout: an interrupt does not end that wait), and readers do
 // not block the writer.
-const sqlitePragmas = "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
+const sqlitePragmas = "_pragma=busy_timeout(4000)&_pragma=journal_mode(WAL)"
 
 // connectTimeout applies to PostgreSQL DSNs that set no connect_timeout.
 const connectTimeout = 15 * time.Second

@@ -66,6 +66,11 @@ FLAGS
     --kill-after DURATION
                     after a lost lock, how long COMMAND has between SIGTERM
                     and SIGKILL [10s]
+    --min-hold DURATION
+                    keep NAME taken until DURATION after the grant, also
+                    after COMMAND ends or lockrun dies: a cron job on every
+                    host runs once per tick even if the hosts' clocks or
+                    start times differ by less than DURATION [0: off]
     --log-format text|json
                     how lockrun writes its own lines on stderr [text]; json
                     is one object per line (time, level, msg, lock), for
@@ -85,8 +90,8 @@ CONFIGURATION
     cron gives jobs almost no environment: put the DSN in a config file.
 
     A config file has key = value lines; # starts a comment line. Keys: dsn,
-    wait, conflict-exit-code, lease (true or false), ttl, kill-after and
-    log-format, as the flags of the same names, which override them; the
+    wait, conflict-exit-code, lease (true or false), ttl, kill-after,
+    min-hold and log-format, as the flags of the same names, which override them; the
     user's file overrides the system's. --config FILE reads FILE instead of
     both. A config file that cannot be read, an unknown key or a bad value
     is an error (exit 78), never skipped:

@@ -177,6 +177,9 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	if o.ttl > 0 {
 		opts = append(opts, advisorylock.WithLeaseTTL(o.ttl))
 	}
+	if o.minHold > 0 {
+		opts = append(opts, advisorylock.WithMinHold(o.minHold))
+	}
 	if o.lease {
 		l, err := advisorylock.NewLeaseLock(db, o.name, opts...)
 		if err != nil {

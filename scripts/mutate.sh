@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# mutate.sh applies each mutation of the library to a scratch copy of the
+# tree, runs the tests that should catch it, and reports caught or missed.
+# It is for a reviewer (TESTING.md lists the results); CI runs the ordinary
+# suite only. A mutation whose anchor no longer matches the code fails the
+# run loudly: rewrite it for the code as it is now.
+#
+#   scripts/mutate.sh               # every mutation
+#   scripts/mutate.sh 'slice|55P03' # those whose name matches a regexp
+#   scripts/mutate.sh -l            # list them
+#
+# Needs what the test suite needs (PostgreSQL on 127.0.0.1:5432). Extra
+# flags for go test in MUTATE_GOFLAGS (say, -race). Exits non-zero if a
+# mutation was missed or did not apply.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export ADVISORYLOCK_REQUIRE_DB=1
+
+names=() files=() edits=() tests=() pkgs=()
+# mutation NAME FILE PERL-EDIT TEST-REGEXP [PACKAGE]
+# PERL-EDIT runs as perl -0pi -e (the whole file is one string), so anchor
+# it on a distinctive line; it must change the file.
+mutation() {
+	names+=("$1") files+=("$2") edits+=("$3") tests+=("$4") pkgs+=("${5:-.}")
+}
+
+# --- Locks (session advisory locks on PostgreSQL) ---------------------------
+mutation "keep-alive never reports a loss" conn_guard.go \
+	's/if err == nil && held \{/if true {/' \
+	'^(TestSoak|TestKilledSessionsUnderLoad|TestNetworkCutsUnderLoad|TestKilledSessionClosesLostAndCancelsDo)$'
+mutation "55P03: a timed-out slice is a miss without asking the session" backend_postgres.go \
+	's/if sqlState\(err\) == "55P03" \{\n\t\treturn p\.holds\(ctx, conn, key\)/if sqlState(err) == "55P03" {\n\t\treturn SessionResult{}, nil/' \
+	'^TestLockTimeoutRacingAGrantIsAGrantOnARealServer$'
+mutation "8 s wait slices" advisorylock.go \
+	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
+	'^TestWaiterDoesNotStallCreateIndexConcurrently$'
+mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go \
+	's/slice = min\(slice, time\.Until\(dl\)\)/slice = max(slice, 10*time.Second)/' \
+	'^TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection$'
+
+# --- Leases and fencing -------------------------------------------------------
+mutation "lease re-granted 1.2 s before it expires" backend_postgres.go \
+	"s/WHERE l\\.owner IS NULL OR l\\.expires_at <= now\\(\\)/WHERE l.owner IS NULL OR l.expires_at <= now() + interval '1200 milliseconds'/" \
+	'^(TestSoak|TestNetworkCutsUnderLoad)$'
+mutation "local deadline counts from the answer (acquire and renew)" lease_fencing.go \
+	's/return keepLease\(store, db, cfg, req, sent\), nil/return keepLease(store, db, cfg, req, cfg.clock.Now()), nil/; s/s\.deadline = localDeadline\(sent, s\.req\.TTL\)/s.deadline = localDeadline(s.clock.Now(), s.req.TTL)/' \
+	'^(TestSoak|TestSlowGrantIsLostBeforeItsDatabaseExpiry|TestLeaseDeadlineCountsFromTheSentAcquire)$'
+mutation "local deadline is the full TTL" lease_fencing.go \
+	's/return sent\.Add\(ttl - renewInterval\(ttl\)\)/return sent.Add(ttl)/' \
+	'^(TestSoak|TestNetworkCutsUnderLoad|TestNetworkCutLosesLocksBeforeExpiry|TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine)$'
+
+# --- Keys ---------------------------------------------------------------------
+mutation "key domain changed" advisorylock.go \
+	's/(const KeyDomain = ")advisorylock:v1"/$1advisorylock:v2"/' \
+	'^TestKeyIsStableAcrossVersionsAndLanguages$'
+
+if [ "${1:-}" = "-l" ]; then
+	for i in "${!names[@]}"; do printf '%s\t%s\t%s\n' "${names[$i]}" "${files[$i]}" "${tests[$i]}"; done
+	exit 0
+fi
+filter=${1:-.}
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+caught=0 missed=0 broken=0
+for i in "${!names[@]}"; do
+	name=${names[$i]}
+	[[ "$name" =~ $filter ]] || continue
+	tree="$scratch/tree"
+	rm -rf "$tree"
+	mkdir "$tree"
+	(cd "$root" && tar --exclude=.git -cf - .) | (cd "$tree" && tar -xf -)
+	target="$tree/${files[$i]}"
+	if [ ! -f "$target" ]; then
+		echo "DOES NOT APPLY  $name: ${files[$i]} is gone"
+		broken=$((broken + 1))
+		continue
+	fi
+	cp "$target" "$scratch/before"
+	perl -0pi -e "${edits[$i]}" "$target"
+	if cmp -s "$target" "$scratch/before"; then
+		echo "DOES NOT APPLY  $name: its anchor is no longer in ${files[$i]}"
+		broken=$((broken + 1))
+		continue
+	fi
+	log="$scratch/log"
+	start=$(date +%s)
+	status=0
+	(cd "$tree" && go test ${MUTATE_GOFLAGS:-} -count=1 -timeout 15m -run "${tests[$i]}" "${pkgs[$i]}") >"$log" 2>&1 || status=$?
+	took=$(($(date +%s) - start))
+	if [ "$status" -eq 0 ]; then
+		echo "MISSED          $name (${took}s; ran ${tests[$i]})"
+		missed=$((missed + 1))
+	elif grep -q -e '\[build failed\]' -e '\[setup failed\]' "$log"; then
+		echo "DOES NOT BUILD  $name:"
+		sed -n 1,20p "$log"
+		broken=$((broken + 1))
+	else
+		failed=$(grep -o -E -e '^--- FAIL: [^ ]+' -e '^panic: .*' "$log" | sed 's/^--- FAIL: //' | sort -u | tr '\n' ' ')
+		echo "CAUGHT          $name (${took}s) by: ${failed:-a failing run, see below}"
+		[ -n "$failed" ] || tail -n 20 "$log"
+		caught=$((caught + 1))
+	fi
+done
+echo "caught $caught, missed $missed, did not apply or build $broken"
+[ "$missed" -eq 0 ] && [ "$broken" -eq 0 ]

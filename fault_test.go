@@ -1179,7 +1179,7 @@ type pgWorker struct {
 	app    string // its sessions' application_name
 	proxy  *testdb.Proxy
 	db     *sql.DB
-	inside atomic.Bool                    // in a section now
+	inside atomic.Bool                   // in a section now
 	aimed  atomic.Pointer[faultClass]    // the fault last aimed at it, until a loss reports it
 	gate   atomic.Pointer[chan struct{}] // while set, the worker waits for it to close before its next Do
 }

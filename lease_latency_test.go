@@ -80,7 +80,7 @@ func TestLeaseDeadlineCountsFromTheSentAcquire(t *testing.T) {
 	var during atomic.Int64 // how far the next lease statement moves the clock
 	path := testdb.SQLitePath(t)
 	const opts = "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"
-	db := testdb.OpenHooked(t, "sqlite", path+"?"+opts, testdb.Hooks{Before: func(q string) {
+	db := testdb.OpenHooked(t, "sqlite", path+"?"+opts, testdb.Hooks{Before: func(q string, _ []any) {
 		if strings.Contains(q, "advisorylock_leases") {
 			clock.Add(time.Duration(during.Swap(0)))
 		}

@@ -27,7 +27,7 @@ mutation() {
 
 # --- Locks (session advisory locks on PostgreSQL) ---------------------------
 mutation "keep-alive never reports a loss" conn_guard.go \
-	's/if err == nil && held \{/if true {/' \
+	's/if err == nil && held \{/if _ = held; true {/' \
 	'^(TestSoak|TestKilledSessionsUnderLoad|TestNetworkCutsUnderLoad|TestKilledSessionClosesLostAndCancelsDo)$'
 mutation "55P03: a timed-out slice is a miss without asking the session" backend_postgres.go \
 	's/if sqlState\(err\) == "55P03" \{\n\t\treturn p\.holds\(ctx, conn, key\)/if sqlState(err) == "55P03" {\n\t\treturn SessionResult{}, nil/' \
@@ -36,19 +36,32 @@ mutation "8 s wait slices" advisorylock.go \
 	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
 	'^TestWaiterDoesNotStallCreateIndexConcurrently$'
 mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go \
-	's/slice = min\(slice, time\.Until\(dl\)\)/slice = max(slice, 10*time.Second)/' \
+	's/slice = min\(slice, time\.Until\(dl\)\)/slice = max(slice, 10*time.Second+0*time.Until(dl))/' \
 	'^TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection$'
 
 # --- Leases and fencing -------------------------------------------------------
 mutation "lease re-granted 1.2 s before it expires" backend_postgres.go \
 	"s/WHERE l\\.owner IS NULL OR l\\.expires_at <= now\\(\\)/WHERE l.owner IS NULL OR l.expires_at <= now() + interval '1200 milliseconds'/" \
 	'^(TestSoak|TestNetworkCutsUnderLoad)$'
+mutation "lease acquire takes a held lease (PostgreSQL)" backend_postgres.go \
+	's/WHERE l\.owner IS NULL OR l\.expires_at <= now\(\)/WHERE true/' \
+	'^TestPostgresLeaseStoreProperties$'
+mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
+	's/(WHERE name = %s AND owner = %s AND generation = %s) AND expires_at > now\(\)/$1/' \
+	'^TestPostgresLeaseStoreProperties$'
 mutation "local deadline counts from the answer (acquire and renew)" lease_fencing.go \
 	's/return keepLease\(store, db, cfg, req, sent\), nil/return keepLease(store, db, cfg, req, cfg.clock.Now()), nil/; s/s\.deadline = localDeadline\(sent, s\.req\.TTL\)/s.deadline = localDeadline(s.clock.Now(), s.req.TTL)/' \
 	'^(TestSoak|TestSlowGrantIsLostBeforeItsDatabaseExpiry|TestLeaseDeadlineCountsFromTheSentAcquire)$'
 mutation "local deadline is the full TTL" lease_fencing.go \
 	's/return sent\.Add\(ttl - renewInterval\(ttl\)\)/return sent.Add(ttl)/' \
 	'^(TestSoak|TestNetworkCutsUnderLoad|TestNetworkCutLosesLocksBeforeExpiry|TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine)$'
+
+mutation "lease release waits for the WAL flush" backend_postgres.go \
+	"s/set_config\\('synchronous_commit', 'off', true\\)\\) AS relaxed\\nWHERE name = %s AND generation/set_config('synchronous_commit', 'on', true)) AS relaxed\\nWHERE name = %s AND generation/" \
+	'^TestLeaseReleaseCommitsWithoutWaitingForTheWAL$'
+mutation "a forgotten LeaseGuard is never cleaned up" lease_fencing.go \
+	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
+	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \

@@ -15,8 +15,9 @@ import (
 // statement, so they must be safe for concurrent use.
 type Hooks struct {
 	// Before runs just before each statement is sent, after the caller
-	// took its timestamps: a clock moved here moves during the call.
-	Before func(query string)
+	// took its timestamps (a clock moved here moves during the call), with
+	// the statement's arguments.
+	Before func(query string, args []any)
 	// After runs once each statement has run (a query's rows drained and
 	// closed), with its error; what it returns replaces that error. The
 	// statement's effects on the server stay.
@@ -86,10 +87,15 @@ type hookedConn struct {
 	h Hooks
 }
 
-func (c *hookedConn) before(q string) {
-	if c.h.Before != nil {
-		c.h.Before(q)
+func (c *hookedConn) before(q string, named []driver.NamedValue) {
+	if c.h.Before == nil {
+		return
 	}
+	args := make([]any, len(named))
+	for i, nv := range named {
+		args[i] = nv.Value
+	}
+	c.h.Before(q, args)
 }
 
 func (c *hookedConn) after(q string, err error) error {
@@ -104,7 +110,7 @@ func (c *hookedConn) ExecContext(ctx context.Context, q string, args []driver.Na
 	if !ok {
 		return nil, driver.ErrSkip
 	}
-	c.before(q)
+	c.before(q, args)
 	res, err := e.ExecContext(ctx, q, args)
 	if err = c.after(q, err); err != nil {
 		return nil, err
@@ -119,7 +125,7 @@ func (c *hookedConn) QueryContext(ctx context.Context, q string, args []driver.N
 	if !ok {
 		return nil, driver.ErrSkip
 	}
-	c.before(q)
+	c.before(q, args)
 	rows, err := qc.QueryContext(ctx, q, args)
 	var copied *copiedRows
 	if err == nil {

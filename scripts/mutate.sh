@@ -63,6 +63,14 @@ mutation "a forgotten LeaseGuard is never cleaned up" lease_fencing.go \
 	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
 	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
 
+# --- lockrun ------------------------------------------------------------------
+mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \
+	's/syscall\.SIGQUIT, syscall\.SIGUSR1, syscall\.SIGUSR2\}/syscall.SIGQUIT, syscall.SIGUSR2}/' \
+	'^TestQuitAndUserSignalsReachTheCommand$' ./cmd/lockrun
+mutation "lockrun's command outlives lockrun" cmd/lockrun/proc_linux.go \
+	's/a\.Pdeathsig = syscall\.SIGTERM/_ = a/' \
+	'^TestCommandGetsSIGTERMWhenLockrunDies$' ./cmd/lockrun
+
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \
 	's/(const KeyDomain = ")advisorylock:v1"/$1advisorylock:v2"/' \

@@ -245,7 +245,10 @@ func (l *pgLoad) slowThenCut(c *faultClass) bool {
 	defer rivalsGoOn()
 	w.proxy.SetDelay(1200 * time.Millisecond)
 	defer w.proxy.SetDelay(0)
-	if !testdb.Poll(15*time.Second, func() bool { return w.inside.Load() }) {
+	// A section that began at full speed ends first; the next grant is
+	// the slow one.
+	if !testdb.Poll(15*time.Second, func() bool { return !w.inside.Load() }) ||
+		!testdb.Poll(15*time.Second, func() bool { return w.inside.Load() }) {
 		return false
 	}
 	aim(w, c)

@@ -32,6 +32,9 @@ mutation "keep-alive never reports a loss" conn_guard.go \
 mutation "55P03: a timed-out slice is a miss without asking the session" backend_postgres.go \
 	's/if sqlState\(err\) == "55P03" \{\n\t\treturn p\.holds\(ctx, conn, key\)/if sqlState(err) == "55P03" {\n\t\treturn SessionResult{}, nil/' \
 	'^TestLockTimeoutRacingAGrantIsAGrantOnARealServer$'
+mutation "a discarded connection goes back to the pool" conn_guard.go \
+	's/_ = conn\.Raw\(func\(any\) error \{ return driver\.ErrBadConn \}\)/_ = conn.Raw(func(any) error { return nil })/' \
+	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection)$'
 mutation "8 s wait slices" advisorylock.go \
 	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
 	'^TestWaiterDoesNotStallCreateIndexConcurrently$'
@@ -49,6 +52,12 @@ mutation "lease acquire takes a held lease (PostgreSQL)" backend_postgres.go \
 mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
 	's/(WHERE name = %s AND owner = %s AND generation = %s) AND expires_at > now\(\)/$1/' \
 	'^TestPostgresLeaseStoreProperties$'
+mutation "lease tokens do not grow (PostgreSQL)" backend_postgres.go \
+	's/generation = l\.generation \+ 1,/generation = l.generation,/' \
+	'^(TestLeaseTokensStartAtOneAndOnlyGrow|TestPostgresLeaseStoreProperties)$'
+mutation "the fence admits a token one lower (PostgreSQL)" backend_postgres.go \
+	's/WHERE f\.token <= EXCLUDED\.token/WHERE f.token <= EXCLUDED.token + 1/' \
+	'^(TestFenceAdmitsEqualAndHigherAndRefusesLower|TestPostgresLeaseStoreProperties)$'
 mutation "local deadline counts from the answer (acquire and renew)" lease_fencing.go \
 	's/return keepLease\(store, db, cfg, req, sent\), nil/return keepLease(store, db, cfg, req, cfg.clock.Now()), nil/; s/s\.deadline = localDeadline\(sent, s\.req\.TTL\)/s.deadline = localDeadline(s.clock.Now(), s.req.TTL)/' \
 	'^(TestSoak|TestSlowGrantIsLostBeforeItsDatabaseExpiry|TestLeaseDeadlineCountsFromTheSentAcquire)$'

@@ -29,9 +29,9 @@ const (
 	// A release lets a waiter in within about one round trip.
 	handoffWithin = 2 * time.Second
 	// A wait slice lasts about a second, so nothing waiting for the
-	// waiter's statements to end (CREATE INDEX CONCURRENTLY) waits much
-	// longer than a few slices.
-	slicesWithin = 6 * time.Second
+	// waiter's statements to end (CREATE INDEX CONCURRENTLY, measured at
+	// one slice here) waits much longer than a slice or two.
+	slicesWithin = 4 * time.Second
 )
 
 // handles opens two independent handles per driver: *sql.DB and *sqlx.DB.

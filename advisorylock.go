@@ -17,11 +17,27 @@
 //   - A held lock whose session dies (killed, network cut, restart) closes
 //     its Guard's Lost channel and cancels Do's context.
 //   - Behind a transaction-mode pooler (PgBouncer pool_mode=transaction)
-//     session locks cannot work; New refuses them with
-//     ErrTransactionPooler. LeaseLock works there.
+//     session locks cannot work; the first operation of a Lock refuses
+//     them with ErrTransactionPooler. LeaseLock works there.
+//   - Constructors do no I/O, as sql.Open: what needs the database (the
+//     backend of a wrapped driver, the pooler probe, SQLite's checks) runs
+//     at the first operation, under its context, once per *sql.DB. Call
+//     Check at start-up to fail early.
 //
 // Locks are not fair (waiters are not served in arrival order), and a Lock
 // is not a lease on PostgreSQL: it lasts exactly as long as its session.
+//
+// # Writing a backend
+//
+// PostgreSQL and SQLite are built in (Postgres, SQLite). Another database
+// plugs in through WithBackend with a value that implements Backend and
+// one or both of its capability interfaces: SessionLocker, for locks tied
+// to a pinned connection's session (its statements return a
+// SessionResult), and LeaseStore, for locks and leases kept as rows (its
+// statements take a LeaseRequest, whose LeaseKind names the table, and
+// return a LeaseGrant). Every method is one round trip; the package owns
+// connections, retries, keep-alives and the lease schedule. Users of the
+// built-in backends need none of these types.
 package advisorylock
 
 import (
@@ -82,47 +98,66 @@ type Holder struct {
 // its own hold, so two acquires of one Lock exclude each other, in one
 // process as across processes.
 type Lock struct {
-	db      DB
-	name    string
-	key     int64
-	cfg     config
-	session SessionLocker // set when locks are session locks
-	bounded bool          // session statements go through within
-	rows    LeaseStore    // set otherwise: the lock is a lease row
+	db    DB
+	name  string
+	key   int64
+	cfg   config
+	setup firstUse[lockBackend]
+}
+
+// lockBackend is how a Lock locks, learnt at its first operation: as a
+// session lock (session, and bounded when its statements go through
+// within), or as a lease row (rows).
+type lockBackend struct {
+	session SessionLocker
+	bounded bool
+	rows    LeaseStore
 }
 
 // New returns a Lock on name. Any string is a valid name: only its Key
 // reaches the database (and, on SQLite, the name as a bound value).
 //
-// New detects the backend from db.Driver() unless WithBackend is given,
-// and returns ErrUnsupported for a nil db, a driver it cannot detect, or an
-// in-memory SQLite database. On PostgreSQL it probes once per db for a
-// transaction-mode pooler (see DetectPooler) and returns
-// ErrTransactionPooler if it sees one, unless WithPoolerCheck(false).
+// New does no I/O, as sql.Open: it fails only for a nil db. The first
+// operation that needs the database (or Check) picks the backend, from
+// WithBackend, db.Driver()'s type, or by asking the database, and runs the
+// first-use checks, once per *sql.DB: it returns ErrUnsupported for a
+// driver it cannot detect or an in-memory SQLite database, and on
+// PostgreSQL ErrTransactionPooler when a transaction-mode pooler
+// multiplexes sessions (see DetectPooler, WithServerChecks).
 func New(db DB, name string, opts ...Option) (*Lock, error) {
-	cfg := newConfig(opts)
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout+defaultReleaseTimeout)
-	defer cancel()
-	b, err := resolveBackend(ctx, db, &cfg)
-	if err != nil {
-		return nil, wrapErr(name, "new", err)
+	if isNil(db) {
+		return nil, wrapErr(name, "new", errNilDB)
 	}
-	l := &Lock{db: db, name: name, key: Key(name), cfg: cfg}
-	switch b := b.(type) {
-	case SessionLocker:
-		l.session = b
-		l.bounded = !endsWithContext(b)
-		if cfg.poolerCheck {
-			if err := checkPooler(ctx, db, b); err != nil {
-				return nil, wrapErr(name, "new", err)
-			}
+	return &Lock{db: db, name: name, key: Key(name), cfg: newConfig(opts), setup: newFirstUse[lockBackend]()}, nil
+}
+
+// Check runs the first-use work now (see New), for a service that wants
+// to fail at start-up, as PingContext does; later operations skip it.
+func (l *Lock) Check(ctx context.Context) error {
+	_, err := l.backend(ctx)
+	return wrapErr(l.name, "check", err)
+}
+
+// backend returns how l locks, doing the first-use work once.
+func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
+	return l.setup.get(ctx, func(ctx context.Context) (*lockBackend, error) {
+		b, err := resolveBackend(ctx, l.db, &l.cfg)
+		if err != nil {
+			return nil, err
 		}
-	case LeaseStore:
-		l.rows = b
-	default:
-		return nil, wrapErr(name, "new", fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name()))
-	}
-	return l, nil
+		switch b := b.(type) {
+		case SessionLocker:
+			if l.cfg.poolerCheck && l.cfg.serverChecks {
+				if err := checkPooler(ctx, l.db, b); err != nil {
+					return nil, err
+				}
+			}
+			return &lockBackend{session: b, bounded: !endsWithContext(b)}, nil
+		case LeaseStore:
+			return &lockBackend{rows: b}, nil
+		}
+		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
+	})
 }
 
 // Name returns the lock's name.
@@ -189,10 +224,24 @@ var errBudget = errors.New("advisorylock: wait budget spent")
 // wait but is never left to cancel a statement in flight (a cancelled
 // statement costs the connection; a bounded wait does not).
 func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
-	if l.rows != nil {
-		return l.acquireRow(ctx, budget, wait)
+	if err := budget.Err(); err != nil {
+		return nil, context.Cause(budget)
 	}
-	s := &sessionHold{l: l, p: pinned{bounded: l.bounded}}
+	b, err := l.backend(budget)
+	if err != nil {
+		return nil, err
+	}
+	if b.rows != nil {
+		return l.acquireRow(ctx, budget, b.rows, wait)
+	}
+	return l.acquireSession(ctx, budget, b, wait)
+}
+
+// acquireSession takes a session lock on a connection pinned for the hold;
+// the connection guard discards the connection unless the outcome is
+// definite (see connGuard).
+func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
+	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded}}
 	cg, err := checkout(budget, l.db, &s.p)
 	if err != nil {
 		return nil, err
@@ -200,17 +249,12 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	defer cg.settle()
 	// Lock tries first too: a free lock costs the one cheap statement, and
 	// only a held one starts the server-side wait.
-	res, err := s.p.session(ctx, l.session, opTry, l.key)
+	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(ctx, s.p.conn, l.key) })
 	if wait && err == nil && !res.OK {
-		res, err = l.waitSession(ctx, budget, &s.p)
+		res, err = l.waitSession(ctx, budget, s.locker, &s.p)
 	}
-	if err != nil { // say why first; keep the driver's error reachable
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
-		} else if budget.Err() != nil {
-			err = fmt.Errorf("%w: %w", context.Cause(budget), err)
-		}
-		return nil, err
+	if err != nil {
+		return nil, whyFailed(ctx, budget, err)
 	}
 	if !res.OK {
 		cg.recycle()
@@ -229,6 +273,18 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	return s.grant(res.Session), nil
 }
 
+// whyFailed says first why a statement of an acquire failed when a
+// context ended, keeping the driver's error reachable.
+func whyFailed(ctx, budget context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", context.Cause(ctx), err)
+	}
+	if budget.Err() != nil {
+		return fmt.Errorf("%w: %w", context.Cause(budget), err)
+	}
+	return err
+}
+
 // maxSlice bounds each server-side wait: no waiting statement holds a
 // snapshot for longer.
 const maxSlice = time.Second
@@ -243,7 +299,7 @@ const (
 
 // waitSession waits in slices until it holds the lock, or budget ends
 // between slices (a definite miss: OK false, nil error).
-func (l *Lock) waitSession(ctx, budget context.Context, p *pinned) (SessionResult, error) {
+func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p *pinned) (SessionResult, error) {
 	for {
 		slice, grace := maxSlice, sliceGrace
 		if dl, ok := budget.Deadline(); ok {
@@ -257,7 +313,7 @@ func (l *Lock) waitSession(ctx, budget context.Context, p *pinned) (SessionResul
 			return SessionResult{}, nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, slice+grace)
-		res, err := ask(sctx, p, func() (SessionResult, error) { return l.session.WaitLockSession(sctx, p.conn, l.key, slice) })
+		res, err := ask(sctx, p, func() (SessionResult, error) { return session.WaitLockSession(sctx, p.conn, l.key, slice) })
 		cancel()
 		if err != nil || res.OK {
 			return res, err
@@ -267,12 +323,15 @@ func (l *Lock) waitSession(ctx, budget context.Context, p *pinned) (SessionResul
 
 // Holder reports who holds the lock now, or nil when it is free.
 func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
+	b, err := l.backend(ctx)
+	if err != nil {
+		return nil, wrapErr(l.name, "holder", err)
+	}
 	var h *Holder
-	var err error
-	if l.rows != nil {
-		h, err = l.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
+	if b.rows != nil {
+		h, err = b.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
 	} else {
-		h, err = l.session.SessionHolder(ctx, l.db, l.key)
+		h, err = b.session.SessionHolder(ctx, l.db, l.key)
 	}
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
@@ -287,27 +346,40 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 // fn returned an error of its own. Otherwise Do returns fn's error, or the
 // release's.
 func (l *Lock) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	g, err := l.Lock(ctx)
-	if err != nil {
-		return err
-	}
-	return g.run(ctx, fn)
+	return do(ctx, l.Lock, fn)
 }
 
 // DoTimeout is Do with the wait bounded as in LockTimeout.
 func (l *Lock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context) error) error {
-	g, err := l.LockTimeout(ctx, d)
-	if err != nil {
-		return err
-	}
-	return g.run(ctx, fn)
+	return do(ctx, func(ctx context.Context) (*Guard, error) { return l.LockTimeout(ctx, d) }, fn)
 }
 
 // TryDo runs fn only if it can take the lock at once: run-once across the
 // fleet. It returns (false, nil) when the lock is held elsewhere, and
 // otherwise (true, the error Do would return).
 func (l *Lock) TryDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
-	g, err := l.TryLock(ctx)
+	return tryDo(ctx, l.TryLock, fn)
+}
+
+// section is a held lock that runs a function and then releases itself
+// (see Guard.run): what the Do helpers of every kind of lock share.
+type section[F any] interface {
+	run(ctx context.Context, fn F) error
+}
+
+// do acquires with acquire and runs fn under the guard: Do and DoTimeout.
+func do[G section[F], F any](ctx context.Context, acquire func(context.Context) (G, error), fn F) error {
+	g, err := acquire(ctx)
+	if err != nil {
+		return err
+	}
+	return g.run(ctx, fn)
+}
+
+// tryDo is do with one attempt: (false, nil) when the lock is held
+// elsewhere.
+func tryDo[G section[F], F any](ctx context.Context, acquire func(context.Context) (G, error), fn F) (bool, error) {
+	g, err := acquire(ctx)
 	if errors.Is(err, ErrNotAcquired) {
 		return false, nil
 	}

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"net"
 	"reflect"
-	"slices"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+	"weak"
 )
 
 // Backend is a database dialect. PostgreSQL and SQLite are the two built
@@ -20,8 +23,9 @@ import (
 type Backend interface {
 	// Name is a short label, such as "postgres"; it shows in Holder.Backend.
 	Name() string
-	// Validate is called once by New, NewLeaseLock and NewFence and refuses
-	// a handle the backend cannot lock safely (wrap ErrUnsupported).
+	// Validate is called at the first operation on a *sql.DB (once per
+	// *sql.DB; skipped with WithServerChecks(false)) and refuses a handle
+	// the backend cannot lock safely (wrap ErrUnsupported).
 	Validate(ctx context.Context, db DB) error
 }
 
@@ -29,6 +33,8 @@ type Backend interface {
 // session: the lock is taken on a pinned connection and ends with it.
 // Every method is one round trip and must leave conn usable when it
 // returns a nil error.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type SessionLocker interface {
 	Backend
 	// TryLockSession makes one attempt; OK false is a definite miss.
@@ -48,6 +54,8 @@ type SessionLocker interface {
 }
 
 // SessionResult is the outcome of one session-lock statement.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type SessionResult struct {
 	OK      bool  // acquired, or released
 	Session int64 // the server session that ran it (PostgreSQL backend pid); 0 if unknown
@@ -55,6 +63,8 @@ type SessionResult struct {
 
 // LeaseStore is a Backend that keeps leases as rows. Every method is one
 // statement (one round trip), committed on its own.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type LeaseStore interface {
 	Backend
 	// AcquireLease takes the row if it is free or expired, in one atomic
@@ -76,6 +86,8 @@ type LeaseStore interface {
 }
 
 // LeaseKind says which table a lease row lives in.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type LeaseKind int
 
 const (
@@ -88,6 +100,8 @@ const (
 )
 
 // LeaseRequest describes one lease statement.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type LeaseRequest struct {
 	Kind  LeaseKind
 	Name  string
@@ -99,6 +113,8 @@ type LeaseRequest struct {
 }
 
 // LeaseGrant is what an acquire or renew granted.
+//
+// For backend authors: see "Writing a backend" in the package doc.
 type LeaseGrant struct {
 	Token     FencingToken // the generation; for KindLock any value >= 1
 	ExpiresAt time.Time    // r.Now + r.TTL; where the database's clock decides (PostgreSQL), an estimate
@@ -110,29 +126,202 @@ type driverBound interface {
 	forDriver(db DB) Backend
 }
 
-// resolveBackend picks the backend: the configured one, else one detected
-// from the driver's type, else one detected by asking the database.
-func resolveBackend(ctx context.Context, db DB, c *config) (Backend, error) {
-	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
-		return nil, fmt.Errorf("%w: nil DB", ErrUnsupported)
-	}
+// localBackend returns the backend that needs no I/O to pick: the
+// configured one, else the one the driver's type names; nil when neither
+// tells (a wrapped driver: firstUse asks the database).
+func localBackend(db DB, c *config) Backend {
 	b := c.backend
 	if b == nil {
 		b = backendForDriver(db)
 	}
-	if b == nil {
-		b = backendByAsking(ctx, db)
-	}
-	if b == nil {
-		return nil, fmt.Errorf("%w: cannot tell which database driver %T talks to; pass WithBackend(Postgres()) or WithBackend(SQLite())", ErrUnsupported, db.Driver())
-	}
 	if d, ok := b.(driverBound); ok {
 		b = d.forDriver(db)
 	}
-	if err := b.Validate(ctx, db); err != nil {
+	return b
+}
+
+// isNil reports a nil db, also a typed nil pointer in the interface.
+func isNil(db DB) bool {
+	if db == nil {
+		return true
+	}
+	v := reflect.ValueOf(db)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// errNilDB is what the constructors return for a nil db.
+var errNilDB = fmt.Errorf("%w: nil DB", ErrUnsupported)
+
+// resolveBackend picks the backend at an operation that may talk to the
+// database: the local one (see localBackend), else the one the database
+// says it is, asked once per *sql.DB. Unless the server checks are off it
+// then runs the backend's Validate, once per *sql.DB.
+func resolveBackend(ctx context.Context, db DB, c *config) (Backend, error) {
+	if isNil(db) {
+		return nil, errNilDB
+	}
+	b := localBackend(db, c)
+	if b == nil {
+		var err error
+		b, err = cachedVerdict(ctx, db, "backend", func(ctx context.Context) (Backend, error) {
+			if b := backendByAsking(ctx, db); b != nil {
+				return b, nil
+			}
+			return nil, fmt.Errorf("%w: cannot tell which database driver %T talks to; pass WithBackend(Postgres()) or WithBackend(SQLite())", ErrUnsupported, db.Driver())
+		})
+		if err != nil {
+			return nil, err
+		}
+		if d, ok := b.(driverBound); ok {
+			b = d.forDriver(db)
+		}
+	}
+	if !c.serverChecks {
+		return b, nil
+	}
+	_, err := cachedVerdict(ctx, db, "validate "+b.Name(), func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, b.Validate(ctx, db)
+	})
+	return b, err
+}
+
+// firstUse runs a lock's first-use work once, under the context of the
+// first operation that needs it: whatever needs the database (see
+// resolveBackend), so that constructors do no I/O, as sql.Open. A failure
+// is not kept: the next operation tries again. Operations that arrive
+// while it runs wait for it, as long as their own context allows.
+type firstUse[T any] struct {
+	turn chan struct{} // a token: whoever holds it runs the work
+	v    atomic.Pointer[T]
+}
+
+func newFirstUse[T any]() firstUse[T] { return firstUse[T]{turn: make(chan struct{}, 1)} }
+
+// get returns the work's result, running it first if no run succeeded yet.
+func (f *firstUse[T]) get(ctx context.Context, work func(ctx context.Context) (*T, error)) (*T, error) {
+	if v := f.v.Load(); v != nil {
+		return v, nil
+	}
+	select {
+	case f.turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	defer func() { <-f.turn }()
+	if v := f.v.Load(); v != nil {
+		return v, nil
+	}
+	v, err := work(ctx)
+	if err != nil {
 		return nil, err
 	}
-	return b, nil
+	f.v.Store(v)
+	return v, nil
+}
+
+// verdicts caches, per *sql.DB, what first uses learn about it (the
+// backend a wrapped driver talks to, Validate's verdict, the pooler
+// probe's). It is the package's only global mutable state, guarded by mu.
+// Entries are keyed by weak pointers and removed when their *sql.DB is
+// garbage collected, so the cache keeps no pool alive. A verdict in
+// flight is shared: callers that arrive meanwhile wait for it. A failed
+// one is not kept: the next caller decides again.
+var verdicts = struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[sql.DB]]map[string]*verdict
+}{m: map[weak.Pointer[sql.DB]]map[string]*verdict{}}
+
+type verdict struct {
+	done chan struct{} // closed when val and err are set
+	val  any
+	err  error
+}
+
+// cachedVerdict returns what decide says about db, deciding once per
+// *sql.DB and per what. A handle that is not a *sql.DB and embeds none is
+// decided on every call.
+func cachedVerdict[T any](ctx context.Context, db DB, what string, decide func(ctx context.Context) (T, error)) (T, error) {
+	pool := sqlDBOf(db)
+	if pool == nil {
+		return decide(ctx)
+	}
+	key := weak.Make(pool)
+	for {
+		v, mine := verdictFor(pool, key, what)
+		if !mine {
+			select {
+			case <-v.done:
+			case <-ctx.Done():
+				var zero T
+				return zero, context.Cause(ctx)
+			}
+			if v.err != nil {
+				continue // decided under someone else's context: decide again
+			}
+			return v.val.(T), nil
+		}
+		val, err := decide(ctx)
+		v.val, v.err = val, err
+		if err != nil {
+			forgetVerdict(key, what, v)
+		}
+		close(v.done)
+		return val, err
+	}
+}
+
+// verdictFor returns the verdict of what for pool, and mine true when the
+// caller made it and must decide it.
+func verdictFor(pool *sql.DB, key weak.Pointer[sql.DB], what string) (v *verdict, mine bool) {
+	verdicts.mu.Lock()
+	defer verdicts.mu.Unlock()
+	byWhat := verdicts.m[key]
+	if byWhat == nil {
+		byWhat = map[string]*verdict{}
+		verdicts.m[key] = byWhat
+		runtime.AddCleanup(pool, forgetPool, key)
+	}
+	if v := byWhat[what]; v != nil {
+		return v, false
+	}
+	v = &verdict{done: make(chan struct{})}
+	byWhat[what] = v
+	return v, true
+}
+
+func forgetVerdict(key weak.Pointer[sql.DB], what string, v *verdict) {
+	verdicts.mu.Lock()
+	defer verdicts.mu.Unlock()
+	if byWhat := verdicts.m[key]; byWhat[what] == v {
+		delete(byWhat, what)
+	}
+}
+
+func forgetPool(key weak.Pointer[sql.DB]) {
+	verdicts.mu.Lock()
+	defer verdicts.mu.Unlock()
+	delete(verdicts.m, key)
+}
+
+// sqlDBOf returns the *sql.DB behind db: db itself, or the exported
+// *sql.DB that a struct such as sqlx.DB embeds; nil if there is none.
+func sqlDBOf(db DB) *sql.DB {
+	if p, ok := db.(*sql.DB); ok {
+		return p
+	}
+	v := reflect.ValueOf(db)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	v = v.Elem()
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		if f.Anonymous && f.IsExported() && f.Type == reflect.TypeFor[*sql.DB]() {
+			p, _ := v.Field(i).Interface().(*sql.DB)
+			return p
+		}
+	}
+	return nil
 }
 
 // backendForDriver detects the backend from the driver's package path,
@@ -195,69 +384,30 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// handle is where a statement runs: a *sql.DB, *sql.Conn or *sql.Tx,
-// called as such so that the statement's arguments stay on the stack, or
-// any other querier (an sqlx.DB, a wrapper).
-type handle struct {
-	db    *sql.DB
-	conn  *sql.Conn
-	tx    *sql.Tx
-	other querier
-}
-
-func handleOf(q querier) handle {
-	switch q := q.(type) {
-	case *sql.DB:
-		return handle{db: q}
-	case *sql.Conn:
-		return handle{conn: q}
-	case *sql.Tx:
-		return handle{tx: q}
-	}
-	return handle{other: q}
-}
-
-// ExecContext runs a statement that returns no rows.
-func (h handle) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	switch {
-	case h.db != nil:
-		return h.db.ExecContext(ctx, query, args...)
-	case h.conn != nil:
-		return h.conn.ExecContext(ctx, query, args...)
-	case h.tx != nil:
-		return h.tx.ExecContext(ctx, query, args...)
-	}
-	// A copy: args handed to an interface would move every caller's
-	// arguments to the heap.
-	return h.other.ExecContext(ctx, query, slices.Clone(args)...)
-}
-
-// QueryRowContext runs a statement that returns at most one row.
-func (h handle) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	switch {
-	case h.db != nil:
-		return h.db.QueryRowContext(ctx, query, args...)
-	case h.conn != nil:
-		return h.conn.QueryRowContext(ctx, query, args...)
-	case h.tx != nil:
-		return h.tx.QueryRowContext(ctx, query, args...)
-	}
-	return h.other.QueryRowContext(ctx, query, slices.Clone(args)...)
-}
-
-// onHandle returns where a lease statement runs: db itself when it runs
-// statements (*sql.DB, *sqlx.DB), which takes a pooled connection for each
-// statement as database/sql does for any, and costs less than a checkout;
-// else a connection checked out of db, which done returns.
-func onHandle(ctx context.Context, db DB) (h handle, done func(), err error) {
+// statementsOn returns where a statement that holds no lock runs (lease
+// steps, holders): db itself when it runs statements (*sql.DB, *sqlx.DB),
+// so that database/sql retries a dead pooled connection with another, as
+// it does for any statement; else a connection checked out of db, which
+// done returns.
+func statementsOn(ctx context.Context, db DB) (q querier, done func(), err error) {
 	if q, ok := db.(querier); ok {
-		return handleOf(q), func() {}, nil
+		return q, func() {}, nil
 	}
 	conn, err := takeConn(ctx, db)
 	if err != nil {
-		return handle{}, nil, err
+		return nil, nil, err
 	}
-	return handle{conn: conn}, func() { _ = conn.Close() }, nil
+	return conn, func() { _ = conn.Close() }, nil
+}
+
+// unreachable marks as ErrPoolUnavailable the error of a statement that
+// never reached the server: dialing for it failed, so nothing was sent.
+func unreachable(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" && !errors.Is(err, ErrPoolUnavailable) {
+		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+	}
+	return err
 }
 
 // takeConn checks a connection out of db; a failure is ErrPoolUnavailable.
@@ -270,18 +420,4 @@ func takeConn(ctx context.Context, db DB) (*sql.Conn, error) {
 		return nil, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
 	}
 	return conn, nil
-}
-
-// unreachable marks as ErrPoolUnavailable the error of a statement run on
-// a handle that never reached the server: dialing it failed, so nothing
-// was sent.
-func unreachable(err error) error {
-	if err == nil || errors.Is(err, ErrPoolUnavailable) {
-		return err
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
-	}
-	return err
 }

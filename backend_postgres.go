@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -48,60 +47,82 @@ func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 	return conn.QueryRowContext(ctx, "SELECT version()").Scan(&v) == nil && strings.Contains(v, "PostgreSQL")
 }
 
-// keyedSQL is a session statement with integer values: the text around
-// them, and the same text with $1, $2, … in their places.
-type keyedSQL struct {
-	parts  []string
-	params string
-}
-
-func keyed(parts ...string) keyedSQL {
-	var b strings.Builder
-	for i, part := range parts {
-		if i > 0 {
-			b.WriteString("$" + strconv.Itoa(i))
-		}
-		b.WriteString(part)
-	}
-	return keyedSQL{parts: parts, params: b.String()}
-}
-
-var (
-	// The try and the unlock are sent with Exec: the row count is the
-	// answer (1: granted, or released), which spares database/sql and the
-	// driver a result set (about ten allocations a statement) and, when
-	// the context can end, database/sql a goroutine that watches it.
-	sqlTryLock = keyed("SELECT WHERE pg_try_advisory_lock(", ")")
-	sqlUnlock  = keyed("SELECT WHERE pg_advisory_unlock(", ")")
-	sqlWait    = keyed("SELECT pg_advisory_lock(", ") IS NULL, pg_backend_pid() FROM (SELECT set_config('lock_timeout', (", ")::int::text, true)) AS bounded")
+// The session statements. Texts are constant: with pgx the key goes as an
+// argument (pgx caches one prepared statement per text), with lib/pq
+// statement writes it into the text as a literal (see statement).
+//
+// The try and the unlock are sent with Exec: the row count is the answer
+// (1: granted, or released), which spares database/sql and the driver a
+// result set.
+const (
+	pgTryLock = `SELECT WHERE pg_try_advisory_lock($1::bigint)`
+	pgUnlock  = `SELECT WHERE pg_advisory_unlock($1::bigint)`
+	pgWait    = `SELECT pg_advisory_lock($1::bigint) IS NULL, pg_backend_pid() FROM (SELECT set_config('lock_timeout', $2::bigint::text, true)) AS bounded`
 )
 
-// text returns s with vals: as literals in the text (lib/pq sends a
-// statement with arguments as two round trips), or as arguments to the
-// constant text (pgx sends them in one, and caches the statement).
-func (p *postgres) text(s keyedSQL, vals ...int64) (string, []any) {
+// statement returns text and its arguments in the form the driver sends
+// in one round trip: pgx sends arguments with the statement and caches it
+// by its text, so they stay arguments; lib/pq (and unknown drivers) send a
+// statement with arguments as two round trips, so they are written into
+// the text as literals.
+func (p *postgres) statement(text string, args ...any) (string, []any, error) {
 	if p.params {
-		args := make([]any, len(vals))
-		for i, v := range vals {
-			args[i] = v
-		}
-		return s.params, args
+		return text, args, nil
 	}
-	var b strings.Builder
-	b.Grow(len(s.params) + 20*len(vals))
-	for i, part := range s.parts {
-		if i > 0 {
-			b.WriteString(strconv.FormatInt(vals[i-1], 10))
-		}
-		b.WriteString(part)
-	}
-	return b.String(), nil
+	q, err := inline(text, args)
+	return q, nil, err
 }
 
-// rowStatement runs s, one row or none, and reports whether it returned a
-// row.
-func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, s keyedSQL, key int64) (bool, error) {
-	q, args := p.text(s, key)
+// inline writes args into text's $n placeholders as SQL literals: an
+// int64 in decimal (in parentheses when negative, so that a cast binds to
+// the whole number), a string through quoteLiteral. The statement texts
+// hold no other '$'.
+func inline(text string, args []any) (string, error) {
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(text, '$')
+		if i < 0 {
+			b.WriteString(text)
+			return b.String(), nil
+		}
+		j := i + 1
+		for j < len(text) && '0' <= text[j] && text[j] <= '9' {
+			j++
+		}
+		n, _ := strconv.Atoi(text[i+1 : j])
+		if n < 1 || n > len(args) {
+			return "", fmt.Errorf("advisorylock: statement placeholder %q has no argument", text[i:j])
+		}
+		lit, err := literal(args[n-1])
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(text[:i])
+		b.WriteString(lit)
+		text = text[j:]
+	}
+}
+
+// literal writes one statement argument as SQL text.
+func literal(v any) (string, error) {
+	switch v := v.(type) {
+	case int64:
+		if v < 0 {
+			return "(" + strconv.FormatInt(v, 10) + ")", nil
+		}
+		return strconv.FormatInt(v, 10), nil
+	case string:
+		return quoteLiteral(v)
+	}
+	return "", fmt.Errorf("advisorylock: cannot write a %T into SQL text", v)
+}
+
+// rowStatement runs text on conn and reports whether it returned a row.
+func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string, key int64) (bool, error) {
+	q, args, err := p.statement(text, key)
+	if err != nil {
+		return false, err
+	}
 	res, err := conn.ExecContext(ctx, q, args...)
 	if err != nil {
 		return false, err
@@ -114,7 +135,7 @@ func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, s keyedSQL,
 // lock, and UnlockSession finds out by itself when a pooler moved the
 // connection to another server session.
 func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	ok, err := p.rowStatement(ctx, conn, sqlTryLock, key)
+	ok, err := p.rowStatement(ctx, conn, pgTryLock, key)
 	return SessionResult{OK: ok}, err
 }
 
@@ -130,10 +151,13 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 // costs one more round trip, to ask whether the session holds the lock;
 // if it does, that is a grant.
 func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
-	q, args := p.text(sqlWait, key, max(slice.Milliseconds(), 1))
+	q, args, err := p.statement(pgWait, key, max(slice.Milliseconds(), 1))
+	if err != nil {
+		return SessionResult{}, err
+	}
 	var r SessionResult
 	var void bool
-	err := conn.QueryRowContext(ctx, q, args...).Scan(&void, &r.Session)
+	err = conn.QueryRowContext(ctx, q, args...).Scan(&void, &r.Session)
 	if sqlState(err) == "55P03" {
 		return p.holds(ctx, conn, key)
 	}
@@ -150,7 +174,7 @@ func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int6
 // than one server session (a transaction-mode pooler), reported as
 // ErrTransactionPooler; nobody holding it is OK false.
 func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	ok, err := p.rowStatement(ctx, conn, sqlUnlock, key)
+	ok, err := p.rowStatement(ctx, conn, pgUnlock, key)
 	if ok || err != nil {
 		return SessionResult{OK: ok}, err
 	}
@@ -204,36 +228,18 @@ func (p *postgres) SessionIdentity(ctx context.Context, conn *sql.Conn) (string,
 // the holder's acquire statement started while that is still its latest
 // statement, and otherwise its session's start (an earlier bound).
 func (p *postgres) SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
-	stmt := `SELECT l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+	q := `SELECT l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
   CASE WHEN a.query LIKE 'SELECT pg\_%advisory\_lock(%' THEN a.query_start ELSE a.backend_start END
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE ` + advisoryWhere(key) + ` ORDER BY l.pid LIMIT 1`
-	read := func() (*Holder, error) {
-		h := &Holder{Backend: p.Name(), Key: key}
-		var since sql.NullTime
-		err := p.run(ctx, db, func(on handle) error {
-			return on.QueryRowContext(ctx, stmt).Scan(&h.PID, &h.Application, &h.ClientAddr, &since)
-		})
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		h.Since = since.Time
-		return h, nil
+	h := &Holder{Backend: p.Name(), Key: key}
+	var since sql.NullTime
+	found, err := p.queryRow(ctx, db, q, nil, &h.PID, &h.Application, &h.ClientAddr, &since)
+	if !found || err != nil {
+		return nil, err
 	}
-	return bounded(ctx, p, read)
-}
-
-// bounded runs f, bounded by ctx even where the driver does not end a
-// statement with ctx (see grant). The hot lease steps branch by themselves
-// instead, so that pgx pays for no closure.
-func bounded[T any](ctx context.Context, p *postgres, f func() (T, error)) (T, error) {
-	if p.endsWithContext() {
-		return f()
-	}
-	return within(ctx, f, nil, nil)
+	h.Since = since.Time
+	return h, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -242,12 +248,8 @@ func bounded[T any](ctx context.Context, p *postgres, f func() (T, error)) (T, e
 // A LeaseLock is a row in advisorylock_leases and a Fence a row in
 // advisorylock_fences. Every lease time comes from the database clock
 // (now()), never from the application: LeaseRequest.Now is ignored here.
-// Each step is one autocommit statement, sent in one round trip: with
-// lib/pq (and unknown drivers) the values are written into the SQL text,
-// strings through quoteLiteral, because lib/pq sends a query with
-// arguments as two round trips; with pgx the text is constant and the
-// values go as $n arguments, because pgx caches one prepared statement per
-// SQL text and distinct texts would churn its cache.
+// Each step is one autocommit statement, sent in one round trip (see
+// statement).
 
 // postgresTables is the DDL of the lease and fence tables, one statement
 // each. Operators query these tables: their names and columns are part of
@@ -281,21 +283,20 @@ func (p *postgres) Schema() string {
 	return strings.Join(postgresTables, ";\n\n") + ";\n"
 }
 
-// The lease statements. Each %s is a value written by pgSQL: a literal or
-// a $n argument.
+// The lease statements; see statement for how their arguments are sent.
 const (
 	// The upsert bumps the generation only if the row is free or expired;
 	// no row returned means held. A conflicting concurrent acquire waits
 	// for the row lock and then sees the winner's row, so one name is
 	// never granted twice.
 	pgAcquireLease = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
-VALUES (%s, %s, 1, now(), now() + %s * interval '1 millisecond')
+VALUES ($1::text, $2::text, 1, now(), now() + $3::bigint * interval '1 millisecond')
 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = l.generation + 1,
 	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
 WHERE l.owner IS NULL OR l.expires_at <= now()
 RETURNING generation`
-	pgRenewLease = `UPDATE advisorylock_leases SET expires_at = now() + %s * interval '1 millisecond'
-WHERE name = %s AND owner = %s AND generation = %s AND expires_at > now()
+	pgRenewLease = `UPDATE advisorylock_leases SET expires_at = now() + $1::bigint * interval '1 millisecond'
+WHERE name = $2::text AND owner = $3::text AND generation = $4::bigint AND expires_at > now()
 RETURNING generation`
 	// The release need not be durable (a lost release only means waiting
 	// for the expiry), so it commits without waiting for the WAL flush:
@@ -305,115 +306,20 @@ RETURNING generation`
 	// and frees whatever its owner label, unique per acquire, holds.
 	pgReleaseLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-WHERE name = %s AND generation = %s AND owner IS NOT NULL`
+WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL`
 	pgAbandonLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-WHERE name = %s AND owner = %s`
+WHERE name = $1::text AND owner = $2::text`
 	pgLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
-WHERE name = %s AND owner IS NOT NULL AND expires_at > now()`
+WHERE name = $1::text AND owner IS NOT NULL AND expires_at > now()`
 	// The upsert stores the token only if it is not lower than the stored
 	// one; no row returned means stale. It locks the row either way, so the
 	// caller's write commits before any later admit of the resource.
-	pgAdmitToken = `INSERT INTO advisorylock_fences AS f (resource, token) VALUES (%s, %s)
+	pgAdmitToken = `INSERT INTO advisorylock_fences AS f (resource, token) VALUES ($1::text, $2::bigint)
 ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token
 RETURNING token`
-	pgHighestToken = `SELECT token FROM advisorylock_fences WHERE resource = %s`
+	pgHighestToken = `SELECT token FROM advisorylock_fences WHERE resource = $1::text`
 )
-
-// pgSQL writes the values of one statement: as literals, or (params) as
-// $n arguments collected in args. It lives on its caller's stack, and so
-// do its arguments: a slice it appended to would be on the heap.
-type pgSQL struct {
-	params bool
-	n      int
-	vals   [4]any // as many as a statement has
-	err    error
-}
-
-func (p *postgres) sql() pgSQL { return pgSQL{params: p.params} }
-
-// args returns the $n arguments written so far.
-func (q *pgSQL) args() []any { return q.vals[:q.n] }
-
-// text writes a string value.
-func (q *pgSQL) text(s string) string {
-	if q.params {
-		q.vals[q.n] = s
-		q.n++
-		return placeholder(q.n, "::text")
-	}
-	lit, err := quoteLiteral(s)
-	if err != nil && q.err == nil {
-		q.err = err
-	}
-	return lit
-}
-
-// int writes an integer value.
-func (q *pgSQL) int(v int64) string {
-	if q.params {
-		q.vals[q.n] = v
-		q.n++
-		return placeholder(q.n, "::bigint")
-	}
-	return strconv.FormatInt(v, 10)
-}
-
-// placeholder is $n with a cast; the first few are made once.
-func placeholder(n int, cast string) string {
-	if n < len(placeholders) {
-		switch cast {
-		case "::text":
-			return placeholders[n][0]
-		case "::bigint":
-			return placeholders[n][1]
-		}
-	}
-	return "$" + strconv.Itoa(n) + cast
-}
-
-var placeholders = func() (p [8][2]string) {
-	for n := range p {
-		p[n] = [2]string{"$" + strconv.Itoa(n) + "::text", "$" + strconv.Itoa(n) + "::bigint"}
-	}
-	return p
-}()
-
-// stmt fills format with the values written so far. With arguments the
-// text depends on format alone, so it is made once per format.
-func (q *pgSQL) stmt(format string, vals ...string) string {
-	if !q.params {
-		return fill(format, vals)
-	}
-	if t, ok := paramTexts.Load(format); ok {
-		return t.(string)
-	}
-	t := fill(format, vals)
-	paramTexts.Store(format, t)
-	return t
-}
-
-// paramTexts caches the $n text of each statement format.
-var paramTexts sync.Map
-
-// fill writes vals into format's %s verbs, in order, in one allocation;
-// the statement formats use no other verb.
-func fill(format string, vals []string) string {
-	size := len(format)
-	for _, v := range vals {
-		size += len(v)
-	}
-	var b strings.Builder
-	b.Grow(size)
-	for _, v := range vals {
-		before, after, _ := strings.Cut(format, "%s")
-		b.WriteString(before)
-		b.WriteString(v)
-		format = after
-	}
-	b.WriteString(format)
-	return b.String()
-}
 
 // quoteLiteral returns s as a PostgreSQL string constant that reads back
 // as exactly s whatever standard_conforming_strings says: an escape string
@@ -460,13 +366,15 @@ func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (Lea
 	if r.Kind != KindLease {
 		return LeaseGrant{}, errNoLockRows
 	}
-	q := p.sql()
-	stmt := q.stmt(pgAcquireLease, q.text(r.Name), q.text(r.Owner), q.int(ttlMillis(r.TTL)))
-	g, found, err := p.grant(ctx, db, q, stmt, r)
-	if err == nil && !found {
-		err = ErrNotAcquired
+	var gen int64
+	found, err := p.queryRow(ctx, db, pgAcquireLease, []any{r.Name, r.Owner, ttlMillis(r.TTL)}, &gen)
+	if err != nil {
+		return LeaseGrant{}, err
 	}
-	return g, err
+	if !found {
+		return LeaseGrant{}, ErrNotAcquired
+	}
+	return p.granted(r, gen), nil
 }
 
 // RenewLease extends the lease by its TTL from the database's now, if
@@ -475,13 +383,22 @@ func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Lease
 	if r.Kind != KindLease {
 		return LeaseGrant{}, errNoLockRows
 	}
-	q := p.sql()
-	stmt := q.stmt(pgRenewLease, q.int(ttlMillis(r.TTL)), q.text(r.Name), q.text(r.Owner), q.int(r.Token.Int64()))
-	g, found, err := p.grant(ctx, db, q, stmt, r)
-	if err == nil && !found {
-		err = fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
+	var gen int64
+	found, err := p.queryRow(ctx, db, pgRenewLease, []any{ttlMillis(r.TTL), r.Name, r.Owner, r.Token.Int64()}, &gen)
+	if err != nil {
+		return LeaseGrant{}, err
 	}
-	return g, err
+	if !found {
+		return LeaseGrant{}, fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
+	}
+	return p.granted(r, gen), nil
+}
+
+// granted is the grant of generation gen. The database's clock decides
+// the expiry; ExpiresAt is the local estimate.
+func (p *postgres) granted(r LeaseRequest, gen int64) LeaseGrant {
+	_, expires := leaseTimes(r)
+	return LeaseGrant{Token: FencingToken(gen), ExpiresAt: time.UnixMilli(expires)}
 }
 
 // ReleaseLease frees the lease if grant r.Token still holds it (with
@@ -491,28 +408,10 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 	if r.Kind != KindLease {
 		return errNoLockRows
 	}
-	q := p.sql()
-	var stmt string
 	if r.Token == 0 {
-		stmt = q.stmt(pgAbandonLease, q.text(r.Name), q.text(r.Owner))
-	} else {
-		stmt = q.stmt(pgReleaseLease, q.text(r.Name), q.int(r.Token.Int64()))
+		return p.exec(ctx, db, pgAbandonLease, r.Name, r.Owner)
 	}
-	if q.err != nil {
-		return q.err
-	}
-	if !p.endsWithContext() { // see grant
-		_, err := within(ctx, func() (struct{}, error) { return struct{}{}, p.release(ctx, db, nil, stmt) }, nil, nil)
-		return err
-	}
-	return p.release(ctx, db, q.args(), stmt)
-}
-
-func (p *postgres) release(ctx context.Context, db DB, args []any, stmt string) error {
-	return p.run(ctx, db, func(h handle) error {
-		_, err := h.ExecContext(ctx, stmt, args...)
-		return err
-	})
+	return p.exec(ctx, db, pgReleaseLease, r.Name, r.Token.Int64())
 }
 
 // LeaseHolder reports the lease's holder, or nil when it is free or
@@ -521,110 +420,97 @@ func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Hol
 	if r.Kind != KindLease {
 		return nil, errNoLockRows
 	}
-	q := p.sql()
-	stmt := q.stmt(pgLeaseHolder, q.text(r.Name))
-	if q.err != nil {
-		return nil, q.err
+	h := &Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
+	var gen int64
+	found, err := p.queryRow(ctx, db, pgLeaseHolder, []any{r.Name}, &h.Owner, &gen, &h.Since, &h.ExpiresAt)
+	if !found || err != nil {
+		return nil, err
 	}
-	return bounded(ctx, p, func() (*Holder, error) {
-		h := &Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
-		var gen int64
-		err := p.run(ctx, db, func(on handle) error {
-			return on.QueryRowContext(ctx, stmt, q.args()...).Scan(&h.Owner, &gen, &h.Since, &h.ExpiresAt)
-		})
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		h.Token = FencingToken(gen)
-		return h, nil
-	})
+	h.Token = FencingToken(gen)
+	return h, nil
 }
 
 // AdmitToken stores token as resource's highest in tx if it is not lower
 // than the stored one; otherwise it reads the highest and returns a
 // *StaleTokenError. The table must exist: a missing table aborts tx
-// (NewFence creates it).
+// (Fence creates it at its first Admit).
 func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
-	q := p.sql()
-	stmt := q.stmt(pgAdmitToken, q.text(resource), q.int(token.Int64()))
-	if q.err != nil {
-		return q.err
+	q, args, err := p.statement(pgAdmitToken, resource, token.Int64())
+	if err != nil {
+		return err
 	}
 	var got int64
-	err := tx.QueryRowContext(ctx, stmt, q.args()...).Scan(&got)
+	err = tx.QueryRowContext(ctx, q, args...).Scan(&got)
 	if !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
-	q = p.sql()
-	stmt = q.stmt(pgHighestToken, q.text(resource))
+	q, args, err = p.statement(pgHighestToken, resource)
+	if err != nil {
+		return err
+	}
 	var highest int64
-	if err := tx.QueryRowContext(ctx, stmt, q.args()...).Scan(&highest); err != nil {
+	if err := tx.QueryRowContext(ctx, q, args...).Scan(&highest); err != nil {
 		return fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
 	}
 	return &StaleTokenError{Resource: resource, Token: token, Highest: FencingToken(highest)}
 }
 
-// grant runs an acquire or renew statement and reads the grant it
-// returns; found is false when it returned no row. Where the driver does
-// not end a statement with ctx (lib/pq), the step is bounded by ctx all
-// the same (see within): a lease step stuck on a dead network must not
-// hold an acquire, a renewal or a release. The branch is here, not in a
-// helper, so that the drivers that need no bound pay for no closure; the
-// bounded drivers get literals, so the closure passes no arguments (which
-// would move every statement's arguments to the heap).
-func (p *postgres) grant(ctx context.Context, db DB, q pgSQL, stmt string, r LeaseRequest) (LeaseGrant, bool, error) {
-	if q.err != nil {
-		return LeaseGrant{}, false, q.err
+// queryRow runs a statement that returns at most one row into dest, on a
+// connection of db's (see run); found is false when it returned none.
+func (p *postgres) queryRow(ctx context.Context, db DB, text string, args []any, dest ...any) (found bool, err error) {
+	q, args, err := p.statement(text, args...)
+	if err != nil {
+		return false, err
 	}
-	if !p.endsWithContext() {
-		type granted struct {
-			g     LeaseGrant
-			found bool
-		}
-		a, err := within(ctx, func() (granted, error) {
-			g, found, err := p.grantNow(ctx, db, nil, stmt, r)
-			return granted{g, found}, err
-		}, nil, nil)
-		return a.g, a.found, err
-	}
-	return p.grantNow(ctx, db, q.args(), stmt, r)
-}
-
-func (p *postgres) grantNow(ctx context.Context, db DB, args []any, stmt string, r LeaseRequest) (LeaseGrant, bool, error) {
-	var gen int64
-	err := p.run(ctx, db, func(h handle) error {
-		return h.QueryRowContext(ctx, stmt, args...).Scan(&gen)
+	err = p.run(ctx, db, func(on querier) error {
+		return on.QueryRowContext(ctx, q, args...).Scan(dest...)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
-		return LeaseGrant{}, false, nil
+		return false, nil
 	}
-	if err != nil {
-		return LeaseGrant{}, false, err
-	}
-	_, expires := leaseTimes(r) // the database's clock decides; this is the local estimate
-	return LeaseGrant{Token: FencingToken(gen), ExpiresAt: time.UnixMilli(expires)}, true, nil
+	return err == nil, err
 }
 
-// run runs stmt where lease statements run (see onHandle). If a table is
-// missing it creates the tables and runs stmt again, once. A name too long
-// for the primary key's index is reported as ErrUnsupported, and no rows
-// from a statement whose context ended as an unknown outcome.
-func (p *postgres) run(ctx context.Context, db DB, stmt func(h handle) error) error {
-	h, done, err := onHandle(ctx, db)
+// exec runs a statement that returns no rows, as queryRow does.
+func (p *postgres) exec(ctx context.Context, db DB, text string, args ...any) error {
+	q, args, err := p.statement(text, args...)
 	if err != nil {
 		return err
 	}
-	defer done()
-	err = stmt(h)
-	if sqlState(err) == "42P01" { // undefined_table
-		if err := createPostgresTables(ctx, db); err != nil {
+	return p.run(ctx, db, func(on querier) error {
+		_, err := on.ExecContext(ctx, q, args...)
+		return err
+	})
+}
+
+// run runs stmt where statements run (see statementsOn), bounded by ctx
+// also where the driver does not end a statement with ctx (see within): a
+// lease step stuck on a dead network must not hold an acquire, a renewal
+// or a release. If a table is missing it creates the tables and runs stmt
+// again, once. A name too long for the primary key's index is reported as
+// ErrUnsupported, and no rows from a statement whose context ended as an
+// unknown outcome.
+func (p *postgres) run(ctx context.Context, db DB, stmt func(on querier) error) error {
+	return p.bound(ctx, func() error {
+		on, done, err := statementsOn(ctx, db)
+		if err != nil {
 			return err
 		}
-		err = stmt(h)
-	}
+		defer done()
+		err = stmt(on)
+		if sqlState(err) == "42P01" { // undefined_table
+			if err := createPostgresTables(ctx, db); err != nil {
+				return err
+			}
+			err = stmt(on)
+		}
+		return p.explain(ctx, unreachable(err))
+	})
+}
+
+// explain turns the errors of a lease statement that mean something else
+// than they say into what they mean.
+func (p *postgres) explain(ctx context.Context, err error) error {
 	if sqlState(err) == "54000" { // program_limit_exceeded: the index row is too big
 		return fmt.Errorf("%w: the name is too long to be a PostgreSQL index key (a btree entry holds about 2.7kB after compression): %w", ErrUnsupported, err)
 	}
@@ -634,7 +520,18 @@ func (p *postgres) run(ctx context.Context, db DB, stmt func(h handle) error) er
 		// answers nothing, and "no row" means "held" or "free" here.
 		return fmt.Errorf("advisorylock: context ended while the statement ran, outcome unknown: %w", context.Cause(ctx))
 	}
-	return unreachable(err)
+	return err
+}
+
+// bound runs f, which talks to the database, bounded by ctx: as it is
+// where the driver ends a statement when its context ends (pgx), else
+// through within (lib/pq).
+func (p *postgres) bound(ctx context.Context, f func() error) error {
+	if p.endsWithContext() {
+		return f()
+	}
+	_, err := within(ctx, func() (struct{}, error) { return struct{}{}, f() }, nil, nil)
+	return err
 }
 
 // createPostgresTables creates the tables in one transaction, serialized
@@ -651,8 +548,7 @@ func createPostgresTables(ctx context.Context, db DB) error {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
 	}
 	defer tx.Rollback()
-	stmts := append([]string{schemaLock}, postgresTables...)
-	for _, s := range stmts {
+	for _, s := range append([]string{schemaLock}, postgresTables...) {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("advisorylock: creating tables: %w", err)
 		}
@@ -664,16 +560,15 @@ func createPostgresTables(ctx context.Context, db DB) error {
 }
 
 // ensureSchema creates the tables unless they exist, which costs one round
-// trip. Fence calls it: Admit runs in the caller's transaction, where a
-// missing table cannot be created and retried. Where the tables exist it
-// writes nothing, so it works through a statement-mode pooler too.
+// trip. Fence calls it before its first Admit, which runs in the caller's
+// transaction, where a missing table cannot be created and retried. Where
+// the tables exist it writes nothing, so it works through a
+// statement-mode pooler too.
 func (p *postgres) ensureSchema(ctx context.Context, db DB) error {
 	var exist bool
-	err := p.run(ctx, db, func(h handle) error {
-		return h.QueryRowContext(ctx, "SELECT to_regclass('advisorylock_leases') IS NOT NULL AND to_regclass('advisorylock_fences') IS NOT NULL").Scan(&exist)
-	})
+	_, err := p.queryRow(ctx, db, "SELECT to_regclass('advisorylock_leases') IS NOT NULL AND to_regclass('advisorylock_fences') IS NOT NULL", nil, &exist)
 	if err != nil || exist {
 		return err
 	}
-	return createPostgresTables(ctx, db)
+	return p.bound(ctx, func() error { return createPostgresTables(ctx, db) })
 }

@@ -147,7 +147,7 @@ func (sqliteBackend) Schema() string {
 
 // Validate refuses an in-memory database and creates the tables.
 func (s sqliteBackend) Validate(ctx context.Context, db DB) error {
-	return retryBusy(ctx, busyNewcomer, time.Time{}, func() error {
+	return retryBusy(ctx, busyNewcomer, func() error {
 		conn, err := takeConn(ctx, db)
 		if err != nil {
 			return err
@@ -192,7 +192,7 @@ func mainFile(ctx context.Context, conn *sql.Conn) (string, error) {
 // creating the tables at once all succeed (busy ones retry).
 func createTables(ctx context.Context, q querier) error {
 	for _, ddl := range sqliteTables {
-		if err := retryBusy(ctx, busyNewcomer, time.Time{}, func() error {
+		if err := retryBusy(ctx, busyNewcomer, func() error {
 			_, err := q.ExecContext(ctx, ddl)
 			return err
 		}); err != nil {
@@ -213,7 +213,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	now, exp := leaseTimes(r)
 	token := int64(1) // a lock row's grant; a lease row returns its generation
 	acquired := false
-	err := s.run(ctx, db, busyNewcomer, time.Time{}, func(q handle) error {
+	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
 		if r.Kind == KindLock {
 			res, err := q.ExecContext(ctx, sqliteAcquireLock, r.Key, r.Name, r.Owner, now, exp)
 			if err != nil {
@@ -245,7 +245,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
 	now, exp := leaseTimes(r)
 	var n int64
-	err := s.run(ctx, db, busyHolder, time.Time{}, func(q handle) error {
+	err := s.run(ctx, db, busyHolder, func(q querier) error {
 		var res sql.Result
 		var err error
 		if r.Kind == KindLock {
@@ -270,30 +270,13 @@ func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (L
 
 // ReleaseLease deletes a lock row if r.Owner holds it, or frees a lease
 // row (which stays, so generations never go down) if grant r.Token holds
-// it; a release with Token 0 frees what the owner label holds.
+// it; a release with Token 0 frees what the owner label holds. A release
+// waits for a busy database as long as ctx allows, plus one statement's
+// busy_timeout (an interrupt does not end the driver's busy wait): keep
+// busy_timeout below the release timeout.
 func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
-	return s.release(ctx, db, r, time.Time{})
-}
-
-// releaseWithin is ReleaseLease bounded by timeout. A release can block
-// on two things: a pool at its SetMaxOpenConns limit, which only a
-// context ends, and a busy database, which the driver's busy_timeout
-// bounds (an interrupt does not end that wait) and after it our retries.
-// So where db's pool has no limit, a time limit on the retries bounds the
-// release, and the context needs no timer (nor the driver a goroutine to
-// watch it).
-func (s sqliteBackend) releaseWithin(ctx context.Context, db DB, r LeaseRequest, timeout time.Duration) error {
-	if p, ok := db.(interface{ Stats() sql.DBStats }); ok && p.Stats().MaxOpenConnections == 0 && ctx.Done() == nil {
-		return s.release(ctx, db, r, time.Now().Add(timeout))
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	return s.release(ctx, db, r, time.Time{})
-}
-
-func (s sqliteBackend) release(ctx context.Context, db DB, r LeaseRequest, until time.Time) error {
 	now, _ := leaseTimes(r)
-	return s.run(ctx, db, busyHolder, until, func(q handle) error {
+	return s.run(ctx, db, busyHolder, func(q querier) error {
 		var err error
 		switch {
 		case r.Kind == KindLock:
@@ -312,7 +295,7 @@ func (s sqliteBackend) release(ctx context.Context, db DB, r LeaseRequest, until
 func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
 	now, _ := leaseTimes(r)
 	var h *Holder
-	err := s.run(ctx, db, busyNewcomer, time.Time{}, func(q handle) error {
+	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
 		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
 		var since, until int64
 		var err error
@@ -366,17 +349,16 @@ func leaseTimes(r LeaseRequest) (now, expires int64) {
 	return t.UnixMilli(), t.Add(r.TTL).UnixMilli()
 }
 
-// run runs stmt on db itself where it runs statements (see onHandle),
-// else on a connection checked out and returned at once; it retries while
+// run runs stmt where statements run (see statementsOn); it retries while
 // the database is busy (opening a connection runs the driver's pragmas, so
 // that can be busy too) and creates the tables if they are missing.
-func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, until time.Time, stmt func(q handle) error) error {
+func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, stmt func(q querier) error) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	created := false
-	return retryBusy(ctx, p, until, func() error {
-		q, done, err := onHandle(ctx, db)
+	return retryBusy(ctx, p, func() error {
+		q, done, err := statementsOn(ctx, db)
 		if err != nil {
 			return err
 		}
@@ -415,7 +397,7 @@ func settled(ctx context.Context, err error) error {
 // and creating the tables (in the transaction) if missing.
 func withTables(ctx context.Context, tx *sql.Tx, p busyPolicy, stmt func() error) error {
 	created := false
-	return retryBusy(ctx, p, time.Time{}, func() error {
+	return retryBusy(ctx, p, func() error {
 		err := stmt()
 		if err != nil && !created && isMissingTable(err) {
 			created = true
@@ -429,9 +411,10 @@ func withTables(ctx context.Context, tx *sql.Tx, p busyPolicy, stmt func() error
 }
 
 // retryBusy runs stmt until it returns anything but a retryable busy
-// error, ctx ends, until (if not zero) or p's patience has passed; then
+// error, ctx ends, or p's patience (if any) has passed; then
 // it returns the last busy error, wrapped with ctx's error if ctx ended.
-func retryBusy(ctx context.Context, p busyPolicy, until time.Time, stmt func() error) error {
+func retryBusy(ctx context.Context, p busyPolicy, stmt func() error) error {
+	var until time.Time
 	if p.patience() > 0 {
 		until = time.Now().Add(p.patience())
 	}

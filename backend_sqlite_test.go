@@ -120,14 +120,31 @@ func TestSQLiteRefusesInMemoryDatabase(t *testing.T) {
 					}
 				}
 			}
-			_, err = advisorylock.New(db, "job")
-			check("New", err)
-			_, err = advisorylock.NewLeaseLock(db, "job")
-			check("NewLeaseLock", err)
-			_, err = advisorylock.NewFence(db, "job")
-			check("NewFence", err)
-			_, err = advisorylock.New(db, "job", advisorylock.WithBackend(advisorylock.SQLite()))
-			check("New WithBackend", err)
+			ctx := context.Background()
+			l, err := advisorylock.New(db, "job")
+			if err != nil {
+				t.Fatalf("New: %v (it does no I/O, so it cannot know yet)", err)
+			}
+			_, err = l.TryLock(ctx)
+			check("TryLock", err)
+			check("Check", l.Check(ctx))
+			lease, err := advisorylock.NewLeaseLock(db, "job")
+			if err != nil {
+				t.Fatalf("NewLeaseLock: %v", err)
+			}
+			_, err = lease.TryLock(ctx)
+			check("LeaseLock.TryLock", err)
+			fence, err := advisorylock.NewFence(db, "job")
+			if err != nil {
+				t.Fatalf("NewFence: %v", err)
+			}
+			check("Fence.Check", fence.Check(ctx))
+			l, err = advisorylock.New(db, "job", advisorylock.WithBackend(advisorylock.SQLite()))
+			if err != nil {
+				t.Fatalf("New WithBackend: %v", err)
+			}
+			_, err = l.Holder(ctx)
+			check("Holder WithBackend", err)
 		})
 	}
 }
@@ -432,8 +449,14 @@ func TestSQLiteSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
 		t.Fatalf("fresh file has tables %q", got)
 	}
 	l := sqliteLock(t, db, testdb.UniqueName(t))
+	if got := strings.Join(tables(), " "); got != "" {
+		t.Fatalf("after New: tables %q, want none (New does no I/O)", got)
+	}
+	if err := l.Check(context.Background()); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
 	if got := strings.Join(tables(), " "); got != want {
-		t.Fatalf("after New: tables %q, want %q", got, want)
+		t.Fatalf("after Check: tables %q, want %q", got, want)
 	}
 
 	// Dropped behind the package's back: the next statement recreates them.
@@ -599,6 +622,9 @@ func TestSQLiteFenceAdmitUnderBusy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := f.Check(ctx); err != nil { // creates the tables the cases read
+			t.Fatal(err)
+		}
 		return db, other, f
 	}
 	exec := func(t *testing.T, q sqliteQuerier, stmt string) error {
@@ -713,8 +739,7 @@ func TestSQLiteContextEndingAtTheStatementGrantsNothingFalse(t *testing.T) {
 // TestSQLiteReleaseIsBoundedWhileBusy holds the database's write lock from
 // another connection while a Guard is released: the release retries until
 // WithReleaseTimeout and then fails, whether the pool has a limit (which
-// only a context can bound) or not (where a time limit on the retries
-// bounds it and the context has no timer). (With a busy_timeout longer
+// only a context can bound) or not. (With a busy_timeout longer
 // than the release timeout both take the busy_timeout: an interrupt does
 // not end SQLite's busy wait; WithReleaseTimeout says so.)
 func TestSQLiteReleaseIsBoundedWhileBusy(t *testing.T) {

@@ -74,6 +74,30 @@ func (g *connGuard) recycle() {
 // which must later recycle or discard it.
 func (g *connGuard) take() { g.armed = false }
 
+// borrow checks a connection out of db for statements that take no lock
+// (the pooler probe), through within where the driver needs it (bounded,
+// see checkout). Hand it back with giveBack.
+func borrow(ctx context.Context, db DB, bounded bool) (*sql.Conn, error) {
+	p := &pinned{bounded: bounded}
+	cg, err := checkout(ctx, db, p)
+	if err != nil {
+		return nil, err
+	}
+	cg.take()
+	return p.conn, nil
+}
+
+// giveBack ends a borrowed connection: back to the pool when its last
+// statement ended cleanly (its session holds no lock of ours), discarded
+// when one was cut short (the connection may be mid-statement).
+func giveBack(conn *sql.Conn, clean bool) {
+	if clean {
+		recycle(conn)
+	} else {
+		discard(conn)
+	}
+}
+
 // recycle returns a connection whose session holds none of our locks.
 func recycle(conn *sql.Conn) { _ = conn.Close() }
 
@@ -93,6 +117,7 @@ func discard(conn *sql.Conn) {
 type sessionHold struct {
 	hold
 	l       *Lock
+	locker  SessionLocker
 	p       pinned
 	session int64 // the server session that granted it; 0 if unknown
 
@@ -123,7 +148,7 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		s.p.discard()
 		return nil
 	}
-	res, err := s.p.session(ctx, s.l.session, opUnlock, s.key)
+	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.UnlockSession(ctx, s.p.conn, s.key) })
 	switch {
 	case err != nil:
 		s.p.discard()
@@ -155,7 +180,7 @@ func (s *sessionHold) check() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
-	held, err := ask(ctx, &s.p, func() (bool, error) { return s.l.session.HoldsSession(ctx, s.p.conn, s.key) })
+	held, err := ask(ctx, &s.p, func() (bool, error) { return s.locker.HoldsSession(ctx, s.p.conn, s.key) })
 	cancel()
 	if err == nil && held {
 		s.timer.Reset(s.l.cfg.keepAlive)
@@ -217,32 +242,6 @@ func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, erro
 	return within(ctx, stmt, func() {
 		p.abandoned.Store(true)
 	}, func(T) { discard(p.conn) })
-}
-
-// sessionOp is a one-round-trip statement of a session lock.
-type sessionOp int
-
-const (
-	opTry sessionOp = iota
-	opUnlock
-)
-
-// session runs op on p's connection as ask would, without allocating
-// where the statement needs no bounding.
-func (p *pinned) session(ctx context.Context, s SessionLocker, op sessionOp, key int64) (SessionResult, error) {
-	if !p.bounded || ctx.Done() == nil {
-		return op.run(ctx, s, p.conn, key)
-	}
-	// Bounded already: a context that cannot end spares the driver and
-	// database/sql a watcher goroutine each.
-	return ask(ctx, p, func() (SessionResult, error) { return op.run(context.WithoutCancel(ctx), s, p.conn, key) })
-}
-
-func (op sessionOp) run(ctx context.Context, s SessionLocker, conn *sql.Conn, key int64) (SessionResult, error) {
-	if op == opUnlock {
-		return s.UnlockSession(ctx, conn, key)
-	}
-	return s.TryLockSession(ctx, conn, key)
 }
 
 // answerGrace is how long within still waits, once ctx ended, for a

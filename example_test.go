@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/DATA-DOG/go-sqlmock"
@@ -100,7 +101,7 @@ func sendDigestOnce(ctx context.Context, db *sql.DB, send func(), opts ...adviso
 }
 
 // Unit-testing code that takes a lock, with go-sqlmock: name the backend
-// (sqlmock's driver cannot be detected), skip the pooler probe, and expect
+// (sqlmock's driver cannot be detected), skip the server checks, and expect
 // one statement per step: the try and the unlock are Execs that return
 // one row when they succeed. Here another replica holds the lock.
 func Example_sqlmock() {
@@ -114,7 +115,112 @@ func Example_sqlmock() {
 
 	ran, err := sendDigestOnce(context.Background(), db, func() { fmt.Println("sent") },
 		advisorylock.WithBackend(advisorylock.Postgres()),
-		advisorylock.WithPoolerCheck(false))
+		advisorylock.WithServerChecks(false))
 	fmt.Println("ran:", ran, "err:", err, "met:", mock.ExpectationsWereMet())
 	// Output: ran: false err: <nil> met: <nil>
+}
+
+// New does no I/O, as sql.Open; Check runs the first-use checks (which
+// backend, the pooler probe) at start-up, so that a misconfigured service
+// fails before its first job rather than at it.
+func ExampleNew() {
+	db := exampleDB()
+	defer db.Close()
+	lock, err := advisorylock.New(db, "example-nightly-report")
+	if err != nil {
+		log.Fatal(err) // only a nil db fails here
+	}
+	if err := lock.Check(context.Background()); err != nil {
+		log.Fatal(err) // ErrUnsupported, ErrTransactionPooler, a dead server, …
+	}
+	fmt.Println(lock.Name())
+	// Output: example-nightly-report
+}
+
+// Hold a lock across calls with a Guard, and watch for its loss.
+func ExampleLock_TryLock() {
+	db := exampleDB()
+	defer db.Close()
+	lock, err := advisorylock.New(db, "example-leader-tasks")
+	if err != nil {
+		log.Fatal(err)
+	}
+	g, err := lock.TryLock(context.Background())
+	if errors.Is(err, advisorylock.ErrNotAcquired) {
+		fmt.Println("another replica has it")
+		return
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Release(context.Background())
+	select {
+	case <-g.Lost():
+		fmt.Println("lost: stop working")
+	default:
+		fmt.Println("held")
+	}
+	// Output: held
+}
+
+// Who holds a lock: for operators and tools.
+func ExampleLock_Holder() {
+	db := exampleDB()
+	defer db.Close()
+	lock, err := advisorylock.New(db, "example-held-by-someone")
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	g, err := lock.TryLock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Release(ctx)
+	h, err := lock.Holder(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(h.Backend, h.Name, h.PID > 0)
+	// Output: postgres example-held-by-someone true
+}
+
+// Key is what a service in another language computes to take the same
+// lock (see Key's documentation for Python).
+func ExampleKey() {
+	fmt.Println(advisorylock.Key("daily-digest"))
+	fmt.Println(advisorylock.Key("daily-digest") == advisorylock.Key("Daily-Digest")) // names are case-sensitive
+	// Output:
+	// 6074357047860495937
+	// false
+}
+
+// A tool that has the DSN can warn about a pooler before connecting.
+func ExamplePoolerHint() {
+	pooler, ok := advisorylock.PoolerHint("postgres://app@db.internal:6432/app")
+	fmt.Println(pooler, ok)
+	_, ok = advisorylock.PoolerHint("postgres://app@db.internal:5432/app")
+	fmt.Println(ok)
+	// Output:
+	// pgbouncer true
+	// false
+}
+
+// The live probe: does anything multiplex this pool's sessions?
+func ExampleDetectPooler() {
+	db := exampleDB()
+	defer db.Close()
+	mode, err := advisorylock.DetectPooler(context.Background(), db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(mode)
+	// Output: not seen
+}
+
+// The DDL of the lease and fence tables, for a migration tool.
+func ExampleSchema() {
+	ddl := advisorylock.Schema(advisorylock.Postgres())
+	fmt.Println(strings.Contains(ddl, "CREATE TABLE IF NOT EXISTS advisorylock_leases"))
+	// Output: true
 }

@@ -137,66 +137,73 @@ var hostPID = sync.OnceValue(func() string {
 	return host + ":" + strconv.Itoa(os.Getpid())
 })
 
-// acquireLease takes a lease row: one attempt, or (wait) polling until
-// budget ends. A poll reads before it writes, so many waiters do not fight
-// for the database's writer.
+// acquireLease takes a lease row: one attempt, or (wait) attempts until
+// budget ends, waiting for the row to read free between them.
 func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wait bool) (*leaseState, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var poll *time.Timer
 	for {
-		req.Owner = ownerLabel(cfg.owner)
-		req.TTL = cfg.ttl
-		sent := cfg.clock.Now()
-		req.Now = sent
-		grant, err := store.AcquireLease(budget, db, req)
-		if err == nil {
-			req.Token = grant.Token
-			return keepLease(store, db, cfg, req, sent), nil
+		s, err := tryLease(ctx, budget, store, db, cfg, req)
+		if !wait || !errors.Is(err, ErrNotAcquired) {
+			return s, err
 		}
-		if !errors.Is(err, ErrNotAcquired) {
-			// The statement may have granted the lease without our hearing
-			// of it: free that grant, unless nothing was sent.
-			switch {
-			case errors.Is(err, ErrPoolUnavailable):
-			case budget.Err() != nil: // the caller's time is up: free it in the background
-				go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
-			default:
-				abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
-			}
-			if budget.Err() != nil && ctx.Err() == nil {
-				return nil, context.Cause(budget)
-			}
+		if err := waitUntilFree(budget, store, db, cfg, req); err != nil {
 			return nil, err
 		}
-		if !wait {
-			return nil, ErrNotAcquired
+	}
+}
+
+// tryLease makes one attempt. An attempt whose outcome is unknown may
+// have granted the lease without our hearing of it: it frees that grant,
+// unless nothing was sent.
+func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
+	req.Owner = ownerLabel(cfg.owner)
+	req.TTL = cfg.ttl
+	sent := cfg.clock.Now()
+	req.Now = sent
+	grant, err := store.AcquireLease(budget, db, req)
+	switch {
+	case err == nil:
+		req.Token = grant.Token
+		return keepLease(store, db, cfg, req, sent), nil
+	case errors.Is(err, ErrNotAcquired):
+		return nil, err
+	case errors.Is(err, ErrPoolUnavailable): // nothing was sent
+	case budget.Err() != nil: // the caller's time is up: free it in the background
+		go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+	default:
+		abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+	}
+	if budget.Err() != nil && ctx.Err() == nil {
+		return nil, context.Cause(budget)
+	}
+	return nil, err
+}
+
+// waitUntilFree polls the row every poll interval until it reads free or
+// expired, or budget ends. A poll reads before anyone writes, so many
+// waiters do not fight for the database's writer.
+func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
+	poll := time.NewTimer(cfg.poll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-budget.Done():
+			return context.Cause(budget)
+		case <-poll.C:
 		}
-		for {
-			if poll == nil {
-				poll = time.NewTimer(cfg.poll)
-				defer poll.Stop()
-			} else {
-				poll.Reset(cfg.poll)
-			}
-			select {
-			case <-budget.Done():
-				return nil, context.Cause(budget)
-			case <-poll.C:
-			}
-			req.Now = cfg.clock.Now()
-			h, err := store.LeaseHolder(budget, db, req)
-			if err != nil {
-				if budget.Err() != nil {
-					return nil, context.Cause(budget)
-				}
-				return nil, err
-			}
-			if h == nil {
-				break
-			}
+		req.Now = cfg.clock.Now()
+		h, err := store.LeaseHolder(budget, db, req)
+		switch {
+		case err != nil && budget.Err() != nil:
+			return context.Cause(budget)
+		case err != nil:
+			return err
+		case h == nil:
+			return nil
 		}
+		poll.Reset(cfg.poll)
 	}
 }
 
@@ -251,19 +258,10 @@ func (s *leaseState) stop() {
 	}
 }
 
-// boundsRelease is a LeaseStore that bounds a release by timeout itself,
-// where it can do so more cheaply than a context with a timer (SQLite).
-type boundsRelease interface {
-	releaseWithin(ctx context.Context, db DB, r LeaseRequest, timeout time.Duration) error
-}
-
 func (s *leaseState) release(ctx context.Context, timeout time.Duration) error {
 	s.stop()
 	r := s.req
 	r.Now = s.clock.Now()
-	if b, ok := s.store.(boundsRelease); ok {
-		return b.releaseWithin(ctx, s.db, r, timeout)
-	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return s.store.ReleaseLease(ctx, s.db, r)
@@ -371,8 +369,8 @@ func (s *leaseState) lose(lostErr, why error) {
 }
 
 // acquireRow takes a Lock that is kept as a lease row (SQLite).
-func (l *Lock) acquireRow(ctx, budget context.Context, wait bool) (*Guard, error) {
-	s, err := acquireLease(ctx, budget, l.rows, l.db, &l.cfg, l.rowRequest(""), wait)
+func (l *Lock) acquireRow(ctx, budget context.Context, rows LeaseStore, wait bool) (*Guard, error) {
+	s, err := acquireLease(ctx, budget, rows, l.db, &l.cfg, l.rowRequest(""), wait)
 	if err != nil {
 		return nil, err
 	}
@@ -394,13 +392,18 @@ type LeaseLock struct {
 	name  string
 	key   int64
 	cfg   config
-	store LeaseStore
+	setup firstUse[LeaseStore]
 }
 
-// NewLeaseLock returns a LeaseLock on name. A name the database cannot
-// store (a NUL byte, invalid UTF-8) is an error, as is anything New
-// refuses. The table is created on first use; see Schema for its DDL.
+// NewLeaseLock returns a LeaseLock on name. It does no I/O (see New): it
+// fails only for a nil db, or a name or owner label that the database
+// cannot store (a NUL byte, invalid UTF-8). The first operation picks the
+// backend and runs the first-use checks; the table is created on first
+// use (see Schema for its DDL).
 func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
+	if isNil(db) {
+		return nil, wrapErr(name, "new lease", errNilDB)
+	}
 	if err := storableName(name); err != nil {
 		return nil, wrapErr(name, "new lease", err)
 	}
@@ -408,11 +411,23 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 	if err := storableName(cfg.owner); err != nil {
 		return nil, wrapErr(name, "new lease", fmt.Errorf("owner label: %w", err))
 	}
-	store, err := newStore(db, &cfg)
+	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[LeaseStore]()}, nil
+}
+
+// Check runs the first-use work now (see New), for a service that wants
+// to fail at start-up; later operations skip it.
+func (l *LeaseLock) Check(ctx context.Context) error {
+	_, err := l.store(ctx)
+	return wrapErr(l.name, "check", err)
+}
+
+// store returns l's backend, doing the first-use work once.
+func (l *LeaseLock) store(ctx context.Context) (LeaseStore, error) {
+	s, err := l.setup.get(ctx, func(ctx context.Context) (*LeaseStore, error) { return leaseStoreOf(ctx, l.db, &l.cfg) })
 	if err != nil {
-		return nil, wrapErr(name, "new lease", err)
+		return nil, err
 	}
-	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, store: store}, nil
+	return *s, nil
 }
 
 // storableName refuses names a text column cannot hold.
@@ -426,10 +441,8 @@ func storableName(name string) error {
 	return nil
 }
 
-// newStore resolves db's backend and requires it to keep leases.
-func newStore(db DB, cfg *config) (LeaseStore, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout+defaultReleaseTimeout)
-	defer cancel()
+// leaseStoreOf resolves db's backend and requires it to keep leases.
+func leaseStoreOf(ctx context.Context, db DB, cfg *config) (*LeaseStore, error) {
 	b, err := resolveBackend(ctx, db, cfg)
 	if err != nil {
 		return nil, err
@@ -438,7 +451,7 @@ func newStore(db DB, cfg *config) (LeaseStore, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: backend %q keeps no leases", ErrUnsupported, b.Name())
 	}
-	return s, nil
+	return &s, nil
 }
 
 // Name returns the lease's name.
@@ -465,8 +478,15 @@ func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGua
 }
 
 func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard, error) {
+	if err := budget.Err(); err != nil {
+		return nil, context.Cause(budget)
+	}
+	store, err := l.store(budget)
+	if err != nil {
+		return nil, err
+	}
 	req := LeaseRequest{Kind: KindLease, Name: l.name, Key: l.key}
-	s, err := acquireLease(ctx, budget, l.store, l.db, &l.cfg, req, wait)
+	s, err := acquireLease(ctx, budget, store, l.db, &l.cfg, req, wait)
 	if err != nil {
 		return nil, err
 	}
@@ -479,7 +499,11 @@ func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard
 // Holder reports who holds the lease now, or nil when it is free or
 // expired.
 func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
-	h, err := l.store.LeaseHolder(ctx, l.db, LeaseRequest{Kind: KindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
+	store, err := l.store(ctx)
+	if err != nil {
+		return nil, wrapErr(l.name, "holder", err)
+	}
+	h, err := store.LeaseHolder(ctx, l.db, LeaseRequest{Kind: KindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
 	}
@@ -492,33 +516,18 @@ func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 // error unless fn returned one of its own. Pass lease.Token() to the
 // resource's Fence with every write.
 func (l *LeaseLock) Do(ctx context.Context, fn func(ctx context.Context, lease Lease) error) error {
-	g, err := l.Lock(ctx)
-	if err != nil {
-		return err
-	}
-	return g.run(ctx, fn)
+	return do(ctx, l.Lock, fn)
 }
 
 // DoTimeout is Do with the wait bounded as in LockTimeout.
 func (l *LeaseLock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context, lease Lease) error) error {
-	g, err := l.LockTimeout(ctx, d)
-	if err != nil {
-		return err
-	}
-	return g.run(ctx, fn)
+	return do(ctx, func(ctx context.Context) (*LeaseGuard, error) { return l.LockTimeout(ctx, d) }, fn)
 }
 
 // TryDo runs fn only if it can take the lease at once; (false, nil) when
 // it is held elsewhere.
 func (l *LeaseLock) TryDo(ctx context.Context, fn func(ctx context.Context, lease Lease) error) (ran bool, err error) {
-	g, err := l.TryLock(ctx)
-	if errors.Is(err, ErrNotAcquired) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return true, g.run(ctx, fn)
+	return tryDo(ctx, l.TryLock, fn)
 }
 
 // Lease is one grant of a LeaseLock. It is cheap to copy; copies share
@@ -574,35 +583,60 @@ func (g *LeaseGuard) run(ctx context.Context, fn func(ctx context.Context, lease
 // lease: it keeps the highest token admitted per resource (in
 // advisorylock_fences), and Admit refuses lower ones.
 type Fence struct {
+	db       DB
 	resource string
-	store    LeaseStore
+	cfg      config
+	setup    firstUse[LeaseStore]
 }
 
-// NewFence returns a Fence for resource on db's backend, creating its
-// table if needed (Admit runs in the caller's transaction, where a missing
-// table could not be created). A resource name the database cannot store
-// is an error, as is a backend that keeps no leases.
+// NewFence returns a Fence for resource. It does no I/O (see New): it
+// fails only for a nil db or a resource name the database cannot store.
+// The first Admit (or Check) picks the backend, which must keep leases,
+// and creates the table if needed, on a connection of its own: Admit runs
+// in the caller's transaction, where a missing table could not be created.
 func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
+	if isNil(db) {
+		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), errNilDB)
+	}
 	if err := storableName(resource); err != nil {
 		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
 	}
-	cfg := newConfig(opts)
-	store, err := newStore(db, &cfg)
+	return &Fence{db: db, resource: resource, cfg: newConfig(opts), setup: newFirstUse[LeaseStore]()}, nil
+}
+
+// Check runs the first-use work now (see NewFence); later calls skip it.
+// With a pool of one connection (SetMaxOpenConns(1)), call it before the
+// first Admit: Admit's transaction holds the only connection.
+func (f *Fence) Check(ctx context.Context) error {
+	_, err := f.store(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
+		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
 	}
-	if s, ok := store.(schemaEnsurer); ok {
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.releaseTimeout+defaultReleaseTimeout)
-		defer cancel()
-		if err := s.ensureSchema(ctx, db); err != nil {
-			return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
+	return nil
+}
+
+// store returns f's backend, doing the first-use work once.
+func (f *Fence) store(ctx context.Context) (LeaseStore, error) {
+	s, err := f.setup.get(ctx, func(ctx context.Context) (*LeaseStore, error) {
+		s, err := leaseStoreOf(ctx, f.db, &f.cfg)
+		if err != nil {
+			return nil, err
 		}
+		if e, ok := (*s).(schemaEnsurer); ok {
+			if err := e.ensureSchema(ctx, f.db); err != nil {
+				return nil, err
+			}
+		}
+		return s, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	return &Fence{resource: resource, store: store}, nil
+	return *s, nil
 }
 
 // schemaEnsurer is a LeaseStore that creates its tables ahead of use, for
-// NewFence.
+// Fence.
 type schemaEnsurer interface {
 	ensureSchema(ctx context.Context, db DB) error
 }
@@ -616,7 +650,11 @@ func (f *Fence) Admit(ctx context.Context, tx *sql.Tx, token FencingToken) error
 	if token == 0 || token > math.MaxInt64 {
 		return fmt.Errorf("advisorylock: fence %s: invalid fencing token %d", quoteName(f.resource), uint64(token))
 	}
-	err := f.store.AdmitToken(ctx, tx, f.resource, token)
+	store, err := f.store(ctx)
+	if err != nil {
+		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
+	}
+	err = store.AdmitToken(ctx, tx, f.resource, token)
 	var stale *StaleTokenError
 	if err != nil && !errors.As(err, &stale) {
 		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)

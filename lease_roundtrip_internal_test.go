@@ -164,11 +164,11 @@ func TestNoRowsFromAnEndedContextIsNoAnswer(t *testing.T) {
 	db := testdb.OpenPostgres(t, "pgx")
 	p := &postgres{params: true}
 	ctx, cancel := context.WithCancel(context.Background())
-	err := p.run(ctx, db, func(handle) error { cancel(); return sql.ErrNoRows })
+	err := p.run(ctx, db, func(querier) error { cancel(); return sql.ErrNoRows })
 	if errors.Is(err, sql.ErrNoRows) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("no rows from a statement whose context ended = %v, want an unknown outcome wrapping context.Canceled", err)
 	}
-	if err := p.run(context.Background(), db, func(handle) error { return sql.ErrNoRows }); !errors.Is(err, sql.ErrNoRows) {
+	if err := p.run(context.Background(), db, func(querier) error { return sql.ErrNoRows }); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("no rows with the context alive = %v, want sql.ErrNoRows", err)
 	}
 }

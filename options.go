@@ -5,7 +5,8 @@ import (
 	"time"
 )
 
-// Option configures a Lock, LeaseLock or Fence.
+// Option configures a Lock, LeaseLock or Fence. Options that do not apply
+// to what they are given are ignored.
 type Option func(*config)
 
 // Clock tells the time. The default is the system clock; tests inject one
@@ -35,6 +36,7 @@ type config struct {
 	keepAlive      time.Duration
 	releaseTimeout time.Duration
 	poolerCheck    bool
+	serverChecks   bool
 	logger         *slog.Logger
 	clock          Clock
 	owner          string
@@ -47,6 +49,7 @@ func newConfig(opts []Option) config {
 		keepAlive:      defaultKeepAlive,
 		releaseTimeout: defaultReleaseTimeout,
 		poolerCheck:    true,
+		serverChecks:   true,
 		clock:          systemClock{},
 	}
 	for _, o := range opts {
@@ -96,10 +99,19 @@ func WithKeepAlive(d time.Duration) Option { return func(c *config) { c.keepAliv
 // driver's busy_timeout, which nothing can cut short: keep that below this.
 func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.releaseTimeout = d } }
 
-// WithPoolerCheck turns the transaction-pooler probe of New on or off
-// [true]. Turn it off only where the probe cannot run (go-sqlmock) or
-// where you know no pooler multiplexes sessions.
+// WithPoolerCheck turns the transaction-pooler probe (see DetectPooler)
+// that a Lock on PostgreSQL runs at its first operation on or off [true].
+// Turn it off only where you know no pooler multiplexes sessions;
+// WithServerChecks(false) turns it off too.
 func WithPoolerCheck(on bool) Option { return func(c *config) { c.poolerCheck = on } }
+
+// WithServerChecks turns on or off every check that the first operation
+// on a *sql.DB runs against the server [true]: the backend's Validate
+// (SQLite's in-memory check, PostgreSQL's look-alike check) and the
+// pooler probe. Turn them off for go-sqlmock, which cannot answer them,
+// or where you know the topology; a lock that skips them can be unsafe
+// in exactly the ways they detect.
+func WithServerChecks(on bool) Option { return func(c *config) { c.serverChecks = on } }
 
 // WithLogger sets the logger for warnings (lease lost, release failed,
 // forgotten guard) [slog.Default()].

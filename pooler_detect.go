@@ -5,13 +5,9 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
-	"reflect"
-	"runtime"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
-	"weak"
 )
 
 // PoolerMode is what DetectPooler saw.
@@ -343,14 +339,11 @@ func probePooler(ctx context.Context, db DB, s SessionLocker) (PoolerMode, strin
 // non-empty when it saw multiplexing. paired reports whether later rounds
 // should still try two connections.
 func probeRound(ctx context.Context, db DB, s SessionLocker, paired bool) (why string, stillPaired bool, err error) {
-	p := &pinned{bounded: !endsWithContext(s)}
-	cg, err := checkout(ctx, db, p)
+	a, err := borrow(ctx, db, !endsWithContext(s))
 	if err != nil {
 		return "", paired, err
 	}
-	cg.take()
-	a := p.conn // the probe takes no lock: a always goes back to the pool
-	defer recycle(a)
+	defer func() { giveBack(a, err == nil && ctx.Err() == nil) }()
 	a1, why, err := sessionOf(ctx, s, a)
 	if why != "" || err != nil {
 		return why, paired, err
@@ -365,7 +358,7 @@ func probeRound(ctx context.Context, db DB, s SessionLocker, paired bool) (why s
 		if b == nil {
 			paired = false // the pool or the pooler has no second session for us: read A alone
 		} else {
-			defer recycle(b)
+			defer func() { giveBack(b, err == nil && ctx.Err() == nil) }()
 		}
 	}
 	a2, why, err := sessionOf(ctx, s, a)
@@ -388,22 +381,26 @@ func secondSession(ctx context.Context, db DB, s SessionLocker) (conn *sql.Conn,
 	bctx, cancel := context.WithTimeout(ctx, secondConnWait)
 	defer cancel()
 	conn, err = db.Conn(bctx)
-	if ctx.Err() != nil {
-		return nil, "", "", context.Cause(ctx)
-	}
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, "", "", context.Cause(ctx)
+		}
 		return nil, "", "", nil
+	}
+	if ctx.Err() != nil { // ended as the connection arrived: nothing ran on it
+		giveBack(conn, true)
+		return nil, "", "", context.Cause(ctx)
 	}
 	id, why, err = sessionOf(bctx, s, conn)
 	switch {
 	case ctx.Err() != nil:
-		discard(conn)
+		giveBack(conn, false)
 		return nil, "", "", context.Cause(ctx)
 	case bctx.Err() != nil:
-		discard(conn) // its statement was cut short: do not pool it
+		giveBack(conn, false) // its statement was cut short
 		return nil, "", "", nil
 	case why != "" || err != nil:
-		recycle(conn)
+		giveBack(conn, true)
 		return nil, "", why, err
 	}
 	return conn, id, "", nil
@@ -449,91 +446,24 @@ func (e *poolerError) Error() string {
 
 func (e *poolerError) Unwrap() error { return e.err }
 
-// poolerVerdicts caches checkPooler's verdict per *sql.DB. It is the
-// package's only global mutable state, guarded by mu. Entries are keyed by
-// weak pointers and removed when their *sql.DB is garbage collected, so
-// the cache keeps no pool alive. A probe in flight is shared: callers that
-// arrive meanwhile wait for its verdict. A failed probe is not kept; the
-// next caller probes again.
-var poolerVerdicts = struct {
-	mu sync.Mutex
-	m  map[weak.Pointer[sql.DB]]*poolerVerdict
-}{m: map[weak.Pointer[sql.DB]]*poolerVerdict{}}
-
-type poolerVerdict struct {
-	done chan struct{} // closed when mode, why and err are set
-	mode PoolerMode
-	why  string
-	err  error
-}
-
 // checkPooler refuses session locks on db when the probe sees a
-// transaction-mode pooler, probing once per *sql.DB (see poolerVerdicts).
-// A handle that is not a *sql.DB and embeds none is probed on every call.
+// transaction-mode pooler, probing once per *sql.DB (see verdicts).
 func checkPooler(ctx context.Context, db DB, s SessionLocker) error {
-	mode, why, err := cachedProbe(ctx, db, s)
+	seen, err := cachedVerdict(ctx, db, "pooler", func(ctx context.Context) (poolerSeen, error) {
+		mode, why, err := probePooler(ctx, db, s)
+		return poolerSeen{mode, why}, err
+	})
 	if err != nil {
 		return err
 	}
-	if mode == PoolerTransaction {
-		return fmt.Errorf("%w: %s", ErrTransactionPooler, why)
+	if seen.mode == PoolerTransaction {
+		return fmt.Errorf("%w: %s", ErrTransactionPooler, seen.why)
 	}
 	return nil
 }
 
-func cachedProbe(ctx context.Context, db DB, s SessionLocker) (PoolerMode, string, error) {
-	pool := sqlDBOf(db)
-	if pool == nil {
-		return probePooler(ctx, db, s)
-	}
-	key := weak.Make(pool)
-	poolerVerdicts.mu.Lock()
-	v := poolerVerdicts.m[key]
-	if v != nil {
-		poolerVerdicts.mu.Unlock()
-		select {
-		case <-v.done:
-			return v.mode, v.why, v.err
-		case <-ctx.Done():
-			return PoolerNotSeen, "", probeError(context.Cause(ctx))
-		}
-	}
-	v = &poolerVerdict{done: make(chan struct{})}
-	poolerVerdicts.m[key] = v
-	poolerVerdicts.mu.Unlock()
-	runtime.AddCleanup(pool, forgetVerdict, key)
-
-	defer close(v.done)
-	v.mode, v.why, v.err = probePooler(ctx, db, s)
-	if v.err != nil {
-		forgetVerdict(key)
-	}
-	return v.mode, v.why, v.err
-}
-
-func forgetVerdict(key weak.Pointer[sql.DB]) {
-	poolerVerdicts.mu.Lock()
-	defer poolerVerdicts.mu.Unlock()
-	delete(poolerVerdicts.m, key)
-}
-
-// sqlDBOf returns the *sql.DB behind db: db itself, or the exported
-// *sql.DB that a struct such as sqlx.DB embeds; nil if there is none.
-func sqlDBOf(db DB) *sql.DB {
-	if p, ok := db.(*sql.DB); ok {
-		return p
-	}
-	v := reflect.ValueOf(db)
-	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-		return nil
-	}
-	v = v.Elem()
-	for i := range v.NumField() {
-		f := v.Type().Field(i)
-		if f.Anonymous && f.IsExported() && f.Type == reflect.TypeFor[*sql.DB]() {
-			p, _ := v.Field(i).Interface().(*sql.DB)
-			return p
-		}
-	}
-	return nil
+// poolerSeen is the probe's verdict: the mode, and why it says so.
+type poolerSeen struct {
+	mode PoolerMode
+	why  string
 }

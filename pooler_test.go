@@ -264,12 +264,12 @@ func TestNewRefusesTransactionPooler(t *testing.T) {
 			errs := make([]error, 16)
 			var wg sync.WaitGroup
 			for i := range errs {
-				wg.Go(func() { _, errs[i] = advisorylock.New(tx, name) })
+				wg.Go(func() { _, errs[i] = newAndCheck(tx, name) })
 			}
 			wg.Wait()
 			for _, err := range errs {
 				if !errors.Is(err, advisorylock.ErrTransactionPooler) {
-					t.Fatalf("New through a transaction pool = %v, want ErrTransactionPooler", err)
+					t.Fatalf("New+Check through a transaction pool = %v, want ErrTransactionPooler", err)
 				}
 			}
 			err := errs[0]
@@ -277,8 +277,16 @@ func TestNewRefusesTransactionPooler(t *testing.T) {
 				t.Fatalf("error %q should name the lock and point to LeaseLock", msg)
 			}
 			// The verdict is kept for this *sql.DB, also when reached through sqlx.
-			if _, err := advisorylock.New(sqlx.NewDb(tx, drv), name); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+			if _, err := newAndCheck(sqlx.NewDb(tx, drv), name); !errors.Is(err, advisorylock.ErrTransactionPooler) {
 				t.Fatalf("second New = %v, want ErrTransactionPooler", err)
+			}
+			// New itself does no I/O; the first operation refuses.
+			l, err := advisorylock.New(tx, name)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			if _, err := l.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+				t.Fatalf("TryLock through a transaction pool = %v, want ErrTransactionPooler", err)
 			}
 		})
 	}
@@ -370,8 +378,8 @@ func postgresLocker(t *testing.T) advisorylock.SessionLocker {
 	return s
 }
 
-// TestNewProbesOncePerDB: many goroutines calling New at once on one DB
-// share one probe, and later calls reuse its verdict.
+// TestNewProbesOncePerDB: many goroutines taking their first lock at once
+// on one DB share one probe, and later ones reuse its verdict.
 func TestNewProbesOncePerDB(t *testing.T) {
 	newLocks := func(t *testing.T, db advisorylock.DB, c *countingLocker, n int) {
 		t.Helper()
@@ -379,7 +387,7 @@ func TestNewProbesOncePerDB(t *testing.T) {
 		errs := make(chan error, n)
 		for range n {
 			wg.Go(func() {
-				_, err := advisorylock.New(db, testdb.UniqueName(t), advisorylock.WithBackend(c))
+				_, err := newAndCheck(db, testdb.UniqueName(t), advisorylock.WithBackend(c))
 				errs <- err
 			})
 		}
@@ -411,22 +419,22 @@ func TestNewProbesOncePerDB(t *testing.T) {
 	}
 }
 
-// TestNewDoesNotKeepAFailedProbe: a probe that fails fails New, and the
-// next New probes again.
+// TestNewDoesNotKeepAFailedProbe: a probe that fails fails the first
+// operation, and the next one probes again.
 func TestNewDoesNotKeepAFailedProbe(t *testing.T) {
 	db := testdb.OpenPostgres(t, "postgres")
 	c := &countingLocker{SessionLocker: postgresLocker(t)}
 	boom := errors.New("injected identity failure")
 	c.fail.Store(&boom)
-	_, err := advisorylock.New(db, testdb.UniqueName(t), advisorylock.WithBackend(c))
+	_, err := newAndCheck(db, testdb.UniqueName(t), advisorylock.WithBackend(c))
 	if !errors.Is(err, boom) {
 		t.Fatalf("New with a failing probe = %v, want the probe's error", err)
 	}
-	if _, err := advisorylock.New(db, testdb.UniqueName(t), advisorylock.WithBackend(c)); err != nil {
+	if _, err := newAndCheck(db, testdb.UniqueName(t), advisorylock.WithBackend(c)); err != nil {
 		t.Fatalf("New after a failed probe: %v", err)
 	}
 	after := c.identities.Load()
-	if _, err := advisorylock.New(db, testdb.UniqueName(t), advisorylock.WithBackend(c)); err != nil {
+	if _, err := newAndCheck(db, testdb.UniqueName(t), advisorylock.WithBackend(c)); err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	if got := c.identities.Load(); got != after {
@@ -569,4 +577,14 @@ func pinServerSession(t *testing.T, txDSN string, pid int) *sql.Tx {
 	}
 	t.Fatalf("no transaction through the pool (size %d) landed on server session %d", testdb.PgBouncerPoolSize, pid)
 	return nil
+}
+
+// newAndCheck is New followed by Check, which runs the first-use checks
+// (the pooler probe among them) that New leaves to the first operation.
+func newAndCheck(db advisorylock.DB, name string, opts ...advisorylock.Option) (*advisorylock.Lock, error) {
+	l, err := advisorylock.New(db, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return l, l.Check(context.Background())
 }

@@ -3,7 +3,7 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
-	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -123,22 +123,44 @@ func FuzzQuoteLiteral(f *testing.F) {
 	})
 }
 
-// fill must write a statement exactly as fmt.Sprintf would, also for
-// values that hold verbs themselves.
-func TestFillMatchesSprintf(t *testing.T) {
-	formats := []string{pgAcquireLease, pgRenewLease, pgReleaseLease, pgAbandonLease, pgLeaseHolder, pgAdmitToken, pgHighestToken}
-	for _, f := range formats {
-		verbs := strings.Count(f, "%s")
-		for _, seed := range append(quoteSeeds, "%s", "%[1]s", "100%", "$1::text") {
-			vals := make([]string, verbs)
-			args := make([]any, verbs)
-			for i := range vals {
-				vals[i] = seed + strings.Repeat("x", i)
-				args[i] = vals[i]
+// inline must write a statement's arguments as literals that PostgreSQL
+// reads back as the same values: checked on the real server for every
+// lease statement's placeholders, for strings that hold SQL and
+// placeholders themselves and for the extreme keys.
+func TestInlineWritesArgumentsTheServerReadsBack(t *testing.T) {
+	conns := quoteConns(t, "postgres")
+	ctx := context.Background()
+	for _, s := range append(quoteSeeds, "$1", "$2::text", "100%") {
+		if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
+			continue // no text value holds it: TestQuoteLiteralRefusesWhatTextCannotHold
+		}
+		for _, n := range []int64{0, 1, -1, math.MaxInt64, math.MinInt64} {
+			q, err := inline("SELECT $1::text, $2::bigint, $1::text = $1::text", []any{s, n})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if got, want := fill(f, vals), fmt.Sprintf(f, args...); got != want {
-				t.Fatalf("fill(%q, %q)\n= %q\nwant %q", f, vals, got, want)
+			for _, conn := range conns {
+				var gotS string
+				var gotN int64
+				var same bool
+				if err := conn.QueryRowContext(ctx, q).Scan(&gotS, &gotN, &same); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+				if gotS != s || gotN != n || !same {
+					t.Fatalf("%s read back (%q, %d), want (%q, %d)", q, gotS, gotN, s, n)
+				}
 			}
 		}
+	}
+}
+
+func TestInlineRefusesAPlaceholderWithoutAnArgument(t *testing.T) {
+	for _, text := range []string{"SELECT $2", "SELECT $", "SELECT $0"} {
+		if q, err := inline(text, []any{int64(1)}); err == nil {
+			t.Errorf("inline(%q) = %q, want an error", text, q)
+		}
+	}
+	if q, err := inline("SELECT $1", []any{1.5}); err == nil {
+		t.Errorf("inline of a float = %q, want an error", q)
 	}
 }

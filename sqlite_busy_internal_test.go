@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
@@ -42,7 +41,7 @@ func TestSQLiteBusyIsToldFromOtherErrors(t *testing.T) {
 		}
 		calls := 0
 		ctx, cancel := context.WithCancel(context.Background())
-		err := retryBusy(ctx, busyNewcomer, time.Time{}, func() error {
+		err := retryBusy(ctx, busyNewcomer, func() error {
 			calls++
 			if calls == 3 {
 				cancel()

@@ -23,7 +23,7 @@ func mockLock(t *testing.T, opts ...advisorylock.Option) (*advisorylock.Lock, *s
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	opts = append([]advisorylock.Option{advisorylock.WithBackend(advisorylock.Postgres()), advisorylock.WithPoolerCheck(false)}, opts...)
+	opts = append([]advisorylock.Option{advisorylock.WithBackend(advisorylock.Postgres()), advisorylock.WithServerChecks(false)}, opts...)
 	l, err := advisorylock.New(db, "mocked", opts...)
 	if err != nil {
 		t.Fatalf("New on sqlmock with WithBackend: %v", err)
@@ -57,9 +57,13 @@ func TestUndetectableDriverNeedsWithBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	_, err = advisorylock.New(db, "x")
+	l, err := advisorylock.New(db, "x")
+	if err != nil {
+		t.Fatalf("New on an undetectable driver = %v; it does no I/O, so the first operation tells", err)
+	}
+	_, err = l.TryLock(context.Background())
 	if !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "WithBackend") {
-		t.Fatalf("New on an undetectable driver = %v, want ErrUnsupported naming WithBackend", err)
+		t.Fatalf("TryLock on an undetectable driver = %v, want ErrUnsupported naming WithBackend", err)
 	}
 }
 

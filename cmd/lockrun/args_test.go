@@ -1,7 +1,7 @@
 package main
 
 import (
-	"slices"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -13,17 +13,29 @@ func TestParseArgsReadsFlockStyleFlags(t *testing.T) {
 		want options
 	}{
 		{[]string{"job", "--", "echo", "hi"}, options{name: "job", command: []string{"echo", "hi"}, wait: -1, conflictCode: 1}},
+		{[]string{"job", "echo", "hi"}, options{name: "job", command: []string{"echo", "hi"}, wait: -1, conflictCode: 1}},
+		{[]string{"job", "ls", "-l", "--", "x"}, options{name: "job", command: []string{"ls", "-l", "--", "x"}, wait: -1, conflictCode: 1}},
+		{[]string{"-n", "job", "-c", "echo $HOME | wc"}, options{name: "job", command: []string{"/bin/sh", "-c", "echo $HOME | wc"}, nonblock: true, wait: 0, conflictCode: 1}},
+		{[]string{"job", "--command", "true"}, options{name: "job", command: []string{"/bin/sh", "-c", "true"}, wait: -1, conflictCode: 1}},
 		{[]string{"-n", "job", "--", "true"}, options{name: "job", command: []string{"true"}, nonblock: true, wait: 0, conflictCode: 1}},
-		{[]string{"-nqE", "9", "job", "--", "true"}, options{name: "job", command: []string{"true"}, nonblock: true, quiet: true, wait: 0, conflictCode: 9}},
-		{[]string{"-w0.25", "job", "--", "true"}, options{name: "job", command: []string{"true"}, wait: 250 * time.Millisecond, conflictCode: 1}},
+		{[]string{"-nqE", "9", "job", "true"}, options{name: "job", command: []string{"true"}, nonblock: true, quiet: true, wait: 0, conflictCode: 9}},
+		{[]string{"-w0.25", "job", "true"}, options{name: "job", command: []string{"true"}, wait: 250 * time.Millisecond, conflictCode: 1}},
 		{[]string{"--wait=1m30s", "job", "--", "true"}, options{name: "job", command: []string{"true"}, wait: 90 * time.Second, conflictCode: 1}},
 		{[]string{"--timeout", "2", "job", "--", "true"}, options{name: "job", command: []string{"true"}, wait: 2 * time.Second, conflictCode: 1}},
-		{[]string{"job", "-v", "--lease", "--ttl", "1m", "--kill-after=2.5", "--", "sh", "-c", "x -- y"},
-			options{name: "job", command: []string{"sh", "-c", "x -- y"}, verbose: true, lease: true, ttl: time.Minute, killAfter: 2500 * time.Millisecond, wait: -1, conflictCode: 1}},
-		{[]string{"--dsn", "sqlite:x.db", "status", "a", "b"}, options{dsn: "sqlite:x.db", status: true, names: []string{"a", "b"}, wait: -1, conflictCode: 1}},
-		{[]string{"status"}, options{status: true, wait: -1, conflictCode: 1}},
+		{[]string{"-v", "--lease", "--ttl", "1m", "--kill-after=2.5", "--log-format", "json", "job", "sh", "-c", "x -- y"},
+			options{name: "job", command: []string{"sh", "-c", "x -- y"}, verbose: true, lease: true, ttl: time.Minute, killAfter: 2500 * time.Millisecond, logFormat: "json", wait: -1, conflictCode: 1}},
+		{[]string{"--dsn", "sqlite:x.db", "--config", "/x.conf", "job", "true"}, options{dsn: "sqlite:x.db", configFile: "/x.conf", name: "job", command: []string{"true"}, wait: -1, conflictCode: 1}},
+		{[]string{"status", "--dsn", "sqlite:x.db", "a", "-v", "b"}, options{dsn: "sqlite:x.db", subcommand: "status", verbose: true, names: []string{"a", "b"}, wait: -1, conflictCode: 1}},
+		{[]string{"status", "a", "--", "-b"}, options{subcommand: "status", names: []string{"a", "-b"}, wait: -1, conflictCode: 1}},
+		{[]string{"status"}, options{subcommand: "status", wait: -1, conflictCode: 1}},
+		{[]string{"completion", "zsh"}, options{subcommand: "completion", shell: "zsh", wait: -1, conflictCode: 1}},
+		// Subcommand words are NAMEs anywhere but first, or before --.
 		{[]string{"status", "--", "true"}, options{name: "status", command: []string{"true"}, wait: -1, conflictCode: 1}},
+		{[]string{"--", "status", "true"}, options{name: "status", command: []string{"true"}, wait: -1, conflictCode: 1}},
+		{[]string{"-n", "completion", "true"}, options{name: "completion", command: []string{"true"}, nonblock: true, wait: 0, conflictCode: 1}},
+		{[]string{"--", "elect", "true"}, options{name: "elect", command: []string{"true"}, wait: -1, conflictCode: 1}},
 		{[]string{"--nb", "-E0", "job", "--", "-x"}, options{name: "job", command: []string{"-x"}, nonblock: true, wait: 0, conflictCode: 0}},
+		{[]string{"-V"}, options{version: true, wait: -1, conflictCode: 1}},
 	} {
 		got, err := parseArgs(c.args)
 		if err != nil {
@@ -33,12 +45,12 @@ func TestParseArgsReadsFlockStyleFlags(t *testing.T) {
 		if c.want.killAfter == 0 {
 			c.want.killAfter = 10 * time.Second
 		}
-		if got.name != c.want.name || !slices.Equal(got.command, c.want.command) || got.nonblock != c.want.nonblock ||
-			got.wait != c.want.wait || got.conflictCode != c.want.conflictCode || got.quiet != c.want.quiet ||
-			got.verbose != c.want.verbose || got.lease != c.want.lease || got.ttl != c.want.ttl ||
-			got.killAfter != c.want.killAfter || got.dsn != c.want.dsn || got.status != c.want.status ||
-			!slices.Equal(got.names, c.want.names) {
-			t.Errorf("%q: got %+v, want %+v", c.args, *got, c.want)
+		if c.want.logFormat == "" {
+			c.want.logFormat = "text"
+		}
+		got.given, c.want.given = nil, nil
+		if !reflect.DeepEqual(*got, c.want) {
+			t.Errorf("%q:\n got %+v\nwant %+v", c.args, *got, c.want)
 		}
 	}
 }
@@ -49,24 +61,39 @@ func TestParseArgsRefusesBadInput(t *testing.T) {
 		say  string
 	}{
 		{nil, "missing NAME and COMMAND"},
-		{[]string{"job", "echo"}, "missing --"},
-		{[]string{"--", "echo"}, "missing the lock NAME"},
-		{[]string{"a", "b", "--", "echo"}, "one lock NAME"},
+		{[]string{"job"}, "missing COMMAND"},
+		{[]string{"--", "echo"}, "missing COMMAND"},
+		{[]string{"", "echo"}, "NAME is empty"},
+		{[]string{"--", "", "echo"}, "NAME is empty"},
 		{[]string{"job", "--"}, "no COMMAND"},
 		{[]string{"job", "--", ""}, "no COMMAND"},
+		{[]string{"job", ""}, "no COMMAND"},
+		{[]string{"job", "-c"}, "exactly one COMMAND"},
+		{[]string{"job", "-c", "echo", "hi"}, "exactly one COMMAND"},
+		{[]string{"job", "-c", ""}, "no COMMAND"},
+		{[]string{"job", "-n", "true"}, "flags go before NAME"},
+		{[]string{"job", "--lease", "--", "true"}, "flags go before NAME"},
 		{[]string{"--what", "job", "--", "x"}, "unknown flag --what"},
 		{[]string{"-x", "job", "--", "x"}, "unknown flag -x"},
 		{[]string{"-w", "job", "--", "x"}, `bad value "job"`},
-		{[]string{"job", "--wait"}, "needs a value"},
+		{[]string{"--wait"}, "needs a value"},
+		{[]string{"-w"}, "needs a value"},
 		{[]string{"-w", "NaN", "job", "--", "x"}, "bad value"},
 		{[]string{"-w", "1e300", "job", "--", "x"}, "bad value"},
 		{[]string{"-w", "-2s", "job", "--", "x"}, "bad value"},
 		{[]string{"-E", "-1", "job", "--", "x"}, "0 to 255"},
 		{[]string{"-E", "x", "job", "--", "x"}, "0 to 255"},
-		{[]string{"--ttl=0", "job", "--", "x"}, "above zero"},
+		{[]string{"--ttl=0", "job", "--", "x"}, "at least 1s"},
+		{[]string{"--ttl=999ms", "job", "--", "x"}, "at least 1s"},
+		{[]string{"--ttl=25h", "job", "--", "x"}, "at most 24h"},
+		{[]string{"--log-format=xml", "job", "--", "x"}, "text or json"},
 		{[]string{"--quiet=1", "job", "--", "x"}, "takes no value"},
 		{[]string{"-n", "--wait", "1", "job", "--", "x"}, "exclude each other"},
 		{[]string{"status", "--lease"}, "does not apply to status"},
+		{[]string{"status", "-n", "job"}, "does not apply to status"},
+		{[]string{"completion"}, "lockrun completion bash|zsh"},
+		{[]string{"completion", "fish"}, "lockrun completion bash|zsh"},
+		{[]string{"elect", "leader", "true"}, "elect is not supported yet"},
 	} {
 		_, err := parseArgs(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.say) {

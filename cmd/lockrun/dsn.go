@@ -3,11 +3,15 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,22 +51,33 @@ type database struct {
 	*sql.DB
 	kind    string   // "postgres" or "sqlite"
 	shown   string   // the DSN with its password redacted
+	where   string   // which database, for people: "postgres HOST:PORT/DB"
 	secrets []string // passwords to scrub from messages
 }
 
-// chooseDSN returns the DSN to use: --dsn, else $LOCKRUN_DSN, else
-// $DATABASE_URL, else the default SQLite file.
-func chooseDSN(flagDSN string, getenv func(string) string) (string, error) {
-	for _, dsn := range []string{flagDSN, getenv("LOCKRUN_DSN"), getenv("DATABASE_URL")} {
-		if dsn != "" {
-			return dsn, nil
+// describe says which database this is and where its DSN came from,
+// without a password: "database postgres HOST:PORT/DB; dsn from --dsn".
+func (d *database) describe(from string) string {
+	return "database " + d.where + "; dsn from " + from
+}
+
+// chooseDSN returns the DSN to use and where it comes from: --dsn, else
+// $LOCKRUN_DSN, else $DATABASE_URL, else the config files' dsn, else the
+// default SQLite file.
+func chooseDSN(flagDSN string, getenv func(string) string, settings map[string]setting) (dsn, from string, err error) {
+	for _, c := range []struct{ dsn, from string }{
+		{flagDSN, "--dsn"}, {getenv("LOCKRUN_DSN"), "$LOCKRUN_DSN"}, {getenv("DATABASE_URL"), "$DATABASE_URL"},
+		{settings["dsn"].value, settings["dsn"].at},
+	} {
+		if c.dsn != "" {
+			return c.dsn, c.from, nil
 		}
 	}
 	path, err := defaultPath(getenv)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	return "sqlite:" + path, nil
+	return "sqlite:" + path, "the default", nil
 }
 
 // defaultPath is $XDG_STATE_HOME/lockrun/locks.db (XDG's default for the
@@ -73,7 +88,7 @@ func defaultPath(getenv func(string) string) (string, error) {
 	if !filepath.IsAbs(state) {
 		home := getenv("HOME")
 		if home == "" {
-			return "", configErrorf("no --dsn, LOCKRUN_DSN or DATABASE_URL, and neither XDG_STATE_HOME nor HOME is set for the default SQLite file")
+			return "", configErrorf("no --dsn, LOCKRUN_DSN, DATABASE_URL or dsn in a config file, and neither XDG_STATE_HOME nor HOME is set for the default SQLite file")
 		}
 		state = filepath.Join(home, ".local", "state")
 	}
@@ -111,44 +126,66 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 	return d, nil
 }
 
+// open opens dsn with the driver its scheme names (one case per scheme).
 func open(dsn string) (*database, error) {
-	scheme, rest, _ := strings.Cut(dsn, "://")
-	switch {
-	case strings.EqualFold(scheme, "postgres"), strings.EqualFold(scheme, "postgresql"):
-		return openPostgres(strings.ToLower(scheme) + "://" + rest)
-	case strings.HasPrefix(dsn, "sqlite:"):
-		path := strings.TrimPrefix(strings.TrimPrefix(dsn, "sqlite:"), "//")
-		if path == "" {
-			return nil, configErrorf("DSN %q names no file (sqlite:PATH)", dsn)
-		}
-		return openSQLite(dsn, "file:"+escapeSQLitePath(path)+"?"+sqlitePragmas)
-	case strings.HasPrefix(dsn, "file:"):
+	scheme := ""
+	if m := schemeRE.FindStringSubmatch(dsn); m != nil {
+		scheme = strings.ToLower(m[1])
+	}
+	switch scheme {
+	case "postgres", "postgresql":
+		return openPostgres(scheme + dsn[len(scheme):])
+	case "sqlite":
+		path := strings.TrimPrefix(dsn[len("sqlite:"):], "//")
+		return openSQLite(dsn, path, "file:"+escapeSQLitePath(path)+"?"+sqlitePragmas)
+	case "file":
 		file, query, _ := strings.Cut(dsn, "?")
 		if query != "" {
 			query = "&" + query // the caller's pragmas run after ours
 		}
-		return openSQLite(dsn, file+"?"+sqlitePragmas+query)
+		path := strings.TrimPrefix(file[len("file:"):], "//")
+		return openSQLite(dsn, path, file+"?"+sqlitePragmas+query)
+	case "":
+		if strings.Contains(dsn, "=") {
+			return openPostgres(dsn)
+		}
+		return nil, configErrorf("cannot tell what DSN %q is: use %s", redactDSN(dsn), knownForms)
 	}
-	if m := schemeRE.FindStringSubmatch(dsn); m != nil {
-		return nil, configErrorf("unknown DSN scheme %q: use postgres://, postgresql://, key=value, sqlite:PATH or file:PATH", m[1])
-	}
-	if strings.Contains(dsn, "=") {
-		return openPostgres(dsn)
-	}
-	return nil, configErrorf("cannot tell what DSN %q is: use postgres://, postgresql://, key=value, sqlite:PATH or file:PATH", redactDSN(dsn))
+	return nil, configErrorf("unknown DSN scheme %q: use %s", scheme, knownForms)
 }
+
+// knownForms lists the DSN forms lockrun takes, for its errors.
+const knownForms = "postgres://, postgresql://, key=value, sqlite:PATH or file:PATH"
 
 // escapeSQLitePath escapes what a SQLite URI filename cannot hold.
 func escapeSQLitePath(path string) string {
 	return strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
 }
 
-func openSQLite(dsn, driverDSN string) (*database, error) {
+// openSQLite opens the SQLite file at path (a URI path for file:) with
+// driverDSN. A file in a directory that does not exist is a configError
+// (SQLite itself only says "out of memory").
+func openSQLite(dsn, path, driverDSN string) (*database, error) {
+	if path == "" {
+		return nil, configErrorf("DSN %q names no file (sqlite:PATH)", dsn)
+	}
+	if !strings.HasPrefix(path, ":memory:") {
+		if abs, err := filepath.Abs(path); err == nil {
+			path = abs
+		}
+		dir := filepath.Dir(path)
+		switch fi, err := os.Stat(dir); {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, configErrorf("SQLite file %s: directory %s does not exist", path, dir)
+		case err == nil && !fi.IsDir():
+			return nil, configErrorf("SQLite file %s: %s is not a directory", path, dir)
+		}
+	}
 	db, err := sql.Open("sqlite", driverDSN)
 	if err != nil {
 		return nil, configError{err}
 	}
-	return &database{DB: db, kind: "sqlite", shown: dsn}, nil
+	return &database{DB: db, kind: "sqlite", shown: dsn, where: "sqlite " + path + " (this host only)"}, nil
 }
 
 // openPostgres opens a URL or key=value DSN with pgx: application_name is
@@ -170,9 +207,21 @@ func openPostgres(dsn string) (*database, error) {
 	if !strings.Contains(dsn, "default_query_exec_mode") {
 		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
-	d := &database{DB: stdlib.OpenDB(*cfg), kind: "postgres", shown: shown}
+	d := &database{DB: stdlib.OpenDB(*cfg), kind: "postgres", shown: shown, where: "postgres " + serverOf(cfg)}
 	d.secrets = append(dsnSecrets(dsn), cfg.Password)
 	return d, nil
+}
+
+// serverOf is HOST:PORT/DB, with any other hosts of a multi-host DSN
+// after a comma (pgx lists each host once more per TLS fallback).
+func serverOf(cfg *pgx.ConnConfig) string {
+	hosts := []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+	for _, f := range cfg.Fallbacks {
+		if h := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return strings.Join(hosts, ",") + "/" + cfg.Database
 }
 
 // The password forms redactDSN knows: a URL's user info, and password=

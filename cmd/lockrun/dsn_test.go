@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -115,21 +116,84 @@ func TestDefaultPathFollowsXDG(t *testing.T) {
 		{map[string]string{"HOME": home}, filepath.Join(home, ".local", "state", "lockrun", "locks.db")},
 		{map[string]string{"XDG_STATE_HOME": "relative/ignored", "HOME": home}, filepath.Join(home, ".local", "state", "lockrun", "locks.db")},
 	} {
-		got, err := chooseDSN("", env(c.env))
-		if err != nil || got != "sqlite:"+c.want {
-			t.Errorf("env %v: %q, %v; want sqlite:%s", c.env, got, err, c.want)
+		got, from, err := chooseDSN("", env(c.env), nil)
+		if err != nil || got != "sqlite:"+c.want || from != "the default" {
+			t.Errorf("env %v: %q from %q, %v; want sqlite:%s from the default", c.env, got, from, err, c.want)
 		}
 	}
-	if _, err := chooseDSN("", env(nil)); codeFor(err) != exitConfig {
+	if _, _, err := chooseDSN("", env(nil), nil); codeFor(err) != exitConfig {
 		t.Errorf("no HOME, no XDG_STATE_HOME: %v, want a configuration error", err)
 	}
-	got, _ := chooseDSN("", env(map[string]string{"DATABASE_URL": "b", "LOCKRUN_DSN": "a"}))
-	if got != "a" {
-		t.Errorf("LOCKRUN_DSN does not win over DATABASE_URL: %q", got)
+}
+
+// Issue 16, item 1: --dsn > LOCKRUN_DSN > DATABASE_URL > config files >
+// the default (the files' own order is loadConfig's; see config_test.go).
+func TestChooseDSNPrecedence(t *testing.T) {
+	all := map[string]string{"LOCKRUN_DSN": "a", "DATABASE_URL": "b", "HOME": t.TempDir()}
+	file := map[string]setting{"dsn": {value: "c", at: "/etc/lockrun.conf:2"}}
+	for _, c := range []struct {
+		flag     string
+		drop     []string
+		settings map[string]setting
+		want     string
+		from     string
+	}{
+		{"flag", nil, file, "flag", "--dsn"},
+		{"", nil, file, "a", "$LOCKRUN_DSN"},
+		{"", []string{"LOCKRUN_DSN"}, file, "b", "$DATABASE_URL"},
+		{"", []string{"LOCKRUN_DSN", "DATABASE_URL"}, file, "c", "/etc/lockrun.conf:2"},
+		{"", []string{"LOCKRUN_DSN", "DATABASE_URL"}, nil, "sqlite:", "the default"},
+	} {
+		getenv := func(k string) string {
+			if contains(c.drop, k) {
+				return ""
+			}
+			return all[k]
+		}
+		got, from, err := chooseDSN(c.flag, getenv, c.settings)
+		if err != nil || !strings.HasPrefix(got, c.want) || (c.want != "sqlite:" && got != c.want) || from != c.from {
+			t.Errorf("flag %q, without %v: %q from %q (%v); want %q from %q", c.flag, c.drop, got, from, err, c.want, c.from)
+		}
 	}
-	got, _ = chooseDSN("flag", env(map[string]string{"DATABASE_URL": "b", "LOCKRUN_DSN": "a"}))
-	if got != "flag" {
-		t.Errorf("--dsn does not win: %q", got)
+}
+
+// Issue 16, item 4: SQLite in a missing directory says so (SQLite itself
+// says "out of memory (14)").
+func TestSQLiteInAMissingDirectorySaysSo(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no", "such")
+	for _, dsn := range []string{"sqlite:" + missing + "/locks.db", "file:" + missing + "/locks.db?mode=rwc"} {
+		_, err := open(dsn)
+		if codeFor(err) != exitConfig || err == nil || !strings.Contains(err.Error(), "directory "+missing+" does not exist") {
+			t.Errorf("open(%q): %v; want a configuration error naming the missing directory", dsn, err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "plain-file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open("sqlite:" + file + "/locks.db"); codeFor(err) != exitConfig || err == nil || !strings.Contains(err.Error(), file+" is not a directory") {
+		t.Errorf("SQLite file under a plain file: %v; want a configuration error saying so", err)
+	}
+}
+
+// Issue 16, item 2: which database, in words, never with a password.
+func TestDatabaseSaysWhichWithoutPassword(t *testing.T) {
+	dir := t.TempDir()
+	for dsn, want := range map[string]string{
+		"postgres://app:hunter22@db.internal:6432/ops?sslmode=disable": "postgres db.internal:6432/ops",
+		"host=10.0.0.7 port=5433 dbname=x password=hunter22":           "postgres 10.0.0.7:5433/x",
+		"postgres://app@h1:5432,h2:5433/ops":                           "postgres h1:5432,h2:5433/ops",
+		"sqlite:" + filepath.Join(dir, "l.db"):                         "sqlite " + filepath.Join(dir, "l.db") + " (this host only)",
+	} {
+		d, err := open(dsn)
+		if err != nil {
+			t.Errorf("open(%q): %v", dsn, err)
+			continue
+		}
+		_ = d.Close()
+		if got := d.describe("--dsn"); got != "database "+want+"; dsn from --dsn" || strings.Contains(got, "hunter22") {
+			t.Errorf("open(%q) describes itself as %q, want %q", dsn, got, want)
+		}
 	}
 }
 

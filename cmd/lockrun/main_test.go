@@ -23,7 +23,8 @@ import (
 
 // The tests build lockrun once (with -race when the tests run with it)
 // and run it as real processes, against the default SQLite file and
-// against PostgreSQL.
+// against PostgreSQL. The build reads its system config file from the
+// build directory (systemConfigPath) instead of /etc/lockrun.conf.
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(removeBuildAfter{testdb.Main(m)})
@@ -58,7 +59,7 @@ func lockrunBin(t *testing.T) string {
 			return
 		}
 		build.bin = filepath.Join(build.dir, "lockrun")
-		args := []string{"build", "-o", build.bin}
+		args := []string{"build", "-o", build.bin, "-ldflags=-X main.systemConfig=" + filepath.Join(build.dir, "etc", "lockrun.conf")}
 		if raceEnabled {
 			args = append(args, "-race")
 		}
@@ -69,6 +70,14 @@ func lockrunBin(t *testing.T) string {
 		t.Fatalf("building lockrun: %v\n%s", build.err, build.out)
 	}
 	return build.bin
+}
+
+// systemConfigPath is where the built lockrun looks for its system config
+// file. Only a test that does not run in parallel may write it (and must
+// remove it before it ends): every lockrun of the other tests reads it.
+func systemConfigPath(t *testing.T) string {
+	lockrunBin(t)
+	return filepath.Join(build.dir, "etc", "lockrun.conf")
 }
 
 // backend is where the locks of a test live: the environment lockrun
@@ -100,18 +109,25 @@ func lockName(t *testing.T) string {
 	return strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()) + "-" + hex.EncodeToString(b[:])
 }
 
-// baseEnv is the test's environment without what would steer lockrun.
+// baseEnv is the test's environment without what would steer lockrun,
+// and with no user config file.
 func baseEnv() []string {
-	var env []string
+	env := []string{"XDG_CONFIG_HOME=" + filepath.Join(build.dir, "no-config")}
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case "LOCKRUN_DSN", "DATABASE_URL", "XDG_STATE_HOME", "LOCKRUN_LOCK_NAME", "LOCKRUN_FENCING_TOKEN":
+		case "LOCKRUN_DSN", "DATABASE_URL", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "LOCKRUN_LOCK_NAME", "LOCKRUN_FENCING_TOKEN":
 			continue
 		}
 		env = append(env, kv)
 	}
 	return env
+}
+
+// cronEnv is the bare environment cron gives a job (HOME, LOGNAME,
+// SHELL, PATH=/usr/bin:/bin), with home as HOME, plus env.
+func cronEnv(home string, env ...string) []string {
+	return append([]string{"HOME=" + home, "LOGNAME=root", "SHELL=/bin/sh", "PATH=/usr/bin:/bin"}, env...)
 }
 
 // proc is a running lockrun.
@@ -128,8 +144,21 @@ type proc struct {
 // the end of the test if still running.
 func startLockrun(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
+	lockrunBin(t)
+	return startWithEnv(t, append(baseEnv(), env...), args...)
+}
+
+// startBare starts lockrun with env as its whole environment (as env -i
+// does; see cronEnv).
+func startBare(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	return startWithEnv(t, env, args...)
+}
+
+func startWithEnv(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{cmd: exec.Command(lockrunBin(t), args...), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd.Env = append(baseEnv(), env...)
+	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	p.cmd.Dir = t.TempDir()
 	p.start = time.Now()
@@ -256,4 +285,23 @@ func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), testdb.DefaultWait)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// runBare runs lockrun to the end with env as its whole environment.
+func runBare(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	p := startBare(t, env, args...)
+	code = p.wait(t)
+	return code, p.stdout.String(), p.stderr.String()
+}
+
+// writeFile writes content to path, creating its directory.
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -16,12 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// waitNotice is how long lockrun waits quietly before it says what it
-// waits for; recheck is how often it looks again for a new holder.
-const (
-	waitNotice = time.Second
-	recheck    = 5 * time.Second
-)
+// recheck is how often a verbose waiter looks again for a new holder.
+const recheck = 5 * time.Second
 
 // target is the lock lockrun takes: a session Lock or a LeaseLock.
 type target interface {
@@ -45,7 +40,7 @@ func (t sessionTarget) Holder(ctx context.Context) (*advisorylock.Holder, error)
 }
 
 func (t sessionTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
-	g, err := within(ctx, wait, t.l.TryLock, t.l.Lock, t.l.LockTimeout)
+	g, err := acquireByWait(ctx, wait, t.l.TryLock, t.l.Lock, t.l.LockTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -59,15 +54,16 @@ func (t leaseTarget) Holder(ctx context.Context) (*advisorylock.Holder, error) {
 }
 
 func (t leaseTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
-	g, err := within(ctx, wait, t.l.TryLock, t.l.Lock, t.l.LockTimeout)
+	g, err := acquireByWait(ctx, wait, t.l.TryLock, t.l.Lock, t.l.LockTimeout)
 	if err != nil {
 		return nil, err
 	}
 	return &held{lost: g.Lost(), token: g.Token(), release: g.Release}, nil
 }
 
-// within picks the acquire that matches wait.
-func within[G any](ctx context.Context, wait time.Duration, try, lock func(context.Context) (G, error), timeout func(context.Context, time.Duration) (G, error)) (G, error) {
+// acquireByWait calls the acquire that matches wait: try once when wait
+// is 0, wait as long as it takes when wait < 0, else wait at most wait.
+func acquireByWait[G any](ctx context.Context, wait time.Duration, try, lock func(context.Context) (G, error), timeout func(context.Context, time.Duration) (G, error)) (G, error) {
 	switch {
 	case wait == 0:
 		return try(ctx)
@@ -80,7 +76,7 @@ func within[G any](ctx context.Context, wait time.Duration, try, lock func(conte
 
 // run takes the lock, runs the command, and releases the lock once the
 // command has exited. It returns lockrun's exit code.
-func run(o *options, getenv func(string) string, say *reporter) int {
+func run(o *options, say *reporter) int {
 	cmd := exec.Command(o.command[0], o.command[1:]...)
 	if cmd.Err != nil {
 		return notRunnable(say, o.command[0], cmd.Err)
@@ -89,6 +85,33 @@ func run(o *options, getenv func(string) string, say *reporter) int {
 	signal.Notify(signals, forwarded...)
 	defer signal.Stop(signals)
 
+	db, h, err := takeUnlessSignaled(o, signals, say)
+	if err != nil {
+		return failed(say, o, err)
+	}
+	defer db.Close()
+	say.debugf("acquired lock %q%s", o.name, tokenNote(h.token))
+	code := supervise(cmd, o, h, signals, say)
+	lost := isClosed(h.lost)
+	err = h.release(context.Background())
+	switch {
+	case lost: // said already, by supervise; releasing it can only fail
+	case err != nil:
+		say.warnf("releasing lock %q: %s", o.name, plain(err))
+	default:
+		say.debugf("released lock %q", o.name)
+	}
+	return code
+}
+
+// signaled is the error of a wait for the lock that a signal ended.
+type signaled struct{ sig os.Signal }
+
+func (s signaled) Error() string { return "interrupted by " + s.sig.String() }
+
+// takeUnlessSignaled opens the database and takes the lock, unless a
+// signal comes first: then it undoes what it did and returns signaled.
+func takeUnlessSignaled(o *options, signals <-chan os.Signal, say *reporter) (*database, *held, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type outcome struct {
@@ -98,51 +121,33 @@ func run(o *options, getenv func(string) string, say *reporter) int {
 	}
 	taken := make(chan outcome, 1)
 	go func() {
-		db, h, err := take(ctx, o, getenv, say)
+		db, h, err := take(ctx, o, say)
 		taken <- outcome{db, h, err}
 	}()
-	var got outcome
 	select {
-	case got = <-taken:
+	case got := <-taken:
+		return got.db, got.h, got.err
 	case sig := <-signals:
 		cancel()
-		got = <-taken
+		got := <-taken
 		if got.h != nil {
 			_ = got.h.release(context.Background())
 		}
 		if got.db != nil {
 			_ = got.db.Close()
 		}
-		say.debugf("interrupted by %v while waiting for lock %q", sig, o.name)
-		return exitSignalOffset + signalNumber(sig)
+		return nil, nil, signaled{sig}
 	}
-	if got.err != nil {
-		return failed(say, o, got.err)
-	}
-	defer got.db.Close()
-	say.debugf("acquired lock %q%s", o.name, tokenNote(got.h.token))
-	code := supervise(cmd, o, got.h, signals, say)
-	if err := got.h.release(context.Background()); err != nil {
-		say.infof("releasing: %s", plain(err))
-	} else {
-		say.debugf("released lock %q", o.name)
-	}
-	return code
 }
 
 // take opens the database and acquires the lock, saying what it waits for
-// while it waits. On error, it has closed what it opened.
-func take(ctx context.Context, o *options, getenv func(string) string, say *reporter) (*database, *held, error) {
-	dsn, err := chooseDSN(o.dsn, getenv)
+// while it waits (with -v). On error, it has closed what it opened.
+func take(ctx context.Context, o *options, say *reporter) (*database, *held, error) {
+	db, err := connect(ctx, o, say)
 	if err != nil {
 		return nil, nil, err
 	}
-	say.secrets = dsnSecrets(dsn)
-	db, err := openDatabase(ctx, dsn)
-	if err != nil {
-		return nil, nil, err
-	}
-	say.secrets = append(say.secrets, db.secrets...)
+	say.debugf("%s", db.describe(o.dsnFrom))
 	t, err := newTarget(db, o, say)
 	if err == nil {
 		var h *held
@@ -153,6 +158,17 @@ func take(ctx context.Context, o *options, getenv func(string) string, say *repo
 	}
 	_ = db.Close()
 	return nil, nil, err
+}
+
+// connect opens the database o names and learns its secrets.
+func connect(ctx context.Context, o *options, say *reporter) (*database, error) {
+	say.secrets = dsnSecrets(o.dsn)
+	db, err := openDatabase(ctx, o.dsn)
+	if err != nil {
+		return nil, err
+	}
+	say.secrets = append(say.secrets, db.secrets...)
+	return db, nil
 }
 
 // newTarget makes the lock: a LeaseLock with --lease, a Lock otherwise.
@@ -184,53 +200,39 @@ func ownerLabel() string {
 	return host + ":" + strconv.Itoa(os.Getpid())
 }
 
-// acquireTelling acquires t. While it waits longer than waitNotice (at
-// once with -v), it says on stderr what it waits for and who holds it,
-// and again whenever the holder changes.
+// acquireTelling acquires t. With -v it says who holds the lock when -n
+// finds it held, and while it waits, what it waits for and who holds it,
+// again whenever the holder changes.
 func acquireTelling(ctx context.Context, t target, o *options, say *reporter) (*held, error) {
-	if o.wait == 0 {
-		h, err := t.acquire(ctx, 0)
+	h, err := t.acquire(ctx, 0)
+	if o.wait == 0 || !errors.Is(err, advisorylock.ErrNotAcquired) {
 		if errors.Is(err, advisorylock.ErrNotAcquired) && say.verbose {
 			say.debugf("lock %q is held%s", o.name, holderNote(ctx, t))
 		}
 		return h, err
 	}
-	// One attempt first: a lock taken at once has no wait to report (and a
-	// report racing the grant would name this process as the holder).
-	if h, err := t.acquire(ctx, 0); !errors.Is(err, advisorylock.ErrNotAcquired) {
-		return h, err
-	}
+	// The first attempt failed, so there is a wait to report (a report
+	// racing the grant would name this process as the holder).
 	wctx, stop := context.WithCancel(ctx)
 	told := make(chan struct{})
 	go func() {
 		defer close(told)
 		tellWaiting(wctx, t, o, say)
 	}()
-	h, err := t.acquire(ctx, o.wait)
+	h, err = t.acquire(ctx, o.wait)
 	stop()
 	<-told
 	return h, err
 }
 
-// tellWaiting reports the holder after waitNotice and whenever it
+// tellWaiting reports, with -v, the holder at once and whenever it
 // changes, until ctx ends.
 func tellWaiting(ctx context.Context, t target, o *options, say *reporter) {
-	if say.quiet {
+	if !say.verbose || say.quiet {
 		return
 	}
-	delay := waitNotice
-	if say.verbose {
-		delay = 0
-	}
-	timer := time.NewTimer(delay)
-	defer timer.Stop()
-	last := ""
+	last := "-"
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
 		h, err := t.Holder(ctx)
 		if ctx.Err() != nil {
 			return
@@ -243,10 +245,14 @@ func tellWaiting(ctx context.Context, t target, o *options, say *reporter) {
 			note = ", held by " + describe(h)
 		}
 		if note != last {
-			say.infof("waiting for lock %q%s", o.name, note)
+			say.debugf("waiting for lock %q%s", o.name, note)
 			last = note
 		}
-		timer.Reset(recheck)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(recheck):
+		}
 	}
 }
 
@@ -264,8 +270,8 @@ func holderNote(ctx context.Context, t target) string {
 // describe says who a holder is, in the words an operator greps for.
 func describe(h *advisorylock.Holder) string {
 	var parts []string
-	if h.PID != 0 {
-		parts = append(parts, "pid "+strconv.Itoa(h.PID))
+	if pid := holderPID(h); pid != 0 {
+		parts = append(parts, "pid "+strconv.Itoa(pid))
 	}
 	if h.Application != "" {
 		parts = append(parts, "application "+strconv.Quote(h.Application))
@@ -288,6 +294,26 @@ func describe(h *advisorylock.Holder) string {
 	return strings.Join(parts, ", ")
 }
 
+// holderPID is the PostgreSQL backend's pid of a session holder, or the
+// process id of a SQLite holder on this host, read from the owner label
+// that lockrun (and the library by default) gives it, HOST:PID, to which
+// the library adds /SUFFIX. It is 0 if unknown.
+func holderPID(h *advisorylock.Holder) int {
+	if h.PID != 0 || h.Backend != "sqlite" {
+		return h.PID
+	}
+	host, rest, _ := strings.Cut(h.Owner, ":")
+	if this, err := os.Hostname(); err != nil || host != this {
+		return 0
+	}
+	digits, _, _ := strings.Cut(rest, "/")
+	pid, err := strconv.Atoi(digits)
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
 func tokenNote(t advisorylock.FencingToken) string {
 	if t == 0 {
 		return ""
@@ -299,17 +325,10 @@ func tokenNote(t advisorylock.FencingToken) string {
 // its process group, and stopping it if the lock is lost. It returns the
 // command's exit status, or exitLost.
 func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say *reporter) int {
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = childEnv(os.Environ(), o.name, h.token)
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
+	exited, err := startCommand(cmd, o.name, h.token)
+	if err != nil {
 		return notRunnable(say, o.command[0], err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait() // the status is in cmd.ProcessState
-		close(exited)
-	}()
 	lost := h.lost
 	wasLost := false
 	var kill <-chan time.Time
@@ -319,7 +338,7 @@ func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say
 			signalGroup(cmd.Process, sig)
 		case <-lost:
 			lost, wasLost = nil, true
-			say.infof("lock %q lost while the command ran; stopping it (SIGTERM, then SIGKILL after %s)", o.name, o.killAfter)
+			say.warnf("lock %q lost while the command ran%s; stopping it (SIGTERM, then SIGKILL after %s)", o.name, say.cause.why(), o.killAfter)
 			signalGroup(cmd.Process, terminate)
 			timer := time.NewTimer(o.killAfter)
 			defer timer.Stop()
@@ -330,7 +349,7 @@ func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say
 		case <-exited:
 			if !wasLost && isClosed(h.lost) {
 				wasLost = true
-				say.infof("lock %q lost before the command ended", o.name)
+				say.warnf("lock %q lost before the command ended%s", o.name, say.cause.why())
 			}
 			if wasLost {
 				signalGroup(cmd.Process, killSignal) // what is left of the job
@@ -339,6 +358,24 @@ func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say
 			return exitStatus(cmd.ProcessState)
 		}
 	}
+}
+
+// startCommand starts cmd in its own process group, with lockrun's stdin,
+// stdout and stderr and the lock's variables; the returned channel is
+// closed once it has exited (its status is then in cmd.ProcessState).
+func startCommand(cmd *exec.Cmd, name string, token advisorylock.FencingToken) (<-chan struct{}, error) {
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = childEnv(os.Environ(), name, token)
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	return exited, nil
 }
 
 func isClosed(c <-chan struct{}) bool {
@@ -379,17 +416,22 @@ func notRunnable(say *reporter, name string, err error) int {
 	return exitNotRunnable
 }
 
-// failed reports why the lock was not taken and returns the exit code.
+// failed reports why the lock was not taken and returns the exit code. A
+// conflict is silent unless -v, as in flock.
 func failed(say *reporter, o *options, err error) int {
 	var timeout *advisorylock.TimeoutError
+	var sig signaled
 	switch {
+	case errors.As(err, &sig):
+		say.debugf("interrupted by %v while waiting for lock %q", sig.sig, o.name)
+		return exitSignalOffset + signalNumber(sig.sig)
 	case errors.Is(err, advisorylock.ErrNotAcquired):
-		return o.conflictCode // -n: as flock, silent unless -v (said in acquireTelling)
+		return o.conflictCode // -v said who holds it, in acquireTelling
 	case errors.As(err, &timeout):
-		say.infof("gave up waiting for lock %q after %s", o.name, timeout.Waited.Round(time.Millisecond))
+		say.debugf("gave up waiting for lock %q after %s", o.name, timeout.Waited.Round(time.Millisecond))
 		return o.conflictCode
 	case errors.Is(err, advisorylock.ErrTransactionPooler):
-		say.errorf("%s; run with --lease: a lease holds no connection and works through the pooler", plain(err))
+		say.errorf("lock %q: the database is reached through a transaction-mode pooler (such as PgBouncer with pool_mode=transaction), where a session lock cannot hold; run lockrun with --lease, which works there", o.name)
 		return exitConfig
 	}
 	say.errorf("%s", plain(err))
@@ -430,29 +472,4 @@ func codeFor(err error) int {
 // (lockrun adds its own).
 func plain(err error) string {
 	return strings.TrimPrefix(err.Error(), "advisorylock: ")
-}
-
-// logger sends the library's warnings to stderr, one line each, with -v
-// (lockrun itself reports a lost lock and a failed release).
-func (r *reporter) logger() *slog.Logger {
-	if !r.verbose || r.quiet {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(scrubWriter{r}, &slog.HandlerOptions{
-		Level: slog.LevelWarn,
-		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-			if len(groups) == 0 && a.Key == slog.TimeKey {
-				return slog.Attr{}
-			}
-			return a
-		},
-	}))
-}
-
-// scrubWriter writes log lines through the reporter's scrubbing.
-type scrubWriter struct{ r *reporter }
-
-func (w scrubWriter) Write(p []byte) (int, error) {
-	w.r.line("%s", strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
 }

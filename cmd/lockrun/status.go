@@ -24,25 +24,19 @@ type holding struct {
 	h    advisorylock.Holder
 }
 
-// status prints, as a table, who holds the named locks (both kinds), or
+// status prints which database it asks (a line like -v's), then, as a
+// table, who holds the named locks (both kinds), or
 // with no names every held lease and lock row, and on PostgreSQL every
 // session advisory lock (by key: their names are stored nowhere).
-func status(o *options, getenv func(string) string, stdout io.Writer, say *reporter) int {
+func status(o *options, stdout io.Writer, say *reporter) int {
 	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
 	defer cancel()
-	dsn, err := chooseDSN(o.dsn, getenv)
-	if err != nil {
-		say.errorf("%s", plain(err))
-		return codeFor(err)
-	}
-	say.secrets = dsnSecrets(dsn)
-	db, err := openDatabase(ctx, dsn)
+	db, err := connect(ctx, o, say)
 	if err != nil {
 		say.errorf("%s", plain(err))
 		return codeFor(err)
 	}
 	defer db.Close()
-	say.secrets = append(say.secrets, db.secrets...)
 	var rows []holding
 	if len(o.names) > 0 {
 		rows, err = namedHolders(ctx, db, o.names, say)
@@ -53,6 +47,7 @@ func status(o *options, getenv func(string) string, stdout io.Writer, say *repor
 		say.errorf("%s", plain(err))
 		return codeFor(err)
 	}
+	fmt.Fprintln(stdout, db.describe(o.dsnFrom))
 	printTable(stdout, rows)
 	return 0
 }
@@ -202,7 +197,7 @@ func printTable(w io.Writer, rows []holding) {
 				name = h.Name
 			}
 		}
-		fields := []string{name, r.kind, strconv.FormatInt(h.Key, 10), orDash(h.PID != 0, strconv.Itoa(h.PID)),
+		fields := []string{name, r.kind, strconv.FormatInt(h.Key, 10), orDash(holderPID(&h) != 0, strconv.Itoa(holderPID(&h))),
 			orDash(h.Application != "", h.Application), orDash(h.ClientAddr != "", h.ClientAddr),
 			orDash(h.Owner != "", h.Owner), orDash(h.Token != 0, h.Token.String()),
 			orDash(!h.Since.IsZero(), h.Since.Local().Format(time.DateTime)),

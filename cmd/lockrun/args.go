@@ -1,0 +1,342 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// options is a parsed command line (and, once loaded, the config file's
+// defaults for the flags not given).
+type options struct {
+	dsn          string
+	nonblock     bool
+	wait         time.Duration // < 0: as long as it takes
+	conflictCode int
+	lease        bool
+	ttl          time.Duration // 0: the library's default
+	killAfter    time.Duration
+	quiet        bool
+	verbose      bool
+	logFormat    string // "text" or "json"
+	configFile   string // --config: read only this file
+	dsnFrom      string // where the DSN comes from, for -v and status
+	help         bool
+	version      bool
+
+	subcommand string   // "", "status" or "completion"
+	names      []string // status
+	shell      string   // completion
+	name       string
+	command    []string
+	given      map[string]bool // canonical long names of the flags given
+}
+
+// TTL bounds of the library (WithLeaseTTL clamps to them): lockrun refuses
+// a value outside instead of clamping it silently.
+const (
+	minTTL = time.Second
+	maxTTL = 24 * time.Hour
+)
+
+// flagSpec is one flag: its long names (the first is canonical, and is
+// the config file's key when config is set), its short letter if any, and
+// how it sets its value (bool for a flag without a value).
+type flagSpec struct {
+	long   []string
+	short  byte
+	config bool
+	help   string // one line, for shell completions
+	bool   func(o *options)
+	value  func(o *options, v string) error
+}
+
+var flags = []flagSpec{
+	{long: []string{"dsn"}, config: true, help: "the database to lock in",
+		value: func(o *options, v string) error { o.dsn = v; return nil }},
+	{long: []string{"config"}, help: "read this config file instead of the usual ones",
+		value: func(o *options, v string) error { o.configFile = v; return nil }},
+	{long: []string{"nonblock", "nb"}, short: 'n', help: "do not wait for the lock",
+		bool: func(o *options) { o.nonblock, o.wait = true, 0 }},
+	{long: []string{"wait", "timeout"}, short: 'w', config: true, help: "wait at most this long",
+		value: func(o *options, v string) (err error) { o.wait, err = parseSeconds(v); return err }},
+	{long: []string{"conflict-exit-code"}, short: 'E', config: true, help: "exit code when the lock is not acquired",
+		value: setConflictCode},
+	{long: []string{"lease"}, config: true, help: "hold a lease with a fencing token",
+		bool: func(o *options) { o.lease = true }},
+	{long: []string{"ttl"}, config: true, help: "how long a lease lives without renewal", value: setTTL},
+	{long: []string{"kill-after"}, config: true, help: "grace between SIGTERM and SIGKILL after a lost lock",
+		value: func(o *options, v string) (err error) { o.killAfter, err = parseSeconds(v); return err }},
+	// --min-hold DURATION (SPEC 9.3) goes here once advisorylock.WithMinHold
+	// exists: {long: []string{"min-hold"}, config: true, value: ...} setting
+	// o.minHold, which newTarget passes as advisorylock.WithMinHold.
+	{long: []string{"log-format"}, config: true, help: "text or json", value: setLogFormat},
+	{long: []string{"quiet", "silent"}, short: 'q', help: "print nothing but errors",
+		bool: func(o *options) { o.quiet = true }},
+	{long: []string{"verbose"}, short: 'v', help: "say what lockrun does",
+		bool: func(o *options) { o.verbose = true }},
+	{long: []string{"version"}, short: 'V', help: "print the version",
+		bool: func(o *options) { o.version = true }},
+	{long: []string{"help"}, short: 'h', help: "print the help",
+		bool: func(o *options) { o.help = true }},
+}
+
+func setConflictCode(o *options, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 255 {
+		return errors.New("want an exit code from 0 to 255")
+	}
+	o.conflictCode = n
+	return nil
+}
+
+func setTTL(o *options, v string) (err error) {
+	o.ttl, err = parseSeconds(v)
+	switch {
+	case err != nil:
+		return err
+	case o.ttl < minTTL:
+		return fmt.Errorf("a lease TTL must be at least %s", minTTL)
+	case o.ttl > maxTTL:
+		return fmt.Errorf("a lease TTL must be at most %s", maxTTL)
+	}
+	return nil
+}
+
+func setLogFormat(o *options, v string) error {
+	if v != "text" && v != "json" {
+		return errors.New("want text or json")
+	}
+	o.logFormat = v
+	return nil
+}
+
+// subcommands are the words that are subcommands as the first argument
+// (SPEC 9.10); anywhere else, or followed by "--", such a word is a NAME.
+var subcommands = []string{"status", "completion", "elect"}
+
+// parseArgs reads the command line:
+//
+//	[flags] [--] NAME [--] COMMAND [ARG...]
+//	[flags] [--] NAME -c COMMAND
+//	status [flags] [NAME...]
+//	completion bash|zsh
+//
+// Flags come before NAME, short ones clustered as in -nq, values as -w5,
+// -w 5, --wait=5 or --wait 5.
+func parseArgs(args []string) (*options, error) {
+	o := &options{wait: -1, conflictCode: exitConflict, killAfter: 10 * time.Second, logFormat: "text", given: map[string]bool{}}
+	if len(args) > 0 && contains(subcommands, args[0]) && (len(args) == 1 || args[1] != "--") {
+		return o, o.parseSubcommand(args[0], args[1:])
+	}
+	rest, _, err := o.readFlags(args)
+	if err != nil || o.help || o.version {
+		return o, err
+	}
+	return o, o.placeCommand(rest)
+}
+
+// readFlags reads the flags at the front of args and returns the rest,
+// and whether "--" ended the flags (it is not part of the rest).
+func (o *options) readFlags(args []string) (rest []string, dashdash bool, err error) {
+	for len(args) > 0 {
+		a := args[0]
+		if a == "--" {
+			return args[1:], true, nil
+		}
+		if len(a) < 2 || a[0] != '-' {
+			return args, false, nil
+		}
+		var n int
+		if strings.HasPrefix(a, "--") {
+			n, err = o.readLong(args)
+		} else {
+			n, err = o.readShort(args)
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		args = args[n:]
+	}
+	return nil, false, nil
+}
+
+// readLong reads the long flag args[0] (--name or --name=value) and
+// returns how many arguments it used.
+func (o *options) readLong(args []string) (int, error) {
+	name, val, hasVal := strings.Cut(args[0][2:], "=")
+	f := lookup(func(f *flagSpec) bool { return contains(f.long, name) })
+	switch {
+	case f == nil:
+		return 0, fmt.Errorf("unknown flag --%s", name)
+	case f.bool != nil && hasVal:
+		return 0, fmt.Errorf("flag --%s takes no value", name)
+	case f.bool != nil || hasVal:
+		return 1, o.apply(f, "--"+name, val)
+	case len(args) < 2:
+		return 0, fmt.Errorf("flag --%s needs a value", name)
+	}
+	return 2, o.apply(f, "--"+name, args[1])
+}
+
+// readShort reads the cluster of short flags args[0] (-nq, -w5, -w 5)
+// and returns how many arguments it used.
+func (o *options) readShort(args []string) (int, error) {
+	a := args[0]
+	for j := 1; j < len(a); j++ {
+		c := a[j]
+		f := lookup(func(f *flagSpec) bool { return f.short == c })
+		switch {
+		case f == nil:
+			return 0, fmt.Errorf("unknown flag -%c", c)
+		case f.bool != nil:
+			_ = o.apply(f, "", "")
+		case j+1 < len(a):
+			return 1, o.apply(f, "-"+string(c), a[j+1:])
+		case len(args) < 2:
+			return 0, fmt.Errorf("flag -%c needs a value", c)
+		default:
+			return 2, o.apply(f, "-"+string(c), args[1])
+		}
+	}
+	return 1, nil
+}
+
+func lookup(match func(*flagSpec) bool) *flagSpec {
+	for i := range flags {
+		if match(&flags[i]) {
+			return &flags[i]
+		}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// apply sets flag f; as names the flag in an error about its value.
+func (o *options) apply(f *flagSpec, as, val string) error {
+	o.given[f.long[0]] = true
+	if f.bool != nil {
+		f.bool(o)
+		return nil
+	}
+	if err := f.value(o, val); err != nil {
+		return fmt.Errorf("flag %s: bad value %q: %w", as, val, err)
+	}
+	return nil
+}
+
+// placeCommand reads NAME and the command from what follows the flags,
+// in flock(1)'s forms: NAME COMMAND [ARG...], NAME -- COMMAND [ARG...],
+// or NAME -c 'COMMAND' (run by sh -c).
+func (o *options) placeCommand(rest []string) error {
+	if len(rest) == 0 {
+		return errors.New("missing NAME and COMMAND: lockrun [flags] NAME COMMAND [ARG...]")
+	}
+	o.name = rest[0]
+	if o.name == "" {
+		return errors.New("the lock NAME is empty")
+	}
+	command, err := commandOf(rest[1:])
+	if err != nil && contains(subcommands, o.name) {
+		return fmt.Errorf("%w (%s is a subcommand only as the first argument)", err, o.name)
+	}
+	if err != nil {
+		return err
+	}
+	if o.nonblock && o.given["wait"] {
+		return errors.New("-n and -w exclude each other")
+	}
+	o.command = command
+	return nil
+}
+
+// commandOf reads the command that follows NAME.
+func commandOf(rest []string) ([]string, error) {
+	switch {
+	case len(rest) == 0:
+		return nil, errors.New("missing COMMAND after the lock NAME")
+	case rest[0] == "--":
+		rest = rest[1:]
+	case rest[0] == "-c" || rest[0] == "--command":
+		if len(rest) != 2 {
+			return nil, fmt.Errorf("%s takes exactly one COMMAND, run by sh -c: quote it", rest[0])
+		}
+		if rest[1] == "" {
+			return nil, errors.New("no COMMAND after " + rest[0])
+		}
+		return []string{"/bin/sh", "-c", rest[1]}, nil
+	case strings.HasPrefix(rest[0], "-"):
+		return nil, fmt.Errorf("flag %s after the lock NAME: flags go before NAME (a COMMAND starting with - goes after --)", rest[0])
+	}
+	if len(rest) == 0 || rest[0] == "" {
+		return nil, errors.New("no COMMAND after the lock NAME")
+	}
+	return rest, nil
+}
+
+// parseSubcommand reads the arguments of status, completion or elect.
+func (o *options) parseSubcommand(word string, args []string) error {
+	o.subcommand = word
+	switch word {
+	case "completion":
+		if len(args) != 1 || (args[0] != "bash" && args[0] != "zsh") {
+			return errors.New("usage: lockrun completion bash|zsh")
+		}
+		o.shell = args[0]
+		return nil
+	case "elect":
+		return errors.New("elect is not supported yet; a lock named elect is taken with lockrun -- elect COMMAND")
+	}
+	return o.parseStatus(args)
+}
+
+// parseStatus reads status's flags and names, in any order (a name never
+// starts with "-"; after "--" every word is a name).
+func (o *options) parseStatus(args []string) error {
+	for len(args) > 0 {
+		rest, dashdash, err := o.readFlags(args)
+		if err != nil {
+			return err
+		}
+		if dashdash {
+			o.names = append(o.names, rest...)
+			break
+		}
+		if len(rest) == 0 {
+			break
+		}
+		o.names, args = append(o.names, rest[0]), rest[1:]
+	}
+	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after"} {
+		if o.given[f] {
+			return fmt.Errorf("flag --%s does not apply to status", f)
+		}
+	}
+	return nil
+}
+
+// parseSeconds reads a duration as flock does (seconds, fractions allowed)
+// or as Go does ("1m30s").
+func parseSeconds(s string) (time.Duration, error) {
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if f != f || f < 0 || f > float64(1<<62)/float64(time.Second) {
+			return 0, errors.New("want a number of seconds from 0, or a duration such as 1m30s")
+		}
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, errors.New("want a number of seconds from 0, or a duration such as 1m30s")
+	}
+	return d, nil
+}

@@ -1,0 +1,153 @@
+package main
+
+// usage is the help text (lockrun --help) and the man page's source: after
+// changing it, run go generate to rewrite lockrun.1 (a test checks it).
+// Headings are lines in capitals at the margin; everything else is
+// indented by four spaces.
+const usage = `NAME
+    lockrun - run a command while holding a cluster-wide named lock
+
+SYNOPSIS
+    lockrun [flags] NAME COMMAND [ARG...]
+    lockrun [flags] NAME -c 'COMMAND'
+    lockrun [flags] NAME -- COMMAND [ARG...]
+    lockrun status [flags] [NAME...]
+    lockrun completion bash|zsh
+
+DESCRIPTION
+    lockrun takes the lock NAME in a database shared by every host that runs
+    it, runs COMMAND, and releases the lock when COMMAND ends: flock(1) for a
+    fleet, with flock's forms. Without -n or -w it waits for the lock as long
+    as it takes. Like flock it prints nothing of its own unless -v is given
+    or something fails.
+
+    On PostgreSQL the lock is a session advisory lock held on lockrun's own
+    connection; with --lease it is a lease row renewed every TTL/3, which
+    also works through a transaction-mode pooler (PgBouncer) and gives
+    COMMAND a fencing token. On SQLite (the default) the lock is a lease row
+    in a file, so it only excludes processes on the same host. Every process
+    sharing a NAME must agree on --lease: a session lock and a lease of the
+    same name do not exclude each other.
+
+    COMMAND runs in its own process group, with lockrun's stdin, stdout and
+    stderr; with -c it is run by /bin/sh -c. SIGINT, SIGTERM, SIGHUP,
+    SIGQUIT, SIGUSR1 and SIGUSR2 sent to lockrun are passed on to that group;
+    the lock is released once COMMAND has exited. If the lock is lost while
+    COMMAND runs (the database session died, the lease expired or was taken
+    over), lockrun says so in one line, the group gets SIGTERM, then SIGKILL
+    after --kill-after, and lockrun exits 75. On Linux, COMMAND gets SIGTERM
+    if lockrun itself dies. Being its own process group, COMMAND is not in
+    the terminal's foreground: it may write to the terminal but is stopped if
+    it reads from it. lockrun is meant for batch work.
+
+    Flags go before NAME; what follows NAME is the command. status,
+    completion and elect are subcommands only as the first argument: a lock
+    with such a name is taken with lockrun -- status COMMAND (or after any
+    flag). elect is reserved and not supported yet.
+
+    lockrun status prints which database it asks, then who holds the named
+    locks, as a table; without names it lists every held lease (and, on
+    PostgreSQL, every session advisory lock, by key: their names are not
+    stored anywhere). For a SQLite holder PID is the holding lockrun's pid.
+
+FLAGS
+    --dsn DSN       the database to lock in (see CONFIGURATION)
+    --config FILE   read only FILE as the config file
+    -n, --nonblock  do not wait: if NAME is held, exit with the conflict code
+    -w, --wait, --timeout SECONDS
+                    wait at most SECONDS (fractions allowed, or a Go duration
+                    such as 1m30s), then exit with the conflict code
+    -E, --conflict-exit-code N
+                    the exit code when the lock is not acquired [1]
+    --lease         hold a lease with a fencing token instead of a session
+                    lock; COMMAND gets LOCKRUN_FENCING_TOKEN
+    --ttl DURATION  how long a lease lives without renewal, from 1s to 24h
+                    [30s]; also the lease of a SQLite lock
+    --kill-after DURATION
+                    after a lost lock, how long COMMAND has between SIGTERM
+                    and SIGKILL [10s]
+    --log-format text|json
+                    how lockrun writes its own lines on stderr [text]; json
+                    is one object per line (time, level, msg, lock), for
+                    all but usage errors
+    -q, --quiet     print nothing but errors
+    -v, --verbose   also say which database is used, when the lock is taken
+                    and released, who holds it while lockrun waits, and why
+                    -n or -w gave up
+    -V, --version   print lockrun's version
+    -h, --help      print this help
+
+CONFIGURATION
+    The DSN is the first of: --dsn; $LOCKRUN_DSN; $DATABASE_URL; dsn in the
+    user's config file, $XDG_CONFIG_HOME/lockrun/lockrun.conf
+    (~/.config/lockrun/lockrun.conf); dsn in /etc/lockrun.conf; else a
+    SQLite file at $XDG_STATE_HOME/lockrun/locks.db (~/.local/state/...).
+    cron gives jobs almost no environment: put the DSN in a config file.
+
+    A config file has key = value lines; # starts a comment line. Keys: dsn,
+    wait, conflict-exit-code, lease (true or false), ttl, kill-after and
+    log-format, as the flags of the same names, which override them; the
+    user's file overrides the system's. --config FILE reads FILE instead of
+    both. A config file that cannot be read, an unknown key or a bad value
+    is an error (exit 78), never skipped:
+        # /etc/lockrun.conf
+        dsn = postgres://lockrun@db.internal:5432/ops?sslmode=require
+        ttl = 1m
+
+DSN
+    postgres://USER:PASSWORD@HOST:5432/DB?sslmode=require
+    postgresql://...                  the same
+    host=HOST user=USER dbname=DB     PostgreSQL key=value form
+    sqlite:PATH, file:PATH[?QUERY]    a SQLite file (WAL, busy_timeout set)
+    PostgreSQL connections are made with pgx; PG* variables and ~/.pgpass
+    apply, application_name is lockrun unless the DSN sets one, and the
+    connect timeout is 15s unless the DSN sets connect_timeout.
+
+ENVIRONMENT
+    LOCKRUN_DSN, DATABASE_URL   the DSN, if --dsn is not given
+    XDG_CONFIG_HOME, HOME       where the user's config file is
+    XDG_STATE_HOME, HOME        where the default SQLite file lives
+    Set for COMMAND: LOCKRUN_LOCK_NAME (the lock's name) and, with --lease,
+    LOCKRUN_FENCING_TOKEN (the lease's token, larger with every grant).
+
+EXIT STATUS
+    COMMAND's exit status, or 128+N if COMMAND was killed by signal N.
+    Otherwise:
+    1      the lock is held elsewhere (-n), or the wait ran out (-w); see -E
+    64     usage error: unknown flag, no NAME or COMMAND, bad value
+    69     the database cannot be reached or used
+    70     internal error
+    75     the lock was lost while COMMAND ran; COMMAND was stopped
+    78     configuration error: unreadable config file or unknown key,
+           unknown DSN scheme, unparsable DSN, SQLite file in a missing
+           directory, in-memory SQLite, or a transaction-mode pooler
+           without --lease
+    126    COMMAND cannot be executed
+    127    COMMAND was not found
+    128+N  lockrun was interrupted by signal N while waiting for the lock
+    Errors are one line on stderr, starting with "lockrun: "; passwords in
+    a DSN are never printed.
+
+EXAMPLES
+    Run the nightly report once, on whichever host's cron starts first
+    (the DSN comes from /etc/lockrun.conf):
+        0 3 * * * lockrun -n nightly-report /usr/local/bin/report
+
+    Deploy hook: migrate one host at a time, give up after five minutes:
+        lockrun -w 5m -E 75 migrate ./bin/migrate up
+
+    A lease whose token the job hands to the storage it writes to:
+        lockrun --lease --ttl 1m export -c 'export-to-s3 --fence "$LOCKRUN_FENCING_TOKEN"'
+
+    Try it with no server at all (SQLite in ~/.local/state/lockrun):
+        lockrun nightly-report echo hello
+
+    Who holds what:
+        lockrun status nightly-report migrate
+
+    Completions, for bash and zsh:
+        source <(lockrun completion bash)
+
+SEE ALSO
+    flock(1), cron(8)
+`

@@ -1,0 +1,98 @@
+package advisorylock_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// goBlock is a fenced Go block of README.md.
+var goBlock = regexp.MustCompile("(?s)```go\n(.*?)```")
+
+// snippetPrelude is what a README fragment may use without declaring it:
+// the names a reader's program would have.
+const snippetPrelude = `package readmesnippets
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/DATA-DOG/go-sqlmock"
+	"github.com/advisorylock/advisorylock"
+)
+
+var (
+	_ = errors.New
+	_ = fmt.Sprint
+	_ = log.Print
+	_ = time.Second
+	_ = advisorylock.Key
+	_ = sqlmock.New
+	_ context.Context
+	_ *sql.DB
+)
+
+var (
+	batches []int
+	mock    sqlmock.Sqlmock
+)
+
+func sendDigest(ctx context.Context) error   { return nil }
+func rebuildIndex(ctx context.Context) error { return nil }
+`
+
+// TestReadmeGoSnippetsCompile extracts every Go block of README.md and
+// compiles it: a block that is a whole file as it is, a fragment as the
+// body of a function that has ctx and db and returns an error. A snippet
+// that rots (an API change, an unused variable, an unchecked error that
+// does not compile) fails here.
+func TestReadmeGoSnippetsCompile(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := goBlock.FindAllStringSubmatch(string(readme), -1)
+	if len(blocks) < 3 {
+		t.Fatalf("found %d Go blocks in README.md; the quick start, the fenced write and the sqlmock recipe at least", len(blocks))
+	}
+	// A folder inside the module, so the snippets build against this
+	// module's code and dependencies; "_" keeps it out of ./... patterns.
+	dir, err := os.MkdirTemp(".", "_readme_snippets_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	pkgs := []string{"./" + filepath.ToSlash(dir)}
+	var src strings.Builder
+	src.WriteString(snippetPrelude)
+	for i, b := range blocks {
+		code := b[1]
+		if strings.HasPrefix(strings.TrimSpace(code), "package ") {
+			sub := filepath.Join(dir, fmt.Sprintf("file%d", i))
+			if err := os.Mkdir(sub, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(sub, "main.go"), []byte(code), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			pkgs = append(pkgs, "./"+filepath.ToSlash(sub))
+			continue
+		}
+		fmt.Fprintf(&src, "\n// README block %d\nfunc snippet%d(ctx context.Context, db *sql.DB) error {\n%s\nreturn nil\n}\n", i+1, i, code)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "snippets.go"), []byte(src.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", append([]string{"build"}, pkgs...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("README Go blocks do not compile (block numbers count from 1):\n%s", out)
+	}
+}

@@ -8,6 +8,7 @@
 #   scripts/mutate.sh               # every mutation
 #   scripts/mutate.sh 'slice|55P03' # those whose name matches a regexp
 #   scripts/mutate.sh -l            # list them
+#   scripts/mutate.sh -n [regexp]   # only check that each still applies
 #
 # Needs what the test suite needs (PostgreSQL on 127.0.0.1:5432). Extra
 # flags for go test in MUTATE_GOFLAGS (say, -race). Exits non-zero if a
@@ -50,7 +51,7 @@ mutation "lease acquire takes a held lease (PostgreSQL)" backend_postgres.go \
 	's/WHERE l\.owner IS NULL OR l\.expires_at <= now\(\)/WHERE true/' \
 	'^TestPostgresLeaseStoreProperties$'
 mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
-	's/(WHERE name = %s AND owner = %s AND generation = %s) AND expires_at > now\(\)/$1/' \
+	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \
 	'^TestPostgresLeaseStoreProperties$'
 mutation "lease tokens do not grow (PostgreSQL)" backend_postgres.go \
 	's/generation = l\.generation \+ 1,/generation = l.generation,/' \
@@ -66,7 +67,7 @@ mutation "local deadline is the full TTL" lease_fencing.go \
 	'^(TestSoak|TestNetworkCutsUnderLoad|TestNetworkCutLosesLocksBeforeExpiry|TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine)$'
 
 mutation "lease release waits for the WAL flush" backend_postgres.go \
-	"s/set_config\\('synchronous_commit', 'off', true\\)\\) AS relaxed\\nWHERE name = %s AND generation/set_config('synchronous_commit', 'on', true)) AS relaxed\\nWHERE name = %s AND generation/" \
+	"s/set_config\\('synchronous_commit', 'off', true\\)\\) AS relaxed(\\nWHERE name = \\S+ AND generation)/set_config('synchronous_commit', 'on', true)) AS relaxed\$1/" \
 	'^TestLeaseReleaseCommitsWithoutWaitingForTheWAL$'
 mutation "a forgotten LeaseGuard is never cleaned up" lease_fencing.go \
 	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
@@ -88,6 +89,11 @@ mutation "key domain changed" advisorylock.go \
 if [ "${1:-}" = "-l" ]; then
 	for i in "${!names[@]}"; do printf '%s\t%s\t%s\n' "${names[$i]}" "${files[$i]}" "${tests[$i]}"; done
 	exit 0
+fi
+dry=0
+if [ "${1:-}" = "-n" ]; then
+	dry=1
+	shift
 fi
 filter=${1:-.}
 
@@ -114,6 +120,10 @@ for i in "${!names[@]}"; do
 		broken=$((broken + 1))
 		continue
 	fi
+	if [ "$dry" -eq 1 ]; then
+		echo "APPLIES         $name"
+		continue
+	fi
 	log="$scratch/log"
 	start=$(date +%s)
 	status=0
@@ -133,5 +143,5 @@ for i in "${!names[@]}"; do
 		caught=$((caught + 1))
 	fi
 done
-echo "caught $caught, missed $missed, did not apply or build $broken"
+[ "$dry" -eq 1 ] || echo "caught $caught, missed $missed, did not apply or build $broken"
 [ "$missed" -eq 0 ] && [ "$broken" -eq 0 ]

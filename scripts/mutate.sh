@@ -62,6 +62,12 @@ mutation "lease tokens do not grow (PostgreSQL)" backend_postgres.go \
 mutation "the fence admits a token one lower (PostgreSQL)" backend_postgres.go \
 	's/WHERE f\.token <= EXCLUDED\.token/WHERE f.token <= EXCLUDED.token + 1/' \
 	'^(TestFenceAdmitsEqualAndHigherAndRefusesLower|TestPostgresLeaseStoreProperties)$'
+mutation "lease renew revives an expired lease (SQLite)" backend_sqlite.go \
+	's/(WHERE name = \?1 AND owner = \?2 AND generation = \?3) AND expires_at > \?5/$1/' \
+	'^TestLeaseStoreProperties$'
+mutation "a Lock on SQLite is taken over before it expires" backend_sqlite.go \
+	's/WHERE advisorylock_locks\.expires_at <= excluded\.acquired_at/WHERE advisorylock_locks.expires_at <= excluded.acquired_at + 1000/' \
+	'^(TestSoak|TestSQLiteLockIsExclusiveAcrossProcesses|TestSQLiteKilledHolderFreesTheLockAtExpiry|TestSQLiteLiveHolderKeepsTheLockAcrossTTLs)$'
 mutation "local deadline counts from the answer (acquire and renew)" lease_fencing.go \
 	's/return keepLease\(store, db, cfg, req, sent\), nil/return keepLease(store, db, cfg, req, cfg.clock.Now()), nil/; s/s\.deadline = localDeadline\(sent, s\.req\.TTL\)/s.deadline = localDeadline(s.clock.Now(), s.req.TTL)/' \
 	'^(TestSoak|TestSlowGrantIsLostBeforeItsDatabaseExpiry|TestLeaseDeadlineCountsFromTheSentAcquire)$'

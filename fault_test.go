@@ -413,14 +413,15 @@ func (f *figures) String() string {
 // this process and catches two running at once. An overlap is a violation
 // unless the older holder had been told of its loss before the newer one
 // was granted, by timestamps: told is when Do's context was cancelled for
-// a loss, or (a lease) when its IsLost first read true; granted is the
-// lease row's acquired_at where grantedAt can read it, else when fn
-// started. A session lock is the one exception the server makes
-// unavoidable: when a fault ends the holder's server session (a
-// terminated backend, a reset connection) the server frees the lock at
-// once and the holder learns of it only at its next keep-alive. Such an
-// overlap is excused if a session-ending fault came before the newer
-// grant and the older holder was told within noticeWithin of it.
+// a loss, (a lease) when its IsLost first read true, or (a Lock) when its
+// Do returned an error; granted is the lease row's acquired_at where
+// grantedAt can read it, else when fn started. A session lock is the one
+// exception the server makes unavoidable: when a fault ends the holder's
+// server session (a terminated backend, a reset connection) the server
+// frees the lock at once and the holder learns of it only at its next
+// keep-alive, or when its Do ends. Such an overlap is excused if a
+// session-ending fault came before the newer grant and the older holder
+// was told within noticeWithin of it.
 type sections struct {
 	name         string
 	figs         *figures
@@ -573,9 +574,10 @@ func sessionWorker(ctx context.Context, l *advisorylock.Lock, secs *sections, fi
 	for ctx.Err() == nil {
 		w.waitResumed(ctx)
 		start := time.Now()
+		var sec *section
 		err := l.Do(ctx, func(fctx context.Context) error {
 			figs.acquiredAfter(time.Since(start))
-			sec := secs.enter(fctx, nil)
+			sec = secs.enter(fctx, nil)
 			defer secs.exit(sec)
 			w.entered()
 			defer w.exited()
@@ -588,6 +590,12 @@ func sessionWorker(ctx context.Context, l *advisorylock.Lock, secs *sections, fi
 				return context.Cause(fctx)
 			}
 		})
+		if sec != nil && err != nil {
+			// A section shorter than a keep-alive interval ends before the
+			// check could tell it; Do's error (its release found the
+			// session gone) is the first word it gets.
+			sec.tell()
+		}
 		w.outcome(figs.outcome(ctx, err, false))
 	}
 }

@@ -51,6 +51,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -89,7 +90,7 @@ type Holder struct {
 	Application string       // application_name, if known
 	ClientAddr  string       // the holder's address, if known
 	Owner       string       // lease owner label, if a lease
-	Token       FencingToken // lease generation, 0 for session locks
+	Token       FencingToken // the lease's latest grant (see FencingToken), 0 for session locks
 	Since       time.Time    // when the hold began (or an earlier bound)
 	ExpiresAt   time.Time    // zero for session locks
 }
@@ -103,6 +104,7 @@ type Lock struct {
 	key   int64
 	cfg   config
 	setup firstUse[lockBackend]
+	obs   atomic.Pointer[observed] // see observed
 }
 
 // lockBackend is how a Lock locks, learnt at its first operation: as a
@@ -112,6 +114,14 @@ type lockBackend struct {
 	session SessionLocker
 	bounded bool
 	rows    LeaseStore
+}
+
+// backend returns the Backend that b locks with.
+func (b *lockBackend) backend() Backend {
+	if b.session != nil {
+		return b.session
+	}
+	return b.rows
 }
 
 // New returns a Lock on name. Any string is a valid name: only its Key
@@ -128,7 +138,11 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	if isNil(db) {
 		return nil, wrapErr(name, "new", errNilDB)
 	}
-	return &Lock{db: db, name: name, key: Key(name), cfg: newConfig(opts), setup: newFirstUse[lockBackend]()}, nil
+	cfg := newConfig(opts)
+	if err := cfg.check(); err != nil {
+		return nil, wrapErr(name, "new", err)
+	}
+	return &Lock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[lockBackend]()}, nil
 }
 
 // Check runs the first-use work now (see New), for a service that wants
@@ -147,6 +161,9 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		switch b := b.(type) {
 		case SessionLocker:
+			if c, ok := b.(sessionConfigurable); ok {
+				b = c.forLock(l.cfg.deadHolder, l.cfg.serverChecks).(SessionLocker)
+			}
 			if l.cfg.poolerCheck && l.cfg.serverChecks {
 				if err := checkPooler(ctx, l.db, b); err != nil {
 					return nil, err
@@ -158,6 +175,13 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
 	})
+}
+
+// sessionConfigurable is a built-in SessionLocker that applies a Lock's
+// WithDeadHolderTimeout to the sessions it pins, and its WithServerChecks
+// to the per-connection standby check (see backend_postgres.go).
+type sessionConfigurable interface {
+	forLock(deadHolder time.Duration, serverChecks bool) Backend
 }
 
 // Name returns the lock's name.
@@ -173,8 +197,11 @@ func (l *Lock) Key() int64 { return l.key }
 // acquire returns ctx's error and closes its connection, which frees the
 // lock: a cancelled acquire never leaves a lock held.
 func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
+	ctx, a := startAcquire(ctx, l, false)
 	g, err := l.acquire(ctx, ctx, false)
-	return g, wrapErr(l.name, "try lock", err)
+	err = wrapErr(l.name, "try lock", err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // Lock waits until it holds the lock or ctx ends. On PostgreSQL the wait
@@ -183,8 +210,11 @@ func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 // vacuum; a release lets a waiter in within about one round trip.
 // Elsewhere it polls (WithPollInterval).
 func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
+	ctx, a := startAcquire(ctx, l, true)
 	g, err := l.acquire(ctx, ctx, true)
-	return g, wrapErr(l.name, "lock", err)
+	err = wrapErr(l.name, "lock", err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // LockTimeout is Lock bounded by d, which covers the pool checkout and the
@@ -192,8 +222,25 @@ func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 // no later than about one round trip after d, and the connection goes back
 // to the pool. With d <= 0 it makes exactly one attempt, like TryLock.
 func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
-	return withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
+	ctx, a := startAcquire(ctx, l, d > 0)
+	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
 		return l.acquire(ctx, budget, wait)
+	})
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// observed returns what l's events need, nil without an Observer; see
+// observedOf.
+func (l *Lock) observed() *observed {
+	if ob := l.obs.Load(); ob != nil || l.cfg.observer == nil {
+		return ob
+	}
+	return observedOf(&l.obs, l.db, &l.cfg, LockKindLock, l.name, func() Backend {
+		if b := l.setup.v.Load(); b != nil {
+			return b.backend()
+		}
+		return nil
 	})
 }
 
@@ -227,6 +274,9 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if err := budget.Err(); err != nil {
 		return nil, context.Cause(budget)
 	}
+	if !wait {
+		budget = withPoolWait(budget, l.cfg.poolWait)
+	}
 	b, err := l.backend(budget)
 	if err != nil {
 		return nil, err
@@ -241,15 +291,28 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 // the connection guard discards the connection unless the outcome is
 // definite (see connGuard).
 func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
-	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded}}
-	cg, err := checkout(budget, l.db, &s.p)
+	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded, obs: l.observed()}}
+	poolWait := l.cfg.poolWait
+	if wait {
+		poolWait = 0 // a wait's checkout is bounded by its budget (LockTimeout) or ctx
+	}
+	cg, err := checkout(budget, l.db, &s.p, poolWait)
 	if err != nil {
 		return nil, err
 	}
 	defer cg.settle()
 	// Lock tries first too: a free lock costs the one cheap statement, and
-	// only a held one starts the server-side wait.
-	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(ctx, s.p.conn, l.key) })
+	// only a held one starts the server-side wait. Under a budget the try
+	// is bounded as a wait slice is: on a dead network (a connection taken
+	// warm from the pool is not pinged) it gives up a grace after the
+	// budget's end.
+	tctx := ctx
+	if dl, ok := budget.Deadline(); ok {
+		var cancel context.CancelFunc
+		tctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
+		defer cancel()
+	}
+	res, err := ask(tctx, &s.p, func() (SessionResult, error) { return s.locker.TryLockSession(s.p.quiet(tctx), s.p.conn, l.key) })
 	if wait && err == nil && !res.OK {
 		res, err = l.waitSession(ctx, budget, s.locker, &s.p)
 	}
@@ -410,11 +473,13 @@ type hold struct {
 	mu       sync.Mutex // serializes the release and the cleanup
 	released bool
 
-	lostMu   sync.Mutex
-	lostCh   chan struct{} // made on first use: most holds are never asked
-	isGone   bool
-	lostErr  error
-	lostFunc func(error) // called by markLost (see onLost)
+	lostMu    sync.Mutex
+	lostCh    chan struct{} // made on first use: most holds are never asked
+	isGone    bool
+	lostErr   error
+	lostCause LossCause    // why, for the Observer ("" if not told)
+	lostFunc  func(error)  // called by lose (see onLost)
+	obs       holdObserved // set once the acquire has returned; zero without an Observer
 }
 
 // holdEnd ends a hold: release frees the lock, within timeout; forget
@@ -431,15 +496,25 @@ func newGuard(h *hold) *Guard {
 	return g
 }
 
+// hold returns g's hold, nil for a nil g.
+func (g *Guard) hold() *hold {
+	if g == nil {
+		return nil
+	}
+	return g.h
+}
+
 // Name returns the lock's name.
 func (g *Guard) Name() string { return g.h.name }
 
 // Key returns the lock's key.
 func (g *Guard) Key() int64 { return g.h.key }
 
-// Lost returns a channel that is closed when the lock is known lost: its
-// session is gone, or its lease row expired or was taken over. It stays
-// open after a normal Release.
+// Lost returns a channel that is closed when the guard no longer protects
+// anything: the lock is known lost (its session is gone, or its lease row
+// expired or was taken over), or the guard was released (Release, or the
+// cleanup of a forgotten guard). A release is not a loss: Do still returns
+// fn's result for a section that ended normally.
 func (g *Guard) Lost() <-chan struct{} { return g.h.lost() }
 
 // Release frees the lock. It runs on its own context bounded by
@@ -460,10 +535,13 @@ func (h *hold) doRelease(ctx context.Context) error {
 		return nil
 	}
 	h.released = true
+	defer h.markReleased()
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return wrapErr(h.name, "release", h.end.release(ctx, h.relTO))
+	err := wrapErr(h.name, "release", h.end.release(ctx, h.relTO))
+	h.observer().released(false, err)
+	return err
 }
 
 // forgotten runs when a Guard became unreachable without Release.
@@ -474,14 +552,16 @@ func (h *hold) forgotten() {
 		return
 	}
 	h.released = true
+	defer h.markReleased()
 	h.warn("advisorylock: guard was never released; freeing the lock", "lock", h.name, "key", h.key)
 	h.end.forget()
+	h.observer().released(true, nil)
 }
 
 // warn logs a warning about the hold.
 func (h *hold) warn(msg string, args ...any) { h.logger.Warn(msg, args...) }
 
-// lost returns the channel that markLost closes.
+// lost returns the channel that lose closes.
 func (h *hold) lost() <-chan struct{} {
 	h.lostMu.Lock()
 	defer h.lostMu.Unlock()
@@ -494,25 +574,51 @@ func (h *hold) lost() <-chan struct{} {
 	return h.lostCh
 }
 
-// markLost marks the hold lost, once, and records why.
-func (h *hold) markLost(err error) {
+// lose marks the hold lost, once, records why, and tells the Observer
+// the cause (unless it is "").
+func (h *hold) lose(cause LossCause, err error) {
 	h.lostMu.Lock()
 	if h.isGone {
 		h.lostMu.Unlock()
 		return
 	}
-	h.isGone, h.lostErr = true, err
+	h.isGone, h.lostErr, h.lostCause = true, err, cause
 	if h.lostCh != nil {
 		close(h.lostCh)
 	}
-	f := h.lostFunc
+	f, w := h.lostFunc, h.obs
 	h.lostMu.Unlock()
+	if cause != "" {
+		w.lost(cause, err)
+	}
 	if f != nil {
 		f(err)
 	}
 }
 
-// onLost makes markLost call f with its error (at once if the hold is
+// observer returns what the hold's events need; zero without an Observer.
+func (h *hold) observer() holdObserved {
+	h.lostMu.Lock()
+	defer h.lostMu.Unlock()
+	return h.obs
+}
+
+// markReleased closes the lost channel of a released hold: it protects
+// nothing any more. Unlike lose it records no error (a release is not
+// a loss) and calls no onLost function.
+func (h *hold) markReleased() {
+	h.lostMu.Lock()
+	defer h.lostMu.Unlock()
+	if h.isGone {
+		return
+	}
+	h.isGone = true
+	if h.lostCh != nil {
+		close(h.lostCh)
+	}
+}
+
+// onLost makes lose call f with its error (at once if the hold is
 // lost already), until onLost(nil): what Do uses to cancel fn's context,
 // without a goroutine to watch the lost channel. f must not block.
 func (h *hold) onLost(f func(error)) {
@@ -525,7 +631,7 @@ func (h *hold) onLost(f func(error)) {
 	}
 }
 
-// isLost reports whether markLost ran, and with what.
+// isLost reports whether lose ran, and with what.
 func (h *hold) isLost() (bool, error) {
 	h.lostMu.Lock()
 	defer h.lostMu.Unlock()
@@ -541,7 +647,9 @@ func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (er
 		g.h.onLost(nil)
 		cancel(nil)
 		relErr := g.Release(ctx)
-		if gone, why := g.h.isLost(); gone && (err == nil || errors.Is(err, context.Canceled)) {
+		// A lost hold has a cause; a released one (our own release) has
+		// none and is no loss.
+		if _, why := g.h.isLost(); why != nil && (err == nil || errors.Is(err, context.Canceled)) {
 			err = wrapErr(g.h.name, "run", why)
 		} else if err == nil {
 			err = relErr

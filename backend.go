@@ -389,8 +389,11 @@ type querier interface {
 // so that database/sql retries a dead pooled connection with another, as
 // it does for any statement; else a connection checked out of db, which
 // done returns.
+//
+// Under a pool wait (see withPoolWait) a pool that can be exhausted gives
+// a connection checked out within that bound instead.
 func statementsOn(ctx context.Context, db DB) (q querier, done func(), err error) {
-	if q, ok := db.(querier); ok {
+	if q, ok := db.(querier); ok && (poolWaitOf(ctx) == 0 || !mayWaitForPool(db)) {
 		return q, func() {}, nil
 	}
 	conn, err := takeConn(ctx, db)
@@ -410,12 +413,19 @@ func unreachable(err error) error {
 	return err
 }
 
-// takeConn checks a connection out of db; a failure is ErrPoolUnavailable.
+// takeConn checks a connection out of db, within ctx's pool wait if it
+// has one (see withPoolWait); a failure is ErrPoolUnavailable.
 func takeConn(ctx context.Context, db DB) (*sql.Conn, error) {
-	conn, err := db.Conn(ctx)
+	checkout := ctx
+	if d := poolWaitOf(ctx); d > 0 {
+		var cancel context.CancelFunc
+		checkout, cancel = context.WithTimeoutCause(ctx, d, errPoolWait)
+		defer cancel()
+	}
+	conn, err := db.Conn(checkout)
 	if err != nil {
-		if ctx.Err() != nil {
-			err = context.Cause(ctx)
+		if checkout.Err() != nil {
+			err = context.Cause(checkout)
 		}
 		return nil, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
 	}

@@ -28,15 +28,88 @@ type postgres struct {
 	// params sends keys as arguments (pgx) instead of literals (lib/pq and
 	// unknown drivers).
 	params bool
+	// tryLock is the try statement: pgTryLock, or pgTryLockMarked with
+	// the marker of a Lock's dead-holder settings (see forLock); whyMissed
+	// is the question a try that returned no row asks.
+	tryLock, whyMissed string
+	// deadHolder is the statement that applies those settings to a
+	// session, "" for none.
+	deadHolder string
 }
 
 func (p *postgres) Name() string { return "postgres" }
 
 func (p *postgres) forDriver(db DB) Backend {
-	return &postgres{params: strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/")}
+	return &postgres{params: strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/"), tryLock: p.tryLock, whyMissed: p.whyMissed, deadHolder: p.deadHolder}
 }
 
-func (p *postgres) Validate(context.Context, DB) error { return nil }
+// forLock returns a copy of p for one Lock whose sessions get the
+// dead-holder settings of d (WithDeadHolderTimeout): TCP keepalives and a
+// TCP user timeout that make the server end a session within about d once
+// its client has vanished without closing the socket (a host powered off,
+// a blackhole), and idle_session_timeout = 0 (an idle lock holder is not
+// idle). d = 0 leaves the server's settings.
+//
+// The kernel gives up on an idle connection after the keepalive idle time
+// plus the probes, or, with a user timeout, at the first probe after that
+// timeout: with idle d/4, interval d/8, 4 probes and a user timeout of
+// 3d/4, that is between 3d/4 and d (seconds are whole, at least 1).
+//
+// A session keeps the settings (and the marker advisorylock.dead_holder,
+// a custom setting any role may set) when it goes back to the pool, where
+// shorter keepalives are harmless, so only a session's first grant sends
+// them: the try reads the marker, and a grant on a session without it
+// costs two more round trips (see TryLockSession). Sending the settings
+// with every try would cost lib/pq, which sends the statement's text each
+// time, about a fifth of a try in parsing alone (measured: the marker
+// costs about a tenth of that).
+//
+// With the server checks off (WithServerChecks(false): go-sqlmock, or an
+// operator who knows the topology) a missed try asks nothing, so the
+// settings go with every try instead (pgTryLockInline), and a standby is
+// not refused.
+func (p *postgres) forLock(d time.Duration, serverChecks bool) Backend {
+	c := *p
+	c.tryLock, c.whyMissed, c.deadHolder = pgTryLock, pgWhyMissed, ""
+	secs := func(f time.Duration) int64 { return max(int64(f/time.Second), 1) }
+	marker := max((3 * d / 4).Milliseconds(), 1)
+	switch {
+	case d > 0 && serverChecks:
+		c.tryLock = fmt.Sprintf(pgTryLockMarked, marker)
+		c.whyMissed = fmt.Sprintf(pgWhyMissedMarked, marker)
+		c.deadHolder = fmt.Sprintf(pgDeadHolder, secs(d/4), secs(d/8), 4, marker)
+	case d > 0:
+		c.tryLock = fmt.Sprintf(pgTryLockInline, secs(d/4), secs(d/8), 4, marker)
+		c.whyMissed = ""
+		c.deadHolder = fmt.Sprintf(pgDeadHolder, secs(d/4), secs(d/8), 4, marker)
+	case !serverChecks:
+		c.whyMissed = ""
+	}
+	return &c
+}
+
+// Validate refuses a PostgreSQL look-alike whose advisory locks exclude
+// nothing: CockroachDB accepts pg_try_advisory_lock and grants it to every
+// caller at once. It runs once per *sql.DB (one round trip). Whether the
+// server is a hot standby is checked on every connection instead, in the
+// statements themselves (see TryLockSession), since a new connection can
+// reach another server.
+func (p *postgres) Validate(ctx context.Context, db DB) error {
+	var version string
+	if _, err := p.queryRow(ctx, db, "SELECT version()", nil, &version); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
+			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		}
+		return fmt.Errorf("advisorylock: asking the server's version: %w", err)
+	}
+	if strings.Contains(version, "CockroachDB") {
+		return fmt.Errorf("%w: the server is CockroachDB (%s), whose advisory locks exclude nothing (every caller is granted them at once); its PostgreSQL compatibility does not extend to locks", ErrUnsupported, version)
+	}
+	return nil
+}
+
+// errStandby is the refusal of a server in recovery.
+var errStandby = fmt.Errorf("%w: the server is a hot standby (read-only, in recovery): a lock taken there excludes nothing on the primary; point the connection at the primary", ErrUnsupported)
 
 // endsWithContext: pgx closes its socket when a statement's context ends,
 // so its statements need no bounding (see within in conn_guard.go).
@@ -53,11 +126,46 @@ func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 //
 // The try and the unlock are sent with Exec: the row count is the answer
 // (1: granted, or released), which spares database/sql and the driver a
-// result set.
+// result set. The try is not even attempted on a server in recovery (a
+// hot standby, where a lock excludes nothing): CASE evaluates in order.
+// pgTryLockMarked also returns no row for a grant on a session that lacks
+// the dead-holder settings (its marker is not set): a try that returns no
+// row asks why (pgWhyMissed), which tells a miss from a standby and from
+// such a grant, which only a new session sees.
 const (
-	pgTryLock = `SELECT WHERE pg_try_advisory_lock($1::bigint)`
-	pgUnlock  = `SELECT WHERE pg_advisory_unlock($1::bigint)`
-	pgWait    = `SELECT pg_advisory_lock($1::bigint) IS NULL, pg_backend_pid() FROM (SELECT set_config('lock_timeout', $2::bigint::text, true)) AS bounded`
+	pgTryLock       = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1::bigint) END`
+	pgTryLockMarked = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false WHEN NOT pg_try_advisory_lock($1::bigint) THEN false
+	ELSE current_setting('advisorylock.dead_holder', true) = '%d' END`
+	// pgTryLockInline sends the dead-holder settings with the try (values
+	// as in pgDeadHolder); the second condition is never false, so the
+	// lock is tried whichever the planner evaluates first.
+	pgTryLockInline = pgTryLock + `
+	AND (current_setting('advisorylock.dead_holder', true) = '%[4]d' OR ROW(
+	set_config('tcp_keepalives_idle', '%[1]d', false), set_config('tcp_keepalives_interval', '%[2]d', false),
+	set_config('tcp_keepalives_count', '%[3]d', false), set_config('tcp_user_timeout', '%[4]d', false),
+	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL THEN set_config('idle_session_timeout', '0', false) ELSE '' END,
+	set_config('advisorylock.dead_holder', '%[4]d', false)) IS NOT NULL)`
+	pgWhyMissed       = `SELECT pg_is_in_recovery(), false`
+	pgWhyMissedMarked = `SELECT pg_is_in_recovery(), CASE WHEN current_setting('advisorylock.dead_holder', true) = '%d' THEN false
+	ELSE EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
+		AND l.classid = (($1::bigint >> 32) & 4294967295)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1) END`
+	// The dead-holder settings (see forLock), values in order: keepalive
+	// idle, interval and count, and the user timeout in milliseconds, which
+	// is also the marker. idle_session_timeout exists from PostgreSQL 14.
+	pgDeadHolder = `SELECT set_config('tcp_keepalives_idle', '%d', false), set_config('tcp_keepalives_interval', '%d', false),
+	set_config('tcp_keepalives_count', '%d', false), set_config('tcp_user_timeout', '%[4]d', false),
+	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL THEN set_config('idle_session_timeout', '0', false) END,
+	set_config('advisorylock.dead_holder', '%[4]d', false)`
+	pgUnlock = `SELECT WHERE pg_advisory_unlock($1::bigint)`
+	// The wait is three statements in one simple-protocol message (no
+	// arguments: pgx sends it as a simple query too), which PostgreSQL runs
+	// as one implicit transaction: SET LOCAL bounds the wait by lock_timeout
+	// and this statement by statement_timeout, both gone when it ends (the
+	// session-level lock, once granted, stays). statement_timeout must be
+	// set by a statement of its own: its timer starts with each statement,
+	// so a set_config in the locking statement would come too late for a
+	// role's or DSN's shorter statement_timeout.
+	pgWait = `SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d; SELECT pg_advisory_lock(%d)`
 )
 
 // statement returns text and its arguments in the form the driver sends
@@ -134,39 +242,76 @@ func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string
 // TryLockSession reports no session: the statement asks only for the
 // lock, and UnlockSession finds out by itself when a pooler moved the
 // connection to another server session.
-func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	ok, err := p.rowStatement(ctx, conn, pgTryLock, key)
-	return SessionResult{OK: ok}, err
-}
-
-// WaitLockSession waits in pg_advisory_lock bounded by a transaction-local
-// lock_timeout, set in a subquery that runs first: one statement, one round
-// trip, and the setting ends with the statement's implicit transaction
-// while the session-level lock, if granted, stays.
 //
-// A lock_timeout (55P03) leaves the connection healthy, but it is not by
-// itself a miss: when the lock is granted at the moment the timeout fires,
-// PostgreSQL keeps the grant and still fails the statement (its lock error
-// cleanup remembers a lock it was granted while giving up). So a timeout
-// costs one more round trip, to ask whether the session holds the lock;
-// if it does, that is a grant.
-func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
-	q, args, err := p.statement(pgWait, key, max(slice.Milliseconds(), 1))
+// The same statement refuses a hot standby, per connection: behind DNS, a
+// virtual IP or a multi-host DSN a new connection can reach a demoted
+// server. A try that returns no row asks why, one more round trip: a
+// standby is an error matching ErrUnsupported (should the session hold
+// the lock after all, the guard discards the connection, which frees it),
+// and a grant on a session without the dead-holder settings sends them
+// (once per session; a failure there is an error, with the same effect).
+func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+	text, why := p.tryLock, p.whyMissed
+	if text == "" { // not made by forLock: a backend used outside a Lock
+		text, why = pgTryLock, pgWhyMissed
+	}
+	ok, err := p.rowStatement(ctx, conn, text, key)
+	if ok || err != nil || why == "" {
+		return SessionResult{OK: ok}, err
+	}
+	q, args, err := p.statement(why, key)
 	if err != nil {
 		return SessionResult{}, err
 	}
-	var r SessionResult
-	var void bool
-	err = conn.QueryRowContext(ctx, q, args...).Scan(&void, &r.Session)
-	if sqlState(err) == "55P03" {
+	var standby, granted bool
+	if err := conn.QueryRowContext(ctx, q, args...).Scan(&standby, &granted); err != nil {
+		return SessionResult{}, err
+	}
+	switch {
+	case standby:
+		return SessionResult{}, errStandby
+	case granted:
+		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
+			return SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
+		}
+	}
+	return SessionResult{OK: granted}, nil
+}
+
+// WaitLockSession waits in pg_advisory_lock bounded by a transaction-local
+// lock_timeout of slice, and the statement by a statement_timeout a little
+// longer (see pgWait): one round trip, whatever statement_timeout the
+// role, the database or the DSN sets.
+//
+// A lock_timeout (55P03) or statement_timeout (57014, while ctx is live)
+// leaves the connection healthy, but it is not by itself a miss: when the
+// lock is granted at the moment the timeout fires, PostgreSQL keeps the
+// grant and still fails the statement (its lock error cleanup remembers a
+// lock it was granted while giving up). So a timeout costs one more round
+// trip, to ask whether the session holds the lock; if it does, that is a
+// grant.
+func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
+	ms := max(slice.Milliseconds(), 1)
+	q := fmt.Sprintf(pgWait, ms+waitStatementSlack.Milliseconds(), ms, key)
+	if p.deadHolder != "" {
+		// A slice is long next to a statement: it sends the settings each
+		// time (they are rolled back with a slice that times out).
+		q = strings.Replace(q, "SELECT pg_advisory_lock", p.deadHolder+"; SELECT pg_advisory_lock", 1)
+	}
+	res, err := conn.ExecContext(ctx, q)
+	if code := sqlState(err); code == "55P03" || code == "57014" && ctx.Err() == nil {
 		return p.holds(ctx, conn, key)
 	}
 	if err != nil {
 		return SessionResult{}, err
 	}
-	r.OK = true
-	return r, nil
+	n, err := res.RowsAffected()
+	return SessionResult{OK: n == 1}, err
 }
+
+// waitStatementSlack is how much longer than its lock_timeout a waiting
+// statement's statement_timeout is, so that the lock_timeout ends it.
+const waitStatementSlack = 500 * time.Millisecond
 
 // UnlockSession releases key. When the session did not hold it, a second
 // round trip finds out why: a session that holds it now, or another
@@ -207,10 +352,12 @@ func (p *postgres) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) 
 	return r.OK, err
 }
 
-// holds reports whether conn's session holds key, and which session it is.
+// holds reports whether conn's session holds key on a primary, and which
+// session it is. A lock held on a server that is now in recovery (a
+// primary demoted by a failover) is not held: it excludes nothing.
 func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
 	var r SessionResult
-	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.pid = pg_backend_pid()), pg_backend_pid()").Scan(&r.OK, &r.Session)
+	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.pid = pg_backend_pid()) AND NOT pg_is_in_recovery(), pg_backend_pid()").Scan(&r.OK, &r.Session)
 	return r, err
 }
 
@@ -251,47 +398,95 @@ WHERE ` + advisoryWhere(key) + ` ORDER BY l.pid LIMIT 1`
 // Each step is one autocommit statement, sent in one round trip (see
 // statement).
 
-// postgresTables is the DDL of the lease and fence tables, one statement
-// each. Operators query these tables: their names and columns are part of
-// the contract.
-var postgresTables = []string{
-	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
+// The schema is versioned: advisorylock_schema records the upgrade steps
+// applied, and the first use that finds a table or the sequence missing
+// applies the rest, in one transaction, under the schema lock (see
+// upgradePostgresSchema). Every step is idempotent. Operators query these
+// tables: their names and columns are part of the contract.
+var postgresSteps = [][]string{
+	1: { // round one: leases and fences
+		`CREATE TABLE IF NOT EXISTS advisorylock_leases (
 	name        text        PRIMARY KEY,
 	owner       text,                   -- NULL when free
 	generation  bigint      NOT NULL,   -- the fencing token of the latest grant
 	acquired_at timestamptz NOT NULL,
 	expires_at  timestamptz NOT NULL
 )`,
-	`CREATE TABLE IF NOT EXISTS advisorylock_fences (
+		`CREATE TABLE IF NOT EXISTS advisorylock_fences (
 	resource text   PRIMARY KEY,
 	token    bigint NOT NULL            -- the highest token admitted
 )`,
+	},
+	2: { // tokens that survive deleted rows and failovers (see pgNextToken)
+		`CREATE SEQUENCE IF NOT EXISTS advisorylock_token_seq AS bigint MINVALUE 1 MAXVALUE 1099511627775 NO CYCLE`,
+	},
 }
 
+// pgSchemaVersions is the table of applied upgrade steps.
+const pgSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
+	version    int         PRIMARY KEY,
+	applied_at timestamptz NOT NULL DEFAULT now()
+)`
+
+// pgSchemaVersion is the version this code needs.
+var pgSchemaVersion = len(postgresSteps) - 1
+
 // schemaLock takes the transaction-scoped advisory lock that serializes
-// creating the tables, so that concurrent first uses all succeed. It is a
-// two-int4 lock, a key space apart from the bigint keys of Lock names, so
-// no Lock can hold it.
+// creating and upgrading the tables, so that concurrent first uses all
+// succeed. It is a two-int4 lock, a key space apart from the bigint keys
+// of Lock names, so no Lock can hold it.
 var schemaLock = func() string {
 	k := uint64(Key("advisorylock:schema"))
 	return fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, %d)", int32(k>>32), int32(k))
 }()
 
-// Schema returns the DDL of advisorylock_leases and advisorylock_fences.
-// PostgreSQL's Lock needs no table.
+// Schema returns the DDL of advisorylock_leases, advisorylock_fences,
+// the token sequence and the schema version table, with every upgrade
+// step, for an administrator or a migration tool to run (it is
+// idempotent: run it again after an upgrade of this package). The role
+// the application connects as then needs only the grants listed at its
+// end. PostgreSQL's Lock needs no table.
 func (p *postgres) Schema() string {
-	return strings.Join(postgresTables, ";\n\n") + ";\n"
+	var b strings.Builder
+	b.WriteString(pgSchemaVersions + ";\n")
+	for v, step := range postgresSteps[1:] {
+		fmt.Fprintf(&b, "\n-- version %d\n", v+1)
+		for _, ddl := range step {
+			b.WriteString(ddl + ";\n")
+		}
+		fmt.Fprintf(&b, "INSERT INTO advisorylock_schema (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", v+1)
+	}
+	b.WriteString(`
+-- The application's role needs (no CREATE, no superuser):
+--   GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences TO app;
+--   GRANT USAGE ON SEQUENCE advisorylock_token_seq TO app;
+--   GRANT SELECT ON advisorylock_schema TO app;
+`)
+	return b.String()
 }
+
+// pgNextToken makes a grant's fencing token: the server's WAL timeline in
+// the high bits (bits 40 to 62) and a number from advisorylock_token_seq
+// in the low 40. A sequence survives deleting lease rows, and a promoted
+// standby always starts a higher timeline, so its grants exceed every
+// token of the old primary, including those whose rows (and sequence
+// values) never reached the standby. The timeline is the first 8 hex
+// digits of the current WAL file's name, which an ordinary role may read.
+// Round-one tokens were generations counted from 1, far below 2^40: new
+// tokens exceed them all. See the README's fencing section for the bounds.
+const pgNextToken = `(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint << 40) + nextval('advisorylock_token_seq')`
 
 // The lease statements; see statement for how their arguments are sent.
 const (
-	// The upsert bumps the generation only if the row is free or expired;
-	// no row returned means held. A conflicting concurrent acquire waits
-	// for the row lock and then sees the winner's row, so one name is
-	// never granted twice.
+	// The upsert takes a new token (see pgNextToken) only if the row is
+	// free or expired; no row returned means held. The token never goes
+	// below the row's own generation plus one, should the timeline ever
+	// restart (pg_upgrade). A conflicting concurrent acquire waits for the
+	// row lock and then sees the winner's row, so one name is never granted
+	// twice.
 	pgAcquireLease = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
-VALUES ($1::text, $2::text, 1, now(), now() + $3::bigint * interval '1 millisecond')
-ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = l.generation + 1,
+VALUES ($1::text, $2::text, ` + pgNextToken + `, now(), now() + $3::bigint * interval '1 millisecond')
+ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = greatest(l.generation + 1, EXCLUDED.generation),
 	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
 WHERE l.owner IS NULL OR l.expires_at <= now()
 RETURNING generation`
@@ -498,13 +693,15 @@ func (p *postgres) run(ctx context.Context, db DB, stmt func(on querier) error) 
 		}
 		defer done()
 		err = stmt(on)
-		if sqlState(err) == "42P01" { // undefined_table
-			if err := createPostgresTables(ctx, db); err != nil {
-				return err
+		// A relation (a table, the sequence) or a column that an upgrade
+		// step adds is missing: apply the steps the database lacks.
+		if code := sqlState(err); code == "42P01" || code == "42703" {
+			if err := upgradePostgresSchema(ctx, db); err != nil {
+				return p.onStandby(ctx, on, err)
 			}
 			err = stmt(on)
 		}
-		return p.explain(ctx, unreachable(err))
+		return p.explain(ctx, p.onStandby(ctx, on, unreachable(err)))
 	})
 }
 
@@ -514,6 +711,9 @@ func (p *postgres) explain(ctx context.Context, err error) error {
 	if sqlState(err) == "54000" { // program_limit_exceeded: the index row is too big
 		return fmt.Errorf("%w: the name is too long to be a PostgreSQL index key (a btree entry holds about 2.7kB after compression): %w", ErrUnsupported, err)
 	}
+	if sqlState(err) == "42501" { // insufficient_privilege
+		return fmt.Errorf("advisorylock: the database role lacks a privilege on the library's tables; an administrator grants it (see Schema for the grants): %w", err)
+	}
 	if errors.Is(err, sql.ErrNoRows) && ctx.Err() != nil {
 		// database/sql can report a query cut short by its context as
 		// no rows (lib/pq#874; seen with pgx in a network cut): that
@@ -521,6 +721,24 @@ func (p *postgres) explain(ctx context.Context, err error) error {
 		return fmt.Errorf("advisorylock: context ended while the statement ran, outcome unknown: %w", context.Cause(ctx))
 	}
 	return err
+}
+
+// onStandby reports err as the refusal of a hot standby when it is a
+// read-only error and the server says it is in recovery (one more round
+// trip, on such errors only). Lease statements need no check of their
+// own: on a standby they fail (25006, or 55000 from pg_current_wal_lsn,
+// or 0A000 from a read-write BEGIN).
+func (p *postgres) onStandby(ctx context.Context, on querier, err error) error {
+	switch sqlState(err) {
+	case "25006", "55000", "0A000":
+	default:
+		return err
+	}
+	var standby bool
+	if on.QueryRowContext(ctx, "SELECT pg_is_in_recovery()").Scan(&standby) != nil || !standby {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", errStandby, err)
 }
 
 // bound runs f, which talks to the database, bounded by ctx: as it is
@@ -534,10 +752,12 @@ func (p *postgres) bound(ctx context.Context, f func() error) error {
 	return err
 }
 
-// createPostgresTables creates the tables in one transaction, serialized
-// with every other creator by a transaction-scoped advisory lock, so that
-// concurrent first uses all succeed.
-func createPostgresTables(ctx context.Context, db DB) error {
+// upgradePostgresSchema creates the tables, or upgrades them to this
+// code's version, in one transaction, serialized with every other
+// upgrader by a transaction-scoped advisory lock, so that concurrent first
+// uses all succeed and each step runs once. A database of round one (its
+// tables, no version table) is version 0: every step is idempotent.
+func upgradePostgresSchema(ctx context.Context, db DB) error {
 	conn, err := takeConn(ctx, db)
 	if err != nil {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
@@ -548,13 +768,48 @@ func createPostgresTables(ctx context.Context, db DB) error {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
 	}
 	defer tx.Rollback()
-	for _, s := range append([]string{schemaLock}, postgresTables...) {
-		if _, err := tx.ExecContext(ctx, s); err != nil {
-			return fmt.Errorf("advisorylock: creating tables: %w", err)
+	if err := applySteps(ctx, tx); err != nil {
+		if sqlState(err) == "42501" {
+			return fmt.Errorf("advisorylock: creating tables: the database role may not create them; an administrator creates them from Schema(Postgres()) and grants what its end lists: %w", err)
 		}
+		return fmt.Errorf("advisorylock: creating tables: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
+	}
+	return nil
+}
+
+// applySteps applies, in tx, the upgrade steps the database lacks.
+func applySteps(ctx context.Context, tx *sql.Tx) error {
+	if _, err := tx.ExecContext(ctx, schemaLock); err != nil {
+		return err
+	}
+	var versioned bool
+	if err := tx.QueryRowContext(ctx, "SELECT to_regclass('advisorylock_schema') IS NOT NULL").Scan(&versioned); err != nil {
+		return err
+	}
+	current := 0
+	if versioned {
+		if err := tx.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM advisorylock_schema").Scan(&current); err != nil {
+			return err
+		}
+	}
+	if current >= pgSchemaVersion {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, pgSchemaVersions); err != nil {
+		return err
+	}
+	for v := current + 1; v <= pgSchemaVersion; v++ {
+		for _, ddl := range postgresSteps[v] {
+			if _, err := tx.ExecContext(ctx, ddl); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO advisorylock_schema (version) VALUES ("+strconv.Itoa(v)+") ON CONFLICT DO NOTHING"); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -566,9 +821,9 @@ func createPostgresTables(ctx context.Context, db DB) error {
 // statement-mode pooler too.
 func (p *postgres) ensureSchema(ctx context.Context, db DB) error {
 	var exist bool
-	_, err := p.queryRow(ctx, db, "SELECT to_regclass('advisorylock_leases') IS NOT NULL AND to_regclass('advisorylock_fences') IS NOT NULL", nil, &exist)
+	_, err := p.queryRow(ctx, db, "SELECT to_regclass('advisorylock_leases') IS NOT NULL AND to_regclass('advisorylock_fences') IS NOT NULL AND to_regclass('advisorylock_token_seq') IS NOT NULL", nil, &exist)
 	if err != nil || exist {
 		return err
 	}
-	return p.bound(ctx, func() error { return createPostgresTables(ctx, db) })
+	return p.bound(ctx, func() error { return upgradePostgresSchema(ctx, db) })
 }

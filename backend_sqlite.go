@@ -30,28 +30,50 @@ func SQLite() Backend { return sqliteBackend{} }
 
 type sqliteBackend struct{}
 
-// sqliteTables is the DDL of the tables, one statement each. Times are
-// Unix milliseconds.
-var sqliteTables = []string{
-	`CREATE TABLE IF NOT EXISTS advisorylock_locks (
+// sqliteSteps are the schema's upgrade steps, one statement each, every
+// one idempotent (processes sharing the file may run them at once).
+// advisorylock_schema records the versions applied. Times are Unix
+// milliseconds.
+var sqliteSteps = [][]string{
+	1: { // round one
+		`CREATE TABLE IF NOT EXISTS advisorylock_locks (
 	key         INTEGER PRIMARY KEY, -- Key(name)
 	name        TEXT    NOT NULL,
 	owner       TEXT    NOT NULL,    -- unique per acquire
 	acquired_at INTEGER NOT NULL,    -- Unix milliseconds
 	expires_at  INTEGER NOT NULL     -- Unix milliseconds
 )`,
-	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
+		`CREATE TABLE IF NOT EXISTS advisorylock_leases (
 	name        TEXT    PRIMARY KEY,
 	owner       TEXT,                -- NULL when free
 	generation  INTEGER NOT NULL,    -- the fencing token of the last grant
 	acquired_at INTEGER NOT NULL,    -- Unix milliseconds
 	expires_at  INTEGER NOT NULL     -- Unix milliseconds
 )`,
-	`CREATE TABLE IF NOT EXISTS advisorylock_fences (
+		`CREATE TABLE IF NOT EXISTS advisorylock_fences (
 	resource TEXT    PRIMARY KEY,
 	token    INTEGER NOT NULL        -- the highest token admitted
 )`,
+	},
+	2: { // tokens that survive deleted rows: the highest ever granted, kept
+		// by triggers (so that grants by round-one code count too)
+		`CREATE TABLE IF NOT EXISTS advisorylock_tokens (
+	id   INTEGER PRIMARY KEY CHECK (id = 1),
+	last INTEGER NOT NULL            -- the highest token granted so far
+)`,
+		`INSERT OR IGNORE INTO advisorylock_tokens (id, last) SELECT 1, coalesce(max(generation), 0) FROM advisorylock_leases`,
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_tokens_insert AFTER INSERT ON advisorylock_leases
+BEGIN UPDATE advisorylock_tokens SET last = max(last, NEW.generation) WHERE id = 1; END`,
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_tokens_update AFTER UPDATE OF generation ON advisorylock_leases
+BEGIN UPDATE advisorylock_tokens SET last = max(last, NEW.generation) WHERE id = 1; END`,
+	},
 }
+
+// sqliteSchemaVersions is the table of applied upgrade steps.
+const sqliteSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
+	version    INTEGER PRIMARY KEY,
+	applied_at INTEGER NOT NULL      -- Unix milliseconds
+)`
 
 // The statements. Each is one autocommit statement with bound parameters;
 // ?1 is the key or name, and times are Unix milliseconds from the Clock.
@@ -69,10 +91,12 @@ WHERE advisorylock_locks.expires_at <= excluded.acquired_at`
 
 	// The upsert bumps the generation only if the row is free or expired,
 	// and returns it; no row returned means held.
+	// The token is one more than the highest ever granted in the file
+	// (advisorylock_tokens), so deleting a row never brings a token back.
 	sqliteAcquireLease = `INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
-VALUES (?1, ?2, 1, ?3, ?4)
+VALUES (?1, ?2, (SELECT last + 1 FROM advisorylock_tokens WHERE id = 1), ?3, ?4)
 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,
-	generation = advisorylock_leases.generation + 1,
+	generation = max(advisorylock_leases.generation + 1, excluded.generation),
 	acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
 WHERE advisorylock_leases.owner IS NULL OR advisorylock_leases.expires_at <= excluded.acquired_at
 RETURNING generation`
@@ -139,10 +163,20 @@ const sqliteBusySnapshot = 5 | 2<<8
 
 func (sqliteBackend) Name() string { return "sqlite" }
 
-// Schema returns the DDL of advisorylock_locks, advisorylock_leases and
-// advisorylock_fences.
+// Schema returns the DDL of advisorylock_locks, advisorylock_leases,
+// advisorylock_fences, the token counter and the schema version table,
+// with every upgrade step (idempotent: run it again after an upgrade).
 func (sqliteBackend) Schema() string {
-	return strings.Join(sqliteTables, ";\n\n") + ";\n"
+	var b strings.Builder
+	b.WriteString(sqliteSchemaVersions + ";\n")
+	for v, step := range sqliteSteps[1:] {
+		fmt.Fprintf(&b, "\n-- version %d\n", v+1)
+		for _, ddl := range step {
+			b.WriteString(ddl + ";\n")
+		}
+		fmt.Fprintf(&b, "INSERT OR IGNORE INTO advisorylock_schema (version, applied_at) VALUES (%d, 0);\n", v+1)
+	}
+	return b.String()
 }
 
 // Validate refuses an in-memory database and creates the tables.
@@ -161,6 +195,9 @@ func (s sqliteBackend) Validate(ctx context.Context, db DB) error {
 			return fmt.Errorf("%w: the SQLite database is in memory (\":memory:\", mode=memory or no file name); "+
 				"database/sql gives every connection its own in-memory database, so a lock there would exclude nothing: "+
 				"open a database file (such as \"app.db\") that every process taking the lock opens too", ErrUnsupported)
+		}
+		if upToDate(ctx, conn) {
+			return nil
 		}
 		return createTables(ctx, conn)
 	})
@@ -188,10 +225,17 @@ func mainFile(ctx context.Context, conn *sql.Conn) (string, error) {
 	return "", rows.Err()
 }
 
-// createTables runs the DDL; each statement is idempotent, so processes
-// creating the tables at once all succeed (busy ones retry).
+// createTables creates the tables or upgrades them to this code's
+// version. Each statement is idempotent, so processes upgrading at once
+// all succeed (busy ones retry), and a file whose tables were dropped
+// behind the version table's back gets them again.
 func createTables(ctx context.Context, q querier) error {
-	for _, ddl := range sqliteTables {
+	stmts := []string{sqliteSchemaVersions}
+	for v := 1; v < len(sqliteSteps); v++ {
+		stmts = append(stmts, sqliteSteps[v]...)
+		stmts = append(stmts, fmt.Sprintf("INSERT OR IGNORE INTO advisorylock_schema (version, applied_at) VALUES (%d, %d)", v, time.Now().UnixMilli()))
+	}
+	for _, ddl := range stmts {
 		if err := retryBusy(ctx, busyNewcomer, func() error {
 			_, err := q.ExecContext(ctx, ddl)
 			return err
@@ -200,6 +244,14 @@ func createTables(ctx context.Context, q querier) error {
 		}
 	}
 	return nil
+}
+
+// upToDate reports whether advisorylock_schema says the file has this
+// code's version (one read; a file of round one has no version table).
+func upToDate(ctx context.Context, q querier) bool {
+	var current int
+	err := q.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM advisorylock_schema").Scan(&current)
+	return err == nil && current >= len(sqliteSteps)-1
 }
 
 func (sqliteBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {

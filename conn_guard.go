@@ -22,17 +22,26 @@ import (
 // have granted.
 type connGuard struct {
 	p     *pinned
+	ctx   context.Context // the acquire's: ended means a discard is for "canceled"
 	armed bool
 }
 
 // checkout takes a connection from db's pool into p for an acquire. A
-// done context returns its error before touching the pool. Where the
-// driver may not end a connection's startup when ctx ends (p.bounded),
-// the checkout goes through within; a connection that arrives after ctx
-// ended goes back to the pool.
-func checkout(ctx context.Context, db DB, p *pinned) (connGuard, error) {
+// done context returns its error before touching the pool. poolWait, if
+// not 0, bounds the wait for a connection (WithPoolWait): an exhausted
+// pool is then ErrPoolUnavailable, not a hang on a context that never
+// ends. Where the driver may not end a connection's startup when ctx ends
+// (p.bounded), the checkout goes through within; a connection that
+// arrives after ctx ended goes back to the pool.
+func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (connGuard, error) {
 	if ctx.Err() != nil {
 		return connGuard{}, context.Cause(ctx)
+	}
+	caller := ctx
+	if poolWait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, poolWait, errPoolWait)
+		defer cancel()
 	}
 	var conn *sql.Conn
 	var err error
@@ -46,13 +55,13 @@ func checkout(ctx context.Context, db DB, p *pinned) (connGuard, error) {
 		conn, err = db.Conn(ctx)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return connGuard{}, context.Cause(ctx)
+		if caller.Err() != nil {
+			return connGuard{}, context.Cause(caller)
 		}
-		return connGuard{}, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+		return connGuard{}, fmt.Errorf("%w: %w", ErrPoolUnavailable, context.Cause(ctx))
 	}
 	p.conn = conn
-	return connGuard{p: p, armed: true}, nil
+	return connGuard{p: p, ctx: caller, armed: true}, nil
 }
 
 // settle discards the connection unless the outcome was made definite by
@@ -60,7 +69,11 @@ func checkout(ctx context.Context, db DB, p *pinned) (connGuard, error) {
 func (g *connGuard) settle() {
 	if g.armed {
 		g.armed = false
-		g.p.discard()
+		if g.ctx.Err() != nil {
+			g.p.discard(DiscardCanceled, context.Cause(g.ctx))
+		} else {
+			g.p.discard(DiscardError, nil)
+		}
 	}
 }
 
@@ -79,7 +92,7 @@ func (g *connGuard) take() { g.armed = false }
 // see checkout). Hand it back with giveBack.
 func borrow(ctx context.Context, db DB, bounded bool) (*sql.Conn, error) {
 	p := &pinned{bounded: bounded}
-	cg, err := checkout(ctx, db, p)
+	cg, err := checkout(ctx, db, p, poolWaitOf(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -96,6 +109,33 @@ func giveBack(conn *sql.Conn, clean bool) {
 	} else {
 		discard(conn)
 	}
+}
+
+// errPoolWait is the cause of a checkout that WithPoolWait ended.
+var errPoolWait = errors.New("no connection came free within the pool wait (WithPoolWait)")
+
+// poolWaitKey carries a try's WithPoolWait in its context to the places
+// that take connections for it: the first-use checks and the lease
+// statements, whose signatures (Backend's, for one) have no room for it.
+type poolWaitKey struct{}
+
+// withPoolWait bounds, by d, every pool checkout made for ctx.
+func withPoolWait(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, poolWaitKey{}, d)
+}
+
+// poolWaitOf is the bound withPoolWait put in ctx, or 0.
+func poolWaitOf(ctx context.Context) time.Duration {
+	d, _ := ctx.Value(poolWaitKey{}).(time.Duration)
+	return d
+}
+
+// mayWaitForPool reports whether a checkout from db can wait for a
+// connection to come free: only a pool with a limit can be exhausted
+// (other handles are assumed to be).
+func mayWaitForPool(db DB) bool {
+	pool := sqlDBOf(db)
+	return pool == nil || pool.Stats().MaxOpenConnections > 0
 }
 
 // recycle returns a connection whose session holds none of our locks.
@@ -144,17 +184,17 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s.stopWatch()
-	if gone, _ := s.isLost(); gone {
-		s.p.discard()
+	if gone, why := s.isLost(); gone {
+		s.p.discard(DiscardLost, why)
 		return nil
 	}
-	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.UnlockSession(ctx, s.p.conn, s.key) })
+	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.UnlockSession(s.p.quiet(ctx), s.p.conn, s.key) })
 	switch {
 	case err != nil:
-		s.p.discard()
+		s.p.discard(DiscardError, err)
 		return err
 	case s.session != 0 && res.Session != 0 && res.Session != s.session:
-		s.p.discard()
+		s.p.discard(DiscardError, ErrTransactionPooler)
 		return fmt.Errorf("%w: acquired on server session %d, released on %d", ErrTransactionPooler, s.session, res.Session)
 	case !res.OK:
 		s.warn("advisorylock: unlock found the lock not held by its session", "lock", s.name, "key", s.key)
@@ -163,9 +203,15 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	return nil
 }
 
+// forget runs in the runtime's single cleanup goroutine, which must not
+// wait on I/O: stopping the keep-alive waits for a check in flight (up to
+// the release timeout on a dead network), so it and the discard run in a
+// goroutine of their own, as a forgotten lease's release does.
 func (s *sessionHold) forget() {
-	s.stopWatch()
-	s.p.discard()
+	go func() {
+		s.stopWatch()
+		s.p.discard(DiscardForgotten, nil)
+	}()
 }
 
 // check is the keep-alive: it runs every keepAlive on a timer (a held lock
@@ -180,17 +226,22 @@ func (s *sessionHold) check() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
-	held, err := ask(ctx, &s.p, func() (bool, error) { return s.locker.HoldsSession(ctx, s.p.conn, s.key) })
+	held, err := ask(ctx, &s.p, func() (bool, error) { return s.locker.HoldsSession(s.p.quiet(ctx), s.p.conn, s.key) })
+	timedOut := ctx.Err() != nil
 	cancel()
 	if err == nil && held {
 		s.timer.Reset(s.l.cfg.keepAlive)
 		return
 	}
-	if err == nil {
-		err = errors.New("session no longer holds it")
+	cause := LossSessionEnded
+	switch {
+	case err == nil:
+		cause, err = LossNotHeld, errors.New("session no longer holds it")
+	case timedOut:
+		cause = LossNoAnswer
 	}
 	s.warn("advisorylock: lock lost", "lock", s.name, "key", s.key, "err", err)
-	s.markLost(fmt.Errorf("%w: %w", ErrLockLost, err))
+	s.lose(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
 }
 
 // stopWatch ends the keep-alive. A check in flight is answered or
@@ -211,7 +262,8 @@ func (s *sessionHold) stopWatch() {
 // again meanwhile (that would wait for the driver).
 type pinned struct {
 	conn      *sql.Conn
-	bounded   bool // statements go through within (see endsWithContext)
+	bounded   bool      // statements go through within (see endsWithContext)
+	obs       *observed // told of discards; nil without an Observer
 	abandoned atomic.Bool
 }
 
@@ -224,10 +276,11 @@ func endsWithContext(b Backend) bool {
 	return ok && e.endsWithContext()
 }
 
-// discard discards the connection unless ask already does.
-func (p *pinned) discard() {
+// discard discards the connection, for reason, unless ask already does.
+func (p *pinned) discard(reason DiscardReason, err error) {
 	if !p.abandoned.Load() {
 		discard(p.conn)
+		p.obs.discarded(reason, err)
 	}
 }
 
@@ -241,7 +294,26 @@ func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, erro
 	}
 	return within(ctx, stmt, func() {
 		p.abandoned.Store(true)
+		p.obs.discarded(DiscardNoAnswer, context.Cause(ctx))
 	}, func(T) { discard(p.conn) })
+}
+
+// quiet returns the context to give the driver for a statement of p's
+// connection that never waits in the server (a try, an unlock, a
+// keep-alive check), run through ask under ctx. Where ask bounds the
+// statement itself (p.bounded), that is ctx without its end: lib/pq would
+// otherwise start a goroutine of its own for every statement whose
+// context can end, to send a cancel request that a dead network does not
+// deliver, and on a loaded machine that goroutine costs as much as a
+// quarter of a round trip. ask still returns to the caller when ctx ends
+// (and answerGrace more) and discards the connection once the statement
+// returns. Waits keep ctx, so that a cancelled wait leaves the server's
+// lock queue at once.
+func (p *pinned) quiet(ctx context.Context) context.Context {
+	if p.bounded {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
 }
 
 // answerGrace is how long within still waits, once ctx ended, for a

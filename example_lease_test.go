@@ -31,13 +31,14 @@ func ExampleLeaseLock_Do() {
 	err = report.Do(context.Background(), func(ctx context.Context, lease advisorylock.Lease) error {
 		// ctx ends if the lease is lost. Pass lease.Token() to every
 		// write that a Fence guards.
-		fmt.Println("writing the report with fencing token", lease.Token())
+		// Tokens strictly increase per name; they are not consecutive.
+		fmt.Println("writing the report with a fencing token:", lease.Token() > 0)
 		return nil
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Output: writing the report with fencing token 1
+	// Output: writing the report with a fencing token: true
 }
 
 func ExampleFence_Admit() {
@@ -97,7 +98,7 @@ func ExampleFence_Admit() {
 	err = save(old.Token(), "stale") // the first holder wakes up and writes
 	var stale *advisorylock.StaleTokenError
 	if errors.As(err, &stale) {
-		fmt.Printf("old holder: token %d refused, the report has seen %d\n", stale.Token, stale.Highest)
+		fmt.Println("old holder: its token refused, the report has seen a higher one:", stale.Highest > stale.Token)
 	}
 	var body string
 	if err := db.QueryRowContext(ctx, "SELECT body FROM advisorylock_example_reports WHERE id = $1", id).Scan(&body); err != nil {
@@ -106,6 +107,6 @@ func ExampleFence_Admit() {
 	fmt.Println("report:", body)
 	// Output:
 	// newer holder: <nil>
-	// old holder: token 1 refused, the report has seen 2
+	// old holder: its token refused, the report has seen a higher one: true
 	// report: fresh
 }

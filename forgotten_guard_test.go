@@ -22,7 +22,7 @@ func TestForgottenLeaseGuardIsCleanedUp(t *testing.T) {
 		var logs syncBuffer
 		logger := slog.New(slog.NewTextHandler(&logs, nil))
 		l := newLeaseLock(t, db, name, advisorylock.WithLogger(logger), advisorylock.WithLeaseTTL(time.Hour))
-		forgetGuard(t, func() any { return tryLease(t, l) })
+		dropGuard(t, func() any { return tryLease(t, l) })
 		testdb.WaitFor(t, wait, func() bool {
 			runtime.GC()
 			h, err := l.Holder(context.Background())
@@ -42,7 +42,7 @@ func TestForgottenSQLiteGuardIsCleanedUp(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	l := newLock(t, testdb.OpenSQLite(t, path, opts), name, advisorylock.WithLogger(logger), advisorylock.WithLeaseTTL(time.Hour))
 	other := newLock(t, testdb.OpenSQLite(t, path, opts), name)
-	forgetGuard(t, func() any {
+	dropGuard(t, func() any {
 		g, err := l.TryLock(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -60,8 +60,8 @@ func TestForgottenSQLiteGuardIsCleanedUp(t *testing.T) {
 	expectForgottenWarning(t, &logs, name)
 }
 
-// forgetGuard takes a guard and drops it without Release.
-func forgetGuard(t *testing.T, take func() any) {
+// dropGuard takes a guard and drops it without Release.
+func dropGuard(t *testing.T, take func() any) {
 	t.Helper()
 	func() {
 		g := take()

@@ -9,19 +9,25 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mathrand "math/rand/v2"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
 
-// FencingToken is the generation of a lease grant: it is at least 1 and
-// strictly increases with every grant of one name. A resource that
-// remembers the highest token it accepted (see Fence) can refuse writes
-// from a holder that has since lost its lease. It is stored as a BIGINT.
+// FencingToken identifies a lease grant: it is at least 1 and strictly
+// increases with every grant of one name, also when lease rows are
+// deleted and, on PostgreSQL, across a failover to a standby that lacked
+// the last grants (the server's WAL timeline is in its bits 40 to 62; the
+// README's "How tokens are made" gives the bounds). Tokens are not
+// consecutive. A resource that remembers the highest token it accepted
+// (see Fence) can refuse writes from a holder that has since lost its
+// lease. It is stored as a BIGINT (the generation column).
 type FencingToken uint64
 
 // ParseFencingToken converts a stored BIGINT to a token; v <= 0 is an error.
@@ -181,13 +187,19 @@ func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config,
 	return nil, err
 }
 
-// waitUntilFree polls the row every poll interval until it reads free or
-// expired, or budget ends. A poll reads before anyone writes, so many
-// waiters do not fight for the database's writer.
+// waitUntilFree polls the row until it reads free or expired, or budget
+// ends. A poll reads before anyone writes, so many waiters do not fight
+// for the database's writer. A LeaseLock waiter backs off (see
+// pollPause), so that a hundred waiting replicas do not send thousands of
+// queries a second; a Lock kept as a row (SQLite) polls every interval.
 func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
-	poll := time.NewTimer(cfg.poll)
+	longest := cfg.poll
+	if req.Kind == KindLease {
+		longest = max(cfg.poll, leaseWaitCap)
+	}
+	poll := time.NewTimer(pollPause(cfg.poll, longest, 0))
 	defer poll.Stop()
-	for {
+	for n := 1; ; n++ {
 		select {
 		case <-budget.Done():
 			return context.Cause(budget)
@@ -203,8 +215,32 @@ func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config,
 		case h == nil:
 			return nil
 		}
-		poll.Reset(cfg.poll)
+		pause := pollPause(cfg.poll, longest, n)
+		if left := h.ExpiresAt.Sub(cfg.clock.Now()); !h.ExpiresAt.IsZero() && left < pause {
+			pause = max(left, minPollInterval) // sleep until the known expiry, no longer
+		}
+		poll.Reset(pause)
 	}
+}
+
+// leaseWaitCap is the longest pause between a LeaseLock waiter's polls
+// (or the poll interval, if longer): a lease released early is seen
+// within it.
+const leaseWaitCap = 500 * time.Millisecond
+
+// pollPause is the pause before poll n (from 0) of a waiter: the poll
+// interval doubled n times, at most longest, drawn at random from the
+// upper half of that, so that waiters that started together spread out.
+func pollPause(interval, longest time.Duration, n int) time.Duration {
+	d := interval
+	for ; n > 0 && d < longest; n-- {
+		d *= 2
+	}
+	d = min(d, longest)
+	if d < 2 {
+		return d
+	}
+	return d/2 + mathrand.N(d/2+1)
 }
 
 // abandonLease frees a grant that an interrupted acquire may have made
@@ -308,8 +344,8 @@ func (s *leaseState) keep() {
 	defer renewAt.Stop()
 	expiry := time.NewTimer(s.untilDeadline())
 	defer expiry.Stop()
-	var inFlight <-chan error // non-nil while a renew runs
-	var sent time.Time
+	var inFlight <-chan error   // non-nil while a renew runs
+	var sent, started time.Time // started: by the wall clock, for the Observer
 	for {
 		select {
 		case <-s.quit:
@@ -319,13 +355,16 @@ func (s *leaseState) keep() {
 				expiry.Reset(left)
 				continue
 			}
-			s.lose(lostErr, errors.New("no renewal before the local deadline"))
+			s.lose(LossExpired, lostErr, errors.New("no renewal before the local deadline"))
 			return
 		case <-renewAt.C:
-			sent = s.clock.Now()
+			sent, started = s.clock.Now(), time.Now()
 			inFlight = s.renew(sent, min(interval, s.untilDeadline()))
 		case err := <-inFlight:
 			inFlight = nil
+			if ob := s.observer().ob; ob != nil {
+				ob.renewed(time.Since(started), err)
+			}
 			switch {
 			case err == nil:
 				s.mu.Lock()
@@ -334,7 +373,7 @@ func (s *leaseState) keep() {
 				expiry.Reset(s.untilDeadline())
 				renewAt.Reset(interval)
 			case errors.Is(err, ErrLeaseLost):
-				s.lose(lostErr, err)
+				s.lose(LossTakenOver, lostErr, err)
 				return
 			default: // unknown outcome: try again sooner, until the deadline
 				renewAt.Reset(min(interval/4, max(s.untilDeadline(), 0)))
@@ -363,9 +402,9 @@ func (s *leaseState) renew(sent time.Time, timeout time.Duration) <-chan error {
 	return out
 }
 
-func (s *leaseState) lose(lostErr, why error) {
+func (s *leaseState) lose(cause LossCause, lostErr, why error) {
 	s.warn("advisorylock: lease lost", "lock", s.req.Name, "token", s.req.Token, "err", why)
-	s.markLost(lostErr)
+	s.hold.lose(cause, lostErr)
 }
 
 // acquireRow takes a Lock that is kept as a lease row (SQLite).
@@ -393,6 +432,7 @@ type LeaseLock struct {
 	key   int64
 	cfg   config
 	setup firstUse[LeaseStore]
+	obs   atomic.Pointer[observed] // see observed
 }
 
 // NewLeaseLock returns a LeaseLock on name. It does no I/O (see New): it
@@ -459,27 +499,53 @@ func (l *LeaseLock) Name() string { return l.name }
 
 // TryLock makes one attempt; ErrNotAcquired if the lease is held.
 func (l *LeaseLock) TryLock(ctx context.Context) (*LeaseGuard, error) {
+	ctx, a := startAcquire(ctx, l, false)
 	g, err := l.acquire(ctx, ctx, false)
-	return g, wrapErr(l.name, "try lock", err)
+	err = wrapErr(l.name, "try lock", err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // Lock polls (WithPollInterval) until it holds the lease or ctx ends.
 func (l *LeaseLock) Lock(ctx context.Context) (*LeaseGuard, error) {
+	ctx, a := startAcquire(ctx, l, true)
 	g, err := l.acquire(ctx, ctx, true)
-	return g, wrapErr(l.name, "lock", err)
+	err = wrapErr(l.name, "lock", err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // LockTimeout is Lock bounded by d; it returns a *TimeoutError when d runs
 // out. With d <= 0 it makes exactly one attempt.
 func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGuard, error) {
-	return withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*LeaseGuard, error) {
+	ctx, a := startAcquire(ctx, l, d > 0)
+	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*LeaseGuard, error) {
 		return l.acquire(ctx, budget, wait)
+	})
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// observed returns what l's events need, nil without an Observer; see
+// observedOf.
+func (l *LeaseLock) observed() *observed {
+	if ob := l.obs.Load(); ob != nil || l.cfg.observer == nil {
+		return ob
+	}
+	return observedOf(&l.obs, l.db, &l.cfg, LockKindLease, l.name, func() Backend {
+		if s := l.setup.v.Load(); s != nil {
+			return *s
+		}
+		return nil
 	})
 }
 
 func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard, error) {
 	if err := budget.Err(); err != nil {
 		return nil, context.Cause(budget)
+	}
+	if !wait {
+		budget = withPoolWait(budget, l.cfg.poolWait)
 	}
 	store, err := l.store(budget)
 	if err != nil {
@@ -544,12 +610,14 @@ func (l Lease) Name() string { return l.name }
 // Token returns the grant's fencing token.
 func (l Lease) Token() FencingToken { return l.token }
 
-// Lost returns a channel closed when the lease is known lost.
+// Lost returns a channel closed when the lease no longer protects
+// anything: it is known lost, or it was released (Release, or the cleanup
+// of a forgotten guard).
 func (l Lease) Lost() <-chan struct{} { return l.s.lost() }
 
-// IsLost reports whether the lease is lost. It is also true once the local
-// deadline has passed, even if no goroutine noticed yet: check it right
-// before an action that must not run without the lease.
+// IsLost reports whether the lease is lost or released. It is also true
+// once the local deadline has passed, even if no goroutine noticed yet:
+// check it right before an action that must not run without the lease.
 func (l Lease) IsLost() bool { return l.s.lostOrExpired() }
 
 // LeaseGuard is a held lease. Release it when done; Release is idempotent.
@@ -558,13 +626,22 @@ type LeaseGuard struct {
 	lease Lease
 }
 
+// hold returns g's hold, nil for a nil g.
+func (g *LeaseGuard) hold() *hold {
+	if g == nil {
+		return nil
+	}
+	return g.g.h
+}
+
 // Lease returns the grant.
 func (g *LeaseGuard) Lease() Lease { return g.lease }
 
 // Token returns the grant's fencing token.
 func (g *LeaseGuard) Token() FencingToken { return g.lease.token }
 
-// Lost returns a channel closed when the lease is known lost.
+// Lost returns a channel closed when the lease is known lost or was
+// released; see Lease.Lost.
 func (g *LeaseGuard) Lost() <-chan struct{} { return g.lease.Lost() }
 
 // IsLost reports whether the lease is lost; see Lease.IsLost.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/jmoiron/sqlx"
 )
@@ -584,7 +585,7 @@ func TestKilledSessionClosesLostAndCancelsDo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			terminateHolder(t, l, admin)
+			observetest.TerminateHolder(t, admin, l)
 			select {
 			case <-g.Lost():
 			case <-time.After(wait):
@@ -595,7 +596,7 @@ func TestKilledSessionClosesLostAndCancelsDo(t *testing.T) {
 			}
 
 			err = l.Do(ctx, func(fctx context.Context) error {
-				terminateHolder(t, l, admin)
+				observetest.TerminateHolder(t, admin, l)
 				<-fctx.Done()
 				if !errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) {
 					t.Errorf("fn's context cause = %v, want ErrLockLost", context.Cause(fctx))
@@ -609,17 +610,6 @@ func TestKilledSessionClosesLostAndCancelsDo(t *testing.T) {
 				t.Fatalf("%d connections still checked out", s.InUse)
 			}
 		})
-	}
-}
-
-func terminateHolder(t *testing.T, l *advisorylock.Lock, admin *sql.DB) {
-	t.Helper()
-	h, err := l.Holder(context.Background())
-	if err != nil || h == nil || h.PID == 0 {
-		t.Fatalf("Holder = %+v, %v; want the holding session", h, err)
-	}
-	if _, err := admin.Exec(fmt.Sprintf("SELECT pg_terminate_backend(%d)", h.PID)); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package advisorylock
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -27,6 +28,8 @@ const (
 	minPollInterval       = time.Millisecond
 	defaultKeepAlive      = 10 * time.Second
 	defaultReleaseTimeout = 5 * time.Second
+	defaultDeadHolder     = 20 * time.Second
+	defaultPoolWait       = time.Second
 )
 
 type config struct {
@@ -40,6 +43,10 @@ type config struct {
 	logger         *slog.Logger
 	clock          Clock
 	owner          string
+	observer       Observer // see WithObserver
+	deadHolder     time.Duration
+	deadHolderSet  bool // by WithDeadHolderTimeout; else derived (see check)
+	poolWait       time.Duration
 }
 
 func newConfig(opts []Option) config {
@@ -51,6 +58,8 @@ func newConfig(opts []Option) config {
 		poolerCheck:    true,
 		serverChecks:   true,
 		clock:          systemClock{},
+		deadHolder:     defaultDeadHolder,
+		poolWait:       defaultPoolWait,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -61,6 +70,9 @@ func newConfig(opts []Option) config {
 	c.poll = max(c.poll, minPollInterval)
 	if c.releaseTimeout <= 0 {
 		c.releaseTimeout = defaultReleaseTimeout
+	}
+	if c.poolWait <= 0 {
+		c.poolWait = defaultPoolWait
 	}
 	if c.clock == nil {
 		c.clock = systemClock{}
@@ -86,6 +98,9 @@ func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d }
 
 // WithPollInterval sets how often a waiter polls where the backend cannot
 // wait server-side (SQLite, and LeaseLock everywhere) [20ms, floor 1ms].
+// A LeaseLock waiter starts at this interval and backs off, with jitter,
+// to at most the larger of it and 500ms, so that many waiters do not
+// flood the database; a lease released early is still seen within that.
 func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
 
 // WithKeepAlive sets how often a held PostgreSQL session lock checks that
@@ -124,3 +139,40 @@ func WithClock(cl Clock) Option { return func(c *config) { c.clock = cl } }
 // "host-a:4242", shown by Holder. A unique suffix is added per acquire, so
 // two acquires never share an owner. [hostname:pid]
 func WithOwner(label string) Option { return func(c *config) { c.owner = label } }
+
+// WithDeadHolderTimeout sets how soon PostgreSQL frees the session lock of
+// a holder that vanished without closing its socket (a host powered off,
+// a network blackhole) [20s; 0 leaves the server's settings, with which
+// the kernel notices after about two hours]. Each pinned session gets TCP
+// keepalive settings and a TCP user timeout that make the server end it
+// within about d, in the same round trip as its first lock statement.
+//
+// d must exceed the keep-alive interval plus the release timeout, so that
+// a holder cut off from the server notices the loss (Lost closes) before
+// the server frees its lock; New refuses an option set that breaks this.
+// Behind a proxy (PgBouncer, a cloud proxy) the server's keepalives reach
+// the proxy, not the client, and this bounds nothing.
+func WithDeadHolderTimeout(d time.Duration) Option {
+	return func(c *config) { c.deadHolder, c.deadHolderSet = max(d, 0), true }
+}
+
+// WithPoolWait bounds how long an acquire waits for a connection from an
+// exhausted pool before it fails with ErrPoolUnavailable [1s], so that
+// TryLock and TryDo on a context without a deadline do not hang. A
+// shorter deadline on the acquire's context still wins.
+func WithPoolWait(d time.Duration) Option { return func(c *config) { c.poolWait = d } }
+
+// check refuses an option set that cannot keep its promises. Without
+// WithDeadHolderTimeout the dead-holder timeout is its default, raised
+// where longer keep-alive or release timeouts need more.
+func (c *config) check() error {
+	if !c.deadHolderSet {
+		c.deadHolder = max(defaultDeadHolder, c.keepAlive+c.releaseTimeout+defaultReleaseTimeout)
+		return nil
+	}
+	if c.deadHolder > 0 && c.deadHolder <= c.keepAlive+c.releaseTimeout {
+		return fmt.Errorf("advisorylock: invalid options: WithDeadHolderTimeout(%s) must exceed the keep-alive interval (%s) plus the release timeout (%s), so that a cut-off holder learns of its loss before the server frees its lock",
+			c.deadHolder, c.keepAlive, c.releaseTimeout)
+	}
+	return nil
+}

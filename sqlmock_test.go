@@ -176,7 +176,7 @@ func (e pgError) SQLState() string { return string(e) }
 func TestLockTimeoutRacingAGrantIsAGrant(t *testing.T) {
 	l, _, mock := mockLock(t, advisorylock.WithKeepAlive(0))
 	mock.ExpectExec("pg_try_advisory_lock").WillReturnResult(granted(false)) // Lock tries first
-	mock.ExpectQuery("pg_advisory_lock").WillReturnError(pgError("55P03"))
+	mock.ExpectExec("pg_advisory_lock").WillReturnError(pgError("55P03"))
 	mock.ExpectQuery("pg_locks").WillReturnRows(lockRows(true, 7))
 	mock.ExpectExec("pg_advisory_unlock").WillReturnResult(granted(true))
 	g, err := l.LockTimeout(context.Background(), 50*time.Millisecond)
@@ -192,7 +192,7 @@ func TestLockTimeoutRacingAGrantIsAGrant(t *testing.T) {
 func TestLockTimeoutNotGrantedRecyclesTheConnection(t *testing.T) {
 	l, db, mock := mockLock(t)
 	mock.ExpectExec("pg_try_advisory_lock").WillReturnResult(granted(false))
-	mock.ExpectQuery("pg_advisory_lock").WillDelayFor(60 * time.Millisecond).WillReturnError(pgError("55P03"))
+	mock.ExpectExec("pg_advisory_lock").WillDelayFor(60 * time.Millisecond).WillReturnError(pgError("55P03"))
 	mock.ExpectQuery("pg_locks").WillReturnRows(lockRows(false, 7))
 	_, err := l.LockTimeout(context.Background(), 50*time.Millisecond)
 	if !errors.Is(err, advisorylock.ErrTimeout) {

@@ -7,7 +7,7 @@
 // files under the test's temporary directory. Run them all, summarize them
 // with benchstat and write README.md and handoff.svg with
 //
-//	go run ./cmd/report          # full run, under 10 minutes on 2 cores
+//	go run ./cmd/report          # full run, pinned then unpinned, about 10 minutes on 2 cores
 //	go run ./cmd/report -quick   # one pass, for development
 //
 // This is its own module so that the peers (goose, golang-migrate) never

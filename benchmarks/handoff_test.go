@@ -59,6 +59,7 @@ type handoffLib struct {
 var handoffLibs = []handoffLib{
 	{"advisorylock", pgDrivers, 0, handoffAdvisoryLock},
 	{"raw_blocking", pgDrivers, 0, handoffRawBlocking},
+	{"raw_literal", pgDrivers, 0, handoffRawLiteral},
 	{"migrate", pgDrivers, 0, handoffMigrate},
 	{"leaselock", pgDrivers, libraryPoll, handoffLeaseLock},
 	{"goose_table", pgDrivers, gooseTablePeriod, handoffGooseTable},

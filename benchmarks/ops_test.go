@@ -44,8 +44,13 @@ var pgOps = []pgOp{
 	{"raw_pool_bounded", pgDrivers, setupRawPool(releaseBounded)},
 	{"raw_pool_ask", pgDrivers, setupRawPool(releaseAsk)},
 	{"raw_pool_ask_nowatch", pgDrivers, setupRawPool(releaseAskNoWatch)},
+	{"raw_pool_worker", pgDrivers, setupRawPoolWorker},
 	{"trylock_release", pgDrivers, setupTryLock(nil)},
 	{"trylock_release_nokeepalive", pgDrivers, setupTryLock([]advisorylock.Option{advisorylock.WithKeepAlive(0)})},
+	{"trylock_release_noop", pgDrivers, setupObservedTryLock("noop")},
+	{"trylock_release_otel", pgDrivers, setupObservedTryLock("otel")},
+	{"trylock_release_prom", pgDrivers, setupObservedTryLock("prom")},
+	{"trylock_release_otel_traced", pgDrivers, setupTracedTryLock},
 	{"trydo", pgDrivers, setupTryDo},
 	{"lock_release", pgDrivers, setupLockRelease},
 	{"goose_session", pgDrivers, setupGooseSession},
@@ -132,11 +137,28 @@ var pgPairs = []struct{ base, op string }{
 	{"select1_pinned", "trylock_release"},
 	{"raw_pool_bounded", "trylock_release"},
 	{"trylock_release_nokeepalive", "trylock_release"},
+	{"trylock_release", "trylock_release_noop"},
+	{"trylock_release", "trylock_release_otel"},
+	{"trylock_release", "trylock_release_prom"},
+	{"trylock_release", "trylock_release_otel_traced"},
 	{"select1_pinned", "trylock_release_nokeepalive"},
 	{"select1_pinned", "trydo"},
 	{"select1_pinned", "raw_param"},
 	{"select1_pinned", "goose_session"},
 	{"leaselock", "goose_table"},
+	{"raw_literal", "trylock_release"},
+	{"raw_literal", "trydo"},
+	{"raw_pool_ask_nowatch", "trylock_release"},
+	{"raw_pool_ask_nowatch", "raw_pool_worker"},
+	{"raw_pool", "trylock_release"},
+	{"raw_literal", "raw_pool_ask_nowatch"},
+}
+
+// sqlitePairs are measured side by side by BenchmarkPaired on one SQLite
+// file: the library against its own bare statements.
+var sqlitePairs = []struct{ base, op string }{
+	{"raw_lock", "lock"},
+	{"raw_lease", "leaselock"},
 }
 
 // BenchmarkPaired alternates two operations on one handle, iteration by
@@ -155,35 +177,50 @@ func BenchmarkPaired(b *testing.B) {
 				db := openPG(b, drv, dsn, 4)
 				warm(b, db, 3)
 				e := pgEnv{drv: drv, dsn: dsn, db: db}
-				base, op := ops[pair.base].setup(b, e), ops[pair.op].setup(b, e)
-				ctx := context.Background()
-				baseLat, opLat := make([]time.Duration, b.N), make([]time.Duration, b.N)
-				timed := func(step func(context.Context) error, into *time.Duration) {
-					t := time.Now()
-					if err := step(ctx); err != nil {
-						b.Fatal(err)
-					}
-					*into = time.Since(t)
-				}
-				b.ReportAllocs()
-				b.ResetTimer()
-				for i := range b.N {
-					if i%2 == 0 {
-						timed(base, &baseLat[i])
-						timed(op, &opLat[i])
-					} else {
-						timed(op, &opLat[i])
-						timed(base, &baseLat[i])
-					}
-				}
-				b.StopTimer()
-				bm, om := median(baseLat), median(opLat)
-				b.ReportMetric(float64(bm), "base-p50-ns")
-				b.ReportMetric(float64(om), "op-p50-ns")
-				b.ReportMetric(float64(om)/float64(bm), "x-base")
+				runPaired(b, ops[pair.base].setup(b, e), ops[pair.op].setup(b, e))
 			})
 		}
 	}
+	sqlite := map[string]func(b *testing.B, db *sql.DB) func(ctx context.Context) error{}
+	for _, op := range sqliteOps {
+		sqlite[op.name] = op.setup
+	}
+	for _, pair := range sqlitePairs {
+		b.Run(pair.op+"_vs_"+pair.base+"/sqlite", func(b *testing.B) {
+			db := openSQLite(b, sqlitePath(b))
+			runPaired(b, sqlite[pair.base](b, db), sqlite[pair.op](b, db))
+		})
+	}
+}
+
+// runPaired times b.N iterations of base and op, alternating which goes
+// first, and reports their medians and ratio.
+func runPaired(b *testing.B, base, op func(ctx context.Context) error) {
+	ctx := context.Background()
+	baseLat, opLat := make([]time.Duration, b.N), make([]time.Duration, b.N)
+	timed := func(step func(context.Context) error, into *time.Duration) {
+		t := time.Now()
+		if err := step(ctx); err != nil {
+			b.Fatal(err)
+		}
+		*into = time.Since(t)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			timed(base, &baseLat[i])
+			timed(op, &opLat[i])
+		} else {
+			timed(op, &opLat[i])
+			timed(base, &baseLat[i])
+		}
+	}
+	b.StopTimer()
+	bm, om := median(baseLat), median(opLat)
+	b.ReportMetric(float64(bm), "base-p50-ns")
+	b.ReportMetric(float64(om), "op-p50-ns")
+	b.ReportMetric(float64(om)/float64(bm), "x-base")
 }
 
 func setupSelect1Pinned(b *testing.B, e pgEnv) func(ctx context.Context) error {
@@ -486,4 +523,55 @@ func literalize(q string, vals ...string) string {
 		q = strings.ReplaceAll(q, fmt.Sprintf("$%d", i), vals[i-1])
 	}
 	return q
+}
+
+// setupRawPoolWorker is raw_pool_ask_nowatch with the unlock handed to a
+// worker goroutine that lives as long as the benchmark instead of a fresh
+// goroutine per statement: what a per-connection worker would cost.
+func setupRawPoolWorker(b *testing.B, e pgEnv) func(ctx context.Context) error {
+	key := strconv.FormatInt(advisorylock.Key(lockName(b, "raw")), 10)
+	try := "SELECT pg_try_advisory_lock(" + key + ")"
+	unlock := "SELECT pg_advisory_unlock(" + key + ")"
+	type job struct {
+		conn *sql.Conn
+		out  chan error
+	}
+	jobs := make(chan job)
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case j := <-jobs:
+				var ok bool
+				j.out <- j.conn.QueryRowContext(context.Background(), unlock).Scan(&ok)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	b.Cleanup(func() { close(stop) })
+	out := make(chan error, 1)
+	return func(ctx context.Context) error {
+		conn, err := e.db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		var ok bool
+		if err := conn.QueryRowContext(ctx, try).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return errNotGranted
+		}
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		jobs <- job{conn, out}
+		select {
+		case err := <-out:
+			return err
+		case <-uctx.Done():
+			return uctx.Err()
+		}
+	}
 }

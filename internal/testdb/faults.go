@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -151,7 +152,8 @@ func WithParam(dsn, key, value string) string {
 		}
 		q := u.Query()
 		q.Set(key, value)
-		u.RawQuery = q.Encode()
+		// %20, not +, for a space: pgx reads a + in a URL as a plus sign.
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 		return u.String()
 	}
 	kv, err := parseKeyValue(dsn)

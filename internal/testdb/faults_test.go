@@ -8,7 +8,7 @@ import (
 
 func TestWithParamSetsOneParameterInEitherForm(t *testing.T) {
 	for _, tc := range []struct{ dsn, want string }{
-		{"postgres://u@h:5432/db?sslmode=disable", "postgres://u@h:5432/db?application_name=app+x&sslmode=disable"},
+		{"postgres://u@h:5432/db?sslmode=disable", "postgres://u@h:5432/db?application_name=app%20x&sslmode=disable"},
 		{"host=h port=5432 dbname=db", "application_name='app x' dbname=db host=h port=5432"},
 		{"host='unterminated", "host='unterminated"},
 	} {

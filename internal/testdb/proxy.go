@@ -121,8 +121,10 @@ func (p *Proxy) RoundTrips() int64 { return p.rounds.Load() }
 // ResetCount sets RoundTrips back to zero.
 func (p *Proxy) ResetCount() { p.rounds.Store(0) }
 
-// heldChunks reports how many reads are waiting for Heal.
-func (p *Proxy) heldChunks() int64 { return p.held.Load() }
+// Held reports how many reads a cut holds back, waiting for Heal: above
+// zero once a statement was sent into the cut, so a test can wait for a
+// statement in flight on a dead network.
+func (p *Proxy) Held() int64 { return p.held.Load() }
 
 func (p *Proxy) takeConns(closing bool) []*proxyConn {
 	p.mu.Lock()

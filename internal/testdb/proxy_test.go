@@ -112,7 +112,7 @@ func TestProxyCutHoldsBytesUntilHeal(t *testing.T) {
 	fresh := dialLine(t, p.Addr()) // accepted during the cut
 	old.send(t, "during")
 	fresh.send(t, "new")
-	WaitFor(t, 0, func() bool { return p.heldChunks() == 2 }, "both writes held by the cut, have %d", p.heldChunks())
+	WaitFor(t, 0, func() bool { return p.Held() == 2 }, "both writes held by the cut, have %d", p.Held())
 
 	// Nothing can come back while the cut holds both requests.
 	_ = old.SetReadDeadline(time.Now())
@@ -157,7 +157,7 @@ func TestProxyCloseEndsHeldConnections(t *testing.T) {
 	c := dialLine(t, p.Addr())
 	p.Cut()
 	c.send(t, "held")
-	WaitFor(t, 0, func() bool { return p.heldChunks() == 1 }, "write not held")
+	WaitFor(t, 0, func() bool { return p.Held() == 1 }, "write not held")
 	p.Close() // returns only once every proxy goroutine has exited
 	_ = c.SetReadDeadline(time.Now().Add(DefaultWait))
 	if _, err := c.r.ReadByte(); err == nil || isTimeout(err) {
@@ -249,7 +249,7 @@ func TestProxyCutBlocksQueryUntilHeal(t *testing.T) {
 				var one int
 				done <- db.QueryRowContext(context.Background(), "SELECT 1").Scan(&one)
 			}()
-			WaitFor(t, 0, func() bool { return p.heldChunks() > 0 }, "query never reached the proxy")
+			WaitFor(t, 0, func() bool { return p.Held() > 0 }, "query never reached the proxy")
 			select {
 			case err := <-done:
 				t.Fatalf("query finished during the cut: %v", err)
@@ -331,7 +331,7 @@ func TestProxyCutHidesClientClose(t *testing.T) {
 
 	p.Cut()
 	_ = client.Close()
-	WaitFor(t, 0, func() bool { return p.heldChunks() == 1 }, "client's goodbye not held by the cut")
+	WaitFor(t, 0, func() bool { return p.Held() == 1 }, "client's goodbye not held by the cut")
 	if !alive() {
 		t.Fatal("backend ended while the cut hid the client's close")
 	}

@@ -4,7 +4,7 @@
 // versions, the exact commands) and handoff.svg (handoff latency by
 // library). Run it inside benchmarks/:
 //
-//	go run ./cmd/report           # full: 5 passes, under 10 minutes on 2 cores
+//	go run ./cmd/report           # full: 5 passes, pinned then unpinned, about 10 minutes on 2 cores
 //	go run ./cmd/report -quick    # one short pass, for development
 //	go run ./cmd/report -from results.txt   # rewrite the README from saved output
 //
@@ -22,6 +22,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,31 +38,60 @@ type group struct {
 	bench     string
 	benchtime string
 	passes    int
+	unpinned  bool // also run with nothing pinned, right after the pinned run
 }
 
-// groups returns the suite. The full run takes 5 to 8 minutes on 2 shared
-// cores; quick about a minute.
-func groups(quick bool, count int) []group {
+// knownBenchmarks are the top-level benchmarks the groups below run by
+// name; any other Benchmark function of the package runs in the group
+// "other benchmarks" (see otherGroup).
+var knownBenchmarks = []string{"BenchmarkPG", "BenchmarkSQLite", "BenchmarkPaired", "BenchmarkRoundTrips",
+	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkScaling"}
+
+// groups returns the suite; other, when not "", is the -bench expression
+// of the benchmarks no group names (see otherGroup). The full run takes
+// about 12 minutes on 2 shared cores; quick about two.
+func groups(quick bool, count int, other string) []group {
+	gs := []group{
+		{"uncontended ops", `^Benchmark(PG|SQLite)$`, "300ms", count, true},
+		{"paired ratios", `^BenchmarkPaired$`, "300x", count, true},
+		{"round trips", `^BenchmarkRoundTrips$`, "200x", 1, false},
+		{"handoff, paired with the bare handoff", `^BenchmarkHandoffPaired$`, "300x", count, true},
+		{"handoff, server-side waits", `^BenchmarkHandoff$/^(advisorylock|raw_blocking|raw_literal|migrate)$`, "300x", count, false},
+		{"handoff, 20ms pollers", `^BenchmarkHandoff$/^(leaselock|goose_table|sqlite_raw|sqlite_lock|sqlite_leaselock)$`, "40x", count, false},
+		{"handoff, goose session locker (1s)", `^BenchmarkHandoff$/^goose_session$`, "6x", min(count, 3), false},
+		{"scaling", `^BenchmarkScaling$`, "300ms", min(count, 3), false},
+	}
+	if other != "" {
+		gs = append(gs, group{"other benchmarks", other, "300ms", count, false})
+	}
 	if quick {
-		return []group{
-			{"uncontended ops", `^Benchmark(PG|SQLite)$`, "100ms", 1},
-			{"paired ratios", `^BenchmarkPaired$`, "100x", 1},
-			{"round trips", `^BenchmarkRoundTrips$`, "20x", 1},
-			{"handoff, server-side waits", `^BenchmarkHandoff$/^(advisorylock|raw_blocking|migrate)$`, "50x", 1},
-			{"handoff, 20ms pollers", `^BenchmarkHandoff$/^(leaselock|goose_table|sqlite_raw|sqlite_lock|sqlite_leaselock)$`, "10x", 1},
-			{"handoff, goose session locker (1s)", `^BenchmarkHandoff$/^goose_session$`, "3x", 1},
-			{"scaling", `^BenchmarkScaling$`, "100ms", 1},
+		short := map[string]string{"300ms": "100ms", "300x": "100x", "200x": "20x", "40x": "10x", "6x": "3x"}
+		for i := range gs {
+			gs[i].benchtime = cmp.Or(short[gs[i].benchtime], gs[i].benchtime)
+			gs[i].passes = 1
 		}
 	}
-	return []group{
-		{"uncontended ops", `^Benchmark(PG|SQLite)$`, "300ms", count},
-		{"paired ratios", `^BenchmarkPaired$`, "300x", count},
-		{"round trips", `^BenchmarkRoundTrips$`, "200x", 1},
-		{"handoff, server-side waits", `^BenchmarkHandoff$/^(advisorylock|raw_blocking|migrate)$`, "300x", count},
-		{"handoff, 20ms pollers", `^BenchmarkHandoff$/^(leaselock|goose_table|sqlite_raw|sqlite_lock|sqlite_leaselock)$`, "40x", count},
-		{"handoff, goose session locker (1s)", `^BenchmarkHandoff$/^goose_session$`, "6x", min(count, 3)},
-		{"scaling", `^BenchmarkScaling$`, "300ms", min(count, 3)},
+	return gs
+}
+
+// otherGroup lists the test binary's benchmarks and returns a -bench
+// expression for those no group names (the observer's, MySQL's, …), or
+// "" when there are none.
+func otherGroup(bin string) (string, error) {
+	out, err := exec.Command(bin, "-test.list", "^Benchmark").Output()
+	if err != nil {
+		return "", fmt.Errorf("list the benchmarks: %w", err)
 	}
+	var names []string
+	for _, name := range strings.Fields(string(out)) {
+		if strings.HasPrefix(name, "Benchmark") && !slices.Contains(knownBenchmarks, name) {
+			names = append(names, regexp.QuoteMeta(name))
+		}
+	}
+	if names == nil {
+		return "", nil
+	}
+	return "^(" + strings.Join(names, "|") + ")$", nil
 }
 
 // goTestCommand is the go test command equivalent to one pass of g.
@@ -95,6 +126,7 @@ func main() {
 	m := describeMachine(".", dsn)
 	var raw []byte
 	var suiteErr error
+	var other string // the -bench expression of the "other benchmarks" group
 	if *from != "" {
 		b, err := os.ReadFile(*from)
 		if err != nil {
@@ -108,6 +140,7 @@ func main() {
 		if n, err := strconv.Atoi(meta["report-count"]); err == nil {
 			*count = n
 		}
+		other = meta["report-other"]
 		if t, err := time.Parse(time.RFC3339, meta["report-started"]); err == nil {
 			m.Started = t
 		}
@@ -124,9 +157,8 @@ func main() {
 		pin := pinServer(dsn)
 		m.Pinning = pin.desc
 		fmt.Fprintf(&all, "report-pinning: %s\n", pin.desc)
-		out, err := runSuite(groups(*quick, *count), pin)
+		out, err := runSuite(*quick, *count, pin, &all)
 		pin.restore()
-		all.Write(out)
 		suiteErr = err
 		if out == nil {
 			log.Fatal(suiteErr)
@@ -139,16 +171,17 @@ func main() {
 			log.Fatal(err)
 		}
 		*from = *resultsPath
+		other = parseMeta(raw)["report-other"]
 	}
-	gs := groups(*quick, *count)
+	gs := groups(*quick, *count, other)
 
 	stat, err := exec.Command("go", "tool", "benchstat", *from).CombinedOutput()
 	if err != nil {
 		log.Fatalf("benchstat: %v\n%s", err, stat)
 	}
-	res := parseResults(bytes.NewReader(raw))
-	rep := newReport(res, m, gs, cmdline, string(stat), *from, filepath.Base(*svgPath), suiteErr)
-	if err := os.WriteFile(*svgPath, []byte(handoffChart(res)), 0o644); err != nil {
+	phases := parseResults(bytes.NewReader(raw))
+	rep := newReport(phases, m, gs, cmdline, string(stat), *from, filepath.Base(*svgPath), suiteErr)
+	if err := os.WriteFile(*svgPath, []byte(handoffChart(rep.res)), 0o644); err != nil {
 		log.Fatal(err)
 	}
 	if err := os.WriteFile(*readmePath, []byte(rep.markdown()), 0o644); err != nil {
@@ -161,9 +194,12 @@ func main() {
 }
 
 // runSuite builds the test binary once and runs every group, echoing the
-// output, and returns it all. A group that fails does not stop the others:
-// its error is returned with everything measured.
-func runSuite(gs []group, pin *pinning) ([]byte, error) {
+// output, into all (after a "report-other" line naming the benchmarks no
+// group names). Each group runs pinned and, if it asks, then unpinned,
+// after a "pinning: <phase>" line. A group that fails does not stop the
+// others: its error is returned with everything measured. It returns
+// nil output only when nothing could run.
+func runSuite(quick bool, count int, pin *pinning, all *bytes.Buffer) ([]byte, error) {
 	dir, err := os.MkdirTemp("", "advisorylock-bench")
 	if err != nil {
 		return nil, err
@@ -176,7 +212,12 @@ func runSuite(gs []group, pin *pinning) ([]byte, error) {
 	if err := build.Run(); err != nil {
 		return nil, fmt.Errorf("build the benchmarks: %w", err)
 	}
-	var all bytes.Buffer
+	other, err := otherGroup(bin)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(all, "report-other: %s\n", other)
+	gs := groups(quick, count, other)
 	var failed []string
 	passes := 0
 	for _, g := range gs {
@@ -187,13 +228,16 @@ func runSuite(gs []group, pin *pinning) ([]byte, error) {
 			if pass > g.passes {
 				continue
 			}
-			fmt.Fprintf(os.Stderr, "== pass %d/%d, %s: %s\n", pass, g.passes, g.name, g.goTestCommand())
-			cmd := exec.Command(bin, "-test.run", "^$", "-test.bench", g.bench, "-test.benchtime", g.benchtime,
-				"-test.count", "1", "-test.benchmem", "-test.timeout", "30m")
-			cmd.Stdout = io.MultiWriter(&all, os.Stderr)
-			cmd.Stderr = os.Stderr
-			if err := pin.run(cmd); err != nil {
-				failed = append(failed, fmt.Sprintf("%s, pass %d (%v)", g.name, pass, err))
+			for _, phase := range pin.phases(g) {
+				fmt.Fprintf(os.Stderr, "== pass %d/%d, %s, %s: %s\n", pass, g.passes, g.name, phase, g.goTestCommand())
+				fmt.Fprintf(all, "%s: %s\n", phaseKey, phase)
+				cmd := exec.Command(bin, "-test.run", "^$", "-test.bench", g.bench, "-test.benchtime", g.benchtime,
+					"-test.count", "1", "-test.benchmem", "-test.timeout", "30m")
+				cmd.Stdout = io.MultiWriter(all, os.Stderr)
+				cmd.Stderr = os.Stderr
+				if err := pin.run(cmd, phase); err != nil {
+					failed = append(failed, fmt.Sprintf("%s, pass %d, %s (%v)", g.name, pass, phase, err))
+				}
 			}
 		}
 	}

@@ -29,6 +29,7 @@ type pinning struct {
 	client     *unix.CPUSet // nil: not pinned
 	postmaster int
 	saved      unix.CPUSet // the server's affinity before
+	server     unix.CPUSet // the server's CPU while pinned
 }
 
 // pinServer pins the server at dsn, when it runs on this machine and this
@@ -66,9 +67,8 @@ func pinServer(dsn string) *pinning {
 		p.desc = "not pinned: " + err.Error()
 		return p
 	}
-	var server unix.CPUSet
-	server.Set(0)
-	if err := setTree(pm, &server); err != nil {
+	p.server.Set(0)
+	if err := setTree(pm, &p.server); err != nil {
 		p.desc = "not pinned: " + err.Error()
 		return p
 	}
@@ -85,7 +85,7 @@ func pinServer(dsn string) *pinning {
 	if n := runtime.NumCPU(); n > 2 {
 		others = fmt.Sprintf("CPUs 1–%d", n-1)
 	}
-	p.desc = "PostgreSQL's processes on CPU 0, the benchmarks on " + others + " (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time)"
+	p.desc = "PostgreSQL's processes on CPU 0, the benchmarks on " + others + " (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time); the uncontended operations and the gating pairs run again unpinned"
 	return p
 }
 
@@ -150,6 +150,13 @@ func children(pid int) []int {
 	return out
 }
 
+// pin puts the server back on its own CPU after restore.
+func (p *pinning) pin() {
+	if p.postmaster != 0 {
+		_ = setTree(p.postmaster, &p.server)
+	}
+}
+
 // restore gives the server back its affinity.
 func (p *pinning) restore() {
 	if p.postmaster != 0 {
@@ -157,10 +164,28 @@ func (p *pinning) restore() {
 	}
 }
 
-// run runs cmd on the client CPUs: a child inherits the affinity of the
-// thread that starts it.
-func (p *pinning) run(cmd *exec.Cmd) error {
+// phases returns the phases g runs in: pinned, and unpinned when g asks
+// for it; only unpinned when nothing could be pinned.
+func (p *pinning) phases(g group) []string {
+	switch {
+	case p.client == nil:
+		return []string{phaseUnpinned}
+	case g.unpinned:
+		return []string{phasePinned, phaseUnpinned}
+	}
+	return []string{phasePinned}
+}
+
+// run runs cmd in phase: pinned, on the client CPUs with the server on
+// its own (a child inherits the affinity of the thread that starts it);
+// unpinned, with the server given back its CPUs for the while.
+func (p *pinning) run(cmd *exec.Cmd, phase string) error {
 	if p.client == nil {
+		return cmd.Run()
+	}
+	if phase == phaseUnpinned {
+		p.restore()
+		defer p.pin()
 		return cmd.Run()
 	}
 	runtime.LockOSThread()

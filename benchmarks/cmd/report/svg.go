@@ -10,7 +10,7 @@ import (
 
 // handoffChart draws the handoff p50 (bar) and p99 (whisker) of every
 // handoff benchmark on a logarithmic time axis, fastest first.
-func handoffChart(res results) string {
+func handoffChart(res *results) string {
 	type bar struct {
 		label, kind string
 		p50, p99    float64 // µs

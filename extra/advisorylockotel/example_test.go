@@ -1,0 +1,22 @@
+package advisorylockotel_test
+
+import (
+	"database/sql"
+	"fmt"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/extra/advisorylockotel"
+)
+
+// The wiring the README shows: the global providers, no lock names.
+func ExampleNewObserver() {
+	db, err := sql.Open("pgx", "postgres://app@db.internal/app") // New does no I/O
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	lock, err := advisorylock.New(db, "nightly-report", advisorylock.WithObserver(advisorylockotel.NewObserver()))
+	fmt.Println(lock.Name(), err)
+	// Output: nightly-report <nil>
+}

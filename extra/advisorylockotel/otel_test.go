@@ -1,0 +1,261 @@
+package advisorylockotel_test
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/extra/advisorylockotel"
+	"github.com/advisorylock/advisorylock/internal/observetest"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(testdb.Main(m)) }
+
+// providers are an SDK meter provider with a manual reader and a tracer
+// provider with a span recorder, shut down at the test's end.
+type providers struct {
+	reader *sdkmetric.ManualReader
+	mp     *sdkmetric.MeterProvider
+	spans  *tracetest.SpanRecorder
+	tp     *sdktrace.TracerProvider
+}
+
+func newProviders(t *testing.T) *providers {
+	p := &providers{reader: sdkmetric.NewManualReader(), spans: tracetest.NewSpanRecorder()}
+	p.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader))
+	p.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(p.spans))
+	t.Cleanup(func() {
+		_ = p.mp.Shutdown(context.Background())
+		_ = p.tp.Shutdown(context.Background())
+	})
+	return p
+}
+
+func (p *providers) observer(opts ...advisorylockotel.Option) advisorylock.Observer {
+	opts = append([]advisorylockotel.Option{advisorylockotel.WithMeterProvider(p.mp), advisorylockotel.WithTracerProvider(p.tp)}, opts...)
+	return advisorylockotel.NewObserver(opts...)
+}
+
+// metrics collects the metrics, by name.
+func (p *providers) metrics(t *testing.T) map[string]metricdata.Aggregation {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := p.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]metricdata.Aggregation{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			out[m.Name] = m.Data
+		}
+	}
+	return out
+}
+
+// attrs renders an attribute set as "k=v,k=v" in key order.
+func attrs(s attribute.Set) string {
+	var out string
+	for i, kv := range s.ToSlice() {
+		if i > 0 {
+			out += ","
+		}
+		out += string(kv.Key) + "=" + kv.Value.String()
+	}
+	return out
+}
+
+// counts maps each data point's attributes to its count (histograms) or
+// value (sums); a metric not yet recorded (nil) has none.
+func counts(t *testing.T, data metricdata.Aggregation) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	switch d := data.(type) {
+	case metricdata.Histogram[float64]:
+		for _, dp := range d.DataPoints {
+			out[attrs(dp.Attributes)] = int64(dp.Count)
+			if !slices.Equal(dp.Bounds, advisorylock.DurationBuckets()) {
+				t.Errorf("histogram %s has bounds %v, want advisorylock.DurationBuckets()", attrs(dp.Attributes), dp.Bounds)
+			}
+		}
+	case metricdata.Sum[int64]:
+		for _, dp := range d.DataPoints {
+			out[attrs(dp.Attributes)] = dp.Value
+		}
+	case nil:
+	default:
+		t.Fatalf("unexpected aggregation %T", data)
+	}
+	return out
+}
+
+func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
+	p := newProviders(t)
+	db := testdb.OpenPostgres(t, "pgx")
+	observetest.PostgresScenario(t, db, p.observer(advisorylockotel.WithRootSpans(true)), observetest.Hooks{
+		WhileHeld: func(t *testing.T) {
+			held := counts(t, p.metrics(t)[advisorylockotel.MetricHeld])
+			if n := held["backend=postgres,kind=lock"]; n != 1 {
+				t.Errorf("held while one lock is held: %d, want 1", n)
+			}
+		},
+		Renewed: func() bool {
+			return counts(t, p.metrics(t)[advisorylockotel.MetricLeaseRenewDuration])["backend=postgres,outcome=renewed"] > 0
+		},
+	})
+
+	m := p.metrics(t)
+	want := map[string]map[string]int64{
+		advisorylockotel.MetricAcquireDuration: {
+			"backend=postgres,kind=lock,outcome=acquired":     2,
+			"backend=postgres,kind=lock,outcome=not_acquired": 1,
+			"backend=postgres,kind=lock,outcome=timeout":      1,
+			"backend=postgres,kind=lock,outcome=canceled":     1,
+			"backend=postgres,kind=lease,outcome=acquired":    1,
+		},
+		advisorylockotel.MetricHoldDuration: {
+			"backend=postgres,kind=lock":  2,
+			"backend=postgres,kind=lease": 1,
+		},
+		advisorylockotel.MetricHeld: {
+			"backend=postgres,kind=lock":  0,
+			"backend=postgres,kind=lease": 0,
+		},
+		advisorylockotel.MetricLost: {
+			"backend=postgres,cause=session_ended,kind=lock": 1,
+		},
+		advisorylockotel.MetricConnectionsDiscarded: {
+			"backend=postgres,reason=canceled": 1,
+			"backend=postgres,reason=lost":     1,
+		},
+	}
+	for name, series := range want {
+		got := counts(t, m[name])
+		if !maps.Equal(got, series) {
+			t.Errorf("%s: %v, want %v", name, got, series)
+		}
+	}
+	renew := counts(t, m[advisorylockotel.MetricLeaseRenewDuration])
+	if len(renew) != 1 || renew["backend=postgres,outcome=renewed"] < 1 {
+		t.Errorf("%s: %v, want renewals with outcome renewed only", advisorylockotel.MetricLeaseRenewDuration, renew)
+	}
+
+	if started, ended := len(p.spans.Started()), len(p.spans.Ended()); started != ended {
+		t.Errorf("%d spans started, %d ended", started, ended)
+	}
+	byName := map[string][]sdktrace.ReadOnlySpan{}
+	for _, s := range p.spans.Ended() {
+		byName[s.Name()] = append(byName[s.Name()], s)
+	}
+	if a, h := len(byName["advisorylock.acquire"]), len(byName["advisorylock.hold"]); a != 6 || h != 3 {
+		t.Errorf("%d acquire spans and %d hold spans, want 6 and 3", a, h)
+	}
+	waits := map[bool]int{}
+	for _, s := range byName["advisorylock.acquire"] {
+		for _, kv := range s.Attributes() {
+			if kv.Key == "wait" {
+				waits[kv.Value.AsBool()]++
+			}
+		}
+	}
+	if waits[false] != 4 || waits[true] != 2 {
+		t.Errorf("acquire spans by their wait attribute: %v, want 4 single attempts (TryLock) and 2 that may wait", waits)
+	}
+	var lostEvents int
+	for _, s := range byName["advisorylock.hold"] {
+		if s.Parent().IsValid() {
+			t.Errorf("hold span has parent %v, want the acquire's parent (none here), not the acquire span", s.Parent().SpanID())
+		}
+		for _, e := range s.Events() {
+			if e.Name == "advisorylock.lost" {
+				lostEvents++
+			}
+		}
+	}
+	if lostEvents != 1 {
+		t.Errorf("%d advisorylock.lost span events, want 1", lostEvents)
+	}
+}
+
+// TestLockNamesAreAnAttributeOnlyWhenAsked feeds one acquire to two
+// observers, one with WithLockNames(true).
+func TestLockNamesAreAnAttributeOnlyWhenAsked(t *testing.T) {
+	for _, named := range []bool{false, true} {
+		p := newProviders(t)
+		o := p.observer(advisorylockotel.WithLockNames(named))
+		info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "nightly"}
+		ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
+		ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired, Wait: time.Millisecond})
+		o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info, Held: time.Second})
+		got := counts(t, p.metrics(t)[advisorylockotel.MetricHoldDuration])
+		key := "backend=postgres,kind=lock"
+		if named {
+			key += ",name=nightly"
+		}
+		if got[key] != 1 || len(got) != 1 {
+			t.Errorf("WithLockNames(%v): hold series %v, want only %s", named, got, key)
+		}
+	}
+}
+
+// TestObserverParentsSpansOnTheCallersSpan checks that the acquire span is
+// a child of the caller's span, and the hold span its sibling.
+func TestObserverParentsSpansOnTheCallersSpan(t *testing.T) {
+	p := newProviders(t)
+	o := p.observer()
+	ctx, root := p.tp.Tracer("test").Start(context.Background(), "job")
+	info := advisorylock.LockInfo{Backend: "sqlite", Kind: advisorylock.LockKindLease, Name: "x"}
+	ctx = o.AcquireStart(ctx, advisorylock.AcquireStartEvent{LockInfo: info, Wait: true})
+	ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
+	o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
+	if !root.IsRecording() {
+		t.Fatal("the observer ended the caller's span")
+	}
+	root.End()
+	for _, s := range p.spans.Ended() {
+		if s.Name() == "advisorylock.acquire" && !slices.Contains(s.Attributes(), attribute.Bool("wait", true)) {
+			t.Errorf("acquire span of a waiting acquire has attributes %v, want wait=true", s.Attributes())
+		}
+		if s.Name() != "job" && s.Parent().SpanID() != root.SpanContext().SpanID() {
+			t.Errorf("span %s has parent %v, want the caller's span %v", s.Name(), s.Parent().SpanID(), root.SpanContext().SpanID())
+		}
+	}
+	if n := len(p.spans.Ended()); n != 3 {
+		t.Errorf("%d spans ended, want 3 (job, acquire, hold)", n)
+	}
+}
+
+// TestNoSpansOutsideATraceUnlessAsked checks that an acquire whose context
+// carries no span records metrics but starts no span, and never ends a
+// span it did not start.
+func TestNoSpansOutsideATraceUnlessAsked(t *testing.T) {
+	for _, root := range []bool{false, true} {
+		p := newProviders(t)
+		o := p.observer(advisorylockotel.WithRootSpans(root))
+		info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "x"}
+		ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
+		ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
+		o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
+		o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
+		want := 0
+		if root {
+			want = 2
+		}
+		if n := len(p.spans.Ended()); n != want {
+			t.Errorf("WithRootSpans(%v): %d spans, want %d", root, n, want)
+		}
+		if n := counts(t, p.metrics(t)[advisorylockotel.MetricLost])["backend=postgres,cause=not_held,kind=lock"]; n != 1 {
+			t.Errorf("WithRootSpans(%v): lost = %d, want 1", root, n)
+		}
+	}
+}

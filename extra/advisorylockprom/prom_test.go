@@ -1,0 +1,267 @@
+package advisorylockprom_test
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/extra/advisorylockprom"
+	"github.com/advisorylock/advisorylock/internal/observetest"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(testdb.Main(m)) }
+
+// series gathers reg and maps "metric{k=v,...}" to each series' sample
+// count (histograms) or value (gauges, counters).
+func series(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			key := f.GetName() + "{" + strings.Join(labels, ",") + "}"
+			switch f.GetType() {
+			case dto.MetricType_HISTOGRAM:
+				out[key] = float64(m.GetHistogram().GetSampleCount())
+				if !bucketsAre(m.GetHistogram(), advisorylock.DurationBuckets()) {
+					t.Errorf("%s: buckets are not advisorylock.DurationBuckets()", key)
+				}
+			case dto.MetricType_GAUGE:
+				out[key] = m.GetGauge().GetValue()
+			case dto.MetricType_COUNTER:
+				out[key] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+func bucketsAre(h *dto.Histogram, bounds []float64) bool {
+	var got []float64
+	for _, b := range h.GetBucket() {
+		got = append(got, b.GetUpperBound())
+	}
+	return slices.Equal(got, bounds)
+}
+
+func TestObserverRecordsEveryMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	obs, err := advisorylockprom.NewObserver(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := testdb.OpenPostgres(t, "pgx")
+	const renewed = "advisorylock_lease_renew_duration_seconds{backend=postgres,outcome=renewed}"
+	observetest.PostgresScenario(t, db, obs, observetest.Hooks{
+		WhileHeld: func(t *testing.T) {
+			if n := series(t, reg)["advisorylock_held{backend=postgres,kind=lock}"]; n != 1 {
+				t.Errorf("advisorylock_held while one lock is held: %v, want 1", n)
+			}
+		},
+		Renewed: func() bool { return series(t, reg)[renewed] > 0 },
+	})
+
+	got := series(t, reg)
+	want := map[string]float64{
+		"advisorylock_acquire_duration_seconds{backend=postgres,kind=lock,outcome=acquired}":     2,
+		"advisorylock_acquire_duration_seconds{backend=postgres,kind=lock,outcome=not_acquired}": 1,
+		"advisorylock_acquire_duration_seconds{backend=postgres,kind=lock,outcome=timeout}":      1,
+		"advisorylock_acquire_duration_seconds{backend=postgres,kind=lock,outcome=canceled}":     1,
+		"advisorylock_acquire_duration_seconds{backend=postgres,kind=lease,outcome=acquired}":    1,
+		"advisorylock_hold_duration_seconds{backend=postgres,kind=lock}":                         2,
+		"advisorylock_hold_duration_seconds{backend=postgres,kind=lease}":                        1,
+		"advisorylock_held{backend=postgres,kind=lock}":                                          0,
+		"advisorylock_held{backend=postgres,kind=lease}":                                         0,
+		"advisorylock_lost_total{backend=postgres,cause=session_ended,kind=lock}":                1,
+		"advisorylock_connections_discarded_total{backend=postgres,reason=canceled}":             1,
+		"advisorylock_connections_discarded_total{backend=postgres,reason=lost}":                 1,
+	}
+	if got[renewed] < 1 {
+		t.Errorf("%s = %v, want at least 1", renewed, got[renewed])
+	}
+	delete(got, renewed)
+	if !maps.Equal(got, want) {
+		t.Errorf("series:\n%s\nwant:\n%s", render(got), render(want))
+	}
+}
+
+func render(m map[string]float64) string {
+	var lines []string
+	for k, v := range m {
+		lines = append(lines, k+" "+strconv.FormatFloat(v, 'g', -1, 64))
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+// TestObserversShareARegistry checks that a second observer on one
+// registry records into the same series instead of failing.
+func TestObserversShareARegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	info := advisorylock.LockInfo{Backend: "sqlite", Kind: advisorylock.LockKindLock, Name: "x"}
+	for range 2 {
+		o, err := advisorylockprom.NewObserver(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardError})
+	}
+	if n := series(t, reg)["advisorylock_connections_discarded_total{backend=sqlite,reason=error}"]; n != 2 {
+		t.Errorf("discards through two observers on one registry: %v, want 2", n)
+	}
+}
+
+// TestObserverRefusesAClashingMetric checks that a registry holding
+// another metric under one of the names is an error, not a panic.
+func TestObserverRefusesAClashingMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: advisorylockprom.MetricHeld, Help: "not ours"}))
+	if _, err := advisorylockprom.NewObserver(reg); err == nil {
+		t.Fatal("NewObserver on a registry with a clashing advisorylock_held: no error")
+	}
+}
+
+// exported feeds one event of each kind to a fresh observer and returns
+// the labels of every metric it exports, by name.
+func exported(t *testing.T) map[string][]string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	o, err := advisorylockprom.NewObserver(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "x"}
+	ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
+	ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
+	o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
+	o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
+	o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardLost})
+	o.Renewed(advisorylock.RenewEvent{LockInfo: info, Outcome: advisorylock.OutcomeRenewed})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, f := range families {
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			out[f.GetName()] = append(out[f.GetName()], l.GetName())
+		}
+	}
+	if len(out) != 6 {
+		t.Fatalf("one event of each kind exported %d metrics, want 6: %v", len(out), out)
+	}
+	return out
+}
+
+var (
+	metricRef = regexp.MustCompile(`\badvisorylock_[a-z_]+`)
+	byClause  = regexp.MustCompile(`\bby \(([^)]*)\)`)
+)
+
+// TestDashboardQueriesNameExportedMetrics checks every query of
+// dashboard.json: it names at least one metric, every metric it names
+// (histograms by their _bucket, _count or _sum series) is exported by the
+// observer, and it groups only by labels those metrics have. Every
+// exported metric is on the dashboard.
+func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
+	metrics := exported(t)
+	raw, err := os.ReadFile("dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("dashboard.json: %v", err)
+	}
+	queries := collectQueries(doc)
+	if len(queries) < 8 {
+		t.Fatalf("dashboard.json has %d queries, want one or more per panel", len(queries))
+	}
+	used := map[string]bool{}
+	for _, q := range queries {
+		refs := metricRef.FindAllString(q, -1)
+		if len(refs) == 0 {
+			t.Errorf("query names no advisorylock metric: %s", q)
+		}
+		labels := map[string]bool{"le": true}
+		for _, ref := range refs {
+			name := exportedName(ref, metrics)
+			if name == "" {
+				t.Errorf("query names %s, which the observer does not export: %s", ref, q)
+				continue
+			}
+			used[name] = true
+			for _, l := range metrics[name] {
+				labels[l] = true
+			}
+		}
+		for _, m := range byClause.FindAllStringSubmatch(q, -1) {
+			for _, l := range strings.Split(m[1], ",") {
+				if l = strings.TrimSpace(l); !labels[l] {
+					t.Errorf("query groups by %q, a label none of its metrics has: %s", l, q)
+				}
+			}
+		}
+	}
+	for name := range metrics {
+		if !used[name] {
+			t.Errorf("metric %s is on no panel of dashboard.json", name)
+		}
+	}
+}
+
+// exportedName maps a series name in a query to the exported metric.
+func exportedName(ref string, metrics map[string][]string) string {
+	if _, ok := metrics[ref]; ok {
+		return ref
+	}
+	for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+		if base, ok := strings.CutSuffix(ref, suffix); ok {
+			if _, ok := metrics[base]; ok {
+				return base
+			}
+		}
+	}
+	return ""
+}
+
+// collectQueries returns every "expr" of the dashboard's panels and every
+// template variable's "definition".
+func collectQueries(v any) []string {
+	var out []string
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if s, ok := x.(string); ok && (k == "expr" || k == "definition") {
+				out = append(out, s)
+				continue
+			}
+			out = append(out, collectQueries(x)...)
+		}
+	case []any:
+		for _, x := range v {
+			out = append(out, collectQueries(x)...)
+		}
+	}
+	return out
+}

@@ -1,0 +1,306 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+	"github.com/lib/pq"
+)
+
+// TestObserverSeesEveryEventOnPostgres runs the shared scenario (acquire,
+// conflict, timeout, cancelled wait, release, killed session, lease
+// renewal) and checks each event, its attributes, and that a hold's
+// events carry the context its acquire's AcquireEnd returned.
+func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
+	for _, driver := range []string{"pgx", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			db := testdb.OpenPostgres(t, driver)
+			rec := &observetest.Recorder{}
+			observetest.PostgresScenario(t, db, rec, observetest.Hooks{
+				WhileHeld: func(t *testing.T) {
+					if n, r := len(rec.Events("AcquireEnd")), len(rec.Events("Released")); n != 1 || r != 0 {
+						t.Errorf("while A is held: %d acquires ended, %d releases; want 1, 0", n, r)
+					}
+				},
+				Renewed: func() bool { return rec.Count("Renewed", "renewed") > 0 },
+			})
+
+			for _, e := range rec.Events() {
+				if e.Info.Backend != "postgres" || e.Info.Name == "" {
+					t.Errorf("%s event describes %+v, want backend postgres and the lock's name", e.Method, e.Info)
+				}
+			}
+			wantOutcomes := map[advisorylock.LockKind]map[string]int{
+				advisorylock.LockKindLock:  {"acquired": 2, "not_acquired": 1, "timeout": 1, "canceled": 1},
+				advisorylock.LockKindLease: {"acquired": 1},
+			}
+			got := map[advisorylock.LockKind]map[string]int{}
+			starts := map[int]bool{}
+			for _, e := range rec.Events("AcquireStart") {
+				starts[e.Span] = true
+			}
+			for _, e := range rec.Events("AcquireEnd") {
+				if got[e.Info.Kind] == nil {
+					got[e.Info.Kind] = map[string]int{}
+				}
+				got[e.Info.Kind][e.Value]++
+				if !starts[e.Span] {
+					t.Errorf("AcquireEnd %s did not get AcquireStart's context", e.Value)
+				}
+				if (e.Err == nil) != (e.Value == "acquired") {
+					t.Errorf("AcquireEnd %s with err %v", e.Value, e.Err)
+				}
+			}
+			for kind, want := range wantOutcomes {
+				for outcome, n := range want {
+					if got[kind][outcome] != n {
+						t.Errorf("acquires of kind %s with outcome %s: %d, want %d (all: %v)", kind, outcome, got[kind][outcome], n, got)
+					}
+				}
+			}
+
+			released := rec.Events("Released")
+			if len(released) != 3 {
+				t.Fatalf("%d Released events, want 3: %+v", len(released), released)
+			}
+			granted := map[int]bool{}
+			for _, e := range rec.Events("AcquireEnd") {
+				if e.Value == "acquired" {
+					granted[e.Span] = true
+				}
+			}
+			for _, e := range released {
+				if !granted[e.Span] || e.Value != "" || e.Err != nil || e.Took <= 0 {
+					t.Errorf("Released %+v: want a granted acquire's context, not forgotten, no error, a hold time", e)
+				}
+			}
+			if k := released[2].Info.Kind; k != advisorylock.LockKindLease {
+				t.Errorf("last release is of kind %s, want lease", k)
+			}
+
+			lost := rec.Events("Lost")
+			if len(lost) != 1 || lost[0].Value != string(advisorylock.LossSessionEnded) || !errors.Is(lost[0].Err, advisorylock.ErrLockLost) {
+				t.Fatalf("Lost events %+v, want one session_ended with ErrLockLost", lost)
+			}
+			if lost[0].Span != released[1].Span {
+				t.Errorf("Lost came with acquire %d's context, the lost lock's release with %d", lost[0].Span, released[1].Span)
+			}
+
+			c, l, n := rec.Count("Discarded", "canceled"), rec.Count("Discarded", "lost"), len(rec.Events("Discarded"))
+			if driver == "postgres" {
+				// lib/pq's cancel request may miss answerGrace on a loaded
+				// machine: the statement is then abandoned, not answered.
+				c += rec.Count("Discarded", "no_answer")
+			}
+			if c != 1 || l != 1 || n != 2 {
+				t.Errorf("discards: %d canceled, %d lost, %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events("Discarded"))
+			}
+			for _, e := range rec.Events("Renewed") {
+				if e.Info.Kind != advisorylock.LockKindLease || e.Value != "renewed" || e.Took <= 0 || e.Err != nil {
+					t.Errorf("Renewed %+v: want a lease renewed, with its latency", e)
+				}
+			}
+		})
+	}
+}
+
+// TestObserverSeesLockRowsOnSQLite checks the events of a Lock kept as a
+// lease row (SQLite): acquire, conflict, renewal, release; no connection
+// is pinned, so none is discarded.
+func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	rec := &observetest.Recorder{}
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec), advisorylock.WithLeaseTTL(time.Second))
+	ctx := context.Background()
+	g, err := l.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("second TryLock: %v, want ErrNotAcquired", err)
+	}
+	testdb.WaitFor(t, 0, func() bool { return rec.Count("Renewed", "renewed") > 0 }, "no renewal of the lock row observed")
+	mustRelease(t, g)
+
+	if a, n := rec.Count("AcquireEnd", "acquired"), rec.Count("AcquireEnd", "not_acquired"); a != 1 || n != 1 {
+		t.Errorf("acquires: %d acquired, %d not_acquired; want 1, 1", a, n)
+	}
+	if r := rec.Events("Released"); len(r) != 1 || r[0].Took <= 0 {
+		t.Errorf("Released events %+v, want one with a hold time", r)
+	}
+	if d := rec.Events("Discarded"); len(d) != 0 {
+		t.Errorf("discards on SQLite: %+v, want none", d)
+	}
+	for _, e := range rec.Events() {
+		if e.Info.Backend != "sqlite" || e.Info.Kind != advisorylock.LockKindLock {
+			t.Errorf("%s event describes %+v, want backend sqlite, kind lock", e.Method, e.Info)
+		}
+	}
+}
+
+// TestObserverSeesAForgottenGuard checks that a Guard collected without
+// Release ends its hold for the Observer (Released, forgotten) and
+// discards its connection.
+func TestObserverSeesAForgottenGuard(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	rec := &observetest.Recorder{}
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec))
+	func() {
+		if _, err := l.TryLock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	testdb.WaitFor(t, 0, func() bool {
+		runtime.GC()
+		return rec.Count("Released", "forgotten") == 1
+	}, "forgotten guard's hold never ended for the observer")
+	if n := rec.Count("Discarded", "forgotten"); n != 1 {
+		t.Errorf("%d discards for a forgotten guard, want 1", n)
+	}
+}
+
+// TestObserverAddsNoAllocation checks that an Observer that keeps nothing
+// costs TryLock+Release no allocation: the events are built on the stack.
+func TestObserverAddsNoAllocation(t *testing.T) {
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	ctx := context.Background()
+	allocs := func(opts ...advisorylock.Option) float64 {
+		l := newLock(t, db, testdb.UniqueName(t), opts...)
+		return testing.AllocsPerRun(200, func() {
+			g, err := l.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustRelease(t, g)
+		})
+	}
+	allocs() // warm the pool and the schema
+	bare, observed := allocs(), allocs(advisorylock.WithObserver(advisorylock.NoopObserver{}))
+	if observed > bare {
+		t.Errorf("TryLock+Release: %.0f allocations with a no-op Observer, %.0f without", observed, bare)
+	}
+}
+
+// TestObserverSeesALeaseLoss expires a lease by its clock and lets another
+// holder take it over: the first holder's keeper reports the loss, with
+// the lease's kind and a lease cause (which of the two it notices first,
+// the local deadline or the renewal's refusal, is a race of timers).
+func TestObserverSeesALeaseLoss(t *testing.T) {
+	const ttl = time.Second
+	path := testdb.SQLitePath(t)
+	open := func() *sql.DB {
+		return testdb.OpenSQLite(t, path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	}
+	clock := testdb.NewFakeClock()
+	rec := &observetest.Recorder{}
+	name := testdb.UniqueName(t)
+	opts := []advisorylock.Option{advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock), advisorylock.WithObserver(rec)}
+	first := newLeaseLock(t, open(), name, opts...)
+	second := newLeaseLock(t, open(), name, opts...)
+	g := tryLease(t, first)
+	clock.Add(ttl)
+	h := tryLease(t, second)
+	defer releaseLease(t, h)
+	select {
+	case <-g.Lost():
+	case <-time.After(leaseWait):
+		t.Fatal("the expired holder's Lost() never closed")
+	}
+	releaseLease(t, g)
+
+	lost := rec.Events("Lost")
+	if len(lost) != 1 || lost[0].Info.Kind != advisorylock.LockKindLease || lost[0].Info.Backend != "sqlite" ||
+		(lost[0].Value != string(advisorylock.LossExpired) && lost[0].Value != string(advisorylock.LossTakenOver)) ||
+		!errors.Is(lost[0].Err, advisorylock.ErrLeaseLost) {
+		t.Fatalf("Lost events %+v, want one for the lease, expired or taken_over, with ErrLeaseLost", lost)
+	}
+	if lost[0].Value == string(advisorylock.LossTakenOver) && rec.Count("Renewed", "lost") != 1 {
+		t.Errorf("taken over, but renewals say %+v", rec.Events("Renewed"))
+	}
+	if a := rec.Count("AcquireEnd", "acquired"); a != 2 {
+		t.Errorf("%d grants observed, want 2", a)
+	}
+	if r := rec.Events("Released"); len(r) != 1 || r[0].Span != lost[0].Span {
+		t.Errorf("Released %+v: want the lost lease's release, with its acquire's context", r)
+	}
+}
+
+// TestObserverLearnsTheBackendOfAWrappedDriver checks the one case where
+// a lock does not know its backend before its first use (a driver wrapped
+// by instrumentation): the first AcquireStart says "unknown", and every
+// later event names the backend the first use found.
+func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
+	registerWrapped.Do(func() { sql.Register("wrapped-pq", wrappedDriver{&pq.Driver{}}) })
+	db, err := sql.Open("wrapped-pq", testdb.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rec := &observetest.Recorder{}
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec))
+	for range 2 {
+		g, err := l.TryLock(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRelease(t, g)
+	}
+	var backends []string
+	for _, e := range rec.Events() {
+		backends = append(backends, e.Method+":"+e.Info.Backend)
+	}
+	want := []string{"AcquireStart:unknown", "AcquireEnd:postgres", "Released:postgres",
+		"AcquireStart:postgres", "AcquireEnd:postgres", "Released:postgres"}
+	if !slices.Equal(backends, want) {
+		t.Errorf("events %v, want %v", backends, want)
+	}
+}
+
+// TestObserverSeesANetworkCut cuts the network under a held lock: the
+// keep-alive gets no answer (cause no_answer). Where the driver does not
+// end a statement with its context (lib/pq), the check is abandoned and
+// its connection discarded for no_answer; pgx ends it, and the release of
+// the lost lock discards the connection for "lost".
+func TestObserverSeesANetworkCut(t *testing.T) {
+	for _, driver := range []string{"pgx", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			db, proxy := testdb.OpenPostgresProxied(t, driver)
+			rec := &observetest.Recorder{}
+			l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec),
+				advisorylock.WithKeepAlive(50*time.Millisecond), advisorylock.WithReleaseTimeout(300*time.Millisecond))
+			g, err := l.TryLock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy.Cut()
+			defer proxy.Heal()
+			select {
+			case <-g.Lost():
+			case <-time.After(testdb.DefaultWait):
+				t.Fatal("the cut was not reported as a loss")
+			}
+			_ = g.Release(context.Background())
+			if lost := rec.Events("Lost"); len(lost) != 1 || lost[0].Value != string(advisorylock.LossNoAnswer) {
+				t.Fatalf("Lost events %+v, want one no_answer", lost)
+			}
+			want := "lost"
+			if driver == "postgres" {
+				want = "no_answer"
+			}
+			if d := rec.Events("Discarded"); len(d) != 1 || d[0].Value != want {
+				t.Errorf("discards %+v, want one %s", d, want)
+			}
+			if r := rec.Events("Released"); len(r) != 1 {
+				t.Errorf("Released events %+v, want one", r)
+			}
+		})
+	}
+}

@@ -1,0 +1,520 @@
+package advisorylock_test
+
+// Tests for PostgreSQL in production (SPEC 9.2, issue 13) and fencing
+// tokens across a failover (SPEC 9.9, issue 21), against the real thing:
+// a streaming hot standby, an iptables blackhole, a short
+// statement_timeout, an exhausted pool.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// firstUse runs op on a lock made by mk, and returns the error of
+// whichever refused: the constructor or the first operation (checks that
+// need the server run at the first operation).
+func firstUse[L any](mk func() (L, error), op func(L) error) error {
+	l, err := mk()
+	if err != nil {
+		return err
+	}
+	return op(l)
+}
+
+func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
+	primary := testdb.OwnCluster(t)
+	standby := testdb.StandbyOf(t, primary)
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgresDSN(t, drv, standby.DSN)
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			name := testdb.UniqueName(t)
+			wantStandby := func(what string, err error) {
+				t.Helper()
+				if !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "standby") {
+					t.Fatalf("%s on a hot standby = %v, want ErrUnsupported saying hot standby", what, err)
+				}
+				if !strings.Contains(err.Error(), name) {
+					t.Fatalf("%s: error %q does not name the lock", what, err)
+				}
+			}
+			mkLock := func() (*advisorylock.Lock, error) { return advisorylock.New(db, name) }
+			wantStandby("TryLock", firstUse(mkLock, func(l *advisorylock.Lock) error {
+				g, err := l.TryLock(ctx)
+				if g != nil {
+					_ = g.Release(ctx)
+				}
+				return err
+			}))
+			wantStandby("LockTimeout", firstUse(mkLock, func(l *advisorylock.Lock) error {
+				g, err := l.LockTimeout(ctx, time.Second)
+				if g != nil {
+					_ = g.Release(ctx)
+				}
+				return err
+			}))
+			wantStandby("LeaseLock.TryLock", firstUse(func() (*advisorylock.LeaseLock, error) { return advisorylock.NewLeaseLock(db, name) },
+				func(l *advisorylock.LeaseLock) error {
+					g, err := l.TryLock(ctx)
+					if g != nil {
+						_ = g.Release(ctx)
+					}
+					return err
+				}))
+			if n := testdb.AdvisoryLocks(t, testdb.OpenPostgresDSN(t, "postgres", standby.DSN), nil); n != 0 {
+				t.Fatalf("%d advisory locks left on the standby, want 0", n)
+			}
+		})
+	}
+}
+
+func TestVanishedHolderIsFreedWithinTheDeadHolderTimeout(t *testing.T) {
+	testdb.RequireIptables(t)
+	const d = 3 * time.Second
+	opts := []advisorylock.Option{advisorylock.WithDeadHolderTimeout(d), advisorylock.WithKeepAlive(time.Second), advisorylock.WithReleaseTimeout(time.Second)}
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		dsn := testdb.PostgresDSN(t)
+		holderDB, waiterDB := testdb.OpenPostgres(t, drv), testdb.OpenPostgres(t, drv)
+		name := testdb.UniqueName(t)
+		holder, waiter := newLockOpts(t, holderDB, name, opts...), newLockOpts(t, waiterDB, name, opts...)
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		g, err := holder.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = g.Release(context.Background()) }()
+		h, err := waiter.Holder(ctx)
+		if err != nil || h == nil || h.PID == 0 {
+			t.Fatalf("Holder = %+v, %v; want the holder's session", h, err)
+		}
+		testdb.Blackhole(t, testdb.Port(t, dsn), testdb.ClientPort(t, testdb.OpenPostgres(t, "postgres"), h.PID))
+		start := time.Now()
+		wg, err := waiter.LockTimeout(ctx, 3*d)
+		if err != nil {
+			t.Fatalf("waiter: %v after %v; the vanished holder kept its lock (promise: freed within about %v)", err, time.Since(start), d)
+		}
+		t.Logf("waiter got the lock %v after the holder vanished", time.Since(start))
+		defer func() { _ = wg.Release(context.Background()) }()
+		select {
+		case <-g.Lost():
+		case <-time.After(wait):
+			t.Fatal("the vanished holder's Lost() never closed")
+		}
+	})
+}
+
+func TestDeadHolderTimeoutMustExceedKeepAlivePlusReleaseTimeout(t *testing.T) {
+	db := testdb.OpenPostgres(t, "postgres")
+	for _, opts := range [][]advisorylock.Option{
+		{advisorylock.WithDeadHolderTimeout(15 * time.Second)}, // = 10s keep-alive + 5s release
+		{advisorylock.WithDeadHolderTimeout(5 * time.Second), advisorylock.WithKeepAlive(5 * time.Second)},
+	} {
+		if _, err := advisorylock.New(db, testdb.UniqueName(t), opts...); err == nil || !strings.Contains(err.Error(), "WithDeadHolderTimeout") {
+			t.Fatalf("New with a dead-holder timeout not above keep-alive + release timeout = %v, want an error naming WithDeadHolderTimeout", err)
+		}
+	}
+	if _, err := advisorylock.New(db, testdb.UniqueName(t), advisorylock.WithDeadHolderTimeout(0)); err != nil {
+		t.Fatalf("WithDeadHolderTimeout(0) leaves the server's settings: %v", err)
+	}
+}
+
+func TestPinnedSessionGetsDeadHolderSettings(t *testing.T) {
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		for _, checks := range []bool{true, false} {
+			db := testdb.OpenPostgres(t, drv)
+			db.SetMaxOpenConns(1) // the guard's pinned connection is the pool's only one
+			l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithDeadHolderTimeout(20*time.Second), advisorylock.WithServerChecks(checks))
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			for range 2 { // a new session, then one that has the settings
+				g, err := l.TryLock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var userTimeout, idle, idleSession string
+			err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle'), current_setting('idle_session_timeout')").Scan(&userTimeout, &idle, &idleSession)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if userTimeout != "15000" || idle != "5" || idleSession != "0" {
+				t.Fatalf("server checks %v: after a hold the session has tcp_user_timeout=%s tcp_keepalives_idle=%s idle_session_timeout=%s; want 15000, 5, 0", checks, userTimeout, idle, idleSession)
+			}
+			if key := l.Key(); testdb.AdvisoryLocks(t, testdb.OpenPostgres(t, "postgres"), &key) != 0 {
+				t.Fatal("the lock is still held after the releases")
+			}
+		}
+	})
+}
+
+func TestShortStatementTimeoutDoesNotBreakLock(t *testing.T) {
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		dsn := testdb.WithParam(testdb.PostgresDSN(t), "options", "-c statement_timeout=300")
+		holderDB, waiterDB := testdb.OpenPostgresDSN(t, drv, dsn), testdb.OpenPostgresDSN(t, drv, dsn)
+		name := testdb.UniqueName(t)
+		holder, waiter := newLockOpts(t, holderDB, name), newLockOpts(t, waiterDB, name)
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		g, err := holder.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released := make(chan error, 1)
+		time.AfterFunc(1500*time.Millisecond, func() { released <- g.Release(context.Background()) })
+		wg, err := waiter.LockTimeout(ctx, 6*time.Second)
+		if err != nil {
+			t.Fatalf("LockTimeout with statement_timeout=300ms while the holder releases at 1.5s: %v", err)
+		}
+		if err := <-released; err != nil {
+			t.Fatal(err)
+		}
+		if err := wg.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestLockTimeoutHoldsOnADeadNetworkWithAWarmConnection(t *testing.T) {
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		db, proxy := testdb.OpenPostgresProxied(t, drv)
+		db.SetMaxIdleConns(2)
+		l := newLockOpts(t, db, testdb.UniqueName(t))
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		if err := db.PingContext(ctx); err != nil { // a warm connection in the pool
+			t.Fatal(err)
+		}
+		proxy.Cut()
+		defer proxy.Heal()
+		const d = time.Second
+		start := time.Now()
+		g, err := l.LockTimeout(ctx, d)
+		took := time.Since(start)
+		if g != nil {
+			t.Fatal("acquired over a dead network")
+		}
+		if !errors.Is(err, advisorylock.ErrTimeout) {
+			t.Fatalf("LockTimeout on a dead network = %v, want a *TimeoutError", err)
+		}
+		if took > 3*d {
+			t.Fatalf("LockTimeout(%v) on a dead network returned after %v, want no later than about %v", d, took, d)
+		}
+	})
+}
+
+// holdOnlyConnection checks out db's only connection (SetMaxOpenConns(1))
+// and returns it to the pool at t.Cleanup.
+func holdOnlyConnection(t *testing.T, db *sql.DB) {
+	t.Helper()
+	db.SetMaxOpenConns(1)
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+}
+
+// returnsWithin runs f and fails the test if it has not returned after
+// limit (the goroutine is left to finish at cleanup, when the pool
+// frees up).
+func returnsWithin(t *testing.T, limit time.Duration, what string, f func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		t.Errorf("%s still waiting after %v", what, limit)
+		return nil
+	}
+}
+
+func TestTryLockDoesNotWaitForAnExhaustedPool(t *testing.T) {
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		db := testdb.OpenPostgres(t, drv)
+		name := testdb.UniqueName(t)
+		session := newLockOpts(t, db, name)
+		lease := newLeaseLock(t, db, name, advisorylock.WithPoolWait(300*time.Millisecond))
+		holdOnlyConnection(t, db)
+		for what, try := range map[string]func() error{
+			"TryLock (default pool wait 1s)": func() error { _, err := session.TryLock(context.Background()); return err },
+			"TryDo (default pool wait 1s)": func() error {
+				_, err := session.TryDo(context.Background(), func(context.Context) error { return nil })
+				return err
+			},
+			"LeaseLock.TryLock (pool wait 300ms)": func() error { _, err := lease.TryLock(context.Background()); return err },
+		} {
+			err := returnsWithin(t, 3*time.Second, what, try)
+			if t.Failed() {
+				return
+			}
+			if !errors.Is(err, advisorylock.ErrPoolUnavailable) {
+				t.Fatalf("%s on an exhausted pool = %v, want ErrPoolUnavailable", what, err)
+			}
+		}
+	})
+}
+
+func TestTokensOnlyGrowWhenLeaseRowsAreDeleted(t *testing.T) {
+	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
+		db := b.open(t)
+		name := testdb.UniqueName(t)
+		l := newLeaseLock(t, db, name)
+		var last advisorylock.FencingToken
+		for i := range 3 {
+			g := tryLease(t, l)
+			if g.Token() <= last {
+				t.Fatalf("grant %d after deleting the row: token %d, want more than %d", i+1, g.Token(), last)
+			}
+			last = g.Token()
+			releaseLease(t, g)
+			if _, err := db.ExecContext(context.Background(), "DELETE FROM advisorylock_leases WHERE name = "+b.bindVar, name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+func TestReleasedLeaseReadsAsLostInEveryCopy(t *testing.T) {
+	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
+		l := newLeaseLock(t, b.open(t), testdb.UniqueName(t))
+		g := tryLease(t, l)
+		lease := g.Lease()
+		if lease.IsLost() || isDone(lease.Lost()) {
+			t.Fatal("a held lease reads as lost")
+		}
+		releaseLease(t, g)
+		if !lease.IsLost() || !isDone(lease.Lost()) || !g.IsLost() || !isDone(g.Lost()) {
+			t.Fatalf("after Release: lease IsLost=%v Lost closed=%v, guard IsLost=%v; want lost everywhere", lease.IsLost(), isDone(lease.Lost()), g.IsLost())
+		}
+		// Do returns fn's result for a section that ended normally, never
+		// a LeaseLostError caused by its own release.
+		if err := l.Do(context.Background(), func(context.Context, advisorylock.Lease) error { return nil }); err != nil {
+			t.Fatalf("Do of a section that ended normally = %v, want nil", err)
+		}
+	})
+}
+
+func TestForgottenLeaseReadsAsLost(t *testing.T) {
+	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
+		l := newLeaseLock(t, b.open(t), testdb.UniqueName(t))
+		lease := forgetLease(t, l)
+		testdb.WaitFor(t, wait, func() bool {
+			runtime.GC()
+			return lease.IsLost() && isDone(lease.Lost())
+		}, "a forgotten guard's lease still reads as held")
+	})
+}
+
+// forgetLease takes a lease and drops its guard, keeping a copy of the
+// lease only.
+func forgetLease(t *testing.T, l *advisorylock.LeaseLock) advisorylock.Lease {
+	g := tryLease(t, l)
+	return g.Lease()
+}
+
+func TestReleasedSessionGuardReadsAsLost(t *testing.T) {
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		l := newLockOpts(t, testdb.OpenPostgres(t, drv), testdb.UniqueName(t))
+		g, err := l.TryLock(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost := g.Lost()
+		if err := g.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if !isDone(lost) {
+			t.Fatal("a released Guard's Lost() is still open")
+		}
+		if err := l.Do(context.Background(), func(context.Context) error { return nil }); err != nil {
+			t.Fatalf("Do of a section that ended normally = %v, want nil", err)
+		}
+	})
+}
+
+func TestDetectPoolerReturnsItsConnectionWhenTheContextEndsAtCheckout(t *testing.T) {
+	db := testdb.OpenPostgres(t, "postgres")
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := advisorylock.DetectPooler(ctx, cancelAfterConn{DB: db, cancel: cancel})
+	if err == nil {
+		t.Fatal("DetectPooler with a context that ended at checkout reported no error")
+	}
+	testdb.WaitFor(t, wait, func() bool { return db.Stats().InUse == 0 }, "DetectPooler leaked %d connections out of the pool", db.Stats().InUse)
+}
+
+// cancelAfterConn ends the caller's context just after each checkout
+// returns, as a deadline that falls then would.
+type cancelAfterConn struct {
+	*sql.DB
+	cancel context.CancelFunc
+}
+
+func (c cancelAfterConn) Conn(ctx context.Context) (*sql.Conn, error) {
+	conn, err := c.DB.Conn(ctx)
+	c.cancel()
+	return conn, err
+}
+
+func TestLeaseWaitersBackOffAndStillSeeAnEarlyRelease(t *testing.T) {
+	db, proxy := testdb.OpenPostgresProxied(t, "pgx")
+	holderDB := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	holder, waiter := newLeaseLock(t, holderDB, name), newLeaseLock(t, db, name)
+	g := tryLease(t, holder)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	const held = 3 * time.Second
+	var releasedAt time.Time
+	time.AfterFunc(held, func() {
+		releasedAt = time.Now()
+		_ = g.Release(context.Background())
+	})
+	proxy.ResetCount()
+	wg, err := waiter.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := time.Since(releasedAt)
+	defer releaseLease(t, wg)
+	polls := proxy.RoundTrips()
+	// At a fixed 20ms a waiter polls 150 times in 3s; backing off it
+	// polls a few dozen times at most.
+	if polls > 60 {
+		t.Fatalf("a lease waiter sent %d statements in %v, want it to back off (at most 60)", polls, held)
+	}
+	if seen > 2*time.Second {
+		t.Fatalf("a lease released early was seen %v later, want within the poll cap", seen)
+	}
+	t.Logf("%d statements while waiting %v; release seen after %v", polls, held, seen)
+}
+
+func TestTokensStrictlyIncreaseAcrossAFailoverWithALaggingStandby(t *testing.T) {
+	primary := testdb.OwnCluster(t)
+	standby := testdb.StandbyOf(t, primary)
+	name := testdb.UniqueName(t)
+	grant := func(db *sql.DB) advisorylock.FencingToken {
+		t.Helper()
+		g := tryLease(t, newLeaseLock(t, db, name))
+		releaseLease(t, g)
+		return g.Token()
+	}
+	oldDB := testdb.OpenPostgresDSN(t, "postgres", primary.DSN)
+	issued := []advisorylock.FencingToken{grant(oldDB)}
+	standby.CatchUp(t, primary)
+	standby.StopReceiving(t) // asynchronous replication falls behind
+	issued = append(issued, grant(oldDB), grant(oldDB))
+	last := issued[len(issued)-1]
+
+	// The fenced resource lives elsewhere and survives the failover.
+	resourceDB := testdb.OpenPostgres(t, "pgx")
+	fence, err := advisorylock.NewFence(resourceDB, testdb.UniqueName(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fenceAdmit(t, resourceDB, fence, last); err != nil {
+		t.Fatalf("admitting the old primary's last token %d: %v", last, err)
+	}
+
+	primary.Crash(t)
+	standby.Promote(t)
+	newDB := testdb.OpenPostgresDSN(t, "pgx", standby.DSN)
+	next := grant(newDB)
+	for _, old := range issued {
+		if next <= old {
+			t.Fatalf("the promoted standby granted token %d, not above %d that the old primary issued (issued %v)", next, old, issued)
+		}
+	}
+	if err := fenceAdmit(t, resourceDB, fence, next); err != nil {
+		t.Fatalf("the fence that admitted %d refuses the new holder's %d: %v", last, next, err)
+	}
+	for _, old := range issued {
+		if err := fenceAdmit(t, resourceDB, fence, old); !errors.Is(err, advisorylock.ErrStaleToken) {
+			t.Fatalf("the fence admitted the old primary's token %d after %d: %v", old, next, err)
+		}
+	}
+	if again := grant(newDB); again <= next {
+		t.Fatalf("after the failover tokens went %d then %d, want strictly increasing", next, again)
+	}
+}
+
+func newLockOpts(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Lock {
+	t.Helper()
+	l, err := advisorylock.New(db, name, opts...)
+	if err != nil {
+		t.Fatalf("New(%.40q): %v", name, err)
+	}
+	return l
+}
+
+// A forgotten session guard's cleanup runs in the runtime's one cleanup
+// goroutine; if it waited there for its keep-alive check, stuck on a dead
+// network, every other cleanup of the process would wait too.
+func TestForgottenGuardOnADeadNetworkDelaysNoOtherCleanup(t *testing.T) {
+	db, proxy := testdb.OpenPostgresProxied(t, "postgres")
+	started := make(chan struct{}, 1)
+	logger := slog.New(signalHandler{on: "never released", ch: started})
+	const relTO = 3 * time.Second
+	l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(20*time.Millisecond),
+		advisorylock.WithReleaseTimeout(relTO), advisorylock.WithDeadHolderTimeout(0), advisorylock.WithLogger(logger))
+	forgetGuard(t, l)
+	proxy.Cut()
+	defer proxy.Heal()
+	testdb.WaitFor(t, wait, func() bool { return proxy.Held() > 0 }, "no keep-alive check went into the cut")
+	testdb.WaitFor(t, wait, func() bool {
+		runtime.GC()
+		return len(started) > 0
+	}, "the forgotten guard's cleanup never ran")
+
+	lease := forgetLease(t, newLeaseLock(t, testdb.OpenSQLite(t, testdb.SQLitePath(t), ""), testdb.UniqueName(t)))
+	start := time.Now()
+	testdb.WaitFor(t, wait, func() bool {
+		runtime.GC()
+		return lease.IsLost()
+	}, "a forgotten lease's cleanup never ran")
+	if took := time.Since(start); took > relTO/2 {
+		t.Fatalf("another guard's cleanup ran %v later: the cleanup goroutine waited for a keep-alive check on a dead network", took)
+	}
+}
+
+// forgetGuard takes l and drops its guard.
+func forgetGuard(t *testing.T, l *advisorylock.Lock) {
+	if _, err := l.TryLock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// signalHandler is a slog.Handler that signals ch when a record's message
+// contains on.
+type signalHandler struct {
+	on string
+	ch chan struct{}
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h signalHandler) WithGroup(string) slog.Handler            { return h }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.on) {
+		select {
+		case h.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}

@@ -1,0 +1,282 @@
+package advisorylock_test
+
+// Schema versions, least privilege and look-alike servers (SPEC 9.10).
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// roundOnePostgres is the PostgreSQL schema the first round of the package
+// created, before schema versions: what a database upgraded in place holds.
+var roundOnePostgres = []string{
+	`CREATE TABLE advisorylock_leases (name text PRIMARY KEY, owner text, generation bigint NOT NULL, acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL)`,
+	`CREATE TABLE advisorylock_fences (resource text PRIMARY KEY, token bigint NOT NULL)`,
+	`INSERT INTO advisorylock_leases VALUES ('report', NULL, 41, now(), now()), ('held', 'old-host:1/0123456789abcdef', 7, now(), now() + interval '1 hour')`,
+	`INSERT INTO advisorylock_fences VALUES ('report-file', 41)`,
+}
+
+// roundOneAcquire is round one's acquire statement, as a process still
+// running the old code sends it during a rolling upgrade.
+const roundOneAcquire = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
+VALUES ('report', 'old-host:1/fedcba9876543210', 1, now(), now() + interval '30 seconds')
+ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = l.generation + 1,
+	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+WHERE l.owner IS NULL OR l.expires_at <= now()
+RETURNING generation`
+
+func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "postgres")
+	dsn := testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
+	old := testdb.OpenPostgresDSN(t, "postgres", dsn)
+	ctx := context.Background()
+	for _, s := range roundOnePostgres {
+		if _, err := old.ExecContext(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Several processes running the new code start at once.
+	var wg sync.WaitGroup
+	tokens := make(chan advisorylock.FencingToken, 4)
+	errs := make(chan error, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db := testdb.OpenPostgresDSN(t, testdb.Drivers[i%2], dsn)
+			g, err := newLeaseLock(t, db, fmt.Sprintf("new-%d", i)).TryLock(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			tokens <- g.Token()
+			errs <- g.Release(ctx)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	close(tokens)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("first use on a round-one database: %v", err)
+		}
+	}
+	var version int
+	if err := old.QueryRowContext(ctx, "SELECT max(version) FROM advisorylock_schema").Scan(&version); err != nil || version < 2 {
+		t.Fatalf("schema version after the upgrade: %d, %v; want at least 2", version, err)
+	}
+
+	db := testdb.OpenPostgresDSN(t, "pgx", dsn)
+	assertHeldElsewhere(t, newLeaseLock(t, db, "held")) // the old holder's row survived the upgrade
+	report := newLeaseLock(t, db, "report")
+	g := tryLease(t, report)
+	if g.Token() <= 41 {
+		t.Fatalf("first new-code token %d, not above round one's 41", g.Token())
+	}
+	releaseLease(t, g)
+	fence, err := advisorylock.NewFence(db, "report-file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fenceAdmit(t, db, fence, g.Token()); err != nil {
+		t.Fatalf("the fence that admitted round one's 41 refuses the new token %d: %v", g.Token(), err)
+	}
+	// A process still on the old code keeps tokens increasing, and so
+	// does the new code after it.
+	var oldToken int64
+	if err := old.QueryRowContext(ctx, roundOneAcquire).Scan(&oldToken); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.ExecContext(ctx, "UPDATE advisorylock_leases SET owner = NULL WHERE name = 'report'"); err != nil {
+		t.Fatal(err)
+	}
+	if oldToken <= g.Token().Int64() {
+		t.Fatalf("old code granted %d after the new code's %d", oldToken, g.Token())
+	}
+	if next := tryLease(t, report); next.Token().Int64() <= oldToken {
+		t.Fatalf("new code granted %d after the old code's %d", next.Token(), oldToken)
+	} else {
+		releaseLease(t, next)
+	}
+}
+
+func TestSQLiteSchemaUpgradesARoundOneFile(t *testing.T) {
+	_, db := sqliteFile(t, "_pragma=busy_timeout(5000)")
+	ctx := context.Background()
+	for _, s := range []string{
+		`CREATE TABLE advisorylock_leases (name TEXT PRIMARY KEY, owner TEXT, generation INTEGER NOT NULL, acquired_at INTEGER NOT NULL, expires_at INTEGER NOT NULL)`,
+		`CREATE TABLE advisorylock_fences (resource TEXT PRIMARY KEY, token INTEGER NOT NULL)`,
+		`INSERT INTO advisorylock_leases VALUES ('report', NULL, 41, 0, 0)`,
+	} {
+		if _, err := db.ExecContext(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := newLeaseLock(t, db, "other")
+	g := tryLease(t, l)
+	releaseLease(t, g)
+	if g.Token() <= 41 {
+		t.Fatalf("first token after the upgrade %d, not above round one's 41 (for any name: the counter starts at the highest)", g.Token())
+	}
+	if _, err := db.ExecContext(ctx, "DELETE FROM advisorylock_leases"); err != nil {
+		t.Fatal(err)
+	}
+	if again := tryLease(t, l); again.Token() <= g.Token() {
+		t.Fatalf("token %d after deleting every row, not above %d", again.Token(), g.Token())
+	} else {
+		releaseLease(t, again)
+	}
+}
+
+// withUser returns the URL dsn with its user replaced.
+func withUser(t *testing.T, dsn, user string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(user)
+	return u.String()
+}
+
+func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "postgres")
+	ctx := context.Background()
+	role := "advisorylock_app_" + strings.ReplaceAll(testdb.UniqueName(t)[len(t.Name())+1:], "-", "")
+	if _, err := admin.ExecContext(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	base := testdb.PostgresDSN(t)
+	if !strings.HasPrefix(base, "postgres://") {
+		t.Skip("needs a URL DSN")
+	}
+
+	// An administrator creates the tables from Schema and grants what it lists.
+	withTables := testdb.WithDatabase(base, freshDatabase(t, admin))
+	owner := testdb.OpenPostgresDSN(t, "postgres", withTables)
+	grants := []string{advisorylock.Schema(advisorylock.Postgres()),
+		"GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences TO " + role,
+		"GRANT USAGE ON SEQUENCE advisorylock_token_seq TO " + role,
+		"GRANT SELECT ON advisorylock_schema TO " + role}
+	for _, s := range grants {
+		if _, err := owner.ExecContext(ctx, s); err != nil {
+			t.Fatalf("%.60s: %v", s, err)
+		}
+	}
+	for _, drv := range testdb.Drivers {
+		app := testdb.OpenPostgresDSN(t, drv, withUser(t, withTables, role))
+		name := testdb.UniqueName(t)
+		g := tryLease(t, newLeaseLock(t, app, name))
+		fence, err := advisorylock.NewFence(app, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fenceAdmit(t, app, fence, g.Token()); err != nil {
+			t.Fatalf("%s: Admit as an ordinary role: %v", drv, err)
+		}
+		releaseLease(t, g)
+		sg, err := newLockOpts(t, app, name).TryLock(ctx)
+		if err != nil {
+			t.Fatalf("%s: a session lock as an ordinary role: %v", drv, err)
+		}
+		if err := sg.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A missing grant is one clear error naming it.
+	if _, err := owner.ExecContext(ctx, "REVOKE USAGE ON SEQUENCE advisorylock_token_seq FROM "+role); err != nil {
+		t.Fatal(err)
+	}
+	app := testdb.OpenPostgresDSN(t, "pgx", withUser(t, withTables, role))
+	_, err := newLeaseLock(t, app, testdb.UniqueName(t)).TryLock(ctx)
+	if err == nil || !strings.Contains(err.Error(), "advisorylock_token_seq") || !strings.Contains(err.Error(), "privilege") {
+		t.Fatalf("TryLock without USAGE on the sequence = %v, want one error naming the missing privilege", err)
+	}
+
+	// Without tables, and no right to create them, the error says who
+	// must create them from what.
+	bare := testdb.WithDatabase(base, freshDatabase(t, admin))
+	app = testdb.OpenPostgresDSN(t, "postgres", withUser(t, bare, role))
+	_, err = newLeaseLock(t, app, testdb.UniqueName(t)).TryLock(ctx)
+	if err == nil || !strings.Contains(err.Error(), "Schema(Postgres())") {
+		t.Fatalf("TryLock without tables or CREATE = %v, want an error saying an administrator creates them from Schema(Postgres())", err)
+	}
+}
+
+// A PostgreSQL look-alike whose advisory locks exclude nothing is refused
+// at the first operation. CockroachDB cannot run here: a fake driver
+// answers version() as CockroachDB does, and fails anything else.
+func TestCockroachDBIsRefused(t *testing.T) {
+	db := sql.OpenDB(cockroachConnector{})
+	defer db.Close()
+	for what, op := range map[string]func() error{
+		"Lock.TryLock": func() error {
+			l, err := advisorylock.New(db, "job", advisorylock.WithBackend(advisorylock.Postgres()))
+			if err != nil {
+				return err
+			}
+			_, err = l.TryLock(context.Background())
+			return err
+		},
+		"LeaseLock.Check": func() error {
+			l, err := advisorylock.NewLeaseLock(db, "job", advisorylock.WithBackend(advisorylock.Postgres()))
+			if err != nil {
+				return err
+			}
+			return l.Check(context.Background())
+		},
+	} {
+		err := op()
+		if !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "CockroachDB") {
+			t.Fatalf("%s on CockroachDB = %v, want ErrUnsupported naming CockroachDB", what, err)
+		}
+	}
+}
+
+type cockroachConnector struct{}
+
+func (cockroachConnector) Connect(context.Context) (driver.Conn, error) { return cockroachConn{}, nil }
+func (cockroachConnector) Driver() driver.Driver                        { return cockroachDriver{} }
+
+type cockroachDriver struct{}
+
+func (cockroachDriver) Open(string) (driver.Conn, error) { return cockroachConn{}, nil }
+
+type cockroachConn struct{}
+
+func (cockroachConn) Prepare(string) (driver.Stmt, error) { return nil, errors.New("fake: no prepare") }
+func (cockroachConn) Close() error                        { return nil }
+func (cockroachConn) Begin() (driver.Tx, error)           { return nil, errors.New("fake: no transactions") }
+
+func (cockroachConn) QueryContext(_ context.Context, query string, _ []driver.NamedValue) (driver.Rows, error) {
+	if strings.Contains(query, "version()") {
+		return &versionRows{}, nil
+	}
+	return nil, fmt.Errorf("fake CockroachDB: unexpected statement %q", query)
+}
+
+type versionRows struct{ done bool }
+
+func (*versionRows) Columns() []string { return []string{"version"} }
+func (*versionRows) Close() error      { return nil }
+func (r *versionRows) Next(dest []driver.Value) error {
+	if r.done {
+		return io.EOF
+	}
+	r.done = true
+	dest[0] = "CockroachDB CCL v23.1.11 (x86_64-pc-linux-gnu, built 2023/09/27 01:53:43, go1.19.13)"
+	return nil
+}

@@ -57,7 +57,7 @@ mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go
 	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \
 	'^TestPostgresLeaseStoreProperties$'
 mutation "lease tokens do not grow (PostgreSQL)" backend_postgres.go \
-	's/generation = greatest\(l\.generation \+ 1,/generation = greatest(l.generation,/' \
+	's/generation = greatest\(l\.generation \+ 1, EXCLUDED\.generation\)/generation = least(l.generation, EXCLUDED.generation)/' \
 	'^(TestLeaseTokensOnlyGrow|TestPostgresLeaseStoreProperties)$'
 mutation "the fence admits a token one lower (PostgreSQL)" backend_postgres.go \
 	's/WHERE f\.token <= EXCLUDED\.token/WHERE f.token <= EXCLUDED.token + 1/' \

@@ -3,8 +3,9 @@
 // (TryDo), or serialize this section across the fleet (Do).
 //
 // A Lock on PostgreSQL is a session advisory lock held on a connection
-// pinned for the whole hold; on SQLite it is a renewed lease row in the
-// application's database file. A LeaseLock is a lease row on either, and
+// pinned for the whole hold (on MySQL and MariaDB a GET_LOCK named lock,
+// see MySQL); on SQLite it is a renewed lease row in the application's
+// database file. A LeaseLock is a lease row on any of them, and
 // each grant carries a FencingToken that a Fence checks at the resource,
 // so a holder that was paused or cut off cannot overwrite its successor.
 //
@@ -86,7 +87,8 @@ type Holder struct {
 	Name        string // the lock's name, where the backend stores it
 	Backend     string // "postgres", "sqlite", …
 	Key         int64
-	PID         int          // PostgreSQL backend pid, 0 if unknown
+	PID         int          // PostgreSQL backend pid, MySQL connection id; 0 if unknown
+	User        string       // the holder's database user (MySQL), if known
 	Application string       // application_name, if known
 	ClientAddr  string       // the holder's address, if known
 	Owner       string       // lease owner label, if a lease

@@ -167,7 +167,7 @@ func resolveBackend(ctx context.Context, db DB, c *config) (Backend, error) {
 			if b := backendByAsking(ctx, db); b != nil {
 				return b, nil
 			}
-			return nil, fmt.Errorf("%w: cannot tell which database driver %T talks to; pass WithBackend(Postgres()) or WithBackend(SQLite())", ErrUnsupported, db.Driver())
+			return nil, fmt.Errorf("%w: cannot tell which database driver %T talks to; pass WithBackend(Postgres()), WithBackend(SQLite()) or WithBackend(MySQL())", ErrUnsupported, db.Driver())
 		})
 		if err != nil {
 			return nil, err
@@ -332,6 +332,8 @@ func backendForDriver(db DB) Backend {
 		return Postgres()
 	case pkg == "github.com/glebarez/go-sqlite", pkg == "modernc.org/sqlite", pkg == "github.com/mattn/go-sqlite3", pkg == "github.com/ncruces/go-sqlite3/driver":
 		return SQLite()
+	case pkg == "github.com/go-sql-driver/mysql":
+		return MySQL()
 	}
 	return nil
 }
@@ -352,7 +354,7 @@ func driverPkg(db DB) string {
 // backendByAsking detects the backend of a wrapped driver (otelsql and
 // the like) by asking the database what it is.
 func backendByAsking(ctx context.Context, db DB) Backend {
-	for _, b := range []Backend{Postgres(), SQLite()} {
+	for _, b := range []Backend{Postgres(), SQLite(), MySQL()} {
 		if identifies(ctx, db, b) {
 			return b
 		}

@@ -36,6 +36,7 @@ type faultJob struct {
 	Kind       string // "lock" (Lock.Do) or "lease" (LeaseLock.Do with fenced writes)
 	Driver     string // "postgres", "pgx" or "sqlite"
 	SQLite     string // the SQLite file and its DSN options
+	MySQL      string // the MySQL DSN, for Driver "mysql"
 	Counter    testdb.Counter
 	Name       string // the lock's name, also the fenced resource
 	Goroutines int
@@ -48,8 +49,11 @@ const sqliteLoadOptions = "_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)
 
 // open opens the job's database.
 func (j faultJob) open(t testing.TB) *sql.DB {
-	if j.Driver == "sqlite" {
+	switch j.Driver {
+	case "sqlite":
 		return testdb.OpenSQLite(t, j.SQLite, sqliteLoadOptions)
+	case "mysql":
+		return testdb.OpenMySQLDSN(t, j.MySQL)
 	}
 	return testdb.OpenPostgres(t, j.Driver)
 }

@@ -70,12 +70,16 @@ func TestFencingTokenRoundTripsThroughABigintColumn(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		if _, err := conn.ExecContext(ctx, "CREATE TEMP TABLE tokens (id int, token bigint)"); err != nil {
+		temp := "CREATE TEMP TABLE tokens (id int, token bigint)"
+		if b.mysql {
+			temp = "CREATE TEMPORARY TABLE tokens (id int, token bigint)"
+		}
+		if _, err := conn.ExecContext(ctx, temp); err != nil {
 			t.Fatal(err)
 		}
 		insert := "INSERT INTO tokens VALUES (1, $1)"
 		read := "SELECT token FROM tokens WHERE id = $1"
-		if b.sqlite {
+		if b.bindVar == "?" {
 			insert, read = "INSERT INTO tokens VALUES (1, ?)", "SELECT token FROM tokens WHERE id = ?"
 		}
 		const want = advisorylock.FencingToken(math.MaxInt64 - 7)

@@ -423,9 +423,9 @@ func (l *Lock) rowRequest(owner string) LeaseRequest {
 // LeaseLock is a named lease with fencing tokens, kept as a row that holds
 // no connection while held. Every grant gets a FencingToken larger than
 // any earlier grant of the name. It works on PostgreSQL (also through a
-// transaction-mode pooler, where times come from the database clock) and
-// on SQLite (where times come from the Clock). It is safe for concurrent
-// use.
+// transaction-mode pooler) and MySQL/MariaDB, where times come from the
+// database clock, and on SQLite (where times come from the Clock). It is
+// safe for concurrent use.
 type LeaseLock struct {
 	db    DB
 	name  string

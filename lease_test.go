@@ -26,6 +26,7 @@ type leaseBackend struct {
 	name    string
 	open    func(t testing.TB) *sql.DB
 	sqlite  bool
+	mysql   bool
 	bindVar string // the first bind variable: $1 or ?
 }
 
@@ -34,8 +35,11 @@ type leaseBackend struct {
 func (b leaseBackend) expire(t testing.TB, db *sql.DB, name string) {
 	t.Helper()
 	q := "UPDATE advisorylock_leases SET expires_at = now() - interval '1 second' WHERE name = $1"
-	if b.sqlite {
+	switch {
+	case b.sqlite:
 		q = "UPDATE advisorylock_leases SET expires_at = 0 WHERE name = ?"
+	case b.mysql:
+		q = "UPDATE advisorylock_leases SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE name = ?"
 	}
 	res, err := db.ExecContext(context.Background(), q, name)
 	if err != nil {
@@ -65,6 +69,9 @@ func eachLeaseBackend(t *testing.T, f func(t *testing.T, b leaseBackend)) {
 			f(t, leaseBackend{name: "postgres", bindVar: "$1", open: func(t testing.TB) *sql.DB { return testdb.OpenPostgres(t, drv) }})
 		})
 	}
+	t.Run("mysql", func(t *testing.T) {
+		f(t, leaseBackend{name: "mysql", mysql: true, bindVar: "?", open: func(t testing.TB) *sql.DB { return testdb.OpenMySQL(t) }})
+	})
 	t.Run("sqlite", func(t *testing.T) {
 		path := testdb.SQLitePath(t)
 		f(t, leaseBackend{name: "sqlite", sqlite: true, bindVar: "?", open: func(t testing.TB) *sql.DB {
@@ -253,67 +260,87 @@ func TestTakenOverLeaseIsLostAndEndsDo(t *testing.T) {
 
 func TestPartitionedHolderGivesUpBeforeItsSuccessorGetsIn(t *testing.T) {
 	const ttl = 3 * time.Second
-	eachPostgresDriver(t, func(t *testing.T, drv string) {
-		t.Parallel()
-		ctx := context.Background()
-		dbA, proxy := testdb.OpenPostgresProxied(t, drv)
-		dbB := testdb.OpenPostgres(t, drv)
-		name, resource := testdb.UniqueName(t), testdb.UniqueName(t)
-		a := newLeaseLock(t, dbA, name, advisorylock.WithLeaseTTL(ttl))
-		b := newLeaseLock(t, dbB, name, advisorylock.WithLeaseTTL(ttl), advisorylock.WithPollInterval(10*time.Millisecond))
-		fence, err := advisorylock.NewFence(dbB, resource)
-		if err != nil {
-			t.Fatal(err)
+	// Each case opens the holder's handle through a cuttable proxy and the
+	// successor's directly.
+	cases := map[string]func(t *testing.T) (*sql.DB, *testdb.Proxy, *sql.DB){
+		"mysql": func(t *testing.T) (*sql.DB, *testdb.Proxy, *sql.DB) {
+			db, proxy := testdb.OpenMySQLProxied(t)
+			return db, proxy, testdb.OpenMySQL(t)
+		},
+	}
+	for _, drv := range testdb.Drivers {
+		cases["postgres/"+drv] = func(t *testing.T) (*sql.DB, *testdb.Proxy, *sql.DB) {
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
+			return db, proxy, testdb.OpenPostgres(t, drv)
 		}
-		ga := tryLease(t, a)
+	}
+	for backend, open := range cases {
+		t.Run(backend, func(t *testing.T) { partitionedHolderGivesUp(t, ttl, open) })
+	}
+}
 
-		proxy.Cut()
-		healed := false
-		defer func() {
-			if !healed {
-				proxy.Heal()
-			}
-		}()
-		select {
-		case <-ga.Lost():
-		case <-time.After(leaseWait):
-			t.Fatal("the cut-off holder never noticed")
-		}
-		if !ga.IsLost() {
-			t.Fatal("Lost() closed but IsLost() is false")
-		}
-		assertHeldElsewhere(t, b) // the database still counts A's lease: A gave up first
+// partitionedHolderGivesUp cuts a lease holder off, sees it give up
+// while the database still counts its lease, and its successor get a
+// larger token that the fence prefers.
+func partitionedHolderGivesUp(t *testing.T, ttl time.Duration, open func(t *testing.T) (*sql.DB, *testdb.Proxy, *sql.DB)) {
+	t.Parallel()
+	ctx := context.Background()
+	dbA, proxy, dbB := open(t)
+	name, resource := testdb.UniqueName(t), testdb.UniqueName(t)
+	a := newLeaseLock(t, dbA, name, advisorylock.WithLeaseTTL(ttl))
+	b := newLeaseLock(t, dbB, name, advisorylock.WithLeaseTTL(ttl), advisorylock.WithPollInterval(10*time.Millisecond))
+	fence, err := advisorylock.NewFence(dbB, resource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ga := tryLease(t, a)
 
-		gb, err := b.LockTimeout(ctx, leaseWait)
-		if err != nil {
-			t.Fatalf("successor: %v", err)
+	proxy.Cut()
+	healed := false
+	defer func() {
+		if !healed {
+			proxy.Heal()
 		}
-		defer releaseLease(t, gb)
-		if gb.Token() <= ga.Token() {
-			t.Fatalf("successor's token %d is not above %d", gb.Token(), ga.Token())
-		}
-		if err := fenceAdmit(t, dbB, fence, gb.Token()); err != nil {
-			t.Fatalf("Admit(successor's %d): %v", gb.Token(), err)
-		}
-		err = fenceAdmit(t, dbB, fence, ga.Token())
-		var stale *advisorylock.StaleTokenError
-		if !errors.As(err, &stale) || stale.Token != ga.Token() || stale.Highest != gb.Token() || stale.Resource != resource {
-			t.Fatalf("Admit(stale %d) = %v, want *StaleTokenError with highest %d", ga.Token(), err, gb.Token())
-		}
+	}()
+	select {
+	case <-ga.Lost():
+	case <-time.After(leaseWait):
+		t.Fatal("the cut-off holder never noticed")
+	}
+	if !ga.IsLost() {
+		t.Fatal("Lost() closed but IsLost() is false")
+	}
+	assertHeldElsewhere(t, b) // the database still counts A's lease: A gave up first
 
-		proxy.Heal()
-		healed = true
-		rctx, cancel := context.WithTimeout(ctx, leaseWait)
-		defer cancel()
-		_ = ga.Release(rctx) // may fail on a connection the cut broke; it must not free B's lease
-		h, err := b.Holder(ctx)
-		if err != nil || h == nil || h.Token != gb.Token() {
-			t.Fatalf("after the stale holder's release: Holder = %+v, %v; want the successor (token %d)", h, err, gb.Token())
-		}
-		if gb.IsLost() {
-			t.Fatal("the successor's lease is lost")
-		}
-	})
+	gb, err := b.LockTimeout(ctx, leaseWait)
+	if err != nil {
+		t.Fatalf("successor: %v", err)
+	}
+	defer releaseLease(t, gb)
+	if gb.Token() <= ga.Token() {
+		t.Fatalf("successor's token %d is not above %d", gb.Token(), ga.Token())
+	}
+	if err := fenceAdmit(t, dbB, fence, gb.Token()); err != nil {
+		t.Fatalf("Admit(successor's %d): %v", gb.Token(), err)
+	}
+	err = fenceAdmit(t, dbB, fence, ga.Token())
+	var stale *advisorylock.StaleTokenError
+	if !errors.As(err, &stale) || stale.Token != ga.Token() || stale.Highest != gb.Token() || stale.Resource != resource {
+		t.Fatalf("Admit(stale %d) = %v, want *StaleTokenError with highest %d", ga.Token(), err, gb.Token())
+	}
+
+	proxy.Heal()
+	healed = true
+	rctx, cancel := context.WithTimeout(ctx, leaseWait)
+	defer cancel()
+	_ = ga.Release(rctx) // may fail on a connection the cut broke; it must not free B's lease
+	h, err := b.Holder(ctx)
+	if err != nil || h == nil || h.Token != gb.Token() {
+		t.Fatalf("after the stale holder's release: Holder = %+v, %v; want the successor (token %d)", h, err, gb.Token())
+	}
+	if gb.IsLost() {
+		t.Fatal("the successor's lease is lost")
+	}
 }
 
 func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {

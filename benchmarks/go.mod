@@ -13,6 +13,7 @@ require (
 	github.com/advisorylock/advisorylock/extra/advisorylockotel v0.0.0-00010101000000-000000000000
 	github.com/advisorylock/advisorylock/extra/advisorylockprom v0.0.0-00010101000000-000000000000
 	github.com/glebarez/go-sqlite v1.23.0
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/golang-migrate/migrate/v4 v4.20.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/lib/pq v1.12.3
@@ -26,6 +27,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/aclements/go-moremath v0.0.0-20210112150236-f10218a38794 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

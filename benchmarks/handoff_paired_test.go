@@ -121,32 +121,37 @@ func BenchmarkHandoffPaired(b *testing.B) {
 	for _, pair := range handoffPairs {
 		for _, drv := range pgDrivers {
 			b.Run(pair.op+"_vs_"+pair.base+"/"+drv, func(b *testing.B) {
-				op, base := newPingPong(b, drv, pair.opSetup), newPingPong(b, drv, pair.baseSet)
-				ctx := context.Background()
-				opLat, baseLat := make([]time.Duration, b.N), make([]time.Duration, b.N)
-				timed := func(p *pingPong, into *time.Duration) {
-					d, err := p.handoff(ctx)
-					if err != nil {
-						b.Fatal(err)
-					}
-					*into = d
-				}
-				b.ResetTimer()
-				for i := range b.N {
-					if i%2 == 0 {
-						timed(base, &baseLat[i])
-						timed(op, &opLat[i])
-					} else {
-						timed(op, &opLat[i])
-						timed(base, &baseLat[i])
-					}
-				}
-				b.StopTimer()
-				bm, om := median(baseLat), median(opLat)
-				b.ReportMetric(float64(bm)/float64(time.Microsecond), "base-p50-us")
-				b.ReportMetric(float64(om)/float64(time.Microsecond), "op-p50-us")
-				b.ReportMetric(float64(om)/float64(bm), "x-base")
+				runHandoffPair(b, newPingPong(b, drv, pair.opSetup), newPingPong(b, drv, pair.baseSet))
 			})
 		}
 	}
+}
+
+// runHandoffPair alternates b.N handoffs of op and of base and reports
+// their medians and ratio (see BenchmarkHandoffPaired).
+func runHandoffPair(b *testing.B, op, base *pingPong) {
+	ctx := context.Background()
+	opLat, baseLat := make([]time.Duration, b.N), make([]time.Duration, b.N)
+	timed := func(p *pingPong, into *time.Duration) {
+		d, err := p.handoff(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		*into = d
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			timed(base, &baseLat[i])
+			timed(op, &opLat[i])
+		} else {
+			timed(op, &opLat[i])
+			timed(base, &baseLat[i])
+		}
+	}
+	b.StopTimer()
+	bm, om := median(baseLat), median(opLat)
+	b.ReportMetric(float64(bm)/float64(time.Microsecond), "base-p50-us")
+	b.ReportMetric(float64(om)/float64(time.Microsecond), "op-p50-us")
+	b.ReportMetric(float64(om)/float64(bm), "x-base")
 }

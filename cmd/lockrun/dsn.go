@@ -128,6 +128,9 @@ func openDatabase(ctx context.Context, dsn string) (*database, error) {
 
 // open opens dsn with the driver its scheme names (one case per scheme).
 func open(dsn string) (*database, error) {
+	if d, ok, err := openMySQL(dsn); ok {
+		return d, err
+	}
 	scheme := ""
 	if m := schemeRE.FindStringSubmatch(dsn); m != nil {
 		scheme = strings.ToLower(m[1])
@@ -155,7 +158,7 @@ func open(dsn string) (*database, error) {
 }
 
 // knownForms lists the DSN forms lockrun takes, for its errors.
-const knownForms = "postgres://, postgresql://, key=value, sqlite:PATH or file:PATH"
+const knownForms = "postgres://, postgresql://, key=value, mysql://, sqlite:PATH or file:PATH"
 
 // escapeSQLitePath escapes what a SQLite URI filename cannot hold.
 func escapeSQLitePath(path string) string {

@@ -98,6 +98,8 @@ DSN
     postgres://USER:PASSWORD@HOST:5432/DB?sslmode=require
     postgresql://...                  the same
     host=HOST user=USER dbname=DB     PostgreSQL key=value form
+    mysql://USER:PASSWORD@HOST:3306/DB  MySQL or MariaDB (also mariadb://)
+    USER:PASSWORD@tcp(HOST:3306)/DB   go-sql-driver's own MySQL form
     sqlite:PATH, file:PATH[?QUERY]    a SQLite file (WAL, busy_timeout set)
     PostgreSQL connections are made with pgx; PG* variables and ~/.pgpass
     apply, application_name is lockrun unless the DSN sets one, and the

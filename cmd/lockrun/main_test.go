@@ -90,6 +90,7 @@ type backend struct {
 var backends = []backend{
 	{"sqlite", func(t *testing.T) []string { return []string{"XDG_STATE_HOME=" + t.TempDir()} }},
 	{"postgres", func(t *testing.T) []string { return []string{"LOCKRUN_DSN=" + testdb.PostgresDSN(t)} }},
+	{"mysql", func(t *testing.T) []string { return []string{"LOCKRUN_DSN=" + mysqlURL(t)} }},
 }
 
 // eachBackend runs f as a parallel subtest per backend.

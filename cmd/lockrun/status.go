@@ -151,7 +151,7 @@ func missingTable(err error) bool {
 	if errors.As(err, &pgErr) {
 		return pgErr.Code == "42P01"
 	}
-	return err != nil && strings.Contains(err.Error(), "no such table")
+	return err != nil && strings.Contains(err.Error(), "no such table") || mysqlMissingTable(err)
 }
 
 // sessionLocks lists the granted advisory locks on bigint keys in the

@@ -23,6 +23,7 @@ import (
 type Counter struct {
 	Table  string // the counter table; the write log is Table+"_writes"
 	SQLite bool
+	MySQL  bool // MySQL/MariaDB: no UPDATE ... RETURNING (see NewMySQLCounter)
 }
 
 // Querier is what *sql.DB, *sql.Conn and *sql.Tx share.
@@ -35,12 +36,20 @@ type Querier interface {
 // this run) in db, and drops it at t.Cleanup.
 func NewCounter(t testing.TB, db *sql.DB, sqlite bool) *Counter {
 	t.Helper()
+	return newCounter(t, db, &Counter{SQLite: sqlite})
+}
+
+func newCounter(t testing.TB, db *sql.DB, c *Counter) *Counter {
+	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	c := &Counter{Table: "fault_counter_" + hex.EncodeToString(b[:]), SQLite: sqlite}
+	c.Table = "fault_counter_" + hex.EncodeToString(b[:])
 	seq := "seq bigserial PRIMARY KEY"
-	if sqlite {
+	switch {
+	case c.SQLite:
 		seq = "seq INTEGER PRIMARY KEY AUTOINCREMENT"
+	case c.MySQL:
+		seq = "seq bigint AUTO_INCREMENT PRIMARY KEY"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultWait)
 	defer cancel()
@@ -68,8 +77,7 @@ func (c *Counter) writes() string { return c.Table + "_writes" }
 // many holders are inside now, itself included: 1 unless exclusion
 // failed, in which case the violation is also counted in the row.
 func (c *Counter) Enter(ctx context.Context, q Querier) (int64, error) {
-	var inside int64
-	err := q.QueryRowContext(ctx, "UPDATE "+c.Table+" SET holders = holders + 1 WHERE id = 1 RETURNING holders").Scan(&inside)
+	inside, err := c.enter(ctx, q)
 	if err != nil {
 		return 0, fmt.Errorf("counter enter: %w", err)
 	}
@@ -79,6 +87,19 @@ func (c *Counter) Enter(ctx context.Context, q Querier) (int64, error) {
 		}
 	}
 	return inside, nil
+}
+
+func (c *Counter) enter(ctx context.Context, q Querier) (int64, error) {
+	if c.MySQL { // the server reports the value passed to LAST_INSERT_ID
+		res, err := q.ExecContext(ctx, "UPDATE "+c.Table+" SET holders = LAST_INSERT_ID(holders + 1) WHERE id = 1")
+		if err != nil {
+			return 0, err
+		}
+		return res.LastInsertId()
+	}
+	var inside int64
+	err := q.QueryRowContext(ctx, "UPDATE "+c.Table+" SET holders = holders + 1 WHERE id = 1 RETURNING holders").Scan(&inside)
+	return inside, err
 }
 
 // Exit marks a holder leaving its critical section.

@@ -23,7 +23,8 @@ type Proxy struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	rounds atomic.Int64 // ReadyForQuery messages forwarded to clients
+	rounds atomic.Int64 // ReadyForQuery messages forwarded to clients (MySQL: commands)
+	mysql  bool         // count MySQL commands instead (see NewMySQLProxy)
 	held   atomic.Int64 // chunks read but held back by a cut
 	delay  atomic.Int64 // nanoseconds each server->client chunk is held back
 
@@ -182,14 +183,20 @@ func (p *Proxy) serve(pc *proxyConn) {
 	copiers.Add(2)
 	go func() {
 		defer copiers.Done()
-		p.pump(pc, pc.client, server, pc.observeClient)
+		observe := pc.observeClient
+		if p.mysql {
+			observe = func(b []byte) { pc.observeMySQLClient(b, &p.rounds) }
+		}
+		p.pump(pc, pc.client, server, observe)
 		pc.shut(false)
 	}()
 	go func() {
 		defer copiers.Done()
 		p.pump(pc, server, pc.client, func(b []byte) {
 			p.hold(pc)
-			pc.observeServer(b, &p.rounds)
+			if !p.mysql {
+				pc.observeServer(b, &p.rounds)
+			}
 		})
 		pc.shut(false)
 	}()
@@ -284,6 +291,10 @@ type proxyConn struct {
 	sOpaque bool   // stream encrypted or not understood: stop parsing
 	sHdr    []byte // partial 5-byte typed header
 	sSkip   int    // bytes of the current server message still to skip
+
+	mHdr     []byte // partial 4-byte MySQL packet header (client side)
+	mSkip    int    // bytes of the current MySQL client packet still to skip
+	mCommand bool   // the current MySQL client packet starts a command
 }
 
 func (pc *proxyConn) setServer(server net.Conn) bool {

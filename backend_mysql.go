@@ -1,0 +1,613 @@
+package advisorylock
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MySQL returns the MySQL and MariaDB backend (MariaDB 10.3+, MySQL 8.0+;
+// MySQL 8 is not tested here). It works with github.com/go-sql-driver/mysql
+// and any driver that speaks to these servers.
+//
+// A Lock is a named lock taken with GET_LOCK on a pinned connection; it
+// lasts exactly as long as the server session. Its name on the server is
+// derived from the key ("advisorylock:v1:" and the key in hex, 32
+// characters), because the server compares lock names case-insensitively
+// and allows at most 64 characters. Holder reads the holder's connection
+// id from IS_USED_LOCK and its user and host from the process list: a
+// user without the PROCESS privilege sees only its own connections, so
+// Holder then reports the connection id alone.
+//
+// A LeaseLock is a row in advisorylock_leases and a Fence a row in
+// advisorylock_fences (InnoDB, keyed by the SHA-256 of the name, so a name
+// of any length is kept byte for byte), with every lease time taken from
+// the database clock in UTC (UTC_TIMESTAMP(6)), so sessions with
+// different time zones agree. A grant's token is the larger of the name's previous
+// token plus one and the database clock in microseconds since 1970: it
+// strictly increases per name, and stays larger than every earlier token
+// after an operator deletes the row, as long as the database clock does
+// not step back by more than the time since the name's last grant.
+//
+// Every statement is sent as text with its values written in (strings as
+// hexadecimal literals, which read back exactly whatever the connection's
+// character set and sql_mode), so each step is one round trip whatever the
+// DSN says: go-sql-driver sends a statement with arguments as a prepare,
+// an execute and a close unless interpolateParams=true.
+//
+// Refused with ErrUnsupported: servers that cannot hold several named
+// locks per session (MySQL before 5.7, MariaDB before 10.0.2, where a
+// second GET_LOCK silently frees the first), Galera or Percona XtraDB
+// clusters (wsrep_on: GET_LOCK is local to one node there) and read-only
+// servers (replicas).
+//
+// ProxySQL: a connection that called GET_LOCK is pinned to its server
+// connection by ProxySQL (multiplexing is disabled for it), so Lock works
+// through it; LeaseLock works through any proxy. A proxy's own timeouts
+// must exceed the keep-alive interval. On the server, the session's
+// wait_timeout must exceed the keep-alive interval too (an idle lock
+// holder is not idle: the keep-alive is its only traffic).
+func MySQL() Backend { return mysqlBackend{} }
+
+type mysqlBackend struct{}
+
+func (mysqlBackend) Name() string { return "mysql" }
+
+// endsWithContext: go-sql-driver closes its socket when a statement's
+// context ends, also on a dead network.
+func (mysqlBackend) endsWithContext() bool { return true }
+
+func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
+	var id int64
+	var v string
+	return conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@version").Scan(&id, &v) == nil
+}
+
+// Validate refuses, with ErrUnsupported, servers whose named locks do not
+// exclude: versions that hold one named lock per session, Galera/PXC
+// nodes, and read-only servers (a replica's locks exclude nothing on its
+// primary). It costs two round trips, once per *sql.DB; an error from the
+// server or the pool is returned wrapped.
+func (mysqlBackend) Validate(ctx context.Context, db DB) error {
+	var version, name, wsrep string
+	var readOnly bool
+	err := mysqlRun(ctx, db, func(q querier) error {
+		if err := q.QueryRowContext(ctx, "SELECT @@version, @@read_only").Scan(&version, &readOnly); err != nil {
+			return err
+		}
+		// No row where the server has no Galera support at all.
+		err := q.QueryRowContext(ctx, "SHOW GLOBAL VARIABLES LIKE 'wsrep\\_on'").Scan(&name, &wsrep)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("advisorylock: checking the MySQL server: %w", err)
+	}
+	if readOnly {
+		return errReadOnly
+	}
+	return mysqlServerSupported(version, wsrep)
+}
+
+// errReadOnly refuses a read-only server.
+var errReadOnly = fmt.Errorf("%w: the MySQL server is read-only (read_only=ON, as a replica is): its locks would exclude nothing on the primary", ErrUnsupported)
+
+// mysqlServerSupported refuses a server version without several named
+// locks per session, and a Galera/PXC node.
+func mysqlServerSupported(version, wsrep string) error {
+	if strings.EqualFold(wsrep, "ON") {
+		return fmt.Errorf("%w: a Galera or Percona XtraDB cluster node (wsrep_on=ON): GET_LOCK is local to one node there, so it would exclude nothing across the cluster; use LeaseLock", ErrUnsupported)
+	}
+	major, minor, patch := versionNumbers(version)
+	old := major*100+minor < 507 // MySQL 5.7
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		old = major*10000+minor*100+patch < 100002 // MariaDB 10.0.2
+	}
+	if old {
+		return fmt.Errorf("%w: server %s holds one named lock per session (a second GET_LOCK frees the first); MySQL 5.7+ or MariaDB 10.0.2+ is needed", ErrUnsupported, version)
+	}
+	return nil
+}
+
+// versionNumbers reads "major.minor.patch" from the front of a version
+// string such as "10.11.6-MariaDB-1"; missing parts are 0.
+func versionNumbers(v string) (major, minor, patch int) {
+	var n [3]int
+	for i, part := range strings.SplitN(v, ".", 3) {
+		end := 0
+		for end < len(part) && part[end] >= '0' && part[end] <= '9' {
+			end++
+		}
+		n[i], _ = strconv.Atoi(part[:end])
+	}
+	return n[0], n[1], n[2]
+}
+
+// mysqlLockName is the server-side name of key's lock, as a quoted
+// literal: the key in lowercase hex, so no two keys share a name under the
+// server's case-insensitive comparison.
+func mysqlLockName(key int64) string {
+	return "'advisorylock:v1:" + hex.EncodeToString(binary.BigEndian.AppendUint64(nil, uint64(key))) + "'"
+}
+
+// TryLockSession makes one GET_LOCK attempt with no wait.
+func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+	return m.getLock(ctx, conn, "SELECT GET_LOCK("+mysqlLockName(key)+", 0)")
+}
+
+// WaitLockSession waits in GET_LOCK for at most slice (the server takes
+// fractions of a second). A 0 is a definite miss on a healthy connection.
+//
+// A server statement timeout shorter than the slice would end the wait
+// early with NULL, so the statement lifts it for itself: MariaDB runs the
+// executable comment (SET STATEMENT max_statement_time=0 FOR, no limit),
+// which MySQL ignores; MySQL takes the optimizer hint (a limit a second
+// past the slice), which MariaDB ignores.
+func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
+	slice = max(slice, time.Millisecond)
+	secs := strconv.FormatFloat(slice.Seconds(), 'f', 3, 64)
+	limit := strconv.FormatInt((slice + time.Second).Milliseconds(), 10)
+	return m.getLock(ctx, conn, "/*M! SET STATEMENT max_statement_time=0 FOR */ SELECT /*+ MAX_EXECUTION_TIME("+limit+") */ GET_LOCK("+mysqlLockName(key)+", "+secs+")")
+}
+
+// getLock runs getLock, a SELECT of GET_LOCK. It also reads the session
+// and read_only, in the same round trip:
+// behind a VIP or DNS a new connection can reach a replica, whose locks
+// exclude nothing on the primary; the error makes the acquire discard the
+// connection, which frees a lock granted there.
+func (mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
+	var got sql.NullInt64
+	var readOnly bool
+	var r SessionResult
+	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only").Scan(&got, &r.Session, &readOnly)
+	switch {
+	case err != nil:
+		return SessionResult{}, err
+	case readOnly:
+		return SessionResult{}, errReadOnly
+	case !got.Valid: // an error on the server, such as the statement being killed
+		return SessionResult{}, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
+	}
+	r.OK = got.Int64 == 1
+	return r, nil
+}
+
+// UnlockSession releases key. RELEASE_LOCK answers 1 (released), NULL
+// (nobody holds it: OK false) or 0 (another session holds it: this
+// connection's statements reach another server session than the one that
+// took the lock, reported as ErrTransactionPooler).
+func (mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+	name := mysqlLockName(key)
+	var released, holder sql.NullInt64
+	var r SessionResult
+	err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+name+"), CONNECTION_ID(), IS_USED_LOCK("+name+")").Scan(&released, &r.Session, &holder)
+	switch {
+	case err != nil:
+		return SessionResult{}, err
+	case released.Valid && released.Int64 == 0:
+		return r, fmt.Errorf("%w: the unlock ran on server session %d, which did not hold the lock; session %d holds it", ErrTransactionPooler, r.Session, holder.Int64)
+	}
+	r.OK = released.Valid && released.Int64 == 1
+	return r, nil
+}
+
+// HoldsSession reports whether conn's session holds key; a server that
+// turned read-only (demoted in a failover) is an error, so the keep-alive
+// reports the lock lost.
+func (mysqlBackend) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (bool, error) {
+	var held sql.NullBool
+	var readOnly bool
+	err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK("+mysqlLockName(key)+") = CONNECTION_ID(), @@read_only").Scan(&held, &readOnly)
+	if err == nil && readOnly {
+		err = errReadOnly
+	}
+	return held.Valid && held.Bool, err
+}
+
+// SessionIdentity is the connection id on one server (host, port, server
+// id).
+func (mysqlBackend) SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error) {
+	var id, port, server int64
+	var host string
+	err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@hostname, @@port, @@server_id").Scan(&id, &host, &port, &server)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d@%s:%d/%d", id, host, port, server), nil
+}
+
+// SessionHolder reads the holder's connection id from IS_USED_LOCK, and
+// its user and host from the process list where the user may see them
+// (PROCESS privilege). Since stays zero: the server does not say when a
+// named lock was taken.
+func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
+	stmt := "SELECT u.id, COALESCE(p.USER, ''), COALESCE(p.HOST, '') FROM (SELECT IS_USED_LOCK(" + mysqlLockName(key) +
+		") AS id) AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id"
+	h := &Holder{Backend: m.Name(), Key: key}
+	var id sql.NullInt64
+	err := mysqlRun(ctx, db, func(q querier) error {
+		return q.QueryRowContext(ctx, stmt).Scan(&id, &h.User, &h.ClientAddr)
+	})
+	if err != nil || !id.Valid {
+		return nil, err
+	}
+	h.PID = int(id.Int64)
+	return h, nil
+}
+
+// ---------------------------------------------------------------------------
+// Leases and fences: the LeaseStore half of the MySQL backend.
+
+// mysqlSteps are the schema's upgrade steps; advisorylock_schema records
+// those applied, and the first use that finds a table missing applies the
+// rest under the schema lock (see createMySQLTables). Every step is
+// idempotent (MySQL's DDL is not transactional). Step 1: the lease and
+// fence tables. A name of any length is kept byte for byte (MySQL's
+// default collations ignore case and trailing spaces) in a BLOB; the key
+// is its SHA-256, since an InnoDB key holds at most 3072 bytes. Times are
+// UTC.
+var mysqlSteps = [][]string{1: {
+	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
+	name_hash   BINARY(32)  NOT NULL PRIMARY KEY, -- SHA-256 of name
+	name        MEDIUMBLOB  NOT NULL,
+	owner       VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, -- NULL when free
+	generation  BIGINT      NOT NULL, -- the fencing token of the latest grant
+	acquired_at DATETIME(6) NOT NULL, -- UTC
+	expires_at  DATETIME(6) NOT NULL  -- UTC
+) ENGINE=InnoDB`,
+	`CREATE TABLE IF NOT EXISTS advisorylock_fences (
+	resource_hash BINARY(32) NOT NULL PRIMARY KEY, -- SHA-256 of resource
+	resource      MEDIUMBLOB NOT NULL,
+	token         BIGINT     NOT NULL -- the highest token admitted
+) ENGINE=InnoDB`,
+}}
+
+// mysqlSchemaVersions is the table of applied upgrade steps.
+const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
+	version    INT         NOT NULL PRIMARY KEY,
+	applied_at DATETIME(6) NOT NULL -- UTC
+) ENGINE=InnoDB`
+
+// Schema returns the DDL of advisorylock_leases, advisorylock_fences and
+// the schema version table, with every upgrade step, for an administrator
+// or a migration tool to run (it is idempotent). The application's user
+// then needs only the grants listed at its end. MySQL's Lock needs no
+// table.
+func (mysqlBackend) Schema() string {
+	var b strings.Builder
+	b.WriteString(mysqlSchemaVersions + ";\n")
+	for v, step := range mysqlSteps[1:] {
+		fmt.Fprintf(&b, "\n-- version %d\n", v+1)
+		for _, ddl := range step {
+			b.WriteString(ddl + ";\n")
+		}
+		fmt.Fprintf(&b, "INSERT IGNORE INTO advisorylock_schema (version, applied_at) VALUES (%d, UTC_TIMESTAMP(6));\n", v+1)
+	}
+	b.WriteString(`
+-- The application's user needs (no CREATE; PROCESS only for Holder's user and host):
+--   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_leases TO app;
+--   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_fences TO app;
+--   GRANT SELECT ON db.advisorylock_schema TO app;
+`)
+	return b.String()
+}
+
+// mysqlNowMicros is the database clock in microseconds since 1970 (UTC).
+const mysqlNowMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))"
+
+// mysqlHex writes s as a hexadecimal string literal: it reads back as
+// exactly s's bytes whatever the character set or sql_mode
+// (NO_BACKSLASH_ESCAPES), so no quoting can go wrong. It is the only way a
+// string reaches SQL text in this backend.
+func mysqlHex(s string) string {
+	if s == "" {
+		return "''"
+	}
+	return "X'" + hex.EncodeToString([]byte(s)) + "'"
+}
+
+// mysqlHash writes the key of a name: its SHA-256, as a hex literal.
+func mysqlHash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return "X'" + hex.EncodeToString(sum[:]) + "'"
+}
+
+// mysqlExpires is now plus the lease's TTL.
+func mysqlExpires(ttl time.Duration) string {
+	return "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(ttlMillis(ttl)*1000, 10) + " MICROSECOND"
+}
+
+var errMySQLNoLockRows = fmt.Errorf("%w: a MySQL Lock is a session lock, not a lease row", ErrUnsupported)
+
+// checkLeaseName refuses requests the tables cannot serve.
+func checkLeaseName(r LeaseRequest) error {
+	if r.Kind != KindLease {
+		return errMySQLNoLockRows
+	}
+	return nil
+}
+
+// AcquireLease takes the lease if it is free or expired, in one upsert.
+// The update's assignments run in order: the first takes the owner only
+// if the row is free; the others see whether it took it by the owner
+// label, which is unique per acquire. The new token is passed through
+// LAST_INSERT_ID(expr), which the server reports with the statement's
+// result. The VALUES row is evaluated even when the name exists, so the
+// update path always sets LAST_INSERT_ID again: to the new token, or to 0
+// when the row is held. The grant commits durably (InnoDB).
+func (m mysqlBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+	if err := checkLeaseName(r); err != nil {
+		return LeaseGrant{}, err
+	}
+	owner, expires := mysqlHex(r.Owner), mysqlExpires(r.TTL)
+	stmt := `INSERT INTO advisorylock_leases (name_hash, name, owner, generation, acquired_at, expires_at)
+VALUES (` + mysqlHash(r.Name) + `, ` + mysqlHex(r.Name) + `, ` + owner + `, LAST_INSERT_ID(` + mysqlNowMicros + `), UTC_TIMESTAMP(6), ` + expires + `)
+ON DUPLICATE KEY UPDATE
+	owner = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), ` + owner + `, owner),
+	generation = IF(owner = ` + owner + `, LAST_INSERT_ID(GREATEST(generation + 1, ` + mysqlNowMicros + `)), generation + LAST_INSERT_ID(0)),
+	acquired_at = IF(owner = ` + owner + `, UTC_TIMESTAMP(6), acquired_at),
+	expires_at = IF(owner = ` + owner + `, ` + expires + `, expires_at)`
+	token, err := m.execToken(ctx, db, stmt)
+	if err == nil && token == 0 {
+		err = ErrNotAcquired
+	}
+	return m.grant(r, token, err)
+}
+
+// RenewLease extends the lease by its TTL from the database's now if
+// r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
+func (m mysqlBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+	if err := checkLeaseName(r); err != nil {
+		return LeaseGrant{}, err
+	}
+	stmt := `UPDATE advisorylock_leases SET expires_at = ` + mysqlExpires(r.TTL) + `, generation = LAST_INSERT_ID(generation)
+WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND generation = ` + strconv.FormatInt(r.Token.Int64(), 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
+	token, err := m.execToken(ctx, db, stmt)
+	if err == nil && FencingToken(token) != r.Token {
+		err = fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
+	}
+	return m.grant(r, token, err)
+}
+
+func (mysqlBackend) grant(r LeaseRequest, token int64, err error) (LeaseGrant, error) {
+	if err != nil {
+		return LeaseGrant{}, err
+	}
+	_, expires := leaseTimes(r) // the database's clock decides; this is the local estimate
+	return LeaseGrant{Token: FencingToken(token), ExpiresAt: time.UnixMilli(expires)}, nil
+}
+
+// execToken runs stmt and returns the value it passed to LAST_INSERT_ID,
+// or 0 when it passed none.
+func (mysqlBackend) execToken(ctx context.Context, db DB, stmt string) (int64, error) {
+	var token int64
+	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+		res, err := q.ExecContext(ctx, stmt)
+		if err != nil {
+			return err
+		}
+		token, err = res.LastInsertId()
+		return err
+	})
+	return token, err
+}
+
+// ReleaseLease frees the lease if grant r.Token still holds it (with
+// Token 0, whatever r.Owner holds); the row stays, so the token never goes
+// down.
+func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
+	if err := checkLeaseName(r); err != nil {
+		return err
+	}
+	which := "generation = " + strconv.FormatInt(r.Token.Int64(), 10) + " AND owner IS NOT NULL"
+	if r.Token == 0 {
+		which = "owner = " + mysqlHex(r.Owner)
+	}
+	stmt := "UPDATE advisorylock_leases SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE name_hash = " + mysqlHash(r.Name) + " AND " + which
+	return mysqlLeaseRun(ctx, db, func(q querier) error {
+		_, err := q.ExecContext(ctx, stmt)
+		return err
+	})
+}
+
+// LeaseHolder reports the lease's holder, or nil when it is free or
+// expired by the database clock.
+func (m mysqlBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+	if err := checkLeaseName(r); err != nil {
+		return nil, err
+	}
+	stmt := `SELECT owner, generation, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)
+FROM advisorylock_leases WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)`
+	h := &Holder{Name: r.Name, Backend: m.Name(), Key: r.Key}
+	var gen, since, expires int64
+	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+		return q.QueryRowContext(ctx, stmt).Scan(&h.Owner, &gen, &since, &expires)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	h.Token, h.Since, h.ExpiresAt = FencingToken(gen), time.UnixMicro(since), time.UnixMicro(expires)
+	return h, nil
+}
+
+// AdmitToken stores token as resource's highest in tx if it is not lower
+// than the stored one, in one upsert that locks the row either way (so
+// the caller's write commits before any later admit of the resource);
+// otherwise it reads the highest and returns a *StaleTokenError. As in
+// AcquireLease, LAST_INSERT_ID reports the outcome: the token, or 0.
+func (mysqlBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
+	key, tok := mysqlHash(resource), strconv.FormatInt(token.Int64(), 10)
+	result, err := tx.ExecContext(ctx, "INSERT INTO advisorylock_fences (resource_hash, resource, token) VALUES ("+key+", "+mysqlHex(resource)+", LAST_INSERT_ID("+tok+"))"+
+		" ON DUPLICATE KEY UPDATE token = IF(token <= "+tok+", LAST_INSERT_ID("+tok+"), token + LAST_INSERT_ID(0))")
+	if err != nil {
+		return err
+	}
+	if id, err := result.LastInsertId(); err != nil || id == token.Int64() {
+		return err
+	}
+	var highest int64
+	if err := tx.QueryRowContext(ctx, "SELECT token FROM advisorylock_fences WHERE resource_hash = "+key).Scan(&highest); err != nil {
+		return fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
+	}
+	return &StaleTokenError{Resource: resource, Token: token, Highest: FencingToken(highest)}
+}
+
+// ensureSchema creates the tables unless they exist (one round trip when
+// they do). NewFence calls it: Admit runs in the caller's transaction,
+// where a missing table cannot be created and retried.
+func (mysqlBackend) ensureSchema(ctx context.Context, db DB) error {
+	var n int
+	err := mysqlRun(ctx, db, func(q querier) error {
+		return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('advisorylock_leases', 'advisorylock_fences')").Scan(&n)
+	})
+	if err != nil || n == 2 {
+		return err
+	}
+	return createMySQLTables(ctx, db)
+}
+
+// mysqlSchemaLock is the named lock that serializes creating the tables;
+// no Lock's name can be it (see mysqlLockName).
+const mysqlSchemaLock = "'advisorylock:schema'"
+
+// createMySQLTables applies the upgrade steps the database lacks, on one
+// connection, while holding the schema lock, so that concurrent first
+// uses all succeed. The connection is discarded if the unlock does not
+// answer.
+func createMySQLTables(ctx context.Context, db DB) error {
+	conn, err := takeConn(ctx, db)
+	if err != nil {
+		return fmt.Errorf("advisorylock: creating tables: %w", err)
+	}
+	var got sql.NullInt64
+	err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+mysqlSchemaLock+", 30)").Scan(&got)
+	if err == nil && got.Int64 != 1 {
+		err = errors.New("the schema lock was not granted within 30s")
+	}
+	if err == nil {
+		err = applyMySQLSteps(ctx, conn)
+	}
+	if _, uerr := conn.ExecContext(ctx, "DO RELEASE_LOCK("+mysqlSchemaLock+")"); uerr != nil {
+		discard(conn) // ending the session frees the schema lock
+	} else {
+		recycle(conn)
+	}
+	switch {
+	case mysqlErrno(err) == mysqlDenied:
+		return fmt.Errorf("advisorylock: creating tables: the database user may not create them; an administrator creates them from Schema(MySQL()) and grants what its end lists: %w", err)
+	case err != nil:
+		return fmt.Errorf("advisorylock: creating tables: %w", err)
+	}
+	return nil
+}
+
+// applyMySQLSteps applies on conn the upgrade steps not recorded in
+// advisorylock_schema, and records them.
+func applyMySQLSteps(ctx context.Context, conn *sql.Conn) error {
+	current := 0
+	err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM advisorylock_schema").Scan(&current)
+	if err != nil && mysqlErrno(err) != mysqlNoSuchTable {
+		return err
+	}
+	if current >= len(mysqlSteps)-1 {
+		return nil
+	}
+	if _, err := conn.ExecContext(ctx, mysqlSchemaVersions); err != nil {
+		return err
+	}
+	for v := current + 1; v < len(mysqlSteps); v++ {
+		for _, ddl := range mysqlSteps[v] {
+			if _, err := conn.ExecContext(ctx, ddl); err != nil {
+				return err
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO advisorylock_schema (version, applied_at) VALUES ("+strconv.Itoa(v)+", UTC_TIMESTAMP(6))"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mysqlRun runs stmt where statements that hold no lock run (see
+// statementsOn).
+func mysqlRun(ctx context.Context, db DB, stmt func(q querier) error) error {
+	q, done, err := statementsOn(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer done()
+	err = stmt(q)
+	if err != nil && ctx.Err() != nil { // say why first (a LockTimeout's budget), keep the driver's error
+		err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+	}
+	return unreachable(err)
+}
+
+// MySQL error numbers the lease statements act on.
+const (
+	mysqlDenied       = 1142 // ER_TABLEACCESS_DENIED_ERROR: a command the user may not run
+	mysqlNoSuchTable  = 1146 // ER_NO_SUCH_TABLE
+	mysqlLockWaitTime = 1205 // ER_LOCK_WAIT_TIMEOUT: nothing was written
+	mysqlDeadlock     = 1213 // ER_LOCK_DEADLOCK: rolled back, nothing was written
+)
+
+// mysqlLeaseRun runs a lease statement as mysqlRun does. A missing table
+// is created and the statement run again, once; a deadlock or lock wait
+// timeout (concurrent first inserts of one name can deadlock in InnoDB)
+// wrote nothing and is retried while ctx allows, a few times. No rows from
+// a statement whose context ended is an unknown outcome, not "held" or
+// "free".
+func mysqlLeaseRun(ctx context.Context, db DB, stmt func(q querier) error) error {
+	err := mysqlRun(ctx, db, stmt)
+	for tries := 0; err != nil && tries < 5 && ctx.Err() == nil; tries++ {
+		switch mysqlErrno(err) {
+		case mysqlNoSuchTable:
+			if tries > 0 {
+				return err
+			}
+			if cerr := createMySQLTables(ctx, db); cerr != nil {
+				return cerr
+			}
+		case mysqlDeadlock, mysqlLockWaitTime:
+		default:
+			return err
+		}
+		err = mysqlRun(ctx, db, stmt)
+	}
+	if errors.Is(err, sql.ErrNoRows) && ctx.Err() != nil {
+		return fmt.Errorf("advisorylock: context ended while the statement ran, outcome unknown: %w", context.Cause(ctx))
+	}
+	return err
+}
+
+// mysqlErrno returns the server's error number carried by err (the Number
+// field of go-sql-driver's *MySQLError, read without importing the
+// driver), or 0.
+func mysqlErrno(err error) uint16 {
+	for ; err != nil; err = errors.Unwrap(err) {
+		v := reflect.ValueOf(err)
+		if v.Kind() == reflect.Pointer && !v.IsNil() {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			continue
+		}
+		if f := v.FieldByName("Number"); f.IsValid() && f.Kind() == reflect.Uint16 {
+			return uint16(f.Uint())
+		}
+	}
+	return 0
+}

@@ -1,0 +1,295 @@
+package benchmarks
+
+// MySQL/MariaDB: advisorylock against the bare statements it sends, on
+// the server of ADVISORYLOCK_TEST_MYSQL (a go-sql-driver DSN) or root on
+// 127.0.0.1:3306, database test.
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	_ "github.com/go-sql-driver/mysql" // driver "mysql"
+)
+
+const envMySQL = "ADVISORYLOCK_TEST_MYSQL"
+
+func mysqlDSN() string {
+	if dsn := os.Getenv(envMySQL); dsn != "" {
+		return dsn
+	}
+	return "root@tcp(127.0.0.1:3306)/test"
+}
+
+// openMySQL opens the MySQL server with a pool of maxOpen connections kept
+// idle, and closes it at cleanup.
+func openMySQL(tb testing.TB, maxOpen int) *sql.DB {
+	tb.Helper()
+	db, err := sql.Open("mysql", mysqlDSN())
+	if err != nil {
+		tb.Fatalf("open mysql: %v", err)
+	}
+	tb.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(maxOpen)
+	db.SetMaxIdleConns(maxOpen)
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		tb.Fatalf("no MySQL (set %s): %v", envMySQL, err)
+	}
+	return db
+}
+
+// mysqlServerName is the server-side lock name advisorylock uses for name.
+func mysqlServerName(name string) string {
+	return fmt.Sprintf("'advisorylock:v1:%016x'", uint64(advisorylock.Key(name)))
+}
+
+// mysqlOps are the uncontended operations on MySQL; each setup gets a
+// handle with a small warm pool.
+var mysqlOps = map[string]func(b *testing.B, db *sql.DB) func(ctx context.Context) error{
+	"select1_pinned": func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+		conn := pin(b, db)
+		return func(ctx context.Context) error { return conn.QueryRowContext(ctx, "SELECT 1").Scan(new(int)) }
+	},
+	// The floor of TryLock+Release: the two statements advisorylock
+	// sends, on a pinned connection.
+	"raw_literal": func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+		conn := pin(b, db)
+		lock := mysqlServerName(lockName(b, "raw"))
+		return func(ctx context.Context) error {
+			var got, id int64
+			if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 0), CONNECTION_ID(), @@read_only").Scan(&got, &id, new(bool)); err != nil || got != 1 {
+				return fmt.Errorf("GET_LOCK = %d, %v", got, err)
+			}
+			var released, holder sql.NullInt64
+			return conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+lock+"), CONNECTION_ID(), IS_USED_LOCK("+lock+")").Scan(&released, &id, &holder)
+		}
+	},
+	// raw_literal with a pool checkout per iteration, as TryLock does.
+	"raw_pool": setupMySQLRawPool(false),
+	// raw_pool with the release bounded by a context with a deadline, as
+	// Release bounds it (WithReleaseTimeout): database/sql and the driver
+	// then watch the context.
+	"raw_pool_bounded": setupMySQLRawPool(true),
+	"trylock_release": func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+		l := newLock(b, db, lockName(b, "lock"))
+		return func(ctx context.Context) error {
+			g, err := l.TryLock(ctx)
+			if err != nil {
+				return err
+			}
+			return g.Release(ctx)
+		}
+	},
+	"leaselock": func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+		l := newLeaseLock(b, db, lockName(b, "lease"))
+		return func(ctx context.Context) error {
+			g, err := l.TryLock(ctx)
+			if err != nil {
+				return err
+			}
+			return g.Release(ctx)
+		}
+	},
+	// The floor of LeaseLock: its upsert and its release, bare, through
+	// the pool, on a table of the same shape.
+	"lease_raw": func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+		table := tableName("mylease")
+		mysqlExec(b, db, "CREATE TABLE "+table+" LIKE advisorylock_leases")
+		b.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + table) })
+		raw := lockName(b, "lease_raw")
+		name := "X'" + fmt.Sprintf("%x", raw) + "'"
+		hash := "X'" + fmt.Sprintf("%x", sha256.Sum256([]byte(raw))) + "'"
+		owner := "X'6f776e6572'"
+		now := "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))"
+		acquire := "INSERT INTO " + table + ` (name_hash, name, owner, generation, acquired_at, expires_at)
+VALUES (` + hash + `, ` + name + `, ` + owner + `, LAST_INSERT_ID(` + now + `), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30000000 MICROSECOND)
+ON DUPLICATE KEY UPDATE owner = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6), ` + owner + `, owner),
+	generation = IF(owner = ` + owner + `, LAST_INSERT_ID(GREATEST(generation + 1, ` + now + `)), generation + LAST_INSERT_ID(0)),
+	acquired_at = IF(owner = ` + owner + `, UTC_TIMESTAMP(6), acquired_at),
+	expires_at = IF(owner = ` + owner + `, UTC_TIMESTAMP(6) + INTERVAL 30000000 MICROSECOND, expires_at)`
+		return func(ctx context.Context) error {
+			res, err := db.ExecContext(ctx, acquire)
+			if err != nil {
+				return err
+			}
+			gen, err := res.LastInsertId()
+			if err != nil || gen == 0 {
+				return fmt.Errorf("raw lease not granted: %v", err)
+			}
+			_, err = db.ExecContext(ctx, "UPDATE "+table+" SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE name_hash = "+hash+
+				" AND generation = "+strconv.FormatInt(gen, 10)+" AND owner IS NOT NULL")
+			return err
+		}
+	},
+}
+
+func setupMySQLRawPool(bounded bool) func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+	return func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+		lock := mysqlServerName(lockName(b, "raw_pool"))
+		return func(ctx context.Context) error {
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			var got, id int64
+			if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 0), CONNECTION_ID(), @@read_only").Scan(&got, &id, new(bool)); err != nil || got != 1 {
+				return fmt.Errorf("GET_LOCK = %d, %v", got, err)
+			}
+			if bounded {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+			}
+			var released, holder sql.NullInt64
+			return conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+lock+"), CONNECTION_ID(), IS_USED_LOCK("+lock+")").Scan(&released, &id, &holder)
+		}
+	}
+}
+
+// mysqlPairs are compared side by side, as BenchmarkPaired does.
+var mysqlPairs = []struct{ base, op string }{
+	{"select1_pinned", "raw_literal"},
+	{"raw_literal", "trylock_release"}, // the gate
+	{"raw_pool", "raw_pool_bounded"},   // what a bounded release costs
+	{"raw_pool_bounded", "trylock_release"},
+	{"lease_raw", "leaselock"},
+}
+
+func mysqlExec(tb testing.TB, db *sql.DB, q string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, q); err != nil {
+		tb.Fatalf("%s: %v", q, err)
+	}
+}
+
+// mysqlReady opens a pool and runs advisorylock's first-use checks and
+// table creation outside the timed loops.
+func mysqlReady(b *testing.B) *sql.DB {
+	db := openMySQL(b, 4)
+	warm(b, db, 3)
+	l := newLeaseLock(b, db, lockName(b, "ready"))
+	g, err := l.TryLock(context.Background())
+	must(b, err, "first lease")
+	must(b, g.Release(context.Background()), "first release")
+	return db
+}
+
+// BenchmarkMySQL measures each uncontended operation on MySQL.
+func BenchmarkMySQL(b *testing.B) {
+	for _, name := range []string{"select1_pinned", "raw_literal", "raw_pool", "trylock_release", "lease_raw", "leaselock"} {
+		b.Run(name, func(b *testing.B) {
+			runOp(b, mysqlOps[name](b, mysqlReady(b)))
+		})
+	}
+}
+
+// BenchmarkMySQLPaired alternates the pairs of mysqlPairs: TryLock+Release
+// against its two bare statements on a pinned connection, LeaseLock
+// against its bare upsert and release.
+func BenchmarkMySQLPaired(b *testing.B) {
+	for _, pair := range mysqlPairs {
+		b.Run(pair.op+"_vs_"+pair.base, func(b *testing.B) {
+			db := mysqlReady(b)
+			runPaired(b, mysqlOps[pair.base](b, db), mysqlOps[pair.op](b, db))
+		})
+	}
+}
+
+// BenchmarkMySQLHandoff measures the handoff (see BenchmarkHandoff) of a
+// blocked Lock against bare GET_LOCK/RELEASE_LOCK on pinned connections,
+// and of a polling LeaseLock.
+func BenchmarkMySQLHandoff(b *testing.B) {
+	for _, lib := range []struct {
+		name   string
+		period time.Duration
+		mk     func(b *testing.B, name string) func(i int) contender
+	}{
+		{"advisorylock", 0, mysqlLockContenders},
+		{"raw_blocking", 0, mysqlRawContenders},
+		{"leaselock", libraryPoll, func(b *testing.B, name string) func(i int) contender {
+			return func(int) contender { return guardContender(newLeaseLock(b, openMySQL(b, 2), name).Lock) }
+		}},
+	} {
+		b.Run(lib.name, func(b *testing.B) {
+			name := lockName(b, "handoff")
+			mysqlReady(b)
+			var queued func(ctx context.Context) (int, error)
+			if lib.period == 0 {
+				queued = mysqlQueuedOn(b, name)
+			}
+			unit := pin(b, openMySQL(b, 1))
+			runHandoff(b, lib.mk(b, name), queued, lib.period, func(ctx context.Context) error {
+				return unit.QueryRowContext(ctx, "SELECT 1").Scan(new(int))
+			})
+		})
+	}
+}
+
+// mysqlLockContenders contend with Lock, each on a pool of its own.
+func mysqlLockContenders(b *testing.B, name string) func(i int) contender {
+	return func(int) contender { return guardContender(newLock(b, openMySQL(b, 2), name).Lock) }
+}
+
+// mysqlRawContenders are the floor: GET_LOCK waiting on the server on a
+// pinned connection, then RELEASE_LOCK.
+func mysqlRawContenders(b *testing.B, name string) func(i int) contender {
+	lock := mysqlServerName(name)
+	return func(int) contender {
+		conn := pin(b, openMySQL(b, 2))
+		return contender{
+			acquire: func(ctx context.Context) error {
+				return conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 3600)").Scan(new(int))
+			},
+			release: func(ctx context.Context) error {
+				return conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+lock+")").Scan(new(int))
+			},
+		}
+	}
+}
+
+// BenchmarkMySQLHandoffPaired alternates handoffs of Lock and of bare
+// GET_LOCK/RELEASE_LOCK between two contenders each (see
+// BenchmarkHandoffPaired) and reports their ratio (x-base).
+func BenchmarkMySQLHandoffPaired(b *testing.B) {
+	b.Run("advisorylock_vs_raw_blocking", func(b *testing.B) {
+		mysqlReady(b)
+		pair := func(mk func(b *testing.B, name string) func(i int) contender, suffix string) *pingPong {
+			name := lockName(b, suffix)
+			contend := mk(b, name)
+			p := &pingPong{cs: [2]contender{contend(0), contend(1)}, queued: mysqlQueuedOn(b, name)}
+			ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+			defer cancel()
+			must(b, p.cs[0].acquire(ctx), "first acquire")
+			b.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+				defer cancel()
+				_ = p.cs[p.holder].release(ctx)
+			})
+			return p
+		}
+		runHandoffPair(b, pair(mysqlLockContenders, "handoff"), pair(mysqlRawContenders, "handoff_raw"))
+	})
+}
+
+// mysqlQueuedOn counts the sessions waiting in GET_LOCK for name's lock.
+func mysqlQueuedOn(b *testing.B, name string) func(ctx context.Context) (int, error) {
+	mon := openMySQL(b, 1)
+	q := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND STATE = 'User lock' AND INFO LIKE '%" +
+		mysqlServerName(name)[1:len(mysqlServerName(name))-1] + "%'"
+	return func(ctx context.Context) (int, error) {
+		var n int
+		err := mon.QueryRowContext(ctx, q).Scan(&n)
+		return n, err
+	}
+}

@@ -1,0 +1,66 @@
+package advisorylock
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+func TestMySQLServerVersionsAndGaleraAreChecked(t *testing.T) {
+	for _, tc := range []struct {
+		version, wsrep string
+		ok             bool
+	}{
+		{"5.6.51-log", "", false},
+		{"5.7.44", "", true},
+		{"8.0.36", "", true},
+		{"8.4.0", "", true},
+		{"10.0.1-MariaDB", "", false},
+		{"10.0.2-MariaDB", "", true},
+		{"10.3.39-MariaDB-0+deb10u1", "OFF", true},
+		{"10.11.6-MariaDB-0+deb12u1", "OFF", true},
+		{"10.11.6-MariaDB-0+deb12u1", "ON", false}, // Galera
+		{"8.0.35-27.1", "ON", false},               // Percona XtraDB Cluster
+		{"garbage", "", false},
+	} {
+		err := mysqlServerSupported(tc.version, tc.wsrep)
+		if tc.ok != (err == nil) || err != nil && !errors.Is(err, ErrUnsupported) {
+			t.Errorf("server %q wsrep_on=%q: %v; want ok=%v (else ErrUnsupported)", tc.version, tc.wsrep, err, tc.ok)
+		}
+	}
+}
+
+func TestMySQLLockNamesAreShortLowercaseAndDistinct(t *testing.T) {
+	seen := map[string]int64{}
+	for _, key := range []int64{0, 1, -1, 1 << 62, -1 << 63, Key("a"), Key("A")} {
+		n := mysqlLockName(key)
+		if len(n)-2 > 64 || n != strings.ToLower(n) {
+			t.Fatalf("lock name %s for key %d: longer than 64 or not lowercase", n, key)
+		}
+		if k, dup := seen[n]; dup {
+			t.Fatalf("keys %d and %d share lock name %s", k, key, n)
+		}
+		seen[n] = key
+	}
+}
+
+func TestMySQLErrnoIsReadThroughWrapping(t *testing.T) {
+	err := fmt.Errorf("lease: %w", &mysql.MySQLError{Number: 1146, Message: "no such table"})
+	if n := mysqlErrno(err); n != mysqlNoSuchTable {
+		t.Fatalf("mysqlErrno = %d, want %d", n, mysqlNoSuchTable)
+	}
+	if n := mysqlErrno(errors.New("other")); n != 0 {
+		t.Fatalf("mysqlErrno of a plain error = %d, want 0", n)
+	}
+}
+
+func TestMySQLHexLiteralsCarryAnyBytes(t *testing.T) {
+	for s, want := range map[string]string{"": "''", "a'b": "X'612762'", `\`: "X'5c'", "\x00": "X'00'"} {
+		if got := mysqlHex(s); got != want {
+			t.Errorf("mysqlHex(%q) = %s, want %s", s, got, want)
+		}
+	}
+}

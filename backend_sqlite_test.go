@@ -786,6 +786,9 @@ func TestSQLiteReleaseIsBoundedWhileBusy(t *testing.T) {
 			if took < timeout {
 				t.Fatalf("release gave up after %v, before its timeout of %v", took, timeout)
 			}
+			if bound := 3*timeout + time.Second; took > bound {
+				t.Fatalf("release took %v, over %v for a release timeout of %v", took, bound, timeout)
+			}
 		})
 	}
 }

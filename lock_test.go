@@ -22,6 +22,19 @@ import (
 
 const wait = 30 * time.Second
 
+// Generous upper bounds on the timing promises of the README (about 2-3x
+// each promise, so that a loaded 2-CPU machine does not flake):
+const (
+	// LockTimeout returns within about a second of its budget.
+	timeoutSlack = 2500 * time.Millisecond
+	// A release lets a waiter in within about one round trip.
+	handoffWithin = 2 * time.Second
+	// A wait slice lasts about a second, so nothing waiting for the
+	// waiter's statements to end (CREATE INDEX CONCURRENTLY, measured at
+	// one slice here) waits much longer than a slice or two.
+	slicesWithin = 4 * time.Second
+)
+
 // handles opens two independent handles per driver: *sql.DB and *sqlx.DB.
 func eachHandle(t *testing.T, f func(t *testing.T, open func() advisorylock.DB, raw func() *sql.DB)) {
 	for _, drv := range testdb.Drivers {
@@ -168,8 +181,8 @@ func TestLockWaitsServerSideAndHandsOff(t *testing.T) {
 				if gb != nil {
 					mustRelease(t, gb)
 				}
-			case <-time.After(wait):
-				t.Fatal("waiter did not get the lock after release")
+			case <-time.After(handoffWithin):
+				t.Fatalf("waiter did not get the lock within %v of the release", handoffWithin)
 			}
 		})
 	}
@@ -250,6 +263,7 @@ func TestWaiterDoesNotStallCreateIndexConcurrently(t *testing.T) {
 			}()
 			testdb.WaitFor(t, wait, func() bool { return waitingOn(t, dbA, name) == 1 }, "waiter never queued")
 			cic := make(chan error, 1)
+			start := time.Now()
 			go func() {
 				_, err := dbA.Exec("CREATE INDEX CONCURRENTLY " + table + "_idx ON " + table + " (id)")
 				cic <- err
@@ -259,8 +273,9 @@ func TestWaiterDoesNotStallCreateIndexConcurrently(t *testing.T) {
 				if err != nil {
 					t.Fatalf("CREATE INDEX CONCURRENTLY: %v", err)
 				}
-			case <-time.After(wait):
-				t.Fatal("CREATE INDEX CONCURRENTLY stalled behind a waiting Lock")
+				t.Logf("CREATE INDEX CONCURRENTLY took %v beside a waiting Lock", time.Since(start))
+			case <-time.After(slicesWithin):
+				t.Fatalf("CREATE INDEX CONCURRENTLY stalled behind a waiting Lock for %v: wait slices are about a second", slicesWithin)
 			}
 			select {
 			case err := <-waited:
@@ -303,6 +318,9 @@ func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
 			}
 			if elapsed < d {
 				t.Fatalf("LockTimeout returned after %v, before its budget %v", elapsed, d)
+			}
+			if elapsed > d+timeoutSlack {
+				t.Fatalf("LockTimeout returned after %v: its budget %v plus about a second is promised", elapsed, d)
 			}
 			if err := dbB.QueryRow("SELECT pg_backend_pid()").Scan(&pidAfter); err != nil {
 				t.Fatal(err)

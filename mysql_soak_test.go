@@ -48,7 +48,7 @@ func startMySQLLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() 
 	l := &mysqlLoad{proxy: proxy, admin: testdb.OpenMySQL(t), pool: db, lockName: testdb.UniqueName(t), leaseName: testdb.UniqueName(t),
 		session: &figures{}, lease: &figures{}}
 	l.counter = testdb.NewMySQLCounter(t, l.admin)
-	sessionSecs := newSections(l.lockName, l.session, t.Logf)
+	sessionSecs := newSections(l.lockName, l.session, t.Logf).sessionFaults(3 * time.Second)
 	leaseSecs := newSections(l.leaseName, l.lease, t.Logf)
 	l.secs = []*sections{sessionSecs, leaseSecs}
 	opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second),
@@ -58,11 +58,11 @@ func startMySQLLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() 
 	t.Cleanup(func() { l.proxy.Heal(); stop(); l.wg.Wait() })
 	for range sessionWorkers {
 		lock := newLock(t, db, l.lockName, opts...)
-		l.wg.Go(func() { sessionWorker(ctx, lock, sessionSecs, l.session, hold) })
+		l.wg.Go(func() { sessionWorker(ctx, lock, sessionSecs, l.session, hold, nil) })
 	}
 	for range leaseWorkers {
 		ll, f := fencedLease(t, db, l.leaseName, opts...)
-		l.wg.Go(func() { leaseWorker(ctx, ll, f, db, l.counter, leaseSecs, l.lease) })
+		l.wg.Go(func() { leaseWorker(ctx, ll, f, db, l.counter, leaseSecs, l.lease, noHold, nil) })
 	}
 	return l
 }
@@ -91,6 +91,7 @@ func (l *mysqlLoad) kill(t *testing.T) bool {
 		return false
 	}
 	if err == nil {
+		l.secs[0].fault() // a session-ending fault: see sections
 		_, err = l.admin.ExecContext(ctx, fmt.Sprintf("KILL %d", id.Int64))
 	}
 	if err != nil && !isUnknownThread(err) {
@@ -168,6 +169,7 @@ func TestMySQLFaultsUnderLoad(t *testing.T) {
 			l.cut(300*time.Millisecond + rand.N(1200*time.Millisecond))
 			cuts++
 		default:
+			l.secs[0].fault()
 			l.proxy.Reset()
 			l.session.faults.Add(1)
 			resets++

@@ -1,21 +1,29 @@
 package advisorylock_test
 
 // TestSoak runs every kind of lock at once under injected faults and
-// prints what it did. Without ADVISORYLOCK_SOAK it runs for a few seconds,
-// so that CI proves it; for a long run, give a Go duration:
+// prints what it did. Without ADVISORYLOCK_SOAK it runs one round of its
+// fault schedule (a few seconds at least), so that CI proves it; for a
+// long run, give a Go duration:
 //
 //	ADVISORYLOCK_SOAK=10m go test -run TestSoak -v -timeout 0 .
 //
 // The load: Lock.Do and fenced LeaseLock.Do workers on PostgreSQL (lib/pq
-// and pgx pools, through a cuttable proxy), and Lock.Do and fenced
-// LeaseLock.Do workers on one SQLite file opened by two pools. The faults,
-// on PostgreSQL, every few hundred milliseconds: a random holder or waiter
-// terminated, the network cut for up to two seconds, or every connection
-// reset. It reports operations, locks acquired, losses detected, faults
-// injected, violations (two holders at once where the first did not lose
-// its lock, a lease granted again before its holder knew it lost it, a
-// stale write admitted, a wrong count: must be 0) and the p50/p99 latency
-// from calling Do to fn running.
+// and pgx, each worker with a pool and a cuttable proxy of its own), and
+// Lock.Do and fenced LeaseLock.Do workers on one SQLite file opened by two
+// pools. The faults, on PostgreSQL, in a fixed round so that every class
+// is reached in every run: a Lock holder's session terminated, a Lock
+// holder's connections reset, a Lock holder cut off, a lease holder cut
+// off for longer than its lease, and a lease granted over a slow network
+// (answers held back 1.2s) then cut off. Each is aimed at one worker
+// holding its lock (or, the last, waiting for it); the rest of the load
+// still reaches the server. The soak fails as vacuous unless every class
+// made its holder report a loss, and the fence refused a stale write.
+//
+// It reports per class the faults injected and the losses they caused,
+// and per kind of lock the operations, locks acquired, losses detected,
+// violations (two holders at once where the older was not told of its
+// loss before the newer grant, a stale write admitted, a wrong count:
+// must be 0) and the p50/p99 latency from calling Do to fn running.
 
 import (
 	"context"
@@ -35,7 +43,8 @@ import (
 // soakEnv names the soak's duration.
 const soakEnv = "ADVISORYLOCK_SOAK"
 
-// soakShort is the soak's length when soakEnv is unset.
+// soakShort is the soak's least length when soakEnv is unset; it always
+// runs at least one round of the fault schedule.
 const soakShort = 5 * time.Second
 
 func soakDuration(t *testing.T) time.Duration {
@@ -50,6 +59,29 @@ func soakDuration(t *testing.T) time.Duration {
 	return d
 }
 
+// faultClass is one kind of fault the soak injects, and what it reached.
+type faultClass struct {
+	name     string
+	inject   func(pg *pgLoad, c *faultClass) bool // reports whether it found its target
+	injected atomic.Int64
+	reached  atomic.Int64 // losses its targets reported
+}
+
+func (c *faultClass) String() string {
+	return fmt.Sprintf("%-44s injected %d, losses reported %d", c.name+":", c.injected.Load(), c.reached.Load())
+}
+
+// soakFaults returns the soak's fault classes, in the order it runs them.
+func soakFaults() []*faultClass {
+	return []*faultClass{
+		{name: "Lock holder's session terminated", inject: (*pgLoad).killHolder},
+		{name: "Lock holder's connections reset", inject: (*pgLoad).resetHolder},
+		{name: "Lock holder cut off", inject: (*pgLoad).cutLockHolder},
+		{name: "lease holder cut off past its TTL", inject: (*pgLoad).cutLeaseHolder},
+		{name: "lease granted over a slow network, cut off", inject: (*pgLoad).slowThenCut},
+	}
+}
+
 func TestSoak(t *testing.T) {
 	checkGoroutines(t)
 	d := soakDuration(t)
@@ -60,19 +92,21 @@ func TestSoak(t *testing.T) {
 		return rand.N(20 * time.Millisecond)
 	})
 	lite := startSQLiteLoad(t, 2, 1)
+	classes := soakFaults()
 
-	var kills, cuts, resets int
 	start := time.Now()
 	report := func(label string) {
-		lines := []string{
-			fmt.Sprintf("soak %s after %v of %v: faults injected %d (%d sessions killed, %d network cuts, %d connection resets)",
-				label, time.Since(start).Round(time.Second), d, kills+cuts+resets, kills, cuts, resets),
-			"  Lock on PostgreSQL:       " + pg.session.String(),
-			"  LeaseLock on PostgreSQL:  " + pg.lease.String(),
-			"  Lock on SQLite:           " + lite.lock.String(),
-			"  LeaseLock on SQLite:      " + lite.lease.String(),
-			"  total:                    " + totals(pg.session, pg.lease, lite.lock, lite.lease),
+		lines := []string{fmt.Sprintf("soak %s after %v of %v:", label, time.Since(start).Round(time.Second), d)}
+		for _, c := range classes {
+			lines = append(lines, "  fault "+c.String())
 		}
+		lines = append(lines,
+			"  Lock on PostgreSQL:       "+pg.session.String(),
+			"  LeaseLock on PostgreSQL:  "+pg.lease.String(),
+			"  Lock on SQLite:           "+lite.lock.String(),
+			"  LeaseLock on SQLite:      "+lite.lease.String(),
+			"  total:                    "+totals(pg.session, pg.lease, lite.lock, lite.lease),
+		)
 		for _, line := range lines {
 			t.Log(line)
 			fmt.Println(line)
@@ -80,24 +114,20 @@ func TestSoak(t *testing.T) {
 	}
 
 	nextReport := start.Add(30 * time.Second)
-	for time.Since(start) < d {
-		time.Sleep(200*time.Millisecond + rand.N(600*time.Millisecond))
-		switch r := rand.IntN(10); {
-		case r < 5:
-			if pg.kill(t) {
-				kills++
-			}
-		case r < 8:
-			pg.cut(300*time.Millisecond + rand.N(1700*time.Millisecond))
-			cuts++
-		default:
-			pg.proxy.Reset()
-			pg.session.faults.Add(1)
-			resets++
+	for round := 0; round == 0 || time.Since(start) < d; round++ {
+		for _, c := range classes {
+			pg.injectAndRecover(c)
 		}
 		if time.Now().After(nextReport) {
 			report("progress")
 			nextReport = nextReport.Add(30 * time.Second)
+		}
+	}
+	// A class whose target was busy elsewhere gets a few more tries, so a
+	// short run is never vacuous by bad luck.
+	for _, c := range classes {
+		for try := 0; try < 5 && c.reached.Load() == 0; try++ {
+			pg.injectAndRecover(c)
 		}
 	}
 	pg.progresses(t)
@@ -111,6 +141,122 @@ func TestSoak(t *testing.T) {
 			t.Errorf("a kind of worker never acquired its lock: %v", f)
 		}
 	}
+	for _, c := range classes {
+		if c.injected.Load() == 0 || c.reached.Load() == 0 {
+			t.Errorf("vacuous: fault %v", c)
+		}
+	}
+	if pg.lease.staleRefused.Load() == 0 {
+		t.Errorf("vacuous: the fence never refused a cut-off lease holder's write: %v", pg.lease)
+	}
+}
+
+// injectAndRecover injects one fault of class c and gives the load a
+// moment to recover before the next.
+func (l *pgLoad) injectAndRecover(c *faultClass) {
+	if c.inject(l, c) {
+		c.injected.Add(1)
+		l.session.faults.Add(1)
+	}
+	time.Sleep(200*time.Millisecond + rand.N(300*time.Millisecond))
+}
+
+// aim marks w as the target of c, so that the loss it reports is c's.
+func aim(w *pgWorker, c *faultClass) { w.aimed.Store(c) }
+
+// killHolder terminates the server sessions of a worker that holds the
+// Lock.
+func (l *pgLoad) killHolder(c *faultClass) bool {
+	w := l.holder(false, 3*time.Second)
+	if w == nil {
+		return false
+	}
+	aim(w, c)
+	l.secs[0].fault()
+	var n int
+	err := l.admin.QueryRow("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", w.app).Scan(&n)
+	return err == nil && n > 0
+}
+
+// resetHolder resets the connections of a worker that holds the Lock.
+func (l *pgLoad) resetHolder(c *faultClass) bool {
+	w := l.holder(false, 3*time.Second)
+	if w == nil {
+		return false
+	}
+	aim(w, c)
+	l.secs[0].fault()
+	w.proxy.Reset()
+	return true
+}
+
+// cutLockHolder cuts off a worker that holds the Lock until it reports
+// the loss (its server session, and so the lock, lives on meanwhile).
+func (l *pgLoad) cutLockHolder(c *faultClass) bool {
+	w := l.holder(false, 3*time.Second)
+	if w == nil {
+		return false
+	}
+	aim(w, c)
+	w.proxy.Cut()
+	testdb.Poll(5*time.Second, func() bool { return w.aimed.Load() == nil })
+	w.proxy.Heal()
+	return true
+}
+
+// cutLeaseHolder cuts off a worker that holds the lease for longer than
+// the lease, so that another worker is granted it meanwhile and the cut
+// one's late write meets the fence.
+func (l *pgLoad) cutLeaseHolder(c *faultClass) bool {
+	w := l.holder(true, 3*time.Second)
+	if w == nil {
+		return false
+	}
+	aim(w, c)
+	w.proxy.Cut()
+	time.Sleep(leaseTTL + time.Second)
+	w.proxy.Heal()
+	return true
+}
+
+// slowThenCut holds back the answers to a lease worker by 1.2s and
+// pauses its rivals until it is granted the lease, then cuts it off past
+// the lease. The answer arrives after most of the lease is gone: only a
+// holder that counts its local deadline from when it sent the acquire
+// knows it lost the lease before the database lets a rival in.
+func (l *pgLoad) slowThenCut(c *faultClass) bool {
+	var w *pgWorker
+	for _, i := range rand.Perm(len(l.workers)) {
+		if cand := l.workers[i]; cand.lease {
+			w = cand
+		}
+	}
+	var resume []func()
+	for _, o := range l.workers {
+		if o.lease && o != w {
+			resume = append(resume, o.pause())
+		}
+	}
+	rivalsGoOn := func() {
+		for _, r := range resume {
+			r()
+		}
+	}
+	defer rivalsGoOn()
+	w.proxy.SetDelay(1200 * time.Millisecond)
+	defer w.proxy.SetDelay(0)
+	// A section that began at full speed ends first; the next grant is
+	// the slow one.
+	if !testdb.Poll(15*time.Second, func() bool { return !w.inside.Load() }) ||
+		!testdb.Poll(15*time.Second, func() bool { return w.inside.Load() }) {
+		return false
+	}
+	aim(w, c)
+	rivalsGoOn()
+	w.proxy.Cut()
+	time.Sleep(leaseTTL + time.Second)
+	w.proxy.Heal()
+	return true
 }
 
 // totals sums the figures of several loads.
@@ -136,6 +282,9 @@ func totals(fs ...*figures) string {
 	}
 	return all.String()
 }
+
+// noHold holds a lock no longer than its section's work.
+func noHold() time.Duration { return 0 }
 
 // sqliteLoad is Lock.Do workers bumping a counter the unsafe way, and
 // fenced LeaseLock.Do workers, on one SQLite file opened by two pools as
@@ -183,7 +332,7 @@ func startSQLiteLoad(t *testing.T, lockWorkers, leaseWorkers int) *sqliteLoad {
 		}
 		for range leaseWorkers {
 			ll, f := fencedLease(t, db, l.leaseName, opts...)
-			l.wg.Go(func() { leaseWorker(ctx, ll, f, db, l.fenced, leaseSecs, l.lease) })
+			l.wg.Go(func() { leaseWorker(ctx, ll, f, db, l.fenced, leaseSecs, l.lease, noHold, nil) })
 		}
 	}
 	return l
@@ -194,10 +343,9 @@ func startSQLiteLoad(t *testing.T, lockWorkers, leaseWorkers int) *sqliteLoad {
 func (l *sqliteLoad) lockWorker(ctx context.Context, lock *advisorylock.Lock, db *sql.DB, secs *sections) {
 	for ctx.Err() == nil {
 		start := time.Now()
-		var sec *section
 		err := lock.Do(ctx, func(fctx context.Context) error {
 			l.lock.acquiredAfter(time.Since(start))
-			sec = secs.enter(nil)
+			sec := secs.enter(fctx, nil)
 			defer secs.exit(sec)
 			return counted(fctx, l.counter, db, func() error {
 				err := l.counter.Bump(fctx, db)
@@ -207,9 +355,6 @@ func (l *sqliteLoad) lockWorker(ctx context.Context, lock *advisorylock.Lock, db
 				return err
 			})
 		})
-		if sec != nil && err == nil {
-			sec.clean.Store(true)
-		}
 		l.lock.outcome(ctx, err, false)
 	}
 }

@@ -76,6 +76,16 @@ func PgBouncer(t testing.TB) (txDSN, sessionDSN string) {
 	return bouncer.txDSN, bouncer.session
 }
 
+// PgBouncerStatementPool returns the DSN of the same PgBouncer's third
+// database, "stmtpool" (pool_mode=statement, pool size PgBouncerPoolSize),
+// where every statement may land on another server session and
+// transactions are refused.
+func PgBouncerStatementPool(t testing.TB) string {
+	t.Helper()
+	txDSN, _ := PgBouncer(t)
+	return WithDatabase(txDSN, "stmtpool")
+}
+
 func startPgBouncer(t testing.TB, upstream string) (txDSN, sessionDSN string, stop func(), err error) {
 	bin, err := findPgBouncer(t)
 	if err != nil {
@@ -113,7 +123,7 @@ func startPgBouncer(t testing.TB, upstream string) (txDSN, sessionDSN string, st
 		_ = os.RemoveAll(dir)
 		return "", "", nil, err
 	}
-	t.Logf("testdb: started PgBouncer %s on %s (databases txpool, sessionpool)", b.version, HostPort(t, txDSN))
+	t.Logf("testdb: started PgBouncer %s on %s (databases txpool, sessionpool, stmtpool)", b.version, HostPort(t, txDSN))
 	return txDSN, sessionDSN, b.stop, nil
 }
 
@@ -210,6 +220,7 @@ func (b *bouncerProc) writeConfig(port int, up connParams) error {
 	fmt.Fprintf(&cfg, "[databases]\n")
 	fmt.Fprintf(&cfg, "txpool = %s pool_mode=transaction pool_size=%d\n", server, PgBouncerPoolSize)
 	fmt.Fprintf(&cfg, "sessionpool = %s pool_mode=session pool_size=%d\n", server, PgBouncerSessionPoolSize)
+	fmt.Fprintf(&cfg, "stmtpool = %s pool_mode=statement pool_size=%d\n", server, PgBouncerPoolSize)
 	fmt.Fprintf(&cfg, "\n[pgbouncer]\n")
 	settings := [][2]string{
 		{"listen_addr", "127.0.0.1"},

@@ -26,6 +26,7 @@ type Proxy struct {
 	rounds atomic.Int64 // ReadyForQuery messages forwarded to clients (MySQL: commands)
 	mysql  bool         // count MySQL commands instead (see NewMySQLProxy)
 	held   atomic.Int64 // chunks read but held back by a cut
+	delay  atomic.Int64 // nanoseconds each server->client chunk is held back
 
 	mu     sync.Mutex
 	cut    bool
@@ -84,6 +85,12 @@ func (p *Proxy) Heal() {
 		close(p.healed)
 	}
 }
+
+// SetDelay holds back every chunk the server sends for d before passing
+// it on (0 ends the delay): a slow network on the way back, so an answer
+// arrives d after the server gave it. Order is kept; chunks already
+// waiting keep the delay they started with.
+func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // Reset closes every current connection abruptly (with a TCP reset), on
 // both sides. The proxy keeps accepting new ones.
@@ -186,6 +193,7 @@ func (p *Proxy) serve(pc *proxyConn) {
 	go func() {
 		defer copiers.Done()
 		p.pump(pc, server, pc.client, func(b []byte) {
+			p.hold(pc)
 			if !p.mysql {
 				pc.observeServer(b, &p.rounds)
 			}
@@ -236,6 +244,20 @@ func (p *Proxy) waitHealed(pc *proxyConn) bool {
 		return true
 	case <-pc.done:
 		return false
+	}
+}
+
+// hold sleeps for the delay set by SetDelay, or until pc is shut.
+func (p *Proxy) hold(pc *proxyConn) {
+	d := time.Duration(p.delay.Load())
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-pc.done:
 	}
 }
 

@@ -338,3 +338,23 @@ func TestProxyCutHidesClientClose(t *testing.T) {
 	p.Heal()
 	WaitFor(t, 0, func() bool { return !alive() }, "backend %d still there after heal", pid)
 }
+
+func TestProxyDelayHoldsAnswersBack(t *testing.T) {
+	p := NewProxy(t, echoServer(t))
+	c := dialLine(t, p.Addr())
+	const d = 300 * time.Millisecond
+	p.SetDelay(d)
+	start := time.Now()
+	c.send(t, "slow")
+	if got := c.recv(t); got != "slow" {
+		t.Fatalf("got %q", got)
+	}
+	if took := time.Since(start); took < d {
+		t.Fatalf("answer came back after %v, before the %v delay", took, d)
+	}
+	p.SetDelay(0)
+	c.send(t, "fast")
+	if got := c.recv(t); got != "fast" {
+		t.Fatalf("got %q after the delay ended", got)
+	}
+}

@@ -121,3 +121,8 @@ func poll(timeout time.Duration, cond func() bool) bool {
 		}
 	}
 }
+
+// Poll calls cond until it returns true (reporting true) or timeout passes
+// (reporting false), for a test that has something to do when an event
+// does not come; WaitFor fails the test instead.
+func Poll(timeout time.Duration, cond func() bool) bool { return poll(timeout, cond) }

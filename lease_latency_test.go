@@ -1,0 +1,115 @@
+package advisorylock_test
+
+// A lease holder's local deadline counts from when its acquire or renew
+// was sent, not from when the answer came (README, Fencing): the answer
+// can come late, and the database started the lease's time when it ran
+// the statement. These tests make answers late, on a real network (a
+// proxy that holds answers back) and on a clock that moves during the
+// call.
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// TestSlowGrantIsLostBeforeItsDatabaseExpiry: the answer to an acquire
+// comes back 1.2s after PostgreSQL granted a 1.5s lease. The holder must
+// count its second of local deadline from when it sent the acquire, so
+// the lease reads lost as it arrives; cut off after that, the holder is
+// still told before anyone else is granted the lease.
+func TestSlowGrantIsLostBeforeItsDatabaseExpiry(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			checkGoroutines(t)
+			ctx := context.Background()
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
+			admin := testdb.OpenPostgres(t, drv)
+			name := testdb.UniqueName(t)
+			ll := newLeaseLock(t, db, name, quiet, advisorylock.WithLeaseTTL(leaseTTL), advisorylock.WithReleaseTimeout(time.Second))
+			// The tables exist and the pool holds a connection before the
+			// network slows down.
+			releaseLease(t, tryLease(t, newLeaseLock(t, db, testdb.UniqueName(t), quiet)))
+
+			proxy.SetDelay(1200 * time.Millisecond)
+			g, err := ll.TryLock(ctx)
+			if errors.Is(err, advisorylock.ErrLockLost) {
+				return // lost on arrival and said so: as good
+			}
+			if err != nil {
+				t.Fatalf("TryLock over a slow network: %v", err)
+			}
+			t.Cleanup(func() { proxy.SetDelay(0); proxy.Heal(); _ = g.Release(ctx) })
+			if !g.IsLost() {
+				t.Fatal("a lease whose grant took 1.2s of a 1.5s TTL to arrive does not read lost: its deadline counts from the answer, not from the acquire")
+			}
+			proxy.Cut()
+			next := newLeaseLock(t, admin, name, quiet, advisorylock.WithPollInterval(20*time.Millisecond))
+			ng, err := next.LockTimeout(ctx, wait)
+			if err != nil {
+				t.Fatalf("successor: %v", err)
+			}
+			defer releaseLease(t, ng)
+			if !g.IsLost() {
+				t.Fatal("a successor was granted the lease while its cut-off holder believed it held it")
+			}
+			select {
+			case <-g.Lost():
+			case <-time.After(wait):
+				t.Fatal("the slow grant's Lost() never closed")
+			}
+		})
+	}
+}
+
+// TestLeaseDeadlineCountsFromTheSentAcquire moves the clock during the
+// acquire statement on SQLite, where lease times come from the clock: a
+// lease whose grant took most of its TTL to arrive is lost on arrival,
+// and when the database lets a successor in, the first holder already
+// reads lost.
+func TestLeaseDeadlineCountsFromTheSentAcquire(t *testing.T) {
+	const ttl = 30 * time.Second // renewals every 10s of real time: none runs during the test
+	ctx := context.Background()
+	clock := testdb.NewFakeClock()
+	var during atomic.Int64 // how far the next lease statement moves the clock
+	path := testdb.SQLitePath(t)
+	const opts = "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"
+	db := testdb.OpenHooked(t, "sqlite", path+"?"+opts, testdb.Hooks{Before: func(q string, _ []any) {
+		if strings.Contains(q, "advisorylock_leases") {
+			clock.Add(time.Duration(during.Swap(0)))
+		}
+	}})
+	other := testdb.OpenSQLite(t, path, opts)
+	name := testdb.UniqueName(t)
+	sqlite := advisorylock.WithBackend(advisorylock.SQLite())
+	a := newLeaseLock(t, db, name, quiet, sqlite, advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock))
+	b := newLeaseLock(t, other, name, quiet, advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock))
+	releaseLease(t, tryLease(t, newLeaseLock(t, db, testdb.UniqueName(t), quiet, sqlite, advisorylock.WithClock(clock))))
+
+	const slow = ttl * 5 / 6 // past the local deadline (TTL minus a third), short of the expiry
+	during.Store(int64(slow))
+	g, err := a.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = g.Release(ctx) }()
+	if during.Load() != 0 {
+		t.Fatal("the clock never moved during the acquire: nothing was tested")
+	}
+	if !g.IsLost() {
+		t.Fatalf("a lease granted %v into its %v TTL does not read lost: its deadline counts from the answer", slow, ttl)
+	}
+	assertHeldElsewhere(t, b)
+	clock.Add(ttl - slow)
+	gb := tryLease(t, b)
+	defer releaseLease(t, gb)
+	if !g.IsLost() {
+		t.Fatal("a successor was granted the lease while the first holder believed it held it")
+	}
+}

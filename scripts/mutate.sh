@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# mutate.sh applies each mutation of the library to a scratch copy of the
+# tree, runs the tests that should catch it, and reports caught or missed.
+# It is for a reviewer (TESTING.md lists the results); CI runs the ordinary
+# suite only. A mutation whose anchor no longer matches the code fails the
+# run loudly: rewrite it for the code as it is now.
+#
+#   scripts/mutate.sh               # every mutation
+#   scripts/mutate.sh 'slice|55P03' # those whose name matches a regexp
+#   scripts/mutate.sh -l            # list them
+#   scripts/mutate.sh -n [regexp]   # only check that each still applies
+#
+# Needs what the test suite needs (PostgreSQL on 127.0.0.1:5432). Extra
+# flags for go test in MUTATE_GOFLAGS (say, -race). Exits non-zero if a
+# mutation was missed or did not apply.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export ADVISORYLOCK_REQUIRE_DB=1
+
+names=() files=() edits=() tests=() pkgs=()
+# mutation NAME FILE PERL-EDIT TEST-REGEXP [PACKAGE]
+# PERL-EDIT runs as perl -0pi -e (the whole file is one string), so anchor
+# it on a distinctive line; it must change the file.
+mutation() {
+	names+=("$1") files+=("$2") edits+=("$3") tests+=("$4") pkgs+=("${5:-.}")
+}
+
+# --- Locks (session advisory locks on PostgreSQL) ---------------------------
+mutation "keep-alive never reports a loss" conn_guard.go \
+	's/if err == nil && held \{/if _ = held; true {/' \
+	'^(TestSoak|TestKilledSessionsUnderLoad|TestNetworkCutsUnderLoad|TestKilledSessionClosesLostAndCancelsDo)$'
+mutation "55P03: a timed-out slice is a miss without asking the session" backend_postgres.go \
+	's/(== "55P03".*\{\n\t\treturn )p\.holds\(ctx, conn, key\)/$1SessionResult{}, nil/' \
+	'^TestLockTimeoutRacingAGrantIsAGrantOnARealServer$'
+mutation "a discarded connection goes back to the pool" conn_guard.go \
+	's/_ = conn\.Raw\(func\(any\) error \{ return driver\.ErrBadConn \}\)/_ = conn.Raw(func(any) error { _ = driver.ErrBadConn; return nil })/' \
+	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection)$'
+mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
+	's/if !p\.bounded \{\n\t\treturn stmt\(\)/if true {\n\t\treturn stmt()/' \
+	'^TestNetworkCutLosesLocksBeforeExpiry$'
+mutation "8 s wait slices" advisorylock.go \
+	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
+	'^TestWaiterDoesNotStallCreateIndexConcurrently$'
+mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go \
+	's/slice = min\(slice, time\.Until\(dl\)\)/slice = max(slice, 10*time.Second+0*time.Until(dl))/' \
+	'^TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection$'
+
+# --- Leases and fencing -------------------------------------------------------
+mutation "lease re-granted 1.2 s before it expires" backend_postgres.go \
+	"s/WHERE l\\.owner IS NULL OR l\\.expires_at <= now\\(\\)/WHERE l.owner IS NULL OR l.expires_at <= now() + interval '1200 milliseconds'/" \
+	'^(TestSoak|TestNetworkCutsUnderLoad)$'
+mutation "lease acquire takes a held lease (PostgreSQL)" backend_postgres.go \
+	's/WHERE l\.owner IS NULL OR l\.expires_at <= now\(\)/WHERE true/' \
+	'^TestPostgresLeaseStoreProperties$'
+mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
+	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \
+	'^TestPostgresLeaseStoreProperties$'
+mutation "lease tokens do not grow (PostgreSQL)" backend_postgres.go \
+	's/generation = greatest\(l\.generation \+ 1, EXCLUDED\.generation\)/generation = least(l.generation, EXCLUDED.generation)/' \
+	'^(TestLeaseTokensOnlyGrow|TestPostgresLeaseStoreProperties)$'
+mutation "the fence admits a token one lower (PostgreSQL)" backend_postgres.go \
+	's/WHERE f\.token <= EXCLUDED\.token/WHERE f.token <= EXCLUDED.token + 1/' \
+	'^(TestFenceAdmitsEqualAndHigherAndRefusesLower|TestPostgresLeaseStoreProperties)$'
+mutation "lease renew revives an expired lease (SQLite)" backend_sqlite.go \
+	's/(WHERE name = \?1 AND owner = \?2 AND generation = \?3) AND expires_at > \?5/$1/' \
+	'^TestLeaseStoreProperties$'
+mutation "a Lock on SQLite is taken over before it expires" backend_sqlite.go \
+	's/WHERE advisorylock_locks\.expires_at <= excluded\.acquired_at/WHERE advisorylock_locks.expires_at <= excluded.acquired_at + 1000/' \
+	'^(TestSoak|TestSQLiteLockIsExclusiveAcrossProcesses|TestSQLiteKilledHolderFreesTheLockAtExpiry|TestSQLiteLiveHolderKeepsTheLockAcrossTTLs)$'
+mutation "local deadline counts from the answer (acquire and renew)" lease_fencing.go \
+	's/return keepLease\(store, db, cfg, req, sent\), nil/return keepLease(store, db, cfg, req, cfg.clock.Now()), nil/; s/s\.deadline = localDeadline\(sent, s\.req\.TTL\)/s.deadline = localDeadline(s.clock.Now(), s.req.TTL)/' \
+	'^(TestSoak|TestSlowGrantIsLostBeforeItsDatabaseExpiry|TestLeaseDeadlineCountsFromTheSentAcquire)$'
+mutation "local deadline is the full TTL" lease_fencing.go \
+	's/return sent\.Add\(ttl - renewInterval\(ttl\)\)/return sent.Add(ttl)/' \
+	'^(TestSoak|TestNetworkCutsUnderLoad|TestNetworkCutLosesLocksBeforeExpiry|TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine)$'
+
+mutation "lease release waits for the WAL flush" backend_postgres.go \
+	"s/set_config\\('synchronous_commit', 'off', true\\)\\) AS relaxed(\\nWHERE name = \\S+ AND generation)/set_config('synchronous_commit', 'on', true)) AS relaxed\$1/" \
+	'^TestLeaseReleaseCommitsWithoutWaitingForTheWAL$'
+mutation "a forgotten LeaseGuard is never cleaned up" lease_fencing.go \
+	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
+	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
+
+# --- lockrun ------------------------------------------------------------------
+mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \
+	's/syscall\.SIGQUIT, syscall\.SIGUSR1, syscall\.SIGUSR2\}/syscall.SIGQUIT, syscall.SIGUSR2}/' \
+	'^TestQuitAndUserSignalsReachTheCommand$' ./cmd/lockrun
+mutation "lockrun's command outlives lockrun" cmd/lockrun/proc_linux.go \
+	's/a\.Pdeathsig = syscall\.SIGTERM/_ = a/' \
+	'^TestCommandGetsSIGTERMWhenLockrunDies$' ./cmd/lockrun
+
+# --- Keys ---------------------------------------------------------------------
+mutation "key domain changed" advisorylock.go \
+	's/(const KeyDomain = ")advisorylock:v1"/$1advisorylock:v2"/' \
+	'^TestKeyIsStableAcrossVersionsAndLanguages$'
+
+if [ "${1:-}" = "-l" ]; then
+	for i in "${!names[@]}"; do printf '%s\t%s\t%s\n' "${names[$i]}" "${files[$i]}" "${tests[$i]}"; done
+	exit 0
+fi
+dry=0
+if [ "${1:-}" = "-n" ]; then
+	dry=1
+	shift
+fi
+filter=${1:-.}
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+caught=0 missed=0 broken=0
+for i in "${!names[@]}"; do
+	name=${names[$i]}
+	[[ "$name" =~ $filter ]] || continue
+	tree="$scratch/tree"
+	rm -rf "$tree"
+	mkdir "$tree"
+	(cd "$root" && tar --exclude=.git -cf - .) | (cd "$tree" && tar -xf -)
+	target="$tree/${files[$i]}"
+	if [ ! -f "$target" ]; then
+		echo "DOES NOT APPLY  $name: ${files[$i]} is gone"
+		broken=$((broken + 1))
+		continue
+	fi
+	cp "$target" "$scratch/before"
+	perl -0pi -e "${edits[$i]}" "$target"
+	if cmp -s "$target" "$scratch/before"; then
+		echo "DOES NOT APPLY  $name: its anchor is no longer in ${files[$i]}"
+		broken=$((broken + 1))
+		continue
+	fi
+	if [ "$dry" -eq 1 ]; then
+		echo "APPLIES         $name"
+		continue
+	fi
+	# Every test the mutation names must still exist, or a rename would
+	# pass for a catch.
+	listed=$(cd "$root" && go test -list "${tests[$i]}" "${pkgs[$i]}" 2>/dev/null | grep '^Test' || true)
+	gone=""
+	for want in $(echo "${tests[$i]}" | tr -d '^$()' | tr '|' ' '); do
+		grep -qx "$want" <<<"$listed" || gone+=" $want"
+	done
+	if [ -n "$gone" ]; then
+		echo "DOES NOT APPLY  $name: no test named$gone"
+		broken=$((broken + 1))
+		continue
+	fi
+	log="$scratch/log"
+	start=$(date +%s)
+	status=0
+	(cd "$tree" && go test ${MUTATE_GOFLAGS:-} -count=1 -timeout 15m -run "${tests[$i]}" "${pkgs[$i]}") >"$log" 2>&1 || status=$?
+	took=$(($(date +%s) - start))
+	if [ "$status" -eq 0 ]; then
+		echo "MISSED          $name (${took}s; ran ${tests[$i]})"
+		missed=$((missed + 1))
+	elif grep -q -e '\[build failed\]' -e '\[setup failed\]' "$log"; then
+		echo "DOES NOT BUILD  $name:"
+		sed -n 1,20p "$log"
+		broken=$((broken + 1))
+	else
+		failed=$(grep -o -E -e '^--- FAIL: [^ ]+' -e '^panic: .*' "$log" | sed 's/^--- FAIL: //' | sort -u | tr '\n' ' ')
+		echo "CAUGHT          $name (${took}s) by: ${failed:-a failing run, see below}"
+		[ -n "$failed" ] || tail -n 20 "$log"
+		caught=$((caught + 1))
+	fi
+done
+[ "$dry" -eq 1 ] || echo "caught $caught, missed $missed, did not apply or build $broken"
+[ "$missed" -eq 0 ] && [ "$broken" -eq 0 ]

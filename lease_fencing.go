@@ -261,8 +261,12 @@ func abandonLease(store LeaseStore, db DB, timeout time.Duration, clock Clock, r
 func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time.Time) *leaseState {
 	s := &leaseState{store: store, db: db, req: req, clock: cfg.clock, deadline: localDeadline(sent, req.TTL)}
 	s.hold = hold{name: req.Name, key: req.Key, logger: cfg.log(), relTO: cfg.releaseTimeout, end: s}
+	// The keeper starts at the first renewal, or at once when the grant
+	// arrived past its local deadline (a slow answer), so that Lost closes
+	// then and not a renew interval later.
+	start := min(renewInterval(req.TTL), max(s.untilDeadline(), 0))
 	s.mu.Lock()
-	s.starter = time.AfterFunc(renewInterval(req.TTL), s.startKeeping)
+	s.starter = time.AfterFunc(start, s.startKeeping)
 	s.mu.Unlock()
 	return s
 }

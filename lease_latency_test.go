@@ -105,6 +105,13 @@ func TestLeaseDeadlineCountsFromTheSentAcquire(t *testing.T) {
 	if !g.IsLost() {
 		t.Fatalf("a lease granted %v into its %v TTL does not read lost: its deadline counts from the answer", slow, ttl)
 	}
+	// Lost() closes at the deadline too, not at the first renewal (a
+	// third of the TTL later, in real time).
+	select {
+	case <-g.Lost():
+	case <-time.After(ttl / 6):
+		t.Fatalf("Lost() still open %v after a grant that arrived past its deadline", ttl/6)
+	}
 	assertHeldElsewhere(t, b)
 	clock.Add(ttl - slow)
 	gb := tryLease(t, b)

@@ -270,7 +270,7 @@ var mysqlSteps = [][]string{1: {
 	resource      MEDIUMBLOB NOT NULL,
 	token         BIGINT     NOT NULL -- the highest token admitted
 ) ENGINE=InnoDB`,
-}}
+}, 2: {mysqlWindowsTable}} // step 2: once-per-window Locks (WithMinHold; see backend_mysql_minhold.go)
 
 // mysqlSchemaVersions is the table of applied upgrade steps.
 const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
@@ -278,11 +278,11 @@ const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
 	applied_at DATETIME(6) NOT NULL -- UTC
 ) ENGINE=InnoDB`
 
-// Schema returns the DDL of advisorylock_leases, advisorylock_fences and
-// the schema version table, with every upgrade step, for an administrator
-// or a migration tool to run (it is idempotent). The application's user
-// then needs only the grants listed at its end. MySQL's Lock needs no
-// table.
+// Schema returns the DDL of advisorylock_leases, advisorylock_fences,
+// advisorylock_windows and the schema version table, with every upgrade
+// step, for an administrator or a migration tool to run (it is
+// idempotent). The application's user then needs only the grants listed
+// at its end. MySQL's Lock needs no table, unless it has WithMinHold.
 func (mysqlBackend) Schema() string {
 	var b strings.Builder
 	b.WriteString(mysqlSchemaVersions + ";\n")
@@ -297,6 +297,7 @@ func (mysqlBackend) Schema() string {
 -- The application's user needs (no CREATE; PROCESS only for Holder's user and host):
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_leases TO app;
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_fences TO app;
+--   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_windows TO app; -- Lock with WithMinHold
 --   GRANT SELECT ON db.advisorylock_schema TO app;
 `)
 	return b.String()
@@ -349,7 +350,7 @@ func (m mysqlBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (
 	if err := checkLeaseName(r); err != nil {
 		return LeaseGrant{}, err
 	}
-	owner, expires := mysqlHex(r.Owner), mysqlExpires(r.TTL)
+	owner, expires := mysqlHex(r.Owner), mysqlExpires(max(r.TTL, r.MinHold)) // the row stays taken for the window too
 	stmt := `INSERT INTO advisorylock_leases (name_hash, name, owner, generation, acquired_at, expires_at)
 VALUES (` + mysqlHash(r.Name) + `, ` + mysqlHex(r.Name) + `, ` + owner + `, LAST_INSERT_ID(` + mysqlNowMicros + `), UTC_TIMESTAMP(6), ` + expires + `)
 ON DUPLICATE KEY UPDATE
@@ -364,13 +365,18 @@ ON DUPLICATE KEY UPDATE
 	return m.grant(r, token, err)
 }
 
-// RenewLease extends the lease by its TTL from the database's now if
-// r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
+// RenewLease extends the lease by its TTL from the database's now (with
+// r.MinHold, never before the window's end) if r.Owner and r.Token still
+// hold it unexpired; ErrLeaseLost otherwise.
 func (m mysqlBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
 	if err := checkLeaseName(r); err != nil {
 		return LeaseGrant{}, err
 	}
-	stmt := `UPDATE advisorylock_leases SET expires_at = ` + mysqlExpires(r.TTL) + `, generation = LAST_INSERT_ID(generation)
+	expires := mysqlExpires(r.TTL)
+	if r.MinHold > 0 { // never before the window's end
+		expires = "GREATEST(" + expires + ", " + mysqlAfterGrant(r.MinHold) + ")"
+	}
+	stmt := `UPDATE advisorylock_leases SET expires_at = ` + expires + `, generation = LAST_INSERT_ID(generation)
 WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND generation = ` + strconv.FormatInt(r.Token.Int64(), 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
 	token, err := m.execToken(ctx, db, stmt)
 	if err == nil && FencingToken(token) != r.Token {
@@ -404,7 +410,7 @@ func (mysqlBackend) execToken(ctx context.Context, db DB, stmt string) (int64, e
 
 // ReleaseLease frees the lease if grant r.Token still holds it (with
 // Token 0, whatever r.Owner holds); the row stays, so the token never goes
-// down.
+// down. With r.MinHold it stays taken by its owner until the window's end.
 func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
 	if err := checkLeaseName(r); err != nil {
 		return err
@@ -413,7 +419,12 @@ func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) err
 	if r.Token == 0 {
 		which = "owner = " + mysqlHex(r.Owner)
 	}
-	stmt := "UPDATE advisorylock_leases SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE name_hash = " + mysqlHash(r.Name) + " AND " + which
+	set := "owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))"
+	if r.MinHold > 0 && r.Token != 0 { // taken by its owner until the window's end
+		end := mysqlAfterGrant(r.MinHold)
+		set = "owner = IF(" + end + " > UTC_TIMESTAMP(6), owner, NULL), expires_at = LEAST(expires_at, GREATEST(UTC_TIMESTAMP(6), " + end + "))"
+	}
+	stmt := "UPDATE advisorylock_leases SET " + set + " WHERE name_hash = " + mysqlHash(r.Name) + " AND " + which
 	return mysqlLeaseRun(ctx, db, func(q querier) error {
 		_, err := q.ExecContext(ctx, stmt)
 		return err

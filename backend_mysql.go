@@ -55,6 +55,10 @@ import (
 // must exceed the keep-alive interval. On the server, the session's
 // wait_timeout must exceed the keep-alive interval too (an idle lock
 // holder is not idle: the keep-alive is its only traffic).
+//
+// WithMinHold: a Lock's windows are rows of advisorylock_windows, written
+// by the statement that calls GET_LOCK (see backend_mysql_minhold.go); a
+// LeaseLock keeps its window in its row's expires_at.
 func MySQL() Backend { return mysqlBackend{} }
 
 type mysqlBackend struct{}
@@ -252,7 +256,7 @@ func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Hol
 // those applied, and the first use that finds a table missing applies the
 // rest under the schema lock (see createMySQLTables). Every step is
 // idempotent (MySQL's DDL is not transactional). Step 1: the lease and
-// fence tables. A name of any length is kept byte for byte (MySQL's
+// fence tables; step 2: advisorylock_windows. A name of any length is kept byte for byte (MySQL's
 // default collations ignore case and trailing spaces) in a BLOB; the key
 // is its SHA-256, since an InnoDB key holds at most 3072 bytes. Times are
 // UTC.

@@ -99,11 +99,22 @@ func (mysqlBackend) PrepareWindows(ctx context.Context, db DB) error {
 
 // TryLockSessionFor takes key unless a window is open, and records the
 // grant's window, in one statement (see mysqlWindowUpsert); a key's first
-// try ever takes a second one.
+// try ever takes a second one. A deadlock or lock wait timeout (InnoDB,
+// while the statement waits for the row) is retried a few times, after
+// letting go of whatever the rolled-back statement's GET_LOCK took.
 func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
 	stmt := mysqlWindowUpsert(key, name, window, true)
-	for range 3 {
+	for range 5 {
 		res, err := conn.ExecContext(ctx, stmt)
+		if n := mysqlErrno(err); (n == mysqlDeadlock || n == mysqlLockWaitTime) && ctx.Err() == nil {
+			// Concurrent first inserts of a key, rolled back; a GET_LOCK
+			// it made is not, so let it go (the session held no lock on
+			// key before the try) before trying again.
+			if _, err := conn.ExecContext(ctx, "DO RELEASE_LOCK("+mysqlLockName(key)+")"); err != nil {
+				return SessionResult{}, err
+			}
+			continue
+		}
 		if err != nil {
 			return SessionResult{}, err
 		}

@@ -723,28 +723,34 @@ func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
 // keep getting them.
 func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
 	const window = 150 * time.Millisecond
-	for _, drv := range testdb.Drivers {
+	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
 			name := testdb.UniqueName(t)
-			admin := testdb.OpenPostgres(t, "pgx")
+			open := func() *sql.DB { return testdb.OpenPostgres(t, drv) }
+			grantOf := "SELECT (extract(epoch FROM acquired_at) * 1e6)::bigint FROM advisorylock_windows WHERE key = $1"
+			if drv == "mysql" {
+				open = func() *sql.DB { return testdb.OpenMySQL(t) }
+				grantOf = "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at) FROM advisorylock_windows WHERE lock_key = ?"
+			}
+			admin := open()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			var mu sync.Mutex
 			var grants []time.Time
 			var wg sync.WaitGroup
 			for i := range 6 {
-				l := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
+				l := newLock(t, open(), name, advisorylock.WithMinHold(window))
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					job := func(ctx context.Context) error {
-						var at time.Time
-						err := admin.QueryRowContext(ctx, "SELECT acquired_at FROM advisorylock_windows WHERE key = $1", advisorylock.Key(name)).Scan(&at)
+						var micros int64
+						err := admin.QueryRowContext(ctx, grantOf, advisorylock.Key(name)).Scan(&micros)
 						if err != nil {
 							return fmt.Errorf("reading the grant's window: %w", err)
 						}
 						mu.Lock()
-						grants = append(grants, at)
+						grants = append(grants, time.UnixMicro(micros))
 						mu.Unlock()
 						return nil
 					}

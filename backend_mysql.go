@@ -52,16 +52,44 @@ import (
 // ProxySQL: a connection that called GET_LOCK is pinned to its server
 // connection by ProxySQL (multiplexing is disabled for it), so Lock works
 // through it; LeaseLock works through any proxy. A proxy's own timeouts
-// must exceed the keep-alive interval. On the server, the session's
-// wait_timeout must exceed the keep-alive interval too (an idle lock
-// holder is not idle: the keep-alive is its only traffic).
+// must exceed the keep-alive interval. On the server, a Lock sets its
+// session's wait_timeout to the dead-holder timeout (WithDeadHolderTimeout,
+// see forLock), which exceeds the keep-alive interval: an idle lock holder
+// is not idle, the keep-alive is its only traffic.
 //
 // WithMinHold: a Lock's windows are rows of advisorylock_windows, written
 // by the statement that calls GET_LOCK (see backend_mysql_minhold.go); a
 // LeaseLock keeps its window in its row's expires_at.
 func MySQL() Backend { return mysqlBackend{} }
 
-type mysqlBackend struct{}
+type mysqlBackend struct {
+	// waitTimeout is the wait_timeout, in seconds, a Lock's sessions get
+	// at their first grant (WithDeadHolderTimeout; see forLock); 0 leaves
+	// the server's.
+	waitTimeout int64
+}
+
+// forLock returns the backend for one Lock whose sessions get a
+// wait_timeout of d (WithDeadHolderTimeout, in whole seconds, rounded up):
+// the server then ends the session of a holder that vanished without
+// closing its socket (a host powered off) after d without a statement,
+// and frees its lock. A live holder is never that idle: its keep-alive
+// runs more often (New checks that d exceeds it plus the release
+// timeout). The session keeps the setting when it goes back to the pool,
+// so only its first grant sends it: the lock statement reads
+// @@session.wait_timeout, and a grant on a session whose wait_timeout is
+// longer sets it, one more round trip. A session whose wait_timeout is
+// already as short (the user's or the server's) is left alone. d = 0
+// leaves the server's settings.
+//
+// A Lock without a keep-alive (WithKeepAlive(0)) gets none of this: its
+// idle holder would lose the lock unnoticed.
+func (mysqlBackend) forLock(d time.Duration, serverChecks bool) Backend {
+	if d <= 0 {
+		return mysqlBackend{}
+	}
+	return mysqlBackend{waitTimeout: int64((d + time.Second - 1) / time.Second)}
+}
 
 func (mysqlBackend) Name() string { return "mysql" }
 
@@ -164,16 +192,22 @@ func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key i
 	return m.getLock(ctx, conn, "/*M! SET STATEMENT max_statement_time=0 FOR */ SELECT /*+ MAX_EXECUTION_TIME("+limit+") */ GET_LOCK("+mysqlLockName(key)+", "+secs+")")
 }
 
-// getLock runs getLock, a SELECT of GET_LOCK. It also reads the session
-// and read_only, in the same round trip:
+// endsIdleSessions: wait_timeout ends a live session too once it is idle
+// that long (see forLock).
+func (mysqlBackend) endsIdleSessions() {}
+
+// getLock runs getLock, a SELECT of GET_LOCK. It also reads the session,
+// read_only and the session's wait_timeout, in the same round trip:
 // behind a VIP or DNS a new connection can reach a replica, whose locks
 // exclude nothing on the primary; the error makes the acquire discard the
-// connection, which frees a lock granted there.
-func (mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
+// connection, which frees a lock granted there. A grant on a session
+// whose wait_timeout is longer than the Lock's sets it (see forLock).
+func (m mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
 	var got sql.NullInt64
 	var readOnly bool
+	var waitTimeout int64
 	var r SessionResult
-	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only").Scan(&got, &r.Session, &readOnly)
+	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only, @@session.wait_timeout").Scan(&got, &r.Session, &readOnly, &waitTimeout)
 	switch {
 	case err != nil:
 		return SessionResult{}, err
@@ -183,7 +217,19 @@ func (mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string)
 		return SessionResult{}, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
 	}
 	r.OK = got.Int64 == 1
+	if r.OK && m.waitTimeout > 0 && waitTimeout > m.waitTimeout {
+		return r, m.setWaitTimeout(ctx, conn)
+	}
 	return r, nil
+}
+
+// setWaitTimeout gives conn's session the Lock's wait_timeout; an error
+// makes the acquire discard the connection, which frees the lock.
+func (m mysqlBackend) setWaitTimeout(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, "SET SESSION wait_timeout = "+strconv.FormatInt(m.waitTimeout, 10)); err != nil {
+		return fmt.Errorf("advisorylock: setting the session's wait_timeout (WithDeadHolderTimeout): %w", err)
+	}
+	return nil
 }
 
 // UnlockSession releases key. RELEASE_LOCK answers 1 (released), NULL

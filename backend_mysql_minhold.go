@@ -51,12 +51,18 @@ const (
 // the key exists): so a key's first try only inserts an ended window, and
 // the caller runs the statement again. Without try the session already
 // holds the lock (a wait was granted) and the VALUES row is its window.
-// The statement reports through LAST_INSERT_ID: the session's connection
-// id when it recorded a window, else 0.
-func mysqlWindowUpsert(key int64, name string, window time.Duration, try bool) string {
+// The statement reports through LAST_INSERT_ID: 0 when it recorded no
+// window, else the session's connection id times two, plus one when the
+// session's wait_timeout is longer than the Lock's (see forLock; read by
+// mysqlGranted).
+func (m mysqlBackend) mysqlWindowUpsert(key int64, name string, window time.Duration, try bool) string {
 	k := strconv.FormatInt(key, 10)
 	until := "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(ttlMillis(window)*1000, 10) + " MICROSECOND"
-	values := "LAST_INSERT_ID(CONNECTION_ID()), UTC_TIMESTAMP(6), " + until
+	granted := "CONNECTION_ID() * 2"
+	if m.waitTimeout > 0 {
+		granted += " + (@@session.wait_timeout > " + strconv.FormatInt(m.waitTimeout, 10) + ")"
+	}
+	values := "LAST_INSERT_ID(" + granted + "), UTC_TIMESTAMP(6), " + until
 	grab := "TRUE"
 	if try {
 		values = "LAST_INSERT_ID(0), '1970-01-01', '1970-01-01'" // an ended window
@@ -69,7 +75,7 @@ func mysqlWindowUpsert(key int64, name string, window time.Duration, try bool) s
 VALUES (` + k + `, ` + mysqlHex(name) + `, CONNECTION_ID(), ` + mysqlUser + `, ` + mysqlHost + `, ` + values + `)
 ON DUPLICATE KEY UPDATE
 	acquired_at = IF(taken_until <= UTC_TIMESTAMP(6) AND ` + grab + `, UTC_TIMESTAMP(6), acquired_at),
-	grants = IF(` + mysqlWindowGranted + `, grants + 1 + 0 * LAST_INSERT_ID(CONNECTION_ID()), grants + LAST_INSERT_ID(0)),
+	grants = IF(` + mysqlWindowGranted + `, grants + 1 + 0 * LAST_INSERT_ID(` + granted + `), grants + LAST_INSERT_ID(0)),
 	` + set("name", mysqlHex(name)) + `,
 	` + set("connection_id", "CONNECTION_ID()") + `,
 	` + set("user", mysqlUser) + `,
@@ -103,7 +109,7 @@ func (mysqlBackend) PrepareWindows(ctx context.Context, db DB) error {
 // while the statement waits for the row) is retried a few times, after
 // letting go of whatever the rolled-back statement's GET_LOCK took.
 func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
-	stmt := mysqlWindowUpsert(key, name, window, true)
+	stmt := m.mysqlWindowUpsert(key, name, window, true)
 	for range 5 {
 		res, err := conn.ExecContext(ctx, stmt)
 		if n := mysqlErrno(err); (n == mysqlDeadlock || n == mysqlLockWaitTime) && ctx.Err() == nil {
@@ -123,7 +129,7 @@ func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key
 			return SessionResult{}, err
 		}
 		if id != 0 {
-			return SessionResult{OK: true, Session: id}, nil
+			return m.mysqlGranted(ctx, conn, id)
 		}
 		// An insert (1 row affected) wrote the key's first, ended window:
 		// the lock was not tried yet.
@@ -137,19 +143,34 @@ func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key
 // ClaimWindow records the window of a lock the session was just granted,
 // or releases the lock when an earlier window is open.
 func (m mysqlBackend) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
-	res, err := conn.ExecContext(ctx, mysqlWindowUpsert(key, name, window, false))
+	res, err := conn.ExecContext(ctx, m.mysqlWindowUpsert(key, name, window, false))
 	if err != nil {
 		return SessionResult{}, err
 	}
 	id, err := res.LastInsertId()
-	if err != nil || id != 0 {
-		return SessionResult{OK: err == nil, Session: id}, err
+	if err != nil {
+		return SessionResult{}, err
+	}
+	if id != 0 {
+		return m.mysqlGranted(ctx, conn, id)
 	}
 	r, err := m.UnlockSession(ctx, conn, key)
 	if err == nil && !r.OK {
 		err = errors.New("advisorylock: releasing a lock granted in another grant's window: the session did not hold it")
 	}
 	return SessionResult{Session: r.Session}, err
+}
+
+// mysqlGranted is the grant a window upsert reported as id (see
+// mysqlWindowUpsert); it sets the session's wait_timeout where the
+// upsert found it longer than the Lock's.
+func (m mysqlBackend) mysqlGranted(ctx context.Context, conn *sql.Conn, id int64) (SessionResult, error) {
+	if id%2 == 1 {
+		if err := m.setWaitTimeout(ctx, conn); err != nil {
+			return SessionResult{}, err
+		}
+	}
+	return SessionResult{OK: true, Session: id / 2}, nil
 }
 
 // WindowLeft asks the database how long key's window stays open.

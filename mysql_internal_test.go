@@ -95,8 +95,8 @@ func TestMySQLWindowedTryRetriesAFirstInsertAndADeadlock(t *testing.T) {
 	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(0, 1)) // the first insert
 	mock.ExpectExec(upsert).WillReturnError(&mysql.MySQLError{Number: mysqlDeadlock, Message: "deadlock"})
 	mock.ExpectExec(release).WillReturnResult(sqlmock.NewResult(0, 0))
-	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(7, 2)) // granted to connection 7
-	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(0, 0)) // refused: a window is open
+	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(14, 2)) // granted to connection 7
+	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(0, 0))  // refused: a window is open
 	b := mysqlBackend{}
 	if r, err := b.TryLockSessionFor(ctx, conn, key, "n", time.Second); err != nil || r != (SessionResult{OK: true, Session: 7}) {
 		t.Fatalf("TryLockSessionFor = %+v, %v; want granted to session 7", r, err)

@@ -52,9 +52,10 @@ const (
 // the caller runs the statement again. Without try the session already
 // holds the lock (a wait was granted) and the VALUES row is its window.
 // The statement reports through LAST_INSERT_ID: 0 when it recorded no
-// window, else the session's connection id times two, plus one when the
+// window, 1 when it inserted the key's first (ended) window, else the
+// session's connection id (at least 1) times two, plus one when the
 // session's wait_timeout is longer than the Lock's (see forLock; read by
-// mysqlGranted).
+// windowGrant).
 func (m mysqlBackend) mysqlWindowUpsert(key int64, name string, window time.Duration, try bool) string {
 	k := strconv.FormatInt(key, 10)
 	until := "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(ttlMillis(window)*1000, 10) + " MICROSECOND"
@@ -65,7 +66,7 @@ func (m mysqlBackend) mysqlWindowUpsert(key int64, name string, window time.Dura
 	values := "LAST_INSERT_ID(" + granted + "), UTC_TIMESTAMP(6), " + until
 	grab := "TRUE"
 	if try {
-		values = "LAST_INSERT_ID(0), '1970-01-01', '1970-01-01'" // an ended window
+		values = "LAST_INSERT_ID(1), '1970-01-01', '1970-01-01'" // an ended window
 		grab = "GET_LOCK(" + mysqlLockName(key) + ", 0) = 1"
 	}
 	set := func(col, v string) string {
@@ -111,7 +112,7 @@ func (mysqlBackend) PrepareWindows(ctx context.Context, db DB) error {
 func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
 	stmt := m.mysqlWindowUpsert(key, name, window, true)
 	for range 5 {
-		res, err := conn.ExecContext(ctx, stmt)
+		id, err := execWindow(ctx, conn, stmt)
 		if n := mysqlErrno(err); (n == mysqlDeadlock || n == mysqlLockWaitTime) && ctx.Err() == nil {
 			// Concurrent first inserts of a key, rolled back; a GET_LOCK
 			// it made is not, so let it go (the session held no lock on
@@ -121,38 +122,33 @@ func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key
 			}
 			continue
 		}
-		if err != nil {
-			return SessionResult{}, err
+		if id == 1 {
+			continue // the key's first, ended window was inserted: no lock was tried
 		}
-		id, err := res.LastInsertId()
-		if err != nil {
-			return SessionResult{}, err
+		if err != nil || id != 0 {
+			return m.windowGrant(ctx, conn, id, err)
 		}
-		if id != 0 {
-			return m.mysqlGranted(ctx, conn, id)
-		}
-		// An insert (1 row affected) wrote the key's first, ended window:
-		// the lock was not tried yet.
-		if n, err := res.RowsAffected(); err != nil || n != 1 {
-			return SessionResult{}, err
-		}
+		return SessionResult{}, nil // refused: a window is open, or the lock is held
 	}
 	return SessionResult{}, nil
+}
+
+// execWindow runs a window upsert and returns what it reported (see
+// mysqlWindowUpsert).
+func execWindow(ctx context.Context, conn *sql.Conn, stmt string) (int64, error) {
+	res, err := conn.ExecContext(ctx, stmt)
+	if err != nil {
+		return 0, err
+	}
+	return res.LastInsertId()
 }
 
 // ClaimWindow records the window of a lock the session was just granted,
 // or releases the lock when an earlier window is open.
 func (m mysqlBackend) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
-	res, err := conn.ExecContext(ctx, m.mysqlWindowUpsert(key, name, window, false))
-	if err != nil {
-		return SessionResult{}, err
-	}
-	id, err := res.LastInsertId()
-	if err != nil {
-		return SessionResult{}, err
-	}
-	if id != 0 {
-		return m.mysqlGranted(ctx, conn, id)
+	id, err := execWindow(ctx, conn, m.mysqlWindowUpsert(key, name, window, false))
+	if err != nil || id != 0 {
+		return m.windowGrant(ctx, conn, id, err)
 	}
 	r, err := m.UnlockSession(ctx, conn, key)
 	if err == nil && !r.OK {
@@ -161,10 +157,13 @@ func (m mysqlBackend) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64
 	return SessionResult{Session: r.Session}, err
 }
 
-// mysqlGranted is the grant a window upsert reported as id (see
-// mysqlWindowUpsert); it sets the session's wait_timeout where the
-// upsert found it longer than the Lock's.
-func (m mysqlBackend) mysqlGranted(ctx context.Context, conn *sql.Conn, id int64) (SessionResult, error) {
+// windowGrant is the grant a window upsert reported as id (see
+// mysqlWindowUpsert), or its error; it sets the session's wait_timeout
+// where the upsert found it longer than the Lock's.
+func (m mysqlBackend) windowGrant(ctx context.Context, conn *sql.Conn, id int64, err error) (SessionResult, error) {
+	if err != nil {
+		return SessionResult{}, err
+	}
 	if id%2 == 1 {
 		if err := m.setWaitTimeout(ctx, conn); err != nil {
 			return SessionResult{}, err

@@ -92,7 +92,7 @@ func TestMySQLWindowedTryRetriesAFirstInsertAndADeadlock(t *testing.T) {
 	defer conn.Close()
 	const key = 42
 	upsert, release := "INSERT INTO advisorylock_windows", "DO RELEASE_LOCK("+mysqlLockName(key)+")"
-	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(0, 1)) // the first insert
+	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(1, 1)) // the first insert
 	mock.ExpectExec(upsert).WillReturnError(&mysql.MySQLError{Number: mysqlDeadlock, Message: "deadlock"})
 	mock.ExpectExec(release).WillReturnResult(sqlmock.NewResult(0, 0))
 	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(14, 2)) // granted to connection 7

@@ -726,3 +726,35 @@ func mustTry(t *testing.T, l *advisorylock.Lock) *advisorylock.Guard {
 	}
 	return g
 }
+
+// TestMySQLLockWithoutMinHoldNeverTouchesTheWindowsTable: on a fresh
+// database a Lock without WithMinHold takes, waits, reports and releases
+// without creating any table; with the option its first use creates
+// advisorylock_windows.
+func TestMySQLLockWithoutMinHoldNeverTouchesTheWindowsTable(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
+	tables := func() int {
+		return countRows(t, db, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
+	}
+	l := newLock(t, db, testdb.UniqueName(t))
+	for _, acquire := range []func(context.Context) (*advisorylock.Guard, error){l.TryLock, l.Lock} {
+		g, err := acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, err := l.Holder(ctx); err != nil || h == nil {
+			t.Fatalf("Holder = %+v, %v", h, err)
+		}
+		mustRelease(t, g)
+	}
+	if n := tables(); n != 0 {
+		t.Fatalf("a Lock without WithMinHold created %d tables", n)
+	}
+	if err := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second)).Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, db, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'advisorylock_windows'"); n != 1 {
+		t.Fatal("a Lock with WithMinHold did not create advisorylock_windows at its first use")
+	}
+}

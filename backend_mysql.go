@@ -302,10 +302,10 @@ func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Hol
 // those applied, and the first use that finds a table missing applies the
 // rest under the schema lock (see createMySQLTables). Every step is
 // idempotent (MySQL's DDL is not transactional). Step 1: the lease and
-// fence tables; step 2: advisorylock_windows. A name of any length is kept byte for byte (MySQL's
-// default collations ignore case and trailing spaces) in a BLOB; the key
-// is its SHA-256, since an InnoDB key holds at most 3072 bytes. Times are
-// UTC.
+// fence tables; step 2: advisorylock_windows. A name of any length is
+// kept byte for byte (MySQL's default collations ignore case and trailing
+// spaces) in a BLOB; the key is its SHA-256, since an InnoDB key holds at
+// most 3072 bytes. Times are UTC.
 var mysqlSteps = [][]string{1: {
 	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
 	name_hash   BINARY(32)  NOT NULL PRIMARY KEY, -- SHA-256 of name

@@ -177,7 +177,11 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		switch b := b.(type) {
 		case SessionLocker:
 			if c, ok := b.(sessionConfigurable); ok {
-				b = c.forLock(l.cfg.deadHolder, l.cfg.serverChecks).(SessionLocker)
+				d := l.cfg.deadHolder
+				if _, ok := b.(idleEnding); ok && l.cfg.keepAlive <= 0 {
+					d = 0 // nothing would keep an idle holder's session alive
+				}
+				b = c.forLock(d, l.cfg.serverChecks).(SessionLocker)
 			}
 			if l.cfg.poolerCheck && l.cfg.serverChecks {
 				if err := checkPooler(ctx, l.db, b); err != nil {
@@ -205,6 +209,11 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 type sessionConfigurable interface {
 	forLock(deadHolder time.Duration, serverChecks bool) Backend
 }
+
+// idleEnding is a sessionConfigurable whose dead-holder timeout also ends
+// a live holder's session after that long without a statement (MySQL's
+// wait_timeout): a Lock without a keep-alive does not get it.
+type idleEnding interface{ endsIdleSessions() }
 
 // Name returns the lock's name.
 func (l *Lock) Name() string { return l.name }

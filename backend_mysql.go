@@ -52,12 +52,44 @@ import (
 // ProxySQL: a connection that called GET_LOCK is pinned to its server
 // connection by ProxySQL (multiplexing is disabled for it), so Lock works
 // through it; LeaseLock works through any proxy. A proxy's own timeouts
-// must exceed the keep-alive interval. On the server, the session's
-// wait_timeout must exceed the keep-alive interval too (an idle lock
-// holder is not idle: the keep-alive is its only traffic).
+// must exceed the keep-alive interval. On the server, a Lock sets its
+// session's wait_timeout to the dead-holder timeout (WithDeadHolderTimeout,
+// see forLock), which exceeds the keep-alive interval: an idle lock holder
+// is not idle, the keep-alive is its only traffic.
+//
+// WithMinHold: a Lock's windows are rows of advisorylock_windows, written
+// by the statement that calls GET_LOCK (see backend_mysql_minhold.go); a
+// LeaseLock keeps its window in its row's expires_at.
 func MySQL() Backend { return mysqlBackend{} }
 
-type mysqlBackend struct{}
+type mysqlBackend struct {
+	// waitTimeout is the wait_timeout, in seconds, a Lock's sessions get
+	// at their first grant (WithDeadHolderTimeout; see forLock); 0 leaves
+	// the server's.
+	waitTimeout int64
+}
+
+// forLock returns the backend for one Lock whose sessions get a
+// wait_timeout of d (WithDeadHolderTimeout, in whole seconds, rounded up):
+// the server then ends the session of a holder that vanished without
+// closing its socket (a host powered off) after d without a statement,
+// and frees its lock. A live holder is never that idle: its keep-alive
+// runs more often (New checks that d exceeds it plus the release
+// timeout). The session keeps the setting when it goes back to the pool,
+// so only its first grant sends it: the lock statement reads
+// @@session.wait_timeout, and a grant on a session whose wait_timeout is
+// longer sets it, one more round trip. A session whose wait_timeout is
+// already as short (the user's or the server's) is left alone. d = 0
+// leaves the server's settings.
+//
+// A Lock without a keep-alive (WithKeepAlive(0)) gets none of this: its
+// idle holder would lose the lock unnoticed.
+func (mysqlBackend) forLock(d time.Duration, serverChecks bool) Backend {
+	if d <= 0 {
+		return mysqlBackend{}
+	}
+	return mysqlBackend{waitTimeout: int64((d + time.Second - 1) / time.Second)}
+}
 
 func (mysqlBackend) Name() string { return "mysql" }
 
@@ -160,16 +192,22 @@ func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key i
 	return m.getLock(ctx, conn, "/*M! SET STATEMENT max_statement_time=0 FOR */ SELECT /*+ MAX_EXECUTION_TIME("+limit+") */ GET_LOCK("+mysqlLockName(key)+", "+secs+")")
 }
 
-// getLock runs getLock, a SELECT of GET_LOCK. It also reads the session
-// and read_only, in the same round trip:
+// endsIdleSessions: wait_timeout ends a live session too once it is idle
+// that long (see forLock).
+func (mysqlBackend) endsIdleSessions() {}
+
+// getLock runs getLock, a SELECT of GET_LOCK. It also reads the session,
+// read_only and the session's wait_timeout, in the same round trip:
 // behind a VIP or DNS a new connection can reach a replica, whose locks
 // exclude nothing on the primary; the error makes the acquire discard the
-// connection, which frees a lock granted there.
-func (mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
+// connection, which frees a lock granted there. A grant on a session
+// whose wait_timeout is longer than the Lock's sets it (see forLock).
+func (m mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
 	var got sql.NullInt64
 	var readOnly bool
+	var waitTimeout int64
 	var r SessionResult
-	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only").Scan(&got, &r.Session, &readOnly)
+	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only, @@session.wait_timeout").Scan(&got, &r.Session, &readOnly, &waitTimeout)
 	switch {
 	case err != nil:
 		return SessionResult{}, err
@@ -179,7 +217,19 @@ func (mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string)
 		return SessionResult{}, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
 	}
 	r.OK = got.Int64 == 1
+	if r.OK && m.waitTimeout > 0 && waitTimeout > m.waitTimeout {
+		return r, m.setWaitTimeout(ctx, conn)
+	}
 	return r, nil
+}
+
+// setWaitTimeout gives conn's session the Lock's wait_timeout; an error
+// makes the acquire discard the connection, which frees the lock.
+func (m mysqlBackend) setWaitTimeout(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, "SET SESSION wait_timeout = "+strconv.FormatInt(m.waitTimeout, 10)); err != nil {
+		return fmt.Errorf("advisorylock: setting the session's wait_timeout (WithDeadHolderTimeout): %w", err)
+	}
+	return nil
 }
 
 // UnlockSession releases key. RELEASE_LOCK answers 1 (released), NULL
@@ -252,10 +302,10 @@ func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Hol
 // those applied, and the first use that finds a table missing applies the
 // rest under the schema lock (see createMySQLTables). Every step is
 // idempotent (MySQL's DDL is not transactional). Step 1: the lease and
-// fence tables. A name of any length is kept byte for byte (MySQL's
-// default collations ignore case and trailing spaces) in a BLOB; the key
-// is its SHA-256, since an InnoDB key holds at most 3072 bytes. Times are
-// UTC.
+// fence tables; step 2: advisorylock_windows. A name of any length is
+// kept byte for byte (MySQL's default collations ignore case and trailing
+// spaces) in a BLOB; the key is its SHA-256, since an InnoDB key holds at
+// most 3072 bytes. Times are UTC.
 var mysqlSteps = [][]string{1: {
 	`CREATE TABLE IF NOT EXISTS advisorylock_leases (
 	name_hash   BINARY(32)  NOT NULL PRIMARY KEY, -- SHA-256 of name
@@ -270,7 +320,7 @@ var mysqlSteps = [][]string{1: {
 	resource      MEDIUMBLOB NOT NULL,
 	token         BIGINT     NOT NULL -- the highest token admitted
 ) ENGINE=InnoDB`,
-}}
+}, 2: {mysqlWindowsTable}} // step 2: once-per-window Locks (WithMinHold; see backend_mysql_minhold.go)
 
 // mysqlSchemaVersions is the table of applied upgrade steps.
 const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
@@ -278,11 +328,11 @@ const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
 	applied_at DATETIME(6) NOT NULL -- UTC
 ) ENGINE=InnoDB`
 
-// Schema returns the DDL of advisorylock_leases, advisorylock_fences and
-// the schema version table, with every upgrade step, for an administrator
-// or a migration tool to run (it is idempotent). The application's user
-// then needs only the grants listed at its end. MySQL's Lock needs no
-// table.
+// Schema returns the DDL of advisorylock_leases, advisorylock_fences,
+// advisorylock_windows and the schema version table, with every upgrade
+// step, for an administrator or a migration tool to run (it is
+// idempotent). The application's user then needs only the grants listed
+// at its end. MySQL's Lock needs no table, unless it has WithMinHold.
 func (mysqlBackend) Schema() string {
 	var b strings.Builder
 	b.WriteString(mysqlSchemaVersions + ";\n")
@@ -297,6 +347,7 @@ func (mysqlBackend) Schema() string {
 -- The application's user needs (no CREATE; PROCESS only for Holder's user and host):
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_leases TO app;
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_fences TO app;
+--   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_windows TO app; -- Lock with WithMinHold
 --   GRANT SELECT ON db.advisorylock_schema TO app;
 `)
 	return b.String()
@@ -349,7 +400,7 @@ func (m mysqlBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (
 	if err := checkLeaseName(r); err != nil {
 		return LeaseGrant{}, err
 	}
-	owner, expires := mysqlHex(r.Owner), mysqlExpires(r.TTL)
+	owner, expires := mysqlHex(r.Owner), mysqlExpires(max(r.TTL, r.MinHold)) // the row stays taken for the window too
 	stmt := `INSERT INTO advisorylock_leases (name_hash, name, owner, generation, acquired_at, expires_at)
 VALUES (` + mysqlHash(r.Name) + `, ` + mysqlHex(r.Name) + `, ` + owner + `, LAST_INSERT_ID(` + mysqlNowMicros + `), UTC_TIMESTAMP(6), ` + expires + `)
 ON DUPLICATE KEY UPDATE
@@ -364,13 +415,18 @@ ON DUPLICATE KEY UPDATE
 	return m.grant(r, token, err)
 }
 
-// RenewLease extends the lease by its TTL from the database's now if
-// r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
+// RenewLease extends the lease by its TTL from the database's now (with
+// r.MinHold, never before the window's end) if r.Owner and r.Token still
+// hold it unexpired; ErrLeaseLost otherwise.
 func (m mysqlBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
 	if err := checkLeaseName(r); err != nil {
 		return LeaseGrant{}, err
 	}
-	stmt := `UPDATE advisorylock_leases SET expires_at = ` + mysqlExpires(r.TTL) + `, generation = LAST_INSERT_ID(generation)
+	expires := mysqlExpires(r.TTL)
+	if r.MinHold > 0 { // never before the window's end
+		expires = "GREATEST(" + expires + ", " + mysqlAfterGrant(r.MinHold) + ")"
+	}
+	stmt := `UPDATE advisorylock_leases SET expires_at = ` + expires + `, generation = LAST_INSERT_ID(generation)
 WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND generation = ` + strconv.FormatInt(r.Token.Int64(), 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
 	token, err := m.execToken(ctx, db, stmt)
 	if err == nil && FencingToken(token) != r.Token {
@@ -404,7 +460,7 @@ func (mysqlBackend) execToken(ctx context.Context, db DB, stmt string) (int64, e
 
 // ReleaseLease frees the lease if grant r.Token still holds it (with
 // Token 0, whatever r.Owner holds); the row stays, so the token never goes
-// down.
+// down. With r.MinHold it stays taken by its owner until the window's end.
 func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
 	if err := checkLeaseName(r); err != nil {
 		return err
@@ -413,7 +469,12 @@ func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) err
 	if r.Token == 0 {
 		which = "owner = " + mysqlHex(r.Owner)
 	}
-	stmt := "UPDATE advisorylock_leases SET owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE name_hash = " + mysqlHash(r.Name) + " AND " + which
+	set := "owner = NULL, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))"
+	if r.MinHold > 0 && r.Token != 0 { // taken by its owner until the window's end
+		end := mysqlAfterGrant(r.MinHold)
+		set = "owner = IF(" + end + " > UTC_TIMESTAMP(6), owner, NULL), expires_at = LEAST(expires_at, GREATEST(UTC_TIMESTAMP(6), " + end + "))"
+	}
+	stmt := "UPDATE advisorylock_leases SET " + set + " WHERE name_hash = " + mysqlHash(r.Name) + " AND " + which
 	return mysqlLeaseRun(ctx, db, func(q querier) error {
 		_, err := q.ExecContext(ctx, stmt)
 		return err

@@ -95,12 +95,24 @@ func eachPostgresWindowLock(t *testing.T, f func(t *testing.T, kind, drv string)
 	}
 }
 
-// eachWindowLock runs f for every kind on PostgreSQL (both drivers) and
-// on a SQLite file; open opens a new handle on the same database.
-func eachWindowLock(t *testing.T, f func(t *testing.T, kind string, open func() *sql.DB)) {
+// eachServerWindowLock runs f for every kind on PostgreSQL (both
+// drivers) and on MySQL; open opens a new handle (a *sql.DB of its own, as
+// a replica has) on the same database.
+func eachServerWindowLock(t *testing.T, f func(t *testing.T, kind string, open func() *sql.DB)) {
 	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
 		f(t, kind, func() *sql.DB { return testdb.OpenPostgres(t, drv) })
 	})
+	for _, kind := range windowKinds {
+		t.Run(kind+"/mysql", func(t *testing.T) {
+			f(t, kind, func() *sql.DB { return testdb.OpenMySQL(t) })
+		})
+	}
+}
+
+// eachWindowLock runs f for every kind on PostgreSQL (both drivers), on
+// MySQL and on a SQLite file; open opens a new handle on the same database.
+func eachWindowLock(t *testing.T, f func(t *testing.T, kind string, open func() *sql.DB)) {
+	eachServerWindowLock(t, f)
 	for _, kind := range windowKinds {
 		t.Run(kind+"/sqlite", func(t *testing.T) {
 			path := testdb.SQLitePath(t)
@@ -136,18 +148,18 @@ func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAf
 	}
 }
 
-// TestMinHoldRunsASkewedJobOncePerWindowOnPostgres fires five replicas
+// TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL fires five replicas
 // (separate *sql.DBs) 100 ms apart, each TryDo of a 10 ms job: without
 // the option the job would run five times; with a 2 s window it runs
 // once, Holder shows the last holder until the window's end, and the
 // next firing after the window runs it again.
-func TestMinHoldRunsASkewedJobOncePerWindowOnPostgres(t *testing.T) {
-	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
+func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
+	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		locks := make([]windowLock, minHoldReplicas)
 		for i := range locks {
-			locks[i] = newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow))
+			locks[i] = newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow))
 			if err := locks[i].check(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -234,14 +246,20 @@ func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 // the lock past its window hands off to a waiting Lock (server-side), and
 // that grant opens a window of its own.
 func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
-	for _, drv := range testdb.Drivers {
+	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
 			name := testdb.UniqueName(t)
 			window := 2 * time.Second // the waiter's window must outlast its release and a try under load
-			a := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
-			b := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
-			c := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
+			open := func() *sql.DB {
+				if drv == "mysql" {
+					return testdb.OpenMySQL(t)
+				}
+				return testdb.OpenPostgres(t, drv)
+			}
+			a := newLock(t, open(), name, advisorylock.WithMinHold(window))
+			b := newLock(t, open(), name, advisorylock.WithMinHold(window))
+			c := newLock(t, open(), name, advisorylock.WithMinHold(window))
 			ga, err := a.TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -275,14 +293,15 @@ func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
 	}
 }
 
-// TestMinHoldWindowIsTheDatabaseClocksOnPostgres: replicas whose clocks
-// are an hour off either way still get a window of the database's clock.
-func TestMinHoldWindowIsTheDatabaseClocksOnPostgres(t *testing.T) {
-	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
+// TestMinHoldWindowIsTheDatabaseClocks: replicas whose clocks are an
+// hour off either way still get a window of the database's clock, on
+// PostgreSQL and MySQL.
+func TestMinHoldWindowIsTheDatabaseClocks(t *testing.T) {
+	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
-		late := newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithClock(testdb.SkewedClock(-time.Hour)))
-		early := newWindowLock(t, kind, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithClock(testdb.SkewedClock(time.Hour)))
+		late := newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithClock(testdb.SkewedClock(-time.Hour)))
+		early := newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithClock(testdb.SkewedClock(time.Hour)))
 		before := time.Now()
 		ran, err := late.tryDo(ctx, func() {})
 		if err != nil || !ran {
@@ -375,8 +394,9 @@ const minHoldJobEnv = "ADVISORYLOCK_MINHOLD_JOB"
 type minHoldTask struct {
 	Do     string        // "fire": one TryDo at Gun+Delay; "hold": take the lock and hold it until killed
 	Kind   string        // "lock" or "lease"
-	Driver string        // "postgres", "pgx" or "sqlite"
+	Driver string        // "postgres", "pgx", "mysql" or "sqlite"
 	Path   string        // the SQLite file
+	MySQL  string        // the MySQL DSN
 	Name   string        // the lock's name
 	Window time.Duration // WithMinHold
 	TTL    time.Duration // WithLeaseTTL
@@ -386,8 +406,11 @@ type minHoldTask struct {
 }
 
 func (j minHoldTask) open(t testing.TB) *sql.DB {
-	if j.Driver == "sqlite" {
+	switch j.Driver {
+	case "sqlite":
 		return testdb.OpenSQLite(t, j.Path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	case "mysql":
+		return testdb.OpenMySQLDSN(t, j.MySQL)
 	}
 	return testdb.OpenPostgres(t, j.Driver)
 }
@@ -550,15 +573,18 @@ func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
 	type setup struct{ kind, driver string }
 	var setups []setup
 	for _, kind := range windowKinds {
-		for _, drv := range append([]string{"sqlite"}, testdb.Drivers...) {
+		for _, drv := range append([]string{"sqlite", "mysql"}, testdb.Drivers...) {
 			setups = append(setups, setup{kind, drv})
 		}
 	}
 	for _, s := range setups {
 		t.Run(s.kind+"/"+s.driver, func(t *testing.T) {
 			job := minHoldTask{Do: "hold", Kind: s.kind, Driver: s.driver, Name: testdb.UniqueName(t), Window: window, TTL: time.Second, Dir: t.TempDir()}
-			if s.driver == "sqlite" {
+			switch s.driver {
+			case "sqlite":
 				job.Path = testdb.SQLitePath(t)
+			case "mysql":
+				job.MySQL = testdb.MySQLDSN(t)
 			}
 			l := job.lock(t, job.open(t))
 			if err := l.check(context.Background()); err != nil {
@@ -599,29 +625,45 @@ func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
 // through a proxy: the window is checked and recorded in the try's one
 // statement, and the release is unchanged.
 func TestMinHoldTryLockAndReleaseAreOneRoundTripEach(t *testing.T) {
-	eachPostgresWindowLock(t, func(t *testing.T, kind, drv string) {
-		db, proxy := testdb.OpenPostgresProxied(t, drv)
-		db.SetMaxOpenConns(1) // the warm-up prepares the measured connection's statements (pgx)
-		ctx := context.Background()
-		l := newWindowLock(t, kind, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Millisecond))
-		for attempt := range 2 { // a warm-up, then the measurement
-			waitWindowOver(t, l)
-			proxy.ResetCount()
-			release, err := l.try(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tries := proxy.RoundTrips()
-			proxy.ResetCount()
-			if err := release(); err != nil {
-				t.Fatal(err)
-			}
-			releases := proxy.RoundTrips()
-			if attempt == 1 && (tries != 1 || releases != 1) {
-				t.Fatalf("TryLock took %d round trips and Release %d, want 1 each", tries, releases)
-			}
+	drivers := append(slices.Clone(testdb.Drivers), "mysql")
+	for _, kind := range windowKinds {
+		for _, drv := range drivers {
+			t.Run(kind+"/"+drv, func(t *testing.T) { checkMinHoldRoundTrips(t, kind, drv) })
 		}
-	})
+	}
+}
+
+// checkMinHoldRoundTrips is TestMinHoldTryLockAndReleaseAreOneRoundTripEach
+// for one kind and driver (on MySQL, a key's first try ever takes two
+// round trips: the warm-up makes it).
+func checkMinHoldRoundTrips(t *testing.T, kind, drv string) {
+	var db *sql.DB
+	var proxy *testdb.Proxy
+	if drv == "mysql" {
+		db, proxy = testdb.OpenMySQLProxied(t)
+	} else {
+		db, proxy = testdb.OpenPostgresProxied(t, drv)
+	}
+	db.SetMaxOpenConns(1) // the warm-up prepares the measured connection's statements (pgx)
+	ctx := context.Background()
+	l := newWindowLock(t, kind, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Millisecond))
+	for attempt := range 2 { // a warm-up, then the measurement
+		waitWindowOver(t, l)
+		proxy.ResetCount()
+		release, err := l.try(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tries := proxy.RoundTrips()
+		proxy.ResetCount()
+		if err := release(); err != nil {
+			t.Fatal(err)
+		}
+		releases := proxy.RoundTrips()
+		if attempt == 1 && (tries != 1 || releases != 1) {
+			t.Fatalf("TryLock took %d round trips and Release %d, want 1 each", tries, releases)
+		}
+	}
 }
 
 // TestWithoutMinHoldASkewedJobRunsOnSeveralReplicas is the problem
@@ -681,28 +723,34 @@ func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
 // keep getting them.
 func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
 	const window = 150 * time.Millisecond
-	for _, drv := range testdb.Drivers {
+	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
 			name := testdb.UniqueName(t)
-			admin := testdb.OpenPostgres(t, "pgx")
+			open := func() *sql.DB { return testdb.OpenPostgres(t, drv) }
+			grantOf := "SELECT (extract(epoch FROM acquired_at) * 1e6)::bigint FROM advisorylock_windows WHERE key = $1"
+			if drv == "mysql" {
+				open = func() *sql.DB { return testdb.OpenMySQL(t) }
+				grantOf = "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at) FROM advisorylock_windows WHERE lock_key = ?"
+			}
+			admin := open()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			var mu sync.Mutex
 			var grants []time.Time
 			var wg sync.WaitGroup
 			for i := range 6 {
-				l := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(window))
+				l := newLock(t, open(), name, advisorylock.WithMinHold(window))
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					job := func(ctx context.Context) error {
-						var at time.Time
-						err := admin.QueryRowContext(ctx, "SELECT acquired_at FROM advisorylock_windows WHERE key = $1", advisorylock.Key(name)).Scan(&at)
+						var micros int64
+						err := admin.QueryRowContext(ctx, grantOf, advisorylock.Key(name)).Scan(&micros)
 						if err != nil {
 							return fmt.Errorf("reading the grant's window: %w", err)
 						}
 						mu.Lock()
-						grants = append(grants, at)
+						grants = append(grants, time.UnixMicro(micros))
 						mu.Unlock()
 						return nil
 					}
@@ -855,16 +903,52 @@ func TestMinHoldOnAHotStandbyIsUnsupported(t *testing.T) {
 	}
 }
 
-// TestMinHoldOnMySQLIsUnsupportedForNow: the MySQL backend keeps no
-// windows yet, and says so at the first operation instead of running the
-// job on every replica.
-func TestMinHoldOnMySQLIsUnsupportedForNow(t *testing.T) {
+// TestMinHoldOnMySQLRecordsTheWindowAtTheGrant: on MySQL, a Lock's
+// window is a row written by the try that takes GET_LOCK (schema step 2,
+// also in Schema's DDL): after the holder's release the name stays taken,
+// Holder reports the grant's session with the window's end as ExpiresAt,
+// and the lock is not held on the server meanwhile.
+func TestMinHoldOnMySQLRecordsTheWindowAtTheGrant(t *testing.T) {
+	ddl := advisorylock.Schema(advisorylock.MySQL())
+	if !strings.Contains(ddl, "advisorylock_windows") {
+		t.Fatalf("Schema(MySQL()) lacks advisorylock_windows:\n%s", ddl)
+	}
 	db := testdb.OpenMySQL(t)
 	ctx := context.Background()
-	for _, kind := range windowKinds {
-		l := newWindowLock(t, kind, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second))
-		if _, err := l.try(ctx); !errors.Is(err, advisorylock.ErrUnsupported) {
-			t.Fatalf("%s TryLock with WithMinHold on MySQL = %v, want ErrUnsupported", kind, err)
-		}
+	name := testdb.UniqueName(t)
+	a := newLock(t, db, name, advisorylock.WithMinHold(time.Minute))
+	b := newLock(t, testdb.OpenMySQL(t), name, advisorylock.WithMinHold(time.Minute))
+	before := time.Now()
+	g, err := a.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	var id int
+	if err := db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", mysqlServerLockName(name)).Scan(&id); err != nil || id == 0 {
+		t.Fatalf("IS_USED_LOCK while held = %d, %v; want the holder's connection id", id, err)
+	}
+	mustRelease(t, g)
+	if _, err := b.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("TryLock in the window = %v, want ErrNotAcquired", err)
+	}
+	h, err := b.Holder(ctx)
+	if err != nil || h == nil {
+		t.Fatalf("Holder in the window = %+v, %v", h, err)
+	}
+	if h.Name != name || h.PID != id || h.User == "" || h.ExpiresAt.Before(before.Add(time.Minute-time.Second)) || h.ExpiresAt.After(time.Now().Add(time.Minute+time.Second)) {
+		t.Fatalf("Holder in the window = %+v; want %q, connection %d, a user, ExpiresAt a minute after the grant", h, name, id)
+	}
+	var free sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", mysqlServerLockName(name)).Scan(&free); err != nil || free.Valid {
+		t.Fatalf("IS_USED_LOCK in the window after the release = %v, %v; want NULL (the window is the row)", free, err)
+	}
+	var version int
+	if err := db.QueryRowContext(ctx, "SELECT MAX(version) FROM advisorylock_schema").Scan(&version); err != nil || version < 2 {
+		t.Fatalf("schema version = %d, %v; want 2 (the windows table)", version, err)
+	}
+}
+
+// mysqlServerLockName is the server-side name of name's MySQL lock.
+func mysqlServerLockName(name string) string {
+	return fmt.Sprintf("advisorylock:v1:%016x", uint64(advisorylock.Key(name)))
 }

@@ -1,11 +1,14 @@
 package advisorylock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -62,5 +65,46 @@ func TestMySQLHexLiteralsCarryAnyBytes(t *testing.T) {
 		if got := mysqlHex(s); got != want {
 			t.Errorf("mysqlHex(%q) = %s, want %s", s, got, want)
 		}
+	}
+}
+
+// TestMySQLWindowedTryRetriesAFirstInsertAndADeadlock: the try of a Lock
+// with WithMinHold runs its upsert again after the key's first insert (it
+// wrote an ended window and tried no lock) and after a deadlock (rolled
+// back, but not its GET_LOCK: that lock is let go first); a refusal is one
+// statement. go-sqlmock: the server cannot deadlock this on demand.
+func TestMySQLWindowedTryRetriesAFirstInsertAndADeadlock(t *testing.T) {
+	db, mock, err := sqlmock.New(sqlmock.QueryMatcherOption(sqlmock.QueryMatcherFunc(func(want, got string) error {
+		if !strings.HasPrefix(got, want) {
+			return fmt.Errorf("statement %q, want one starting %q", got, want)
+		}
+		return nil
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const key = 42
+	upsert, release := "INSERT INTO advisorylock_windows", "DO RELEASE_LOCK("+mysqlLockName(key)+")"
+	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(1, 1)) // the first insert
+	mock.ExpectExec(upsert).WillReturnError(&mysql.MySQLError{Number: mysqlDeadlock, Message: "deadlock"})
+	mock.ExpectExec(release).WillReturnResult(sqlmock.NewResult(0, 0))
+	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(14, 2)) // granted to connection 7
+	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(0, 0))  // refused: a window is open
+	b := mysqlBackend{}
+	if r, err := b.TryLockSessionFor(ctx, conn, key, "n", time.Second); err != nil || r != (SessionResult{OK: true, Session: 7}) {
+		t.Fatalf("TryLockSessionFor = %+v, %v; want granted to session 7", r, err)
+	}
+	if r, err := b.TryLockSessionFor(ctx, conn, key, "n", time.Second); err != nil || r.OK {
+		t.Fatalf("TryLockSessionFor in a window = %+v, %v; want refused", r, err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
 	}
 }

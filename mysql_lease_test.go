@@ -217,11 +217,11 @@ func TestMySQLSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
 	fresh := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	runMySQLSchema(t, fresh)
 	runMySQLSchema(t, fresh) // idempotent
-	if n := countRows(t, fresh, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'advisorylock\\_%'"); n != 3 {
-		t.Fatalf("Schema created %d tables, want 3", n)
+	if n := countRows(t, fresh, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'advisorylock\\_%'"); n != 4 {
+		t.Fatalf("Schema created %d tables, want 4", n)
 	}
-	if n := countRows(t, fresh, "SELECT COUNT(*) FROM advisorylock_schema"); n != 1 {
-		t.Fatalf("Schema recorded %d versions, want 1", n)
+	if n := countRows(t, fresh, "SELECT COUNT(*) FROM advisorylock_schema"); n != 2 {
+		t.Fatalf("Schema recorded %d versions, want 2", n)
 	}
 	releaseLease(t, tryLease(t, newLeaseLock(t, fresh, testdb.UniqueName(t))))
 }
@@ -306,6 +306,12 @@ func TestMySQLLeastPrivilegeUser(t *testing.T) {
 		t.Fatalf("fenced write as an ordinary user: %v", err)
 	}
 	releaseLease(t, lg)
+	win := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Minute))
+	for i, want := range []bool{true, false} { // run, then refused in the window
+		if ran, err := win.TryDo(ctx, func(context.Context) error { return nil }); err != nil || ran != want {
+			t.Fatalf("TryDo %d with WithMinHold as an ordinary user = %v, %v; want %v", i, ran, err, want)
+		}
+	}
 
 	// Without the tables, the error names what the user may not do.
 	bare := testdb.NewMySQLDatabase(t)
@@ -337,5 +343,29 @@ func runMySQLSchema(t *testing.T, db *sql.DB) {
 		if _, err := db.Exec(stmt); err != nil {
 			t.Fatalf("Schema statement %q: %v", stmt, err)
 		}
+	}
+}
+
+// TestMySQLSchemaUpgradeAddsTheWindowsTable: a database at schema version
+// 1 (leases and fences only) gets advisorylock_windows, recorded as
+// version 2, at the first use of a Lock with WithMinHold.
+func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
+	runMySQLSchema(t, db)
+	for _, stmt := range []string{"DROP TABLE advisorylock_windows", "DELETE FROM advisorylock_schema WHERE version = 2"} {
+		if _, err := db.Exec(stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Minute))
+	if ran, err := l.TryDo(ctx, func(context.Context) error { return nil }); err != nil || !ran {
+		t.Fatalf("TryDo on a version 1 database = %v, %v", ran, err)
+	}
+	if n := countRows(t, db, "SELECT COUNT(*) FROM advisorylock_windows"); n != 1 {
+		t.Fatalf("advisorylock_windows has %d rows after a grant, want 1", n)
+	}
+	if n := countRows(t, db, "SELECT MAX(version) FROM advisorylock_schema"); n != 2 {
+		t.Fatalf("schema version after the upgrade = %d, want 2", n)
 	}
 }

@@ -375,10 +375,15 @@ func TestMySQLEachStepIsOneRoundTrip(t *testing.T) {
 	}
 	var g *advisorylock.Guard
 	for _, acquire := range []struct {
-		name string
-		f    func(context.Context) (*advisorylock.Guard, error)
-	}{{"TryLock", l.TryLock}, {"Lock", l.Lock}} {
-		count(acquire.name, 1, func() (err error) { g, err = acquire.f(ctx); return err })
+		name   string
+		f      func(context.Context) (*advisorylock.Guard, error)
+		rounds int64
+	}{
+		{"TryLock, the session's first grant (it sets wait_timeout)", l.TryLock, 2},
+		{"TryLock", l.TryLock, 1},
+		{"Lock", l.Lock, 1},
+	} {
+		count(acquire.name, acquire.rounds, func() (err error) { g, err = acquire.f(ctx); return err })
 		count("Release", 1, func() error { return g.Release(ctx) })
 	}
 	ll := newLeaseLock(t, db, name)
@@ -578,7 +583,7 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 		answer  driver.Value
 		wantErr error
 	}{{nil, nil}, {int64(0), advisorylock.ErrTransactionPooler}} {
-		mock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro"}).AddRow(int64(1), int64(7), int64(0)))
+		mock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro", "wt"}).AddRow(int64(1), int64(7), int64(0), int64(28800)))
 		mock.ExpectQuery("SELECT RELEASE_LOCK").WillReturnRows(sqlmock.NewRows([]string{"released", "id", "holder"}).AddRow(tc.answer, int64(7), int64(9)))
 		g, err := m.TryLock(ctx)
 		if err != nil {
@@ -604,7 +609,7 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	}
 	defer rdb.Close()
 	r := newLock(t, rdb, "replica", advisorylock.WithBackend(advisorylock.MySQL()), advisorylock.WithServerChecks(false))
-	rmock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro"}).AddRow(int64(1), int64(8), int64(1)))
+	rmock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro", "wt"}).AddRow(int64(1), int64(8), int64(1), int64(28800)))
 	if _, err := r.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "read-only") {
 		t.Fatalf("TryLock on a connection to a replica = %v, want ErrUnsupported naming read-only", err)
 	}
@@ -654,5 +659,102 @@ func TestMySQLShortServerStatementTimeoutDoesNotBreakLock(t *testing.T) {
 	mustRelease(t, g)
 	if err := <-got; err != nil {
 		t.Fatalf("Lock under a 200ms server statement timeout: %v", err)
+	}
+}
+
+// TestMySQLDeadHolderTimeoutSetsWaitTimeout: with WithDeadHolderTimeout a
+// Lock's session gets that wait_timeout at its first grant (and keeps it
+// in the pool), so the server frees the lock of a holder cut off without
+// a closed socket (a blackhole) within about that long, where it would
+// otherwise wait for the server's wait_timeout (8 hours by default). A
+// Lock without a keep-alive leaves wait_timeout alone: nothing would keep
+// its idle holder's session alive.
+func TestMySQLDeadHolderTimeoutSetsWaitTimeout(t *testing.T) {
+	ctx := context.Background()
+	const deadHolder = 2 * time.Second
+	opts := []advisorylock.Option{advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(500 * time.Millisecond), advisorylock.WithDeadHolderTimeout(deadHolder)}
+	// On a pool of one connection, the lock's session answers afterwards.
+	waitTimeoutAfter := func(db *sql.DB, opts ...advisorylock.Option) int64 {
+		t.Helper()
+		db.SetMaxOpenConns(1)
+		mustRelease(t, mustTry(t, newLock(t, db, testdb.UniqueName(t), opts...)))
+		var secs int64
+		if err := db.QueryRowContext(ctx, "SELECT @@session.wait_timeout").Scan(&secs); err != nil {
+			t.Fatal(err)
+		}
+		return secs
+	}
+	if secs := waitTimeoutAfter(testdb.OpenMySQL(t), opts...); secs != int64(deadHolder/time.Second) {
+		t.Fatalf("wait_timeout of a Lock's session = %d s, want %v", secs, deadHolder)
+	}
+	if secs := waitTimeoutAfter(testdb.OpenMySQL(t), append(opts, advisorylock.WithMinHold(time.Millisecond))...); secs != int64(deadHolder/time.Second) {
+		t.Fatalf("wait_timeout of a Lock's session with WithMinHold = %d s, want %v", secs, deadHolder)
+	}
+	if secs := waitTimeoutAfter(testdb.OpenMySQL(t), advisorylock.WithKeepAlive(0), advisorylock.WithDeadHolderTimeout(10*time.Second)); secs <= 10 {
+		t.Fatalf("wait_timeout of a Lock without a keep-alive = %d s, want the server's", secs)
+	}
+
+	db, proxy := testdb.OpenMySQLProxied(t)
+	name := testdb.UniqueName(t)
+	g := mustTry(t, newLock(t, db, name, opts...))
+	other := newLock(t, testdb.OpenMySQL(t), name)
+	if _, err := other.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("TryLock of a held lock = %v, want ErrNotAcquired", err)
+	}
+	proxy.Cut() // the holder vanishes: its socket stays open, nothing reaches the server
+	cut := time.Now()
+	var got *advisorylock.Guard
+	testdb.WaitFor(t, 3*deadHolder+5*time.Second, func() bool {
+		var err error
+		got, err = other.TryLock(ctx)
+		if err != nil && !errors.Is(err, advisorylock.ErrNotAcquired) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}, "the server never freed the vanished holder's lock")
+	t.Logf("freed %v after the cut", time.Since(cut))
+	mustRelease(t, got)
+	<-g.Lost()
+}
+
+// mustTry takes l or fails the test.
+func mustTry(t *testing.T, l *advisorylock.Lock) *advisorylock.Guard {
+	t.Helper()
+	g, err := l.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// TestMySQLLockWithoutMinHoldNeverTouchesTheWindowsTable: on a fresh
+// database a Lock without WithMinHold takes, waits, reports and releases
+// without creating any table; with the option its first use creates
+// advisorylock_windows.
+func TestMySQLLockWithoutMinHoldNeverTouchesTheWindowsTable(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
+	tables := func() int {
+		return countRows(t, db, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
+	}
+	l := newLock(t, db, testdb.UniqueName(t))
+	for _, acquire := range []func(context.Context) (*advisorylock.Guard, error){l.TryLock, l.Lock} {
+		g, err := acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, err := l.Holder(ctx); err != nil || h == nil {
+			t.Fatalf("Holder = %+v, %v", h, err)
+		}
+		mustRelease(t, g)
+	}
+	if n := tables(); n != 0 {
+		t.Fatalf("a Lock without WithMinHold created %d tables", n)
+	}
+	if err := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second)).Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, db, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'advisorylock_windows'"); n != 1 {
+		t.Fatal("a Lock with WithMinHold did not create advisorylock_windows at its first use")
 	}
 }

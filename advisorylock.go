@@ -178,8 +178,8 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		case SessionLocker:
 			if c, ok := b.(sessionConfigurable); ok {
 				d := l.cfg.deadHolder
-				if _, ok := b.(idleEnding); ok && l.cfg.keepAlive <= 0 {
-					d = 0 // nothing would keep an idle holder's session alive
+				if _, ok := b.(idleEnding); ok && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
+					d = 0 // see idleEnding
 				}
 				b = c.forLock(d, l.cfg.serverChecks).(SessionLocker)
 			}
@@ -212,7 +212,10 @@ type sessionConfigurable interface {
 
 // idleEnding is a sessionConfigurable whose dead-holder timeout also ends
 // a live holder's session after that long without a statement (MySQL's
-// wait_timeout): a Lock without a keep-alive does not get it.
+// wait_timeout): a Lock without a keep-alive does not get it, and it is
+// set only where WithDeadHolderTimeout asks for it, not by default: the
+// setting stays on the pooled session, whose server then closes it after
+// that long idle (the driver reconnects, and logs it).
 type idleEnding interface{ endsIdleSessions() }
 
 // Name returns the lock's name.

@@ -379,7 +379,6 @@ func TestMySQLEachStepIsOneRoundTrip(t *testing.T) {
 		f      func(context.Context) (*advisorylock.Guard, error)
 		rounds int64
 	}{
-		{"TryLock, the session's first grant (it sets wait_timeout)", l.TryLock, 2},
 		{"TryLock", l.TryLock, 1},
 		{"Lock", l.Lock, 1},
 	} {
@@ -692,6 +691,9 @@ func TestMySQLDeadHolderTimeoutSetsWaitTimeout(t *testing.T) {
 	}
 	if secs := waitTimeoutAfter(testdb.OpenMySQL(t), advisorylock.WithKeepAlive(0), advisorylock.WithDeadHolderTimeout(10*time.Second)); secs <= 10 {
 		t.Fatalf("wait_timeout of a Lock without a keep-alive = %d s, want the server's", secs)
+	}
+	if secs := waitTimeoutAfter(testdb.OpenMySQL(t)); secs <= 20 {
+		t.Fatalf("wait_timeout of a Lock with the default dead-holder timeout = %d s, want the server's (only an explicit WithDeadHolderTimeout sets it on MySQL)", secs)
 	}
 
 	db, proxy := testdb.OpenMySQLProxied(t)

@@ -169,9 +169,10 @@ func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = 
 // a holder cut off from the server notices the loss (Lost closes) before
 // the server frees its lock; New refuses an option set that breaks this.
 // Behind a proxy (PgBouncer, a cloud proxy) the server's keepalives reach
-// the proxy, not the client, and this bounds nothing. On MySQL it sets the
-// session's wait_timeout to d (whole seconds) at its first grant, unless
-// the keep-alive is off (see MySQL).
+// the proxy, not the client, and this bounds nothing. On MySQL, given
+// explicitly (not by default), it sets the session's wait_timeout to d
+// (whole seconds) at its first grant, unless the keep-alive is off (see
+// MySQL).
 func WithDeadHolderTimeout(d time.Duration) Option {
 	return func(c *config) { c.deadHolder, c.deadHolderSet = max(d, 0), true }
 }

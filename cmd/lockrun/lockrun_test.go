@@ -692,35 +692,29 @@ func TestVerboseSaysAcquiredAndReleased(t *testing.T) {
 // job that starts a little later does not run it again; after the window
 // it runs again.
 func TestMinHoldRunsOncePerWindow(t *testing.T) {
-	for _, b := range backends {
-		if b.name == "mysql" && !mysqlHasMinHold {
-			continue
+	eachBackend(t, func(t *testing.T, env []string) {
+		name := lockName(t)
+		const window = 3 * time.Second
+		args := []string{"-n", "--min-hold", window.String(), name, "true"}
+		start := time.Now()
+		if code, out, errOut := runLockrun(t, env, args...); code != 0 {
+			t.Fatalf("first run exited %d: %q %q", code, out, errOut)
 		}
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			env, name := b.env(t), lockName(t)
-			const window = 3 * time.Second
-			args := []string{"-n", "--min-hold", window.String(), name, "true"}
-			start := time.Now()
-			if code, out, errOut := runLockrun(t, env, args...); code != 0 {
-				t.Fatalf("first run exited %d: %q %q", code, out, errOut)
-			}
-			code, out, errOut := runLockrun(t, env, args...)
-			if time.Since(start) < window && code != 1 {
-				t.Fatalf("second run inside the window exited %d, want the conflict code 1: %q %q", code, out, errOut)
-			}
-			if out != "" || errOut != "" {
-				t.Errorf("a conflict inside the window said something (flock does not): %q %q", out, errOut)
-			}
-			var again time.Duration
-			testdb.WaitFor(t, 0, func() bool {
-				code, _, _ := runLockrun(t, env, args...)
-				again = time.Since(start)
-				return code == 0
-			}, "lockrun never ran the command again after the window")
-			if again < window-250*time.Millisecond { // the host's and the database's clocks may differ a little
-				t.Fatalf("ran again %v after the first grant, inside the %v window", again, window)
-			}
-		})
-	}
+		code, out, errOut := runLockrun(t, env, args...)
+		if time.Since(start) < window && code != 1 {
+			t.Fatalf("second run inside the window exited %d, want the conflict code 1: %q %q", code, out, errOut)
+		}
+		if out != "" || errOut != "" {
+			t.Errorf("a conflict inside the window said something (flock does not): %q %q", out, errOut)
+		}
+		var again time.Duration
+		testdb.WaitFor(t, 0, func() bool {
+			code, _, _ := runLockrun(t, env, args...)
+			again = time.Since(start)
+			return code == 0
+		}, "lockrun never ran the command again after the window")
+		if again < window-250*time.Millisecond { // the host's and the database's clocks may differ a little
+			t.Fatalf("ran again %v after the first grant, inside the %v window", again, window)
+		}
+	})
 }

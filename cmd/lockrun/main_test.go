@@ -306,6 +306,3 @@ func writeFile(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 }
-
-// mysqlHasMinHold says whether the MySQL backend keeps min-hold windows.
-const mysqlHasMinHold = false

@@ -336,17 +336,8 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 	}
 	defer cg.settle()
 	// Lock tries first too: a free lock costs the one cheap statement, and
-	// only a held one starts the server-side wait. Under a budget the try
-	// is bounded as a wait slice is: on a dead network (a connection taken
-	// warm from the pool is not pinged) it gives up a grace after the
-	// budget's end.
-	tctx := ctx
-	if dl, ok := budget.Deadline(); ok {
-		var cancel context.CancelFunc
-		tctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
-		defer cancel()
-	}
-	res, err := l.trySession(tctx, b, &s.p)
+	// only a held one starts the server-side wait.
+	res, err := l.firstTry(ctx, budget, b, &s.p)
 	switch {
 	case !wait || err != nil || res.OK:
 	case b.windows != nil:
@@ -372,6 +363,18 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 	}
 	cg.take()
 	return s.grant(res.Session), nil
+}
+
+// firstTry makes an acquire's first attempt. Under a budget it is bounded
+// as a wait slice is: on a dead network (a connection taken warm from the
+// pool is not pinged) it gives up a grace after the budget's end.
+func (l *Lock) firstTry(ctx, budget context.Context, b *lockBackend, p *pinned) (SessionResult, error) {
+	if dl, ok := budget.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
+		defer cancel()
+	}
+	return l.trySession(ctx, b, p)
 }
 
 // whyFailed says first why a statement of an acquire failed when a

@@ -340,7 +340,9 @@ func (s *leaseState) lostOrExpired() bool {
 // that a renew stuck on a dead network (some drivers do not return until
 // the network does) cannot hold the deadline back. A renew still in flight
 // when keep returns finishes on its own; its result is dropped, and it can
-// extend nothing but this grant's own row.
+// extend nothing but this grant's own row. (One select loop owns the
+// keeper's timers and its renewal in flight, which is why it runs past
+// forty lines: split, they would need sharing.)
 func (s *leaseState) keep() {
 	defer close(s.done)
 	lostErr := s.lostErr()
@@ -363,6 +365,12 @@ func (s *leaseState) keep() {
 			s.lose(LossExpired, lostErr, errors.New("no renewal before the local deadline"))
 			return
 		case <-renewAt.C:
+			if s.untilDeadline() <= 0 {
+				// Past the deadline (a grant that arrived late): IsLost
+				// reads true already, and a renewal would revive it.
+				s.lose(LossExpired, lostErr, errors.New("no renewal before the local deadline"))
+				return
+			}
 			sent, started = s.clock.Now(), time.Now()
 			inFlight = s.renew(sent, min(interval, s.untilDeadline()))
 		case err := <-inFlight:

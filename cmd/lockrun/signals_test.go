@@ -66,6 +66,8 @@ func TestCommandGetsSIGTERMWhenLockrunDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.wait(t)
-	testdb.WaitFor(t, 0, func() bool { return d.read("marks") == "TERM\n" }, "the command never got SIGTERM after lockrun died; marks %q", d.read("marks"))
+	// At least once: the kernel's parent-death signal and lockrun's own
+	// process-group handling may both deliver it before the trap exits.
+	testdb.WaitFor(t, 0, func() bool { return strings.HasPrefix(d.read("marks"), "TERM\n") }, "the command never got SIGTERM after lockrun died; marks %q", d.read("marks"))
 	testdb.WaitFor(t, 0, func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) }, "the command still runs after lockrun died")
 }

@@ -244,11 +244,13 @@ func (l *pgLoad) cutLeaseHolder(c *faultClass) bool {
 // pauses its rivals until it is granted the lease, then cuts it off past
 // the lease. The answer arrives after most of the lease is gone: only a
 // holder that counts its local deadline from when it sent the acquire
-// knows it lost the lease before the database lets a rival in.
+// knows it lost the lease before the database lets a rival in. The
+// target is a worker that waits with Do: a TryDo worker whose every grant
+// arrives lost never runs its section, so it would never be found inside.
 func (l *pgLoad) slowThenCut(c *faultClass) bool {
 	var w *pgWorker
 	for _, i := range rand.Perm(len(l.workers)) {
-		if cand := l.workers[i]; cand.lease {
+		if cand := l.workers[i]; cand.lease && !cand.try {
 			w = cand
 		}
 	}

@@ -1266,6 +1266,22 @@ func (w *pgWorker) outcome(lost bool) {
 // 1.5s lets a successor in.
 const leaseTTL = 1500 * time.Millisecond
 
+// deadHolder is the dead-holder timeout of a pgLoad's workers: a holder
+// blackholed from the server loses its session (and lock) within about
+// that, after it noticed the loss (200ms keep-alive + 1s release timeout).
+const deadHolder = 3 * time.Second
+
+// pgLoadOptions are the options of every lock of a pgLoad; its Locks
+// add WithDeadHolderTimeout(deadHolder).
+var pgLoadOptions = []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second),
+	advisorylock.WithLeaseTTL(leaseTTL), advisorylock.WithPollInterval(50 * time.Millisecond)}
+
+// newPGLoadLock returns a Lock on name with a pgLoad's options.
+func newPGLoadLock(t testing.TB, db *sql.DB, name string) *advisorylock.Lock {
+	t.Helper()
+	return newLock(t, db, name, append(slices.Clip(pgLoadOptions), advisorylock.WithDeadHolderTimeout(deadHolder))...)
+}
+
 // startPGLoad starts sessionWorkers Lock workers and leaseWorkers lease
 // workers per driver, each holding its lock for hold() (or until lost).
 // Session guards check their session every 200ms. Lease workers on lib/pq
@@ -1286,8 +1302,6 @@ func startPGLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() tim
 	leaseSecs := newSections(l.leaseName, l.lease, t.Logf)
 	leaseSecs.grantedAt = l.grantedAt
 	l.secs = []*sections{sessionSecs, leaseSecs}
-	opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second),
-		advisorylock.WithLeaseTTL(leaseTTL), advisorylock.WithPollInterval(50 * time.Millisecond)}
 	ctx, stop := context.WithCancel(context.Background())
 	l.stop = stop
 	t.Cleanup(func() { l.heal(); stop(); l.wg.Wait() })
@@ -1298,11 +1312,11 @@ func startPGLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() tim
 			w.db = testdb.OpenPostgresDSN(t, drv, testdb.WithParam(w.proxy.DSN(dsn), "application_name", w.app))
 			l.workers = append(l.workers, w)
 			if !w.lease {
-				lock := newLock(t, w.db, l.lockName, opts...)
+				lock := newPGLoadLock(t, w.db, l.lockName)
 				l.wg.Go(func() { sessionWorker(ctx, lock, sessionSecs, l.session, hold, w) })
 				continue
 			}
-			ll, f := fencedLease(t, w.db, l.leaseName, opts...)
+			ll, f := fencedLease(t, w.db, l.leaseName, pgLoadOptions...)
 			l.wg.Go(func() { leaseWorker(ctx, ll, f, w.db, l.counter, leaseSecs, l.lease, hold, w) })
 		}
 	}

@@ -15,11 +15,19 @@ package advisorylock_test
 // holder's connections reset, a Lock holder cut off, a lease holder cut
 // off for longer than its lease, and a lease granted over a slow network
 // (answers held back 1.2s) then cut off. Each is aimed at one worker
-// holding its lock (or, the last, waiting for it); the rest of the load
-// still reaches the server. The soak fails as vacuous unless every class
-// made its holder report a loss, and the fence refused a stale write.
+// holding its lock (or, for the slow network, waiting for it); the rest of
+// the load still reaches the server. The soak fails as vacuous unless
+// every one of these made its holder report a loss, and the fence refused
+// a stale write. Three more classes follow, each with its own effect to
+// reach: a Lock holder blackholed (iptables drops its server connection;
+// the workers run with WithDeadHolderTimeout(3s)) must report the loss
+// before the server ends its session and a successor is granted; a Lock
+// whose sessions have statement_timeout=300ms must be granted after a
+// wait longer than that, with no error; and, once per run, a Lock and a
+// LeaseLock on a hot standby must be refused with ErrUnsupported (a grant
+// there is a violation).
 //
-// It reports per class the faults injected and the losses they caused,
+// It reports per class the faults injected and what they reached,
 // and per kind of lock the operations, locks acquired, losses detected,
 // violations (two holders at once where the older was not told of its
 // loss before the newer grant, a stale write admitted, a wrong count:
@@ -28,6 +36,7 @@ package advisorylock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -63,22 +72,33 @@ func soakDuration(t *testing.T) time.Duration {
 type faultClass struct {
 	name     string
 	inject   func(pg *pgLoad, c *faultClass) bool // reports whether it found its target
+	effect   string                               // what reached counts; "losses reported" if empty
 	injected atomic.Int64
-	reached  atomic.Int64 // losses its targets reported
+	reached  atomic.Int64 // faults that had their effect (most: losses their targets reported)
+	spent    atomic.Int64 // nanoseconds spent injecting it, recovery included
 }
 
 func (c *faultClass) String() string {
-	return fmt.Sprintf("%-44s injected %d, losses reported %d", c.name+":", c.injected.Load(), c.reached.Load())
+	effect := c.effect
+	if effect == "" {
+		effect = "losses reported"
+	}
+	return fmt.Sprintf("%-44s injected %d, %s %d (%v)", c.name+":", c.injected.Load(), effect, c.reached.Load(),
+		time.Duration(c.spent.Load()).Round(100*time.Millisecond))
 }
 
 // soakFaults returns the soak's fault classes, in the order it runs them.
-func soakFaults() []*faultClass {
+func soakFaults(t *testing.T) []*faultClass {
+	x := &soakExtras{t: t}
 	return []*faultClass{
 		{name: "Lock holder's session terminated", inject: (*pgLoad).killHolder},
 		{name: "Lock holder's connections reset", inject: (*pgLoad).resetHolder},
 		{name: "Lock holder cut off", inject: (*pgLoad).cutLockHolder},
 		{name: "lease holder cut off past its TTL", inject: (*pgLoad).cutLeaseHolder},
 		{name: "lease granted over a slow network, cut off", inject: (*pgLoad).slowThenCut},
+		{name: "Lock holder blackholed", inject: x.blackholeHolder, effect: "lost, then a successor granted"},
+		{name: "Lock waiter with statement_timeout=300ms", inject: x.shortStatementTimeout, effect: "waits >300ms acquired"},
+		{name: "Lock and LeaseLock pointed at a standby", inject: x.pointAtStandby, effect: "refused"},
 	}
 }
 
@@ -92,7 +112,7 @@ func TestSoak(t *testing.T) {
 		return rand.N(20 * time.Millisecond)
 	})
 	lite := startSQLiteLoad(t, 2, 1)
-	classes := soakFaults()
+	classes := soakFaults(t)
 
 	start := time.Now()
 	report := func(label string) {
@@ -154,6 +174,7 @@ func TestSoak(t *testing.T) {
 // injectAndRecover injects one fault of class c and gives the load a
 // moment to recover before the next.
 func (l *pgLoad) injectAndRecover(c *faultClass) {
+	defer func(start time.Time) { c.spent.Add(int64(time.Since(start))) }(time.Now())
 	if c.inject(l, c) {
 		c.injected.Add(1)
 		l.session.faults.Add(1)
@@ -223,11 +244,13 @@ func (l *pgLoad) cutLeaseHolder(c *faultClass) bool {
 // pauses its rivals until it is granted the lease, then cuts it off past
 // the lease. The answer arrives after most of the lease is gone: only a
 // holder that counts its local deadline from when it sent the acquire
-// knows it lost the lease before the database lets a rival in.
+// knows it lost the lease before the database lets a rival in. The
+// target is a worker that waits with Do: a TryDo worker whose every grant
+// arrives lost never runs its section, so it would never be found inside.
 func (l *pgLoad) slowThenCut(c *faultClass) bool {
 	var w *pgWorker
 	for _, i := range rand.Perm(len(l.workers)) {
-		if cand := l.workers[i]; cand.lease {
+		if cand := l.workers[i]; cand.lease && !cand.try {
 			w = cand
 		}
 	}
@@ -387,4 +410,210 @@ func (l *sqliteLoad) check(t *testing.T) {
 		t.Errorf("SQLite: %d violations (see the log)", v)
 	}
 	checkLeaks(t, leakCheck{db: l.admin, sqlite: true, locks: []string{l.name}, leases: []string{l.leaseName}, pools: l.pools})
+}
+
+// soakExtras is what the soak's later fault classes need beyond a
+// pgLoad: the test (for the harness's iptables rules and clusters), a pool
+// with a short statement_timeout, and a hot standby, both made on first
+// use.
+type soakExtras struct {
+	t       *testing.T
+	short   []*advisorylock.Lock // per driver, on a pool whose sessions have statement_timeout=300ms
+	blocker *advisorylock.Lock   // on a pool of its own with the server's defaults
+	standby bool                 // the standby class ran
+}
+
+// blackholeHolder makes the server connection of a worker that holds the
+// Lock vanish (iptables drops its packets both ways, no reset, no close):
+// the worker must report the loss (its keep-alive fails), and then the
+// server, through the dead-holder settings on the session, must end the
+// session so that a successor is granted the lock. The rule goes once the
+// session is gone. Workers reach the server through a proxy each: the
+// connection blackholed is the proxy's upstream one, the one the server
+// sees.
+func (x *soakExtras) blackholeHolder(l *pgLoad, c *faultClass) bool {
+	w := l.holder(false, 3*time.Second)
+	if w == nil {
+		return false
+	}
+	pid, ok := l.sessionOf(w)
+	if !ok {
+		return false
+	}
+	lost := &faultClass{}
+	aim(w, lost)
+	heal := testdb.Blackhole(x.t, testdb.Port(x.t, testdb.PostgresDSN(x.t)), testdb.ClientPort(x.t, l.admin, pid))
+	defer heal()
+	told := testdb.Poll(wait, func() bool { return lost.reached.Load() > 0 })
+	var ended bool
+	var granted int64
+	testdb.Poll(4*deadHolder+wait, func() bool {
+		granted = l.session.acquired.Load()
+		ended = !l.sessionAlive(pid)
+		return ended
+	})
+	heal()
+	successor := ended && testdb.Poll(2*wait, func() bool { return l.session.acquired.Load() > granted })
+	if told && successor {
+		c.reached.Add(1)
+	} else {
+		w.aimed.CompareAndSwap(lost, nil)
+		x.t.Logf("blackholed Lock holder %s: loss reported %v, session ended %v, successor granted %v", w.app, told, ended, successor)
+	}
+	return true
+}
+
+// sessionOf returns the server session (pid) of worker w that holds an
+// advisory lock, if any.
+func (l *pgLoad) sessionOf(w *pgWorker) (int, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	var pid int
+	err := l.admin.QueryRowContext(ctx, `SELECT a.pid FROM pg_stat_activity a JOIN pg_locks k ON k.pid = a.pid
+		WHERE a.application_name = $1 AND k.locktype = 'advisory' AND k.granted LIMIT 1`, w.app).Scan(&pid)
+	return pid, err == nil
+}
+
+// sessionAlive reports whether server session pid still exists (true
+// when it cannot tell).
+func (l *pgLoad) sessionAlive(pid int) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	var n int
+	if err := l.admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+		return true
+	}
+	return n > 0
+}
+
+// shortStatementTimeout has a Lock per driver whose sessions run with
+// statement_timeout=300ms wait for the Lock behind a holder that keeps it
+// for a second, with the load's Lock workers paused: Lock waits in slices
+// that bound their own statements, so each wait, longer than the server's
+// statement_timeout, must end in a grant and no error. Both sections are
+// checked for exclusion with the load's.
+func (x *soakExtras) shortStatementTimeout(l *pgLoad, c *faultClass) bool {
+	if x.short == nil {
+		dsn := testdb.PostgresDSN(x.t)
+		for _, drv := range testdb.Drivers {
+			db := testdb.OpenPostgresDSN(x.t, drv, testdb.WithParam(dsn, "options", "-c statement_timeout=300"))
+			x.short = append(x.short, newPGLoadLock(x.t, db, l.lockName))
+		}
+		x.blocker = newPGLoadLock(x.t, testdb.OpenPostgresDSN(x.t, "postgres", dsn), l.lockName)
+	}
+	var resume []func()
+	for _, o := range l.workers {
+		if !o.lease {
+			resume = append(resume, o.pause())
+		}
+	}
+	defer func() {
+		for _, r := range resume {
+			r()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
+	defer cancel()
+	secs := l.secs[0]
+	inside := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		err := x.blocker.Do(ctx, func(fctx context.Context) error {
+			l.session.acquiredAfter(0)
+			sec := secs.enter(fctx, nil)
+			defer secs.exit(sec)
+			close(inside)
+			select {
+			case <-time.After(time.Second):
+				return nil
+			case <-fctx.Done():
+				return context.Cause(fctx)
+			}
+		})
+		l.session.outcome(ctx, err, false)
+	})
+	select {
+	case <-inside:
+	case <-ctx.Done():
+		return false
+	}
+	var granted atomic.Int64
+	for _, short := range x.short {
+		wg.Go(func() {
+			start := time.Now()
+			var waited time.Duration
+			err := short.Do(ctx, func(fctx context.Context) error {
+				waited = time.Since(start)
+				l.session.acquiredAfter(waited)
+				sec := secs.enter(fctx, nil)
+				defer secs.exit(sec)
+				return nil
+			})
+			l.session.outcome(ctx, err, false)
+			if err == nil && waited > 300*time.Millisecond {
+				granted.Add(1)
+			} else {
+				x.t.Logf("Lock with statement_timeout=300ms: waited %v, error %v", waited, err)
+			}
+		})
+	}
+	wg.Wait()
+	if granted.Load() == int64(len(x.short)) {
+		c.reached.Add(1)
+	}
+	return true
+}
+
+// pointAtStandby, once per run, points a Lock and a LeaseLock at a hot
+// standby (started on first use from a throwaway cluster of the test's
+// own), on both drivers: each must be refused with ErrUnsupported; a
+// grant there, which would exclude nothing, is a violation.
+func (x *soakExtras) pointAtStandby(l *pgLoad, c *faultClass) bool {
+	if x.standby {
+		return false
+	}
+	x.standby = true
+	standby := testdb.StandbyOf(x.t, testdb.OwnCluster(x.t))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	refused := 0
+	for _, drv := range testdb.Drivers {
+		db := testdb.OpenPostgresDSN(x.t, drv, standby.DSN)
+		name := testdb.UniqueName(x.t)
+		for _, try := range []func() (release func(context.Context) error, err error){
+			func() (func(context.Context) error, error) {
+				g, err := newLock(x.t, db, name, quiet).TryLock(ctx)
+				if err != nil || g == nil {
+					return nil, err
+				}
+				return g.Release, nil
+			},
+			func() (func(context.Context) error, error) {
+				g, err := newLeaseLock(x.t, db, name, quiet).TryLock(ctx)
+				if err != nil || g == nil {
+					return nil, err
+				}
+				return g.Release, nil
+			},
+		} {
+			release, err := try()
+			switch {
+			case err == nil:
+				l.session.violations.Add(1)
+				x.t.Logf("VIOLATION: %s: a lock granted on a hot standby (or TryLock found it held there)", drv)
+				if release != nil {
+					_ = release(ctx)
+				}
+			case errors.Is(err, advisorylock.ErrUnsupported):
+				refused++
+			default:
+				x.t.Logf("%s on a hot standby: %v, want ErrUnsupported", drv, err)
+			}
+		}
+	}
+	if refused == 2*len(testdb.Drivers) {
+		c.reached.Add(1)
+	}
+	return true
 }

@@ -813,6 +813,7 @@ func TestServerRestart(t *testing.T) {
 	type waiter struct {
 		name   string
 		result chan error
+		lease  *advisorylock.LeaseGuard // the held lease it waits for; nil for a Lock
 	}
 	var (
 		pools    []*sql.DB
@@ -856,13 +857,14 @@ func TestServerRestart(t *testing.T) {
 		}
 		for _, w := range []struct {
 			name    string
+			lease   *advisorylock.LeaseGuard
 			acquire func() (interface{ Release(context.Context) error }, error)
 		}{
-			{name, func() (interface{ Release(context.Context) error }, error) { return wl.Lock(wctx) }},
-			{ll.Name(), func() (interface{ Release(context.Context) error }, error) { return wll.Lock(wctx) }},
+			{name, nil, func() (interface{ Release(context.Context) error }, error) { return wl.Lock(wctx) }},
+			{ll.Name(), lg, func() (interface{ Release(context.Context) error }, error) { return wll.Lock(wctx) }},
 		} {
 			res := make(chan error, 1)
-			waiters = append(waiters, waiter{w.name, res})
+			waiters = append(waiters, waiter{w.name, res, w.lease})
 			wg.Go(func() {
 				g, err := w.acquire()
 				if err == nil {
@@ -888,10 +890,14 @@ func TestServerRestart(t *testing.T) {
 			t.Errorf("Release of a lost guard: %v", err)
 		}
 	}
+	waitedOut := map[*advisorylock.LeaseGuard]bool{} // judged below: right if the lease survived
 	for _, w := range waiters {
 		select {
 		case err := <-w.result:
-			if errors.Is(err, context.DeadlineExceeded) {
+			switch {
+			case errors.Is(err, context.DeadlineExceeded) && w.lease != nil:
+				waitedOut[w.lease] = true
+			case errors.Is(err, context.DeadlineExceeded):
 				t.Errorf("waiter on %q waited out its whole deadline", w.name)
 			}
 			t.Logf("waiter on %q returned: %v", w.name, err)
@@ -909,6 +915,9 @@ func TestServerRestart(t *testing.T) {
 		t.Logf("lease %q (token %d) after the restart: lost %v, still held in the database %v", lg.Lease().Name(), lg.Token(), lg.IsLost(), kept)
 		if !kept && !lg.IsLost() {
 			testdb.WaitFor(t, wait, lg.IsLost, "lease %q is no longer held but its guard does not know", lg.Lease().Name())
+		}
+		if waitedOut[lg] && !kept {
+			t.Errorf("the waiter on lease %q waited out its whole deadline though the lease did not survive the restart", lg.Lease().Name())
 		}
 		_ = lg.Release(ctx)
 	}

@@ -10,7 +10,10 @@ package advisorylock_test
 // The load: Lock.Do and fenced LeaseLock.Do workers on PostgreSQL (lib/pq
 // and pgx, each worker with a pool and a cuttable proxy of its own), and
 // Lock.Do and fenced LeaseLock.Do workers on one SQLite file opened by two
-// pools. The faults, on PostgreSQL, in a fixed round so that every class
+// pools, and the MySQL row (mysqlLoad: Lock.Do and fenced LeaseLock.Do
+// workers on MariaDB through a cuttable proxy, which every round gets a
+// KILL of a holder or waiter, a cut and a reset of every connection). The
+// faults, on PostgreSQL, in a fixed round so that every class
 // is reached in every run: a Lock holder's session terminated, a Lock
 // holder's connections reset, a Lock holder cut off, a lease holder cut
 // off for longer than its lease, and a lease granted over a slow network
@@ -112,6 +115,8 @@ func TestSoak(t *testing.T) {
 		return rand.N(20 * time.Millisecond)
 	})
 	lite := startSQLiteLoad(t, 2, 1)
+	my := startMySQLLoad(t, 2, 1, holdBriefly)
+	var myFaults mysqlFaults
 	classes := soakFaults(t)
 
 	start := time.Now()
@@ -125,7 +130,10 @@ func TestSoak(t *testing.T) {
 			"  LeaseLock on PostgreSQL:  "+pg.lease.String(),
 			"  Lock on SQLite:           "+lite.lock.String(),
 			"  LeaseLock on SQLite:      "+lite.lease.String(),
-			"  total:                    "+totals(pg.session, pg.lease, lite.lock, lite.lease),
+			"  Lock on MySQL:            "+my.session.String(),
+			"  LeaseLock on MySQL:       "+my.lease.String(),
+			"  MySQL faults:             "+myFaults.String(),
+			"  total:                    "+totals(pg.session, pg.lease, lite.lock, lite.lease, my.session, my.lease),
 		)
 		for _, line := range lines {
 			t.Log(line)
@@ -138,6 +146,7 @@ func TestSoak(t *testing.T) {
 		for _, c := range classes {
 			pg.injectAndRecover(c)
 		}
+		myFaults.injectRound(t, my)
 		if time.Now().After(nextReport) {
 			report("progress")
 			nextReport = nextReport.Add(30 * time.Second)
@@ -150,13 +159,22 @@ func TestSoak(t *testing.T) {
 			pg.injectAndRecover(c)
 		}
 	}
+	for try := 0; try < 5 && myFaults.kills == 0; try++ {
+		myFaults.injectRound(t, my)
+	}
 	pg.progresses(t)
+	my.progresses(t)
 	pg.halt(t)
 	lite.halt(t)
+	my.halt(t)
 	report("done")
 	pg.check(t)
 	lite.check(t)
-	for _, f := range []*figures{pg.session, pg.lease, lite.lock, lite.lease} {
+	my.check(t)
+	if myFaults.kills == 0 || myFaults.cuts == 0 || myFaults.resets == 0 {
+		t.Errorf("vacuous: MySQL faults %v", &myFaults)
+	}
+	for _, f := range []*figures{pg.session, pg.lease, lite.lock, lite.lease, my.session, my.lease} {
 		if f.acquired.Load() == 0 {
 			t.Errorf("a kind of worker never acquired its lock: %v", f)
 		}
@@ -169,6 +187,30 @@ func TestSoak(t *testing.T) {
 	if pg.lease.staleRefused.Load() == 0 {
 		t.Errorf("vacuous: the fence never refused a cut-off lease holder's write: %v", pg.lease)
 	}
+}
+
+// mysqlFaults counts the faults the soak's MySQL row got: each round kills
+// a holder's or waiter's connection (KILL), cuts the network for a while,
+// and resets every connection.
+type mysqlFaults struct{ kills, cuts, resets int }
+
+func (f *mysqlFaults) String() string {
+	return fmt.Sprintf("killed %d, cut %d, reset %d", f.kills, f.cuts, f.resets)
+}
+
+// injectRound injects one fault of each kind into my, a moment apart.
+func (f *mysqlFaults) injectRound(t *testing.T, my *mysqlLoad) {
+	if my.kill(t) {
+		f.kills++
+	}
+	time.Sleep(200*time.Millisecond + rand.N(300*time.Millisecond)) // spacing faults, not synchronizing
+	my.cut(300*time.Millisecond + rand.N(1200*time.Millisecond))
+	f.cuts++
+	time.Sleep(200*time.Millisecond + rand.N(300*time.Millisecond))
+	my.secs[0].fault()
+	my.proxy.Reset()
+	my.session.faults.Add(1)
+	f.resets++
 }
 
 // injectAndRecover injects one fault of class c and gives the load a

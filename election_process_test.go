@@ -104,4 +104,3 @@ func TestElectionKilledLeaderProcessIsTakenOver(t *testing.T) {
 		}
 	})
 }
-

@@ -84,6 +84,12 @@ func newElection(t testing.TB, db advisorylock.DB, name string, opts ...advisory
 	return e
 }
 
+// loss is the end of a lead's context, as the lead saw it.
+type loss struct {
+	cause error
+	at    time.Time
+}
+
 // term is one leadership as a lead function saw it.
 type term struct {
 	who   int
@@ -100,7 +106,7 @@ type candidates struct {
 	dbs       []*sql.DB
 	terms     chan term
 	resign    []chan struct{}
-	causes    []chan error
+	causes    []chan loss
 	leading   atomic.Int32
 	overlap   atomic.Int32
 	cancel    context.CancelFunc
@@ -117,7 +123,7 @@ func startCandidates(t *testing.T, edb electionDB, name string, n int, opts ...a
 		c.elections = append(c.elections, newElection(t, db, name, append(o, opts...)...))
 		c.dbs = append(c.dbs, db)
 		c.resign = append(c.resign, make(chan struct{}, 1))
-		c.causes = append(c.causes, make(chan error, 100))
+		c.causes = append(c.causes, make(chan loss, 100))
 	}
 	for i, e := range c.elections {
 		go func() { c.done <- e.Run(ctx, c.lead(i)) }()
@@ -135,7 +141,7 @@ func (c *candidates) lead(i int) func(ctx context.Context, token advisorylock.Fe
 		select {
 		case <-c.resign[i]:
 		case <-ctx.Done():
-			c.causes[i] <- context.Cause(ctx)
+			c.causes[i] <- loss{context.Cause(ctx), time.Now()}
 		}
 		c.leading.Add(-1)
 		return nil
@@ -271,9 +277,9 @@ func TestElectionKilledSessionIsTakenOver(t *testing.T) {
 			next := c.next(t, wait)
 			took = append(took, next.at.Sub(killed))
 			select {
-			case cause := <-c.causes[tm.who]:
-				if !errors.Is(cause, advisorylock.ErrLockLost) {
-					t.Fatalf("the killed leader's lead context ended with %v, want ErrLockLost", cause)
+			case l := <-c.causes[tm.who]:
+				if !errors.Is(l.cause, advisorylock.ErrLockLost) {
+					t.Fatalf("the killed leader's lead context ended with %v, want ErrLockLost", l.cause)
 				}
 			case <-time.After(wait):
 				t.Fatal("the killed leader's lead context was never cancelled")
@@ -283,6 +289,38 @@ func TestElectionKilledSessionIsTakenOver(t *testing.T) {
 		t.Logf("killed-session takeover on %s: median %v, max %v", edb.name, medianOf(took), slices.Max(took))
 		if m := medianOf(took); m > takeoverWithin {
 			t.Fatalf("killed-session takeover median %v, want within %v", m, takeoverWithin)
+		}
+	})
+}
+
+// TestElectionVanishedLeaderIsTakenOverWithinTheDeadHolderTimeout
+// blackholes the leader's connection (a host powered off): its keep-alive
+// fails first, so it stops leading before the server ends its session and
+// frees the lock, within about the dead-holder timeout, for another
+// candidate to lead.
+func TestElectionVanishedLeaderIsTakenOverWithinTheDeadHolderTimeout(t *testing.T) {
+	testdb.RequireIptables(t)
+	const d = 3 * time.Second
+	opts := []advisorylock.Option{advisorylock.WithDeadHolderTimeout(d), advisorylock.WithKeepAlive(time.Second), advisorylock.WithReleaseTimeout(time.Second)}
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		// No goroutine check: the drivers' reads of the blackholed socket
+		// end only when the kernel gives up on it (as for a Lock, see
+		// TestVanishedHolderIsFreedWithinTheDeadHolderTimeout).
+		c := startCandidates(t, electionDB{name: "postgres/" + drv, session: true}, testdb.UniqueName(t), 2, opts...)
+		old := c.next(t, wait)
+		h := checkLeader(t, c.elections[1-old.who], old)
+		vanished := time.Now()
+		testdb.Blackhole(t, testdb.Port(t, testdb.PostgresDSN(t)), testdb.ClientPort(t, testdb.OpenPostgres(t, "postgres"), h.PID))
+		cur := c.next(t, 3*d)
+		var l loss
+		select {
+		case l = <-c.causes[old.who]:
+		case <-time.After(wait):
+			t.Fatal("the vanished leader's lead context was never cancelled")
+		}
+		t.Logf("vanished leader on %s: stopped leading after %v, taken over after %v (dead-holder timeout %v)", drv, l.at.Sub(vanished), cur.at.Sub(vanished), d)
+		if !errors.Is(l.cause, advisorylock.ErrLockLost) || !l.at.Before(cur.at) || cur.token <= old.token {
+			t.Fatalf("the vanished leader stopped at %v (%v), its successor led at %v with term %v after %v: want the loss first and a larger term", l.at, l.cause, cur.at, cur.token, old.token)
 		}
 	})
 }

@@ -521,3 +521,22 @@ func TestNewElectionRefusesUnstorableNames(t *testing.T) {
 		t.Errorf("NewElection(nil): %v", err)
 	}
 }
+
+// TestElectionLeadPanicResigns: a panic in lead resigns before it goes
+// on, so another candidate can lead.
+func TestElectionLeadPanicResigns(t *testing.T) {
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
+		recovered := func() (v any) {
+			defer func() { v = recover() }()
+			_ = e.Run(context.Background(), func(context.Context, advisorylock.FencingToken) error { panic("lead failed") })
+			return nil
+		}()
+		if recovered != "lead failed" {
+			t.Fatalf("Run let through %v, want lead's panic", recovered)
+		}
+		if h, err := e.Leader(context.Background()); h != nil || err != nil {
+			t.Fatalf("Leader after lead panicked: %+v, %v", h, err)
+		}
+	})
+}

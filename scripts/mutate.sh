@@ -82,6 +82,20 @@ mutation "a forgotten LeaseGuard is never cleaned up" lease_fencing.go \
 	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
 	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
 
+# --- Leader election -----------------------------------------------------------
+mutation "a term does not grow (PostgreSQL)" backend_postgres_election.go \
+	's/term = greatest\(e\.term \+ 1, EXCLUDED\.term\)/term = e.term/' \
+	'^TestElectionThreeCandidatesTakeTurnsOnResign$'
+mutation "Leader trusts a term whose session let go (PostgreSQL)" backend_postgres_election.go \
+	's/WHERE e\.name = \$1::text AND EXISTS/WHERE e.name = \$1::text AND true OR EXISTS/' \
+	'^TestElectionRunReturnsLeadsError$'
+mutation "a leader that lost its lock leads on" election.go \
+	's/t\.g\.h\.onLost\(cancel\)/t.g.h.onLost(nil)/' \
+	'^TestElectionKilledSessionIsTakenOver$'
+mutation "lead returning nil ends Run" election.go \
+	's/case err == nil, t\.lostBy\(err\):/case t.lostBy(err):/' \
+	'^TestElectionRunReturnsLeadsError$'
+
 # --- lockrun ------------------------------------------------------------------
 mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \
 	's/syscall\.SIGQUIT, syscall\.SIGUSR1, syscall\.SIGUSR2\}/syscall.SIGQUIT, syscall.SIGUSR2}/' \

@@ -540,3 +540,28 @@ func TestElectionLeadPanicResigns(t *testing.T) {
 		}
 	})
 }
+
+// TestElectionRefusesTransactionPooler: behind a transaction-mode pooler
+// a session lock cannot hold leadership, so Run (and Check) refuse with
+// ErrTransactionPooler at once rather than campaigning forever, and lead
+// never runs.
+func TestElectionRefusesTransactionPooler(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			_, _, tx := poolerDBs(t, drv)
+			checkGoroutines(t) // after PgBouncer started: it runs on for the package's tests
+			e := newElection(t, tx, testdb.UniqueName(t))
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			err := e.Run(ctx, func(context.Context, advisorylock.FencingToken) error {
+				return errors.New("led through a transaction pooler")
+			})
+			if !errors.Is(err, advisorylock.ErrTransactionPooler) {
+				t.Fatalf("Run through a transaction pool = %v, want ErrTransactionPooler", err)
+			}
+			if err := e.Check(ctx); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+				t.Fatalf("Check through a transaction pool = %v, want ErrTransactionPooler", err)
+			}
+		})
+	}
+}

@@ -254,13 +254,15 @@ func killSession(t *testing.T, edb electionDB, admin *sql.DB, h *advisorylock.Ho
 // TestElectionKilledSessionIsTakenOver kills the leader's session: another
 // candidate leads within a few round trips (measured), the old leader's
 // lead context is cancelled with ErrLockLost at its next keep-alive
-// check, and it campaigns again (its Run does not return).
+// check, and it campaigns again (its Run does not return). The two
+// leaders overlap for at most about one keep-alive interval (measured).
 func TestElectionKilledSessionIsTakenOver(t *testing.T) {
+	const keepAlive = 200 * time.Millisecond
 	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
-		c := startCandidates(t, edb, name, 3, advisorylock.WithKeepAlive(200*time.Millisecond))
+		c := startCandidates(t, edb, name, 3, advisorylock.WithKeepAlive(keepAlive))
 		admin := edb.open(t)
-		var took []time.Duration
+		var took, overlap []time.Duration
 		var last advisorylock.FencingToken
 		for range 3 {
 			tm := c.next(t, wait)
@@ -281,14 +283,18 @@ func TestElectionKilledSessionIsTakenOver(t *testing.T) {
 				if !errors.Is(l.cause, advisorylock.ErrLockLost) {
 					t.Fatalf("the killed leader's lead context ended with %v, want ErrLockLost", l.cause)
 				}
+				overlap = append(overlap, l.at.Sub(next.at))
 			case <-time.After(wait):
 				t.Fatal("the killed leader's lead context was never cancelled")
 			}
 			c.terms <- next // let the loop check it as the next leader
 		}
-		t.Logf("killed-session takeover on %s: median %v, max %v", edb.name, medianOf(took), slices.Max(took))
+		t.Logf("killed-session takeover on %s: median %v, max %v; two leaders for at most %v (keep-alive %v)", edb.name, medianOf(took), slices.Max(took), slices.Max(overlap), keepAlive)
 		if m := medianOf(took); m > takeoverWithin {
 			t.Fatalf("killed-session takeover median %v, want within %v", m, takeoverWithin)
+		}
+		if m := slices.Max(overlap); m > keepAlive+takeoverWithin {
+			t.Fatalf("two leaders for %v, want about one keep-alive interval (%v) at most", m, keepAlive)
 		}
 	})
 }

@@ -164,12 +164,13 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 //
 // A panic in lead resigns too, and goes on. A lead that returns nil at
 // once is elected again at once, or another candidate is: return when
-// there is nothing left to lead for now. Run returns at once an error
-// matching ErrUnsupported or ErrTransactionPooler (see Check); other
-// errors of a campaign (the database restarting, a connection lost) are
-// logged and the campaign is tried again, backing off to 5s between
-// tries. Two Runs of one Election campaign against each other, as two
-// replicas would.
+// there is nothing left to lead for now. Run returns at once the
+// first-use work's refusal, an error matching ErrUnsupported or
+// ErrTransactionPooler (see Check); other errors of a campaign (the
+// database restarting, a connection lost, a standby reached during a
+// failover) are logged and the campaign is tried again, backing off to
+// 5s between tries. Two Runs of one Election campaign against each other,
+// as two replicas would.
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term FencingToken) error) error {
 	if lead == nil {
 		return wrapErr(e.name, "run", errors.New("nil lead function"))
@@ -183,7 +184,7 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 			return ctx.Err()
 		}
 		if err != nil {
-			if errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler) {
+			if e.refused(err) {
 				return err
 			}
 			e.cfg.log().Warn("advisorylock: campaign failed; trying again", "election", e.name, "err", err)
@@ -203,6 +204,14 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 			return err
 		}
 	}
+}
+
+// refused reports whether err, a campaign's, is the refusal of the
+// first-use work (an unsupported database, a transaction pooler), which
+// trying again does not change. After a first use succeeded even such an
+// error (a connection reaching a standby after a failover) may pass.
+func (e *Election) refused(err error) bool {
+	return e.setup.v.Load() == nil && (errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler))
 }
 
 // campaignBackoff is the longest pause between campaigns that failed.

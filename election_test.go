@@ -388,10 +388,12 @@ func mustAdmit(t *testing.T, db *sql.DB, fence *advisorylock.Fence, token adviso
 // TestElectionRunReturnsLeadsError: a lead that returns nil resigns and
 // Run campaigns again (a larger term); one that returns an error resigns
 // and Run returns that error; after it nobody leads, and no goroutine is
-// left.
+// left. The election's name looks like SQL.
 func TestElectionRunReturnsLeadsError(t *testing.T) {
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
-		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
+		// A name that looks like SQL is data: it reaches the term row as a
+		// value.
+		e := newElection(t, edb.open(t), testdb.UniqueName(t)+`'); DROP TABLE advisorylock_elections; --\`, edb.opts...)
 		boom := errors.New("boom")
 		var terms []advisorylock.FencingToken
 		err := e.Run(context.Background(), func(ctx context.Context, term advisorylock.FencingToken) error {

@@ -660,7 +660,8 @@ func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Hol
 // AdmitToken stores token as resource's highest in tx if it is not lower
 // than the stored one; otherwise it reads the highest and returns a
 // *StaleTokenError. The table must exist: a missing table aborts tx
-// (Fence creates it at its first Admit).
+// (Fence creates it at its first Admit). A read-only transaction (a hot
+// standby's, or one begun READ ONLY) is an error matching ErrUnsupported.
 func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
 	q, args, err := p.statement(pgAdmitToken, resource, token.Int64())
 	if err != nil {
@@ -668,6 +669,11 @@ func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, 
 	}
 	var got int64
 	err = tx.QueryRowContext(ctx, q, args...).Scan(&got)
+	if sqlState(err) == "25006" {
+		// The transaction is read-only, which aborts it: it cannot ask
+		// the server whether it is a standby.
+		return fmt.Errorf("%w: the transaction is read-only (on a hot standby, or begun READ ONLY), and admitting a token writes; run the fenced transaction on the primary: %w", ErrUnsupported, err)
+	}
 	if !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}

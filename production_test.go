@@ -72,6 +72,30 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 					}
 					return err
 				}))
+			// A fence's table, made on the primary, reaches the standby;
+			// admitting there is refused, not a raw 25006.
+			fenced := testdb.UniqueName(t)
+			onPrimary, err := advisorylock.NewFence(testdb.OpenPostgresDSN(t, drv, primary.DSN), fenced)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fenceAdmit(t, testdb.OpenPostgresDSN(t, drv, primary.DSN), onPrimary, 5); err != nil {
+				t.Fatal(err)
+			}
+			standby.CatchUp(t, primary)
+			onStandby, err := advisorylock.NewFence(db, fenced)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// lib/pq begins READ WRITE, which a standby refuses at BEGIN.
+			tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback() }()
+			if err := onStandby.Admit(ctx, tx, 6); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), fenced) {
+				t.Fatalf("Fence.Admit on a hot standby = %v, want ErrUnsupported saying read-only and naming the fence", err)
+			}
 			if n := testdb.AdvisoryLocks(t, testdb.OpenPostgresDSN(t, "postgres", standby.DSN), nil); n != 0 {
 				t.Fatalf("%d advisory locks left on the standby, want 0", n)
 			}

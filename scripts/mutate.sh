@@ -39,6 +39,9 @@ mutation "a discarded connection goes back to the pool" conn_guard.go \
 mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
 	's/if !p\.bounded \{\n\t\treturn stmt\(\)/if true {\n\t\treturn stmt()/' \
 	'^TestNetworkCutLosesLocksBeforeExpiry$'
+mutation "a checked session's facts carry over to every session" conn_guard.go \
+	's/sessionFact\{w, fact\}/sessionFact{func() weak.Pointer[byte] { _ = w; return weak.Pointer[byte]{} }(), fact}/g' \
+	'^TestRememberedSessionTriesWithoutItsChecks$'
 mutation "8 s wait slices" advisorylock.go \
 	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
 	'^TestWaiterDoesNotStallCreateIndexConcurrently$'

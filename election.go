@@ -158,7 +158,9 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 //     that then returns (nil, or an error matching context.Canceled or
 //     that cause) has lost its term, and Run campaigns again.
 //   - lead returning nil resigns: Run frees the leadership, so another
-//     candidate can take over, and campaigns again.
+//     candidate can take over, and campaigns again (on SQLite, where
+//     candidates poll, after a pause of about a second that lets a
+//     waiting one in).
 //   - lead returning an error of its own resigns and Run returns it.
 //   - When ctx ends Run resigns and returns ctx.Err().
 //
@@ -199,7 +201,11 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case err == nil, t.lostBy(err):
+		case err == nil:
+			if !e.standAside(ctx) {
+				return ctx.Err()
+			}
+		case t.lostBy(err):
 		default:
 			return err
 		}
@@ -212,6 +218,19 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 // error (a connection reaching a standby after a failover) may pass.
 func (e *Election) refused(err error) bool {
 	return e.setup.v.Load() == nil && (errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler))
+}
+
+// standAside pauses a candidate that just resigned where the others
+// poll (a lease backend: SQLite), for twice their longest pause between
+// polls, so that one of them takes over rather than the resigner again;
+// false if ctx ended meanwhile. Where candidates wait server-side the
+// server hands the lock to a waiter at the release, and no pause is
+// needed.
+func (e *Election) standAside(ctx context.Context) bool {
+	if b := e.setup.v.Load(); b == nil || b.terms != nil {
+		return true
+	}
+	return sleepWithin(ctx, 2*max(e.cfg.poll, leaseWaitCap))
 }
 
 // campaignBackoff is the longest pause between campaigns that failed.

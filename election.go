@@ -35,9 +35,13 @@ import (
 // leader's term is larger, and once it has written, the old one's writes
 // are refused.
 //
+// On PostgreSQL and MySQL a leader's lock pins one connection of db's
+// pool for the whole term (see Lock): count it in SetMaxOpenConns, or
+// Leader and other statements of the leader wait for a connection.
+//
 // An Election's name is its own: a Lock (PostgreSQL, MySQL) or LeaseLock
 // (SQLite) of the same name would take part in it. It is safe for
-// concurrent use; a replica runs Run once per name.
+// concurrent use.
 type Election struct {
 	db    DB
 	name  string

@@ -310,8 +310,9 @@ func (e *Election) resign(ctx context.Context, t term) {
 // Leader reports who leads now: Owner is the leader's WithOwner label,
 // Token its term, Since the term's start, and on PostgreSQL and MySQL PID
 // the leader's server session (ClientAddr and Application, or User, where
-// known). It returns nil when nobody leads, also between a leader's grant
-// and the recording of its term (about one round trip).
+// known); on SQLite ExpiresAt is the leader's lease expiry. It returns nil
+// when nobody leads, also between a leader's grant and the recording of
+// its term (about one round trip).
 func (e *Election) Leader(ctx context.Context) (*Holder, error) {
 	b, err := e.backend(ctx)
 	if err != nil {

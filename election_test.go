@@ -201,14 +201,26 @@ func medianOf(ds []time.Duration) time.Duration {
 
 // TestElectionThreeCandidatesTakeTurnsOnResign runs three candidates on
 // separate *sql.DBs: one leads at a time, Leader (asked from a fourth
-// handle) names it with its term, resigns hand leadership to another
+// handle) names it with its term, and never an earlier term once a later
+// one was reported (polled throughout), resigns hand leadership to another
 // candidate, within a few round trips (measured; on SQLite within the
 // waiters' poll), and terms strictly increase.
 func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		c := startCandidates(t, edb, name, 3)
-		watcher := newElection(t, edb.open(t), name, edb.opts...)
+		watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
+		octx, ocancel := context.WithCancel(context.Background())
+		seen := make(chan []advisorylock.FencingToken)
+		go func() { // every term Leader reports, polled throughout
+			var terms []advisorylock.FencingToken
+			for h := range watcher.Observe(octx) {
+				if h != nil {
+					terms = append(terms, h.Token)
+				}
+			}
+			seen <- terms
+		}()
 		var took, toOther []time.Duration // to any candidate; to another than the resigner
 		var last advisorylock.FencingToken
 		resigned, prev := time.Time{}, -1
@@ -230,6 +242,10 @@ func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 			c.resign[tm.who] <- struct{}{}
 		}
 		c.stop(t)
+		ocancel()
+		if terms := <-seen; len(terms) == 0 || !slices.IsSorted(terms) || len(slices.Compact(terms)) != len(terms) {
+			t.Fatalf("Leader reported terms %v during the handovers: want each once, in increasing order", terms)
+		}
 		if n := c.overlap.Load(); n != 0 {
 			t.Fatalf("%d leads started while another ran", n)
 		}

@@ -256,7 +256,11 @@ func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 		if m := medianOf(took); m > takeoverWithin {
 			t.Fatalf("resign takeover median %v, want within %v", m, takeoverWithin)
 		}
-		if len(toOther) < len(took)/2 {
+		// On SQLite the resigner stands aside for the pollers. (Where the
+		// server queues waiters it hands the lock to one of them, but only
+		// to those already queued: in the first rounds, candidates still
+		// starting up are not, and the resigner may win again.)
+		if !edb.session && len(toOther) < len(took)/2 {
 			t.Fatalf("%d of %d resigns handed leadership to another candidate, want most", len(toOther), len(took))
 		}
 	})

@@ -119,6 +119,7 @@ type Lock struct {
 	cfg   config
 	setup firstUse[lockBackend]
 	obs   atomic.Pointer[observed] // see observed
+	kind  LockKind                 // what its events say it is: LockKindLock, or LockKindElection
 }
 
 // lockBackend is how a Lock locks, learnt at its first operation: as a
@@ -157,7 +158,7 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	if err := cfg.check(); err != nil {
 		return nil, wrapErr(name, "new", err)
 	}
-	return &Lock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[lockBackend]()}, nil
+	return &Lock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[lockBackend](), kind: LockKindLock}, nil
 }
 
 // Check runs the first-use work now (see New), for a service that wants
@@ -270,7 +271,7 @@ func (l *Lock) observed() *observed {
 	if ob := l.obs.Load(); ob != nil || l.cfg.observer == nil {
 		return ob
 	}
-	return observedOf(&l.obs, l.db, &l.cfg, LockKindLock, l.name, func() Backend {
+	return observedOf(&l.obs, l.db, &l.cfg, l.kind, l.name, func() Backend {
 		if b := l.setup.v.Load(); b != nil {
 			return b.backend()
 		}

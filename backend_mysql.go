@@ -302,7 +302,8 @@ func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Hol
 // those applied, and the first use that finds a table missing applies the
 // rest under the schema lock (see createMySQLTables). Every step is
 // idempotent (MySQL's DDL is not transactional). Step 1: the lease and
-// fence tables; step 2: advisorylock_windows. A name of any length is
+// fence tables; step 2: advisorylock_windows; step 3:
+// advisorylock_elections. A name of any length is
 // kept byte for byte (MySQL's default collations ignore case and trailing
 // spaces) in a BLOB; the key is its SHA-256, since an InnoDB key holds at
 // most 3072 bytes. Times are UTC.
@@ -320,7 +321,9 @@ var mysqlSteps = [][]string{1: {
 	resource      MEDIUMBLOB NOT NULL,
 	token         BIGINT     NOT NULL -- the highest token admitted
 ) ENGINE=InnoDB`,
-}, 2: {mysqlWindowsTable}} // step 2: once-per-window Locks (WithMinHold; see backend_mysql_minhold.go)
+}, 2: {mysqlWindowsTable}, // step 2: once-per-window Locks (WithMinHold; see backend_mysql_minhold.go)
+	3: {mysqlElectionsTable}, // step 3: elections (NewElection; see backend_mysql_election.go)
+}
 
 // mysqlSchemaVersions is the table of applied upgrade steps.
 const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
@@ -348,6 +351,7 @@ func (mysqlBackend) Schema() string {
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_leases TO app;
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_fences TO app;
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_windows TO app; -- Lock with WithMinHold
+--   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_elections TO app; -- Election
 --   GRANT SELECT ON db.advisorylock_schema TO app;
 `)
 	return b.String()

@@ -424,6 +424,9 @@ var postgresSteps = [][]string{
 	3: { // once-per-window Locks (WithMinHold; see backend_postgres_minhold.go)
 		postgresWindowsTable,
 	},
+	4: { // elections (NewElection; see backend_postgres_election.go)
+		postgresElectionsTable,
+	},
 }
 
 // pgSchemaVersions is the table of applied upgrade steps.
@@ -450,7 +453,8 @@ var schemaLock = func() string {
 // idempotent: run it again after an upgrade of this package). The role
 // the application connects as then needs only the grants listed at its
 // end. PostgreSQL's Lock needs no table, unless it has WithMinHold
-// (advisorylock_windows).
+// (advisorylock_windows); an Election records its terms in
+// advisorylock_elections.
 func (p *postgres) Schema() string {
 	var b strings.Builder
 	b.WriteString(pgSchemaVersions + ";\n")
@@ -463,7 +467,7 @@ func (p *postgres) Schema() string {
 	}
 	b.WriteString(`
 -- The application's role needs (no CREATE, no superuser):
---   GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_windows TO app;
+--   GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections TO app;
 --   GRANT USAGE ON SEQUENCE advisorylock_token_seq TO app;
 --   GRANT SELECT ON advisorylock_schema TO app;
 `)

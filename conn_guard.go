@@ -244,6 +244,25 @@ func (s *sessionHold) check() {
 	s.lose(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
 }
 
+// onPinned runs stmt on the pinned connection of g, a held session lock,
+// never at the same time as a keep-alive check; through ask, so a
+// statement that gets no answer before ctx ends is abandoned and its
+// connection discarded (which frees the lock). A released guard, or one
+// of another kind, is ErrLockLost.
+func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
+	var zero T
+	s, ok := g.h.end.(*sessionHold)
+	if !ok {
+		return zero, fmt.Errorf("%w: not a session lock", ErrLockLost)
+	}
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.stopped {
+		return zero, fmt.Errorf("%w: released", ErrLockLost)
+	}
+	return ask(ctx, &s.p, func() (T, error) { return stmt(s.p.quiet(ctx), s.p.conn) })
+}
+
 // stopWatch ends the keep-alive. A check in flight is answered or
 // abandoned first (within the release timeout plus answerGrace), so the
 // connection is never left mid-statement.

@@ -446,6 +446,7 @@ type LeaseLock struct {
 	cfg   config
 	setup firstUse[LeaseStore]
 	obs   atomic.Pointer[observed] // see observed
+	kind  LockKind                 // what its events say it is: LockKindLease, or LockKindElection
 }
 
 // NewLeaseLock returns a LeaseLock on name. It does no I/O (see New): it
@@ -464,7 +465,7 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 	if err := storableName(cfg.owner); err != nil {
 		return nil, wrapErr(name, "new lease", fmt.Errorf("owner label: %w", err))
 	}
-	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[LeaseStore]()}, nil
+	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[LeaseStore](), kind: LockKindLease}, nil
 }
 
 // Check runs the first-use work now (see New), for a service that wants
@@ -551,7 +552,7 @@ func (l *LeaseLock) observed() *observed {
 	if ob := l.obs.Load(); ob != nil || l.cfg.observer == nil {
 		return ob
 	}
-	return observedOf(&l.obs, l.db, &l.cfg, LockKindLease, l.name, func() Backend {
+	return observedOf(&l.obs, l.db, &l.cfg, l.kind, l.name, func() Backend {
 		if s := l.setup.v.Load(); s != nil {
 			return *s
 		}

@@ -36,6 +36,7 @@ type config struct {
 	backend        Backend
 	ttl            time.Duration
 	poll           time.Duration
+	pollSet        bool // by WithPollInterval (Election.Observe has its own default)
 	keepAlive      time.Duration
 	releaseTimeout time.Duration
 	poolerCheck    bool
@@ -102,7 +103,12 @@ func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d }
 // A LeaseLock waiter starts at this interval and backs off, with jitter,
 // to at most the larger of it and 500ms, so that many waiters do not
 // flood the database; a lease released early is still seen within that.
-func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
+//
+// An Election's Observe polls Leader at this interval [1s without the
+// option].
+func WithPollInterval(d time.Duration) Option {
+	return func(c *config) { c.poll, c.pollSet = d, true }
+}
 
 // WithKeepAlive sets how often a held PostgreSQL session lock checks that
 // its session still holds it [10s]; 0 turns the check off, and then Lost

@@ -1,0 +1,375 @@
+package advisorylock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Election elects one leader among the replicas that campaign on a name:
+// the shape of etcd's concurrency.Election, on a SQL database. Run
+// campaigns, runs a function while leader and campaigns again after a
+// loss; Leader says who leads; Observe follows the leader from a replica
+// that does not lead.
+//
+// On PostgreSQL and MySQL the leader holds a session Lock on the name
+// (see Lock): a resign frees it at once and a waiting candidate, waiting
+// server-side, takes over within about one round trip; when the leader's
+// process dies its socket closes and the server frees the lock at once;
+// when its host vanishes without closing the socket, the server frees it
+// within WithDeadHolderTimeout. Each leader then records its term, a
+// FencingToken from the source leases take theirs from (larger than every
+// token issued before it), in a row naming the leader
+// (advisorylock_elections; see Schema). On SQLite the leader holds a
+// LeaseLock on the name, whose token is the term: a dead leader is
+// replaced within the lease TTL.
+//
+// Two leaders at once: a leader learns that its session was killed (or
+// cut off) at its next keep-alive check (WithKeepAlive [10s]), and a
+// SQLite leader at its lease's local deadline. In between, the server has
+// freed the lock and another candidate may already lead, so for up to
+// one keep-alive interval the old leader still runs. Pass the term to a
+// Fence with every write that must come from the leader alone: the new
+// leader's term is larger, and once it has written, the old one's writes
+// are refused.
+//
+// An Election's name is its own: a Lock (PostgreSQL, MySQL) or LeaseLock
+// (SQLite) of the same name would take part in it. It is safe for
+// concurrent use; a replica runs Run once per name.
+type Election struct {
+	db    DB
+	name  string
+	owner string // the label the term row records (WithOwner, else host:pid)
+	cfg   config
+	lock  *Lock      // leadership on a session backend
+	lease *LeaseLock // leadership on a row backend
+	setup firstUse[electionBackend]
+}
+
+// electionBackend is how an Election elects, learnt at its first
+// operation: terms recorded beside a session lock, or a lease.
+type electionBackend struct {
+	terms ElectingSessionLocker // nil on a row backend
+}
+
+// ElectingSessionLocker is a SessionLocker that can hold elections
+// (NewElection): beside the lock its leader holds, it records each term
+// in a row. An Election on a SessionLocker that does not implement it
+// fails at its first operation with ErrUnsupported; on a LeaseStore an
+// Election needs nothing more (the lease's token is the term).
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type ElectingSessionLocker interface {
+	SessionLocker
+	// PrepareElections makes ready what terms need (a table), at an
+	// Election's first operation.
+	PrepareElections(ctx context.Context, db DB) error
+	// BeginTerm records, on conn, whose session was just granted key's
+	// lock, a new term of the election name led by owner, and returns it:
+	// a FencingToken larger than every token issued before it, by this
+	// election or by a lease. One statement.
+	BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error)
+	// TermHolder reports the leader of name: its latest term, if the
+	// session that began it still holds key's lock; nil otherwise.
+	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
+}
+
+// NewElection returns an Election on name. It does no I/O (see New): it
+// fails only for a nil db, an invalid option set, or a name or owner
+// label that the database cannot store (a NUL byte, invalid UTF-8). The
+// first operation (or Check) picks the backend, runs the first-use checks
+// and creates the tables if needed.
+//
+// Options: WithOwner labels this candidate in Leader [hostname:pid];
+// WithKeepAlive bounds how long a leader whose session died goes on
+// leading (see Election); WithDeadHolderTimeout, WithLeaseTTL (SQLite),
+// WithPollInterval (Observe), WithObserver (events of kind
+// LockKindElection) and WithLogger apply as they do to locks.
+func NewElection(db DB, name string, opts ...Option) (*Election, error) {
+	if isNil(db) {
+		return nil, wrapErr(name, "new election", errNilDB)
+	}
+	if err := storableName(name); err != nil {
+		return nil, wrapErr(name, "new election", err)
+	}
+	cfg := newConfig(opts)
+	if err := storableName(cfg.owner); err != nil {
+		return nil, wrapErr(name, "new election", fmt.Errorf("owner label: %w", err))
+	}
+	lock, err := New(db, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := NewLeaseLock(db, name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	lock.kind, lease.kind = LockKindElection, LockKindElection
+	owner := cfg.owner
+	if owner == "" {
+		owner = hostPID()
+	}
+	return &Election{db: db, name: name, owner: owner, cfg: lock.cfg, lock: lock, lease: lease, setup: newFirstUse[electionBackend]()}, nil
+}
+
+// Name returns the election's name.
+func (e *Election) Name() string { return e.name }
+
+// Check runs the first-use work now (see NewElection), for a service that
+// wants to fail at start-up; later operations skip it.
+func (e *Election) Check(ctx context.Context) error {
+	_, err := e.backend(ctx)
+	return wrapErr(e.name, "check", err)
+}
+
+// backend returns how e elects, doing the first-use work once.
+func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
+	return e.setup.get(ctx, func(ctx context.Context) (*electionBackend, error) {
+		b, err := resolveBackend(ctx, e.db, &e.cfg)
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := b.(SessionLocker); !ok {
+			_, err := e.lease.store(ctx)
+			return &electionBackend{}, err
+		}
+		terms, ok := b.(ElectingSessionLocker)
+		if !ok {
+			return nil, fmt.Errorf("%w: backend %q cannot hold elections (it records no terms)", ErrUnsupported, b.Name())
+		}
+		if _, err := e.lock.backend(ctx); err != nil {
+			return nil, err
+		}
+		if err := terms.PrepareElections(ctx, e.db); err != nil {
+			return nil, err
+		}
+		return &electionBackend{terms: terms}, nil
+	})
+}
+
+// Run campaigns until this candidate leads, then runs lead with the
+// term's FencingToken, and campaigns again when leadership ends, until
+// ctx ends or lead returns an error:
+//
+//   - lead's ctx is cancelled when leadership is lost (cause ErrLockLost,
+//     or a *LeaseLostError on SQLite), or when Run's ctx ends. A lead
+//     that then returns (nil, or an error matching context.Canceled or
+//     that cause) has lost its term, and Run campaigns again.
+//   - lead returning nil resigns: Run frees the leadership, so another
+//     candidate can take over, and campaigns again.
+//   - lead returning an error of its own resigns and Run returns it.
+//   - When ctx ends Run resigns and returns ctx.Err().
+//
+// Lead also resigns if it panics (the panic goes on). Run returns at
+// once an error matching ErrUnsupported or ErrTransactionPooler (see
+// Check); other errors of a campaign (the database restarting, a
+// connection lost) are logged and the campaign is tried again, backing
+// off to 5s between tries. Run once per Election at a time.
+func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term FencingToken) error) error {
+	if lead == nil {
+		return wrapErr(e.name, "run", errors.New("nil lead function"))
+	}
+	for failures := 0; ; {
+		t, err := e.campaign(ctx)
+		if ctx.Err() != nil {
+			if err == nil {
+				e.resign(ctx, t)
+			}
+			return ctx.Err()
+		}
+		if err != nil {
+			if errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler) {
+				return err
+			}
+			e.cfg.log().Warn("advisorylock: campaign failed; trying again", "election", e.name, "err", err)
+			if !sleepWithin(ctx, pollPause(e.cfg.poll, campaignBackoff, failures)) {
+				return ctx.Err()
+			}
+			failures++
+			continue
+		}
+		failures = 0
+		err = e.serve(ctx, t, lead)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err == nil, t.lostBy(err):
+		default:
+			return err
+		}
+	}
+}
+
+// campaignBackoff is the longest pause between campaigns that failed.
+const campaignBackoff = 5 * time.Second
+
+// term is one leadership: the held lock and its token.
+type term struct {
+	g     *Guard
+	token FencingToken
+}
+
+// lostBy reports whether lead's error err only says that t was lost.
+func (t term) lostBy(err error) bool {
+	_, why := t.g.h.isLost()
+	if why == nil {
+		return false
+	}
+	return errors.Is(err, context.Canceled) || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLeaseLost)
+}
+
+// campaign waits until this candidate leads, or ctx ends.
+func (e *Election) campaign(ctx context.Context) (term, error) {
+	b, err := e.backend(ctx)
+	if err != nil {
+		return term{}, wrapErr(e.name, "campaign", err)
+	}
+	if b.terms == nil {
+		lg, err := e.lease.Lock(ctx)
+		if err != nil {
+			return term{}, err
+		}
+		return term{g: &lg.g, token: lg.Token()}, nil
+	}
+	g, err := e.lock.Lock(ctx)
+	if err != nil {
+		return term{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.releaseTimeout)
+	defer cancel()
+	token, err := onPinned(ctx, g, func(ctx context.Context, conn *sql.Conn) (FencingToken, error) {
+		return b.terms.BeginTerm(ctx, conn, e.lock.key, e.name, e.owner)
+	})
+	if err != nil {
+		// The session's state is unknown: the release discards it.
+		g.h.lose("", err)
+		_ = g.Release(ctx)
+		return term{}, wrapErr(e.name, "begin term", err)
+	}
+	return term{g: g, token: token}, nil
+}
+
+// serve runs lead for term t, with a context cancelled when t is lost,
+// and resigns when lead returns or panics.
+func (e *Election) serve(ctx context.Context, t term, lead func(ctx context.Context, term FencingToken) error) error {
+	lctx, cancel := context.WithCancelCause(ctx)
+	t.g.h.onLost(cancel)
+	defer func() {
+		t.g.h.onLost(nil)
+		cancel(nil)
+		e.resign(ctx, t)
+	}()
+	return lead(lctx, t.token)
+}
+
+// resign frees the leadership of t; a failed release is logged (it
+// discarded its connection, which frees a session lock anyway).
+func (e *Election) resign(ctx context.Context, t term) {
+	if err := t.g.Release(ctx); err != nil {
+		e.cfg.log().Warn("advisorylock: resign failed", "election", e.name, "term", t.token, "err", err)
+	}
+}
+
+// Leader reports who leads now: Owner is the leader's WithOwner label,
+// Token its term, Since the term's start, and on PostgreSQL and MySQL PID
+// the leader's server session (ClientAddr and Application, or User, where
+// known). It returns nil when nobody leads, also between a leader's grant
+// and the recording of its term (about one round trip).
+func (e *Election) Leader(ctx context.Context) (*Holder, error) {
+	b, err := e.backend(ctx)
+	if err != nil {
+		return nil, wrapErr(e.name, "leader", err)
+	}
+	var h *Holder
+	if b.terms != nil {
+		h, err = b.terms.TermHolder(ctx, e.db, e.lock.key, e.name)
+	} else if h, err = e.lease.Holder(ctx); h != nil {
+		h.Owner = ownerLabelOf(h.Owner)
+	}
+	if h != nil {
+		h.Name, h.Key = e.name, e.lock.key
+	}
+	return h, wrapErr(e.name, "leader", err)
+}
+
+// ownerLabelOf strips the suffix that ownerLabel adds to a label.
+func ownerLabelOf(owner string) string {
+	const suffix = 17 // "/" and 16 hex digits
+	if n := len(owner) - suffix; n >= 0 && owner[n] == '/' {
+		return owner[:n]
+	}
+	return owner
+}
+
+// Observe follows the leader for a replica that need not lead: the
+// channel delivers the current leader (nil when nobody leads) and then
+// every change (a new term, or nobody leading), and is closed when ctx
+// ends. It polls Leader every WithPollInterval, or every second without
+// that option, in one goroutine that ends with ctx. A receiver that falls
+// behind misses intermediate leaders, never the latest. Errors of a poll
+// are logged (once until a poll succeeds again), and the poll retried.
+func (e *Election) Observe(ctx context.Context) <-chan *Holder {
+	out := make(chan *Holder, 1)
+	every := time.Second
+	if e.cfg.pollSet {
+		every = e.cfg.poll
+	}
+	go e.observe(ctx, out, every)
+	return out
+}
+
+// observe is Observe's goroutine.
+func (e *Election) observe(ctx context.Context, out chan *Holder, every time.Duration) {
+	defer close(out)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var last *Holder
+	first, failing := true, false
+	for {
+		h, err := e.Leader(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			if !failing {
+				e.cfg.log().Warn("advisorylock: observing the leader failed; trying again", "election", e.name, "err", err)
+			}
+			failing = true
+		case first || changed(last, h):
+			first, failing, last = false, false, h
+			deliverLatest(out, h)
+		default:
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// changed reports whether the leader changed from a to b.
+func changed(a, b *Holder) bool {
+	if a == nil || b == nil {
+		return a != b
+	}
+	return a.Token != b.Token || a.Owner != b.Owner
+}
+
+// deliverLatest puts h in out, a channel of capacity one that only this
+// goroutine sends on, replacing a value the receiver has not taken yet.
+func deliverLatest(out chan *Holder, h *Holder) {
+	select {
+	case out <- h:
+		return
+	default:
+	}
+	select {
+	case <-out:
+	default:
+	}
+	out <- h
+}

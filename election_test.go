@@ -1,0 +1,491 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// Generous bounds on the election's takeover promises (measured values
+// are logged; see the README's "Leader election"): after a resign or a
+// killed session within a few round trips; on SQLite after a dead leader
+// within the lease TTL and the poll cap.
+const (
+	takeoverWithin   = 3 * time.Second
+	electionSQLTTL   = 2 * time.Second
+	sqliteTakeoverIn = electionSQLTTL + 2*time.Second
+)
+
+// electionDB is a backend the election tests run on: open returns a new
+// *sql.DB on the same database at each call.
+type electionDB struct {
+	name    string
+	session bool // a session backend (PostgreSQL, MySQL): sessions can be killed
+	open    func(t *testing.T) *sql.DB
+	opts    []advisorylock.Option
+}
+
+// electionDBs returns the backends: PostgreSQL with each driver, MariaDB,
+// and a SQLite file.
+func electionDBs(t *testing.T) []electionDB {
+	var dbs []electionDB
+	for _, drv := range testdb.Drivers {
+		dbs = append(dbs, electionDB{name: "postgres/" + drv, session: true, open: func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, drv) }})
+	}
+	dbs = append(dbs, electionDB{name: "mysql", session: true, open: func(t *testing.T) *sql.DB {
+		return testdb.OpenMySQLDSN(t, testdb.MySQLDSN(t))
+	}})
+	var path string
+	dbs = append(dbs, electionDB{name: "sqlite", open: func(t *testing.T) *sql.DB {
+		if path == "" {
+			path = testdb.SQLitePath(t)
+		}
+		return testdb.OpenSQLite(t, path, "")
+	}, opts: []advisorylock.Option{advisorylock.WithLeaseTTL(electionSQLTTL)}})
+	return dbs
+}
+
+func newElection(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Election {
+	t.Helper()
+	e, err := advisorylock.NewElection(db, name, opts...)
+	if err != nil {
+		t.Fatalf("NewElection(%q): %v", name, err)
+	}
+	return e
+}
+
+// term is one leadership as a lead function saw it.
+type term struct {
+	who   int
+	token advisorylock.FencingToken
+	at    time.Time // when lead started
+}
+
+// candidates runs n candidates of one election, each on its own *sql.DB,
+// whose lead reports its term on terms and then leads until told to
+// resign (resign[i]) or its context ends; cause[i] gets the context's
+// cause then. overlap counts leads that started while another ran.
+type candidates struct {
+	elections []*advisorylock.Election
+	dbs       []*sql.DB
+	terms     chan term
+	resign    []chan struct{}
+	causes    []chan error
+	leading   atomic.Int32
+	overlap   atomic.Int32
+	cancel    context.CancelFunc
+	done      chan error // one Run result per candidate
+}
+
+func startCandidates(t *testing.T, edb electionDB, name string, n int, opts ...advisorylock.Option) *candidates {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &candidates{terms: make(chan term, 100), cancel: cancel, done: make(chan error, n)}
+	for i := range n {
+		db := edb.open(t)
+		o := append(slices.Clone(edb.opts), advisorylock.WithOwner(fmt.Sprintf("candidate-%d", i)))
+		c.elections = append(c.elections, newElection(t, db, name, append(o, opts...)...))
+		c.dbs = append(c.dbs, db)
+		c.resign = append(c.resign, make(chan struct{}, 1))
+		c.causes = append(c.causes, make(chan error, 100))
+	}
+	for i, e := range c.elections {
+		go func() { c.done <- e.Run(ctx, c.lead(i)) }()
+	}
+	t.Cleanup(func() { c.stop(t) })
+	return c
+}
+
+func (c *candidates) lead(i int) func(ctx context.Context, token advisorylock.FencingToken) error {
+	return func(ctx context.Context, token advisorylock.FencingToken) error {
+		if c.leading.Add(1) > 1 {
+			c.overlap.Add(1)
+		}
+		c.terms <- term{who: i, token: token, at: time.Now()}
+		select {
+		case <-c.resign[i]:
+		case <-ctx.Done():
+			c.causes[i] <- context.Cause(ctx)
+		}
+		c.leading.Add(-1)
+		return nil
+	}
+}
+
+// next waits for the next term.
+func (c *candidates) next(t *testing.T, within time.Duration) term {
+	t.Helper()
+	select {
+	case tm := <-c.terms:
+		return tm
+	case <-time.After(within):
+		t.Fatalf("no leader within %v", within)
+		return term{}
+	}
+}
+
+// stop cancels every Run and checks that each returned ctx's error.
+func (c *candidates) stop(t *testing.T) {
+	if c.cancel == nil {
+		return
+	}
+	c.cancel()
+	c.cancel = nil
+	for range c.elections {
+		select {
+		case err := <-c.done:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Run after cancel: %v, want context.Canceled", err)
+			}
+		case <-time.After(wait):
+			t.Fatal("Run did not return after its context was cancelled")
+		}
+	}
+}
+
+// checkLeader checks that Leader, asked on db, reports tm's candidate.
+func checkLeader(t *testing.T, e *advisorylock.Election, tm term) *advisorylock.Holder {
+	t.Helper()
+	h, err := e.Leader(context.Background())
+	if err != nil || h == nil {
+		t.Fatalf("Leader while candidate %d leads term %v: %+v, %v", tm.who, tm.token, h, err)
+	}
+	if want := fmt.Sprintf("candidate-%d", tm.who); h.Owner != want || h.Token != tm.token || h.Name != e.Name() || h.Since.IsZero() {
+		t.Fatalf("Leader = %+v, want owner %s, term %v, name %q", h, want, tm.token, e.Name())
+	}
+	return h
+}
+
+// medianOf returns the median of ds.
+func medianOf(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// TestElectionThreeCandidatesTakeTurnsOnResign runs three candidates on
+// separate *sql.DBs: one leads at a time, Leader (asked from a fourth
+// handle) names it with its term, every resign hands leadership over
+// within a few round trips (measured), and terms strictly increase.
+func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
+	for _, edb := range electionDBs(t) {
+		t.Run(edb.name, func(t *testing.T) {
+			checkGoroutines(t)
+			name := testdb.UniqueName(t)
+			c := startCandidates(t, edb, name, 3)
+			watcher := newElection(t, edb.open(t), name, edb.opts...)
+			var took []time.Duration
+			var last advisorylock.FencingToken
+			resigned := time.Time{}
+			for round := range 9 {
+				tm := c.next(t, wait)
+				if !resigned.IsZero() {
+					took = append(took, tm.at.Sub(resigned))
+				}
+				if tm.token <= last {
+					t.Fatalf("round %d: term %v after term %v", round, tm.token, last)
+				}
+				last = tm.token
+				checkLeader(t, watcher, tm)
+				resigned = time.Now()
+				c.resign[tm.who] <- struct{}{}
+			}
+			c.stop(t)
+			if n := c.overlap.Load(); n != 0 {
+				t.Fatalf("%d leads started while another ran", n)
+			}
+			if h, err := watcher.Leader(context.Background()); h != nil || err != nil {
+				t.Fatalf("Leader after every Run returned: %+v, %v", h, err)
+			}
+			t.Logf("resign takeover on %s: median %v, max %v (%d handovers)", edb.name, medianOf(took), slices.Max(took), len(took))
+			if m := medianOf(took); m > takeoverWithin {
+				t.Fatalf("resign takeover median %v, want within %v", m, takeoverWithin)
+			}
+		})
+	}
+}
+
+// killSession ends the server session of the leader h (PostgreSQL:
+// pg_terminate_backend; MySQL: KILL).
+func killSession(t *testing.T, edb electionDB, admin *sql.DB, h *advisorylock.Holder) {
+	t.Helper()
+	q := "SELECT pg_terminate_backend($1)"
+	if edb.name == "mysql" {
+		q = "KILL ?"
+	}
+	if _, err := admin.Exec(q, h.PID); err != nil {
+		t.Fatalf("killing session %d: %v", h.PID, err)
+	}
+}
+
+// TestElectionKilledSessionIsTakenOver kills the leader's session: another
+// candidate leads within a few round trips (measured), the old leader's
+// lead context is cancelled with ErrLockLost at its next keep-alive
+// check, and it campaigns again (its Run does not return).
+func TestElectionKilledSessionIsTakenOver(t *testing.T) {
+	for _, edb := range electionDBs(t) {
+		if !edb.session {
+			continue
+		}
+		t.Run(edb.name, func(t *testing.T) {
+			checkGoroutines(t)
+			name := testdb.UniqueName(t)
+			c := startCandidates(t, edb, name, 3, advisorylock.WithKeepAlive(200*time.Millisecond))
+			admin := edb.open(t)
+			var took []time.Duration
+			var last advisorylock.FencingToken
+			for range 3 {
+				tm := c.next(t, wait)
+				if tm.token <= last {
+					t.Fatalf("term %v after term %v", tm.token, last)
+				}
+				last = tm.token
+				h := checkLeader(t, c.elections[(tm.who+1)%3], tm)
+				if h.PID == 0 {
+					t.Fatalf("Leader names no session: %+v", h)
+				}
+				killed := time.Now()
+				killSession(t, edb, admin, h)
+				next := c.next(t, wait)
+				took = append(took, next.at.Sub(killed))
+				select {
+				case cause := <-c.causes[tm.who]:
+					if !errors.Is(cause, advisorylock.ErrLockLost) {
+						t.Fatalf("the killed leader's lead context ended with %v, want ErrLockLost", cause)
+					}
+				case <-time.After(wait):
+					t.Fatal("the killed leader's lead context was never cancelled")
+				}
+				c.terms <- next // let the loop check it as the next leader
+			}
+			t.Logf("killed-session takeover on %s: median %v, max %v", edb.name, medianOf(took), slices.Max(took))
+			if m := medianOf(took); m > takeoverWithin {
+				t.Fatalf("killed-session takeover median %v, want within %v", m, takeoverWithin)
+			}
+		})
+	}
+}
+
+// TestElectionStaleLeadersFencedWriteIsRefused kills the session of a
+// leader that has no keep-alive, so it cannot know: it goes on leading
+// while a new leader is elected (two leaders at once, the documented
+// window). The new leader's term is larger; once it has written through
+// the Fence, the old leader's write is refused with a *StaleTokenError.
+func TestElectionStaleLeadersFencedWriteIsRefused(t *testing.T) {
+	for _, edb := range electionDBs(t) {
+		if !edb.session {
+			continue
+		}
+		t.Run(edb.name, func(t *testing.T) {
+			checkGoroutines(t)
+			name := testdb.UniqueName(t)
+			c := startCandidates(t, edb, name, 2, advisorylock.WithKeepAlive(0))
+			admin := edb.open(t)
+			fence, err := advisorylock.NewFence(admin, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old := c.next(t, wait)
+			mustAdmit(t, admin, fence, old.token)
+			killSession(t, edb, admin, checkLeader(t, c.elections[1-old.who], old))
+			cur := c.next(t, wait)
+			if cur.who == old.who || cur.token <= old.token {
+				t.Fatalf("after the kill: candidate %d with term %v; the old leader was %d with term %v", cur.who, cur.token, old.who, old.token)
+			}
+			if n := c.leading.Load(); n != 2 {
+				t.Fatalf("%d leads running, want 2 (the old leader cannot know without a keep-alive)", n)
+			}
+			mustAdmit(t, admin, fence, cur.token)
+			tx, err := admin.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			var stale *advisorylock.StaleTokenError
+			if err := fence.Admit(context.Background(), tx, old.token); !errors.As(err, &stale) || stale.Highest != cur.token {
+				t.Fatalf("the old leader's Admit(%v) after term %v: %v, want a *StaleTokenError", old.token, cur.token, err)
+			}
+			c.resign[old.who] <- struct{}{}
+		})
+	}
+}
+
+// mustAdmit admits token at fence in a transaction of its own.
+func mustAdmit(t *testing.T, db *sql.DB, fence *advisorylock.Fence, token advisorylock.FencingToken) {
+	t.Helper()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := fence.Admit(context.Background(), tx, token); err != nil {
+		t.Fatalf("Admit(%v): %v", token, err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestElectionRunReturnsLeadsError: a lead that returns nil resigns and
+// Run campaigns again (a larger term); one that returns an error resigns
+// and Run returns that error; after it nobody leads, and no goroutine is
+// left.
+func TestElectionRunReturnsLeadsError(t *testing.T) {
+	for _, edb := range electionDBs(t) {
+		t.Run(edb.name, func(t *testing.T) {
+			checkGoroutines(t)
+			e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
+			boom := errors.New("boom")
+			var terms []advisorylock.FencingToken
+			err := e.Run(context.Background(), func(ctx context.Context, term advisorylock.FencingToken) error {
+				terms = append(terms, term)
+				if len(terms) < 3 {
+					return nil
+				}
+				return boom
+			})
+			if !errors.Is(err, boom) {
+				t.Fatalf("Run: %v, want lead's error", err)
+			}
+			if len(terms) != 3 || terms[0] >= terms[1] || terms[1] >= terms[2] {
+				t.Fatalf("terms %v, want three, strictly increasing", terms)
+			}
+			if h, err := e.Leader(context.Background()); h != nil || err != nil {
+				t.Fatalf("Leader after Run returned: %+v, %v", h, err)
+			}
+		})
+	}
+}
+
+// TestElectionRunReturnsContextError: cancelling Run's context while it
+// leads cancels lead's context, resigns, and Run returns ctx.Err(); while
+// it campaigns behind another leader, Run returns ctx.Err() too.
+func TestElectionRunReturnsContextError(t *testing.T) {
+	for _, edb := range electionDBs(t) {
+		t.Run(edb.name, func(t *testing.T) {
+			checkGoroutines(t)
+			name := testdb.UniqueName(t)
+			leader := newElection(t, edb.open(t), name, edb.opts...)
+			ctx, cancel := context.WithCancel(context.Background())
+			leading := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				done <- leader.Run(ctx, func(ctx context.Context, _ advisorylock.FencingToken) error {
+					close(leading)
+					<-ctx.Done()
+					return ctx.Err()
+				})
+			}()
+			<-leading
+			follower := newElection(t, edb.open(t), name, edb.opts...)
+			fctx, fcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer fcancel()
+			err := follower.Run(fctx, func(context.Context, advisorylock.FencingToken) error {
+				return errors.New("the follower led while the leader ran")
+			})
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("follower's Run: %v, want its context's error", err)
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("leader's Run: %v, want context.Canceled", err)
+			}
+			if h, err := follower.Leader(context.Background()); h != nil || err != nil {
+				t.Fatalf("Leader after the leader's Run returned: %+v, %v", h, err)
+			}
+		})
+	}
+}
+
+// TestElectionObserveFollowsTheLeader: Observe delivers the current
+// leader (nobody at first), then each new term, and closes when its
+// context ends.
+func TestElectionObserveFollowsTheLeader(t *testing.T) {
+	for _, edb := range electionDBs(t) {
+		t.Run(edb.name, func(t *testing.T) {
+			checkGoroutines(t)
+			name := testdb.UniqueName(t)
+			watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
+			ctx, cancel := context.WithCancel(context.Background())
+			seen := watcher.Observe(ctx)
+			if h := receive(t, seen); h != nil {
+				t.Fatalf("first leader observed: %+v, want nil", h)
+			}
+			c := startCandidates(t, edb, name, 2)
+			for range 3 {
+				tm := c.next(t, wait)
+				testdb.WaitFor(t, wait, func() bool {
+					h := receive(t, seen)
+					return h != nil && h.Token == tm.token && h.Owner == fmt.Sprintf("candidate-%d", tm.who)
+				}, "Observe never delivered term %v", tm.token)
+				c.resign[tm.who] <- struct{}{}
+			}
+			c.stop(t)
+			testdb.WaitFor(t, wait, func() bool { return receive(t, seen) == nil }, "Observe never delivered nobody leading")
+			cancel()
+			for range seen {
+			}
+		})
+	}
+}
+
+// receive waits for a value from ch.
+func receive(t *testing.T, ch <-chan *advisorylock.Holder) *advisorylock.Holder {
+	t.Helper()
+	select {
+	case h, ok := <-ch:
+		if !ok {
+			t.Fatal("Observe's channel closed")
+		}
+		return h
+	case <-time.After(wait):
+		t.Fatal("Observe delivered nothing")
+		return nil
+	}
+}
+
+// TestElectionEventsHaveKindElection: an Observer sees a term as an
+// acquire and a release of kind "election".
+func TestElectionEventsHaveKindElection(t *testing.T) {
+	for _, edb := range electionDBs(t) {
+		t.Run(edb.name, func(t *testing.T) {
+			checkGoroutines(t)
+			rec := &observetest.Recorder{}
+			e := newElection(t, edb.open(t), testdb.UniqueName(t), append(slices.Clone(edb.opts), advisorylock.WithObserver(rec))...)
+			stop := errors.New("stop")
+			if err := e.Run(context.Background(), func(context.Context, advisorylock.FencingToken) error { return stop }); !errors.Is(err, stop) {
+				t.Fatal(err)
+			}
+			for _, ev := range rec.Events() {
+				if ev.Info.Kind != advisorylock.LockKindElection || ev.Info.Name != e.Name() {
+					t.Errorf("event %+v, want kind election", ev)
+				}
+			}
+			if rec.Count("AcquireEnd", "acquired") != 1 || len(rec.Events("Released")) != 1 {
+				t.Fatalf("events %+v, want one acquire and one release", rec.Events())
+			}
+		})
+	}
+}
+
+// TestNewElectionRefusesUnstorableNames: the term row stores the name.
+func TestNewElectionRefusesUnstorableNames(t *testing.T) {
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
+	for _, name := range []string{"a\x00b", "\xff"} {
+		if _, err := advisorylock.NewElection(db, name); err == nil {
+			t.Errorf("NewElection(%q): no error", name)
+		}
+	}
+	if _, err := advisorylock.NewElection(nil, "x"); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Errorf("NewElection(nil): %v", err)
+	}
+}

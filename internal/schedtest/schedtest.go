@@ -140,3 +140,8 @@ func (c *Counter) snapshot() string {
 	defer c.mu.Unlock()
 	return fmt.Sprintf("fired %v, ran %v", c.fired, c.ran)
 }
+
+// NextTick returns the first tick that replica 0 fires after now.
+func (c *Counter) NextTick() int {
+	return int(math.Floor(float64(time.Since(c.Origin))/float64(Period))) + 1
+}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/extra/advisorylockgocron"
@@ -73,6 +74,7 @@ func TestElectorRunsEachTickOnTheLeaderAlone(t *testing.T) {
 			// The leader resigns: another replica leads, in a later term,
 			// and runs every tick from then on.
 			old, _ := electors[leader].Term()
+			resigned := time.Now()
 			if err := electors[leader].Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -80,11 +82,12 @@ func TestElectorRunsEachTickOnTheLeaderAlone(t *testing.T) {
 				t.Fatalf("IsLeader after Close: %v, want ErrNotLeader", err)
 			}
 			next := waitLeader(t, electors, leader)
+			took := time.Since(resigned)
 			term, _ := electors[next].Term()
 			if term <= old {
 				t.Errorf("term after the takeover %d, want more than %d", term, old)
 			}
-			t.Logf("replica %d (term %d) resigned, replica %d leads (term %d)", leader, old, next, term)
+			t.Logf("replica %d (term %d) resigned, replica %d leads (term %d) %v later (Close and a poll of IsLeader included)", leader, old, next, term, took)
 			c.Check(t, c.NextTick())
 		})
 	}

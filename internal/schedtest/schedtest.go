@@ -35,17 +35,20 @@ const (
 )
 
 // Backends are the databases the adapters are tested on.
-var Backends = []string{"postgres", "sqlite"}
+var Backends = []string{"postgres", "mysql", "sqlite"}
 
 // OpenReplicas opens n handles on one database of backend ("postgres":
-// the test server with pgx; "sqlite": one file in t.TempDir()), each its
-// own pool as separate replicas would have. They close at t.Cleanup.
+// the test server with pgx; "mysql": the test run's MariaDB database;
+// "sqlite": one file in t.TempDir()), each its own pool as separate
+// replicas would have. They close at t.Cleanup.
 func OpenReplicas(t testing.TB, backend string, n int) []*sql.DB {
 	t.Helper()
 	var open func() *sql.DB
 	switch backend {
 	case "postgres":
 		open = func() *sql.DB { return testdb.OpenPostgres(t, "pgx") }
+	case "mysql":
+		open = func() *sql.DB { return testdb.OpenMySQL(t) }
 	case "sqlite":
 		path := testdb.SQLitePath(t)
 		open = func() *sql.DB {

@@ -27,6 +27,10 @@
 //     at the first operation, under its context, once per *sql.DB. Call
 //     Check at start-up to fail early.
 //
+// An Election (NewElection) elects one leader among replicas on top of
+// these locks: Run leads while this replica is leader, with a term that
+// is a FencingToken.
+//
 // Locks are not fair (waiters are not served in arrival order), and a Lock
 // is not a lease on PostgreSQL: it lasts exactly as long as its session.
 //
@@ -51,6 +55,10 @@
 // statement that takes the lock, a claim that records it after a wait's
 // grant, and the window's remaining time and holder. Without them the
 // option is refused with ErrUnsupported at the first operation.
+//
+// An Election on a LeaseStore needs nothing more (its lease's token is the
+// term); on a SessionLocker it needs ElectingSessionLocker, which records
+// each term in a row beside the lock.
 package advisorylock
 
 import (

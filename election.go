@@ -162,11 +162,14 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 //   - lead returning an error of its own resigns and Run returns it.
 //   - When ctx ends Run resigns and returns ctx.Err().
 //
-// Lead also resigns if it panics (the panic goes on). Run returns at
-// once an error matching ErrUnsupported or ErrTransactionPooler (see
-// Check); other errors of a campaign (the database restarting, a
-// connection lost) are logged and the campaign is tried again, backing
-// off to 5s between tries. Run once per Election at a time.
+// A panic in lead resigns too, and goes on. A lead that returns nil at
+// once is elected again at once, or another candidate is: return when
+// there is nothing left to lead for now. Run returns at once an error
+// matching ErrUnsupported or ErrTransactionPooler (see Check); other
+// errors of a campaign (the database restarting, a connection lost) are
+// logged and the campaign is tried again, backing off to 5s between
+// tries. Two Runs of one Election campaign against each other, as two
+// replicas would.
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term FencingToken) error) error {
 	if lead == nil {
 		return wrapErr(e.name, "run", errors.New("nil lead function"))

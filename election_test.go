@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,32 +27,52 @@ const (
 )
 
 // electionDB is a backend the election tests run on: open returns a new
-// *sql.DB on the same database at each call.
+// *sql.DB on the same database at each call, and a helper process given
+// dsn opens one there too (see openElectionDB).
 type electionDB struct {
 	name    string
 	session bool // a session backend (PostgreSQL, MySQL): sessions can be killed
-	open    func(t *testing.T) *sql.DB
+	dsn     string
 	opts    []advisorylock.Option
 }
 
-// electionDBs returns the backends: PostgreSQL with each driver, MariaDB,
-// and a SQLite file.
-func electionDBs(t *testing.T) []electionDB {
+func (edb electionDB) open(t *testing.T) *sql.DB { return openElectionDB(t, edb.name, edb.dsn) }
+
+// openElectionDB opens a *sql.DB on backend name's database at dsn.
+func openElectionDB(t *testing.T, name, dsn string) *sql.DB {
+	switch name {
+	case "mysql":
+		return testdb.OpenMySQLDSN(t, dsn)
+	case "sqlite":
+		return testdb.OpenSQLite(t, dsn, "")
+	}
+	return testdb.OpenPostgres(t, strings.TrimPrefix(name, "postgres/"))
+}
+
+// eachElectionDB runs f in a subtest per backend: PostgreSQL with each
+// driver, MariaDB, and a SQLite file (only the session backends when
+// sessionOnly), with the goroutine check on.
+func eachElectionDB(t *testing.T, sessionOnly bool, f func(t *testing.T, edb electionDB)) {
 	var dbs []electionDB
 	for _, drv := range testdb.Drivers {
-		dbs = append(dbs, electionDB{name: "postgres/" + drv, session: true, open: func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, drv) }})
+		dbs = append(dbs, electionDB{name: "postgres/" + drv, session: true})
 	}
-	dbs = append(dbs, electionDB{name: "mysql", session: true, open: func(t *testing.T) *sql.DB {
-		return testdb.OpenMySQLDSN(t, testdb.MySQLDSN(t))
-	}})
-	var path string
-	dbs = append(dbs, electionDB{name: "sqlite", open: func(t *testing.T) *sql.DB {
-		if path == "" {
-			path = testdb.SQLitePath(t)
-		}
-		return testdb.OpenSQLite(t, path, "")
-	}, opts: []advisorylock.Option{advisorylock.WithLeaseTTL(electionSQLTTL)}})
-	return dbs
+	dbs = append(dbs, electionDB{name: "mysql", session: true})
+	if !sessionOnly {
+		dbs = append(dbs, electionDB{name: "sqlite", opts: []advisorylock.Option{advisorylock.WithLeaseTTL(electionSQLTTL)}})
+	}
+	for _, edb := range dbs {
+		t.Run(edb.name, func(t *testing.T) {
+			checkGoroutines(t)
+			switch edb.name {
+			case "mysql":
+				edb.dsn = testdb.MySQLDSN(t)
+			case "sqlite":
+				edb.dsn = testdb.SQLitePath(t)
+			}
+			f(t, edb)
+		})
+	}
 }
 
 func newElection(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Election {
@@ -61,6 +82,12 @@ func newElection(t testing.TB, db advisorylock.DB, name string, opts ...advisory
 		t.Fatalf("NewElection(%q): %v", name, err)
 	}
 	return e
+}
+
+// loss is the end of a lead's context, as the lead saw it.
+type loss struct {
+	cause error
+	at    time.Time
 }
 
 // term is one leadership as a lead function saw it.
@@ -79,7 +106,7 @@ type candidates struct {
 	dbs       []*sql.DB
 	terms     chan term
 	resign    []chan struct{}
-	causes    []chan error
+	causes    []chan loss
 	leading   atomic.Int32
 	overlap   atomic.Int32
 	cancel    context.CancelFunc
@@ -96,7 +123,7 @@ func startCandidates(t *testing.T, edb electionDB, name string, n int, opts ...a
 		c.elections = append(c.elections, newElection(t, db, name, append(o, opts...)...))
 		c.dbs = append(c.dbs, db)
 		c.resign = append(c.resign, make(chan struct{}, 1))
-		c.causes = append(c.causes, make(chan error, 100))
+		c.causes = append(c.causes, make(chan loss, 100))
 	}
 	for i, e := range c.elections {
 		go func() { c.done <- e.Run(ctx, c.lead(i)) }()
@@ -114,7 +141,7 @@ func (c *candidates) lead(i int) func(ctx context.Context, token advisorylock.Fe
 		select {
 		case <-c.resign[i]:
 		case <-ctx.Done():
-			c.causes[i] <- context.Cause(ctx)
+			c.causes[i] <- loss{context.Cause(ctx), time.Now()}
 		}
 		c.leading.Add(-1)
 		return nil
@@ -177,41 +204,38 @@ func medianOf(ds []time.Duration) time.Duration {
 // handle) names it with its term, every resign hands leadership over
 // within a few round trips (measured), and terms strictly increase.
 func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
-	for _, edb := range electionDBs(t) {
-		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
-			name := testdb.UniqueName(t)
-			c := startCandidates(t, edb, name, 3)
-			watcher := newElection(t, edb.open(t), name, edb.opts...)
-			var took []time.Duration
-			var last advisorylock.FencingToken
-			resigned := time.Time{}
-			for round := range 9 {
-				tm := c.next(t, wait)
-				if !resigned.IsZero() {
-					took = append(took, tm.at.Sub(resigned))
-				}
-				if tm.token <= last {
-					t.Fatalf("round %d: term %v after term %v", round, tm.token, last)
-				}
-				last = tm.token
-				checkLeader(t, watcher, tm)
-				resigned = time.Now()
-				c.resign[tm.who] <- struct{}{}
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		name := testdb.UniqueName(t)
+		c := startCandidates(t, edb, name, 3)
+		watcher := newElection(t, edb.open(t), name, edb.opts...)
+		var took []time.Duration
+		var last advisorylock.FencingToken
+		resigned := time.Time{}
+		for round := range 9 {
+			tm := c.next(t, wait)
+			if !resigned.IsZero() {
+				took = append(took, tm.at.Sub(resigned))
 			}
-			c.stop(t)
-			if n := c.overlap.Load(); n != 0 {
-				t.Fatalf("%d leads started while another ran", n)
+			if tm.token <= last {
+				t.Fatalf("round %d: term %v after term %v", round, tm.token, last)
 			}
-			if h, err := watcher.Leader(context.Background()); h != nil || err != nil {
-				t.Fatalf("Leader after every Run returned: %+v, %v", h, err)
-			}
-			t.Logf("resign takeover on %s: median %v, max %v (%d handovers)", edb.name, medianOf(took), slices.Max(took), len(took))
-			if m := medianOf(took); m > takeoverWithin {
-				t.Fatalf("resign takeover median %v, want within %v", m, takeoverWithin)
-			}
-		})
-	}
+			last = tm.token
+			checkLeader(t, watcher, tm)
+			resigned = time.Now()
+			c.resign[tm.who] <- struct{}{}
+		}
+		c.stop(t)
+		if n := c.overlap.Load(); n != 0 {
+			t.Fatalf("%d leads started while another ran", n)
+		}
+		if h, err := watcher.Leader(context.Background()); h != nil || err != nil {
+			t.Fatalf("Leader after every Run returned: %+v, %v", h, err)
+		}
+		t.Logf("resign takeover on %s: median %v, max %v (%d handovers)", edb.name, medianOf(took), slices.Max(took), len(took))
+		if m := medianOf(took); m > takeoverWithin {
+			t.Fatalf("resign takeover median %v, want within %v", m, takeoverWithin)
+		}
+	})
 }
 
 // killSession ends the server session of the leader h (PostgreSQL:
@@ -232,47 +256,73 @@ func killSession(t *testing.T, edb electionDB, admin *sql.DB, h *advisorylock.Ho
 // lead context is cancelled with ErrLockLost at its next keep-alive
 // check, and it campaigns again (its Run does not return).
 func TestElectionKilledSessionIsTakenOver(t *testing.T) {
-	for _, edb := range electionDBs(t) {
-		if !edb.session {
-			continue
+	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+		name := testdb.UniqueName(t)
+		c := startCandidates(t, edb, name, 3, advisorylock.WithKeepAlive(200*time.Millisecond))
+		admin := edb.open(t)
+		var took []time.Duration
+		var last advisorylock.FencingToken
+		for range 3 {
+			tm := c.next(t, wait)
+			if tm.token <= last {
+				t.Fatalf("term %v after term %v", tm.token, last)
+			}
+			last = tm.token
+			h := checkLeader(t, c.elections[(tm.who+1)%3], tm)
+			if h.PID == 0 {
+				t.Fatalf("Leader names no session: %+v", h)
+			}
+			killed := time.Now()
+			killSession(t, edb, admin, h)
+			next := c.next(t, wait)
+			took = append(took, next.at.Sub(killed))
+			select {
+			case l := <-c.causes[tm.who]:
+				if !errors.Is(l.cause, advisorylock.ErrLockLost) {
+					t.Fatalf("the killed leader's lead context ended with %v, want ErrLockLost", l.cause)
+				}
+			case <-time.After(wait):
+				t.Fatal("the killed leader's lead context was never cancelled")
+			}
+			c.terms <- next // let the loop check it as the next leader
 		}
-		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
-			name := testdb.UniqueName(t)
-			c := startCandidates(t, edb, name, 3, advisorylock.WithKeepAlive(200*time.Millisecond))
-			admin := edb.open(t)
-			var took []time.Duration
-			var last advisorylock.FencingToken
-			for range 3 {
-				tm := c.next(t, wait)
-				if tm.token <= last {
-					t.Fatalf("term %v after term %v", tm.token, last)
-				}
-				last = tm.token
-				h := checkLeader(t, c.elections[(tm.who+1)%3], tm)
-				if h.PID == 0 {
-					t.Fatalf("Leader names no session: %+v", h)
-				}
-				killed := time.Now()
-				killSession(t, edb, admin, h)
-				next := c.next(t, wait)
-				took = append(took, next.at.Sub(killed))
-				select {
-				case cause := <-c.causes[tm.who]:
-					if !errors.Is(cause, advisorylock.ErrLockLost) {
-						t.Fatalf("the killed leader's lead context ended with %v, want ErrLockLost", cause)
-					}
-				case <-time.After(wait):
-					t.Fatal("the killed leader's lead context was never cancelled")
-				}
-				c.terms <- next // let the loop check it as the next leader
-			}
-			t.Logf("killed-session takeover on %s: median %v, max %v", edb.name, medianOf(took), slices.Max(took))
-			if m := medianOf(took); m > takeoverWithin {
-				t.Fatalf("killed-session takeover median %v, want within %v", m, takeoverWithin)
-			}
-		})
-	}
+		t.Logf("killed-session takeover on %s: median %v, max %v", edb.name, medianOf(took), slices.Max(took))
+		if m := medianOf(took); m > takeoverWithin {
+			t.Fatalf("killed-session takeover median %v, want within %v", m, takeoverWithin)
+		}
+	})
+}
+
+// TestElectionVanishedLeaderIsTakenOverWithinTheDeadHolderTimeout
+// blackholes the leader's connection (a host powered off): its keep-alive
+// fails first, so it stops leading before the server ends its session and
+// frees the lock, within about the dead-holder timeout, for another
+// candidate to lead.
+func TestElectionVanishedLeaderIsTakenOverWithinTheDeadHolderTimeout(t *testing.T) {
+	testdb.RequireIptables(t)
+	const d = 3 * time.Second
+	opts := []advisorylock.Option{advisorylock.WithDeadHolderTimeout(d), advisorylock.WithKeepAlive(time.Second), advisorylock.WithReleaseTimeout(time.Second)}
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		// No goroutine check: the drivers' reads of the blackholed socket
+		// end only when the kernel gives up on it (as for a Lock, see
+		// TestVanishedHolderIsFreedWithinTheDeadHolderTimeout).
+		c := startCandidates(t, electionDB{name: "postgres/" + drv, session: true}, testdb.UniqueName(t), 2, opts...)
+		old := c.next(t, wait)
+		h := checkLeader(t, c.elections[1-old.who], old)
+		vanished := time.Now()
+		testdb.Blackhole(t, testdb.Port(t, testdb.PostgresDSN(t)), testdb.ClientPort(t, testdb.OpenPostgres(t, "postgres"), h.PID))
+		cur := c.next(t, 3*d)
+		var l loss
+		select {
+		case l = <-c.causes[old.who]:
+		case <-time.After(wait):
+			t.Fatal("the vanished leader's lead context was never cancelled")
+		}
+		t.Logf("vanished leader on %s: stopped leading after %v, taken over after %v (dead-holder timeout %v)", drv, l.at.Sub(vanished), cur.at.Sub(vanished), d)
+		if !errors.Is(l.cause, advisorylock.ErrLockLost) || !l.at.Before(cur.at) || cur.token <= old.token {
+			t.Fatalf("the vanished leader stopped at %v (%v), its successor led at %v with term %v after %v: want the loss first and a larger term", l.at, l.cause, cur.at, cur.token, old.token)
+		}
+	})
 }
 
 // TestElectionStaleLeadersFencedWriteIsRefused kills the session of a
@@ -281,42 +331,36 @@ func TestElectionKilledSessionIsTakenOver(t *testing.T) {
 // window). The new leader's term is larger; once it has written through
 // the Fence, the old leader's write is refused with a *StaleTokenError.
 func TestElectionStaleLeadersFencedWriteIsRefused(t *testing.T) {
-	for _, edb := range electionDBs(t) {
-		if !edb.session {
-			continue
+	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+		name := testdb.UniqueName(t)
+		c := startCandidates(t, edb, name, 2, advisorylock.WithKeepAlive(0))
+		admin := edb.open(t)
+		fence, err := advisorylock.NewFence(admin, name)
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
-			name := testdb.UniqueName(t)
-			c := startCandidates(t, edb, name, 2, advisorylock.WithKeepAlive(0))
-			admin := edb.open(t)
-			fence, err := advisorylock.NewFence(admin, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			old := c.next(t, wait)
-			mustAdmit(t, admin, fence, old.token)
-			killSession(t, edb, admin, checkLeader(t, c.elections[1-old.who], old))
-			cur := c.next(t, wait)
-			if cur.who == old.who || cur.token <= old.token {
-				t.Fatalf("after the kill: candidate %d with term %v; the old leader was %d with term %v", cur.who, cur.token, old.who, old.token)
-			}
-			if n := c.leading.Load(); n != 2 {
-				t.Fatalf("%d leads running, want 2 (the old leader cannot know without a keep-alive)", n)
-			}
-			mustAdmit(t, admin, fence, cur.token)
-			tx, err := admin.Begin()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback()
-			var stale *advisorylock.StaleTokenError
-			if err := fence.Admit(context.Background(), tx, old.token); !errors.As(err, &stale) || stale.Highest != cur.token {
-				t.Fatalf("the old leader's Admit(%v) after term %v: %v, want a *StaleTokenError", old.token, cur.token, err)
-			}
-			c.resign[old.who] <- struct{}{}
-		})
-	}
+		old := c.next(t, wait)
+		mustAdmit(t, admin, fence, old.token)
+		killSession(t, edb, admin, checkLeader(t, c.elections[1-old.who], old))
+		cur := c.next(t, wait)
+		if cur.who == old.who || cur.token <= old.token {
+			t.Fatalf("after the kill: candidate %d with term %v; the old leader was %d with term %v", cur.who, cur.token, old.who, old.token)
+		}
+		if n := c.leading.Load(); n != 2 {
+			t.Fatalf("%d leads running, want 2 (the old leader cannot know without a keep-alive)", n)
+		}
+		mustAdmit(t, admin, fence, cur.token)
+		tx, err := admin.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		var stale *advisorylock.StaleTokenError
+		if err := fence.Admit(context.Background(), tx, old.token); !errors.As(err, &stale) || stale.Highest != cur.token {
+			t.Fatalf("the old leader's Admit(%v) after term %v: %v, want a *StaleTokenError", old.token, cur.token, err)
+		}
+		c.resign[old.who] <- struct{}{}
+	})
 }
 
 // mustAdmit admits token at fence in a transaction of its own.
@@ -340,102 +384,93 @@ func mustAdmit(t *testing.T, db *sql.DB, fence *advisorylock.Fence, token adviso
 // and Run returns that error; after it nobody leads, and no goroutine is
 // left.
 func TestElectionRunReturnsLeadsError(t *testing.T) {
-	for _, edb := range electionDBs(t) {
-		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
-			e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
-			boom := errors.New("boom")
-			var terms []advisorylock.FencingToken
-			err := e.Run(context.Background(), func(ctx context.Context, term advisorylock.FencingToken) error {
-				terms = append(terms, term)
-				if len(terms) < 3 {
-					return nil
-				}
-				return boom
-			})
-			if !errors.Is(err, boom) {
-				t.Fatalf("Run: %v, want lead's error", err)
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
+		boom := errors.New("boom")
+		var terms []advisorylock.FencingToken
+		err := e.Run(context.Background(), func(ctx context.Context, term advisorylock.FencingToken) error {
+			terms = append(terms, term)
+			if len(terms) < 3 {
+				return nil
 			}
-			if len(terms) != 3 || terms[0] >= terms[1] || terms[1] >= terms[2] {
-				t.Fatalf("terms %v, want three, strictly increasing", terms)
-			}
-			if h, err := e.Leader(context.Background()); h != nil || err != nil {
-				t.Fatalf("Leader after Run returned: %+v, %v", h, err)
-			}
+			return boom
 		})
-	}
+		if !errors.Is(err, boom) {
+			t.Fatalf("Run: %v, want lead's error", err)
+		}
+		if len(terms) != 3 || terms[0] >= terms[1] || terms[1] >= terms[2] {
+			t.Fatalf("terms %v, want three, strictly increasing", terms)
+		}
+		if h, err := e.Leader(context.Background()); h != nil || err != nil {
+			t.Fatalf("Leader after Run returned: %+v, %v", h, err)
+		}
+	})
 }
 
 // TestElectionRunReturnsContextError: cancelling Run's context while it
 // leads cancels lead's context, resigns, and Run returns ctx.Err(); while
 // it campaigns behind another leader, Run returns ctx.Err() too.
 func TestElectionRunReturnsContextError(t *testing.T) {
-	for _, edb := range electionDBs(t) {
-		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
-			name := testdb.UniqueName(t)
-			leader := newElection(t, edb.open(t), name, edb.opts...)
-			ctx, cancel := context.WithCancel(context.Background())
-			leading := make(chan struct{})
-			done := make(chan error, 1)
-			go func() {
-				done <- leader.Run(ctx, func(ctx context.Context, _ advisorylock.FencingToken) error {
-					close(leading)
-					<-ctx.Done()
-					return ctx.Err()
-				})
-			}()
-			<-leading
-			follower := newElection(t, edb.open(t), name, edb.opts...)
-			fctx, fcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			defer fcancel()
-			err := follower.Run(fctx, func(context.Context, advisorylock.FencingToken) error {
-				return errors.New("the follower led while the leader ran")
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		name := testdb.UniqueName(t)
+		leader := newElection(t, edb.open(t), name, edb.opts...)
+		ctx, cancel := context.WithCancel(context.Background())
+		leading := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- leader.Run(ctx, func(ctx context.Context, _ advisorylock.FencingToken) error {
+				close(leading)
+				<-ctx.Done()
+				return ctx.Err()
 			})
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("follower's Run: %v, want its context's error", err)
-			}
-			cancel()
-			if err := <-done; !errors.Is(err, context.Canceled) {
-				t.Fatalf("leader's Run: %v, want context.Canceled", err)
-			}
-			if h, err := follower.Leader(context.Background()); h != nil || err != nil {
-				t.Fatalf("Leader after the leader's Run returned: %+v, %v", h, err)
-			}
+		}()
+		<-leading
+		follower := newElection(t, edb.open(t), name, edb.opts...)
+		fctx, fcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer fcancel()
+		err := follower.Run(fctx, func(context.Context, advisorylock.FencingToken) error {
+			return errors.New("the follower led while the leader ran")
 		})
-	}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("follower's Run: %v, want its context's error", err)
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("leader's Run: %v, want context.Canceled", err)
+		}
+		if h, err := follower.Leader(context.Background()); h != nil || err != nil {
+			t.Fatalf("Leader after the leader's Run returned: %+v, %v", h, err)
+		}
+	})
 }
 
 // TestElectionObserveFollowsTheLeader: Observe delivers the current
 // leader (nobody at first), then each new term, and closes when its
 // context ends.
 func TestElectionObserveFollowsTheLeader(t *testing.T) {
-	for _, edb := range electionDBs(t) {
-		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
-			name := testdb.UniqueName(t)
-			watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
-			ctx, cancel := context.WithCancel(context.Background())
-			seen := watcher.Observe(ctx)
-			if h := receive(t, seen); h != nil {
-				t.Fatalf("first leader observed: %+v, want nil", h)
-			}
-			c := startCandidates(t, edb, name, 2)
-			for range 3 {
-				tm := c.next(t, wait)
-				testdb.WaitFor(t, wait, func() bool {
-					h := receive(t, seen)
-					return h != nil && h.Token == tm.token && h.Owner == fmt.Sprintf("candidate-%d", tm.who)
-				}, "Observe never delivered term %v", tm.token)
-				c.resign[tm.who] <- struct{}{}
-			}
-			c.stop(t)
-			testdb.WaitFor(t, wait, func() bool { return receive(t, seen) == nil }, "Observe never delivered nobody leading")
-			cancel()
-			for range seen {
-			}
-		})
-	}
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		name := testdb.UniqueName(t)
+		watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
+		ctx, cancel := context.WithCancel(context.Background())
+		seen := watcher.Observe(ctx)
+		if h := receive(t, seen); h != nil {
+			t.Fatalf("first leader observed: %+v, want nil", h)
+		}
+		c := startCandidates(t, edb, name, 2)
+		for range 3 {
+			tm := c.next(t, wait)
+			testdb.WaitFor(t, wait, func() bool {
+				h := receive(t, seen)
+				return h != nil && h.Token == tm.token && h.Owner == fmt.Sprintf("candidate-%d", tm.who)
+			}, "Observe never delivered term %v", tm.token)
+			c.resign[tm.who] <- struct{}{}
+		}
+		c.stop(t)
+		testdb.WaitFor(t, wait, func() bool { return receive(t, seen) == nil }, "Observe never delivered nobody leading")
+		cancel()
+		for range seen {
+		}
+	})
 }
 
 // receive waits for a value from ch.
@@ -456,25 +491,22 @@ func receive(t *testing.T, ch <-chan *advisorylock.Holder) *advisorylock.Holder 
 // TestElectionEventsHaveKindElection: an Observer sees a term as an
 // acquire and a release of kind "election".
 func TestElectionEventsHaveKindElection(t *testing.T) {
-	for _, edb := range electionDBs(t) {
-		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
-			rec := &observetest.Recorder{}
-			e := newElection(t, edb.open(t), testdb.UniqueName(t), append(slices.Clone(edb.opts), advisorylock.WithObserver(rec))...)
-			stop := errors.New("stop")
-			if err := e.Run(context.Background(), func(context.Context, advisorylock.FencingToken) error { return stop }); !errors.Is(err, stop) {
-				t.Fatal(err)
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		rec := &observetest.Recorder{}
+		e := newElection(t, edb.open(t), testdb.UniqueName(t), append(slices.Clone(edb.opts), advisorylock.WithObserver(rec))...)
+		stop := errors.New("stop")
+		if err := e.Run(context.Background(), func(context.Context, advisorylock.FencingToken) error { return stop }); !errors.Is(err, stop) {
+			t.Fatal(err)
+		}
+		for _, ev := range rec.Events() {
+			if ev.Info.Kind != advisorylock.LockKindElection || ev.Info.Name != e.Name() {
+				t.Errorf("event %+v, want kind election", ev)
 			}
-			for _, ev := range rec.Events() {
-				if ev.Info.Kind != advisorylock.LockKindElection || ev.Info.Name != e.Name() {
-					t.Errorf("event %+v, want kind election", ev)
-				}
-			}
-			if rec.Count("AcquireEnd", "acquired") != 1 || len(rec.Events("Released")) != 1 {
-				t.Fatalf("events %+v, want one acquire and one release", rec.Events())
-			}
-		})
-	}
+		}
+		if rec.Count("AcquireEnd", "acquired") != 1 || len(rec.Events("Released")) != 1 {
+			t.Fatalf("events %+v, want one acquire and one release", rec.Events())
+		}
+	})
 }
 
 // TestNewElectionRefusesUnstorableNames: the term row stores the name.
@@ -488,4 +520,23 @@ func TestNewElectionRefusesUnstorableNames(t *testing.T) {
 	if _, err := advisorylock.NewElection(nil, "x"); !errors.Is(err, advisorylock.ErrUnsupported) {
 		t.Errorf("NewElection(nil): %v", err)
 	}
+}
+
+// TestElectionLeadPanicResigns: a panic in lead resigns before it goes
+// on, so another candidate can lead.
+func TestElectionLeadPanicResigns(t *testing.T) {
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
+		recovered := func() (v any) {
+			defer func() { v = recover() }()
+			_ = e.Run(context.Background(), func(context.Context, advisorylock.FencingToken) error { panic("lead failed") })
+			return nil
+		}()
+		if recovered != "lead failed" {
+			t.Fatalf("Run let through %v, want lead's panic", recovered)
+		}
+		if h, err := e.Leader(context.Background()); h != nil || err != nil {
+			t.Fatalf("Leader after lead panicked: %+v, %v", h, err)
+		}
+	})
 }

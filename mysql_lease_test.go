@@ -217,11 +217,11 @@ func TestMySQLSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
 	fresh := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	runMySQLSchema(t, fresh)
 	runMySQLSchema(t, fresh) // idempotent
-	if n := countRows(t, fresh, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'advisorylock\\_%'"); n != 4 {
-		t.Fatalf("Schema created %d tables, want 4", n)
+	if n := countRows(t, fresh, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'advisorylock\\_%'"); n != 5 {
+		t.Fatalf("Schema created %d tables, want 5", n)
 	}
-	if n := countRows(t, fresh, "SELECT COUNT(*) FROM advisorylock_schema"); n != 2 {
-		t.Fatalf("Schema recorded %d versions, want 2", n)
+	if n := countRows(t, fresh, "SELECT COUNT(*) FROM advisorylock_schema"); n != 3 {
+		t.Fatalf("Schema recorded %d versions, want 3", n)
 	}
 	releaseLease(t, tryLease(t, newLeaseLock(t, fresh, testdb.UniqueName(t))))
 }
@@ -347,13 +347,14 @@ func runMySQLSchema(t *testing.T, db *sql.DB) {
 }
 
 // TestMySQLSchemaUpgradeAddsTheWindowsTable: a database at schema version
-// 1 (leases and fences only) gets advisorylock_windows, recorded as
-// version 2, at the first use of a Lock with WithMinHold.
+// 1 (leases and fences only) gets advisorylock_windows and the later
+// steps, recorded up to the current version, at the first use of a Lock
+// with WithMinHold.
 func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	runMySQLSchema(t, db)
-	for _, stmt := range []string{"DROP TABLE advisorylock_windows", "DELETE FROM advisorylock_schema WHERE version = 2"} {
+	for _, stmt := range []string{"DROP TABLE advisorylock_windows", "DROP TABLE advisorylock_elections", "DELETE FROM advisorylock_schema WHERE version >= 2"} {
 		if _, err := db.Exec(stmt); err != nil {
 			t.Fatal(err)
 		}
@@ -365,7 +366,7 @@ func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
 	if n := countRows(t, db, "SELECT COUNT(*) FROM advisorylock_windows"); n != 1 {
 		t.Fatalf("advisorylock_windows has %d rows after a grant, want 1", n)
 	}
-	if n := countRows(t, db, "SELECT MAX(version) FROM advisorylock_schema"); n != 2 {
-		t.Fatalf("schema version after the upgrade = %d, want 2", n)
+	if n := countRows(t, db, "SELECT MAX(version) FROM advisorylock_schema"); n != 3 {
+		t.Fatalf("schema version after the upgrade = %d, want 3", n)
 	}
 }

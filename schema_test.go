@@ -167,7 +167,7 @@ func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 	withTables := testdb.WithDatabase(base, freshDatabase(t, admin))
 	owner := testdb.OpenPostgresDSN(t, "postgres", withTables)
 	grants := []string{advisorylock.Schema(advisorylock.Postgres()),
-		"GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences TO " + role,
+		"GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_elections TO " + role,
 		"GRANT USAGE ON SEQUENCE advisorylock_token_seq TO " + role,
 		"GRANT SELECT ON advisorylock_schema TO " + role}
 	for _, s := range grants {
@@ -194,6 +194,7 @@ func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 		if err := sg.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+		runOneTerm(t, app, name)
 	}
 
 	// A missing grant is one clear error naming it.
@@ -213,6 +214,25 @@ func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 	_, err = newLeaseLock(t, app, testdb.UniqueName(t)).TryLock(ctx)
 	if err == nil || !strings.Contains(err.Error(), "Schema(Postgres())") {
 		t.Fatalf("TryLock without tables or CREATE = %v, want an error saying an administrator creates them from Schema(Postgres())", err)
+	}
+}
+
+// runOneTerm runs one term of an election on name, in which Leader must
+// name the term.
+func runOneTerm(t *testing.T, db *sql.DB, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	e := newElection(t, db, name)
+	stop := errors.New("stop")
+	err := e.Run(ctx, func(ctx context.Context, term advisorylock.FencingToken) error {
+		if h, err := e.Leader(ctx); err != nil || h == nil || h.Token != term {
+			return fmt.Errorf("Leader during term %v: %+v, %w", term, h, err)
+		}
+		return stop
+	})
+	if !errors.Is(err, stop) {
+		t.Fatalf("an election as an ordinary role: %v", err)
 	}
 }
 

@@ -295,7 +295,7 @@ func (o *options) parseSubcommand(word string, args []string) error {
 		o.shell = args[0]
 		return nil
 	case "elect":
-		return errors.New("elect is not supported yet; a lock named elect is taken with lockrun -- elect COMMAND")
+		return errors.New("elect is reserved, not a subcommand: for a leader-elected command run lockrun NAME -- COMMAND under a service manager that restarts it (see --help); a lock named elect is taken with lockrun -- elect COMMAND")
 	}
 	return o.parseStatus(args)
 }

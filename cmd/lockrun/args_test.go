@@ -93,7 +93,7 @@ func TestParseArgsRefusesBadInput(t *testing.T) {
 		{[]string{"status", "-n", "job"}, "does not apply to status"},
 		{[]string{"completion"}, "lockrun completion bash|zsh"},
 		{[]string{"completion", "fish"}, "lockrun completion bash|zsh"},
-		{[]string{"elect", "leader", "true"}, "elect is not supported yet"},
+		{[]string{"elect", "leader", "true"}, "elect is reserved"},
 	} {
 		_, err := parseArgs(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.say) {

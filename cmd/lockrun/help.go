@@ -43,7 +43,11 @@ DESCRIPTION
     Flags go before NAME; what follows NAME is the command. status,
     completion and elect are subcommands only as the first argument: a lock
     with such a name is taken with lockrun -- status COMMAND (or after any
-    flag). elect is reserved and not supported yet.
+    flag). elect is reserved: leader election for a command is lockrun NAME
+    -- COMMAND on every host, each run by a service manager that restarts
+    it (systemd Restart=always). lockrun waits until it leads, runs COMMAND
+    while it does, stops it (exit 75) when leadership is lost, and the
+    restart campaigns again.
 
     lockrun status prints which database it asks, then who holds the named
     locks, as a table; without names it lists every held lease (and, on

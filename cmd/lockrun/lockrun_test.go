@@ -576,7 +576,7 @@ func TestBadInputGetsOneLineAndItsExitCode(t *testing.T) {
 		{"TTL below the 1s floor", []string{"--ttl", "500ms", "job", "true"}, exitUsage},
 		{"TTL above 24h", []string{"--ttl", "25h", "job", "true"}, exitUsage},
 		{"unknown log format", []string{"--log-format", "xml", "job", "true"}, exitUsage},
-		{"elect, not supported yet", []string{"elect", "leader", "true"}, exitUsage},
+		{"elect, reserved", []string{"elect", "leader", "true"}, exitUsage},
 		{"completion for an unknown shell", []string{"completion", "fish"}, exitUsage},
 		{"--config naming no file", []string{"--config", "/nonexistent/lockrun.conf", "job", "true"}, exitConfig},
 		{"SQLite file in a missing directory", []string{"--dsn", "sqlite:/nonexistent/dir/locks.db", "job", "true"}, exitConfig},

@@ -36,7 +36,8 @@ import (
 // interval among the scheduler's jobs tolerates the most skew. Jobs that
 // run more often than every two seconds need a shorter window (or they
 // skip ticks); schedulers further apart need a longer one (or a job runs
-// more than once per tick).
+// more than once per tick). Jobs whose intervals differ widely can each
+// have a Locker of their own, with gocron.WithDistributedJobLocker.
 const DefaultMinHold = time.Second
 
 // Locker is a gocron.Locker that takes one advisorylock.Lock per job, named

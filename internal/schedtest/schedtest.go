@@ -148,3 +148,20 @@ func (c *Counter) snapshot() string {
 func (c *Counter) NextTick() int {
 	return int(math.Floor(float64(time.Since(c.Origin))/float64(Period))) + 1
 }
+
+// CheckRunsTwice waits for ticks from first on, one at a time, until one
+// of them ran the job more than once, and fails t if none of Ticks ticks
+// did: what schedulers without a min-hold do. Looking at several ticks
+// keeps a slow machine (a run that outlasts the skew) from failing it.
+func (c *Counter) CheckRunsTwice(t testing.TB, first int) {
+	t.Helper()
+	var runs []int
+	for k := first; k < first+Ticks; k++ {
+		runs = append(runs, c.WaitTick(t, k))
+		if runs[len(runs)-1] >= 2 {
+			t.Logf("without a min-hold, ticks %d to %d: runs per tick %v", first, k, runs)
+			return
+		}
+	}
+	t.Errorf("without a min-hold, ticks %d to %d ran %v times; want a tick run on more than one replica", first, first+Ticks-1, runs)
+}

@@ -10,10 +10,14 @@
 //     replica leads and runs every job; the others skip them until it
 //     stops leading.
 //
-// Wiring either is a line:
+// Wiring either is a line or two:
 //
 //	locker, err := advisorylockgocron.NewLocker(db)
 //	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(locker))
+//
+//	election, err := advisorylock.NewElection(db, "scheduler-leader")
+//	elector, err := advisorylockgocron.NewElector(ctx, election)
+//	s, err := gocron.NewScheduler(gocron.WithDistributedElector(elector))
 package advisorylockgocron
 
 import (

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -138,6 +139,29 @@ func TestThirdBackendPlugsIn(t *testing.T) {
 	}
 	if len(tokens) != 3 || tokens[0] != 1 || tokens[1] != 2 || tokens[2] != 3 {
 		t.Fatalf("tokens = %v, want [1 2 3]", tokens)
+	}
+}
+
+// TestThirdBackendHoldsElections: a backend that keeps leases holds
+// elections with nothing more; its lease tokens are the terms.
+func TestThirdBackendHoldsElections(t *testing.T) {
+	e, err := advisorylock.NewElection(noDB{}, "plugged", advisorylock.WithBackend(newMapBackend()), advisorylock.WithOwner("me"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var terms []advisorylock.FencingToken
+	done := errors.New("done")
+	err = e.Run(context.Background(), func(ctx context.Context, term advisorylock.FencingToken) error {
+		if h, err := e.Leader(ctx); err != nil || h == nil || h.Owner != "me" || h.Token != term || h.Backend != "map" {
+			return fmt.Errorf("Leader during term %v: %+v, %v", term, h, err)
+		}
+		if terms = append(terms, term); len(terms) < 2 {
+			return nil
+		}
+		return done
+	})
+	if !errors.Is(err, done) || len(terms) != 2 || terms[0] >= terms[1] {
+		t.Fatalf("Run = %v with terms %v, want two increasing terms", err, terms)
 	}
 }
 

@@ -134,7 +134,10 @@ func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 // row asks why (pgWhyMissed), which tells a miss from a standby and from
 // such a grant, which only a new session sees.
 const (
-	pgTryLock       = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1::bigint) END`
+	pgTryLock = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1::bigint) END`
+	// pgTryLockBare is the try on a session that has passed the checks of
+	// the Lock's try statement before (see TryLockSession).
+	pgTryLockBare   = `SELECT WHERE pg_try_advisory_lock($1::bigint)`
 	pgTryLockMarked = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false WHEN NOT pg_try_advisory_lock($1::bigint) THEN false
 	ELSE current_setting('advisorylock.dead_holder', true) = '%d' END`
 	// pgTryLockInline sends the dead-holder settings with the try (values
@@ -251,12 +254,25 @@ func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string
 // the lock after all, the guard discards the connection, which frees it),
 // and a grant on a session without the dead-holder settings sends them
 // (once per session; a failure there is an error, with the same effect).
+//
+// Both checks hold for the rest of a session once it has passed them (a
+// primary's session never enters recovery; the settings stay unless
+// someone resets them on that connection), so a session that has is
+// remembered (see rememberSession) and later tries send only the lock
+// function: the bare statement a user would write.
 func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
 	text, why := p.tryLock, p.whyMissed
 	if text == "" { // not made by forLock: a backend used outside a Lock
 		text, why = pgTryLock, pgWhyMissed
 	}
+	if sessionKnows(conn, text) {
+		ok, err := p.rowStatement(ctx, conn, pgTryLockBare, key)
+		return SessionResult{OK: ok}, err
+	}
 	ok, err := p.rowStatement(ctx, conn, text, key)
+	if ok {
+		rememberSession(conn, text)
+	}
 	if ok || err != nil || why == "" {
 		return SessionResult{OK: ok}, err
 	}
@@ -275,6 +291,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
 			return SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
 		}
+		rememberSession(conn, text)
 	}
 	return SessionResult{OK: granted}, nil
 }
@@ -647,7 +664,8 @@ func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Hol
 // AdmitToken stores token as resource's highest in tx if it is not lower
 // than the stored one; otherwise it reads the highest and returns a
 // *StaleTokenError. The table must exist: a missing table aborts tx
-// (Fence creates it at its first Admit).
+// (Fence creates it at its first Admit). A read-only transaction (a hot
+// standby's, or one begun READ ONLY) is an error matching ErrUnsupported.
 func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
 	q, args, err := p.statement(pgAdmitToken, resource, token.Int64())
 	if err != nil {
@@ -655,6 +673,11 @@ func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, 
 	}
 	var got int64
 	err = tx.QueryRowContext(ctx, q, args...).Scan(&got)
+	if sqlState(err) == "25006" {
+		// The transaction is read-only, which aborts it: it cannot ask
+		// the server whether it is a standby.
+		return fmt.Errorf("%w: the transaction is read-only (on a hot standby, or begun READ ONLY), and admitting a token writes; run the fenced transaction on the primary: %w", ErrUnsupported, err)
+	}
 	if !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}

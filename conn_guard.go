@@ -6,9 +6,12 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 )
 
 // connGuard owns a checked-out connection from checkout until the outcome
@@ -386,4 +389,62 @@ func within[T any](ctx context.Context, f func() (T, error), abandon func(), lat
 	}()
 	var zero T
 	return zero, fmt.Errorf("no answer from the database: %w", context.Cause(ctx))
+}
+
+// A server session can carry facts that stay true while it lives: a
+// session of a primary never enters recovery (a server becomes a standby
+// only by restarting, which ends its sessions), and settings it was given
+// stay until someone changes them. Remembering such a fact per session
+// lets a backend leave its check out of the hot statement.
+//
+// A session is known by its driver connection, which database/sql keeps
+// for the session's life and hands to one *sql.Conn at a time. The memo
+// holds it weakly: a closed connection, once collected, drops its facts
+// (a cleanup deletes them), and a new connection at the same address is a
+// different key.
+type sessionFact struct {
+	conn weak.Pointer[byte] // the driver connection
+	fact string
+}
+
+var sessionFacts sync.Map // sessionFact → struct{}
+
+// driverConnOf returns the weak identity of conn's driver connection, and
+// false when the driver's connection is not a pointer (nothing to key on:
+// facts are then never remembered).
+func driverConnOf(conn *sql.Conn) (weak.Pointer[byte], *byte, bool) {
+	var p *byte
+	_ = conn.Raw(func(dc any) error {
+		if v := reflect.ValueOf(dc); v.Kind() == reflect.Pointer && !v.IsNil() {
+			p = (*byte)(v.UnsafePointer())
+		}
+		return nil
+	})
+	if p == nil {
+		return weak.Pointer[byte]{}, nil, false
+	}
+	return weak.Make(p), p, true
+}
+
+// sessionKnows reports whether fact was remembered for conn's session.
+func sessionKnows(conn *sql.Conn, fact string) bool {
+	w, _, ok := driverConnOf(conn)
+	if !ok {
+		return false
+	}
+	_, known := sessionFacts.Load(sessionFact{w, fact})
+	return known
+}
+
+// rememberSession records fact for conn's session, until the session's
+// driver connection is collected.
+func rememberSession(conn *sql.Conn, fact string) {
+	w, p, ok := driverConnOf(conn)
+	if !ok {
+		return
+	}
+	key := sessionFact{w, fact}
+	if _, loaded := sessionFacts.LoadOrStore(key, struct{}{}); !loaded {
+		runtime.AddCleanup(p, func(k sessionFact) { sessionFacts.Delete(k) }, key)
+	}
 }

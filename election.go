@@ -35,9 +35,13 @@ import (
 // leader's term is larger, and once it has written, the old one's writes
 // are refused.
 //
+// On PostgreSQL and MySQL a leader's lock pins one connection of db's
+// pool for the whole term (see Lock): count it in SetMaxOpenConns, or
+// Leader and other statements of the leader wait for a connection.
+//
 // An Election's name is its own: a Lock (PostgreSQL, MySQL) or LeaseLock
 // (SQLite) of the same name would take part in it. It is safe for
-// concurrent use; a replica runs Run once per name.
+// concurrent use.
 type Election struct {
 	db    DB
 	name  string
@@ -158,18 +162,21 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 //     that then returns (nil, or an error matching context.Canceled or
 //     that cause) has lost its term, and Run campaigns again.
 //   - lead returning nil resigns: Run frees the leadership, so another
-//     candidate can take over, and campaigns again.
+//     candidate can take over, and campaigns again (on SQLite, where
+//     candidates poll, after a pause of about a second that lets a
+//     waiting one in).
 //   - lead returning an error of its own resigns and Run returns it.
 //   - When ctx ends Run resigns and returns ctx.Err().
 //
 // A panic in lead resigns too, and goes on. A lead that returns nil at
 // once is elected again at once, or another candidate is: return when
-// there is nothing left to lead for now. Run returns at once an error
-// matching ErrUnsupported or ErrTransactionPooler (see Check); other
-// errors of a campaign (the database restarting, a connection lost) are
-// logged and the campaign is tried again, backing off to 5s between
-// tries. Two Runs of one Election campaign against each other, as two
-// replicas would.
+// there is nothing left to lead for now. Run returns at once the
+// first-use work's refusal, an error matching ErrUnsupported or
+// ErrTransactionPooler (see Check); other errors of a campaign (the
+// database restarting, a connection lost, a standby reached during a
+// failover) are logged and the campaign is tried again, backing off to
+// 5s between tries. Two Runs of one Election campaign against each other,
+// as two replicas would.
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term FencingToken) error) error {
 	if lead == nil {
 		return wrapErr(e.name, "run", errors.New("nil lead function"))
@@ -183,7 +190,7 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 			return ctx.Err()
 		}
 		if err != nil {
-			if errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler) {
+			if e.refused(err) {
 				return err
 			}
 			e.cfg.log().Warn("advisorylock: campaign failed; trying again", "election", e.name, "err", err)
@@ -198,11 +205,36 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case err == nil, t.lostBy(err):
+		case err == nil:
+			if !e.standAside(ctx) {
+				return ctx.Err()
+			}
+		case t.lostBy(err):
 		default:
 			return err
 		}
 	}
+}
+
+// refused reports whether err, a campaign's, is the refusal of the
+// first-use work (an unsupported database, a transaction pooler), which
+// trying again does not change. After a first use succeeded even such an
+// error (a connection reaching a standby after a failover) may pass.
+func (e *Election) refused(err error) bool {
+	return e.setup.v.Load() == nil && (errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler))
+}
+
+// standAside pauses a candidate that just resigned where the others
+// poll (a lease backend: SQLite), for twice their longest pause between
+// polls, so that one of them takes over rather than the resigner again;
+// false if ctx ended meanwhile. Where candidates wait server-side the
+// server hands the lock to a waiter at the release, and no pause is
+// needed.
+func (e *Election) standAside(ctx context.Context) bool {
+	if b := e.setup.v.Load(); b == nil || b.terms != nil {
+		return true
+	}
+	return sleepWithin(ctx, 2*max(e.cfg.poll, leaseWaitCap))
 }
 
 // campaignBackoff is the longest pause between campaigns that failed.
@@ -278,8 +310,9 @@ func (e *Election) resign(ctx context.Context, t term) {
 // Leader reports who leads now: Owner is the leader's WithOwner label,
 // Token its term, Since the term's start, and on PostgreSQL and MySQL PID
 // the leader's server session (ClientAddr and Application, or User, where
-// known). It returns nil when nobody leads, also between a leader's grant
-// and the recording of its term (about one round trip).
+// known); on SQLite ExpiresAt is the leader's lease expiry. It returns nil
+// when nobody leads, also between a leader's grant and the recording of
+// its term (about one round trip).
 func (e *Election) Leader(ctx context.Context) (*Holder, error) {
 	b, err := e.backend(ctx)
 	if err != nil {

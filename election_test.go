@@ -201,21 +201,26 @@ func medianOf(ds []time.Duration) time.Duration {
 
 // TestElectionThreeCandidatesTakeTurnsOnResign runs three candidates on
 // separate *sql.DBs: one leads at a time, Leader (asked from a fourth
-// handle) names it with its term, every resign hands leadership over
-// within a few round trips (measured), and terms strictly increase.
+// handle) names it with its term, resigns hand leadership to another
+// candidate, within a few round trips (measured; on SQLite within the
+// waiters' poll), and terms strictly increase.
 func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		c := startCandidates(t, edb, name, 3)
 		watcher := newElection(t, edb.open(t), name, edb.opts...)
-		var took []time.Duration
+		var took, toOther []time.Duration // to any candidate; to another than the resigner
 		var last advisorylock.FencingToken
-		resigned := time.Time{}
+		resigned, prev := time.Time{}, -1
 		for round := range 9 {
 			tm := c.next(t, wait)
 			if !resigned.IsZero() {
 				took = append(took, tm.at.Sub(resigned))
+				if tm.who != prev {
+					toOther = append(toOther, tm.at.Sub(resigned))
+				}
 			}
+			prev = tm.who
 			if tm.token <= last {
 				t.Fatalf("round %d: term %v after term %v", round, tm.token, last)
 			}
@@ -231,9 +236,12 @@ func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 		if h, err := watcher.Leader(context.Background()); h != nil || err != nil {
 			t.Fatalf("Leader after every Run returned: %+v, %v", h, err)
 		}
-		t.Logf("resign takeover on %s: median %v, max %v (%d handovers)", edb.name, medianOf(took), slices.Max(took), len(took))
+		t.Logf("resign takeover on %s: median %v, max %v (%d handovers); by another candidate: %v", edb.name, medianOf(took), slices.Max(took), len(took), toOther)
 		if m := medianOf(took); m > takeoverWithin {
 			t.Fatalf("resign takeover median %v, want within %v", m, takeoverWithin)
+		}
+		if len(toOther) < len(took)/2 {
+			t.Fatalf("%d of %d resigns handed leadership to another candidate, want most", len(toOther), len(took))
 		}
 	})
 }
@@ -254,13 +262,15 @@ func killSession(t *testing.T, edb electionDB, admin *sql.DB, h *advisorylock.Ho
 // TestElectionKilledSessionIsTakenOver kills the leader's session: another
 // candidate leads within a few round trips (measured), the old leader's
 // lead context is cancelled with ErrLockLost at its next keep-alive
-// check, and it campaigns again (its Run does not return).
+// check, and it campaigns again (its Run does not return). The two
+// leaders overlap for at most about one keep-alive interval (measured).
 func TestElectionKilledSessionIsTakenOver(t *testing.T) {
+	const keepAlive = 200 * time.Millisecond
 	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
-		c := startCandidates(t, edb, name, 3, advisorylock.WithKeepAlive(200*time.Millisecond))
+		c := startCandidates(t, edb, name, 3, advisorylock.WithKeepAlive(keepAlive))
 		admin := edb.open(t)
-		var took []time.Duration
+		var took, overlap []time.Duration
 		var last advisorylock.FencingToken
 		for range 3 {
 			tm := c.next(t, wait)
@@ -281,14 +291,18 @@ func TestElectionKilledSessionIsTakenOver(t *testing.T) {
 				if !errors.Is(l.cause, advisorylock.ErrLockLost) {
 					t.Fatalf("the killed leader's lead context ended with %v, want ErrLockLost", l.cause)
 				}
+				overlap = append(overlap, l.at.Sub(next.at))
 			case <-time.After(wait):
 				t.Fatal("the killed leader's lead context was never cancelled")
 			}
 			c.terms <- next // let the loop check it as the next leader
 		}
-		t.Logf("killed-session takeover on %s: median %v, max %v", edb.name, medianOf(took), slices.Max(took))
+		t.Logf("killed-session takeover on %s: median %v, max %v; two leaders for at most %v (keep-alive %v)", edb.name, medianOf(took), slices.Max(took), slices.Max(overlap), keepAlive)
 		if m := medianOf(took); m > takeoverWithin {
 			t.Fatalf("killed-session takeover median %v, want within %v", m, takeoverWithin)
+		}
+		if m := slices.Max(overlap); m > keepAlive+takeoverWithin {
+			t.Fatalf("two leaders for %v, want about one keep-alive interval (%v) at most", m, keepAlive)
 		}
 	})
 }
@@ -382,10 +396,12 @@ func mustAdmit(t *testing.T, db *sql.DB, fence *advisorylock.Fence, token adviso
 // TestElectionRunReturnsLeadsError: a lead that returns nil resigns and
 // Run campaigns again (a larger term); one that returns an error resigns
 // and Run returns that error; after it nobody leads, and no goroutine is
-// left.
+// left. The election's name looks like SQL.
 func TestElectionRunReturnsLeadsError(t *testing.T) {
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
-		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
+		// A name that looks like SQL is data: it reaches the term row as a
+		// value.
+		e := newElection(t, edb.open(t), testdb.UniqueName(t)+`'); DROP TABLE advisorylock_elections; --\`, edb.opts...)
 		boom := errors.New("boom")
 		var terms []advisorylock.FencingToken
 		err := e.Run(context.Background(), func(ctx context.Context, term advisorylock.FencingToken) error {
@@ -539,4 +555,29 @@ func TestElectionLeadPanicResigns(t *testing.T) {
 			t.Fatalf("Leader after lead panicked: %+v, %v", h, err)
 		}
 	})
+}
+
+// TestElectionRefusesTransactionPooler: behind a transaction-mode pooler
+// a session lock cannot hold leadership, so Run (and Check) refuse with
+// ErrTransactionPooler at once rather than campaigning forever, and lead
+// never runs.
+func TestElectionRefusesTransactionPooler(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			_, _, tx := poolerDBs(t, drv)
+			checkGoroutines(t) // after PgBouncer started: it runs on for the package's tests
+			e := newElection(t, tx, testdb.UniqueName(t))
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			err := e.Run(ctx, func(context.Context, advisorylock.FencingToken) error {
+				return errors.New("led through a transaction pooler")
+			})
+			if !errors.Is(err, advisorylock.ErrTransactionPooler) {
+				t.Fatalf("Run through a transaction pool = %v, want ErrTransactionPooler", err)
+			}
+			if err := e.Check(ctx); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+				t.Fatalf("Check through a transaction pool = %v, want ErrTransactionPooler", err)
+			}
+		})
+	}
 }

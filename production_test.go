@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,6 +72,30 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 					}
 					return err
 				}))
+			// A fence's table, made on the primary, reaches the standby;
+			// admitting there is refused, not a raw 25006.
+			fenced := testdb.UniqueName(t)
+			onPrimary, err := advisorylock.NewFence(testdb.OpenPostgresDSN(t, drv, primary.DSN), fenced)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fenceAdmit(t, testdb.OpenPostgresDSN(t, drv, primary.DSN), onPrimary, 5); err != nil {
+				t.Fatal(err)
+			}
+			standby.CatchUp(t, primary)
+			onStandby, err := advisorylock.NewFence(db, fenced)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// lib/pq begins READ WRITE, which a standby refuses at BEGIN.
+			tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback() }()
+			if err := onStandby.Admit(ctx, tx, 6); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "read-only") || !strings.Contains(err.Error(), fenced) {
+				t.Fatalf("Fence.Admit on a hot standby = %v, want ErrUnsupported saying read-only and naming the fence", err)
+			}
 			if n := testdb.AdvisoryLocks(t, testdb.OpenPostgresDSN(t, "postgres", standby.DSN), nil); n != 0 {
 				t.Fatalf("%d advisory locks left on the standby, want 0", n)
 			}
@@ -517,4 +542,67 @@ func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
 		}
 	}
 	return nil
+}
+
+// A session that has passed the try's checks (not in recovery, dead-holder
+// settings applied) is remembered: its later tries send the bare lock
+// function, and a new session is checked (and configured) again.
+func TestRememberedSessionTriesWithoutItsChecks(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			ctx := context.Background()
+			var mu sync.Mutex
+			var tries []string
+			db := testdb.OpenHooked(t, drv, testdb.PostgresDSN(t), testdb.Hooks{Before: func(q string, _ []any) {
+				if strings.Contains(q, "pg_try_advisory_lock") {
+					mu.Lock()
+					tries = append(tries, q)
+					mu.Unlock()
+				}
+			}})
+			db.SetMaxOpenConns(1)
+			l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithBackend(advisorylock.Postgres()),
+				advisorylock.WithDeadHolderTimeout(20*time.Second))
+			lastTry := func() string {
+				mu.Lock()
+				defer mu.Unlock()
+				if len(tries) == 0 {
+					t.Fatal("no try was seen")
+				}
+				return tries[len(tries)-1]
+			}
+			checked := func(q string) bool {
+				return strings.Contains(q, "pg_is_in_recovery") && strings.Contains(q, "advisorylock.dead_holder")
+			}
+			userTimeout := func() string {
+				var v string
+				if err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout')").Scan(&v); err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+			tryRelease := func() {
+				g, err := l.TryLock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustRelease(t, g)
+			}
+			for round := range 2 { // round 1 runs on a new session
+				tryRelease()
+				if q := lastTry(); !checked(q) {
+					t.Fatalf("round %d: first try on a session skipped its checks: %s", round, q)
+				}
+				tryRelease()
+				if q := lastTry(); checked(q) || strings.Contains(q, "pg_is_in_recovery") {
+					t.Fatalf("round %d: a remembered session's try still checks: %s", round, q)
+				}
+				if v := userTimeout(); v != "15s" && v != "15000" {
+					t.Fatalf("round %d: tcp_user_timeout on the lock's session = %q, want 15s", round, v)
+				}
+				db.SetMaxIdleConns(0) // close the session: the next round gets a new one
+				db.SetMaxIdleConns(1)
+			}
+		})
+	}
 }

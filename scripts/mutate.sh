@@ -40,6 +40,9 @@ mutation "a discarded connection goes back to the pool" conn_guard.go \
 mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
 	's/if !p\.bounded \{\n\t\treturn stmt\(\)/if true {\n\t\treturn stmt()/' \
 	'^TestNetworkCutLosesLocksBeforeExpiry$'
+mutation "a checked session's facts carry over to every session" conn_guard.go \
+	's/sessionFact\{w, fact\}/sessionFact{func() weak.Pointer[byte] { _ = w; return weak.Pointer[byte]{} }(), fact}/g' \
+	'^TestRememberedSessionTriesWithoutItsChecks$'
 mutation "8 s wait slices" advisorylock.go \
 	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
 	'^TestWaiterDoesNotStallCreateIndexConcurrently$'
@@ -82,6 +85,23 @@ mutation "lease release waits for the WAL flush" backend_postgres.go \
 mutation "a forgotten LeaseGuard is never cleaned up" lease_fencing.go \
 	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
 	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
+
+# --- Leader election -----------------------------------------------------------
+mutation "a term does not grow (PostgreSQL)" backend_postgres_election.go \
+	's/term = greatest\(e\.term \+ 1, EXCLUDED\.term\)/term = e.term/' \
+	'^TestElectionThreeCandidatesTakeTurnsOnResign$'
+mutation "Leader trusts a term whose session let go (PostgreSQL)" backend_postgres_election.go \
+	's/WHERE e\.name = \$1::text AND EXISTS/WHERE e.name = \$1::text AND true OR EXISTS/' \
+	'^TestElectionRunReturnsLeadsError$'
+mutation "a leader that lost its lock leads on" election.go \
+	's/t\.g\.h\.onLost\(cancel\)/t.g.h.onLost(nil)/' \
+	'^TestElectionKilledSessionIsTakenOver$'
+mutation "a resigner on SQLite campaigns again at once" election.go \
+	's/return sleepWithin\(ctx, 2\*max\(e\.cfg\.poll, leaseWaitCap\)\)/return true/' \
+	'^TestElectionThreeCandidatesTakeTurnsOnResign$'
+mutation "lead returning nil ends Run" election.go \
+	's/case err == nil:\n(\t+)if !e\.standAside/case err == nil \&\& false:\n$1if !e.standAside/' \
+	'^TestElectionRunReturnsLeadsError$'
 
 # --- lockrun ------------------------------------------------------------------
 mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \

@@ -49,11 +49,16 @@ func sendDigest(ctx context.Context) error   { return nil }
 func rebuildIndex(ctx context.Context) error { return nil }
 `
 
+// extraImport finds an import of one of the modules under extra/.
+var extraImport = regexp.MustCompile(`"github\.com/advisorylock/advisorylock/extra/(\w+)"`)
+
 // TestReadmeGoSnippetsCompile extracts every Go block of README.md and
 // compiles it: a block that is a whole file as it is, a fragment as the
-// body of a function that has ctx and db and returns an error. A snippet
-// that rots (an API change, an unused variable, an unchecked error that
-// does not compile) fails here.
+// body of a function that has ctx and db and returns an error. A whole
+// file that imports a module under extra/ (the scheduler adapters) is
+// built inside that module, with its dependencies; a fragment cannot. A
+// snippet that rots (an API change, an unused variable, an unchecked error
+// that does not compile) fails here.
 func TestReadmeGoSnippetsCompile(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -75,6 +80,10 @@ func TestReadmeGoSnippetsCompile(t *testing.T) {
 	src.WriteString(snippetPrelude)
 	for i, b := range blocks {
 		code := b[1]
+		if m := extraImport.FindStringSubmatch(code); m != nil && strings.HasPrefix(strings.TrimSpace(code), "package ") {
+			buildInExtraModule(t, filepath.Join("extra", m[1]), i, code)
+			continue
+		}
 		if strings.HasPrefix(strings.TrimSpace(code), "package ") {
 			sub := filepath.Join(dir, fmt.Sprintf("file%d", i))
 			if err := os.Mkdir(sub, 0o755); err != nil {
@@ -94,5 +103,25 @@ func TestReadmeGoSnippetsCompile(t *testing.T) {
 	cmd := exec.Command("go", append([]string{"build"}, pkgs...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("README Go blocks do not compile (block numbers count from 1):\n%s", out)
+	}
+}
+
+// buildInExtraModule builds README block i, a whole file, as a package of
+// the module in dir (its own go.mod and go.sum, which must cover the
+// block's imports).
+func buildInExtraModule(t *testing.T, dir string, i int, code string) {
+	t.Helper()
+	sub, err := os.MkdirTemp(dir, "_readme_snippet_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(sub) })
+	if err := os.WriteFile(filepath.Join(sub, "main.go"), []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", os.DevNull, "./"+filepath.Base(sub))
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("README Go block %d does not compile in %s:\n%s", i+1, dir, out)
 	}
 }

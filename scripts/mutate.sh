@@ -21,7 +21,8 @@ export ADVISORYLOCK_REQUIRE_DB=1
 names=() files=() edits=() tests=() pkgs=()
 # mutation NAME FILE PERL-EDIT TEST-REGEXP [PACKAGE]
 # PERL-EDIT runs as perl -0pi -e (the whole file is one string), so anchor
-# it on a distinctive line; it must change the file.
+# it on a distinctive line; it must change the file. PACKAGE may be a
+# module under extra/ (a folder with its own go.mod): its tests run there.
 mutation() {
 	names+=("$1") files+=("$2") edits+=("$3") tests+=("$4") pkgs+=("${5:-.}")
 }
@@ -110,6 +111,20 @@ mutation "lockrun's command outlives lockrun" cmd/lockrun/proc_linux.go \
 	's/a\.Pdeathsig = syscall\.SIGTERM/_ = a/' \
 	'^TestCommandGetsSIGTERMWhenLockrunDies$' ./cmd/lockrun
 
+# --- Scheduler adapters (modules of their own: PACKAGE is the module) ---------
+mutation "the gocron Locker's default window overrides the caller's" extra/advisorylockgocron/locker.go \
+	's/opts = append\(\[\]advisorylock\.Option\{advisorylock\.WithMinHold\(DefaultMinHold\)\}, opts\.\.\.\)/opts = append(opts, advisorylock.WithMinHold(DefaultMinHold))/' \
+	'^TestLockerRunsEachTickOnceAcrossSkewedSchedulers$' extra/advisorylockgocron
+mutation "the gocron Locker has no default window" extra/advisorylockgocron/locker.go \
+	's/opts = append\(\[\]advisorylock\.Option\{advisorylock\.WithMinHold\(DefaultMinHold\)\}, opts\.\.\.\)/opts = append([]advisorylock.Option{}, opts...)/' \
+	'^TestLockerReportsHeldElsewhere$' extra/advisorylockgocron
+mutation "the gocron Elector still leads after its term ended" extra/advisorylockgocron/elector.go \
+	's/defer el\.term\.Store\(nil\)/_ = 0/; s/if t == nil \|\| t\.ctx\.Err\(\) != nil \{/if t == nil {/' \
+	'^TestElectorRunsEachTickOnTheLeaderAlone$' extra/advisorylockgocron
+mutation "robfig/cron OnOneReplica drops the caller's options (no window)" extra/advisorylockcron/cron.go \
+	's/lock, err := advisorylock\.New\(db, name, opts\.\.\.\)/lock, err := advisorylock.New(db, name)/' \
+	'^TestOnOneReplicaRunsEachTickOnceAcrossSkewedCrons$' extra/advisorylockcron
+
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \
 	's/(const KeyDomain = ")advisorylock:v1"/$1advisorylock:v2"/' \
@@ -155,7 +170,10 @@ for i in "${!names[@]}"; do
 	fi
 	# Every test the mutation names must still exist, or a rename would
 	# pass for a catch.
-	listed=$(cd "$root" && go test -list "${tests[$i]}" "${pkgs[$i]}" 2>/dev/null | grep '^Test' || true)
+	# A module under extra/ (its own go.mod) is tested from its folder.
+	dir=. pkg=${pkgs[$i]}
+	if [ -f "$root/$pkg/go.mod" ]; then dir=$pkg pkg=.; fi
+	listed=$(cd "$root/$dir" && go test -list "${tests[$i]}" "$pkg" 2>/dev/null | grep '^Test' || true)
 	gone=""
 	for want in $(echo "${tests[$i]}" | tr -d '^$()' | tr '|' ' '); do
 		grep -qx "$want" <<<"$listed" || gone+=" $want"
@@ -168,7 +186,7 @@ for i in "${!names[@]}"; do
 	log="$scratch/log"
 	start=$(date +%s)
 	status=0
-	(cd "$tree" && go test ${MUTATE_GOFLAGS:-} -count=1 -timeout 15m -run "${tests[$i]}" "${pkgs[$i]}") >"$log" 2>&1 || status=$?
+	(cd "$tree/$dir" && go test ${MUTATE_GOFLAGS:-} -count=1 -timeout 15m -run "${tests[$i]}" "$pkg") >"$log" 2>&1 || status=$?
 	took=$(($(date +%s) - start))
 	if [ "$status" -eq 0 ]; then
 		echo "MISSED          $name (${took}s; ran ${tests[$i]})"

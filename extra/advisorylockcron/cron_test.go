@@ -1,0 +1,155 @@
+package advisorylockcron_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/extra/advisorylockcron"
+	"github.com/advisorylock/advisorylock/internal/schedtest"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+	"github.com/robfig/cron/v3"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(testdb.Main(m)) }
+
+// skewed is a cron.Schedule seen through a clock that runs behind by
+// behind: it fires when that clock reaches the inner schedule's times.
+type skewed struct {
+	inner  cron.Schedule
+	behind time.Duration
+}
+
+func (s skewed) Next(t time.Time) time.Time { return s.inner.Next(t.Add(-s.behind)).Add(s.behind) }
+
+// replicaLog is the cron.Logger of one replica: the wrapper's "skip" is
+// the event that counts a tick this replica did not run; errors fail the
+// test.
+type replicaLog struct {
+	t       *testing.T
+	replica int
+	c       *schedtest.Counter
+}
+
+func (l replicaLog) Info(msg string, kv ...any) {
+	if msg == "skip" {
+		l.c.Fired(l.replica, false)
+	}
+}
+
+func (l replicaLog) Error(err error, msg string, kv ...any) {
+	l.t.Errorf("replica %d: %s %v: %v", l.replica, msg, kv, err)
+}
+
+// startSkewed starts one cron per replica that runs a schedtest.Job-long
+// job "@every" schedtest.Period through wrap, replica i's clock
+// i*schedtest.Skew behind; they stop (waiting for running jobs) at
+// t.Cleanup. Its Counter's tick 0 is replica 0's next whole second: tick 1
+// is the first that every replica fires after every cron started.
+func startSkewed(t *testing.T, wrap func(replica int, log cron.Logger) cron.JobWrapper) *schedtest.Counter {
+	t.Helper()
+	c := schedtest.NewCounter(time.Now().Truncate(schedtest.Period).Add(schedtest.Period))
+	for i := range schedtest.Replicas {
+		log := replicaLog{t, i, c}
+		job := cron.FuncJob(func() {
+			c.Fired(i, true)
+			time.Sleep(schedtest.Job) // the job's work
+		})
+		cr := cron.New(cron.WithLogger(log))
+		cr.Schedule(skewed{cron.Every(schedtest.Period), time.Duration(i) * schedtest.Skew}, cron.NewChain(wrap(i, log)).Then(job))
+		cr.Start()
+		t.Cleanup(func() { <-cr.Stop().Done() })
+	}
+	return c
+}
+
+func TestOnOneReplicaRunsEachTickOnceAcrossSkewedCrons(t *testing.T) {
+	for _, backend := range schedtest.Backends {
+		t.Run(backend, func(t *testing.T) {
+			dbs := schedtest.OpenReplicas(t, backend, schedtest.Replicas)
+			name := testdb.UniqueName(t)
+			c := startSkewed(t, func(i int, log cron.Logger) cron.JobWrapper {
+				return advisorylockcron.OnOneReplica(log, dbs[i], name, advisorylock.WithMinHold(schedtest.MinHold))
+			})
+			c.Check(t, 1)
+		})
+	}
+}
+
+// Without the min-hold the same crons run a tick more than once: the test
+// above can fail.
+func TestOnOneReplicaWithoutMinHoldRunsATickOnSeveralReplicas(t *testing.T) {
+	dbs := schedtest.OpenReplicas(t, "postgres", schedtest.Replicas)
+	name := testdb.UniqueName(t)
+	c := startSkewed(t, func(i int, log cron.Logger) cron.JobWrapper {
+		return advisorylockcron.OnOneReplica(log, dbs[i], name, advisorylock.WithMinHold(0))
+	})
+	c.CheckRunsTwice(t, 1)
+}
+
+// errorLog records what a wrapper logs.
+type errorLog struct {
+	mu    sync.Mutex
+	infos []string
+	errs  []error
+}
+
+func (l *errorLog) Info(msg string, kv ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.infos = append(l.infos, fmt.Sprint(msg, kv))
+}
+
+func (l *errorLog) Error(err error, msg string, kv ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.errs = append(l.errs, err)
+}
+
+func TestOnOneReplicaSkipsWhileHeldAndLogsErrors(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	ctx := context.Background()
+	held, err := advisorylock.New(db, name, advisorylock.WithMinHold(advisorylockcron.DefaultMinHold))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := held.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = g.Release(ctx) }()
+
+	var log errorLog
+	ran := false
+	advisorylockcron.OnOneReplica(&log, db, name)(cron.FuncJob(func() { ran = true })).Run()
+	if ran || len(log.infos) != 1 || len(log.errs) != 0 {
+		t.Fatalf("run while held elsewhere: ran %v, infos %q, errors %v; want a skip logged at Info", ran, log.infos, log.errs)
+	}
+
+	// An attempt that fails (a closed pool) is an error, and no run.
+	closed := testdb.OpenPostgres(t, "pgx")
+	job := advisorylockcron.OnOneReplica(&log, closed, name)(cron.FuncJob(func() { ran = true }))
+	_ = closed.Close()
+	job.Run()
+	if ran || len(log.errs) != 1 {
+		t.Fatalf("run on a closed pool: ran %v, errors %v; want one error", ran, log.errs)
+	}
+	if errors.Is(log.errs[0], advisorylock.ErrNotAcquired) {
+		t.Errorf("error on a closed pool: %v, want the failure, not ErrNotAcquired", log.errs[0])
+	}
+}
+
+func TestOnOneReplicaPanicsOnANilDB(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("OnOneReplica(nil db) did not panic")
+		}
+	}()
+	advisorylockcron.OnOneReplica(cron.DiscardLogger, nil, "x")
+}

@@ -107,6 +107,7 @@ type Holder struct {
 	Token       FencingToken // the lease's latest grant (see FencingToken), 0 for session locks
 	Since       time.Time    // when the hold began (or an earlier bound)
 	ExpiresAt   time.Time    // zero for session locks
+	Slot        int          // a semaphore holder's slot (see Semaphore.Holders); 0 otherwise
 }
 
 // Lock is a named lock. It is safe for concurrent use; every acquire takes

@@ -1,0 +1,40 @@
+package advisorylock
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"strings"
+)
+
+// tryLockAny tries a semaphore's slot keys in order in one statement and
+// takes the first it gets: a CASE evaluates its WHEN conditions in order
+// and stops at the first true one, so GET_LOCK runs for no key after the
+// one granted (a GET_LOCK that fails with an error answers NULL, which is
+// not 1: the next key is tried). Like a Lock's try it also reads the
+// session, read_only and the session's wait_timeout (see getLock).
+func (m mysqlBackend) tryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
+	var b strings.Builder
+	b.WriteString("SELECT CASE")
+	for i, key := range keys {
+		b.WriteString(" WHEN GET_LOCK(" + mysqlLockName(key) + ", 0) = 1 THEN " + strconv.Itoa(i))
+	}
+	b.WriteString(" ELSE -1 END, CONNECTION_ID(), @@read_only, @@session.wait_timeout")
+	var got, waitTimeout int64
+	var readOnly bool
+	var r SessionResult
+	err := conn.QueryRowContext(ctx, b.String()).Scan(&got, &r.Session, &readOnly, &waitTimeout)
+	switch {
+	case err != nil:
+		return 0, SessionResult{}, err
+	case readOnly:
+		return 0, SessionResult{}, errReadOnly
+	case got < 0:
+		return 0, r, nil
+	}
+	r.OK = true
+	if m.waitTimeout > 0 && waitTimeout > m.waitTimeout {
+		return int(got), r, m.setWaitTimeout(ctx, conn)
+	}
+	return int(got), r, nil
+}

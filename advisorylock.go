@@ -27,6 +27,9 @@
 //     at the first operation, under its context, once per *sql.DB. Call
 //     Check at start-up to fail early.
 //
+// A Semaphore admits up to N holders of a name at once, each on a slot of
+// its own that is a lock of the same kind as a Lock's.
+//
 // Locks are not fair (waiters are not served in arrival order), and a Lock
 // is not a lease on PostgreSQL: it lasts exactly as long as its session.
 //

@@ -587,3 +587,53 @@ func TestSQLiteKilledSemaphoreHolderFreesItsSlotAtExpiry(t *testing.T) {
 		t.Fatal("no attempt ran between the kill and the expiry")
 	}
 }
+
+// TestSemaphoreRefusesTransactionPooler: a semaphore's slots are session
+// locks, refused behind a transaction-mode PgBouncer as a Lock is.
+func TestSemaphoreRefusesTransactionPooler(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			_, _, tx := poolerDBs(t, drv)
+			s := newSemaphore(t, tx, testdb.UniqueName(t), 3)
+			if _, err := s.TryAcquire(context.Background()); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+				t.Fatalf("TryAcquire through a transaction pool = %v, want ErrTransactionPooler", err)
+			}
+			if err := s.Check(context.Background()); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+				t.Fatalf("Check through a transaction pool = %v, want ErrTransactionPooler", err)
+			}
+		})
+	}
+}
+
+// TestSemaphorePoolWaitBoundsTheCheckout: with the pool's one connection
+// pinned by a held slot, TryAcquire fails with ErrPoolUnavailable once
+// WithPoolWait has passed, and AcquireTimeout with *TimeoutError.
+func TestSemaphorePoolWaitBoundsTheCheckout(t *testing.T) {
+	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
+		if backend == "sqlite" {
+			t.Skip("SQLite slots pin no connection")
+		}
+		ctx := context.Background()
+		db := open()
+		db.SetMaxOpenConns(1)
+		s := newSemaphore(t, db, testdb.UniqueName(t), 3, advisorylock.WithPoolWait(100*time.Millisecond))
+		g := mustAcquire(t, s)
+		defer mustRelease(t, g)
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.TryAcquire(ctx)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, advisorylock.ErrPoolUnavailable) {
+				t.Fatalf("TryAcquire on an exhausted pool = %v, want ErrPoolUnavailable", err)
+			}
+		case <-time.After(wait):
+			t.Fatal("TryAcquire on an exhausted pool hung")
+		}
+		if _, err := s.AcquireTimeout(ctx, 200*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
+			t.Fatalf("AcquireTimeout on an exhausted pool = %v, want ErrTimeout", err)
+		}
+	})
+}

@@ -41,12 +41,11 @@ import (
 // WithMinHold does not apply to semaphores and is ignored. A Semaphore is
 // safe for concurrent use.
 type Semaphore struct {
-	db    DB
-	name  string
-	keys  []int64 // SlotKey(name, i)
-	lock  *Lock   // the configuration and the first-use work; never locked itself
-	obs   atomic.Pointer[observed]
-	slice time.Duration // the server-side wait on one slot
+	db   DB
+	name string
+	keys []int64 // SlotKey(name, i)
+	lock *Lock   // the configuration and the first-use work; never locked itself
+	obs  atomic.Pointer[observed]
 }
 
 // MaxSlots is the most slots a Semaphore may have: a try names every
@@ -97,7 +96,7 @@ func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, er
 	for i := range keys {
 		keys[i] = SlotKey(name, i)
 	}
-	return &Semaphore{db: db, name: name, keys: keys, lock: l, slice: semaphoreSlice}, nil
+	return &Semaphore{db: db, name: name, keys: keys, lock: l}, nil
 }
 
 // Name returns the semaphore's name.
@@ -250,7 +249,7 @@ func (s *Semaphore) acquireSession(ctx, budget context.Context, b *lockBackend, 
 		return nil, err
 	}
 	defer cg.settle()
-	slot, res, err := s.firstTry(ctx, budget, b.session, &h.p)
+	slot, res, err := s.firstTry(ctx, budget, b.session, &h.p, 0)
 	if wait && err == nil && !res.OK {
 		slot, res, err = s.waitSession(ctx, budget, b.session, &h.p)
 	}
@@ -272,13 +271,17 @@ func (s *Semaphore) acquireSession(ctx, budget context.Context, b *lockBackend, 
 	return &SemaphoreGuard{g: h.grant(res.Session), slot: slot}, nil
 }
 
-// firstTry is an acquire's first attempt, bounded as Lock.firstTry.
-func (s *Semaphore) firstTry(ctx, budget context.Context, locker SessionLocker, p *pinned) (int, SessionResult, error) {
+// firstTry is an attempt of an acquire, bounded as Lock.firstTry: under
+// a budget a grace after its end, else by bound where it is not 0 (a try
+// between a wait's slices, which must not hang on a dead network).
+func (s *Semaphore) firstTry(ctx, budget context.Context, locker SessionLocker, p *pinned, bound time.Duration) (int, SessionResult, error) {
+	var cancel context.CancelFunc = func() {}
 	if dl, ok := budget.Deadline(); ok {
-		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
-		defer cancel()
+	} else if bound > 0 {
+		ctx, cancel = context.WithTimeout(ctx, bound)
 	}
+	defer cancel()
 	return s.trySlots(ctx, locker, p)
 }
 
@@ -331,7 +334,7 @@ func tryAny(ctx context.Context, locker SessionLocker, conn *sql.Conn, keys []in
 func (s *Semaphore) waitSession(ctx, budget context.Context, locker SessionLocker, p *pinned) (int, SessionResult, error) {
 	for {
 		slot := rand.N(len(s.keys))
-		slice, cancel := context.WithTimeout(budget, s.slice)
+		slice, cancel := context.WithTimeout(budget, semaphoreSlice)
 		res, err := s.slot(slot).waitSession(ctx, slice, locker, p)
 		cancel()
 		if err != nil || res.OK {
@@ -340,7 +343,7 @@ func (s *Semaphore) waitSession(ctx, budget context.Context, locker SessionLocke
 		if budget.Err() != nil {
 			return 0, SessionResult{}, nil
 		}
-		slot, res, err = s.firstTry(ctx, budget, locker, p)
+		slot, res, err = s.firstTry(ctx, budget, locker, p, sliceGrace)
 		if err != nil || res.OK {
 			return slot, res, err
 		}

@@ -102,7 +102,7 @@ func TestSlotKeyIsTheDocumentedHashAndApartFromKey(t *testing.T) {
 // they run, no session holding two slots.
 func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
-		const workers, slots, rounds = 8, 3, 12
+		const workers, slots, rounds = 8, 3, 25
 		name := testdb.UniqueName(t)
 		var inside, most atomic.Int32
 		var bySlot [slots]atomic.Int32

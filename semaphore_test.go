@@ -637,3 +637,50 @@ func TestSemaphorePoolWaitBoundsTheCheckout(t *testing.T) {
 		}
 	})
 }
+
+// TestSemaphoreOnAPluggedInSessionLocker: a SessionLocker from outside
+// the package (here MySQL's, wrapped) tries the slots one statement each,
+// still taking one slot per holder.
+func TestSemaphoreOnAPluggedInSessionLocker(t *testing.T) {
+	ctx := context.Background()
+	inner, ok := advisorylock.MySQL().(advisorylock.SessionLocker)
+	if !ok {
+		t.Fatal("MySQL() is not a SessionLocker")
+	}
+	b := &countingSessions{SessionLocker: inner, calls: map[string]int{}}
+	admin := testdb.OpenMySQL(t)
+	name := testdb.UniqueName(t)
+	s := newSemaphore(t, testdb.OpenMySQL(t), name, 3, advisorylock.WithBackend(b))
+	var guards []*advisorylock.SemaphoreGuard
+	tries := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.calls["try"]
+	}
+	for range 3 {
+		guards = append(guards, mustAcquire(t, s))
+	}
+	// From a random start, the slots are tried until one is granted.
+	if n := tries(); n < 3 || n > 1+2+3 {
+		t.Fatalf("%d tries for 3 grants on 3 free slots, want 3 to 6", n)
+	}
+	before := tries()
+	if _, err := s.TryAcquire(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire on a full semaphore = %v", err)
+	}
+	if n := tries() - before; n != 3 {
+		t.Fatalf("TryAcquire on a full semaphore tried %d slots, want all 3", n)
+	}
+	per := slotsPerSession(t, admin, "mysql", name, 3)
+	if len(per) != 3 {
+		t.Fatalf("slot locks per session: %v, want one for each of 3 sessions", per)
+	}
+	for id, n := range per {
+		if n != 1 {
+			t.Fatalf("session %d holds %d slots", id, n)
+		}
+	}
+	for _, g := range guards {
+		mustRelease(t, g)
+	}
+}

@@ -38,3 +38,36 @@ func (m mysqlBackend) tryLockAny(ctx context.Context, conn *sql.Conn, keys []int
 	}
 	return int(got), r, nil
 }
+
+// slotHolders reports, in one statement, the holders of a semaphore's
+// slot keys: holders[i] holds keys[i], nil when free; the connection id
+// from IS_USED_LOCK, the user and host from the process list where the
+// user may see them, as SessionHolder does. The statement reads the slots
+// one after another, microseconds apart: a snapshot but for a slot that
+// changes hands within them.
+func (m mysqlBackend) slotHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
+	var used strings.Builder
+	for i, key := range keys {
+		if i > 0 {
+			used.WriteString(" UNION ALL ")
+		}
+		used.WriteString("SELECT " + strconv.Itoa(i) + " AS i, IS_USED_LOCK(" + mysqlLockName(key) + ") AS id")
+	}
+	q := "SELECT u.i, u.id, COALESCE(p.USER, ''), COALESCE(p.HOST, '') FROM (" + used.String() +
+		") AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id WHERE u.id IS NOT NULL ORDER BY u.i"
+	holders := make([]*Holder, len(keys))
+	err := mysqlRun(ctx, db, func(on querier) error {
+		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
+			h := &Holder{Backend: m.Name()}
+			var i int
+			var id int64
+			if err := rows.Scan(&i, &id, &h.User, &h.ClientAddr); err != nil {
+				return err
+			}
+			h.PID = int(id)
+			holders[i] = h
+			return nil
+		})
+	})
+	return holders, err
+}

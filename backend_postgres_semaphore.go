@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -60,4 +61,71 @@ func pgTryAny(n int) string {
 	}
 	b.WriteString(" ELSE -1 END, coalesce(current_setting('advisorylock.dead_holder', true), '')")
 	return b.String()
+}
+
+// rowsQuerier is a querier that also returns rows: *sql.DB, *sql.Conn and
+// the handles that embed a *sql.DB (sqlx).
+type rowsQuerier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// errNoRowsQuerier makes slotHolders fall back to one statement per slot
+// on a handle that cannot return rows.
+var errNoRowsQuerier = errors.New("advisorylock: the handle cannot return rows")
+
+// slotHolders reports, in one statement (one snapshot), the holders of a
+// semaphore's slot keys: holders[i] holds keys[i], nil when free. It reads
+// pg_locks joined with pg_stat_activity, as SessionHolder does; Since is
+// the start of the holder's try while that is still its latest
+// statement, else its session's start (an earlier bound).
+func (p *postgres) slotHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
+	var values strings.Builder
+	for i, key := range keys {
+		if i > 0 {
+			values.WriteString(", ")
+		}
+		fmt.Fprintf(&values, "(%d, %d, %d)", i, uint32(uint64(key)>>32), uint32(uint64(key)))
+	}
+	q := `SELECT s.i, l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+  CASE WHEN a.query LIKE 'SELECT CASE WHEN pg\_is\_in\_recovery() THEN -2 WHEN pg\_try\_advisory\_lock(%' THEN a.query_start ELSE a.backend_start END
+FROM (VALUES ` + values.String() + `) AS s(i, classid, objid)
+JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = s.classid::bigint::oid AND l.objid = s.objid::bigint::oid
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ORDER BY s.i`
+	holders := make([]*Holder, len(keys))
+	err := p.run(ctx, db, func(on querier) error {
+		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
+			h := &Holder{Backend: p.Name()}
+			var i int
+			var since sql.NullTime
+			if err := rows.Scan(&i, &h.PID, &h.Application, &h.ClientAddr, &since); err != nil {
+				return err
+			}
+			h.Since = since.Time
+			holders[i] = h
+			return nil
+		})
+	})
+	return holders, err
+}
+
+// eachRow runs q on on and calls f for each row.
+func eachRow(ctx context.Context, on querier, q string, f func(rows *sql.Rows) error) error {
+	rq, ok := on.(rowsQuerier)
+	if !ok {
+		return errNoRowsQuerier
+	}
+	rows, err := rq.QueryContext(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := f(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }

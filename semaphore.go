@@ -170,28 +170,56 @@ func (s *Semaphore) TryDo(ctx context.Context, fn func(ctx context.Context) erro
 }
 
 // Holders lists the holders of the semaphore's slots, in slot order (each
-// with its Slot), and an empty list when none is held. It reads each slot
-// as Lock's Holder does (one statement per slot), so the list is not one
-// snapshot: a slot taken or freed meanwhile may be missing or extra.
+// with its Slot and Key), and an empty list when none is held. On
+// PostgreSQL and MySQL it reads every slot in one statement, one snapshot
+// (one round trip); elsewhere (SQLite) one statement per slot, so a slot
+// taken or freed meanwhile may be missing or extra. A holder reads as
+// Lock's Holder does.
 func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
 	b, err := s.lock.backend(ctx)
 	if err != nil {
 		return nil, wrapErr(s.name, "holders", err)
 	}
+	bySlot, err := s.slotHolders(ctx, b)
+	if err != nil {
+		return nil, wrapErr(s.name, "holders", err)
+	}
 	holders := []*Holder{}
+	for i, h := range bySlot {
+		if h != nil {
+			h.Name, h.Key, h.Slot = s.name, s.keys[i], i
+			holders = append(holders, h)
+		}
+	}
+	return holders, nil
+}
+
+// slotLister is a SessionLocker that reads the holders of several keys
+// in one statement (the built-in PostgreSQL and MySQL backends).
+type slotLister interface {
+	// slotHolders returns holders[i] for keys[i], nil when free.
+	slotHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error)
+}
+
+// slotHolders reads the holder of every slot, nil for a free one: in one
+// statement where the backend can, else slot by slot.
+func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder, error) {
+	if l, ok := b.session.(slotLister); ok {
+		hs, err := l.slotHolders(ctx, s.db, s.keys)
+		if !errors.Is(err, errNoRowsQuerier) {
+			return hs, err
+		}
+	}
+	holders := make([]*Holder, len(s.keys))
 	for i, key := range s.keys {
-		var h *Holder
+		var err error
 		if b.rows != nil {
-			h, err = b.rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
+			holders[i], err = b.rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
 		} else {
-			h, err = b.session.SessionHolder(ctx, s.db, key)
+			holders[i], err = b.session.SessionHolder(ctx, s.db, key)
 		}
 		if err != nil {
-			return nil, wrapErr(s.name, "holders", err)
-		}
-		if h != nil {
-			h.Name, h.Key, h.Slot = s.name, key, i
-			holders = append(holders, h)
+			return nil, err
 		}
 	}
 	return holders, nil

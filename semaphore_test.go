@@ -185,9 +185,8 @@ func semaphoreRound(ctx context.Context, s *advisorylock.Semaphore, how int, ent
 }
 
 // watchHolders reads Holders until done: every holder on a distinct slot
-// in range; and in one statement on the server (Holders reads slot by
-// slot, so a connection that moved from one slot to another meanwhile
-// would show twice), no session holding two slots, at most s.Slots().
+// in range, no session (PID) on two slots; and, asked of the server
+// directly in one statement, no session holding two slots.
 func watchHolders(ctx context.Context, s *advisorylock.Semaphore, admin *sql.DB, backend string, done <-chan struct{}) error {
 	seen := 0
 	for {
@@ -203,12 +202,15 @@ func watchHolders(ctx context.Context, s *advisorylock.Semaphore, admin *sql.DB,
 		if err != nil {
 			return err
 		}
-		slots := map[int]bool{}
+		slots, pids := map[int]bool{}, map[int]bool{}
 		for _, h := range hs {
 			if h.Slot < 0 || h.Slot >= s.Slots() || slots[h.Slot] || h.Name != s.Name() || h.Key != advisorylock.SlotKey(s.Name(), h.Slot) {
 				return fmt.Errorf("Holders = %+v: bad or repeated slot", hs)
 			}
-			slots[h.Slot] = true
+			if h.PID != 0 && pids[h.PID] { // one snapshot on PostgreSQL and MySQL
+				return fmt.Errorf("Holders: session %d holds two slots", h.PID)
+			}
+			slots[h.Slot], pids[h.PID] = true, true
 		}
 		per, err := slotSnapshot(admin, backend, s.Name(), s.Slots())
 		if err != nil {
@@ -256,6 +258,17 @@ func TestSemaphoreTryTakesExactlyOneSlot(t *testing.T) {
 		}
 		if _, err := s.TryAcquire(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 			t.Fatalf("TryAcquire on a full semaphore: %v, want ErrNotAcquired", err)
+		}
+		// Holders names the same sessions, one per slot, in slot order.
+		hs, err := s.Holders(ctx)
+		if err != nil || len(hs) != 5 {
+			t.Fatalf("Holders = %v, %v", hs, err)
+		}
+		perSession := slotsPerSession(t, admin, backend, name, 5)
+		for i, h := range hs {
+			if h.Slot != i || perSession[int64(h.PID)] != 1 || h.Backend != backend || (backend == "postgres" && h.Since.IsZero()) {
+				t.Fatalf("Holders[%d] = %+v; sessions holding slots: %v", i, h, perSession)
+			}
 		}
 		seen := map[int]bool{}
 		for _, g := range guards {

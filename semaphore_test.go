@@ -7,7 +7,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -696,4 +698,27 @@ func TestSemaphoreOnAPluggedInSessionLocker(t *testing.T) {
 	for _, g := range guards {
 		mustRelease(t, g)
 	}
+}
+
+// TestForgottenSemaphoreGuardIsCleanedUp drops a SemaphoreGuard without
+// Release: the garbage collector's cleanup frees its slot (a session's
+// connection discarded, a SQLite row deleted) and a warning names it.
+func TestForgottenSemaphoreGuardIsCleanedUp(t *testing.T) {
+	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
+		name := testdb.UniqueName(t)
+		var logs syncBuffer
+		logger := slog.New(slog.NewTextHandler(&logs, nil))
+		s := newSemaphore(t, open(), name, 1, advisorylock.WithLogger(logger), advisorylock.WithLeaseTTL(time.Hour))
+		other := newSemaphore(t, open(), name, 1)
+		dropGuard(t, func() any { return mustAcquire(t, s) })
+		var g *advisorylock.SemaphoreGuard
+		testdb.WaitFor(t, wait, func() bool {
+			runtime.GC()
+			var err error
+			g, err = other.TryAcquire(context.Background())
+			return err == nil
+		}, "a forgotten semaphore guard kept its slot")
+		mustRelease(t, g)
+		expectForgottenWarning(t, &logs, name)
+	})
 }

@@ -722,3 +722,30 @@ func TestForgottenSemaphoreGuardIsCleanedUp(t *testing.T) {
 		expectForgottenWarning(t, &logs, name)
 	})
 }
+
+// TestSemaphoreSessionGetsDeadHolderSettings: a slot's pinned session
+// gets WithDeadHolderTimeout's settings at its first grant, as a Lock's,
+// so the server frees a vanished holder's slot; the pooled session keeps
+// them.
+func TestSemaphoreSessionGetsDeadHolderSettings(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgres(t, drv)
+			db.SetMaxOpenConns(1) // the slot's pinned connection is the pool's only one
+			s := newSemaphore(t, db, testdb.UniqueName(t), 2, advisorylock.WithDeadHolderTimeout(20*time.Second))
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			for range 2 { // a new session, then one that has the settings
+				mustRelease(t, mustAcquire(t, s))
+			}
+			var userTimeout, idle, idleSession string
+			err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle'), current_setting('idle_session_timeout')").Scan(&userTimeout, &idle, &idleSession)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if userTimeout != "15000" || idle != "5" || idleSession != "0" {
+				t.Fatalf("after a hold the session has tcp_user_timeout=%s tcp_keepalives_idle=%s idle_session_timeout=%s; want 15000, 5, 0", userTimeout, idle, idleSession)
+			}
+		})
+	}
+}

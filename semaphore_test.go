@@ -725,8 +725,8 @@ func TestForgottenSemaphoreGuardIsCleanedUp(t *testing.T) {
 
 // TestSemaphoreSessionGetsDeadHolderSettings: a slot's pinned session
 // gets WithDeadHolderTimeout's settings at its first grant, as a Lock's,
-// so the server frees a vanished holder's slot; the pooled session keeps
-// them.
+// so the server frees a vanished holder's slot (PostgreSQL: TCP settings;
+// MySQL: wait_timeout); the pooled session keeps them.
 func TestSemaphoreSessionGetsDeadHolderSettings(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -748,4 +748,17 @@ func TestSemaphoreSessionGetsDeadHolderSettings(t *testing.T) {
 			}
 		})
 	}
+	t.Run("mysql", func(t *testing.T) {
+		db := testdb.OpenMySQL(t)
+		db.SetMaxOpenConns(1)
+		s := newSemaphore(t, db, testdb.UniqueName(t), 2, advisorylock.WithDeadHolderTimeout(20*time.Second))
+		mustRelease(t, mustAcquire(t, s))
+		var waitTimeout int
+		if err := db.QueryRow("SELECT @@session.wait_timeout").Scan(&waitTimeout); err != nil {
+			t.Fatal(err)
+		}
+		if waitTimeout != 20 {
+			t.Fatalf("after a hold the session has wait_timeout=%d, want 20", waitTimeout)
+		}
+	})
 }

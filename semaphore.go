@@ -115,8 +115,9 @@ func (s *Semaphore) Check(ctx context.Context) error {
 // TryAcquire makes one attempt and returns a guard on a free slot, or an
 // error matching ErrNotAcquired when every slot is held. As Lock's
 // TryLock, a done ctx returns its error without touching the pool, the
-// pool checkout waits at most WithPoolWait, and an acquire cancelled
-// even as it is granted closes its connection, which frees the slot.
+// pool checkout waits at most WithPoolWait (then ErrPoolUnavailable), and
+// an acquire cancelled even as it is granted closes its connection, which
+// frees the slot.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*SemaphoreGuard, error) {
 	ctx, a := startAcquire(ctx, s, false)
 	g, err := s.acquire(ctx, ctx, false)

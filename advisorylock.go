@@ -30,6 +30,8 @@
 // An Election (NewElection) elects one leader among replicas on top of
 // these locks: Run leads while this replica is leader, with a term that
 // is a FencingToken.
+// A Semaphore admits up to N holders of a name at once, each on a slot of
+// its own that is a lock of the same kind as a Lock's.
 //
 // Locks are not fair (waiters are not served in arrival order), and a Lock
 // is not a lease on PostgreSQL: it lasts exactly as long as its session.
@@ -115,6 +117,7 @@ type Holder struct {
 	Token       FencingToken // the lease's latest grant (see FencingToken), 0 for session locks
 	Since       time.Time    // when the hold began (or an earlier bound)
 	ExpiresAt   time.Time    // zero for session locks
+	Slot        int          // a semaphore holder's slot (see Semaphore.Holders); 0 otherwise
 }
 
 // Lock is a named lock. It is safe for concurrent use; every acquire takes

@@ -34,8 +34,9 @@ type postgres struct {
 	// is the question a try that returned no row asks.
 	tryLock, whyMissed string
 	// deadHolder is the statement that applies those settings to a
-	// session, "" for none.
+	// session, "" for none; mark is the marker it sets (0 for none).
 	deadHolder string
+	mark       int64
 }
 
 func (p *postgres) Name() string { return "postgres" }
@@ -74,6 +75,9 @@ func (p *postgres) forLock(d time.Duration, serverChecks bool) Backend {
 	c.tryLock, c.whyMissed, c.deadHolder = pgTryLock, pgWhyMissed, ""
 	secs := func(f time.Duration) int64 { return max(int64(f/time.Second), 1) }
 	marker := max((3 * d / 4).Milliseconds(), 1)
+	if d > 0 {
+		c.mark = marker
+	}
 	switch {
 	case d > 0 && serverChecks:
 		c.tryLock = fmt.Sprintf(pgTryLockMarked, marker)

@@ -104,6 +104,8 @@ func TestSQLiteHelperProcess(t *testing.T) {
 		helpCreate(ctx, t, db, job)
 	case "hold":
 		helpHold(ctx, t, db, job)
+	case "semhold":
+		helpSemaphoreHold(ctx, t, db, job)
 	default:
 		t.Fatalf("helper process: unknown job %q", job.Do)
 	}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/advisorylock/advisorylock"
 )
 
 // options is a parsed command line (and, once loaded, the config file's
@@ -19,6 +21,7 @@ type options struct {
 	ttl          time.Duration // 0: the library's default
 	killAfter    time.Duration
 	minHold      time.Duration
+	slots        int // --slots: a semaphore of this many slots; 0: a lock
 	quiet        bool
 	verbose      bool
 	logFormat    string // "text" or "json"
@@ -72,6 +75,7 @@ var flags = []flagSpec{
 		value: func(o *options, v string) (err error) { o.killAfter, err = parseSeconds(v); return err }},
 	{long: []string{"min-hold"}, config: true, help: "keep the lock taken until this long after the grant",
 		value: func(o *options, v string) (err error) { o.minHold, err = parseSeconds(v); return err }},
+	{long: []string{"slots"}, help: "let at most N holders take NAME at once (a semaphore)", value: setSlots},
 	{long: []string{"log-format"}, config: true, help: "text or json", value: setLogFormat},
 	{long: []string{"quiet", "silent"}, short: 'q', help: "print nothing but errors",
 		bool: func(o *options) { o.quiet = true }},
@@ -102,6 +106,15 @@ func setTTL(o *options, v string) (err error) {
 	case o.ttl > maxTTL:
 		return fmt.Errorf("a lease TTL must be at most %s", maxTTL)
 	}
+	return nil
+}
+
+func setSlots(o *options, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > advisorylock.MaxSlots {
+		return fmt.Errorf("want a number of slots from 1 to %d", advisorylock.MaxSlots)
+	}
+	o.slots = n
 	return nil
 }
 
@@ -256,7 +269,23 @@ func (o *options) placeCommand(rest []string) error {
 	if o.nonblock && o.given["wait"] {
 		return errors.New("-n and -w exclude each other")
 	}
+	if err := o.checkSlots(); err != nil {
+		return err
+	}
 	o.command = command
+	return nil
+}
+
+// checkSlots refuses --slots with the flags that do not apply to a
+// semaphore.
+func (o *options) checkSlots() error {
+	switch {
+	case o.slots == 0:
+	case o.lease:
+		return errors.New("--slots and --lease exclude each other (a semaphore's slots are locks, not leases)")
+	case o.minHold > 0:
+		return errors.New("--slots and --min-hold exclude each other")
+	}
 	return nil
 }
 

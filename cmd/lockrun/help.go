@@ -75,6 +75,11 @@ FLAGS
                     after COMMAND ends or lockrun dies: a cron job on every
                     host runs once per tick even if the hosts' clocks or
                     start times differ by less than DURATION [0: off]
+    --slots N       let up to N holders take NAME at once, each on its own
+                    slot from 0 to N-1 (a semaphore, at most 1000 slots);
+                    COMMAND gets LOCKRUN_SLOT. Every process sharing NAME
+                    must give the same N. Not with --lease or --min-hold;
+                    with status, also list NAME's slot holders
     --log-format text|json
                     how lockrun writes its own lines on stderr [text]; json
                     is one object per line (time, level, msg, lock), for
@@ -119,7 +124,8 @@ ENVIRONMENT
     XDG_CONFIG_HOME, HOME       where the user's config file is
     XDG_STATE_HOME, HOME        where the default SQLite file lives
     Set for COMMAND: LOCKRUN_LOCK_NAME (the lock's name) and, with --lease,
-    LOCKRUN_FENCING_TOKEN (the lease's token, larger with every grant).
+    LOCKRUN_FENCING_TOKEN (the lease's token, larger with every grant);
+    with --slots, LOCKRUN_SLOT (the slot held, from 0).
 
 EXIT STATUS
     COMMAND's exit status, or 128+N if COMMAND was killed by signal N.
@@ -149,6 +155,9 @@ EXAMPLES
 
     A lease whose token the job hands to the storage it writes to:
         lockrun --lease --ttl 1m export -c 'export-to-s3 --fence "$LOCKRUN_FENCING_TOKEN"'
+
+    At most four hosts rebuild the cache at once:
+        lockrun --slots 4 cache-rebuild ./bin/rebuild-cache
 
     Try it with no server at all (SQLite in ~/.local/state/lockrun):
         lockrun nightly-report echo hello

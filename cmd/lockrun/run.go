@@ -30,6 +30,7 @@ type target interface {
 type held struct {
 	lost    <-chan struct{}
 	token   advisorylock.FencingToken // 0 unless a lease
+	env     []string                  // more variables for the command (LOCKRUN_SLOT)
 	release func(context.Context) error
 }
 
@@ -45,6 +46,25 @@ func (t sessionTarget) acquire(ctx context.Context, wait time.Duration) (*held, 
 		return nil, err
 	}
 	return &held{lost: g.Lost(), release: g.Release}, nil
+}
+
+type semaphoreTarget struct{ s *advisorylock.Semaphore }
+
+// Holder reports the first of the semaphore's holders, nil when none.
+func (t semaphoreTarget) Holder(ctx context.Context) (*advisorylock.Holder, error) {
+	hs, err := t.s.Holders(ctx)
+	if err != nil || len(hs) == 0 {
+		return nil, err
+	}
+	return hs[0], nil
+}
+
+func (t semaphoreTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
+	g, err := acquireByWait(ctx, wait, t.s.TryAcquire, t.s.Acquire, t.s.AcquireTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return &held{lost: g.Lost(), env: []string{"LOCKRUN_SLOT=" + strconv.Itoa(g.Slot())}, release: g.Release}, nil
 }
 
 type leaseTarget struct{ l *advisorylock.LeaseLock }
@@ -171,7 +191,8 @@ func connect(ctx context.Context, o *options, say *reporter) (*database, error) 
 	return db, nil
 }
 
-// newTarget makes the lock: a LeaseLock with --lease, a Lock otherwise.
+// newTarget makes the lock: a Semaphore with --slots, a LeaseLock with
+// --lease, a Lock otherwise.
 func newTarget(db *database, o *options, say *reporter) (target, error) {
 	opts := []advisorylock.Option{advisorylock.WithOwner(ownerLabel()), advisorylock.WithLogger(say.logger())}
 	if o.ttl > 0 {
@@ -179,6 +200,16 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	}
 	if o.minHold > 0 {
 		opts = append(opts, advisorylock.WithMinHold(o.minHold))
+	}
+	if o.slots > 0 {
+		if err := o.checkSlots(); err != nil { // the config file may set lease or min-hold
+			return nil, configErrorf("%w", err)
+		}
+		s, err := advisorylock.NewSemaphore(db, o.name, o.slots, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return semaphoreTarget{s}, nil
 	}
 	if o.lease {
 		l, err := advisorylock.NewLeaseLock(db, o.name, opts...)
@@ -328,7 +359,7 @@ func tokenNote(t advisorylock.FencingToken) string {
 // its process group, and stopping it if the lock is lost. It returns the
 // command's exit status, or exitLost.
 func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say *reporter) int {
-	exited, err := startCommand(cmd, o.name, h.token)
+	exited, err := startCommand(cmd, o.name, h.token, h.env...)
 	if err != nil {
 		return notRunnable(say, o.command[0], err)
 	}
@@ -366,9 +397,9 @@ func supervise(cmd *exec.Cmd, o *options, h *held, signals <-chan os.Signal, say
 // startCommand starts cmd in its own process group, with lockrun's stdin,
 // stdout and stderr and the lock's variables; the returned channel is
 // closed once it has exited (its status is then in cmd.ProcessState).
-func startCommand(cmd *exec.Cmd, name string, token advisorylock.FencingToken) (<-chan struct{}, error) {
+func startCommand(cmd *exec.Cmd, name string, token advisorylock.FencingToken, extra ...string) (<-chan struct{}, error) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = childEnv(os.Environ(), name, token)
+	cmd.Env = childEnv(os.Environ(), name, token, extra...)
 	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -390,14 +421,16 @@ func isClosed(c <-chan struct{}) bool {
 	}
 }
 
-// childEnv is env with the lock's name and, for a lease, its token.
-func childEnv(env []string, name string, token advisorylock.FencingToken) []string {
-	out := make([]string, 0, len(env)+2)
+// childEnv is env with the lock's name, for a lease its token, and extra
+// (a semaphore's LOCKRUN_SLOT).
+func childEnv(env []string, name string, token advisorylock.FencingToken, extra ...string) []string {
+	out := make([]string, 0, len(env)+2+len(extra))
 	for _, kv := range env {
-		if !strings.HasPrefix(kv, "LOCKRUN_LOCK_NAME=") && !strings.HasPrefix(kv, "LOCKRUN_FENCING_TOKEN=") {
+		if !strings.HasPrefix(kv, "LOCKRUN_LOCK_NAME=") && !strings.HasPrefix(kv, "LOCKRUN_FENCING_TOKEN=") && !strings.HasPrefix(kv, "LOCKRUN_SLOT=") {
 			out = append(out, kv)
 		}
 	}
+	out = append(out, extra...)
 	out = append(out, "LOCKRUN_LOCK_NAME="+name)
 	if token != 0 {
 		out = append(out, "LOCKRUN_FENCING_TOKEN="+token.String())

@@ -39,7 +39,7 @@ func status(o *options, stdout io.Writer, say *reporter) int {
 	defer db.Close()
 	var rows []holding
 	if len(o.names) > 0 {
-		rows, err = namedHolders(ctx, db, o.names, say)
+		rows, err = namedHolders(ctx, db, o.names, o.slots, say)
 	} else {
 		rows, err = allHolders(ctx, db, say)
 	}
@@ -52,12 +52,20 @@ func status(o *options, stdout io.Writer, say *reporter) int {
 	return 0
 }
 
-// namedHolders looks up both kinds of lock for every name; a name held by
-// neither gets a "free" row.
-func namedHolders(ctx context.Context, db *database, names []string, say *reporter) ([]holding, error) {
+// namedHolders looks up both kinds of lock for every name, and with
+// slots > 0 the holders of a semaphore of that many slots (kind "slot N");
+// a name held by none gets a "free" row.
+func namedHolders(ctx context.Context, db *database, names []string, slots int, say *reporter) ([]holding, error) {
 	var rows []holding
 	for _, name := range names {
 		found := false
+		if slots > 0 {
+			hs, err := slotHolders(ctx, db, name, slots, say)
+			if err != nil {
+				return nil, err
+			}
+			rows, found = append(rows, hs...), len(hs) > 0
+		}
 		for _, kind := range []string{"lock", "lease"} {
 			h, err := holderOf(ctx, db, kind, name, say)
 			if err != nil {
@@ -90,6 +98,20 @@ func holderOf(ctx context.Context, db *database, kind, name string, say *reporte
 		return nil, err
 	}
 	return l.Holder(ctx)
+}
+
+// slotHolders lists the holders of name as a semaphore of slots slots.
+func slotHolders(ctx context.Context, db *database, name string, slots int, say *reporter) ([]holding, error) {
+	s, err := advisorylock.NewSemaphore(db, name, slots, advisorylock.WithPoolerCheck(false), advisorylock.WithLogger(say.logger()))
+	if err != nil {
+		return nil, err
+	}
+	hs, err := s.Holders(ctx)
+	var rows []holding
+	for _, h := range hs {
+		rows = append(rows, holding{kind: "slot " + strconv.Itoa(h.Slot), h: *h})
+	}
+	return rows, err
 }
 
 // allHolders lists the held lease rows by name (the tables of SPEC 4.4a),

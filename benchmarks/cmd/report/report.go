@@ -47,6 +47,8 @@ var pgRows = []opRow{
 	{"lease_raw_literal", "raw lease upsert + release, literals", "lease"},
 	{"lease_raw_literal_async_release", "raw lease, literals, release with `synchronous_commit = off`", "lease"},
 	{"goose_table", "peer: goose v3 table (lease-row) locker, `Lock` + `Unlock`", "lease"},
+	{"semaphore_tryacquire", "advisorylock `Semaphore` (3 slots) `TryAcquire` + `Release`", "session"},
+	{"semaphore_raw", "raw semaphore: the slots tried in one `CASE` + unlock, literals, pinned (its floor)", "session"},
 }
 
 var peersOf = map[string][]string{
@@ -508,6 +510,9 @@ var pairedRows = []struct{ op, base, label string }{
 	{"goose_table", "leaselock", "goose table locker vs **`LeaseLock`**"},
 	{"trydo_minhold", "trydo", "`TryDo` with `WithMinHold` vs without"},
 	{"leaselock_minhold", "leaselock", "`LeaseLock` with `WithMinHold` vs without"},
+	{"semaphore_tryacquire", "semaphore_raw", "**`Semaphore` `TryAcquire`+`Release`** (3 slots) vs its bare statements (one `CASE` try over the slots + unlock, literal keys, pinned)"},
+	{"semaphore_tryacquire", "trylock_release", "`Semaphore` `TryAcquire`+`Release` vs a `Lock`'s `TryLock`+`Release`"},
+	{"semaphore_raw", "raw_literal", "context: the semaphore's bare statements vs a lock's"},
 }
 
 func (r *report) writePaired(w func(string, ...any)) {

@@ -1,0 +1,131 @@
+package advisorylock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// tryLockAny tries a semaphore's slot keys in order in one statement and
+// takes the first it gets (see pgTryAny); index and OK true for a grant.
+// A server in recovery is refused (errStandby) before any key is tried.
+// A grant on a session without the Lock's dead-holder settings sends them
+// (one more round trip, once per session, as TryLockSession does).
+func (p *postgres) tryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
+	args := make([]any, len(keys))
+	for i, k := range keys {
+		args[i] = k
+	}
+	q, args, err := p.statement(pgTryAny(len(keys)), args...)
+	if err != nil {
+		return 0, SessionResult{}, err
+	}
+	var got int
+	var mark string
+	if err := conn.QueryRowContext(ctx, q, args...).Scan(&got, &mark); err != nil {
+		return 0, SessionResult{}, err
+	}
+	switch {
+	case got == -2:
+		return 0, SessionResult{}, errStandby
+	case got < 0:
+		return 0, SessionResult{}, nil
+	}
+	if p.deadHolder != "" && mark != strconv.FormatInt(p.mark, 10) {
+		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
+			return 0, SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
+		}
+	}
+	return got, SessionResult{OK: true}, nil
+}
+
+// pgTryAny is the statement that tries n keys ($1 to $n) in order and
+// takes at most one: a CASE evaluates its WHEN conditions in order and
+// stops at the first true one (PostgreSQL documents it: "a CASE
+// expression does not evaluate any subexpressions that are not needed to
+// determine the result"), so no key after the first granted is tried. It
+// returns the index of the granted key, -1 when none was, -2 on a server
+// in recovery (nothing tried), and the session's dead-holder marker. The
+// text depends on n alone, so pgx caches one statement per slot count.
+func pgTryAny(n int) string {
+	var b strings.Builder
+	b.WriteString("SELECT CASE WHEN pg_is_in_recovery() THEN -2")
+	for i := range n {
+		b.WriteString(" WHEN pg_try_advisory_lock($")
+		b.WriteString(strconv.Itoa(i + 1))
+		b.WriteString("::bigint) THEN ")
+		b.WriteString(strconv.Itoa(i))
+	}
+	b.WriteString(" ELSE -1 END, coalesce(current_setting('advisorylock.dead_holder', true), '')")
+	return b.String()
+}
+
+// rowsQuerier is a querier that also returns rows: *sql.DB, *sql.Conn and
+// the handles that embed a *sql.DB (sqlx).
+type rowsQuerier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// errNoRowsQuerier makes slotHolders fall back to one statement per slot
+// on a handle that cannot return rows.
+var errNoRowsQuerier = errors.New("advisorylock: the handle cannot return rows")
+
+// slotHolders reports, in one statement (one snapshot), the holders of a
+// semaphore's slot keys: holders[i] holds keys[i], nil when free. It reads
+// pg_locks joined with pg_stat_activity, as SessionHolder does; Since is
+// the start of the holder's try while that is still its latest
+// statement, else its session's start (an earlier bound).
+func (p *postgres) slotHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
+	var values strings.Builder
+	for i, key := range keys {
+		if i > 0 {
+			values.WriteString(", ")
+		}
+		fmt.Fprintf(&values, "(%d, %d, %d)", i, uint32(uint64(key)>>32), uint32(uint64(key)))
+	}
+	q := `SELECT s.i, l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+  CASE WHEN a.query LIKE 'SELECT CASE WHEN pg\_is\_in\_recovery() THEN -2 WHEN pg\_try\_advisory\_lock(%' THEN a.query_start ELSE a.backend_start END
+FROM (VALUES ` + values.String() + `) AS s(i, classid, objid)
+JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = s.classid::bigint::oid AND l.objid = s.objid::bigint::oid
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ORDER BY s.i`
+	holders := make([]*Holder, len(keys))
+	err := p.run(ctx, db, func(on querier) error {
+		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
+			h := &Holder{Backend: p.Name()}
+			var i int
+			var since sql.NullTime
+			if err := rows.Scan(&i, &h.PID, &h.Application, &h.ClientAddr, &since); err != nil {
+				return err
+			}
+			h.Since = since.Time
+			holders[i] = h
+			return nil
+		})
+	})
+	return holders, err
+}
+
+// eachRow runs q on on and calls f for each row.
+func eachRow(ctx context.Context, on querier, q string, f func(rows *sql.Rows) error) error {
+	rq, ok := on.(rowsQuerier)
+	if !ok {
+		return errNoRowsQuerier
+	}
+	rows, err := rq.QueryContext(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := f(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}

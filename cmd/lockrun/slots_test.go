@@ -1,0 +1,63 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// TestSlotsLetNHoldersInAtOnce starts five lockrun -n --slots 2 on one
+// name: exactly two run their command, on slots 0 and 1 (LOCKRUN_SLOT),
+// the others exit with the conflict code, and status --slots lists the
+// two holders.
+func TestSlotsLetNHoldersInAtOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		hold := []string{"sh", "-c", `echo "$LOCKRUN_SLOT" >> "$1"; while [ ! -e "$2" ]; do sleep 0.02; done`, "sh", d.path("slots"), d.path("go")}
+		var procs []*proc
+		for range 2 {
+			procs = append(procs, startLockrun(t, env, append([]string{"--slots", "2", name, "--"}, hold...)...))
+		}
+		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("slots"))) == 2 }, "two lockruns did not take the two slots")
+		for range 3 {
+			if code, stdout, stderr := runLockrun(t, env, append([]string{"-n", "--slots", "2", name, "--"}, hold...)...); code != 1 {
+				t.Errorf("a third holder exited %d, want the conflict code 1; %q %q", code, stdout, stderr)
+			}
+		}
+		code, stdout, stderr := runLockrun(t, env, "status", "--slots", "2", name)
+		if code != 0 || strings.Count(stdout, "slot 0") != 1 || strings.Count(stdout, "slot 1") != 1 {
+			t.Errorf("status --slots 2 = %d, %q, %q; want a row for each slot", code, stdout, stderr)
+		}
+		d.touch(t, "go")
+		for _, p := range procs {
+			if code := p.wait(t); code != 0 {
+				t.Errorf("a holder exited %d; stderr: %q", code, p.stderr)
+			}
+		}
+		slots := strings.Fields(d.read("slots"))
+		slices.Sort(slots)
+		if !slices.Equal(slots, []string{"0", "1"}) {
+			t.Fatalf("LOCKRUN_SLOT of the holders = %v, want 0 and 1", slots)
+		}
+	})
+}
+
+func TestSlotsRefusesWhatDoesNotApply(t *testing.T) {
+	for _, args := range [][]string{
+		{"--slots", "0", "job", "true"},
+		{"--slots", "1001", "job", "true"},
+		{"--slots", "x", "job", "true"},
+		{"--slots", "2", "--lease", "job", "true"},
+		{"--slots", "2", "--min-hold", "1m", "job", "true"},
+	} {
+		if _, err := parseArgs(args); err == nil {
+			t.Errorf("parseArgs(%q): no error", args)
+		}
+	}
+	o, err := parseArgs([]string{"--slots", "3", "job", "true"})
+	if err != nil || o.slots != 3 {
+		t.Fatalf("parseArgs(--slots 3) = %+v, %v", o, err)
+	}
+}

@@ -1,0 +1,493 @@
+package advisorylock
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Semaphore is a named counting semaphore: at most Slots holders at once,
+// across every process that uses the name with the same slot count. Each
+// holder has a slot, a number from 0 to Slots()-1 that no other holder
+// has at the same time, and slot i is an exclusive lock of its own, on
+// the key SlotKey(name, i):
+//
+//   - on PostgreSQL a session advisory lock, on MySQL and MariaDB a
+//     GET_LOCK named lock, each on a connection pinned for the hold, as a
+//     Lock is (a held slot uses a connection of the pool; a holder whose
+//     session ends frees its slot, at once for a closed socket and within
+//     WithDeadHolderTimeout for a vanished host);
+//   - on SQLite a lease row in advisorylock_locks, renewed in the
+//     background (a holder that dies frees its slot when its lease
+//     expires, within WithLeaseTTL).
+//
+// A try takes one free slot, chosen from a random start so that
+// concurrent tries spread over the slots: on PostgreSQL and MySQL in one
+// statement that stops at the first slot it gets. A wait waits
+// server-side on one slot at a time, in slices of a quarter second, and
+// tries every slot between slices: a slot freed elsewhere is seen within
+// about a slice. On SQLite a wait polls (WithPollInterval).
+//
+// Every user of a name must give it the same slot count: two semaphores
+// on one name with different counts allow the larger count (their slots
+// overlap). A semaphore's slots never exclude a Lock of the same name.
+// WithMinHold does not apply to semaphores and is ignored. A Semaphore is
+// safe for concurrent use.
+type Semaphore struct {
+	db   DB
+	name string
+	keys []int64 // SlotKey(name, i)
+	lock *Lock   // the configuration and the first-use work; never locked itself
+	obs  atomic.Pointer[observed]
+}
+
+// MaxSlots is the most slots a Semaphore may have: a try names every
+// slot in one statement.
+const MaxSlots = 1000
+
+// semaphoreSlice bounds the server-side wait on one slot, after which a
+// waiter tries every slot again.
+const semaphoreSlice = 250 * time.Millisecond
+
+// SlotKey returns the key of a semaphore's slot: the first 8 bytes, read
+// as a big-endian two's-complement integer, of SHA-256 over
+// "advisorylock:v1:slot", one zero byte, the name's bytes, one zero byte
+// and the slot number in decimal. Its input differs from every input of
+// Key (whose domain is followed by a zero byte, not a colon), so no slot
+// key is the key of a Lock but by a 64-bit hash collision. On PostgreSQL
+// it is the slot's advisory lock key; on MySQL the slot's lock name is
+// derived from it as a Lock's name is from Key.
+func SlotKey(name string, slot int) int64 {
+	h := sha256.New()
+	h.Write([]byte(KeyDomain + ":slot"))
+	h.Write([]byte{0})
+	h.Write([]byte(name))
+	h.Write([]byte{0})
+	h.Write(strconv.AppendInt(nil, int64(slot), 10))
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8]))
+}
+
+// NewSemaphore returns a Semaphore on name with slots slots. Any string
+// is a valid name. It does no I/O (see New): it fails only for a nil db,
+// slots below 1 or above MaxSlots, or an invalid option set. The first
+// operation picks the backend and runs the first-use checks (on
+// PostgreSQL the pooler probe: a transaction-mode pooler is refused with
+// ErrTransactionPooler, as for a Lock).
+func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, error) {
+	if slots < 1 || slots > MaxSlots {
+		return nil, wrapErr(name, "new semaphore", fmt.Errorf("advisorylock: a semaphore has from 1 to %d slots, not %d", MaxSlots, slots))
+	}
+	l, err := New(db, name, append(append([]Option(nil), opts...), WithMinHold(0))...)
+	if err != nil {
+		var le *lockError
+		if errors.As(err, &le) {
+			err = le.err
+		}
+		return nil, wrapErr(name, "new semaphore", err)
+	}
+	keys := make([]int64, slots)
+	for i := range keys {
+		keys[i] = SlotKey(name, i)
+	}
+	return &Semaphore{db: db, name: name, keys: keys, lock: l}, nil
+}
+
+// Name returns the semaphore's name.
+func (s *Semaphore) Name() string { return s.name }
+
+// Slots returns how many holders the semaphore admits at once.
+func (s *Semaphore) Slots() int { return len(s.keys) }
+
+// Check runs the first-use work now (see NewSemaphore), for a service
+// that wants to fail at start-up; later operations skip it.
+func (s *Semaphore) Check(ctx context.Context) error {
+	_, err := s.lock.backend(ctx)
+	return wrapErr(s.name, "check", err)
+}
+
+// TryAcquire makes one attempt and returns a guard on a free slot, or an
+// error matching ErrNotAcquired when every slot is held. As Lock's
+// TryLock, a done ctx returns its error without touching the pool, the
+// pool checkout waits at most WithPoolWait (then ErrPoolUnavailable), and
+// an acquire cancelled even as it is granted closes its connection, which
+// frees the slot.
+func (s *Semaphore) TryAcquire(ctx context.Context) (*SemaphoreGuard, error) {
+	ctx, a := startAcquire(ctx, s, false)
+	g, err := s.acquire(ctx, ctx, false)
+	err = wrapErr(s.name, "try acquire", err)
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// Acquire waits until it holds a slot or ctx ends (see Semaphore for how
+// it waits).
+func (s *Semaphore) Acquire(ctx context.Context) (*SemaphoreGuard, error) {
+	ctx, a := startAcquire(ctx, s, true)
+	g, err := s.acquire(ctx, ctx, true)
+	err = wrapErr(s.name, "acquire", err)
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// AcquireTimeout is Acquire bounded by d, which covers the pool checkout
+// and the wait: when d runs out it returns a *TimeoutError (errors.Is
+// ErrTimeout) about a round trip later at most, and the connection goes
+// back to the pool. With d <= 0 it makes exactly one attempt.
+func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*SemaphoreGuard, error) {
+	ctx, a := startAcquire(ctx, s, d > 0)
+	g, err := withinBudget(ctx, s.name, d, func(budget context.Context, wait bool) (*SemaphoreGuard, error) {
+		return s.acquire(ctx, budget, wait)
+	})
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// Do waits for a slot (as Acquire does), runs fn, and releases the slot
+// when fn returns, fails or panics: at most Slots() calls of fn run at
+// once across the fleet. fn's context is cancelled, with cause
+// ErrLockLost, if the slot is lost while fn runs; Do then returns an
+// error matching ErrLockLost unless fn returned an error of its own.
+// Otherwise Do returns fn's error, or the release's.
+func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	return do(ctx, s.Acquire, fn)
+}
+
+// DoTimeout is Do with the wait bounded as in AcquireTimeout.
+func (s *Semaphore) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context) error) error {
+	return do(ctx, func(ctx context.Context) (*SemaphoreGuard, error) { return s.AcquireTimeout(ctx, d) }, fn)
+}
+
+// TryDo runs fn only if a slot is free now. It returns (false, nil) when
+// every slot is held, and otherwise (true, the error Do would return).
+func (s *Semaphore) TryDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
+	return tryDo(ctx, s.TryAcquire, fn)
+}
+
+// Holders lists the holders of the semaphore's slots, in slot order (each
+// with its Slot and Key), and an empty list when none is held. On
+// PostgreSQL and MySQL it reads every slot in one statement, one snapshot
+// (one round trip); elsewhere (SQLite) one statement per slot, so a slot
+// taken or freed meanwhile may be missing or extra. A holder reads as
+// Lock's Holder does.
+func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
+	b, err := s.lock.backend(ctx)
+	if err != nil {
+		return nil, wrapErr(s.name, "holders", err)
+	}
+	bySlot, err := s.slotHolders(ctx, b)
+	if err != nil {
+		return nil, wrapErr(s.name, "holders", err)
+	}
+	holders := []*Holder{}
+	for i, h := range bySlot {
+		if h != nil {
+			h.Name, h.Key, h.Slot = s.name, s.keys[i], i
+			holders = append(holders, h)
+		}
+	}
+	return holders, nil
+}
+
+// slotLister is a SessionLocker that reads the holders of several keys
+// in one statement (the built-in PostgreSQL and MySQL backends).
+type slotLister interface {
+	// slotHolders returns holders[i] for keys[i], nil when free.
+	slotHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error)
+}
+
+// slotHolders reads the holder of every slot, nil for a free one: in one
+// statement where the backend can, else slot by slot.
+func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder, error) {
+	if l, ok := b.session.(slotLister); ok {
+		hs, err := l.slotHolders(ctx, s.db, s.keys)
+		if !errors.Is(err, errNoRowsQuerier) {
+			return hs, err
+		}
+	}
+	holders := make([]*Holder, len(s.keys))
+	for i, key := range s.keys {
+		var err error
+		if b.rows != nil {
+			holders[i], err = b.rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
+		} else {
+			holders[i], err = b.session.SessionHolder(ctx, s.db, key)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return holders, nil
+}
+
+// observed returns what the semaphore's events need, nil without an
+// Observer; see observedOf.
+func (s *Semaphore) observed() *observed {
+	if ob := s.obs.Load(); ob != nil || s.lock.cfg.observer == nil {
+		return ob
+	}
+	return observedOf(&s.obs, s.db, &s.lock.cfg, LockKindSemaphore, s.name, func() Backend {
+		if b := s.lock.setup.v.Load(); b != nil {
+			return b.backend()
+		}
+		return nil
+	})
+}
+
+// acquire takes a slot; ctx and budget are as in Lock.acquire.
+func (s *Semaphore) acquire(ctx, budget context.Context, wait bool) (*SemaphoreGuard, error) {
+	if err := budget.Err(); err != nil {
+		return nil, context.Cause(budget)
+	}
+	if !wait {
+		budget = withPoolWait(budget, s.lock.cfg.poolWait)
+	}
+	b, err := s.lock.backend(budget)
+	if err != nil {
+		return nil, err
+	}
+	if b.rows != nil {
+		return s.acquireRows(ctx, budget, b.rows, wait)
+	}
+	return s.acquireSession(ctx, budget, b, wait)
+}
+
+// slot returns the Lock that stands for slot i in a hold: the
+// semaphore's name and configuration with the slot's key.
+func (s *Semaphore) slot(i int) *Lock {
+	return &Lock{db: s.db, name: s.name, key: s.keys[i], cfg: s.lock.cfg}
+}
+
+// acquireSession takes a slot as a session lock on a connection pinned
+// for the hold, as Lock.acquireSession takes a lock: the connection guard
+// discards the connection unless the outcome is definite.
+func (s *Semaphore) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*SemaphoreGuard, error) {
+	h := &sessionHold{locker: b.session, p: pinned{bounded: b.bounded, obs: s.observed()}}
+	poolWait := s.lock.cfg.poolWait
+	if wait {
+		poolWait = 0 // bounded by the budget or ctx, as Lock's
+	}
+	cg, err := checkout(budget, s.db, &h.p, poolWait)
+	if err != nil {
+		return nil, err
+	}
+	defer cg.settle()
+	slot, res, err := s.firstTry(ctx, budget, b.session, &h.p, 0)
+	if wait && err == nil && !res.OK {
+		slot, res, err = s.waitSession(ctx, budget, b.session, &h.p)
+	}
+	if err != nil {
+		return nil, whyFailed(ctx, budget, err)
+	}
+	if !res.OK {
+		cg.recycle()
+		if wait {
+			return nil, context.Cause(budget)
+		}
+		return nil, ErrNotAcquired
+	}
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx) // the armed guard discards the connection
+	}
+	cg.take()
+	h.l = s.slot(slot)
+	return &SemaphoreGuard{g: h.grant(res.Session), slot: slot}, nil
+}
+
+// firstTry is an attempt of an acquire, bounded as Lock.firstTry: under
+// a budget a grace after its end, else by bound where it is not 0 (a try
+// between a wait's slices, which must not hang on a dead network).
+func (s *Semaphore) firstTry(ctx, budget context.Context, locker SessionLocker, p *pinned, bound time.Duration) (int, SessionResult, error) {
+	var cancel context.CancelFunc = func() {}
+	if dl, ok := budget.Deadline(); ok {
+		ctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
+	} else if bound > 0 {
+		ctx, cancel = context.WithTimeout(ctx, bound)
+	}
+	defer cancel()
+	return s.trySlots(ctx, locker, p)
+}
+
+// trySlots tries every slot, from a random start, and takes at most one;
+// OK false is a definite miss.
+func (s *Semaphore) trySlots(ctx context.Context, locker SessionLocker, p *pinned) (int, SessionResult, error) {
+	start := rand.N(len(s.keys))
+	keys := append(append(make([]int64, 0, len(s.keys)), s.keys[start:]...), s.keys[:start]...)
+	type answer struct {
+		i   int
+		res SessionResult
+	}
+	a, err := ask(ctx, p, func() (answer, error) {
+		i, res, err := tryAny(p.quiet(ctx), locker, p.conn, keys)
+		return answer{i, res}, err
+	})
+	if err != nil || !a.res.OK {
+		return 0, SessionResult{}, err
+	}
+	return (start + a.i) % len(s.keys), a.res, nil
+}
+
+// anyLocker is a SessionLocker that tries several keys in one statement
+// (the built-in PostgreSQL and MySQL backends).
+type anyLocker interface {
+	// tryLockAny tries keys in order and takes the first it gets, and no
+	// other: it returns that key's index with OK true, or OK false when
+	// every key is held elsewhere.
+	tryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error)
+}
+
+// tryAny tries keys in order on conn and takes at most one: in one
+// statement where the backend can, else one TryLockSession per key.
+func tryAny(ctx context.Context, locker SessionLocker, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
+	if a, ok := locker.(anyLocker); ok {
+		return a.tryLockAny(ctx, conn, keys)
+	}
+	for i, key := range keys {
+		res, err := locker.TryLockSession(ctx, conn, key)
+		if err != nil || res.OK {
+			return i, res, err
+		}
+	}
+	return 0, SessionResult{}, nil
+}
+
+// waitSession waits server-side on one slot, chosen at random, for a
+// slice, then tries every slot, until it holds one or budget ends (OK
+// false with a nil error: a definite miss).
+func (s *Semaphore) waitSession(ctx, budget context.Context, locker SessionLocker, p *pinned) (int, SessionResult, error) {
+	for {
+		slot := rand.N(len(s.keys))
+		slice, cancel := context.WithTimeout(budget, semaphoreSlice)
+		res, err := s.slot(slot).waitSession(ctx, slice, locker, p)
+		cancel()
+		if err != nil || res.OK {
+			return slot, res, err
+		}
+		if budget.Err() != nil {
+			return 0, SessionResult{}, nil
+		}
+		slot, res, err = s.firstTry(ctx, budget, locker, p, sliceGrace)
+		if err != nil || res.OK {
+			return slot, res, err
+		}
+	}
+}
+
+// rowRequest is the lease request of slot i where slots are rows.
+func (s *Semaphore) rowRequest(i int) LeaseRequest {
+	cfg := &s.lock.cfg
+	return LeaseRequest{Kind: KindLock, Name: s.name, Key: s.keys[i], TTL: cfg.ttl, Now: cfg.clock.Now()}
+}
+
+// acquireRows takes a slot kept as a lease row (SQLite): tries every slot
+// from a random start, and while waiting polls until a slot reads free.
+func (s *Semaphore) acquireRows(ctx, budget context.Context, rows LeaseStore, wait bool) (*SemaphoreGuard, error) {
+	for {
+		g, err := s.tryRows(ctx, budget, rows)
+		if !wait || !errors.Is(err, ErrNotAcquired) {
+			return g, err
+		}
+		if err := s.waitRows(budget, rows); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// tryRows makes one attempt on every slot, from a random start, and
+// stops at the first it gets.
+func (s *Semaphore) tryRows(ctx, budget context.Context, rows LeaseStore) (*SemaphoreGuard, error) {
+	start := rand.N(len(s.keys))
+	for n := range s.keys {
+		slot := (start + n) % len(s.keys)
+		st, err := tryLease(ctx, budget, rows, s.db, &s.lock.cfg, s.rowRequest(slot))
+		if err == nil {
+			return &SemaphoreGuard{g: newGuard(&st.hold), slot: slot}, nil
+		}
+		if !errors.Is(err, ErrNotAcquired) {
+			return nil, err
+		}
+	}
+	return nil, ErrNotAcquired
+}
+
+// waitRows polls every poll interval until a slot's row reads free or
+// expired, or budget ends. It only reads, so waiters do not fight for
+// SQLite's single writer.
+func (s *Semaphore) waitRows(budget context.Context, rows LeaseStore) error {
+	cfg := &s.lock.cfg
+	poll := time.NewTimer(pollPause(cfg.poll, cfg.poll, 0))
+	defer poll.Stop()
+	for {
+		select {
+		case <-budget.Done():
+			return context.Cause(budget)
+		case <-poll.C:
+		}
+		free, err := s.anyRowFree(budget, rows)
+		switch {
+		case err != nil && budget.Err() != nil:
+			return context.Cause(budget)
+		case err != nil || free:
+			return err
+		}
+		poll.Reset(pollPause(cfg.poll, cfg.poll, 0))
+	}
+}
+
+// anyRowFree reports whether some slot's row is free or expired.
+func (s *Semaphore) anyRowFree(ctx context.Context, rows LeaseStore) (bool, error) {
+	for i := range s.keys {
+		h, err := rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
+		if err != nil || h == nil {
+			return err == nil, err
+		}
+	}
+	return false, nil
+}
+
+// SemaphoreGuard is a held slot of a Semaphore. Release it when done;
+// Release is idempotent and safe for concurrent use. A guard that becomes
+// unreachable without Release is cleaned up as a Guard is (its slot
+// freed, a warning logged), but that may take long: always Release.
+type SemaphoreGuard struct {
+	g    *Guard
+	slot int
+}
+
+// hold returns g's hold, nil for a nil g.
+func (g *SemaphoreGuard) hold() *hold {
+	if g == nil {
+		return nil
+	}
+	return g.g.h
+}
+
+// Name returns the semaphore's name.
+func (g *SemaphoreGuard) Name() string { return g.g.Name() }
+
+// Slot returns the held slot, from 0 to Slots()-1: no other holder of
+// the semaphore holds it at the same time.
+func (g *SemaphoreGuard) Slot() int { return g.slot }
+
+// Lost returns a channel that is closed when the slot no longer protects
+// anything: it is known lost (its session is gone, or its lease row
+// expired or was taken over), or it was released. As for Guard, a release
+// is not a loss.
+func (g *SemaphoreGuard) Lost() <-chan struct{} { return g.g.Lost() }
+
+// Release frees the slot, as Guard.Release frees a lock: on its own
+// context bounded by WithReleaseTimeout; a failed release discards the
+// connection, which frees a session's slot anyway, and returns the error.
+// Second and later calls return nil.
+func (g *SemaphoreGuard) Release(ctx context.Context) error { return g.g.Release(ctx) }
+
+// run runs fn under the guard and releases it afterwards (see Guard.run).
+func (g *SemaphoreGuard) run(ctx context.Context, fn func(ctx context.Context) error) error {
+	return g.g.run(ctx, fn)
+}

@@ -1,0 +1,267 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// The soak's semaphore row (see TestSoak): on PostgreSQL (lib/pq and
+// pgx), MariaDB and SQLite, workers with a pool each run Do, TryDo and
+// Acquire on a semaphore of semSoakSlots slots, and every round a holder's
+// server session is ended (pg_terminate_backend, KILL). A violation is
+// more holders inside than slots, or two holders on one slot, unless the
+// extra holders had lost their slot to such a fault and were told within
+// semNoticeWithin of it (the server frees a killed session's slot at once;
+// its holder learns of it at its next keep-alive).
+
+const (
+	semSoakSlots    = 2
+	semSoakWorkers  = 4
+	semNoticeWithin = 3 * time.Second
+)
+
+// semaphoreLoad is the semaphore workers of every backend.
+type semaphoreLoad struct {
+	rows []*semRow
+	figs *figures // all rows together
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+// semRow is the semaphore workers of one backend, and what they saw.
+type semRow struct {
+	backend string
+	admin   *sql.DB
+	sem     *advisorylock.Semaphore // the admin's, for Holders
+	figs    *figures
+
+	mu     sync.Mutex
+	inside map[*semHolder]struct{}
+	ended  []time.Time // session-ending faults, when injected
+	excess []semExcess
+}
+
+// semHolder is one holder inside its section. told is when it was told
+// of a loss: by fn's context or the guard's Lost channel while inside, or
+// else by its Do's (or release's) error.
+type semHolder struct {
+	slot    int // -1 where fn does not know it (Do, TryDo)
+	granted time.Time
+	exited  atomic.Bool
+	told    atomic.Int64 // unix nanoseconds when told of a loss; 0 if never
+}
+
+// tell records a loss noticed inside the section.
+func (h *semHolder) tell() {
+	if !h.exited.Load() {
+		h.told.CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
+// semExcess is a grant that made more holders than slots (or two on one
+// slot): over of the others must have been lost to a fault.
+type semExcess struct {
+	at     time.Time
+	others []*semHolder
+	over   int
+}
+
+func startSemaphoreLoad(t *testing.T) *semaphoreLoad {
+	t.Helper()
+	l := &semaphoreLoad{figs: &figures{}}
+	ctx, stop := context.WithCancel(context.Background())
+	l.stop = stop
+	t.Cleanup(func() { stop(); l.wg.Wait() })
+	pgDSN, myDSN, litePath := testdb.PostgresDSN(t), testdb.MySQLDSN(t), testdb.SQLitePath(t)
+	opens := map[string]func(i int) *sql.DB{
+		"postgres": func(i int) *sql.DB { return testdb.OpenPostgresDSN(t, testdb.Drivers[i%len(testdb.Drivers)], pgDSN) },
+		"mysql":    func(int) *sql.DB { return testdb.OpenMySQLDSN(t, myDSN) },
+		"sqlite":   func(int) *sql.DB { return testdb.OpenSQLite(t, litePath, sqliteLoadOptions) },
+	}
+	opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond),
+		advisorylock.WithPollInterval(5 * time.Millisecond), advisorylock.WithLeaseTTL(3 * time.Second)}
+	for _, backend := range []string{"postgres", "mysql", "sqlite"} {
+		name := testdb.UniqueName(t)
+		admin := opens[backend](0)
+		r := &semRow{backend: backend, admin: admin, sem: newSemaphore(t, admin, name, semSoakSlots, opts...), figs: l.figs, inside: map[*semHolder]struct{}{}}
+		l.rows = append(l.rows, r)
+		for i := range semSoakWorkers {
+			s := newSemaphore(t, opens[backend](i), name, semSoakSlots, opts...)
+			l.wg.Go(func() { r.work(ctx, s) })
+		}
+	}
+	return l
+}
+
+// work takes a slot one of three ways until ctx ends.
+func (r *semRow) work(ctx context.Context, s *advisorylock.Semaphore) {
+	for ctx.Err() == nil {
+		start := time.Now()
+		h := &semHolder{slot: -1}
+		var err error
+		switch rand.IntN(3) {
+		case 0:
+			err = s.Do(ctx, func(fctx context.Context) error { return r.section(fctx, nil, h, start) })
+		case 1:
+			_, err = s.TryDo(ctx, func(fctx context.Context) error { return r.section(fctx, nil, h, start) })
+		default:
+			var g *advisorylock.SemaphoreGuard
+			if g, err = s.Acquire(ctx); err == nil {
+				h.slot = g.Slot()
+				err = r.section(ctx, g.Lost(), h, start)
+				err = errors.Join(err, g.Release(ctx))
+			}
+		}
+		if err != nil {
+			// A holder that ended its section before it noticed the loss
+			// is told by its Do's (or release's) error.
+			h.told.CompareAndSwap(0, time.Now().UnixNano())
+		}
+		r.figs.outcome(ctx, err, false)
+	}
+}
+
+// section runs one holder's section: enters, holds a while (ending early
+// when told of a loss), exits. lost is the guard's Lost channel where fn
+// has a guard; else fctx's cancellation with cause ErrLockLost tells.
+func (r *semRow) section(fctx context.Context, lost <-chan struct{}, h *semHolder, start time.Time) error {
+	r.figs.acquiredAfter(time.Since(start))
+	r.enter(h)
+	defer r.exit(h)
+	stop := context.AfterFunc(fctx, func() {
+		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) {
+			h.tell()
+		}
+	})
+	defer stop()
+	select {
+	case <-time.After(holdBriefly()):
+		return nil
+	case <-lost:
+		h.tell()
+		return fmt.Errorf("slot lost: %w", advisorylock.ErrLockLost)
+	case <-fctx.Done():
+		return context.Cause(fctx)
+	}
+}
+
+// enter records h inside, and an excess if it makes one.
+func (r *semRow) enter(h *semHolder) {
+	h.granted = time.Now()
+	slot := h.slot
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var others, sameSlot []*semHolder
+	for o := range r.inside {
+		others = append(others, o)
+		if slot >= 0 && o.slot == slot {
+			sameSlot = append(sameSlot, o)
+		}
+	}
+	if len(others)+1 > semSoakSlots {
+		r.excess = append(r.excess, semExcess{at: h.granted, others: others, over: len(others) + 1 - semSoakSlots})
+	}
+	if len(sameSlot) > 0 {
+		r.excess = append(r.excess, semExcess{at: h.granted, others: sameSlot, over: len(sameSlot)})
+	}
+	r.inside[h] = struct{}{}
+}
+
+func (r *semRow) exit(h *semHolder) {
+	h.exited.Store(true)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.inside, h)
+}
+
+// injectRound ends the server session of one holder of each session
+// backend's semaphore, if one holds a slot now.
+func (l *semaphoreLoad) injectRound(t *testing.T) {
+	for _, r := range l.rows {
+		if r.backend == "sqlite" {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		hs, err := r.sem.Holders(ctx)
+		cancel()
+		if err != nil || len(hs) == 0 {
+			continue
+		}
+		kill := fmt.Sprintf("SELECT pg_terminate_backend(%d)", hs[0].PID)
+		if r.backend == "mysql" {
+			kill = fmt.Sprintf("KILL %d", hs[0].PID)
+		}
+		r.mu.Lock()
+		r.ended = append(r.ended, time.Now())
+		r.mu.Unlock()
+		if _, err := r.admin.Exec(kill); err != nil {
+			t.Logf("semaphore soak: %s: %v", kill, err)
+			continue
+		}
+		r.figs.faults.Add(1)
+	}
+}
+
+// halt stops the workers and counts the violations: excesses that no
+// fault explains.
+func (l *semaphoreLoad) halt(t *testing.T) {
+	t.Helper()
+	l.stop()
+	waitGroupWithin(t, &l.wg, 2*wait, "semaphore workers")
+	for _, r := range l.rows {
+		for _, e := range r.excess {
+			if !r.excused(e) {
+				l.figs.violations.Add(1)
+				t.Logf("VIOLATION: semaphore on %s: at %v, %d more holders than slots (or on one slot), not lost to a fault", r.backend, e.at.Format(time.StampMicro), e.over)
+			}
+		}
+	}
+}
+
+// excused reports whether at least e.over of the holders already inside
+// had been told of a loss within semNoticeWithin of a session-ending
+// fault injected before e.
+func (r *semRow) excused(e semExcess) bool {
+	var fault time.Time
+	for _, f := range r.ended {
+		if f.Before(e.at) {
+			fault = f
+		}
+	}
+	if fault.IsZero() {
+		return false
+	}
+	told := 0
+	for _, o := range e.others {
+		if n := o.told.Load(); n != 0 && time.Unix(0, n).Before(fault.Add(semNoticeWithin)) {
+			told++
+		}
+	}
+	return told >= e.over
+}
+
+// check checks a halted load: no violation, no slot left held.
+func (l *semaphoreLoad) check(t *testing.T) {
+	t.Helper()
+	if v := l.figs.violations.Load(); v != 0 {
+		t.Errorf("semaphores: %d violations (see the log)", v)
+	}
+	for _, r := range l.rows {
+		var hs []*advisorylock.Holder
+		testdb.WaitFor(t, wait, func() bool {
+			var err error
+			hs, err = r.sem.Holders(context.Background())
+			return err == nil && len(hs) == 0
+		}, "semaphore on %s: slots still held after the workers stopped: %v", r.backend, hs)
+	}
+}

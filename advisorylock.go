@@ -107,6 +107,7 @@ type Holder struct {
 	Token       FencingToken // the lease's latest grant (see FencingToken), 0 for session locks
 	Since       time.Time    // when the hold began (or an earlier bound)
 	ExpiresAt   time.Time    // zero for session locks
+	Shared      bool         // a shared holder (RLock), not an exclusive one
 }
 
 // Lock is a named lock. It is safe for concurrent use; every acquire takes
@@ -119,6 +120,7 @@ type Lock struct {
 	cfg   config
 	setup firstUse[lockBackend]
 	obs   atomic.Pointer[observed] // see observed
+	sobs  atomic.Pointer[observed] // shared holds' (see observedAs)
 }
 
 // lockBackend is how a Lock locks, learnt at its first operation: as a
@@ -129,6 +131,10 @@ type lockBackend struct {
 	bounded bool
 	rows    LeaseStore
 	windows WindowedSessionLocker // with WithMinHold on a session backend
+	// shared is how the Lock takes shared holds (RLock): the same backend
+	// in shared mode, nil where it has none; isShared marks that view.
+	shared   *lockBackend
+	isShared bool
 }
 
 // backend returns the Backend that b locks with.
@@ -192,12 +198,16 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			if err != nil {
 				return nil, err
 			}
-			return &lockBackend{session: b, bounded: !endsWithContext(b), windows: w}, nil
+			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w}
+			lb.shared = l.sharedView(lb)
+			return lb, nil
 		case LeaseStore:
 			if err := checkRowWindows(&l.cfg, b); err != nil {
 				return nil, err
 			}
-			return &lockBackend{rows: b}, nil
+			lb := &lockBackend{rows: b}
+			lb.shared = l.sharedView(lb)
+			return lb, nil
 		}
 		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
 	})
@@ -232,7 +242,7 @@ func (l *Lock) Key() int64 { return l.key }
 // lock: a cancelled acquire never leaves a lock held.
 func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 	ctx, a := startAcquire(ctx, l, false)
-	g, err := l.acquire(ctx, ctx, false)
+	g, err := l.acquire(ctx, ctx, false, false)
 	err = wrapErr(l.name, "try lock", err)
 	a.end(g.hold(), err)
 	return g, err
@@ -245,7 +255,7 @@ func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 // Elsewhere it polls (WithPollInterval).
 func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 	ctx, a := startAcquire(ctx, l, true)
-	g, err := l.acquire(ctx, ctx, true)
+	g, err := l.acquire(ctx, ctx, true, false)
 	err = wrapErr(l.name, "lock", err)
 	a.end(g.hold(), err)
 	return g, err
@@ -258,7 +268,7 @@ func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
 	ctx, a := startAcquire(ctx, l, d > 0)
 	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
-		return l.acquire(ctx, budget, wait)
+		return l.acquire(ctx, budget, wait, false)
 	})
 	a.end(g.hold(), err)
 	return g, err
@@ -300,11 +310,12 @@ func withinBudget[G any](ctx context.Context, name string, d time.Duration, acqu
 // errBudget is the cause of a LockTimeout budget running out.
 var errBudget = errors.New("advisorylock: wait budget spent")
 
-// acquire takes the lock. ctx is the caller's context; budget is ctx or a
-// context bounded by LockTimeout's d, which bounds the checkout and the
-// wait but is never left to cancel a statement in flight (a cancelled
-// statement costs the connection; a bounded wait does not).
-func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
+// acquire takes the lock, exclusive or (shared) shared. ctx is the
+// caller's context; budget is ctx or a context bounded by LockTimeout's
+// d, which bounds the checkout and the wait but is never left to cancel a
+// statement in flight (a cancelled statement costs the connection; a
+// bounded wait does not).
+func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, error) {
 	if err := budget.Err(); err != nil {
 		return nil, context.Cause(budget)
 	}
@@ -315,8 +326,13 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if err != nil {
 		return nil, err
 	}
+	if shared {
+		if b, err = l.sharedOf(b); err != nil {
+			return nil, err
+		}
+	}
 	if b.rows != nil {
-		return l.acquireRow(ctx, budget, b.rows, wait)
+		return l.acquireRow(ctx, budget, b, wait)
 	}
 	return l.acquireSession(ctx, budget, b, wait)
 }
@@ -325,7 +341,7 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 // the connection guard discards the connection unless the outcome is
 // definite (see connGuard).
 func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
-	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded, obs: l.observed()}}
+	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded, obs: l.observedAs(b.isShared)}}
 	poolWait := l.cfg.poolWait
 	if wait {
 		poolWait = 0 // a wait's checkout is bounded by its budget (LockTimeout) or ctx
@@ -349,6 +365,9 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 		return nil, whyFailed(ctx, budget, err)
 	}
 	if !res.OK {
+		if wait && endWait(ctx, b.session, &s.p, l.key, l.cfg.releaseTimeout) != nil {
+			return nil, context.Cause(budget) // the armed guard discards the connection
+		}
 		cg.recycle()
 		if wait {
 			return nil, context.Cause(budget)

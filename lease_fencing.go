@@ -420,9 +420,14 @@ func (s *leaseState) lose(cause LossCause, lostErr, why error) {
 	s.hold.lose(cause, lostErr)
 }
 
-// acquireRow takes a Lock that is kept as a lease row (SQLite).
-func (l *Lock) acquireRow(ctx, budget context.Context, rows LeaseStore, wait bool) (*Guard, error) {
-	s, err := acquireLease(ctx, budget, rows, l.db, &l.cfg, l.rowRequest(""), wait)
+// acquireRow takes a Lock that is kept as a lease row (SQLite): an
+// exclusive row, or with b.isShared a shared holder's row.
+func (l *Lock) acquireRow(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
+	req := l.rowRequest("")
+	if b.isShared {
+		req.Kind = KindShared
+	}
+	s, err := acquireLease(ctx, budget, b.rows, l.db, &l.cfg, req, wait)
 	if err != nil {
 		return nil, err
 	}

@@ -149,6 +149,9 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if _, ok := store.(SharedLeaseStore); ok && wait && req.Kind == KindLock {
+		return claimLease(ctx, budget, store, db, cfg, req)
+	}
 	for {
 		s, err := tryLease(ctx, budget, store, db, cfg, req)
 		if !wait || !errors.Is(err, ErrNotAcquired) {
@@ -160,11 +163,39 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 	}
 }
 
+// claimLease is acquireLease for a waiting writer of a Lock that can be
+// held shared: each attempt, with one owner label for the whole wait,
+// claims the row while shared holders have it (see SharedLeaseStore), so
+// that no new shared holder enters, and the waiter tries again every poll
+// interval, which keeps the claim fresh. A wait that ends without the
+// lock withdraws its claim.
+func claimLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
+	req.Owner, req.Wait = ownerLabel(cfg.owner), true
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	<-poll.C
+	for {
+		s, err := tryLease(ctx, budget, store, db, cfg, req)
+		if !errors.Is(err, ErrNotAcquired) {
+			return s, err // an unknown outcome was abandoned by tryLease, claim and all
+		}
+		poll.Reset(pollPause(cfg.poll, cfg.poll, 0))
+		select {
+		case <-budget.Done():
+			go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+			return nil, context.Cause(budget)
+		case <-poll.C:
+		}
+	}
+}
+
 // tryLease makes one attempt. An attempt whose outcome is unknown may
 // have granted the lease without our hearing of it: it frees that grant,
 // unless nothing was sent.
 func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
-	req.Owner = ownerLabel(cfg.owner)
+	if req.Owner == "" {
+		req.Owner = ownerLabel(cfg.owner)
+	}
 	req.TTL = cfg.ttl
 	req.MinHold = cfg.minHold
 	sent := cfg.clock.Now()

@@ -217,11 +217,11 @@ func TestMySQLSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
 	fresh := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	runMySQLSchema(t, fresh)
 	runMySQLSchema(t, fresh) // idempotent
-	if n := countRows(t, fresh, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'advisorylock\\_%'"); n != 4 {
-		t.Fatalf("Schema created %d tables, want 4", n)
+	if n := countRows(t, fresh, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'advisorylock\\_%'"); n != 5 {
+		t.Fatalf("Schema created %d tables, want 5", n)
 	}
-	if n := countRows(t, fresh, "SELECT COUNT(*) FROM advisorylock_schema"); n != 2 {
-		t.Fatalf("Schema recorded %d versions, want 2", n)
+	if n := countRows(t, fresh, "SELECT COUNT(*) FROM advisorylock_schema"); n != 3 {
+		t.Fatalf("Schema recorded %d versions, want 3", n)
 	}
 	releaseLease(t, tryLease(t, newLeaseLock(t, fresh, testdb.UniqueName(t))))
 }
@@ -353,7 +353,7 @@ func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	runMySQLSchema(t, db)
-	for _, stmt := range []string{"DROP TABLE advisorylock_windows", "DELETE FROM advisorylock_schema WHERE version = 2"} {
+	for _, stmt := range []string{"DROP TABLE advisorylock_windows", "DROP TABLE advisorylock_shared", "DELETE FROM advisorylock_schema WHERE version >= 2"} {
 		if _, err := db.Exec(stmt); err != nil {
 			t.Fatal(err)
 		}
@@ -365,7 +365,7 @@ func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
 	if n := countRows(t, db, "SELECT COUNT(*) FROM advisorylock_windows"); n != 1 {
 		t.Fatalf("advisorylock_windows has %d rows after a grant, want 1", n)
 	}
-	if n := countRows(t, db, "SELECT MAX(version) FROM advisorylock_schema"); n != 2 {
-		t.Fatalf("schema version after the upgrade = %d, want 2", n)
+	if n := countRows(t, db, "SELECT MAX(version) FROM advisorylock_schema"); n != 3 {
+		t.Fatalf("schema version after the upgrade = %d, want 3", n)
 	}
 }

@@ -127,7 +127,7 @@ UNION ALL SELECT '', owner, 0, expires_at FROM advisorylock_writers WHERE key = 
 	// Every live holder, the exclusive one first.
 	sqliteHolders = `SELECT name, owner, acquired_at, expires_at, 0 FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2
 UNION ALL SELECT name, owner, acquired_at, expires_at, 1 FROM advisorylock_shared WHERE key = ?1 AND expires_at > ?2`
-	sqliteLockHolder  = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2`
+	sqliteLockHolder = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2`
 
 	// The upsert bumps the generation only if the row is free or expired,
 	// and returns it; no row returned means held.

@@ -19,6 +19,7 @@ type options struct {
 	ttl          time.Duration // 0: the library's default
 	killAfter    time.Duration
 	minHold      time.Duration
+	shared       bool // -s: take the lock shared
 	quiet        bool
 	verbose      bool
 	logFormat    string // "text" or "json"
@@ -72,6 +73,8 @@ var flags = []flagSpec{
 		value: func(o *options, v string) (err error) { o.killAfter, err = parseSeconds(v); return err }},
 	{long: []string{"min-hold"}, config: true, help: "keep the lock taken until this long after the grant",
 		value: func(o *options, v string) (err error) { o.minHold, err = parseSeconds(v); return err }},
+	{long: []string{"shared"}, short: 's', help: "take the lock shared: beside other shared holders",
+		bool: func(o *options) { o.shared = true }},
 	{long: []string{"log-format"}, config: true, help: "text or json", value: setLogFormat},
 	{long: []string{"quiet", "silent"}, short: 'q', help: "print nothing but errors",
 		bool: func(o *options) { o.quiet = true }},
@@ -256,6 +259,9 @@ func (o *options) placeCommand(rest []string) error {
 	if o.nonblock && o.given["wait"] {
 		return errors.New("-n and -w exclude each other")
 	}
+	if o.shared && (o.given["lease"] || o.given["min-hold"]) {
+		return errors.New("-s takes a lock shared; a lease or a --min-hold window is exclusive")
+	}
 	o.command = command
 	return nil
 }
@@ -317,7 +323,7 @@ func (o *options) parseStatus(args []string) error {
 		}
 		o.names, args = append(o.names, rest[0]), rest[1:]
 	}
-	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after", "min-hold"} {
+	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after", "min-hold", "shared"} {
 		if o.given[f] {
 			return fmt.Errorf("flag --%s does not apply to status", f)
 		}

@@ -71,6 +71,9 @@ FLAGS
                     after COMMAND ends or lockrun dies: a cron job on every
                     host runs once per tick even if the hosts' clocks or
                     start times differ by less than DURATION [0: off]
+    -s, --shared    take the lock shared, as flock -s: beside other shared
+                    holders of NAME, never beside an exclusive one (the
+                    default); not with --lease or --min-hold
     --log-format text|json
                     how lockrun writes its own lines on stderr [text]; json
                     is one object per line (time, level, msg, lock), for

@@ -116,6 +116,7 @@ func TestSoak(t *testing.T) {
 	})
 	lite := startSQLiteLoad(t, 2, 1)
 	my := startMySQLLoad(t, 2, 1, holdBriefly)
+	shared := startSharedLoads(t)
 	var myFaults mysqlFaults
 	classes := soakFaults(t)
 
@@ -133,6 +134,11 @@ func TestSoak(t *testing.T) {
 			"  Lock on MySQL:            "+my.session.String(),
 			"  LeaseLock on MySQL:       "+my.lease.String(),
 			"  MySQL faults:             "+myFaults.String(),
+		)
+		for _, s := range shared {
+			lines = append(lines, fmt.Sprintf("  shared Lock on %-9s %v", s.backend+":", s))
+		}
+		lines = append(lines,
 			"  total:                    "+totals(pg.session, pg.lease, lite.lock, lite.lease, my.session, my.lease),
 		)
 		for _, line := range lines {
@@ -167,10 +173,16 @@ func TestSoak(t *testing.T) {
 	pg.halt(t)
 	lite.halt(t)
 	my.halt(t)
+	for _, s := range shared {
+		s.halt(t)
+	}
 	report("done")
 	pg.check(t)
 	lite.check(t)
 	my.check(t)
+	for _, s := range shared {
+		s.check(t)
+	}
 	if myFaults.kills == 0 || myFaults.cuts == 0 || myFaults.resets == 0 {
 		t.Errorf("vacuous: MySQL faults %v", &myFaults)
 	}

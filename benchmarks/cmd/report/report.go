@@ -24,12 +24,14 @@ var pgRows = []opRow{
 	{"select1_pool", "`SELECT 1` with pool checkout", ""},
 	{"raw_param", "raw try + unlock, key as `$1`, pinned (the floor a user writes)", "session"},
 	{"raw_literal", "raw try + unlock, key as a literal, pinned (protocol floor)", "session"},
+	{"raw_literal_shared", "raw shared try + unlock (`pg_try_advisory_lock_shared`), key as a literal, pinned", "session"},
 	{"raw_pool", "raw: pool checkout, try + unlock as literals, back to the pool", "session"},
 	{"raw_pool_bounded", "raw: the same, unlock on its own 5s-bounded context (what `Release` must do)", "session"},
 	{"raw_pool_ask", "raw: the same, unlock in a goroutine abandoned at the bound (survives a network cut lib/pq does not notice)", "session"},
 	{"raw_pool_ask_nowatch", "raw: as above, the statement's own context without Done (no database/sql or driver watcher): the floor with a dead-network bound", "session"},
 	{"raw_pool_worker", "raw: as above, the unlock handed to one long-lived worker goroutine instead of a fresh one", "session"},
 	{"trylock_release", "**advisorylock `TryLock` + `Release`** (pool checkout included)", "session"},
+	{"tryrlock_release", "advisorylock shared `TryRLock` + `Release` (pool checkout included)", "session"},
 	{"trylock_release_nokeepalive", "advisorylock `TryLock` + `Release`, `WithKeepAlive(0)`", "session"},
 	{"trylock_release_noop", "advisorylock `TryLock` + `Release`, `WithObserver(NoopObserver{})`", "session"},
 	{"trylock_release_prom", "advisorylock `TryLock` + `Release`, observed by `advisorylockprom`", "session"},
@@ -508,6 +510,8 @@ var pairedRows = []struct{ op, base, label string }{
 	{"goose_table", "leaselock", "goose table locker vs **`LeaseLock`**"},
 	{"trydo_minhold", "trydo", "`TryDo` with `WithMinHold` vs without"},
 	{"leaselock_minhold", "leaselock", "`LeaseLock` with `WithMinHold` vs without"},
+	{"tryrlock_release", "raw_literal_shared", "shared `TryRLock`+`Release` vs the bare shared statements (literal keys, pinned connection)"},
+	{"tryrlock_release", "trylock_release", "shared `TryRLock`+`Release` vs exclusive `TryLock`+`Release`"},
 }
 
 func (r *report) writePaired(w func(string, ...any)) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -329,6 +330,44 @@ func TestSharedAndExclusiveHoldersNeverOverlap(t *testing.T) {
 		}
 		if together.Load() == 0 {
 			t.Fatal("readers never held the lock together")
+		}
+	})
+}
+
+// TestObserverSeesSharedHoldsAsKindShared: a shared hold's acquire,
+// release and loss reach the Observer as kind "shared", an exclusive
+// hold's of the same Lock as kind "lock".
+func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
+	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
+		ctx := context.Background()
+		rec := &observetest.Recorder{}
+		name := testdb.UniqueName(t)
+		l := newLock(t, open(), name, append(sharedOpts, advisorylock.WithObserver(rec))...)
+		g, err := l.TryRLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := newLock(t, open(), name).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+			t.Fatalf("TryLock beside a shared holder: %v", err)
+		}
+		mustRelease(t, g)
+		g, err = l.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRelease(t, g)
+		kinds := map[advisorylock.LockKind]int{}
+		for _, e := range rec.Events("AcquireEnd") {
+			if e.Value != "acquired" {
+				t.Errorf("AcquireEnd %+v, want acquired", e)
+			}
+			kinds[e.Info.Kind]++
+		}
+		for _, e := range rec.Events("Released") {
+			kinds[e.Info.Kind] += 10
+		}
+		if kinds[advisorylock.LockKindShared] != 11 || kinds[advisorylock.LockKindLock] != 11 {
+			t.Fatalf("acquires (1 each) and releases (10 each) by kind: %v; want one shared and one exclusive hold", kinds)
 		}
 	})
 }

@@ -1,6 +1,8 @@
 // Package advisorylock gives any database/sql application named,
 // cluster-wide locks: run this exactly once across all replicas right now
-// (TryDo), or serialize this section across the fleet (Do). For a job
+// (TryDo), or serialize this section across the fleet (Do); readers
+// beside each other and apart from writers (RDo, RLock: shared locks,
+// as sync.RWMutex spells them). For a job
 // that every replica's scheduler fires, a little apart, WithMinHold keeps
 // the name taken for a window after each grant, so it runs once per tick.
 //
@@ -51,6 +53,11 @@
 // statement that takes the lock, a claim that records it after a wait's
 // grant, and the window's remaining time and holder. Without them the
 // option is refused with ErrUnsupported at the first operation.
+//
+// Shared locks (RLock) need more too. The built-in session backends take
+// them in shared mode (PostgreSQL's own shared advisory locks; MySQL's
+// rows, see MySQL); a LeaseStore keeps them as KindShared rows by
+// implementing SharedLeaseStore. Without it RLock returns ErrUnsupported.
 package advisorylock
 
 import (
@@ -365,14 +372,7 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 		return nil, whyFailed(ctx, budget, err)
 	}
 	if !res.OK {
-		if wait && endWait(ctx, b.session, &s.p, l.key, l.cfg.releaseTimeout) != nil {
-			return nil, context.Cause(budget) // the armed guard discards the connection
-		}
-		cg.recycle()
-		if wait {
-			return nil, context.Cause(budget)
-		}
-		return nil, ErrNotAcquired
+		return nil, l.missed(ctx, budget, b, &cg, wait)
 	}
 	if ctx.Err() != nil {
 		// Cancelled as it was granted: the caller has gone, and a driver
@@ -382,6 +382,21 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 	}
 	cg.take()
 	return s.grant(res.Session), nil
+}
+
+// missed ends an acquire that did not get the lock, a definite miss: the
+// connection goes back to the pool, after a wait once the backend has let
+// go of what the wait may have left on the session (see waitEnding; if it
+// cannot, the still armed guard discards the connection).
+func (l *Lock) missed(ctx, budget context.Context, b *lockBackend, cg *connGuard, wait bool) error {
+	if !wait {
+		cg.recycle()
+		return ErrNotAcquired
+	}
+	if endWait(ctx, b.session, cg.p, l.key, l.cfg.releaseTimeout) == nil {
+		cg.recycle()
+	}
+	return context.Cause(budget)
 }
 
 // firstTry makes an acquire's first attempt. Under a budget it is bounded
@@ -444,9 +459,10 @@ func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p
 	}
 }
 
-// Holder reports who holds the lock now, or nil when it is free. With
-// WithMinHold, a name kept taken by a grant's window reports that grant,
-// with ExpiresAt at the window's end.
+// Holder reports who holds the lock now, or nil when it is free: the
+// exclusive holder, or one of its shared holders (Shared set; Holders
+// lists them all). With WithMinHold, a name kept taken by a grant's
+// window reports that grant, with ExpiresAt at the window's end.
 func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	b, err := l.backend(ctx)
 	if err != nil {

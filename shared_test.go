@@ -262,76 +262,22 @@ func TestKilledSharedHolderFreesTheLock(t *testing.T) {
 	}
 }
 
-// TestSharedAndExclusiveHoldersNeverOverlap runs readers and writers of
-// one name, each on its own *sql.DB, through RDo, Do, TryRDo and TryDo,
-// and counts, inside each section, a writer beside anyone (a violation).
-// Readers must also be seen together at least once, or the test proves
-// nothing about coexistence.
+// TestSharedAndExclusiveHoldersNeverOverlap runs the soak's shared row
+// (see sharedLoad: readers and writers of one name, each on its own
+// *sql.DB, through RDo, Do, TryRDo and TryDo) until it has made a few
+// hundred grants with readers inside together, and counts a writer beside
+// anyone as a violation.
 func TestSharedAndExclusiveHoldersNeverOverlap(t *testing.T) {
-	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
-		defer cancel()
-		name := testdb.UniqueName(t)
-		var readers, writers, violations, together, sections atomic.Int64
-		section := func(shared bool) func(context.Context) error {
-			return func(context.Context) error {
-				sections.Add(1)
-				if shared {
-					if n := readers.Add(1); n > 1 {
-						together.Add(1)
-					}
-					defer readers.Add(-1)
-				} else {
-					defer writers.Add(-1)
-					if writers.Add(1) > 1 {
-						violations.Add(1)
-					}
-				}
-				if shared && writers.Load() > 0 || !shared && readers.Load() > 0 {
-					violations.Add(1)
-				}
-				time.Sleep(2 * time.Millisecond) // a section that takes time: overlaps would show
-				if shared && writers.Load() > 0 || !shared && (readers.Load() > 0 || writers.Load() > 1) {
-					violations.Add(1)
-				}
-				return nil
-			}
-		}
-		var wg sync.WaitGroup
-		for i := range 6 {
-			l := newLock(t, open(), name, sharedOpts...)
-			shared, try := i%3 != 0, i%2 == 0
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					var err error
-					switch {
-					case shared && try:
-						_, err = l.TryRDo(ctx, section(true))
-					case shared:
-						err = l.RDo(ctx, section(true))
-					case try:
-						_, err = l.TryDo(ctx, section(false))
-					default:
-						err = l.Do(ctx, section(false))
-					}
-					if err != nil && ctx.Err() == nil {
-						t.Errorf("worker %d: %v", i, err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		t.Logf("%d sections, readers together %d times", sections.Load(), together.Load())
-		if v := violations.Load(); v != 0 {
-			t.Fatalf("%d times a writer overlapped a reader or another writer", v)
-		}
-		if together.Load() == 0 {
-			t.Fatal("readers never held the lock together")
-		}
-	})
+	for _, b := range sharedBackends {
+		t.Run(b.name, func(t *testing.T) {
+			l := startSharedLoad(t, b.name, b.open(t))
+			testdb.WaitFor(t, wait, func() bool { return l.f.acquired.Load() >= 200 && l.together.Load() >= 5 },
+				"the shared load made %d grants, readers together %d times", l.f.acquired.Load(), l.together.Load())
+			l.halt(t)
+			t.Log(l)
+			l.check(t)
+		})
+	}
 }
 
 // TestObserverSeesSharedHoldsAsKindShared: a shared hold's acquire,

@@ -2,6 +2,7 @@ package advisorylock_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -29,19 +30,24 @@ type sharedLoad struct {
 func startSharedLoads(t *testing.T) []*sharedLoad {
 	var loads []*sharedLoad
 	for _, b := range sharedBackends[1:] {
-		open := b.open(t)
-		l := &sharedLoad{backend: b.name, f: &figures{}}
-		ctx, stop := context.WithCancel(context.Background())
-		l.stop = stop
-		t.Cleanup(func() { stop(); l.wg.Wait() })
-		name := fmt.Sprintf("soak-shared-%s-%d", b.name, rand.Uint64())
-		for i := range 5 {
-			lock := newLock(t, open(), name, quiet, advisorylock.WithPollInterval(5*time.Millisecond))
-			l.wg.Go(func() { l.worker(ctx, lock, i%5 < 3, i%2 == 0) })
-		}
-		loads = append(loads, l)
+		loads = append(loads, startSharedLoad(t, b.name, b.open(t)))
 	}
 	return loads
+}
+
+// startSharedLoad starts five workers of one name, each on a pool of its
+// own: three readers and two writers, half of each trying, half waiting.
+func startSharedLoad(t *testing.T, backend string, open func() *sql.DB) *sharedLoad {
+	l := &sharedLoad{backend: backend, f: &figures{}}
+	ctx, stop := context.WithCancel(context.Background())
+	l.stop = stop
+	t.Cleanup(func() { stop(); l.wg.Wait() })
+	name := fmt.Sprintf("soak-shared-%s-%d", backend, rand.Uint64())
+	for i := range 5 {
+		lock := newLock(t, open(), name, quiet, advisorylock.WithPollInterval(5*time.Millisecond))
+		l.wg.Go(func() { l.worker(ctx, lock, i < 3, i%2 == 0) })
+	}
+	return l
 }
 
 // worker takes the lock shared or not, waiting or trying, until ctx ends.

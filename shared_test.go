@@ -317,3 +317,36 @@ func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
 		}
 	})
 }
+
+// TestLiveSharedHolderIsNotLost: the keep-alive of a shared hold finds
+// its session's ShareLock (PostgreSQL) or holder lock and row (MySQL) and
+// reports nothing: once the check has run on the holder's session (seen
+// in pg_stat_activity; on MySQL, ten periods), Lost stays open.
+func TestLiveSharedHolderIsNotLost(t *testing.T) {
+	for _, b := range sharedBackends[:3] {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			open := b.open(t)
+			admin := open()
+			l := newLock(t, open(), testdb.UniqueName(t), advisorylock.WithKeepAlive(50*time.Millisecond))
+			g, err := l.TryRLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mustRelease(t, g)
+			hs, err := l.Holders(ctx)
+			if err != nil || len(hs) != 1 {
+				t.Fatalf("Holders = %v, %v", hs, err)
+			}
+			if b.name != "mysql" { // MySQL does not show an idle session's last statement
+				q := "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_locks%'"
+				testdb.WaitFor(t, wait, func() bool { return countRows(t, admin, q, hs[0].PID) == 1 }, "the keep-alive never ran on the holder's session")
+			}
+			select {
+			case <-g.Lost():
+				t.Fatal("the keep-alive reported a live shared hold lost")
+			case <-time.After(500 * time.Millisecond): // ten keep-alive periods
+			}
+		})
+	}
+}

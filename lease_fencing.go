@@ -166,26 +166,44 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 // claimLease is acquireLease for a waiting writer of a Lock that can be
 // held shared: each attempt, with one owner label for the whole wait,
 // claims the row while shared holders have it (see SharedLeaseStore), so
-// that no new shared holder enters, and the waiter tries again every poll
-// interval, which keeps the claim fresh. A wait that ends without the
-// lock withdraws its claim.
+// that no new shared holder enters. While shared holders are in, the
+// waiter tries again every poll interval, which keeps its claim fresh;
+// while an exclusive holder is, it waits as acquireLease does, reading
+// only. A wait that ends without the lock withdraws its claim.
 func claimLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
 	req.Owner, req.Wait = ownerLabel(cfg.owner), true
-	poll := time.NewTimer(0)
-	defer poll.Stop()
-	<-poll.C
 	for {
 		s, err := tryLease(ctx, budget, store, db, cfg, req)
 		if !errors.Is(err, ErrNotAcquired) {
 			return s, err // an unknown outcome was abandoned by tryLease, claim and all
 		}
-		poll.Reset(pollPause(cfg.poll, cfg.poll, 0))
-		select {
-		case <-budget.Done():
+		if err := waitForTurn(budget, store, db, cfg, req); err != nil {
 			go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
-			return nil, context.Cause(budget)
-		case <-poll.C:
+			return nil, err
 		}
+	}
+}
+
+// waitForTurn waits one poll interval while shared holders have the row,
+// else until the exclusive holder has gone (see waitUntilFree).
+func waitForTurn(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
+	req.Now = cfg.clock.Now()
+	h, err := store.LeaseHolder(budget, db, req)
+	switch {
+	case err != nil && budget.Err() != nil:
+		return context.Cause(budget)
+	case err != nil:
+		return err
+	case h != nil && !h.Shared:
+		return waitUntilFree(budget, store, db, cfg, req)
+	}
+	poll := time.NewTimer(pollPause(cfg.poll, cfg.poll, 0))
+	defer poll.Stop()
+	select {
+	case <-budget.Done():
+		return context.Cause(budget)
+	case <-poll.C:
+		return nil
 	}
 }
 

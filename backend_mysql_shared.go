@@ -32,6 +32,9 @@ import (
 // writers are not starved. A waiting shared holder waits server-side in
 // GET_LOCK for the writer to go (and lets the GET_LOCK go at once).
 //
+// Rows of holders whose session ended stay (ignored) until their
+// connection id takes the key shared again; they are small.
+//
 // Costs: a shared try is two round trips (four on a miss), its release
 // two; an exclusive try stays one, and where advisorylock_shared does not
 // exist (no RLock ever ran) the exclusive statements run without it, and
@@ -124,11 +127,15 @@ const mysqlReaderPoll = 20 * time.Millisecond
 // key is in (a grant) or end passes (a miss that keeps the GET_LOCK: see
 // EndWait). Each look is one round trip that sleeps on the server first.
 func (m mysqlBackend) waitForReaders(ctx context.Context, conn *sql.Conn, key int64, r SessionResult, end time.Time) (SessionResult, error) {
-	stmt := "SELECT SLEEP(" + strconv.FormatFloat(mysqlReaderPoll.Seconds(), 'f', 3, 64) + ") = 0 AND " + mysqlReadersIn(key)
+	// SLEEP answers 0, or 1 when interrupted: either way the look follows.
+	stmt := "SELECT SLEEP(" + strconv.FormatFloat(mysqlReaderPoll.Seconds(), 'f', 3, 64) + ") >= 0 AND " + mysqlReadersIn(key)
 	for time.Now().Before(end) {
 		var in sql.NullBool
 		if err := conn.QueryRowContext(ctx, stmt).Scan(&in); err != nil {
 			return SessionResult{}, err
+		}
+		if !in.Valid {
+			return SessionResult{}, errors.New("advisorylock: looking for shared holders returned NULL")
 		}
 		if !in.Bool {
 			r.OK = true

@@ -456,7 +456,10 @@ func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit s
 		}
 		return rows.Err()
 	})
-	return hs, err
+	if err != nil {
+		return nil, err // and hs unread: an abandoned statement (see within) may still write it
+	}
+	return hs, nil
 }
 
 // ---------------------------------------------------------------------------

@@ -733,6 +733,9 @@ func TestSharedRunsSideBySideAndExcludesExclusive(t *testing.T) {
 		if code, out, errOut := runLockrun(t, env, "-n", name, "true"); code != 1 {
 			t.Fatalf("exclusive lockrun -n beside shared holders exited %d, want 1: %q %q", code, out, errOut)
 		}
+		if code, out, errOut := runLockrun(t, env, "status", name); code != 0 || strings.Count(out, "shared") != 2 {
+			t.Fatalf("status of a name with two shared holders exited %d, want two shared rows: %q %q", code, out, errOut)
+		}
 		d.touch(t, "go")
 		for i, p := range procs {
 			if code := p.wait(t); code != 0 {

@@ -35,7 +35,10 @@ func (l *Lock) TryRLock(ctx context.Context) (*Guard, error) {
 }
 
 // RLock waits until it holds the lock shared or ctx ends, as Lock waits:
-// server-side in slices on PostgreSQL and MySQL, polling on SQLite.
+// server-side in slices on PostgreSQL and MySQL, polling on SQLite. It
+// returns ctx's error when ctx ends first (a cancelled acquire leaves
+// nothing held), ErrUnsupported as TryRLock does, and the first-use
+// errors of Lock.
 func (l *Lock) RLock(ctx context.Context) (*Guard, error) {
 	ctx, a := startAcquire(ctx, sharedSide{l}, true)
 	g, err := l.acquire(ctx, ctx, true, true)
@@ -45,7 +48,7 @@ func (l *Lock) RLock(ctx context.Context) (*Guard, error) {
 }
 
 // RLockTimeout is RLock bounded by d, as LockTimeout is: a *TimeoutError
-// when d runs out, one attempt when d <= 0.
+// (errors.Is ErrTimeout) when d runs out, one attempt when d <= 0.
 func (l *Lock) RLockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
 	ctx, a := startAcquire(ctx, sharedSide{l}, d > 0)
 	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
@@ -56,7 +59,9 @@ func (l *Lock) RLockTimeout(ctx context.Context, d time.Duration) (*Guard, error
 }
 
 // RDo is Do with the lock held shared: fn runs while no exclusive holder
-// has the lock, alongside other shared holders.
+// has the lock, alongside other shared holders. As with Do, fn's context
+// is cancelled with cause ErrLockLost if the hold is lost, and RDo returns
+// fn's error, else the loss or the release's error.
 func (l *Lock) RDo(ctx context.Context, fn func(ctx context.Context) error) error {
 	return do(ctx, l.RLock, fn)
 }

@@ -32,8 +32,8 @@ import (
 // writers are not starved. A waiting shared holder waits server-side in
 // GET_LOCK for the writer to go (and lets the GET_LOCK go at once).
 //
-// Rows of holders whose session ended stay (ignored) until their
-// connection id takes the key shared again; they are small.
+// Rows of holders whose session ended are ignored, and deleted by the
+// key's next shared release.
 //
 // Costs: a shared try is two round trips (four on a miss), its release
 // two; an exclusive try stays one, and where advisorylock_shared does not
@@ -198,11 +198,20 @@ func (m mysqlBackend) waitShared(ctx context.Context, conn *sql.Conn, key int64,
 	return m.tryShared(ctx, conn, key)
 }
 
-// unlockShared deletes the session's shared row, then lets its holder
-// lock go: OK false if it held none, ErrTransactionPooler if another
-// session holds it.
+// unlockShared deletes the session's shared row (and the key's rows
+// whose holder lock is free: holders whose session ended; a live row's
+// holder lock is taken before the row exists), then lets its holder lock
+// go: OK false if it held none, ErrTransactionPooler if another session
+// holds it. A deadlock or lock wait timeout (InnoDB, against concurrent
+// shared holders of the key) deleted nothing and is retried.
 func (mysqlBackend) unlockShared(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	if _, err := conn.ExecContext(ctx, "DELETE FROM advisorylock_shared WHERE lock_key = "+strconv.FormatInt(key, 10)+" AND conn_id = CONNECTION_ID()"); err != nil {
+	del := "DELETE FROM advisorylock_shared WHERE lock_key = " + strconv.FormatInt(key, 10) +
+		" AND (conn_id = CONNECTION_ID() OR IS_USED_LOCK(" + mysqlHolderLock(key, "conn_id") + ") IS NULL)"
+	_, err := conn.ExecContext(ctx, del)
+	for tries := 0; tries < 3 && (mysqlErrno(err) == mysqlDeadlock || mysqlErrno(err) == mysqlLockWaitTime) && ctx.Err() == nil; tries++ {
+		_, err = conn.ExecContext(ctx, del)
+	}
+	if err != nil {
 		return SessionResult{}, err
 	}
 	var released sql.NullInt64

@@ -60,17 +60,21 @@ func (l *sharedLoad) worker(ctx context.Context, lock *advisorylock.Lock, shared
 			return nil
 		}
 		var err error
+		ran := true
 		switch {
 		case shared && try:
-			_, err = lock.TryRDo(ctx, fn)
+			ran, err = lock.TryRDo(ctx, fn)
 		case shared:
 			err = lock.RDo(ctx, fn)
 		case try:
-			_, err = lock.TryDo(ctx, fn)
+			ran, err = lock.TryDo(ctx, fn)
 		default:
 			err = lock.Do(ctx, fn)
 		}
 		l.f.outcome(ctx, err, false)
+		if !ran {
+			time.Sleep(time.Millisecond) // a try that missed does not spin on a shared server
+		}
 	}
 }
 

@@ -178,7 +178,14 @@ func claimLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *confi
 			return s, err // an unknown outcome was abandoned by tryLease, claim and all
 		}
 		if err := waitForTurn(budget, store, db, cfg, req); err != nil {
-			go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+			// Withdrawn before returning, so that shared holders can enter
+			// as soon as the caller hears of the timeout; in the background
+			// if the caller has gone.
+			if ctx.Err() != nil {
+				go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+			} else {
+				abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+			}
 			return nil, err
 		}
 	}

@@ -63,6 +63,12 @@ func TestSharedHoldersCoexistAndExcludeWriters(t *testing.T) {
 		if _, err := w.LockTimeout(ctx, 300*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
 			t.Fatalf("LockTimeout beside shared holders = %v; want ErrTimeout", err)
 		}
+		// The writer that gave up no longer keeps readers out.
+		rc, err := newLock(t, open(), name, sharedOpts...).TryRLock(ctx)
+		if err != nil {
+			t.Fatalf("TryRLock once a waiting writer gave up: %v", err)
+		}
+		mustRelease(t, rc)
 		mustRelease(t, ra)
 		if _, err := w.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 			t.Fatalf("TryLock beside one shared holder = %v; want ErrNotAcquired", err)
@@ -359,4 +365,41 @@ func TestLiveSharedHolderIsNotLost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCancelledSharedWaitLeavesNothing: readers whose wait behind a
+// writer is cancelled, or times out, leave nothing behind (no row, no
+// lock on a pooled session): once the writer is gone, another writer
+// gets in at once, and every pool has all its connections back.
+func TestCancelledSharedWaitLeavesNothing(t *testing.T) {
+	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
+		ctx := context.Background()
+		name := testdb.UniqueName(t)
+		w := newLock(t, open(), name, sharedOpts...)
+		g, err := w.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb := open()
+		r := newLock(t, rdb, name, sharedOpts...)
+		for range 3 {
+			cctx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+			if _, err := r.RLock(cctx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("RLock behind a writer, cancelled = %v", err)
+			}
+			cancel()
+			if _, err := r.RLockTimeout(ctx, 150*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
+				t.Fatalf("RLockTimeout behind a writer = %v", err)
+			}
+		}
+		mustRelease(t, g)
+		g, err = newLock(t, open(), name).TryLock(ctx)
+		if err != nil {
+			t.Fatalf("TryLock after the cancelled shared waits: %v", err)
+		}
+		mustRelease(t, g)
+		if s := rdb.Stats(); s.InUse != 0 {
+			t.Fatalf("%d of the readers' connections still checked out", s.InUse)
+		}
+	})
 }

@@ -1,6 +1,8 @@
 // Package advisorylock gives any database/sql application named,
 // cluster-wide locks: run this exactly once across all replicas right now
-// (TryDo), or serialize this section across the fleet (Do). For a job
+// (TryDo), or serialize this section across the fleet (Do); readers
+// beside each other and apart from writers (RDo, RLock: shared locks,
+// as sync.RWMutex spells them). For a job
 // that every replica's scheduler fires, a little apart, WithMinHold keeps
 // the name taken for a window after each grant, so it runs once per tick.
 //
@@ -61,6 +63,10 @@
 // An Election on a LeaseStore needs nothing more (its lease's token is the
 // term); on a SessionLocker it needs ElectingSessionLocker, which records
 // each term in a row beside the lock.
+// Shared locks (RLock) need more too. The built-in session backends take
+// them in shared mode (PostgreSQL's own shared advisory locks; MySQL's
+// rows, see MySQL); a LeaseStore keeps them as KindShared rows by
+// implementing SharedLeaseStore. Without it RLock returns ErrUnsupported.
 package advisorylock
 
 import (
@@ -118,6 +124,7 @@ type Holder struct {
 	Since       time.Time    // when the hold began (or an earlier bound)
 	ExpiresAt   time.Time    // zero for session locks
 	Slot        int          // a semaphore holder's slot (see Semaphore.Holders); 0 otherwise
+	Shared      bool         // a shared holder (RLock), not an exclusive one
 }
 
 // Lock is a named lock. It is safe for concurrent use; every acquire takes
@@ -131,6 +138,7 @@ type Lock struct {
 	setup firstUse[lockBackend]
 	obs   atomic.Pointer[observed] // see observed
 	kind  LockKind                 // what its events say it is: LockKindLock, or LockKindElection
+	sobs  atomic.Pointer[observed] // shared holds' (see observedAs)
 }
 
 // lockBackend is how a Lock locks, learnt at its first operation: as a
@@ -141,6 +149,10 @@ type lockBackend struct {
 	bounded bool
 	rows    LeaseStore
 	windows WindowedSessionLocker // with WithMinHold on a session backend
+	// shared is how the Lock takes shared holds (RLock): the same backend
+	// in shared mode, nil where it has none; isShared marks that view.
+	shared   *lockBackend
+	isShared bool
 }
 
 // backend returns the Backend that b locks with.
@@ -204,12 +216,16 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			if err != nil {
 				return nil, err
 			}
-			return &lockBackend{session: b, bounded: !endsWithContext(b), windows: w}, nil
+			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w}
+			lb.shared = l.sharedView(lb)
+			return lb, nil
 		case LeaseStore:
 			if err := checkRowWindows(&l.cfg, b); err != nil {
 				return nil, err
 			}
-			return &lockBackend{rows: b}, nil
+			lb := &lockBackend{rows: b}
+			lb.shared = l.sharedView(lb)
+			return lb, nil
 		}
 		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
 	})
@@ -244,7 +260,7 @@ func (l *Lock) Key() int64 { return l.key }
 // lock: a cancelled acquire never leaves a lock held.
 func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 	ctx, a := startAcquire(ctx, l, false)
-	g, err := l.acquire(ctx, ctx, false)
+	g, err := l.acquire(ctx, ctx, false, false)
 	err = wrapErr(l.name, "try lock", err)
 	a.end(g.hold(), err)
 	return g, err
@@ -257,7 +273,7 @@ func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 // Elsewhere it polls (WithPollInterval).
 func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 	ctx, a := startAcquire(ctx, l, true)
-	g, err := l.acquire(ctx, ctx, true)
+	g, err := l.acquire(ctx, ctx, true, false)
 	err = wrapErr(l.name, "lock", err)
 	a.end(g.hold(), err)
 	return g, err
@@ -270,7 +286,7 @@ func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
 	ctx, a := startAcquire(ctx, l, d > 0)
 	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
-		return l.acquire(ctx, budget, wait)
+		return l.acquire(ctx, budget, wait, false)
 	})
 	a.end(g.hold(), err)
 	return g, err
@@ -312,11 +328,12 @@ func withinBudget[G any](ctx context.Context, name string, d time.Duration, acqu
 // errBudget is the cause of a LockTimeout budget running out.
 var errBudget = errors.New("advisorylock: wait budget spent")
 
-// acquire takes the lock. ctx is the caller's context; budget is ctx or a
-// context bounded by LockTimeout's d, which bounds the checkout and the
-// wait but is never left to cancel a statement in flight (a cancelled
-// statement costs the connection; a bounded wait does not).
-func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
+// acquire takes the lock, exclusive or (shared) shared. ctx is the
+// caller's context; budget is ctx or a context bounded by LockTimeout's
+// d, which bounds the checkout and the wait but is never left to cancel a
+// statement in flight (a cancelled statement costs the connection; a
+// bounded wait does not).
+func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, error) {
 	if err := budget.Err(); err != nil {
 		return nil, context.Cause(budget)
 	}
@@ -327,8 +344,13 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if err != nil {
 		return nil, err
 	}
+	if shared {
+		if b, err = l.sharedOf(b); err != nil {
+			return nil, err
+		}
+	}
 	if b.rows != nil {
-		return l.acquireRow(ctx, budget, b.rows, wait)
+		return l.acquireRow(ctx, budget, b, wait)
 	}
 	return l.acquireSession(ctx, budget, b, wait)
 }
@@ -337,7 +359,7 @@ func (l *Lock) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 // the connection guard discards the connection unless the outcome is
 // definite (see connGuard).
 func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
-	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded, obs: l.observed()}}
+	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded, obs: l.observedAs(b.isShared)}}
 	poolWait := l.cfg.poolWait
 	if wait {
 		poolWait = 0 // a wait's checkout is bounded by its budget (LockTimeout) or ctx
@@ -361,11 +383,7 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 		return nil, whyFailed(ctx, budget, err)
 	}
 	if !res.OK {
-		cg.recycle()
-		if wait {
-			return nil, context.Cause(budget)
-		}
-		return nil, ErrNotAcquired
+		return nil, l.missed(ctx, budget, b, &cg, wait)
 	}
 	if ctx.Err() != nil {
 		// Cancelled as it was granted: the caller has gone, and a driver
@@ -375,6 +393,21 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 	}
 	cg.take()
 	return s.grant(res.Session), nil
+}
+
+// missed ends an acquire that did not get the lock, a definite miss: the
+// connection goes back to the pool, after a wait once the backend has let
+// go of what the wait may have left on the session (see waitEnding; if it
+// cannot, the still armed guard discards the connection).
+func (l *Lock) missed(ctx, budget context.Context, b *lockBackend, cg *connGuard, wait bool) error {
+	if !wait {
+		cg.recycle()
+		return ErrNotAcquired
+	}
+	if endWait(ctx, b.session, cg.p, l.key, l.cfg.releaseTimeout) == nil {
+		cg.recycle()
+	}
+	return context.Cause(budget)
 }
 
 // firstTry makes an acquire's first attempt. Under a budget it is bounded
@@ -437,9 +470,10 @@ func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p
 	}
 }
 
-// Holder reports who holds the lock now, or nil when it is free. With
-// WithMinHold, a name kept taken by a grant's window reports that grant,
-// with ExpiresAt at the window's end.
+// Holder reports who holds the lock now, or nil when it is free: the
+// exclusive holder, or one of its shared holders (Shared set; Holders
+// lists them all). With WithMinHold, a name kept taken by a grant's
+// window reports that grant, with ExpiresAt at the window's end.
 func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	b, err := l.backend(ctx)
 	if err != nil {

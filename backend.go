@@ -97,6 +97,9 @@ const (
 	// KindLease is the row of a LeaseLock (advisorylock_leases, keyed by
 	// name, with a generation that is the fencing token).
 	KindLease
+	// KindShared is a shared holder's row of a Lock kept as rows (RLock;
+	// see SharedLeaseStore), one per holder, keyed by Key and Owner.
+	KindShared
 )
 
 // LeaseRequest describes one lease statement.
@@ -115,6 +118,10 @@ type LeaseRequest struct {
 	// (which keeps the owner until then) and the holder's death. Only a
 	// WindowedLeaseStore is given a non-zero MinHold.
 	MinHold time.Duration
+	// Wait marks a KindLock acquire made by a waiting Lock (not a try): on
+	// a SharedLeaseStore, finding only shared holders it claims the row
+	// for its owner (see SharedLeaseStore).
+	Wait bool
 }
 
 // LeaseGrant is what an acquire or renew granted.
@@ -388,6 +395,7 @@ func identifies(ctx context.Context, db DB, b Backend) bool {
 // querier is what *sql.DB, *sql.Conn and *sql.Tx share: statements.
 type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 

@@ -67,6 +67,8 @@ type mysqlBackend struct {
 	// at their first grant (WithDeadHolderTimeout; see forLock); 0 leaves
 	// the server's.
 	waitTimeout int64
+	// shared takes keys shared (RLock; see backend_mysql_shared.go).
+	shared bool
 }
 
 // forLock returns the backend for one Lock whose sessions get a
@@ -172,9 +174,19 @@ func mysqlLockName(key int64) string {
 	return "'advisorylock:v1:" + hex.EncodeToString(binary.BigEndian.AppendUint64(nil, uint64(key))) + "'"
 }
 
-// TryLockSession makes one GET_LOCK attempt with no wait.
+// TryLockSession makes one GET_LOCK attempt with no wait; a grant while
+// shared holders are in is let go again, a miss (see
+// backend_mysql_shared.go).
 func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	return m.getLock(ctx, conn, "SELECT GET_LOCK("+mysqlLockName(key)+", 0)")
+	if m.shared {
+		return m.tryShared(ctx, conn, key)
+	}
+	r, state, err := m.grabExclusive(ctx, conn, key, "SELECT ", "GET_LOCK("+mysqlLockName(key)+", 0)")
+	if state == grabbedWithReaders && err == nil {
+		r.OK = false
+		err = m.EndWait(ctx, conn, key)
+	}
+	return r, err
 }
 
 // WaitLockSession waits in GET_LOCK for at most slice (the server takes
@@ -185,24 +197,47 @@ func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key in
 // executable comment (SET STATEMENT max_statement_time=0 FOR, no limit),
 // which MySQL ignores; MySQL takes the optimizer hint (a limit a second
 // past the slice), which MariaDB ignores.
+//
+// A writer granted the GET_LOCK while shared holders are in keeps it, so
+// that no new shared holder enters, and waits for them to leave for the
+// rest of the slice (see backend_mysql_shared.go); the next slice finds
+// the GET_LOCK its own, and EndWait lets it go if the wait ends first.
 func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
+	end := time.Now().Add(slice)
 	slice = max(slice, time.Millisecond)
 	secs := strconv.FormatFloat(slice.Seconds(), 'f', 3, 64)
 	limit := strconv.FormatInt((slice + time.Second).Milliseconds(), 10)
-	return m.getLock(ctx, conn, "/*M! SET STATEMENT max_statement_time=0 FOR */ SELECT /*+ MAX_EXECUTION_TIME("+limit+") */ GET_LOCK("+mysqlLockName(key)+", "+secs+")")
+	head := "/*M! SET STATEMENT max_statement_time=0 FOR */ SELECT /*+ MAX_EXECUTION_TIME(" + limit + ") */ "
+	if m.shared {
+		return m.waitShared(ctx, conn, key, head, secs)
+	}
+	name := mysqlLockName(key)
+	r, state, err := m.grabExclusive(ctx, conn, key, head, "IF(IS_USED_LOCK("+name+") = CONNECTION_ID(), 1, GET_LOCK("+name+", "+secs+"))")
+	if state != grabbedWithReaders || err != nil {
+		return r, err
+	}
+	return m.waitForReaders(ctx, conn, key, r, end)
 }
 
 // endsIdleSessions: wait_timeout ends a live session too once it is idle
 // that long (see forLock).
 func (mysqlBackend) endsIdleSessions() {}
 
-// getLock runs getLock, a SELECT of GET_LOCK. It also reads the session,
+// getLock runs getLock, a SELECT of GET_LOCK (1: granted, 0: missed,
+// NULL: an error). It also reads the session,
 // read_only and the session's wait_timeout, in the same round trip:
 // behind a VIP or DNS a new connection can reach a replica, whose locks
 // exclude nothing on the primary; the error makes the acquire discard the
 // connection, which frees a lock granted there. A grant on a session
 // whose wait_timeout is longer than the Lock's sets it (see forLock).
 func (m mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
+	r, _, err := m.lockStatement(ctx, conn, getLock)
+	return r, err
+}
+
+// lockStatement is getLock returning the first column too: any value
+// from 1 up is a grant, whose session gets the Lock's wait_timeout.
+func (m mysqlBackend) lockStatement(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, int64, error) {
 	var got sql.NullInt64
 	var readOnly bool
 	var waitTimeout int64
@@ -210,17 +245,17 @@ func (m mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock strin
 	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only, @@session.wait_timeout").Scan(&got, &r.Session, &readOnly, &waitTimeout)
 	switch {
 	case err != nil:
-		return SessionResult{}, err
+		return SessionResult{}, 0, err
 	case readOnly:
-		return SessionResult{}, errReadOnly
+		return SessionResult{}, 0, errReadOnly
 	case !got.Valid: // an error on the server, such as the statement being killed
-		return SessionResult{}, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
+		return SessionResult{}, 0, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
 	}
 	r.OK = got.Int64 == 1
-	if r.OK && m.waitTimeout > 0 && waitTimeout > m.waitTimeout {
-		return r, m.setWaitTimeout(ctx, conn)
+	if got.Int64 >= 1 && m.waitTimeout > 0 && waitTimeout > m.waitTimeout {
+		return r, got.Int64, m.setWaitTimeout(ctx, conn)
 	}
-	return r, nil
+	return r, got.Int64, nil
 }
 
 // setWaitTimeout gives conn's session the Lock's wait_timeout; an error
@@ -236,7 +271,10 @@ func (m mysqlBackend) setWaitTimeout(ctx context.Context, conn *sql.Conn) error 
 // (nobody holds it: OK false) or 0 (another session holds it: this
 // connection's statements reach another server session than the one that
 // took the lock, reported as ErrTransactionPooler).
-func (mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+func (m mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+	if m.shared {
+		return m.unlockShared(ctx, conn, key)
+	}
 	name := mysqlLockName(key)
 	var released, holder sql.NullInt64
 	var r SessionResult
@@ -254,10 +292,14 @@ func (mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64
 // HoldsSession reports whether conn's session holds key; a server that
 // turned read-only (demoted in a failover) is an error, so the keep-alive
 // reports the lock lost.
-func (mysqlBackend) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (bool, error) {
+func (m mysqlBackend) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (bool, error) {
 	var held sql.NullBool
 	var readOnly bool
-	err := conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK("+mysqlLockName(key)+") = CONNECTION_ID(), @@read_only").Scan(&held, &readOnly)
+	holds := "IS_USED_LOCK(" + mysqlLockName(key) + ") = CONNECTION_ID()"
+	if m.shared {
+		holds = mysqlHoldsShared(key)
+	}
+	err := conn.QueryRowContext(ctx, "SELECT "+holds+", @@read_only").Scan(&held, &readOnly)
 	if err == nil && readOnly {
 		err = errReadOnly
 	}
@@ -276,23 +318,14 @@ func (mysqlBackend) SessionIdentity(ctx context.Context, conn *sql.Conn) (string
 	return fmt.Sprintf("%d@%s:%d/%d", id, host, port, server), nil
 }
 
-// SessionHolder reads the holder's connection id from IS_USED_LOCK, and
-// its user and host from the process list where the user may see them
-// (PROCESS privilege). Since stays zero: the server does not say when a
-// named lock was taken.
+// SessionHolder reports a holder of key (see SessionHolders): the
+// exclusive one, else a shared one.
 func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
-	stmt := "SELECT u.id, COALESCE(p.USER, ''), COALESCE(p.HOST, '') FROM (SELECT IS_USED_LOCK(" + mysqlLockName(key) +
-		") AS id) AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id"
-	h := &Holder{Backend: m.Name(), Key: key}
-	var id sql.NullInt64
-	err := mysqlRun(ctx, db, func(q querier) error {
-		return q.QueryRowContext(ctx, stmt).Scan(&id, &h.User, &h.ClientAddr)
-	})
-	if err != nil || !id.Valid {
+	hs, err := m.SessionHolders(ctx, db, key)
+	if len(hs) == 0 || err != nil {
 		return nil, err
 	}
-	h.PID = int(id.Int64)
-	return h, nil
+	return hs[0], nil
 }
 
 // ---------------------------------------------------------------------------
@@ -323,6 +356,7 @@ var mysqlSteps = [][]string{1: {
 ) ENGINE=InnoDB`,
 }, 2: {mysqlWindowsTable}, // step 2: once-per-window Locks (WithMinHold; see backend_mysql_minhold.go)
 	3: {mysqlElectionsTable}, // step 3: elections (NewElection; see backend_mysql_election.go)
+	4: {mysqlSharedTable},    // step 4: shared locks (RLock; see backend_mysql_shared.go)
 }
 
 // mysqlSchemaVersions is the table of applied upgrade steps.
@@ -352,6 +386,7 @@ func (mysqlBackend) Schema() string {
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_fences TO app;
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_windows TO app; -- Lock with WithMinHold
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_elections TO app; -- Election
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON db.advisorylock_shared TO app; -- RLock
 --   GRANT SELECT ON db.advisorylock_schema TO app;
 `)
 	return b.String()
@@ -557,6 +592,14 @@ func createMySQLTables(ctx context.Context, db DB) error {
 	if err != nil {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
 	}
+	err, unlockErr := createMySQLTablesOn(ctx, conn)
+	giveBack(conn, unlockErr == nil) // ending the session frees the schema lock
+	return err
+}
+
+// createMySQLTablesOn is createMySQLTables on conn; unlockErr says the
+// schema lock may still be held by conn's session (discard it then).
+func createMySQLTablesOn(ctx context.Context, conn *sql.Conn) (err, unlockErr error) {
 	var got sql.NullInt64
 	err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+mysqlSchemaLock+", 30)").Scan(&got)
 	if err == nil && got.Int64 != 1 {
@@ -565,18 +608,14 @@ func createMySQLTables(ctx context.Context, db DB) error {
 	if err == nil {
 		err = applyMySQLSteps(ctx, conn)
 	}
-	if _, uerr := conn.ExecContext(ctx, "DO RELEASE_LOCK("+mysqlSchemaLock+")"); uerr != nil {
-		discard(conn) // ending the session frees the schema lock
-	} else {
-		recycle(conn)
-	}
+	_, unlockErr = conn.ExecContext(ctx, "DO RELEASE_LOCK("+mysqlSchemaLock+")")
 	switch {
 	case mysqlErrno(err) == mysqlDenied:
-		return fmt.Errorf("advisorylock: creating tables: the database user may not create them; an administrator creates them from Schema(MySQL()) and grants what its end lists: %w", err)
+		return fmt.Errorf("advisorylock: creating tables: the database user may not create them; an administrator creates them from Schema(MySQL()) and grants what its end lists: %w", err), unlockErr
 	case err != nil:
-		return fmt.Errorf("advisorylock: creating tables: %w", err)
+		return fmt.Errorf("advisorylock: creating tables: %w", err), unlockErr
 	}
-	return nil
+	return nil, unlockErr
 }
 
 // applyMySQLSteps applies on conn the upgrade steps not recorded in

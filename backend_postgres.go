@@ -37,12 +37,39 @@ type postgres struct {
 	// session, "" for none; mark is the marker it sets (0 for none).
 	deadHolder string
 	mark       int64
+	// shared takes, waits for, checks and releases keys in shared mode
+	// (see sharedSessions).
+	shared bool
 }
 
 func (p *postgres) Name() string { return "postgres" }
 
 func (p *postgres) forDriver(db DB) Backend {
-	return &postgres{params: strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/"), tryLock: p.tryLock, whyMissed: p.whyMissed, deadHolder: p.deadHolder}
+	c := *p
+	c.params = strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/")
+	return &c
+}
+
+// sharedSessions returns p in shared mode, for RLock: the same statements
+// (and the same one round trip per step) with pg_try_advisory_lock_shared,
+// pg_advisory_lock_shared and pg_advisory_unlock_shared, and a keep-alive
+// that looks for the session's ShareLock in pg_locks.
+func (p *postgres) sharedSessions() SessionLocker {
+	c := *p
+	c.shared = true
+	if c.tryLock == "" { // not made by forLock: a backend used outside a Lock
+		c.tryLock, c.whyMissed = pgTryLock, pgWhyMissed
+	}
+	c.tryLock = strings.Replace(c.tryLock, "pg_try_advisory_lock(", "pg_try_advisory_lock_shared(", 1)
+	return &c
+}
+
+// lockMode is the pg_locks mode of p's locks.
+func (p *postgres) lockMode() string {
+	if p.shared {
+		return "ShareLock"
+	}
+	return "ExclusiveLock"
 }
 
 // forLock returns a copy of p for one Lock whose sessions get the
@@ -164,7 +191,8 @@ const (
 	set_config('tcp_keepalives_count', '%d', false), set_config('tcp_user_timeout', '%[4]d', false),
 	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL THEN set_config('idle_session_timeout', '0', false) END,
 	set_config('advisorylock.dead_holder', '%[4]d', false)`
-	pgUnlock = `SELECT WHERE pg_advisory_unlock($1::bigint)`
+	pgUnlock       = `SELECT WHERE pg_advisory_unlock($1::bigint)`
+	pgUnlockShared = `SELECT WHERE pg_advisory_unlock_shared($1::bigint)`
 	// The wait is three statements in one simple-protocol message (no
 	// arguments: pgx sends it as a simple query too), which PostgreSQL runs
 	// as one implicit transaction: SET LOCAL bounds the wait by lock_timeout
@@ -173,7 +201,8 @@ const (
 	// set by a statement of its own: its timer starts with each statement,
 	// so a set_config in the locking statement would come too late for a
 	// role's or DSN's shorter statement_timeout.
-	pgWait = `SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d; SELECT pg_advisory_lock(%d)`
+	pgWait       = `SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d; SELECT pg_advisory_lock(%d)`
+	pgWaitShared = `SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d; SELECT pg_advisory_lock_shared(%d)`
 )
 
 // statement returns text and its arguments in the form the driver sends
@@ -314,7 +343,11 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 // grant.
 func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
 	ms := max(slice.Milliseconds(), 1)
-	q := fmt.Sprintf(pgWait, ms+waitStatementSlack.Milliseconds(), ms, key)
+	wait := pgWait
+	if p.shared {
+		wait = pgWaitShared
+	}
+	q := fmt.Sprintf(wait, ms+waitStatementSlack.Milliseconds(), ms, key)
 	if p.deadHolder != "" {
 		// A slice is long next to a statement: it sends the settings each
 		// time (they are rolled back with a slice that times out).
@@ -339,14 +372,19 @@ const waitStatementSlack = 500 * time.Millisecond
 // round trip finds out why: a session that holds it now, or another
 // session that holds it, means the connection's statements reach more
 // than one server session (a transaction-mode pooler), reported as
-// ErrTransactionPooler; nobody holding it is OK false.
+// ErrTransactionPooler; nobody holding it is OK false. (In shared mode
+// other sessions hold it too, so only the first says anything.)
 func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	ok, err := p.rowStatement(ctx, conn, pgUnlock, key)
+	unlock := pgUnlock
+	if p.shared {
+		unlock = pgUnlockShared
+	}
+	ok, err := p.rowStatement(ctx, conn, unlock, key)
 	if ok || err != nil {
 		return SessionResult{OK: ok}, err
 	}
 	// Rare, so written with literals for every driver.
-	where := advisoryWhere(key)
+	where := advisoryWhere(key) + " AND l.mode = '" + p.lockMode() + "'"
 	var here, anywhere bool
 	var r SessionResult
 	err = conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND "+where+
@@ -356,7 +394,7 @@ func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64)
 		return r, err
 	case here:
 		return r, fmt.Errorf("%w: the unlock ran on a server session that did not hold the lock, and the next statement reached server session %d, which does", ErrTransactionPooler, r.Session)
-	case anywhere:
+	case anywhere && !p.shared:
 		return r, fmt.Errorf("%w: the unlock ran on a server session that did not hold the lock, and another server session holds it", ErrTransactionPooler)
 	}
 	return r, nil
@@ -379,7 +417,7 @@ func (p *postgres) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) 
 // primary demoted by a failover) is not held: it excludes nothing.
 func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
 	var r SessionResult
-	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.pid = pg_backend_pid()) AND NOT pg_is_in_recovery(), pg_backend_pid()").Scan(&r.OK, &r.Session)
+	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.mode = '"+p.lockMode()+"' AND l.pid = pg_backend_pid()) AND NOT pg_is_in_recovery(), pg_backend_pid()").Scan(&r.OK, &r.Session)
 	return r, err
 }
 
@@ -393,22 +431,56 @@ func (p *postgres) SessionIdentity(ctx context.Context, conn *sql.Conn) (string,
 	return fmt.Sprintf("%d@%s:%d/%s", pid, addr, port, started), nil
 }
 
-// SessionHolder reads pg_locks joined with pg_stat_activity. Since is when
-// the holder's acquire statement started while that is still its latest
-// statement, and otherwise its session's start (an earlier bound).
+// SessionHolder reads pg_locks joined with pg_stat_activity: a holder of
+// key, shared or exclusive (see SessionHolders).
 func (p *postgres) SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
-	q := `SELECT l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
-  CASE WHEN a.query LIKE 'SELECT pg\_%advisory\_lock(%' THEN a.query_start ELSE a.backend_start END
-FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE ` + advisoryWhere(key) + ` ORDER BY l.pid LIMIT 1`
-	h := &Holder{Backend: p.Name(), Key: key}
-	var since sql.NullTime
-	found, err := p.queryRow(ctx, db, q, nil, &h.PID, &h.Application, &h.ClientAddr, &since)
-	if !found || err != nil {
+	hs, err := p.sessionHolders(ctx, db, key, " LIMIT 1")
+	if len(hs) == 0 || err != nil {
 		return nil, err
 	}
-	h.Since = since.Time
-	return h, nil
+	return hs[0], nil
+}
+
+// SessionHolders lists every session that holds key, shared or exclusive,
+// from pg_locks joined with pg_stat_activity. Since is when the holder's
+// acquire statement started while that is still its latest statement, and
+// otherwise its session's start (an earlier bound). Without
+// pg_read_all_stats, other roles' sessions show their pid alone.
+func (p *postgres) SessionHolders(ctx context.Context, db DB, key int64) ([]*Holder, error) {
+	return p.sessionHolders(ctx, db, key, "")
+}
+
+// pgHolders reads the holders of a key (the WHERE clause is appended).
+const pgHolders = `SELECT l.pid, l.mode = 'ShareLock', coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+  CASE WHEN a.query LIKE 'SELECT pg\_%advisory\_lock%(%' THEN a.query_start ELSE a.backend_start END
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE `
+
+func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit string) ([]*Holder, error) {
+	q := pgHolders + advisoryWhere(key) + ` ORDER BY l.pid` + limit
+	var hs []*Holder
+	err := p.run(ctx, db, func(on querier) error {
+		hs = nil // run may run it twice
+		rows, err := on.QueryContext(ctx, q)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			h := &Holder{Backend: p.Name(), Key: key}
+			var since sql.NullTime
+			if err := rows.Scan(&h.PID, &h.Shared, &h.Application, &h.ClientAddr, &since); err != nil {
+				return err
+			}
+			h.Since = since.Time
+			hs = append(hs, h)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err // and hs unread: an abandoned statement (see within) may still write it
+	}
+	return hs, nil
 }
 
 // ---------------------------------------------------------------------------

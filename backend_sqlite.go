@@ -67,6 +67,26 @@ BEGIN UPDATE advisorylock_tokens SET last = max(last, NEW.generation) WHERE id =
 		`CREATE TRIGGER IF NOT EXISTS advisorylock_tokens_update AFTER UPDATE OF generation ON advisorylock_leases
 BEGIN UPDATE advisorylock_tokens SET last = max(last, NEW.generation) WHERE id = 1; END`,
 	},
+	3: { // shared locks (RLock): a row per shared holder, and waiting writers' claims
+		`CREATE TABLE IF NOT EXISTS advisorylock_shared (
+	key         INTEGER NOT NULL,    -- Key(name)
+	owner       TEXT    NOT NULL,    -- unique per acquire
+	name        TEXT    NOT NULL,
+	acquired_at INTEGER NOT NULL,    -- Unix milliseconds
+	expires_at  INTEGER NOT NULL,    -- Unix milliseconds
+	PRIMARY KEY (key, owner)
+)`,
+		`CREATE TABLE IF NOT EXISTS advisorylock_writers (
+	key        INTEGER PRIMARY KEY,  -- Key(name)
+	owner      TEXT    NOT NULL,     -- the waiting writer's acquire
+	expires_at INTEGER NOT NULL      -- Unix milliseconds
+)`,
+		// A writer's grant ends its own claim, in the grant's statement.
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_writers_insert AFTER INSERT ON advisorylock_locks
+BEGIN DELETE FROM advisorylock_writers WHERE key = NEW.key AND owner = NEW.owner; END`,
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_writers_update AFTER UPDATE OF owner ON advisorylock_locks
+BEGIN DELETE FROM advisorylock_writers WHERE key = NEW.key AND owner = NEW.owner; END`,
+	},
 }
 
 // sqliteSchemaVersions is the table of applied upgrade steps.
@@ -78,16 +98,36 @@ const sqliteSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
 // The statements. Each is one autocommit statement with bound parameters;
 // ?1 is the key or name, and times are Unix milliseconds from the Clock.
 const (
-	// The upsert takes the row only if it is absent or expired: one row
-	// changed means acquired.
+	// The upsert takes the row only if it is absent or expired and no
+	// shared holder's row is live: one row changed means acquired.
 	sqliteAcquireLock = `INSERT INTO advisorylock_locks (key, name, owner, acquired_at, expires_at)
-VALUES (?1, ?2, ?3, ?4, ?5)
+SELECT ?1, ?2, ?3, ?4, ?5 WHERE NOT EXISTS (SELECT 1 FROM advisorylock_shared WHERE key = ?1 AND expires_at > ?4)
 ON CONFLICT (key) DO UPDATE SET name = excluded.name, owner = excluded.owner,
 	acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
 WHERE advisorylock_locks.expires_at <= excluded.acquired_at`
 	sqliteRenewLock   = `UPDATE advisorylock_locks SET expires_at = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4`
 	sqliteReleaseLock = `DELETE FROM advisorylock_locks WHERE key = ?1 AND owner = ?2`
-	sqliteLockHolder  = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2`
+
+	// Shared holds (see SharedLeaseStore). A shared holder's row goes in
+	// only while no exclusive row and no waiting writer's claim is live; a
+	// waiting writer claims the key (any writer may take a claim over)
+	// while shared holders keep it from the lock row. A release also
+	// clears the key's expired rows (dead holders').
+	sqliteAcquireShared = `INSERT INTO advisorylock_shared (key, owner, name, acquired_at, expires_at)
+SELECT ?1, ?3, ?2, ?4, ?5 WHERE NOT EXISTS (SELECT 1 FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?4)
+	AND NOT EXISTS (SELECT 1 FROM advisorylock_writers WHERE key = ?1 AND expires_at > ?4)`
+	sqliteRenewShared   = `UPDATE advisorylock_shared SET expires_at = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4`
+	sqliteReleaseShared = `DELETE FROM advisorylock_shared WHERE key = ?1 AND (owner = ?2 OR expires_at <= ?3)`
+	sqliteClaimWriter   = `INSERT INTO advisorylock_writers (key, owner, expires_at) VALUES (?1, ?2, ?3)
+ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at`
+	sqliteWithdrawClaim = `DELETE FROM advisorylock_writers WHERE key = ?1 AND owner = ?2`
+	// What keeps a shared holder out: the exclusive row, else a claim.
+	sqliteSharedBlocker = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2
+UNION ALL SELECT '', owner, 0, expires_at FROM advisorylock_writers WHERE key = ?1 AND expires_at > ?2 LIMIT 1`
+	// Every live holder, the exclusive one first.
+	sqliteHolders = `SELECT name, owner, acquired_at, expires_at, 0 FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2
+UNION ALL SELECT name, owner, acquired_at, expires_at, 1 FROM advisorylock_shared WHERE key = ?1 AND expires_at > ?2`
+	sqliteLockHolder = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2`
 
 	// The upsert bumps the generation only if the row is free or expired,
 	// and returns it; no row returned means held.
@@ -282,13 +322,9 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	token := int64(1) // a lock row's grant; a lease row returns its generation
 	acquired := false
 	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
-		if r.Kind == KindLock {
-			res, err := q.ExecContext(ctx, sqliteAcquireLock, r.Key, r.Name, r.Owner, now, exp)
-			if err != nil {
-				return err
-			}
-			n, err := res.RowsAffected()
-			acquired = n == 1
+		if r.Kind != KindLease {
+			var err error
+			acquired, err = s.acquireRow(ctx, q, r, now, exp)
 			return err
 		}
 		var gen int64 // its own variable: only a lease pays for the Scan's pointer
@@ -308,6 +344,26 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	return LeaseGrant{Token: FencingToken(token), ExpiresAt: time.UnixMilli(exp)}, nil
 }
 
+// acquireRow takes a lock row (KindLock) or a shared holder's row
+// (KindShared) in one statement; a waiting writer that missed claims the
+// key in a second (see SharedLeaseStore).
+func (sqliteBackend) acquireRow(ctx context.Context, q querier, r LeaseRequest, now, exp int64) (bool, error) {
+	stmt := sqliteAcquireLock
+	if r.Kind == KindShared {
+		stmt = sqliteAcquireShared
+	}
+	res, err := q.ExecContext(ctx, stmt, r.Key, r.Name, r.Owner, now, exp)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if n == 1 || err != nil || !r.Wait || r.Kind != KindLock {
+		return n == 1, err
+	}
+	_, err = q.ExecContext(ctx, sqliteClaimWriter, r.Key, r.Owner, exp)
+	return false, err
+}
+
 // RenewLease extends the row if r.Owner (and, for a lease, r.Token) still
 // holds it unexpired; ErrLeaseLost otherwise.
 func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
@@ -318,6 +374,8 @@ func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (L
 		var err error
 		win := r.MinHold.Milliseconds()
 		switch {
+		case r.Kind == KindShared:
+			res, err = q.ExecContext(ctx, sqliteRenewShared, r.Key, r.Owner, exp, now)
 		case r.Kind == KindLock && win > 0:
 			res, err = q.ExecContext(ctx, sqliteRenewLockWindow, r.Key, r.Owner, exp, now, win)
 		case r.Kind == KindLock:
@@ -356,8 +414,14 @@ func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) 
 		var err error
 		win := r.MinHold.Milliseconds()
 		switch {
+		case r.Kind == KindShared:
+			_, err = q.ExecContext(ctx, sqliteReleaseShared, r.Key, r.Owner, now)
 		case r.Kind == KindLock && win > 0 && r.Token != 0:
 			_, err = q.ExecContext(ctx, sqliteReleaseLockWindow, r.Key, r.Owner, now, win)
+		case r.Kind == KindLock && r.Token == 0: // an abandoned acquire: its claim too
+			if _, err = q.ExecContext(ctx, sqliteReleaseLock, r.Key, r.Owner); err == nil {
+				_, err = q.ExecContext(ctx, sqliteWithdrawClaim, r.Key, r.Owner)
+			}
 		case r.Kind == KindLock:
 			_, err = q.ExecContext(ctx, sqliteReleaseLock, r.Key, r.Owner)
 		case r.Token == 0:
@@ -372,8 +436,20 @@ func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) 
 }
 
 // LeaseHolder reads the row; nil when it is absent, free or expired as of
-// r.Now.
+// r.Now. For a Lock (KindLock) that is its exclusive row, else one of its
+// shared holders; for a shared holder (KindShared), what keeps it out: the
+// exclusive row, else a waiting writer's claim (Owner the writer's).
 func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+	switch r.Kind {
+	case KindShared:
+		return s.sharedBlocker(ctx, db, r)
+	case KindLock:
+		hs, err := s.LeaseHolders(ctx, db, r)
+		if len(hs) == 0 || err != nil {
+			return nil, err
+		}
+		return hs[0], nil
+	}
 	now, _ := leaseTimes(r)
 	var h *Holder
 	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
@@ -396,6 +472,50 @@ func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (
 		return nil, err
 	}
 	return h, nil
+}
+
+// sharedBlocker reports what keeps a shared holder of r.Key out.
+func (s sqliteBackend) sharedBlocker(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+	now, _ := leaseTimes(r)
+	var h *Holder
+	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
+		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
+		var since, until int64
+		err := q.QueryRowContext(ctx, sqliteSharedBlocker, r.Key, now).Scan(&h.Name, &h.Owner, &since, &until)
+		if errors.Is(err, sql.ErrNoRows) {
+			h = nil
+			return nil
+		}
+		h.Since, h.ExpiresAt = time.UnixMilli(since), time.UnixMilli(until)
+		return err
+	})
+	return h, err
+}
+
+// LeaseHolders lists every live holder of r.Key as of r.Now: the
+// exclusive row first, then the shared holders' rows.
+func (s sqliteBackend) LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error) {
+	now, _ := leaseTimes(r)
+	var hs []*Holder
+	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
+		hs = nil // run may run it again
+		rows, err := q.QueryContext(ctx, sqliteHolders, r.Key, now)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			h := &Holder{Backend: "sqlite", Key: r.Key}
+			var since, until int64
+			if err := rows.Scan(&h.Name, &h.Owner, &since, &until, &h.Shared); err != nil {
+				return err
+			}
+			h.Since, h.ExpiresAt = time.UnixMilli(since), time.UnixMilli(until)
+			hs = append(hs, h)
+		}
+		return rows.Err()
+	})
+	return hs, err
 }
 
 // AdmitToken keeps the higher of token and the stored one, in tx, and

@@ -149,6 +149,9 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if _, ok := store.(SharedLeaseStore); ok && wait && req.Kind == KindLock {
+		return claimLease(ctx, budget, store, db, cfg, req)
+	}
 	for {
 		s, err := tryLease(ctx, budget, store, db, cfg, req)
 		if !wait || !errors.Is(err, ErrNotAcquired) {
@@ -160,11 +163,64 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 	}
 }
 
+// claimLease is acquireLease for a waiting writer of a Lock that can be
+// held shared: each attempt, with one owner label for the whole wait,
+// claims the row while shared holders have it (see SharedLeaseStore), so
+// that no new shared holder enters. While shared holders are in, the
+// waiter tries again every poll interval, which keeps its claim fresh;
+// while an exclusive holder is, it waits as acquireLease does, reading
+// only. A wait that ends without the lock withdraws its claim.
+func claimLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
+	req.Owner, req.Wait = ownerLabel(cfg.owner), true
+	for {
+		s, err := tryLease(ctx, budget, store, db, cfg, req)
+		if !errors.Is(err, ErrNotAcquired) {
+			return s, err // an unknown outcome was abandoned by tryLease, claim and all
+		}
+		if err := waitForTurn(budget, store, db, cfg, req); err != nil {
+			// Withdrawn before returning, so that shared holders can enter
+			// as soon as the caller hears of the timeout; in the background
+			// if the caller has gone.
+			if ctx.Err() != nil {
+				go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+			} else {
+				abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
+			}
+			return nil, err
+		}
+	}
+}
+
+// waitForTurn waits one poll interval while shared holders have the row,
+// else until the exclusive holder has gone (see waitUntilFree).
+func waitForTurn(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
+	req.Now = cfg.clock.Now()
+	h, err := store.LeaseHolder(budget, db, req)
+	switch {
+	case err != nil && budget.Err() != nil:
+		return context.Cause(budget)
+	case err != nil:
+		return err
+	case h != nil && !h.Shared:
+		return waitUntilFree(budget, store, db, cfg, req)
+	}
+	poll := time.NewTimer(pollPause(cfg.poll, cfg.poll, 0))
+	defer poll.Stop()
+	select {
+	case <-budget.Done():
+		return context.Cause(budget)
+	case <-poll.C:
+		return nil
+	}
+}
+
 // tryLease makes one attempt. An attempt whose outcome is unknown may
 // have granted the lease without our hearing of it: it frees that grant,
 // unless nothing was sent.
 func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
-	req.Owner = ownerLabel(cfg.owner)
+	if req.Owner == "" {
+		req.Owner = ownerLabel(cfg.owner)
+	}
 	req.TTL = cfg.ttl
 	req.MinHold = cfg.minHold
 	sent := cfg.clock.Now()
@@ -420,9 +476,14 @@ func (s *leaseState) lose(cause LossCause, lostErr, why error) {
 	s.hold.lose(cause, lostErr)
 }
 
-// acquireRow takes a Lock that is kept as a lease row (SQLite).
-func (l *Lock) acquireRow(ctx, budget context.Context, rows LeaseStore, wait bool) (*Guard, error) {
-	s, err := acquireLease(ctx, budget, rows, l.db, &l.cfg, l.rowRequest(""), wait)
+// acquireRow takes a Lock that is kept as a lease row (SQLite): an
+// exclusive row, or with b.isShared a shared holder's row.
+func (l *Lock) acquireRow(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
+	req := l.rowRequest("")
+	if b.isShared {
+		req.Kind = KindShared
+	}
+	s, err := acquireLease(ctx, budget, b.rows, l.db, &l.cfg, req, wait)
 	if err != nil {
 		return nil, err
 	}

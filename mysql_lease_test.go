@@ -313,6 +313,28 @@ func TestMySQLLeastPrivilegeUser(t *testing.T) {
 		}
 	}
 
+	// Shared holds, with the grant Schema lists for advisorylock_shared.
+	if _, err := admin.Exec("GRANT DELETE ON " + cfg.DBName + ".advisorylock_shared TO '" + user + "'@'%'"); err != nil {
+		t.Fatal(err)
+	}
+	shared := newLock(t, db, name)
+	r1, err := shared.TryRLock(ctx)
+	if err != nil {
+		t.Fatalf("TryRLock as an ordinary user: %v", err)
+	}
+	r2, err := newLock(t, db, name).TryRLock(ctx)
+	if err != nil {
+		t.Fatalf("second TryRLock as an ordinary user: %v", err)
+	}
+	if hs, err := shared.Holders(ctx); err != nil || len(hs) != 2 || !hs[0].Shared {
+		t.Fatalf("Holders of two shared holds as an ordinary user = %v, %v", hs, err)
+	}
+	if _, err := newLock(t, admin, name).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("administrator's TryLock beside an ordinary user's shared holds = %v, want ErrNotAcquired", err)
+	}
+	mustRelease(t, r1)
+	mustRelease(t, r2)
+
 	// Without the tables, the error names what the user may not do.
 	bare := testdb.NewMySQLDatabase(t)
 	bcfg, _ := mysql.ParseDSN(bare)
@@ -354,7 +376,7 @@ func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	runMySQLSchema(t, db)
-	for _, stmt := range []string{"DROP TABLE advisorylock_windows", "DROP TABLE advisorylock_elections", "DELETE FROM advisorylock_schema WHERE version >= 2"} {
+	for _, stmt := range []string{"DROP TABLE advisorylock_windows", "DROP TABLE advisorylock_elections", "DROP TABLE advisorylock_shared", "DELETE FROM advisorylock_schema WHERE version >= 2"} {
 		if _, err := db.Exec(stmt); err != nil {
 			t.Fatal(err)
 		}

@@ -582,7 +582,7 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 		answer  driver.Value
 		wantErr error
 	}{{nil, nil}, {int64(0), advisorylock.ErrTransactionPooler}} {
-		mock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro", "wt"}).AddRow(int64(1), int64(7), int64(0), int64(28800)))
+		mock.ExpectQuery("SELECT CASE GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro", "wt"}).AddRow(int64(1), int64(7), int64(0), int64(28800)))
 		mock.ExpectQuery("SELECT RELEASE_LOCK").WillReturnRows(sqlmock.NewRows([]string{"released", "id", "holder"}).AddRow(tc.answer, int64(7), int64(9)))
 		g, err := m.TryLock(ctx)
 		if err != nil {
@@ -608,7 +608,7 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	}
 	defer rdb.Close()
 	r := newLock(t, rdb, "replica", advisorylock.WithBackend(advisorylock.MySQL()), advisorylock.WithServerChecks(false))
-	rmock.ExpectQuery("SELECT GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro", "wt"}).AddRow(int64(1), int64(8), int64(1), int64(28800)))
+	rmock.ExpectQuery("SELECT CASE GET_LOCK").WillReturnRows(sqlmock.NewRows([]string{"got", "id", "ro", "wt"}).AddRow(int64(1), int64(8), int64(1), int64(28800)))
 	if _, err := r.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "read-only") {
 		t.Fatalf("TryLock on a connection to a replica = %v, want ErrUnsupported naming read-only", err)
 	}

@@ -64,6 +64,13 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 				}
 				return err
 			}))
+			wantStandby("TryRLock", firstUse(mkLock, func(l *advisorylock.Lock) error {
+				g, err := l.TryRLock(ctx)
+				if g != nil {
+					_ = g.Release(ctx)
+				}
+				return err
+			}))
 			wantStandby("LeaseLock.TryLock", firstUse(func() (*advisorylock.LeaseLock, error) { return advisorylock.NewLeaseLock(db, name) },
 				func(l *advisorylock.LeaseLock) error {
 					g, err := l.TryLock(ctx)

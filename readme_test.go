@@ -47,6 +47,7 @@ var (
 
 func sendDigest(ctx context.Context) error   { return nil }
 func rebuildIndex(ctx context.Context) error { return nil }
+func serveFromCatalog(ctx context.Context) error { return nil }
 `
 
 // extraImport finds an import of one of the modules under extra/.

@@ -8,8 +8,9 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// Every lock step is one round trip on both drivers (SPEC 4.6a): counted
-// on the wire, as ReadyForQuery messages through a proxy.
+// Every lock step is one round trip on both drivers (SPEC 4.6a), shared
+// ones too (issue 18): counted on the wire, as ReadyForQuery messages
+// through a proxy.
 func TestEachLockStepIsOneRoundTrip(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -18,7 +19,7 @@ func TestEachLockStepIsOneRoundTrip(t *testing.T) {
 			db.SetMaxOpenConns(1)
 			l := newLock(t, db, testdb.UniqueName(t))
 			// Warm up: pgx prepares each statement text once per connection.
-			for _, acquire := range []func(context.Context) (*advisorylock.Guard, error){l.TryLock, l.Lock} {
+			for _, acquire := range []func(context.Context) (*advisorylock.Guard, error){l.TryLock, l.Lock, l.TryRLock, l.RLock} {
 				g, err := acquire(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -28,7 +29,7 @@ func TestEachLockStepIsOneRoundTrip(t *testing.T) {
 			for _, step := range []struct {
 				name    string
 				acquire func(context.Context) (*advisorylock.Guard, error)
-			}{{"TryLock", l.TryLock}, {"Lock", l.Lock}} {
+			}{{"TryLock", l.TryLock}, {"Lock", l.Lock}, {"TryRLock", l.TryRLock}, {"RLock", l.RLock}} {
 				proxy.ResetCount()
 				g, err := step.acquire(ctx)
 				if err != nil {

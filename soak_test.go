@@ -119,6 +119,7 @@ func TestSoak(t *testing.T) {
 	lite := startSQLiteLoad(t, 2, 1)
 	my := startMySQLLoad(t, 2, 1, holdBriefly)
 	sem := startSemaphoreLoad(t)
+	shared := startSharedLoads(t)
 	var myFaults mysqlFaults
 	classes := soakFaults(t)
 
@@ -137,6 +138,11 @@ func TestSoak(t *testing.T) {
 			"  LeaseLock on MySQL:       "+my.lease.String(),
 			"  MySQL faults:             "+myFaults.String(),
 			"  Semaphores (PG, MySQL, SQLite; sessions killed): "+sem.figs.String(),
+		)
+		for _, s := range shared {
+			lines = append(lines, fmt.Sprintf("  shared Lock on %-9s %v", s.backend+":", s))
+		}
+		lines = append(lines,
 			"  total:                    "+totals(pg.session, pg.lease, lite.lock, lite.lease, my.session, my.lease),
 		)
 		for _, line := range lines {
@@ -173,11 +179,17 @@ func TestSoak(t *testing.T) {
 	lite.halt(t)
 	my.halt(t)
 	sem.halt(t)
+	for _, s := range shared {
+		s.halt(t)
+	}
 	report("done")
 	pg.check(t)
 	lite.check(t)
 	my.check(t)
 	sem.check(t)
+	for _, s := range shared {
+		s.check(t)
+	}
 	if myFaults.kills == 0 || myFaults.cuts == 0 || myFaults.resets == 0 {
 		t.Errorf("vacuous: MySQL faults %v", &myFaults)
 	}

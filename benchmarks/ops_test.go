@@ -40,12 +40,14 @@ var pgOps = []pgOp{
 	{"select1_pool", pgDrivers, setupSelect1Pool},
 	{"raw_param", []string{"pq", "pqbin", "pgx"}, setupRawParam},
 	{"raw_literal", pgDrivers, setupRawLiteral},
+	{"raw_literal_shared", pgDrivers, setupRawLiteralShared},
 	{"raw_pool", pgDrivers, setupRawPool(releasePlain)},
 	{"raw_pool_bounded", pgDrivers, setupRawPool(releaseBounded)},
 	{"raw_pool_ask", pgDrivers, setupRawPool(releaseAsk)},
 	{"raw_pool_ask_nowatch", pgDrivers, setupRawPool(releaseAskNoWatch)},
 	{"raw_pool_worker", pgDrivers, setupRawPoolWorker},
 	{"trylock_release", pgDrivers, setupTryLock(nil)},
+	{"tryrlock_release", pgDrivers, setupTryRLock},
 	{"trylock_release_nokeepalive", pgDrivers, setupTryLock([]advisorylock.Option{advisorylock.WithKeepAlive(0)})},
 	{"trylock_release_noop", pgDrivers, setupObservedTryLock("noop")},
 	{"trylock_release_otel", pgDrivers, setupObservedTryLock("otel")},
@@ -156,6 +158,8 @@ var pgPairs = []struct{ base, op string }{
 	{"raw_literal", "raw_pool_ask_nowatch"},
 	{"trydo", "trydo_minhold"},
 	{"leaselock", "leaselock_minhold"},
+	{"raw_literal_shared", "tryrlock_release"},
+	{"trylock_release", "tryrlock_release"},
 }
 
 // sqlitePairs are measured side by side by BenchmarkPaired on one SQLite
@@ -275,6 +279,37 @@ func setupRawLiteral(b *testing.B, e pgEnv) func(ctx context.Context) error {
 			return errNotGranted
 		}
 		return conn.QueryRowContext(ctx, unlock).Scan(&ok)
+	}
+}
+
+// setupRawLiteralShared is setupRawLiteral in shared mode: the bare
+// pg_try_advisory_lock_shared and pg_advisory_unlock_shared.
+func setupRawLiteralShared(b *testing.B, e pgEnv) func(ctx context.Context) error {
+	conn := pin(b, e.db)
+	key := strconv.FormatInt(advisorylock.Key(lockName(b, "raw")), 10)
+	try := "SELECT pg_try_advisory_lock_shared(" + key + ")"
+	unlock := "SELECT pg_advisory_unlock_shared(" + key + ")"
+	return func(ctx context.Context) error {
+		var ok bool
+		if err := conn.QueryRowContext(ctx, try).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return errNotGranted
+		}
+		return conn.QueryRowContext(ctx, unlock).Scan(&ok)
+	}
+}
+
+// setupTryRLock is an uncontended shared TryRLock and Release.
+func setupTryRLock(b *testing.B, e pgEnv) func(ctx context.Context) error {
+	l := newLock(b, e.db, lockName(b, "lock"))
+	return func(ctx context.Context) error {
+		g, err := l.TryRLock(ctx)
+		if err != nil {
+			return err
+		}
+		return g.Release(ctx)
 	}
 }
 

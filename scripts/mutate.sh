@@ -102,6 +102,25 @@ mutation "a resigner on SQLite campaigns again at once" election.go \
 mutation "lead returning nil ends Run" election.go \
 	's/case err == nil:\n(\t+)if !e\.standAside/case err == nil \&\& false:\n$1if !e.standAside/' \
 	'^TestElectionRunReturnsLeadsError$'
+# --- Shared locks (issue 18) -----------------------------------------------------
+mutation "MySQL exclusive statement ignores shared rows" backend_mysql_shared.go \
+	's/WHEN 1 THEN IF\("\+mysqlReadersIn\(key\)\+", 2, 1\)/WHEN 1 THEN IF(false, 2, 1)/' \
+	'^TestSharedAndExclusiveHoldersNeverOverlap$'
+mutation "MySQL shared holder does not check the GET_LOCK after its row" backend_mysql_shared.go \
+	's/m\.getLock\(ctx, conn, "SELECT IS_FREE_LOCK\("\+mysqlLockName\(key\)\+"\)"\)/m.getLock(ctx, conn, "SELECT 1")/' \
+	'^TestSharedAndExclusiveHoldersNeverOverlap$'
+mutation "MySQL writer's wait that ends keeps the GET_LOCK on the pooled session" backend_mysql_shared.go \
+	's/RELEASE_LOCK\("\+name\+"\), 0\)"\)/0, 0)")/' \
+	'^TestSharedHoldersCoexistAndExcludeWriters$'
+mutation "SQLite lock row ignores shared rows" backend_sqlite.go \
+	's/SELECT \?1, \?2, \?3, \?4, \?5 WHERE NOT EXISTS \(SELECT 1 FROM advisorylock_shared WHERE key = \?1 AND expires_at > \?4\)/SELECT ?1, ?2, ?3, ?4, ?5 WHERE true/' \
+	'^TestSharedAndExclusiveHoldersNeverOverlap$'
+mutation "SQLite waiting writer does not claim the name" backend_sqlite.go \
+	's/if n == 1 \|\| err != nil \|\| !r\.Wait/if true || n == 1 || err != nil || !r.Wait/' \
+	'^TestWaitingWriterGetsInWhenTheReadersLeave$'
+mutation "PostgreSQL shared keep-alive looks for an exclusive lock" backend_postgres.go \
+	's/return "ShareLock"/return "ExclusiveLock"/' \
+	'^TestLiveSharedHolderIsNotLost$'
 
 # --- lockrun ------------------------------------------------------------------
 mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \

@@ -21,7 +21,8 @@ type options struct {
 	ttl          time.Duration // 0: the library's default
 	killAfter    time.Duration
 	minHold      time.Duration
-	slots        int // --slots: a semaphore of this many slots; 0: a lock
+	slots        int  // --slots: a semaphore of this many slots; 0: a lock
+	shared       bool // -s: take the lock shared
 	quiet        bool
 	verbose      bool
 	logFormat    string // "text" or "json"
@@ -76,6 +77,8 @@ var flags = []flagSpec{
 	{long: []string{"min-hold"}, config: true, help: "keep the lock taken until this long after the grant",
 		value: func(o *options, v string) (err error) { o.minHold, err = parseSeconds(v); return err }},
 	{long: []string{"slots"}, help: "let at most N holders take NAME at once (a semaphore)", value: setSlots},
+	{long: []string{"shared"}, short: 's', help: "take the lock shared: beside other shared holders",
+		bool: func(o *options) { o.shared = true }},
 	{long: []string{"log-format"}, config: true, help: "text or json", value: setLogFormat},
 	{long: []string{"quiet", "silent"}, short: 'q', help: "print nothing but errors",
 		bool: func(o *options) { o.quiet = true }},
@@ -272,6 +275,9 @@ func (o *options) placeCommand(rest []string) error {
 	if err := o.checkSlots(); err != nil {
 		return err
 	}
+	if o.shared && (o.given["lease"] || o.given["min-hold"]) {
+		return errors.New("-s takes a lock shared; a lease or a --min-hold window is exclusive")
+	}
 	o.command = command
 	return nil
 }
@@ -281,6 +287,8 @@ func (o *options) placeCommand(rest []string) error {
 func (o *options) checkSlots() error {
 	switch {
 	case o.slots == 0:
+	case o.shared:
+		return errors.New("--slots and -s exclude each other (a semaphore's slots are taken exclusively)")
 	case o.lease:
 		return errors.New("--slots and --lease exclude each other (a semaphore's slots are locks, not leases)")
 	case o.minHold > 0:
@@ -346,7 +354,7 @@ func (o *options) parseStatus(args []string) error {
 		}
 		o.names, args = append(o.names, rest[0]), rest[1:]
 	}
-	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after", "min-hold"} {
+	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after", "min-hold", "shared"} {
 		if o.given[f] {
 			return fmt.Errorf("flag --%s does not apply to status", f)
 		}

@@ -80,6 +80,9 @@ FLAGS
                     COMMAND gets LOCKRUN_SLOT. Every process sharing NAME
                     must give the same N. Not with --lease or --min-hold;
                     with status, also list NAME's slot holders
+    -s, --shared    take the lock shared, as flock -s: beside other shared
+                    holders of NAME, never beside an exclusive one (the
+                    default); not with --lease or --min-hold
     --log-format text|json
                     how lockrun writes its own lines on stderr [text]; json
                     is one object per line (time, level, msg, lock), for

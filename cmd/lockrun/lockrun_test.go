@@ -718,3 +718,35 @@ func TestMinHoldRunsOncePerWindow(t *testing.T) {
 		}
 	})
 }
+
+// Issue 18: -s takes the lock shared, as flock -s: shared lockruns run
+// their commands side by side, and an exclusive lockrun -n beside them
+// exits with the conflict code; once they end it runs.
+func TestSharedRunsSideBySideAndExcludesExclusive(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		procs := []*proc{
+			startLockrun(t, env, append([]string{"-s", "-n", name, "--"}, d.holdUntil("go")...)...),
+			startLockrun(t, env, append([]string{"--shared", "-w", "30", name, "--"}, d.holdUntil("go")...)...),
+		}
+		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("ran"))) == 2 }, "the two shared lockruns did not both run their commands")
+		if code, out, errOut := runLockrun(t, env, "-n", name, "true"); code != 1 {
+			t.Fatalf("exclusive lockrun -n beside shared holders exited %d, want 1: %q %q", code, out, errOut)
+		}
+		if code, out, errOut := runLockrun(t, env, "status", name); code != 0 || strings.Count(out, "shared") != 2 {
+			t.Fatalf("status of a name with two shared holders exited %d, want two shared rows: %q %q", code, out, errOut)
+		}
+		d.touch(t, "go")
+		for i, p := range procs {
+			if code := p.wait(t); code != 0 {
+				t.Errorf("shared lockrun %d exited %d; stderr: %q", i, code, p.stderr)
+			}
+		}
+		if code, out, errOut := runLockrun(t, env, "-n", name, "true"); code != 0 {
+			t.Fatalf("exclusive lockrun -n after the shared holders exited %d: %q %q", code, out, errOut)
+		}
+		if code, _, errOut := runLockrun(t, env, "-s", "--lease", name, "true"); code == 0 || !strings.Contains(errOut, "shared") {
+			t.Fatalf("-s --lease exited %d, %q; want a usage error", code, errOut)
+		}
+	})
+}

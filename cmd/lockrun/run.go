@@ -34,14 +34,21 @@ type held struct {
 	release func(context.Context) error
 }
 
-type sessionTarget struct{ l *advisorylock.Lock }
+type sessionTarget struct {
+	l      *advisorylock.Lock
+	shared bool // -s: RLock instead of Lock
+}
 
 func (t sessionTarget) Holder(ctx context.Context) (*advisorylock.Holder, error) {
 	return t.l.Holder(ctx)
 }
 
 func (t sessionTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
-	g, err := acquireByWait(ctx, wait, t.l.TryLock, t.l.Lock, t.l.LockTimeout)
+	try, lock, lockTimeout := t.l.TryLock, t.l.Lock, t.l.LockTimeout
+	if t.shared {
+		try, lock, lockTimeout = t.l.TryRLock, t.l.RLock, t.l.RLockTimeout
+	}
+	g, err := acquireByWait(ctx, wait, try, lock, lockTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -201,6 +208,9 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	if o.minHold > 0 {
 		opts = append(opts, advisorylock.WithMinHold(o.minHold))
 	}
+	if o.shared && (o.lease || o.minHold > 0) {
+		return nil, errors.New("-s takes a lock shared; a lease or a min-hold window (from the config file) is exclusive")
+	}
 	if o.slots > 0 {
 		if err := o.checkSlots(); err != nil { // the config file may set lease or min-hold
 			return nil, configErrorf("%w", err)
@@ -222,7 +232,7 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sessionTarget{l}, nil
+	return sessionTarget{l, o.shared}, nil
 }
 
 // ownerLabel is host:pid, the label lease rows record.

@@ -20,7 +20,7 @@ const statusTimeout = 30 * time.Second
 
 // holding is one row of the status table.
 type holding struct {
-	kind string // "lock", "lease" or "free"
+	kind string // "lock", "shared" (a shared holder of a lock), "lease" or "free"
 	h    advisorylock.Holder
 }
 
@@ -67,12 +67,16 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 			rows, found = append(rows, hs...), len(hs) > 0
 		}
 		for _, kind := range []string{"lock", "lease"} {
-			h, err := holderOf(ctx, db, kind, name, say)
+			hs, err := holdersOf(ctx, db, kind, name, say)
 			if err != nil {
 				return nil, err
 			}
-			if h != nil {
-				rows = append(rows, holding{kind: kind, h: *h})
+			for _, h := range hs {
+				k := kind
+				if h.Shared {
+					k = "shared"
+				}
+				rows = append(rows, holding{kind: k, h: *h})
 				found = true
 			}
 		}
@@ -112,6 +116,23 @@ func slotHolders(ctx context.Context, db *database, name string, slots int, say 
 		rows = append(rows, holding{kind: "slot " + strconv.Itoa(h.Slot), h: *h})
 	}
 	return rows, err
+}
+
+// holdersOf lists every holder of name as a Lock (shared ones too), or
+// its holder as a LeaseLock.
+func holdersOf(ctx context.Context, db *database, kind, name string, say *reporter) ([]*advisorylock.Holder, error) {
+	if kind == "lease" {
+		h, err := holderOf(ctx, db, kind, name, say)
+		if h == nil || err != nil {
+			return nil, err
+		}
+		return []*advisorylock.Holder{h}, nil
+	}
+	l, err := advisorylock.New(db, name, advisorylock.WithPoolerCheck(false), advisorylock.WithLogger(say.logger()))
+	if err != nil {
+		return nil, err
+	}
+	return l.Holders(ctx)
 }
 
 // allHolders lists the held lease rows by name (the tables of SPEC 4.4a),

@@ -24,12 +24,14 @@ var pgRows = []opRow{
 	{"select1_pool", "`SELECT 1` with pool checkout", ""},
 	{"raw_param", "raw try + unlock, key as `$1`, pinned (the floor a user writes)", "session"},
 	{"raw_literal", "raw try + unlock, key as a literal, pinned (protocol floor)", "session"},
+	{"raw_literal_shared", "raw shared try + unlock (`pg_try_advisory_lock_shared`), key as a literal, pinned", "session"},
 	{"raw_pool", "raw: pool checkout, try + unlock as literals, back to the pool", "session"},
 	{"raw_pool_bounded", "raw: the same, unlock on its own 5s-bounded context (what `Release` must do)", "session"},
 	{"raw_pool_ask", "raw: the same, unlock in a goroutine abandoned at the bound (survives a network cut lib/pq does not notice)", "session"},
 	{"raw_pool_ask_nowatch", "raw: as above, the statement's own context without Done (no database/sql or driver watcher): the floor with a dead-network bound", "session"},
 	{"raw_pool_worker", "raw: as above, the unlock handed to one long-lived worker goroutine instead of a fresh one", "session"},
 	{"trylock_release", "**advisorylock `TryLock` + `Release`** (pool checkout included)", "session"},
+	{"tryrlock_release", "advisorylock shared `TryRLock` + `Release` (pool checkout included)", "session"},
 	{"trylock_release_nokeepalive", "advisorylock `TryLock` + `Release`, `WithKeepAlive(0)`", "session"},
 	{"trylock_release_noop", "advisorylock `TryLock` + `Release`, `WithObserver(NoopObserver{})`", "session"},
 	{"trylock_release_prom", "advisorylock `TryLock` + `Release`, observed by `advisorylockprom`", "session"},
@@ -513,6 +515,8 @@ var pairedRows = []struct{ op, base, label string }{
 	{"semaphore_tryacquire", "semaphore_raw", "**`Semaphore` `TryAcquire`+`Release`** (3 slots) vs its bare statements (one `CASE` try over the slots + unlock, literal keys, pinned)"},
 	{"semaphore_tryacquire", "trylock_release", "`Semaphore` `TryAcquire`+`Release` vs a `Lock`'s `TryLock`+`Release`"},
 	{"semaphore_raw", "raw_literal", "context: the semaphore's bare statements vs a lock's"},
+	{"tryrlock_release", "raw_literal_shared", "shared `TryRLock`+`Release` vs the bare shared statements (literal keys, pinned connection)"},
+	{"tryrlock_release", "trylock_release", "shared `TryRLock`+`Release` vs exclusive `TryLock`+`Release`"},
 }
 
 func (r *report) writePaired(w func(string, ...any)) {

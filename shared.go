@@ -1,0 +1,228 @@
+package advisorylock
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Shared holds, as sync.RWMutex spells them: RLock and its helpers take
+// the lock shared. Shared holders of a name coexist; an exclusive holder
+// (Lock, TryLock) excludes them all and is excluded by any, on every
+// backend. A shared hold is a *Guard like any other: the same Release,
+// Lost, keep-alive and Observer events (kind LockKindShared).
+//
+// Waiting writers are not starved: on every backend a writer that waits
+// keeps new shared holders out until it has had its turn (PostgreSQL
+// queues them behind it in the server's lock queue; MySQL and SQLite by
+// the writer's GET_LOCK or its claim on the row, see their backends). So
+// TryRLock reports ErrNotAcquired while a writer waits, as
+// sync.RWMutex.TryRLock does, and readers can wait behind a stream of
+// writers.
+
+// TryRLock makes one attempt to take the lock shared and returns a Guard,
+// or an error matching ErrNotAcquired when an exclusive holder has it (or,
+// on MySQL and SQLite, a writer waits for it). Contexts, the pool and
+// cancellation behave as in TryLock. A Lock with WithMinHold, or on a
+// backend without shared locks, returns ErrUnsupported.
+func (l *Lock) TryRLock(ctx context.Context) (*Guard, error) {
+	ctx, a := startAcquire(ctx, sharedSide{l}, false)
+	g, err := l.acquire(ctx, ctx, false, true)
+	err = wrapErr(l.name, "try rlock", err)
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// RLock waits until it holds the lock shared or ctx ends, as Lock waits:
+// server-side in slices on PostgreSQL and MySQL, polling on SQLite. It
+// returns ctx's error when ctx ends first (a cancelled acquire leaves
+// nothing held), ErrUnsupported as TryRLock does, and the first-use
+// errors of Lock.
+func (l *Lock) RLock(ctx context.Context) (*Guard, error) {
+	ctx, a := startAcquire(ctx, sharedSide{l}, true)
+	g, err := l.acquire(ctx, ctx, true, true)
+	err = wrapErr(l.name, "rlock", err)
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// RLockTimeout is RLock bounded by d, as LockTimeout is: a *TimeoutError
+// (errors.Is ErrTimeout) when d runs out, one attempt when d <= 0.
+func (l *Lock) RLockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
+	ctx, a := startAcquire(ctx, sharedSide{l}, d > 0)
+	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
+		return l.acquire(ctx, budget, wait, true)
+	})
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// RDo is Do with the lock held shared: fn runs while no exclusive holder
+// has the lock, alongside other shared holders. As with Do, fn's context
+// is cancelled with cause ErrLockLost if the hold is lost, and RDo returns
+// fn's error, else the loss or the release's error.
+func (l *Lock) RDo(ctx context.Context, fn func(ctx context.Context) error) error {
+	return do(ctx, l.RLock, fn)
+}
+
+// TryRDo is TryDo with the lock taken shared: (false, nil) when an
+// exclusive holder has it (or a writer waits for it, see TryRLock).
+func (l *Lock) TryRDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
+	return tryDo(ctx, l.TryRLock, fn)
+}
+
+// Holders lists every holder of the lock now, shared (Holder.Shared) and
+// exclusive, or none when it is free. On PostgreSQL it reads pg_locks and
+// pg_stat_activity (details of other roles' sessions need
+// pg_read_all_stats), on MySQL the holders' rows, IS_USED_LOCK and the
+// process list (PROCESS for other users' details), on SQLite the rows.
+// With WithMinHold, a name kept taken by a window lists that grant alone.
+func (l *Lock) Holders(ctx context.Context) ([]*Holder, error) {
+	b, err := l.backend(ctx)
+	if err != nil {
+		return nil, wrapErr(l.name, "holders", err)
+	}
+	var hs []*Holder
+	switch {
+	case b.rows != nil:
+		hs, err = rowHolders(ctx, l.db, b.rows, l.rowRequest(""))
+	default:
+		var h *Holder
+		if h, err = l.windowHolder(ctx, b); h != nil || err != nil {
+			hs = []*Holder{h}
+		} else {
+			hs, err = sessionHolders(ctx, l.db, b.session, l.key)
+		}
+	}
+	for _, h := range hs {
+		if h != nil {
+			h.Name, h.Key = l.name, l.key
+		}
+	}
+	return hs, wrapErr(l.name, "holders", err)
+}
+
+// SharedLeaseStore is a LeaseStore that keeps shared holds (RLock on a
+// Lock kept as rows): KindShared requests are one row per shared holder,
+// and its KindLock rows and shared rows exclude each other. A KindLock
+// acquire with LeaseRequest.Wait that finds only shared holders claims the
+// row for the waiter, which keeps new shared holders out until the claim
+// expires, is taken, or is released. LeaseHolder of a KindLock request
+// reports any live holder, of a KindShared request the exclusive one (or
+// a waiting writer's claim). Without it RLock returns ErrUnsupported.
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type SharedLeaseStore interface {
+	LeaseStore
+	// LeaseHolders lists every live holder of r.Key, exclusive and shared.
+	LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error)
+}
+
+// sharedSessions is a built-in SessionLocker that also takes shared
+// locks: sharedSessions returns the same backend whose statements take,
+// wait for, check and release the key in shared mode.
+type sharedSessions interface {
+	sharedSessions() SessionLocker
+}
+
+// listsHolders is a built-in SessionLocker that lists every holder of a
+// key, shared and exclusive.
+type listsHolders interface {
+	SessionHolders(ctx context.Context, db DB, key int64) ([]*Holder, error)
+}
+
+// waitEnding is a SessionLocker whose exclusive wait may leave state on
+// the session when its budget ends between slices (MySQL: a writer keeps
+// the GET_LOCK while shared holders drain); endWait lets go of it before
+// the connection goes back to the pool.
+type waitEnding interface {
+	EndWait(ctx context.Context, conn *sql.Conn, key int64) error
+}
+
+// sharedView returns how l takes shared holds on b, nil where it cannot.
+// A Lock with WithMinHold has none: a window is an exclusive grant's.
+func (l *Lock) sharedView(b *lockBackend) *lockBackend {
+	if l.cfg.minHold > 0 {
+		return nil
+	}
+	if s, ok := b.session.(sharedSessions); ok {
+		return &lockBackend{session: s.sharedSessions(), bounded: b.bounded, isShared: true}
+	}
+	if _, ok := b.rows.(SharedLeaseStore); ok {
+		return &lockBackend{rows: b.rows, isShared: true}
+	}
+	return nil
+}
+
+// sharedOf returns b's shared view, or why there is none.
+func (l *Lock) sharedOf(b *lockBackend) (*lockBackend, error) {
+	if b.shared != nil {
+		return b.shared, nil
+	}
+	if l.cfg.minHold > 0 {
+		return nil, fmt.Errorf("%w: a Lock with WithMinHold cannot be taken shared", ErrUnsupported)
+	}
+	return nil, fmt.Errorf("%w: backend %q has no shared locks", ErrUnsupported, b.backend().Name())
+}
+
+// endWait lets go of what a wait that ended without the lock may have
+// left on the session (see waitEnding), within the release timeout; an
+// error means the connection must be discarded.
+func endWait(ctx context.Context, s SessionLocker, p *pinned, key int64, timeout time.Duration) error {
+	w, ok := s.(waitEnding)
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	_, err := ask(ctx, p, func() (struct{}, error) { return struct{}{}, w.EndWait(p.quiet(ctx), p.conn, key) })
+	return err
+}
+
+// sessionHolders lists the holders of key on a session backend: all of
+// them where it can, else the one SessionHolder reports.
+func sessionHolders(ctx context.Context, db DB, s SessionLocker, key int64) ([]*Holder, error) {
+	if l, ok := s.(listsHolders); ok {
+		return l.SessionHolders(ctx, db, key)
+	}
+	h, err := s.SessionHolder(ctx, db, key)
+	if h == nil || err != nil {
+		return nil, err
+	}
+	return []*Holder{h}, nil
+}
+
+// rowHolders lists the holders of a Lock kept as rows.
+func rowHolders(ctx context.Context, db DB, s LeaseStore, r LeaseRequest) ([]*Holder, error) {
+	if l, ok := s.(SharedLeaseStore); ok {
+		return l.LeaseHolders(ctx, db, r)
+	}
+	h, err := s.LeaseHolder(ctx, db, r)
+	if h == nil || err != nil {
+		return nil, err
+	}
+	return []*Holder{h}, nil
+}
+
+// sharedSide is a Lock seen by the Observer as its shared holds.
+type sharedSide struct{ l *Lock }
+
+func (s sharedSide) observed() *observed { return s.l.observedAs(true) }
+
+// observedAs returns what l's events need for an exclusive or a shared
+// hold, nil without an Observer.
+func (l *Lock) observedAs(shared bool) *observed {
+	if !shared {
+		return l.observed()
+	}
+	if ob := l.sobs.Load(); ob != nil || l.cfg.observer == nil {
+		return ob
+	}
+	return observedOf(&l.sobs, l.db, &l.cfg, LockKindShared, l.name, func() Backend {
+		if b := l.setup.v.Load(); b != nil {
+			return b.backend()
+		}
+		return nil
+	})
+}

@@ -168,8 +168,9 @@ const (
 	pgTryLock = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1::bigint) END`
 	// pgTryLockBare is the try on a session that has passed the checks of
 	// the Lock's try statement before (see TryLockSession).
-	pgTryLockBare   = `SELECT WHERE pg_try_advisory_lock($1::bigint)`
-	pgTryLockMarked = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false WHEN NOT pg_try_advisory_lock($1::bigint) THEN false
+	pgTryLockBare       = `SELECT WHERE pg_try_advisory_lock($1::bigint)`
+	pgTryLockSharedBare = `SELECT WHERE pg_try_advisory_lock_shared($1::bigint)`
+	pgTryLockMarked     = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false WHEN NOT pg_try_advisory_lock($1::bigint) THEN false
 	ELSE current_setting('advisorylock.dead_holder', true) = '%d' END`
 	// pgTryLockInline sends the dead-holder settings with the try (values
 	// as in pgDeadHolder); the second condition is never false, so the
@@ -299,7 +300,11 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 		text, why = pgTryLock, pgWhyMissed
 	}
 	if sessionKnows(conn, text) {
-		ok, err := p.rowStatement(ctx, conn, pgTryLockBare, key)
+		bare := pgTryLockBare
+		if p.shared {
+			bare = pgTryLockSharedBare
+		}
+		ok, err := p.rowStatement(ctx, conn, bare, key)
 		return SessionResult{OK: ok}, err
 	}
 	ok, err := p.rowStatement(ctx, conn, text, key)

@@ -610,6 +610,35 @@ func TestRememberedSessionTriesWithoutItsChecks(t *testing.T) {
 				db.SetMaxIdleConns(0) // close the session: the next round gets a new one
 				db.SetMaxIdleConns(1)
 			}
+			// Shared tries on a remembered session stay shared: beside
+			// another shared holder, and refused beside an exclusive one.
+			other := newLockOpts(t, testdb.OpenPostgres(t, drv), l.Name())
+			reader, err := other.TryRLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 2 {
+				g, err := l.TryRLock(ctx)
+				if err != nil {
+					t.Fatalf("a shared try beside a shared holder: %v", err)
+				}
+				mustRelease(t, g)
+			}
+			if q := lastTry(); checked(q) || !strings.Contains(q, "pg_try_advisory_lock_shared") {
+				t.Fatalf("a remembered session's shared try: %s", q)
+			}
+			mustRelease(t, reader)
+			writer, err := other.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g, err := l.TryRLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				if g != nil {
+					mustRelease(t, g)
+				}
+				t.Fatalf("a shared try beside an exclusive holder = %v, want ErrNotAcquired", err)
+			}
+			mustRelease(t, writer)
 		})
 	}
 }

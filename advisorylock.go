@@ -684,7 +684,7 @@ func (h *hold) isLost() (bool, error) {
 // run runs fn under the guard and releases it afterwards, also when fn
 // panics (the release runs as the panic unwinds).
 func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
-	fctx, cancel := context.WithCancelCause(ctx)
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, g))
 	g.h.onLost(cancel)
 	defer func() {
 		g.h.onLost(nil)

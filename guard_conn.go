@@ -170,7 +170,8 @@ func (s *sharedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver
 	if b, ok := s.ci.(driver.ConnBeginTx); ok {
 		ti, err = b.BeginTx(c.ctx, opts)
 	} else if opts == (driver.TxOptions{}) {
-		ti, err = s.ci.Begin() //nolint:staticcheck // the driver has no BeginTx
+		//lint:ignore SA1019 the driver has no BeginTx
+		ti, err = s.ci.Begin()
 	} else {
 		err = errors.New("advisorylock: the driver cannot begin a transaction with options")
 	}
@@ -256,7 +257,7 @@ type sharedStmt struct {
 // Close closes the statement; once the lock is released there is nothing
 // to close (the connection is no longer the user's).
 func (s *sharedStmt) Close() error {
-	c, err := s.gate.enter(nil, false)
+	c, err := s.gate.step()
 	if err != nil {
 		return nil
 	}
@@ -284,7 +285,8 @@ func (s *sharedStmt) ExecContext(ctx context.Context, args []driver.NamedValue) 
 	if e, ok := s.si.(driver.StmtExecContext); ok {
 		res, err = e.ExecContext(c.ctx, args)
 	} else {
-		res, err = s.si.Exec(values(args)) //nolint:staticcheck // the driver has no ExecContext
+		//lint:ignore SA1019 the driver has no ExecContext
+		res, err = s.si.Exec(values(args))
 	}
 	return res, s.gate.failed(err)
 }
@@ -298,7 +300,8 @@ func (s *sharedStmt) QueryContext(ctx context.Context, args []driver.NamedValue)
 	if q, ok := s.si.(driver.StmtQueryContext); ok {
 		ri, err = q.QueryContext(c.ctx, args)
 	} else {
-		ri, err = s.si.Query(values(args)) //nolint:staticcheck // the driver has no QueryContext
+		//lint:ignore SA1019 the driver has no QueryContext
+		ri, err = s.si.Query(values(args))
 	}
 	if err != nil {
 		s.gate.leave(c, true)
@@ -349,7 +352,7 @@ type sharedRows struct {
 func (r *sharedRows) Columns() []string { return r.ri.Columns() }
 
 func (r *sharedRows) Next(dest []driver.Value) error {
-	c, err := r.gate.enter(nil, false)
+	c, err := r.gate.step()
 	if err != nil {
 		return err
 	}
@@ -385,7 +388,7 @@ func (r *sharedRows) NextResultSet() error {
 	if !ok {
 		return io.EOF
 	}
-	c, err := r.gate.enter(nil, false)
+	c, err := r.gate.step()
 	if err != nil {
 		return err
 	}
@@ -498,9 +501,24 @@ type gateCall struct {
 // enter starts a user call, waiting while the hold uses the connection.
 // A statement (stmt) is refused while a result set is open: the
 // connection runs one at a time. The call's context is ctx, also ended by
-// a release that gives up waiting for it; a nil ctx is for a call that
-// gives the driver none (Next, a statement's Close).
+// a release that gives up waiting for it.
 func (g *connGate) enter(ctx context.Context, stmt bool) (gateCall, error) {
+	if err := g.admit(stmt); err != nil {
+		return gateCall{}, err
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(g.stop, func() { cancel(context.Cause(g.stop)) })
+	return gateCall{ctx: cctx, done: func() { stop(); cancel(nil) }}, nil
+}
+
+// step is enter for a call that gives the driver no context (Next, a
+// statement's Close).
+func (g *connGate) step() (gateCall, error) {
+	return gateCall{done: func() {}}, g.admit(false)
+}
+
+// admit counts a user call in, once the hold is not using the connection.
+func (g *connGate) admit(stmt bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for g.ours && !g.shut {
@@ -508,17 +526,12 @@ func (g *connGate) enter(ctx context.Context, stmt bool) (gateCall, error) {
 	}
 	switch {
 	case g.shut:
-		return gateCall{}, errConnReleased
+		return errConnReleased
 	case stmt && g.rowsOpen():
-		return gateCall{}, errors.New("advisorylock: a statement on Guard.Conn while a result set is open on it (close the rows first)")
+		return errors.New("advisorylock: a statement on Guard.Conn while a result set is open on it (close the rows first)")
 	}
 	g.running++
-	if ctx == nil {
-		return gateCall{done: func() {}}, nil
-	}
-	cctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(g.stop, func() { cancel(context.Cause(g.stop)) })
-	return gateCall{ctx: cctx, done: func() { stop(); cancel(nil) }}, nil
+	return nil
 }
 
 // leave ends a user call; with end, its context too (a query's ends with

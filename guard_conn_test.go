@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +24,31 @@ type connServer struct {
 	holdsQuery func(name string) string
 	// table DDL of a table the test writes to, with %s for its name.
 	table string
+	// Statements: one that runs for a second, one that returns 100000
+	// rows, one that fails, the session's id, and (with %d for an id)
+	// one that ends another session.
+	sleep, rows, fail, pid, kill string
 }
 
+var (
+	pgStatements = []string{"SELECT pg_sleep(1)", "SELECT generate_series(1, 100000)", "SELECT 1/0", "SELECT pg_backend_pid()", "SELECT pg_terminate_backend(%d)"}
+	myStatements = []string{"SELECT SLEEP(1)", "SELECT seq FROM seq_1_to_100000", "SELECT * FROM no_such_table_guardconn", "SELECT CONNECTION_ID()", "KILL %d"}
+)
+
 var connServers = []connServer{
-	{"postgres/lib-pq", func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, "postgres") }, pgHoldsQuery, "CREATE TABLE %s (v int)"},
-	{"postgres/pgx", func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, "pgx") }, pgHoldsQuery, "CREATE TABLE %s (v int)"},
-	{"mysql", func(t *testing.T) *sql.DB { return testdb.OpenMySQL(t) }, func(name string) string {
-		return fmt.Sprintf("SELECT IS_USED_LOCK('%s') = CONNECTION_ID()", mysqlLockName(name))
-	}, "CREATE TABLE %s (v int) ENGINE=InnoDB"},
+	withStatements(connServer{name: "postgres/lib-pq", open: func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, "postgres") },
+		holdsQuery: pgHoldsQuery, table: "CREATE TABLE %s (v int)"}, pgStatements),
+	withStatements(connServer{name: "postgres/pgx", open: func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, "pgx") },
+		holdsQuery: pgHoldsQuery, table: "CREATE TABLE %s (v int)"}, pgStatements),
+	withStatements(connServer{name: "mysql", open: func(t *testing.T) *sql.DB { return testdb.OpenMySQL(t) },
+		holdsQuery: func(name string) string {
+			return fmt.Sprintf("SELECT IS_USED_LOCK('%s') = CONNECTION_ID()", mysqlLockName(name))
+		}, table: "CREATE TABLE %s (v int) ENGINE=InnoDB"}, myStatements),
+}
+
+func withStatements(s connServer, st []string) connServer {
+	s.sleep, s.rows, s.fail, s.pid, s.kill = st[0], st[1], st[2], st[3], st[4]
+	return s
 }
 
 func pgHoldsQuery(name string) string {
@@ -143,16 +161,17 @@ func TestGuardConnIsNilWithoutAPinnedConnection(t *testing.T) {
 
 // TestGuardConnSharesTheConnectionWithTheKeepAlive: with a keep-alive
 // every 20ms, a statement that runs for a second, rows left open and a
-// transaction left open (one of them failed, 25P02) on Guard.Conn for
-// many intervals cost no false loss and no error of the user's; once the
-// connection is free again the keep-alive still finds a real loss.
+// transaction left open (in which a statement failed: 25P02 on
+// PostgreSQL) on Guard.Conn for many intervals cost no false loss and no
+// error of the user's; once the connection is free again the keep-alive
+// still finds a real loss.
 func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
 	const keepAlive = 20 * time.Millisecond
-	for _, drv := range testdb.Drivers {
-		t.Run(drv, func(t *testing.T) {
-			db := testdb.OpenPostgres(t, drv)
+	for _, s := range connServers {
+		t.Run(s.name, func(t *testing.T) {
+			db := s.open(t)
 			db.SetMaxOpenConns(1)
-			l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(keepAlive))
+			l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(keepAlive), quiet)
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			g, err := l.TryLock(ctx)
@@ -170,12 +189,12 @@ func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
 				}
 			}
 
-			if _, err := c.ExecContext(ctx, "SELECT pg_sleep(1)"); err != nil {
+			if _, err := c.ExecContext(ctx, s.sleep); err != nil {
 				t.Fatalf("a long statement: %v", err)
 			}
 			notLost("a long statement ran")
 
-			rows, err := c.QueryContext(ctx, "SELECT generate_series(1, 100000)")
+			rows, err := c.QueryContext(ctx, s.rows)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,28 +213,28 @@ func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.ExecContext(ctx, "SELECT 1/0"); err == nil {
-				t.Fatal("1/0 did not fail")
+			if _, err := tx.ExecContext(ctx, s.fail); err == nil {
+				t.Fatalf("%s did not fail", s.fail)
 			}
-			time.Sleep(20 * keepAlive) // an aborted transaction open over many intervals
+			time.Sleep(20 * keepAlive) // a (failed) transaction open over many intervals
 			if err := tx.Rollback(); err != nil {
 				t.Fatalf("Rollback: %v", err)
 			}
-			notLost("a failed transaction was open")
+			notLost("a transaction was open")
 
 			// The connection is free again: the keep-alive runs, and a
 			// real loss is found.
-			var pid int
-			if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			var pid int64
+			if err := c.QueryRowContext(ctx, s.pid).Scan(&pid); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := testdb.OpenPostgres(t, "pgx").Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
+			if _, err := s.open(t).Exec(fmt.Sprintf(s.kill, pid)); err != nil {
 				t.Fatal(err)
 			}
 			select {
 			case <-g.Lost():
 			case <-ctx.Done():
-				t.Fatal("Lost() did not close after the session was terminated")
+				t.Fatal("Lost() did not close after the session was ended")
 			}
 			if _, err := c.ExecContext(ctx, "SELECT 1"); err == nil {
 				t.Fatal("a statement on Guard.Conn of a lost lock succeeded")
@@ -334,6 +353,49 @@ func TestReleaseWhileAStatementRunsOnGuardConn(t *testing.T) {
 				}
 				return err == nil
 			}, "the lock to be free")
+		})
+	}
+}
+
+// TestForgottenGuardWithConnIsCleanedUp: a Guard dropped without Release,
+// with a transaction left open on its Conn, is cleaned up: the connection
+// is discarded (the transaction's write is not kept) and the lock freed.
+func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
+	for _, s := range connServers {
+		t.Run(s.name, func(t *testing.T) {
+			db := s.open(t)
+			table := scratchTable(t, db, s)
+			name := testdb.UniqueName(t)
+			l := newLock(t, db, name, quiet)
+			txCtx, endTx := context.WithCancel(context.Background())
+			defer endTx() // ends database/sql's watch of the dropped transaction
+			func() {
+				g, err := l.TryLock(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				tx, err := g.Conn().BeginTx(txCtx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tx.Exec("INSERT INTO " + table + " VALUES (1)"); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			other := newLock(t, s.open(t), name)
+			testdb.WaitFor(t, wait, func() bool {
+				runtime.GC()
+				g, err := other.TryLock(context.Background())
+				if err != nil {
+					return false
+				}
+				mustRelease(t, g)
+				return db.Stats().InUse == 0
+			}, "a forgotten guard with a Conn in use kept its lock or connection")
+			var n int
+			if err := db.QueryRow("SELECT count(*) FROM " + table).Scan(&n); err != nil || n != 0 {
+				t.Fatalf("rows written by the forgotten guard's transaction: %d, %v; want 0", n, err)
+			}
 		})
 	}
 }

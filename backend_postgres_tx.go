@@ -20,16 +20,17 @@ import (
 // taken inside a savepoint that is rolled back (ROLLBACK TO) is freed with
 // it; RELEASE keeps a SET LOCAL made inside the savepoint, ROLLBACK TO
 // undoes it. So a slice that gets the lock restores the two settings it
-// changed to the values the try read, and a slice that ends without the
+// changed to the values read before the first slice, and a slice that ends without the
 // lock (or is granted as its timeout fires) is rolled back, which undoes
-// its settings and frees whatever it might have been granted.
+// its settings and frees whatever it might have been granted. The try
+// reads no settings: only a wait, after a miss, does.
 
 const (
-	// pgTryLockTx is the try, which also reads the settings a wait would
-	// change, so that it can put them back. It does not try on a server in
-	// recovery (NULL), where a lock excludes nothing on the primary.
-	pgTryLockTx = `SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_try_advisory_xact_lock($1::bigint) END,
-	current_setting('statement_timeout'), current_setting('lock_timeout')`
+	// pgTryLockTx is the try. It does not try on a server in recovery
+	// (NULL), where a lock excludes nothing on the primary.
+	pgTryLockTx = `SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_try_advisory_xact_lock($1::bigint) END`
+	// pgTxSettings reads the settings a wait changes, to put them back.
+	pgTxSettings = `SELECT current_setting('statement_timeout'), current_setting('lock_timeout')`
 	// pgWaitTx is one wait slice, one simple-protocol message: values in
 	// order are the statement_timeout and lock_timeout of the slice (ms),
 	// the key, and the statement_timeout and lock_timeout to restore (as
@@ -43,63 +44,76 @@ SELECT set_config('statement_timeout',%s, true), set_config('lock_timeout',%s, t
 )
 
 // tryLockTx tries pg_try_advisory_xact_lock in tx, one round trip; a miss
-// leaves tx as it was. It also returns the transaction's statement_timeout
-// and lock_timeout, for waitLockTx to restore. A server in recovery is
-// refused with an error matching ErrUnsupported.
-func (p *postgres) tryLockTx(ctx context.Context, tx *sql.Tx, key int64) (txLockResult, error) {
+// leaves tx as it was. A server in recovery is refused with an error
+// matching ErrUnsupported.
+func (p *postgres) tryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
 	q, args, err := p.statement(pgTryLockTx, key)
 	if err != nil {
-		return txLockResult{}, err
+		return false, err
 	}
 	var ok sql.NullBool
-	var r txLockResult
-	err = p.bound(ctx, func() error {
-		return tx.QueryRowContext(ctx, q, args...).Scan(&ok, &r.StatementTimeout, &r.LockTimeout)
-	})
+	err = p.bound(ctx, func() error { return tx.QueryRowContext(p.quiet(ctx), q, args...).Scan(&ok) })
 	switch {
 	case err != nil:
-		return txLockResult{}, err
+		return false, err
 	case !ok.Valid:
-		return txLockResult{}, errStandby
+		return false, errStandby
 	}
-	r.OK = ok.Bool
-	return r, nil
+	return ok.Bool, nil
+}
+
+// txSettings reads tx's statement_timeout and lock_timeout, one round
+// trip (a wait's, after its try missed).
+func (p *postgres) txSettings(ctx context.Context, tx *sql.Tx) (txSettings, error) {
+	var s txSettings
+	err := p.bound(ctx, func() error {
+		return tx.QueryRowContext(p.quiet(ctx), pgTxSettings).Scan(&s.StatementTimeout, &s.LockTimeout)
+	})
+	return s, err
 }
 
 // waitLockTx waits in pg_advisory_xact_lock for at most slice, inside a
-// savepoint (see pgWaitTx). OK false means the slice ended without the
-// lock and tx is as it was: the savepoint was rolled back, which undoes
-// the settings it changed. prev holds the settings to restore after a
-// grant, as tryLockTx read them.
+// savepoint (see pgWaitTx). False means the slice ended without the lock
+// and tx is as it was: the savepoint was rolled back, which undoes the
+// settings it changed. A grant puts them back to prev.
 //
 // ctx bounds the wait for an answer on a dead network only: the
 // statement's own end comes from the server's timeouts, and callers give
-// a ctx that ends a grace after the slice.
-func (p *postgres) waitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev txLockResult) (txLockResult, error) {
+// a ctx that ends a grace after the slice. The driver gets it only where
+// it ends a statement by itself (pgx); lib/pq's statements are bounded by
+// bound, and get ctx without its end (see quiet).
+func (p *postgres) waitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev txSettings) (bool, error) {
 	stmt, err := quoteLiteral(prev.StatementTimeout)
 	if err != nil {
-		return txLockResult{}, err
+		return false, err
 	}
 	lock, err := quoteLiteral(prev.LockTimeout)
 	if err != nil {
-		return txLockResult{}, err
+		return false, err
 	}
 	ms := max(slice.Milliseconds(), 1)
 	q := fmt.Sprintf(pgWaitTx, ms+waitStatementSlack.Milliseconds(), ms, key, stmt, lock)
 	err = p.bound(ctx, func() error {
-		_, err := tx.ExecContext(ctx, q)
+		_, err := tx.ExecContext(p.quiet(ctx), q)
 		return err
 	})
 	if code := sqlState(err); code == "55P03" || code == "57014" {
-		err = p.bound(ctx, func() error {
-			_, err := tx.ExecContext(ctx, pgUndoWaitTx)
+		return false, p.bound(ctx, func() error {
+			_, err := tx.ExecContext(p.quiet(ctx), pgUndoWaitTx)
 			return err
 		})
-		return txLockResult{StatementTimeout: prev.StatementTimeout, LockTimeout: prev.LockTimeout}, err
 	}
-	if err != nil {
-		return txLockResult{}, err
+	return err == nil, err
+}
+
+// quiet returns the context to give the driver for a statement that
+// bound bounds: ctx where the driver ends a statement when ctx ends
+// (pgx), else ctx without its end, so that lib/pq does not start a
+// goroutine of its own per statement to send a cancel request (see
+// pinned.quiet).
+func (p *postgres) quiet(ctx context.Context) context.Context {
+	if p.endsWithContext() {
+		return ctx
 	}
-	prev.OK = true
-	return prev, nil
+	return context.WithoutCancel(ctx)
 }

@@ -78,21 +78,26 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 		return err
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sliceGrace)
-	res, err := b.tryLockTx(tctx, tx, l.key)
-	cancel()
+	defer cancel()
+	ok, err := b.tryLockTx(tctx, tx, l.key)
 	switch {
 	case err != nil:
 		return err
-	case res.OK:
+	case ok:
 		return nil
 	case !wait:
 		return ErrNotAcquired
 	}
-	return l.waitTx(ctx, b, tx, res)
+	prev, err := b.txSettings(tctx, tx)
+	if err != nil {
+		return err
+	}
+	return l.waitTx(ctx, b, tx, prev)
 }
 
-// waitTx waits in slices until the lock is granted in tx or ctx ends.
-func (l *Lock) waitTx(ctx context.Context, b txLocker, tx *sql.Tx, res txLockResult) error {
+// waitTx waits in slices until the lock is granted in tx or ctx ends;
+// prev are tx's settings, which a slice puts back.
+func (l *Lock) waitTx(ctx context.Context, b txLocker, tx *sql.Tx, prev txSettings) error {
 	for {
 		slice := maxSlice
 		if dl, ok := ctx.Deadline(); ok {
@@ -106,10 +111,9 @@ func (l *Lock) waitTx(ctx context.Context, b txLocker, tx *sql.Tx, res txLockRes
 		}
 		// The server ends the slice; the deadline is for a dead network.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), slice+sliceGrace)
-		var err error
-		res, err = b.waitLockTx(sctx, tx, l.key, slice, res)
+		ok, err := b.waitLockTx(sctx, tx, l.key, slice, prev)
 		cancel()
-		if err != nil || res.OK {
+		if err != nil || ok {
 			return err
 		}
 	}

@@ -399,3 +399,52 @@ func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseWhileAStatementThatCannotBeCancelledRuns: a statement on
+// Guard.Conn whose context cannot end is not cut short: Release returns an
+// error after the release timeout, and the lock is freed when the
+// statement returns (its connection discarded).
+func TestReleaseWhileAStatementThatCannotBeCancelledRuns(t *testing.T) {
+	const releaseTimeout = 300 * time.Millisecond
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgres(t, drv)
+			name := testdb.UniqueName(t)
+			l := newLock(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout), quiet)
+			g, err := l.TryLock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := g.Conn()
+			var pid int
+			if err := c.QueryRowContext(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			ran := make(chan error, 1)
+			go func() {
+				_, err := c.ExecContext(context.Background(), "SELECT pg_sleep(2)")
+				ran <- err
+			}()
+			admin := testdb.OpenPostgres(t, "pgx")
+			testdb.WaitFor(t, wait, func() bool {
+				var running bool
+				err := admin.QueryRow("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep(2)%' AND state = 'active')", pid).Scan(&running)
+				return err == nil && running
+			}, "the statement to run")
+			if err := g.Release(context.Background()); err == nil {
+				t.Fatal("Release while a statement that cannot be cancelled ran = nil, want an error")
+			}
+			if err := <-ran; err != nil {
+				t.Fatalf("the statement: %v; want it to run to its end", err)
+			}
+			testdb.WaitFor(t, wait, func() bool {
+				g, err := newLock(t, admin, name).TryLock(context.Background())
+				if err == nil {
+					mustRelease(t, g)
+				}
+				return err == nil
+			}, "the lock to be free once the statement returned")
+			testdb.WaitFor(t, wait, func() bool { return db.Stats().InUse == 0 }, "the connection to be discarded")
+		})
+	}
+}

@@ -241,7 +241,7 @@ func (s *sessionHold) userConn() *sql.Conn {
 			return nil
 		})
 		s.shared = newSharedConn(ci)
-		if err != nil || ci == nil || s.stopped {
+		if gone, _ := s.isLost(); err != nil || ci == nil || s.stopped || gone {
 			s.shared.gate.shutNow()
 			_ = s.shared.pool.Close()
 		}

@@ -23,7 +23,8 @@
 //     its Guard's Lost channel and cancels Do's context.
 //   - Behind a transaction-mode pooler (PgBouncer pool_mode=transaction)
 //     session locks cannot work; the first operation of a Lock refuses
-//     them with ErrTransactionPooler. LeaseLock works there.
+//     them with ErrTransactionPooler. LeaseLock works there, and so does a
+//     lock taken in your own transaction (Lock.LockTx, PostgreSQL).
 //   - Constructors do no I/O, as sql.Open: what needs the database (the
 //     backend of a wrapped driver, the pooler probe, SQLite's checks) runs
 //     at the first operation, under its context, once per *sql.DB. Call
@@ -730,7 +731,7 @@ func (h *hold) isLost() (bool, error) {
 // run runs fn under the guard and releases it afterwards, also when fn
 // panics (the release runs as the panic unwinds).
 func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
-	fctx, cancel := context.WithCancelCause(ctx)
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, g))
 	g.h.onLost(cancel)
 	defer func() {
 		g.h.onLost(nil)

@@ -446,3 +446,23 @@ func takeConn(ctx context.Context, db DB) (*sql.Conn, error) {
 	}
 	return conn, nil
 }
+
+// txLocker is a Backend with transaction-scoped locks (Lock.LockTx): a
+// lock taken in the caller's transaction, which ends with it. No method
+// may leave tx aborted when it returns a nil error.
+type txLocker interface {
+	// tryLockTx makes one attempt in tx; false is a definite miss.
+	tryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
+	// txSettings reads the settings of tx that waitLockTx changes.
+	txSettings(ctx context.Context, tx *sql.Tx) (txSettings, error)
+	// waitLockTx waits server-side in tx for at most slice; false means
+	// the slice ended without the lock and tx is as it was. After a grant
+	// it puts back the settings it changed, to prev.
+	waitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev txSettings) (bool, error)
+}
+
+// txSettings are a transaction's settings that a wait for a transaction
+// lock changes and puts back.
+type txSettings struct {
+	StatementTimeout, LockTimeout string
+}

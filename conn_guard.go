@@ -167,6 +167,7 @@ type sessionHold struct {
 	watchMu sync.Mutex // held by a keep-alive check in flight
 	stopped bool
 	timer   *time.Timer
+	shared  *sharedConn // Guard.Conn's, made at its first call (under watchMu)
 }
 
 // grant turns s, whose connection's session now holds l's lock, into a
@@ -187,6 +188,9 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s.stopWatch()
+	if ok, err := s.endShared(ctx); !ok {
+		return err
+	}
 	if gone, why := s.isLost(); gone {
 		s.p.discard(DiscardLost, why)
 		return nil
@@ -213,8 +217,83 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 func (s *sessionHold) forget() {
 	go func() {
 		s.stopWatch()
+		if sh := s.sharedConn(); sh != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
+			_, _, running := sh.gate.close(ctx)
+			cancel()
+			_ = sh.pool.Close()
+			if running {
+				sh.gate.abandon(func() { s.p.discard(DiscardForgotten, nil) })
+				return
+			}
+		}
 		s.p.discard(DiscardForgotten, nil)
 	}()
+}
+
+// userConn returns the connection as Guard.Conn gives it to the user,
+// made at the first call (see sharedConn). Once the hold has ended it is
+// one whose every statement fails.
+func (s *sessionHold) userConn() *sql.Conn {
+	s.watchMu.Lock() // the keep-alive must not be on the connection now
+	defer s.watchMu.Unlock()
+	if s.shared == nil {
+		var ci driver.Conn
+		err := s.p.conn.Raw(func(dc any) error {
+			ci, _ = dc.(driver.Conn)
+			return nil
+		})
+		s.shared = newSharedConn(ci)
+		if gone, _ := s.isLost(); err != nil || ci == nil || s.stopped || gone {
+			s.shared.gate.shutNow()
+			_ = s.shared.pool.Close()
+		}
+	}
+	return s.shared.conn
+}
+
+// sharedConn returns Guard.Conn's connection, nil if it was never asked.
+func (s *sessionHold) sharedConn() *sharedConn {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	return s.shared
+}
+
+// errStatementRunning is the release's error when a statement on
+// Guard.Conn did not end even when cancelled (a dead network).
+var errStatementRunning = errors.New("a statement on Guard.Conn was still running at release and did not end when cancelled; its connection is discarded once it does, which frees the lock")
+
+// endShared takes the connection back from Guard.Conn's user before the
+// unlock: it waits for their statements in flight (until ctx ends, then
+// cancels them, see connGate.close), then closes the rows and rolls back
+// the transaction they left open, which keeps none of its writes. ok
+// false means the connection was discarded instead (a statement had to be
+// cancelled, which a driver may answer by giving up on the connection, or
+// ending what was left open failed), or is discarded once the last
+// statement in flight returns; the discard frees the lock.
+func (s *sessionHold) endShared(ctx context.Context) (ok bool, err error) {
+	sh := s.sharedConn()
+	if sh == nil {
+		return true, nil
+	}
+	defer sh.pool.Close()
+	open, cancelled, running := sh.gate.close(ctx)
+	switch {
+	case running:
+		sh.gate.abandon(func() { s.p.discard(DiscardNoAnswer, errStatementRunning) })
+		return false, errStatementRunning
+	case cancelled:
+		s.p.discard(DiscardCanceled, errConnReleased)
+		return false, nil
+	}
+	if gone, _ := s.isLost(); gone {
+		return true, nil // discarded by release, with whatever was open
+	}
+	if err := endHandles(open); err != nil {
+		s.p.discard(DiscardError, err)
+		return false, fmt.Errorf("rolling back what was left open on Guard.Conn: %w", err)
+	}
+	return true, nil
 }
 
 // check is the keep-alive: it runs every keepAlive on a timer (a held lock
@@ -228,6 +307,13 @@ func (s *sessionHold) check() {
 	if s.stopped {
 		return
 	}
+	if s.shared != nil {
+		if !s.shared.gate.tryOwn() { // Guard.Conn's user is on the connection
+			s.timer.Reset(s.l.cfg.keepAlive)
+			return
+		}
+		defer s.shared.gate.disown()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
 	held, err := ask(ctx, &s.p, func() (bool, error) { return s.locker.HoldsSession(s.p.quiet(ctx), s.p.conn, s.key) })
 	timedOut := ctx.Err() != nil
@@ -235,6 +321,9 @@ func (s *sessionHold) check() {
 	if err == nil && held {
 		s.timer.Reset(s.l.cfg.keepAlive)
 		return
+	}
+	if s.shared != nil {
+		s.shared.gate.shutNow() // the connection protects nothing now
 	}
 	cause := LossSessionEnded
 	switch {

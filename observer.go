@@ -91,6 +91,12 @@ const (
 	LockKindLease     LockKind = "lease"     // a LeaseLock
 	LockKindSemaphore LockKind = "semaphore" // a slot of a semaphore
 	LockKindElection  LockKind = "election"  // an election's leadership
+	// LockKindTransaction is a lock taken in a transaction (Lock.LockTx,
+	// Lock.TryLockTx). The transaction's commit or rollback releases it,
+	// which the package does not see: its Released event follows its
+	// AcquireEnd at once, with Held 0, so that gauges of held locks stay
+	// balanced.
+	LockKindTransaction LockKind = "transaction"
 )
 
 // LockInfo says which lock an event is about.

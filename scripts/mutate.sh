@@ -121,6 +121,25 @@ mutation "SQLite waiting writer does not claim the name" backend_sqlite.go \
 mutation "PostgreSQL shared keep-alive looks for an exclusive lock" backend_postgres.go \
 	's/return "ShareLock"/return "ExclusiveLock"/' \
 	'^TestLiveSharedHolderIsNotLost$'
+# --- Transaction locks and Guard.Conn -------------------------------------------
+mutation "LockTx: a granted slice keeps its own lock_timeout" backend_postgres_tx.go \
+	"s/SELECT set_config\\('statement_timeout',%s, true\\), set_config\\('lock_timeout',%s, true\\)/SELECT %s, %s/" \
+	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
+mutation "LockTx: a slice without the lock is not rolled back to its savepoint" backend_postgres_tx.go \
+	's/pgUndoWaitTx = `ROLLBACK TO SAVEPOINT advisorylock_locktx; RELEASE SAVEPOINT advisorylock_locktx`/pgUndoWaitTx = `SELECT 1`/' \
+	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
+mutation "LockTx: the caller's ctx reaches the driver" transaction_lock.go \
+	's/context\.WithTimeout\(context\.WithoutCancel\(ctx\), slice\+sliceGrace\)/context.WithTimeout(ctx, slice+sliceGrace)/' \
+	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
+mutation "Guard.Conn: the keep-alive does not step aside" guard_conn.go \
+	's/if g\.ours \|\| g\.shut \|\| g\.running > 0 \|\| len\(g\.handles\) > 0 \{/if g.ours || g.shut {/' \
+	'^TestGuardConnSharesTheConnectionWithTheKeepAlive$'
+mutation "Guard.Conn: Release leaves the transaction open" guard_conn.go \
+	's/if err := open\[i\]\.end\(\); err != nil/if err := error(nil); err != nil/' \
+	'^TestGuardConnLeftOpenAtReleaseIsRolledBack$'
+mutation "Guard.Conn: Release waits for a running statement forever" guard_conn.go \
+	's/if !g\.waitIdle\(ctx\) \{/if !g.waitIdle(context.Background()) {/' \
+	'^TestReleaseWhileAStatementRunsOnGuardConn$'
 
 # --- lockrun ------------------------------------------------------------------
 mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \

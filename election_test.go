@@ -212,11 +212,14 @@ func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 		watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
 		octx, ocancel := context.WithCancel(context.Background())
 		seen := make(chan []advisorylock.FencingToken)
+		firstSeen := make(chan struct{}) // closed when Observe reported a leader
 		go func() { // every term Leader reports, polled throughout
 			var terms []advisorylock.FencingToken
 			for h := range watcher.Observe(octx) {
 				if h != nil {
-					terms = append(terms, h.Token)
+					if terms = append(terms, h.Token); len(terms) == 1 {
+						close(firstSeen)
+					}
 				}
 			}
 			seen <- terms
@@ -238,6 +241,13 @@ func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 			}
 			last = tm.token
 			checkLeader(t, watcher, tm)
+			if round == 0 { // handovers can outrun Observe's polls: let it see one leader
+				select {
+				case <-firstSeen:
+				case <-time.After(wait):
+					t.Fatal("Observe reported no leader while one led")
+				}
+			}
 			resigned = time.Now()
 			c.resign[tm.who] <- struct{}{}
 		}

@@ -213,7 +213,7 @@ func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 		octx, ocancel := context.WithCancel(context.Background())
 		seen := make(chan []advisorylock.FencingToken)
 		firstSeen := make(chan struct{}) // closed when Observe reported a leader
-		go func() { // every term Leader reports, polled throughout
+		go func() {                      // every term Leader reports, polled throughout
 			var terms []advisorylock.FencingToken
 			for h := range watcher.Observe(octx) {
 				if h != nil {

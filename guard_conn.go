@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"reflect"
+	"slices"
 	"sync"
 )
 
@@ -582,14 +583,13 @@ func (g *connGate) opened(c gateCall, h handle) {
 func (g *connGate) take(h handle) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for i, o := range g.handles {
-		if o == h {
-			g.handles = append(g.handles[:i], g.handles[i+1:]...)
-			g.running++
-			return true
-		}
+	i := slices.Index(g.handles, h)
+	if i < 0 {
+		return false
 	}
-	return false
+	g.handles = slices.Delete(g.handles, i, i+1)
+	g.running++
+	return true
 }
 
 // ended ends the call of a handle its owner took and ended.
@@ -601,12 +601,7 @@ func (g *connGate) ended(c gateCall, err error) {
 func (g *connGate) isOpen(h handle) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, o := range g.handles {
-		if o == h {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(g.handles, h)
 }
 
 func (g *connGate) rowsOpen() bool {

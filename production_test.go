@@ -71,6 +71,16 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 				}
 				return err
 			}))
+			wantStandby("TryLockTx", firstUse(mkLock, func(l *advisorylock.Lock) error {
+				// lib/pq begins READ WRITE, which a standby refuses at BEGIN.
+				tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = tx.Rollback() }()
+				_, err = l.TryLockTx(ctx, tx)
+				return err
+			}))
 			wantStandby("LeaseLock.TryLock", firstUse(func() (*advisorylock.LeaseLock, error) { return advisorylock.NewLeaseLock(db, name) },
 				func(l *advisorylock.LeaseLock) error {
 					g, err := l.TryLock(ctx)

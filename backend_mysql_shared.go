@@ -86,11 +86,26 @@ const (
 
 // grabExclusive runs head+grab, grab being GET_LOCK's call, and in the
 // same statement, once it is granted, looks for live shared holders.
-// Where advisorylock_shared does not exist it runs grab alone and looks
-// in a second statement (which finds the table missing unless a shared
-// holder created it meanwhile).
+// Where advisorylock_shared does not exist (no RLock ran on the database
+// yet) it creates the library's tables, once, and runs the statement
+// again. A role that may not create them (see Schema) runs grab alone and
+// looks in a second statement, which finds the table missing unless a
+// shared holder's administrator created it meanwhile; its session is
+// remembered so that it does not ask again.
 func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int64, head, grab string) (SessionResult, int, error) {
-	r, got, err := m.lockStatement(ctx, conn, head+"CASE "+grab+" WHEN 1 THEN IF("+mysqlReadersIn(key)+", 2, 1) WHEN 0 THEN 0 END")
+	stmt := head + "CASE " + grab + " WHEN 1 THEN IF(" + mysqlReadersIn(key) + ", 2, 1) WHEN 0 THEN 0 END"
+	r, got, err := m.lockStatement(ctx, conn, stmt)
+	if mysqlErrno(err) == mysqlNoSuchTable && !sessionKnows(conn, mysqlMayNotCreate) {
+		created, unlockErr := createMySQLTablesOn(ctx, conn)
+		switch {
+		case unlockErr != nil: // the session may still hold the schema lock
+			return SessionResult{}, grabMissed, fmt.Errorf("advisorylock: releasing the schema lock: %w", unlockErr)
+		case created == nil:
+			r, got, err = m.lockStatement(ctx, conn, stmt)
+		case mysqlErrno(created) == mysqlDenied:
+			rememberSession(conn, mysqlMayNotCreate)
+		}
+	}
 	if mysqlErrno(err) == mysqlNoSuchTable {
 		if r, got, err = m.lockStatement(ctx, conn, head+grab); err == nil && got == grabbed {
 			got, err = readersIn(ctx, conn, key)
@@ -102,6 +117,10 @@ func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int
 	r.OK = got == grabbed
 	return r, int(got), nil
 }
+
+// mysqlMayNotCreate is the fact of a session whose role may not create
+// the library's tables (see rememberSession).
+const mysqlMayNotCreate = "mysql: may not create tables"
 
 // readersIn asks whether a live shared holder of key is in: grabbed when
 // none is (or the table does not exist), grabbedWithReaders otherwise.

@@ -233,7 +233,11 @@ func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config,
 	case errors.Is(err, ErrNotAcquired):
 		return nil, err
 	case errors.Is(err, ErrPoolUnavailable): // nothing was sent
-	case budget.Err() != nil: // the caller's time is up: free it in the background
+	case budget.Err() != nil && (ctx.Err() != nil || !req.Wait):
+		// The caller's time is up: free it in the background. A waiting
+		// writer's claim (req.Wait) keeps shared holders out, so while
+		// the caller is there it is withdrawn before returning, as
+		// claimLease does.
 		go abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)
 	default:
 		abandonLease(store, db, cfg.releaseTimeout, cfg.clock, req)

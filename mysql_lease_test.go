@@ -250,11 +250,10 @@ func TestMySQLLeaseTimesIgnoreTheSessionTimeZone(t *testing.T) {
 // administrator created from Schema(); its Holder of someone else's Lock
 // gives the connection id alone, since the process list shows it only its
 // own connections.
-func TestMySQLLeastPrivilegeUser(t *testing.T) {
-	ctx := context.Background()
-	dsn := testdb.NewMySQLDatabase(t)
-	admin := testdb.OpenMySQLDSN(t, dsn)
-	runMySQLSchema(t, admin)
+// mysqlOrdinaryUser makes a user of dsn's database with SELECT, INSERT
+// and UPDATE on it (no CREATE), dropped at t.Cleanup, and opens it.
+func mysqlOrdinaryUser(t *testing.T, admin *sql.DB, dsn string) (*sql.DB, string) {
+	t.Helper()
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +274,19 @@ func TestMySQLLeastPrivilegeUser(t *testing.T) {
 		_, _ = admin.Exec("DROP USER IF EXISTS '" + user + "'@'localhost'")
 	})
 	cfg.User, cfg.Passwd = user, "pw-"+user
-	db := testdb.OpenMySQLDSN(t, cfg.FormatDSN())
+	return testdb.OpenMySQLDSN(t, cfg.FormatDSN()), user
+}
+
+func TestMySQLLeastPrivilegeUser(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.NewMySQLDatabase(t)
+	admin := testdb.OpenMySQLDSN(t, dsn)
+	runMySQLSchema(t, admin)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, user := mysqlOrdinaryUser(t, admin, dsn)
 
 	name := testdb.UniqueName(t)
 	g, err := newLock(t, admin, name).TryLock(ctx)

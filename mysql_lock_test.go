@@ -729,34 +729,56 @@ func mustTry(t *testing.T, l *advisorylock.Lock) *advisorylock.Guard {
 	return g
 }
 
-// TestMySQLLockWithoutMinHoldNeverTouchesTheWindowsTable: on a fresh
-// database a Lock without WithMinHold takes, waits, reports and releases
-// without creating any table; with the option its first use creates
-// advisorylock_windows.
-func TestMySQLLockWithoutMinHoldNeverTouchesTheWindowsTable(t *testing.T) {
+// TestMySQLLockCreatesItsTablesOnceOrWorksWithout: on a fresh database a
+// Lock's first grant creates the library's tables (so that an exclusive
+// grab looks for shared holders in its own statement); a user who may not
+// create them still takes, waits, reports and releases, and is still
+// excluded by shared holders once an administrator made the tables.
+// Those tables include advisorylock_windows, which a Lock with
+// WithMinHold then uses.
+func TestMySQLLockCreatesItsTablesOnceOrWorksWithout(t *testing.T) {
 	ctx := context.Background()
-	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
+	dsn := testdb.NewMySQLDatabase(t)
+	db := testdb.OpenMySQLDSN(t, dsn)
 	tables := func() int {
 		return countRows(t, db, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
 	}
-	l := newLock(t, db, testdb.UniqueName(t))
-	for _, acquire := range []func(context.Context) (*advisorylock.Guard, error){l.TryLock, l.Lock} {
-		g, err := acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
+	takeEachWay := func(db *sql.DB, name string) {
+		t.Helper()
+		l := newLock(t, db, name)
+		for _, acquire := range []func(context.Context) (*advisorylock.Guard, error){l.TryLock, l.Lock, l.TryLock} {
+			g, err := acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h, err := l.Holder(ctx); err != nil || h == nil {
+				t.Fatalf("Holder = %+v, %v", h, err)
+			}
+			mustRelease(t, g)
 		}
-		if h, err := l.Holder(ctx); err != nil || h == nil {
-			t.Fatalf("Holder = %+v, %v", h, err)
-		}
-		mustRelease(t, g)
 	}
+	ordinary, _ := mysqlOrdinaryUser(t, db, dsn)
+	name := testdb.UniqueName(t)
+	takeEachWay(ordinary, name)
 	if n := tables(); n != 0 {
-		t.Fatalf("a Lock without WithMinHold created %d tables", n)
+		t.Fatalf("a user without CREATE made %d tables", n)
 	}
+	takeEachWay(db, name)
+	if n := tables(); n != 6 {
+		t.Fatalf("a Lock's first grant made %d tables, want the library's 6", n)
+	}
+	reader, err := newLock(t, db, name).TryRLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newLock(t, ordinary, name).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("TryLock beside a shared holder, as a user without CREATE = %v, want ErrNotAcquired", err)
+	}
+	mustRelease(t, reader)
 	if err := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second)).Check(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := countRows(t, db, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'advisorylock_windows'"); n != 1 {
-		t.Fatal("a Lock with WithMinHold did not create advisorylock_windows at its first use")
+		t.Fatal("no advisorylock_windows for a Lock with WithMinHold")
 	}
 }

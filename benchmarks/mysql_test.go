@@ -78,6 +78,25 @@ var mysqlOps = map[string]func(b *testing.B, db *sql.DB) func(ctx context.Contex
 	// Release bounds it (WithReleaseTimeout): database/sql and the driver
 	// then watch the context.
 	"raw_pool_bounded": setupMySQLRawPool(true),
+	// The decomposition of TryLock+Release: its grab statement, bare on a
+	// pinned connection, with the look for shared holders it makes once
+	// GET_LOCK grants (see mysqlGrab) replaced by a test of one named lock
+	// (what a bounded set of holder locks would cost), as advisorylock
+	// makes it (an InnoDB read of advisorylock_shared), and the same read
+	// of an ENGINE=MEMORY table of the same shape.
+	"raw_named_check": setupMySQLGrab(func(b *testing.B, db *sql.DB, lock string, key int64) string {
+		return "NOT IS_FREE_LOCK(" + lock[:len(lock)-1] + ":s0')"
+	}),
+	"raw_shared_read": setupMySQLGrab(func(b *testing.B, db *sql.DB, lock string, key int64) string {
+		return mysqlReadersIn("advisorylock_shared", lock, key)
+	}),
+	"raw_shared_read_memory": setupMySQLGrab(func(b *testing.B, db *sql.DB, lock string, key int64) string {
+		table := tableName("myshared_memory")
+		mysqlExec(b, db, "CREATE TABLE "+table+` (lock_key BIGINT NOT NULL, conn_id BIGINT UNSIGNED NOT NULL, acquired_at DATETIME(6) NOT NULL,
+	PRIMARY KEY (lock_key, conn_id) USING HASH) ENGINE=MEMORY`)
+		b.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + table) })
+		return mysqlReadersIn(table, lock, key)
+	}),
 	"trylock_release": func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
 		l := newLock(b, db, lockName(b, "lock"))
 		return func(ctx context.Context) error {
@@ -131,6 +150,40 @@ ON DUPLICATE KEY UPDATE owner = IF(owner IS NULL OR expires_at <= UTC_TIMESTAMP(
 	},
 }
 
+// mysqlGrab is the statement of advisorylock's exclusive TryLock for
+// lock, a quoted server-side name (grabExclusive in
+// backend_mysql_shared.go), with readersIn, an SQL condition, as its look
+// for shared holders: the CASE evaluates it only once GET_LOCK grants.
+func mysqlGrab(lock, readersIn string) string {
+	return "SELECT CASE GET_LOCK(" + lock + ", 0) WHEN 1 THEN IF(" + readersIn + ", 2, 1) WHEN 0 THEN 0 END, CONNECTION_ID(), @@read_only, @@session.wait_timeout"
+}
+
+// mysqlReadersIn is advisorylock's look for live shared holders of key
+// (mysqlReadersIn in backend_mysql_shared.go), in table.
+func mysqlReadersIn(table, lock string, key int64) string {
+	return "EXISTS (SELECT 1 FROM " + table + " s WHERE s.lock_key = " + strconv.FormatInt(key, 10) +
+		" AND IS_USED_LOCK(CONCAT(" + lock[:len(lock)-1] + ":s', s.conn_id)) = s.conn_id)"
+}
+
+// setupMySQLGrab runs mysqlGrab with the check readersIn returns, then
+// the release advisorylock sends, on a pinned connection.
+func setupMySQLGrab(readersIn func(b *testing.B, db *sql.DB, lock string, key int64) string) func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+	return func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+		conn := pin(b, db)
+		name := lockName(b, "grab")
+		lock := mysqlServerName(name)
+		grab := mysqlGrab(lock, readersIn(b, db, lock, advisorylock.Key(name)))
+		return func(ctx context.Context) error {
+			var got, id, waitTimeout int64
+			if err := conn.QueryRowContext(ctx, grab).Scan(&got, &id, new(bool), &waitTimeout); err != nil || got != 1 {
+				return fmt.Errorf("grab = %d, %v", got, err)
+			}
+			var released, holder sql.NullInt64
+			return conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+lock+"), CONNECTION_ID(), IS_USED_LOCK("+lock+")").Scan(&released, &id, &holder)
+		}
+	}
+}
+
 func setupMySQLRawPool(bounded bool) func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
 	return func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
 		lock := mysqlServerName(lockName(b, "raw_pool"))
@@ -159,7 +212,14 @@ func setupMySQLRawPool(bounded bool) func(b *testing.B, db *sql.DB) func(ctx con
 var mysqlPairs = []struct{ base, op string }{
 	{"select1_pinned", "raw_literal"},
 	{"raw_literal", "trylock_release"}, // the gate
-	{"raw_pool", "raw_pool_bounded"},   // what a bounded release costs
+	// Its decomposition: the grab with a named-lock check, with the read
+	// of shared holders (the floor of a correct grab), the same on a
+	// MEMORY table, and what advisorylock adds to its own statements.
+	{"raw_literal", "raw_named_check"},
+	{"raw_literal", "raw_shared_read"},
+	{"raw_shared_read", "raw_shared_read_memory"},
+	{"raw_shared_read", "trylock_release"},
+	{"raw_pool", "raw_pool_bounded"}, // what a bounded release costs
 	{"raw_pool_bounded", "trylock_release"},
 	{"lease_raw", "leaselock"},
 }

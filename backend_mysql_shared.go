@@ -38,9 +38,12 @@ import (
 // Costs: a shared try is two round trips (four on a miss), its release
 // two; an exclusive try stays one, and where advisorylock_shared does not
 // exist (no RLock ever ran) the exclusive statements run without it, and
-// check in a second round trip after a grant. A Lock with WithMinHold
-// cannot be taken shared; its windowed exclusive try does not look for
-// shared holders of another Lock on the same name.
+// check in a second round trip after a grant. The exclusive try's read of
+// advisorylock_shared is most of what it costs over a bare GET_LOCK (see
+// the MySQL gate in benchmarks/README.md): no shape of it measured
+// cheaper, and the table stays InnoDB, which Group Replication requires.
+// A Lock with WithMinHold cannot be taken shared; its windowed exclusive
+// try does not look for shared holders of another Lock on the same name.
 
 // mysqlSharedTable is schema step 4: one row per shared holder.
 const mysqlSharedTable = `CREATE TABLE IF NOT EXISTS advisorylock_shared (

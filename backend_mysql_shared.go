@@ -36,9 +36,10 @@ import (
 // key's next shared release.
 //
 // Costs: a shared try is two round trips (four on a miss), its release
-// two; an exclusive try stays one, and where advisorylock_shared does not
-// exist (no RLock ever ran) the exclusive statements run without it, and
-// check in a second round trip after a grant. The exclusive try's read of
+// two; an exclusive try stays one: where advisorylock_shared does not
+// exist yet, the first grab creates the library's tables (a role that may
+// not create them checks in a second round trip after each grant; see
+// grabExclusive). The exclusive try's read of
 // advisorylock_shared is most of what it costs over a bare GET_LOCK (see
 // the MySQL gate in benchmarks/README.md): no shape of it measured
 // cheaper, and the table stays InnoDB, which Group Replication requires.

@@ -103,10 +103,11 @@ CONFIGURATION
 
     A config file has key = value lines; # starts a comment line. Keys: dsn,
     wait, conflict-exit-code, lease (true or false), ttl, kill-after,
-    min-hold and log-format, as the flags of the same names, which override them; the
-    user's file overrides the system's. --config FILE reads FILE instead of
-    both. A config file that cannot be read, an unknown key or a bad value
-    is an error (exit 78), never skipped:
+    min-hold, slots (1 to 1000) and log-format, as the flags of the same
+    names, which override them; the user's file overrides the system's.
+    --config FILE reads FILE instead of both. A config file that cannot be
+    read, an unknown key or a bad value is an error (exit 78), never
+    skipped:
         # /etc/lockrun.conf
         dsn = postgres://lockrun@db.internal:5432/ops?sslmode=require
         ttl = 1m

@@ -61,3 +61,35 @@ func TestSlotsRefusesWhatDoesNotApply(t *testing.T) {
 		t.Fatalf("parseArgs(--slots 3) = %+v, %v", o, err)
 	}
 }
+
+// slots is a config file key, with the flag's bounds, that the flag
+// overrides; the command learns its slot from it as from the flag, and
+// a config slots with -s is a configuration error that says where the
+// slots came from.
+func TestSlotsFromTheConfigFile(t *testing.T) {
+	for _, bad := range []string{"0", "1001", "x", "-1"} {
+		o, _ := parseArgs([]string{"job", "true"})
+		err := o.applyConfig(map[string]setting{"slots": {bad, "/c:3"}})
+		if codeFor(err) != exitConfig || !strings.Contains(err.Error(), "/c:3: slots: bad value") {
+			t.Errorf("slots = %s: %v; want a configuration error naming the line", bad, err)
+		}
+	}
+	o, _ := parseArgs([]string{"--slots", "5", "job", "true"})
+	if err := o.applyConfig(map[string]setting{"slots": {"3", "/c:1"}}); err != nil || o.slots != 5 {
+		t.Errorf("--slots 5 over a config slots = 3: %d, %v; want the flag's 5", o.slots, err)
+	}
+
+	env := []string{"XDG_STATE_HOME=" + t.TempDir()}
+	d := newDir(t)
+	conf := d.path("lockrun.conf")
+	writeFile(t, conf, "slots = 2\n")
+	name := lockName(t)
+	code, stdout, stderr := runLockrun(t, env, "--config", conf, name, "sh", "-c", `echo "slot=$LOCKRUN_SLOT"`)
+	if got := strings.TrimSpace(stdout); code != 0 || (got != "slot=0" && got != "slot=1") {
+		t.Errorf("lockrun with slots = 2 in its config file: %d, %q, %q; want the command run on slot 0 or 1", code, stdout, stderr)
+	}
+	code, _, stderr = runLockrun(t, env, "--config", conf, "-s", name, "true")
+	if code != exitConfig || !strings.Contains(stderr, "--slots and -s exclude each other") || !strings.Contains(stderr, "config file") {
+		t.Errorf("-s with slots in the config file: %d, %q; want exit %d saying the slots come from the config file", code, stderr, exitConfig)
+	}
+}

@@ -148,6 +148,15 @@ mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \
 mutation "lockrun's command outlives lockrun" cmd/lockrun/proc_linux.go \
 	's/a\.Pdeathsig = syscall\.SIGTERM/_ = a/' \
 	'^TestCommandGetsSIGTERMWhenLockrunDies$' ./cmd/lockrun
+mutation "lockrun: slots is not a config file key" cmd/lockrun/args.go \
+	's/\{long: \[\]string\{"slots"\}, config: true,/{long: []string{"slots"},/' \
+	'^TestSlotsFromTheConfigFile$' ./cmd/lockrun
+mutation "lockrun status without names skips SQLite's lock rows" cmd/lockrun/status.go \
+	's/rs, err := sqliteLockRows\(ctx, db, say\)/rs, err := []holding(nil), error(nil)/' \
+	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
+mutation "lockrun status reads PostgreSQL's shared locks as exclusive" cmd/lockrun/status.go \
+	"s/l\.mode = 'ShareLock'/false/" \
+	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
 
 # --- Scheduler adapters (modules of their own: PACKAGE is the module) ---------
 mutation "the gocron Locker's default window overrides the caller's" extra/advisorylockgocron/locker.go \

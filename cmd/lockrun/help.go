@@ -50,9 +50,12 @@ DESCRIPTION
     restart campaigns again.
 
     lockrun status prints which database it asks, then who holds the named
-    locks, as a table; without names it lists every held lease (and, on
-    PostgreSQL, every session advisory lock, by key: their names are not
-    stored anywhere). For a SQLite holder PID is the holding lockrun's pid.
+    locks, as a table. Without names it lists every held lease; on SQLite
+    every lock holder, shared ones and semaphore slots too, by name; on
+    PostgreSQL every session advisory lock by key (their names are stored
+    nowhere; a slot is a lock on its own key); on MySQL the shared holders
+    by key (the server lists no named locks: name them to see those). For
+    a SQLite holder PID is the holding lockrun's pid.
 
 FLAGS
     --dsn DSN       the database to lock in (see CONFIGURATION)

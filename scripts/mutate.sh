@@ -102,6 +102,15 @@ mutation "a resigner on SQLite campaigns again at once" election.go \
 mutation "lead returning nil ends Run" election.go \
 	's/case err == nil:\n(\t+)if !e\.standAside/case err == nil \&\& false:\n$1if !e.standAside/' \
 	'^TestElectionRunReturnsLeadsError$'
+mutation "a lead returning nil at once campaigns again at once" election.go \
+	's/if !e\.standAside\(ctx\) \|\| !e\.rest\(ctx, began, &quick\)/if !e.standAside(ctx) || false \&\& !e.rest(ctx, began, \&quick)/' \
+	'^TestElectionLeadReturningAtOnceDoesNotHammer$'
+mutation "a missing privilege is campaigned for forever" election.go \
+	's/if !deniedByServer\(err\) \{/if true {/' \
+	'^(TestElectionRunReturnsAMissingPrivilege|TestMySQLElectionRunReturnsAMissingPrivilege)$'
+mutation "MySQL: a refused CREATE is not a missing privilege" backend_mysql.go \
+	's/case mysqlDenied, mysqlColumnDenied, mysqlDBDenied:/case mysqlColumnDenied, mysqlDBDenied:/' \
+	'^TestMySQLElectionRunReturnsAMissingPrivilege$'
 # --- Shared locks (issue 18) -----------------------------------------------------
 mutation "MySQL exclusive statement ignores shared rows" backend_mysql_shared.go \
 	's/WHEN 1 THEN IF\("\+mysqlReadersIn\(key\)\+", 2, 1\)/WHEN 1 THEN IF(false, 2, 1)/' \

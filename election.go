@@ -245,7 +245,7 @@ func (e *Election) refused(err error) error {
 	if errors.As(err, &le) {
 		err = le.err
 	}
-	return fmt.Errorf("advisorylock: election %s: campaign refused, not tried again (an administrator grants the privilege; see Schema): %w", quoteName(e.name), err)
+	return fmt.Errorf("advisorylock: election %s: the server refused a privilege, not tried again: %w", quoteName(e.name), err)
 }
 
 // standAside pauses a candidate that just resigned where the others

@@ -661,6 +661,7 @@ func TestElectionRunReturnsAMissingPrivilege(t *testing.T) {
 			if !errors.As(err, &coded) || coded.SQLState() != "42501" || !strings.Contains(err.Error(), "election "+strconv.Quote(name)) {
 				t.Errorf("%s, %s: Run = %v; want at once an error naming the election, wrapping SQLSTATE 42501", drv, what, err)
 			}
+			t.Logf("%s, %s: %v", drv, what, err)
 		}
 	}
 }

@@ -430,5 +430,6 @@ func TestMySQLElectionRunReturnsAMissingPrivilege(t *testing.T) {
 		if !errors.As(err, &myErr) || myErr.Number != 1142 || !strings.Contains(err.Error(), "election "+strconv.Quote(name)) {
 			t.Errorf("%s: Run = %v; want at once an error naming the election, wrapping the server's 1142", what, err)
 		}
+		t.Logf("%s: %v", what, err)
 	}
 }

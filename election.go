@@ -168,20 +168,32 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 //   - lead returning an error of its own resigns and Run returns it.
 //   - When ctx ends Run resigns and returns ctx.Err().
 //
-// A panic in lead resigns too, and goes on. A lead that returns nil at
-// once is elected again at once, or another candidate is: return when
-// there is nothing left to lead for now. Run returns at once the
-// first-use work's refusal, an error matching ErrUnsupported or
-// ErrTransactionPooler (see Check); other errors of a campaign (the
-// database restarting, a connection lost, a standby reached during a
-// failover) are logged and the campaign is tried again, backing off to
-// 5s between tries. Two Runs of one Election campaign against each other,
-// as two replicas would.
+// A panic in lead resigns too, and goes on. A lead that returns nil
+// soon after its term began (within a second, or WithPollInterval if
+// longer) is taken for one with nothing to do for now: Run pauses before
+// it campaigns again, about the poll interval after the first such term
+// and twice as long after each next one in a row, up to that second (or
+// poll interval), drawn at random from the upper half so that candidates
+// spread out; a lead that returns nil at once thus begins about one term
+// a second, not one per round trip. Meanwhile another candidate may
+// lead.
+//
+// Run returns at once, naming the election, an error that trying again
+// does not heal: the first-use work's refusal, an error matching
+// ErrUnsupported or ErrTransactionPooler (see Check), and the server's
+// refusal of a privilege (the role lacks INSERT, UPDATE or SELECT on
+// advisorylock_elections or USAGE on the token sequence, or may not
+// create the missing tables: PostgreSQL's SQLSTATE 42501, MySQL's errors
+// 1142, 1143 and 1044; the driver's error stays reachable with
+// errors.As). Other errors of a campaign (the database restarting, a
+// connection lost, a standby reached during a failover) are logged and
+// the campaign is tried again, backing off to 5s between tries. Two Runs
+// of one Election campaign against each other, as two replicas would.
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term FencingToken) error) error {
 	if lead == nil {
 		return wrapErr(e.name, "run", errors.New("nil lead function"))
 	}
-	for failures := 0; ; {
+	for failures, quick := 0, 0; ; {
 		t, err := e.campaign(ctx)
 		if ctx.Err() != nil {
 			if err == nil {
@@ -190,7 +202,7 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 			return ctx.Err()
 		}
 		if err != nil {
-			if e.refused(err) {
+			if err := e.refused(err); err != nil {
 				return err
 			}
 			e.cfg.log().Warn("advisorylock: campaign failed; trying again", "election", e.name, "err", err)
@@ -201,12 +213,13 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 			continue
 		}
 		failures = 0
+		began := time.Now()
 		err = e.serve(ctx, t, lead)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err == nil:
-			if !e.standAside(ctx) {
+			if !e.standAside(ctx) || !e.rest(ctx, began, &quick) {
 				return ctx.Err()
 			}
 		case t.lostBy(err):
@@ -216,12 +229,23 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 	}
 }
 
-// refused reports whether err, a campaign's, is the refusal of the
-// first-use work (an unsupported database, a transaction pooler), which
-// trying again does not change. After a first use succeeded even such an
-// error (a connection reaching a standby after a failover) may pass.
-func (e *Election) refused(err error) bool {
-	return e.setup.v.Load() == nil && (errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler))
+// refused returns err, a campaign's, as Run returns it when trying again
+// does not change it, or nil: the refusal of the first-use work (an
+// unsupported database, a transaction pooler; after a first use
+// succeeded even such an error, a connection reaching a standby after a
+// failover, may pass), or the server's refusal of a privilege.
+func (e *Election) refused(err error) error {
+	if e.setup.v.Load() == nil && (errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler)) {
+		return err
+	}
+	if !deniedByServer(err) {
+		return nil
+	}
+	var le *lockError
+	if errors.As(err, &le) {
+		err = le.err
+	}
+	return fmt.Errorf("advisorylock: election %s: the server refused a privilege, not tried again: %w", quoteName(e.name), err)
 }
 
 // standAside pauses a candidate that just resigned where the others
@@ -235,6 +259,27 @@ func (e *Election) standAside(ctx context.Context) bool {
 		return true
 	}
 	return sleepWithin(ctx, 2*max(e.cfg.poll, leaseWaitCap))
+}
+
+// quickLeadPause is the longest pause of rest, unless the poll interval
+// is longer.
+const quickLeadPause = time.Second
+
+// rest pauses a candidate whose lead returned nil before quickLeadPause
+// (or the poll interval, if longer) since its term began, until
+// pollPause(poll, that bound, quick) has passed since began; quick counts
+// such terms in a row (reset by a longer one). False if ctx ended
+// meanwhile.
+func (e *Election) rest(ctx context.Context, began time.Time, quick *int) bool {
+	longest := max(e.cfg.poll, quickLeadPause)
+	ran := time.Since(began)
+	if ran >= longest {
+		*quick = 0
+		return true
+	}
+	pause := pollPause(e.cfg.poll, longest, *quick) - ran
+	*quick++
+	return pause <= 0 || sleepWithin(ctx, pause)
 }
 
 // campaignBackoff is the longest pause between campaigns that failed.

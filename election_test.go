@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -610,4 +611,86 @@ func TestElectionRefusesTransactionPooler(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runRefused runs an election on name that must not lead, and returns
+// Run's error; it fails the test if Run tries for longer than a generous
+// bound (an error it keeps retrying; a refusal takes a few round trips).
+func runRefused(t *testing.T, db *sql.DB, name string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := newElection(t, db, name).Run(ctx, func(context.Context, advisorylock.FencingToken) error {
+		return errors.New("led without the privilege")
+	})
+	if ctx.Err() != nil {
+		t.Errorf("Run was still campaigning after 10s: %v", err)
+	}
+	return err
+}
+
+// TestElectionRunReturnsAMissingPrivilege: an ordinary role without a
+// grant on advisorylock_elections, or without the right to create the
+// missing tables, gets from Run at once an error naming the election and
+// keeping SQLSTATE 42501, instead of a campaign retried forever.
+func TestElectionRunReturnsAMissingPrivilege(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "postgres")
+	ctx := context.Background()
+	role := "advisorylock_app_" + strings.ReplaceAll(testdb.UniqueName(t)[len(t.Name())+1:], "-", "")
+	if _, err := admin.ExecContext(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	base := testdb.PostgresDSN(t)
+	withTables := testdb.WithDatabase(base, freshDatabase(t, admin))
+	owner := testdb.OpenPostgresDSN(t, "postgres", withTables)
+	for _, s := range []string{advisorylock.Schema(advisorylock.Postgres()),
+		"GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences TO " + role, // not advisorylock_elections
+		"GRANT USAGE ON SEQUENCE advisorylock_token_seq TO " + role,
+		"GRANT SELECT ON advisorylock_schema TO " + role} {
+		if _, err := owner.ExecContext(ctx, s); err != nil {
+			t.Fatalf("%.60s: %v", s, err)
+		}
+	}
+	bare := testdb.WithDatabase(base, freshDatabase(t, admin))
+	for _, drv := range testdb.Drivers {
+		for what, dsn := range map[string]string{"no grant on advisorylock_elections": withTables, "no tables, no CREATE": bare} {
+			name := testdb.UniqueName(t)
+			err := runRefused(t, testdb.OpenPostgresDSN(t, drv, withUser(t, dsn, role)), name)
+			var coded interface{ SQLState() string }
+			if !errors.As(err, &coded) || coded.SQLState() != "42501" || !strings.Contains(err.Error(), "election "+strconv.Quote(name)) {
+				t.Errorf("%s, %s: Run = %v; want at once an error naming the election, wrapping SQLSTATE 42501", drv, what, err)
+			}
+			t.Logf("%s, %s: %v", drv, what, err)
+		}
+	}
+}
+
+// TestElectionLeadReturningAtOnceDoesNotHammer: a lead that returns nil
+// at once (a buggy one, or one with nothing to do) makes Run pause
+// before it campaigns again, longer each time up to about a second: over
+// three seconds it begins at most 30 terms (about 9 expected, 3 on
+// SQLite, whose resigner stands aside; a tight loop begins one per round
+// trip, hundreds), and at least two.
+func TestElectionLeadReturningAtOnceDoesNotHammer(t *testing.T) {
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
+		if err := e.Check(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		var terms atomic.Int32
+		err := e.Run(ctx, func(context.Context, advisorylock.FencingToken) error {
+			terms.Add(1)
+			return nil
+		})
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Run: %v, want its context's error", err)
+		}
+		if n := terms.Load(); n < 2 || n > 30 {
+			t.Fatalf("a lead returning nil at once ran %d times in 3s, want 2 to 30", n)
+		}
+		t.Logf("%d terms in 3s", terms.Load())
+	})
 }

@@ -118,6 +118,15 @@ func quoteName(name string) string {
 	return strconv.Quote(name)
 }
 
+// deniedByServer reports whether err is the server's refusal of a
+// privilege the connecting role or user lacks (on a table, a sequence,
+// a database, or the right to create the tables): PostgreSQL's
+// insufficient_privilege (42501), MySQL's errors 1142, 1143 and 1044.
+// Trying again does not heal it; an administrator's grant does.
+func deniedByServer(err error) bool {
+	return sqlState(err) == "42501" || mysqlRefusesPrivilege(err)
+}
+
 // sqlState returns the SQLSTATE of a driver error (lib/pq and pgx both
 // expose SQLState), or "".
 func sqlState(err error) string {

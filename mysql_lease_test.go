@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -254,6 +255,13 @@ func TestMySQLLeaseTimesIgnoreTheSessionTimeZone(t *testing.T) {
 // and UPDATE on it (no CREATE), dropped at t.Cleanup, and opens it.
 func mysqlOrdinaryUser(t *testing.T, admin *sql.DB, dsn string) (*sql.DB, string) {
 	t.Helper()
+	return mysqlUserWith(t, admin, dsn, "SELECT, INSERT, UPDATE")
+}
+
+// mysqlUserWith makes a user of dsn's database with privs on it, dropped
+// at t.Cleanup, and opens it.
+func mysqlUserWith(t *testing.T, admin *sql.DB, dsn, privs string) (*sql.DB, string) {
+	t.Helper()
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -262,8 +270,8 @@ func mysqlOrdinaryUser(t *testing.T, admin *sql.DB, dsn string) (*sql.DB, string
 	for _, stmt := range []string{
 		"CREATE USER '" + user + "'@'%' IDENTIFIED BY 'pw-" + user + "'",
 		"CREATE USER '" + user + "'@'localhost' IDENTIFIED BY 'pw-" + user + "'",
-		"GRANT SELECT, INSERT, UPDATE ON " + cfg.DBName + ".* TO '" + user + "'@'%'",
-		"GRANT SELECT, INSERT, UPDATE ON " + cfg.DBName + ".* TO '" + user + "'@'localhost'",
+		"GRANT " + privs + " ON " + cfg.DBName + ".* TO '" + user + "'@'%'",
+		"GRANT " + privs + " ON " + cfg.DBName + ".* TO '" + user + "'@'localhost'",
 	} {
 		if _, err := admin.Exec(stmt); err != nil {
 			t.Fatal(err)
@@ -401,5 +409,27 @@ func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
 	}
 	if n := countRows(t, db, "SELECT MAX(version) FROM advisorylock_schema"); n != 4 {
 		t.Fatalf("schema version after the upgrade = %d, want 4", n)
+	}
+}
+
+// TestMySQLElectionRunReturnsAMissingPrivilege: Run returns, naming the
+// election and keeping the server's error, when the user may not create
+// the missing tables (1142 on CREATE) or may not write the term row (1142
+// on INSERT), instead of campaigning forever.
+func TestMySQLElectionRunReturnsAMissingPrivilege(t *testing.T) {
+	bare := testdb.NewMySQLDatabase(t)
+	noCreate, _ := mysqlOrdinaryUser(t, testdb.OpenMySQLDSN(t, bare), bare)
+	withTables := testdb.NewMySQLDatabase(t)
+	admin := testdb.OpenMySQLDSN(t, withTables)
+	runMySQLSchema(t, admin)
+	readOnly, _ := mysqlUserWith(t, admin, withTables, "SELECT")
+	for what, db := range map[string]*sql.DB{"no tables, no CREATE": noCreate, "tables, SELECT only": readOnly} {
+		name := testdb.UniqueName(t)
+		err := runRefused(t, db, name)
+		var myErr *mysql.MySQLError
+		if !errors.As(err, &myErr) || myErr.Number != 1142 || !strings.Contains(err.Error(), "election "+strconv.Quote(name)) {
+			t.Errorf("%s: Run = %v; want at once an error naming the election, wrapping the server's 1142", what, err)
+		}
+		t.Logf("%s: %v", what, err)
 	}
 }

@@ -102,6 +102,15 @@ mutation "a resigner on SQLite campaigns again at once" election.go \
 mutation "lead returning nil ends Run" election.go \
 	's/case err == nil:\n(\t+)if !e\.standAside/case err == nil \&\& false:\n$1if !e.standAside/' \
 	'^TestElectionRunReturnsLeadsError$'
+mutation "a lead returning nil at once campaigns again at once" election.go \
+	's/if !e\.standAside\(ctx\) \|\| !e\.rest\(ctx, began, &quick\)/if !e.standAside(ctx) || false \&\& !e.rest(ctx, began, \&quick)/' \
+	'^TestElectionLeadReturningAtOnceDoesNotHammer$'
+mutation "a missing privilege is campaigned for forever" election.go \
+	's/if !deniedByServer\(err\) \{/if true {/' \
+	'^(TestElectionRunReturnsAMissingPrivilege|TestMySQLElectionRunReturnsAMissingPrivilege)$'
+mutation "MySQL: a refused CREATE is not a missing privilege" backend_mysql.go \
+	's/case mysqlDenied, mysqlColumnDenied, mysqlDBDenied:/case mysqlColumnDenied, mysqlDBDenied:/' \
+	'^TestMySQLElectionRunReturnsAMissingPrivilege$'
 # --- Shared locks (issue 18) -----------------------------------------------------
 mutation "MySQL exclusive statement ignores shared rows" backend_mysql_shared.go \
 	's/WHEN 1 THEN IF\("\+mysqlReadersIn\(key\)\+", 2, 1\)/WHEN 1 THEN IF(false, 2, 1)/' \
@@ -148,6 +157,15 @@ mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \
 mutation "lockrun's command outlives lockrun" cmd/lockrun/proc_linux.go \
 	's/a\.Pdeathsig = syscall\.SIGTERM/_ = a/' \
 	'^TestCommandGetsSIGTERMWhenLockrunDies$' ./cmd/lockrun
+mutation "lockrun: slots is not a config file key" cmd/lockrun/args.go \
+	's/\{long: \[\]string\{"slots"\}, config: true,/{long: []string{"slots"},/' \
+	'^TestSlotsFromTheConfigFile$' ./cmd/lockrun
+mutation "lockrun status without names skips SQLite's lock rows" cmd/lockrun/status.go \
+	's/rs, err := sqliteLockRows\(ctx, db, say\)/rs, err := []holding(nil), error(nil)/' \
+	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
+mutation "lockrun status reads PostgreSQL's shared locks as exclusive" cmd/lockrun/status.go \
+	"s/l\.mode = 'ShareLock'/false/" \
+	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
 
 # --- Scheduler adapters (modules of their own: PACKAGE is the module) ---------
 mutation "the gocron Locker's default window overrides the caller's" extra/advisorylockgocron/locker.go \

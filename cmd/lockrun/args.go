@@ -76,7 +76,7 @@ var flags = []flagSpec{
 		value: func(o *options, v string) (err error) { o.killAfter, err = parseSeconds(v); return err }},
 	{long: []string{"min-hold"}, config: true, help: "keep the lock taken until this long after the grant",
 		value: func(o *options, v string) (err error) { o.minHold, err = parseSeconds(v); return err }},
-	{long: []string{"slots"}, help: "let at most N holders take NAME at once (a semaphore)", value: setSlots},
+	{long: []string{"slots"}, config: true, help: "let at most N holders take NAME at once (a semaphore)", value: setSlots},
 	{long: []string{"shared"}, short: 's', help: "take the lock shared: beside other shared holders",
 		bool: func(o *options) { o.shared = true }},
 	{long: []string{"log-format"}, config: true, help: "text or json", value: setLogFormat},

@@ -50,9 +50,12 @@ DESCRIPTION
     restart campaigns again.
 
     lockrun status prints which database it asks, then who holds the named
-    locks, as a table; without names it lists every held lease (and, on
-    PostgreSQL, every session advisory lock, by key: their names are not
-    stored anywhere). For a SQLite holder PID is the holding lockrun's pid.
+    locks, as a table. Without names it lists every held lease; on SQLite
+    every lock holder, shared ones and semaphore slots too, by name; on
+    PostgreSQL every session advisory lock by key (their names are stored
+    nowhere; a slot is a lock on its own key); on MySQL the shared holders
+    by key (the server lists no named locks: name them to see those). For
+    a SQLite holder PID is the holding lockrun's pid.
 
 FLAGS
     --dsn DSN       the database to lock in (see CONFIGURATION)
@@ -103,10 +106,11 @@ CONFIGURATION
 
     A config file has key = value lines; # starts a comment line. Keys: dsn,
     wait, conflict-exit-code, lease (true or false), ttl, kill-after,
-    min-hold and log-format, as the flags of the same names, which override them; the
-    user's file overrides the system's. --config FILE reads FILE instead of
-    both. A config file that cannot be read, an unknown key or a bad value
-    is an error (exit 78), never skipped:
+    min-hold, slots (1 to 1000) and log-format, as the flags of the same
+    names, which override them; the user's file overrides the system's.
+    --config FILE reads FILE instead of both. A config file that cannot be
+    read, an unknown key or a bad value is an error (exit 78), never
+    skipped:
         # /etc/lockrun.conf
         dsn = postgres://lockrun@db.internal:5432/ops?sslmode=require
         ttl = 1m

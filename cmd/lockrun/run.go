@@ -212,8 +212,8 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 		return nil, errors.New("-s takes a lock shared; a lease or a min-hold window (from the config file) is exclusive")
 	}
 	if o.slots > 0 {
-		if err := o.checkSlots(); err != nil { // the config file may set lease or min-hold
-			return nil, configErrorf("%w", err)
+		if err := o.checkSlots(); err != nil { // the config file may set slots, lease or min-hold
+			return nil, configErrorf("%w (one of them from the config file)", err)
 		}
 		s, err := advisorylock.NewSemaphore(db, o.name, o.slots, opts...)
 		if err != nil {

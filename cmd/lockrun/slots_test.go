@@ -2,9 +2,11 @@ package main
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -60,4 +62,83 @@ func TestSlotsRefusesWhatDoesNotApply(t *testing.T) {
 	if err != nil || o.slots != 3 {
 		t.Fatalf("parseArgs(--slots 3) = %+v, %v", o, err)
 	}
+}
+
+// slots is a config file key, with the flag's bounds, that the flag
+// overrides; the command learns its slot from it as from the flag, and
+// a config slots with -s is a configuration error that says where the
+// slots came from.
+func TestSlotsFromTheConfigFile(t *testing.T) {
+	for _, bad := range []string{"0", "1001", "x", "-1"} {
+		o, _ := parseArgs([]string{"job", "true"})
+		err := o.applyConfig(map[string]setting{"slots": {bad, "/c:3"}})
+		if codeFor(err) != exitConfig || !strings.Contains(err.Error(), "/c:3: slots: bad value") {
+			t.Errorf("slots = %s: %v; want a configuration error naming the line", bad, err)
+		}
+	}
+	o, _ := parseArgs([]string{"--slots", "5", "job", "true"})
+	if err := o.applyConfig(map[string]setting{"slots": {"3", "/c:1"}}); err != nil || o.slots != 5 {
+		t.Errorf("--slots 5 over a config slots = 3: %d, %v; want the flag's 5", o.slots, err)
+	}
+
+	env := []string{"XDG_STATE_HOME=" + t.TempDir()}
+	d := newDir(t)
+	conf := d.path("lockrun.conf")
+	writeFile(t, conf, "slots = 2\n")
+	name := lockName(t)
+	code, stdout, stderr := runLockrun(t, env, "--config", conf, name, "sh", "-c", `echo "slot=$LOCKRUN_SLOT"`)
+	if got := strings.TrimSpace(stdout); code != 0 || (got != "slot=0" && got != "slot=1") {
+		t.Errorf("lockrun with slots = 2 in its config file: %d, %q, %q; want the command run on slot 0 or 1", code, stdout, stderr)
+	}
+	code, _, stderr = runLockrun(t, env, "--config", conf, "-s", name, "true")
+	if code != exitConfig || !strings.Contains(stderr, "--slots and -s exclude each other") || !strings.Contains(stderr, "config file") {
+		t.Errorf("-s with slots in the config file: %d, %q; want exit %d saying the slots come from the config file", code, stderr, exitConfig)
+	}
+}
+
+// status with no names lists a name held shared and a semaphore's slot
+// wherever the database can tell: on SQLite by name (kinds "shared" and
+// "slot N"), on PostgreSQL by key (the slot as a lock on its SlotKey),
+// on MySQL the shared holder by key (GET_LOCK's locks are listed nowhere).
+func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		d := newDir(t)
+		shared, sem := lockName(t), lockName(t)+"-sem"
+		startLockrun(t, env, append([]string{"-s", shared, "--"}, d.holdUntil("go")...)...)
+		startLockrun(t, env, append([]string{"--slots", "2", sem, "--"}, d.holdUntil("go")...)...)
+		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("ran"))) == 2 }, "the holders did not start")
+		defer d.touch(t, "go")
+
+		code, stdout, stderr := runLockrun(t, env, "status")
+		if code != 0 {
+			t.Fatalf("status exited %d: %q", code, stderr)
+		}
+		_, table, _ := strings.Cut(stdout, "\n")
+		rows := checkAligned(t, table)
+		has := func(name, kind string, keys ...int64) bool {
+			for _, r := range rows[1:] {
+				for _, k := range keys {
+					if (name == "" && r[0] == "-" || r[0] == name) && strings.HasPrefix(r[1], kind) && r[2] == strconv.FormatInt(k, 10) {
+						return true
+					}
+				}
+			}
+			return false
+		}
+		slotKeys := []int64{advisorylock.SlotKey(sem, 0), advisorylock.SlotKey(sem, 1)}
+		switch dsn := envValue(env, "LOCKRUN_DSN"); {
+		case strings.HasPrefix(dsn, "postgres"):
+			if !has("", "shared", advisorylock.Key(shared)) || !has("", "lock", slotKeys...) {
+				t.Errorf("status on PostgreSQL lacks the shared holder (kind shared) or the slot (a lock on its SlotKey):\n%s", stdout)
+			}
+		case strings.HasPrefix(dsn, "mysql"):
+			if !has("", "shared", advisorylock.Key(shared)) {
+				t.Errorf("status on MySQL lacks the shared holder by key:\n%s", stdout)
+			}
+		default:
+			if !has(shared, "shared", advisorylock.Key(shared)) || !has(sem, "slot ", slotKeys...) {
+				t.Errorf("status on SQLite lacks the shared holder or the slot by name:\n%s", stdout)
+			}
+		}
+	})
 }

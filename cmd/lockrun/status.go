@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -25,9 +26,8 @@ type holding struct {
 }
 
 // status prints which database it asks (a line like -v's), then, as a
-// table, who holds the named locks (both kinds), or
-// with no names every held lease and lock row, and on PostgreSQL every
-// session advisory lock (by key: their names are stored nowhere).
+// table, who holds the named locks (both kinds), or with no names what
+// allHolders finds.
 func status(o *options, stdout io.Writer, say *reporter) int {
 	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
 	defer cancel()
@@ -73,8 +73,8 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 			}
 			for _, h := range hs {
 				k := kind
-				if h.Shared {
-					k = "shared"
+				if kind == "lock" {
+					k = kindOf(h)
 				}
 				rows = append(rows, holding{kind: k, h: *h})
 				found = true
@@ -135,54 +135,130 @@ func holdersOf(ctx context.Context, db *database, kind, name string, say *report
 	return l.Holders(ctx)
 }
 
-// allHolders lists the held lease rows by name (the tables of SPEC 4.4a),
-// then, on PostgreSQL, the session advisory locks by key.
+// allHolders lists, with no names given, what the database can tell:
+// the held lease rows by name (the tables of SPEC 4.4a); on SQLite the
+// lock rows by name (exclusive and shared holders, semaphore slots); on
+// PostgreSQL the session advisory locks by key, shared ones marked; on
+// MySQL the live shared holders by key (GET_LOCK's locks and slots are
+// listed by no table MariaDB always has).
 func allHolders(ctx context.Context, db *database, say *reporter) ([]holding, error) {
-	tables := map[string]string{"lease": "advisorylock_leases"}
-	kinds := []string{"lease"}
-	if db.kind == "sqlite" {
-		tables["lock"] = "advisorylock_locks"
-		kinds = []string{"lock", "lease"}
-	}
 	var rows []holding
-	for _, kind := range kinds {
-		names, err := heldNames(ctx, db, tables[kind])
+	if db.kind == "sqlite" {
+		rs, err := sqliteLockRows(ctx, db, say)
 		if err != nil {
 			return nil, err
 		}
-		for _, name := range names {
-			h, err := holderOf(ctx, db, kind, name, say)
+		rows = rs
+	}
+	names, err := heldNames(ctx, db, "SELECT name FROM advisorylock_leases WHERE owner IS NOT NULL ORDER BY name")
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range names {
+		h, err := holderOf(ctx, db, "lease", name, say)
+		if err != nil {
+			return nil, err
+		}
+		if h != nil { // nil: expired since
+			rows = append(rows, holding{kind: "lease", h: *h})
+		}
+	}
+	var more []holding
+	switch db.kind {
+	case "postgres":
+		more, err = sessionLocks(ctx, db)
+	case "mysql":
+		more, err = mysqlSharedHolders(ctx, db)
+	}
+	return append(rows, more...), err
+}
+
+// sqliteLockRows lists the holders of every name with a row in the lock
+// tables of a SQLite file: as a lock (exclusive and shared holders) where
+// a row has the name's key, as a semaphore (kind "slot N") where it has
+// a slot's key, up to the highest slot with a row.
+func sqliteLockRows(ctx context.Context, db *database, say *reporter) ([]holding, error) {
+	var names []string
+	for _, table := range []string{"advisorylock_locks", "advisorylock_shared"} {
+		ns, err := heldNames(ctx, db, "SELECT DISTINCT name FROM "+table)
+		if err != nil {
+			return nil, err
+		}
+		names = append(names, ns...)
+	}
+	slices.Sort(names)
+	var rows []holding
+	for _, name := range slices.Compact(names) {
+		hs, err := holdersOf(ctx, db, "lock", name, say)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range hs {
+			rows = append(rows, holding{kind: kindOf(h), h: *h})
+		}
+		slots, err := sqliteSlots(ctx, db, name)
+		if err != nil {
+			return nil, err
+		}
+		if slots > 0 {
+			hs, err := slotHolders(ctx, db, name, slots, say)
 			if err != nil {
 				return nil, err
 			}
-			if h != nil { // nil: expired since
-				rows = append(rows, holding{kind: kind, h: *h})
+			rows = append(rows, hs...)
+		}
+	}
+	return rows, nil
+}
+
+// sqliteSlots returns one more than the highest semaphore slot of name
+// with a row (held or expired), 0 for none.
+func sqliteSlots(ctx context.Context, db *database, name string) (int, error) {
+	rs, err := db.QueryContext(ctx, "SELECT key FROM advisorylock_locks WHERE name = ? AND key != ?", name, advisorylock.Key(name))
+	if err != nil {
+		return 0, fmt.Errorf("listing advisorylock_locks: %w", err)
+	}
+	defer rs.Close()
+	slots := 0
+	for rs.Next() {
+		var key int64
+		if err := rs.Scan(&key); err != nil {
+			return 0, fmt.Errorf("listing advisorylock_locks: %w", err)
+		}
+		for i := slots; i < advisorylock.MaxSlots; i++ {
+			if advisorylock.SlotKey(name, i) == key {
+				slots = i + 1
+				break
 			}
 		}
 	}
-	if db.kind != "postgres" {
-		return rows, nil
-	}
-	sessions, err := sessionLocks(ctx, db)
-	return append(rows, sessions...), err
+	return slots, rs.Err()
 }
 
-// heldNames reads the names of the rows with an owner; a table not
-// created yet holds none.
-func heldNames(ctx context.Context, db *database, table string) ([]string, error) {
-	rs, err := db.QueryContext(ctx, "SELECT name FROM "+table+" WHERE owner IS NOT NULL ORDER BY name")
+// kindOf is the KIND of a lock's holder: "lock", or "shared".
+func kindOf(h *advisorylock.Holder) string {
+	if h.Shared {
+		return "shared"
+	}
+	return "lock"
+}
+
+// heldNames reads the names that query selects; a table not created yet
+// holds none.
+func heldNames(ctx context.Context, db *database, query string) ([]string, error) {
+	rs, err := db.QueryContext(ctx, query)
 	if missingTable(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("listing %s: %w", table, err)
+		return nil, fmt.Errorf("listing names: %w", err)
 	}
 	defer rs.Close()
 	var names []string
 	for rs.Next() {
 		var name string
 		if err := rs.Scan(&name); err != nil {
-			return nil, fmt.Errorf("listing %s: %w", table, err)
+			return nil, fmt.Errorf("listing names: %w", err)
 		}
 		names = append(names, name)
 	}
@@ -199,10 +275,12 @@ func missingTable(err error) bool {
 
 // sessionLocks lists the granted advisory locks on bigint keys in the
 // current database (pg_locks shows a key as classid = high 32 bits, objid
-// = low 32 bits, objsubid = 1), with who holds them. Since is the
-// session's start: an earlier bound of when the lock was taken.
+// = low 32 bits, objsubid = 1), with who holds them, shared ones (mode
+// ShareLock) as kind "shared". A semaphore's slot is a lock on its
+// SlotKey. Since is the session's start: an earlier bound of when the
+// lock was taken.
 func sessionLocks(ctx context.Context, db *database) ([]holding, error) {
-	rs, err := db.QueryContext(ctx, `SELECT l.classid::bigint, l.objid::bigint, l.pid,
+	rs, err := db.QueryContext(ctx, `SELECT l.classid::bigint, l.objid::bigint, l.mode = 'ShareLock', l.pid,
   coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -217,12 +295,41 @@ ORDER BY l.pid, l.classid, l.objid`)
 		var hi, lo int64
 		var since sql.NullTime
 		h := advisorylock.Holder{Backend: "postgres"}
-		if err := rs.Scan(&hi, &lo, &h.PID, &h.Application, &h.ClientAddr, &since); err != nil {
+		if err := rs.Scan(&hi, &lo, &h.Shared, &h.PID, &h.Application, &h.ClientAddr, &since); err != nil {
 			return nil, fmt.Errorf("listing session locks: %w", err)
 		}
 		h.Key = int64(uint64(hi)<<32 | uint64(lo))
 		h.Since = since.Time
-		rows = append(rows, holding{kind: "lock", h: h})
+		rows = append(rows, holding{kind: kindOf(&h), h: h})
+	}
+	return rows, rs.Err()
+}
+
+// mysqlSharedHolders lists, by key, the live shared holders of locks on
+// MySQL: the rows of advisorylock_shared whose holder still has the
+// holder lock the row names (see backend_mysql_shared.go).
+func mysqlSharedHolders(ctx context.Context, db *database) ([]holding, error) {
+	rs, err := db.QueryContext(ctx, `SELECT s.lock_key, s.conn_id, COALESCE(p.USER, ''), COALESCE(p.HOST, ''),
+  TIMESTAMPDIFF(MICROSECOND, '1970-01-01', s.acquired_at)
+FROM advisorylock_shared s LEFT JOIN information_schema.PROCESSLIST p ON p.ID = s.conn_id
+WHERE IS_USED_LOCK(CONCAT('advisorylock:v1:', LOWER(LPAD(HEX(s.lock_key), 16, '0')), ':s', s.conn_id)) = s.conn_id
+ORDER BY s.lock_key, s.conn_id`)
+	if missingTable(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing shared holders: %w", err)
+	}
+	defer rs.Close()
+	var rows []holding
+	for rs.Next() {
+		var since int64
+		h := advisorylock.Holder{Backend: "mysql", Shared: true}
+		if err := rs.Scan(&h.Key, &h.PID, &h.User, &h.ClientAddr, &since); err != nil {
+			return nil, fmt.Errorf("listing shared holders: %w", err)
+		}
+		h.Since = time.UnixMicro(since)
+		rows = append(rows, holding{kind: "shared", h: h})
 	}
 	return rows, rs.Err()
 }

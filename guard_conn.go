@@ -339,11 +339,7 @@ func (r *sharedRows) Next(dest []driver.Value) error {
 }
 
 func (r *sharedRows) Close() error {
-	if !r.gate.take(r) {
-		return nil // ended already, by release
-	}
-	err := r.ri.Close()
-	r.gate.ended(r.call, err)
+	_, err := r.gate.endOwn(r, r.call, r.ri.Close) // not open: ended already, by release
 	return err
 }
 
@@ -411,20 +407,15 @@ type sharedTx struct {
 // Commit commits; after the lock's release the transaction was rolled
 // back, and Commit says so.
 func (t *sharedTx) Commit() error {
-	if !t.gate.take(t) {
+	open, err := t.gate.endOwn(t, t.call, t.ti.Commit)
+	if !open {
 		return errConnReleased
 	}
-	err := t.ti.Commit()
-	t.gate.ended(t.call, err)
 	return err
 }
 
 func (t *sharedTx) Rollback() error {
-	if !t.gate.take(t) {
-		return nil // rolled back by release
-	}
-	err := t.ti.Rollback()
-	t.gate.ended(t.call, err)
+	_, err := t.gate.endOwn(t, t.call, t.ti.Rollback) // not open: rolled back by release
 	return err
 }
 
@@ -578,9 +569,22 @@ func (g *connGate) opened(c gateCall, h handle) {
 	g.leave(c, false)
 }
 
-// take removes h from the open handles, for its owner to end it (a call
-// in flight until ended); false when it is not open (the release ended
-// it).
+// endOwn ends h, opened by call c, for its owner: it takes h out of the
+// open handles, runs f (Close, Commit, Rollback) as a call in flight, and
+// ends c. It reports open false, and runs nothing, when h is not open
+// (the release ended it).
+func (g *connGate) endOwn(h handle, c gateCall, f func() error) (open bool, err error) {
+	if !g.take(h) {
+		return false, nil
+	}
+	err = f()
+	_ = g.failed(err)
+	g.leave(c, true)
+	return true, err
+}
+
+// take removes h from the open handles, counting its owner's end of it
+// as a call in flight; false when it is not open.
 func (g *connGate) take(h handle) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -591,12 +595,6 @@ func (g *connGate) take(h handle) bool {
 	g.handles = slices.Delete(g.handles, i, i+1)
 	g.running++
 	return true
-}
-
-// ended ends the call of a handle its owner took and ended.
-func (g *connGate) ended(c gateCall, err error) {
-	_ = g.failed(err)
-	g.leave(c, true)
 }
 
 func (g *connGate) isOpen(h handle) bool {

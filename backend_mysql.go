@@ -569,14 +569,30 @@ func (mysqlBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string,
 // they do). NewFence calls it: Admit runs in the caller's transaction,
 // where a missing table cannot be created and retried.
 func (mysqlBackend) ensureSchema(ctx context.Context, db DB) error {
+	return ensureMySQLTables(ctx, db, "advisorylock_leases", "advisorylock_fences")
+}
+
+// ensureMySQLTables creates the library's tables (see createMySQLTables)
+// unless all of tables, names of the library's own, exist: one round trip
+// when they do.
+func ensureMySQLTables(ctx context.Context, db DB, tables ...string) error {
 	var n int
 	err := mysqlRun(ctx, db, func(q querier) error {
-		return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('advisorylock_leases', 'advisorylock_fences')").Scan(&n)
+		return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('"+
+			strings.Join(tables, "', '")+"')").Scan(&n)
 	})
-	if err != nil || n == 2 {
+	if err != nil || n == len(tables) {
 		return err
 	}
 	return createMySQLTables(ctx, db)
+}
+
+// ensureMySQLTable is ensureMySQLTables for one table, once per *sql.DB.
+func ensureMySQLTable(ctx context.Context, db DB, table string) error {
+	_, err := cachedVerdict(ctx, db, "mysql table "+table, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, ensureMySQLTables(ctx, db, table)
+	})
+	return err
 }
 
 // mysqlSchemaLock is the named lock that serializes creating the tables;

@@ -30,18 +30,8 @@ const mysqlElectionsTable = `CREATE TABLE IF NOT EXISTS advisorylock_elections (
 
 // PrepareElections creates the tables unless advisorylock_elections
 // exists (one round trip when it does), once per *sql.DB.
-func (m mysqlBackend) PrepareElections(ctx context.Context, db DB) error {
-	_, err := cachedVerdict(ctx, db, "mysql elections", func(ctx context.Context) (struct{}, error) {
-		var n int
-		err := mysqlRun(ctx, db, func(q querier) error {
-			return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'advisorylock_elections'").Scan(&n)
-		})
-		if err != nil || n == 1 {
-			return struct{}{}, err
-		}
-		return struct{}{}, createMySQLTables(ctx, db)
-	})
-	return err
+func (mysqlBackend) PrepareElections(ctx context.Context, db DB) error {
+	return ensureMySQLTable(ctx, db, "advisorylock_elections")
 }
 
 // BeginTerm records a new term of name, led by owner, on conn, whose

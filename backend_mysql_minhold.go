@@ -91,17 +91,7 @@ func (mysqlBackend) KeepsWindows() {}
 // unless advisorylock_windows exists, once per *sql.DB. Where it exists
 // (say, created by an administrator from Schema) it writes nothing.
 func (mysqlBackend) PrepareWindows(ctx context.Context, db DB) error {
-	_, err := cachedVerdict(ctx, db, "mysql windows", func(ctx context.Context) (struct{}, error) {
-		var n int
-		err := mysqlRun(ctx, db, func(q querier) error {
-			return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'advisorylock_windows'").Scan(&n)
-		})
-		if err != nil || n == 1 {
-			return struct{}{}, err
-		}
-		return struct{}{}, createMySQLTables(ctx, db)
-	})
-	return err
+	return ensureMySQLTable(ctx, db, "advisorylock_windows")
 }
 
 // TryLockSessionFor takes key unless a window is open, and records the

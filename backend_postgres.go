@@ -292,14 +292,15 @@ func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string
 // Both checks hold for the rest of a session once it has passed them (a
 // primary's session never enters recovery; the settings stay unless
 // someone resets them on that connection), so a session that has is
-// remembered (see rememberSession) and later tries send only the lock
+// remembered (see checkedSession) and later tries send only the lock
 // function: the bare statement a user would write.
 func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
 	text, why := p.tryLock, p.whyMissed
 	if text == "" { // not made by forLock: a backend used outside a Lock
 		text, why = pgTryLock, pgWhyMissed
 	}
-	if sessionKnows(conn, text) {
+	fact := p.checkedSession()
+	if sessionKnows(conn, fact) {
 		bare := pgTryLockBare
 		if p.shared {
 			bare = pgTryLockSharedBare
@@ -309,7 +310,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 	}
 	ok, err := p.rowStatement(ctx, conn, text, key)
 	if ok {
-		rememberSession(conn, text)
+		rememberSession(conn, fact)
 	}
 	if ok || err != nil || why == "" {
 		return SessionResult{OK: ok}, err
@@ -329,9 +330,20 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
 			return SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
 		}
-		rememberSession(conn, text)
+		rememberSession(conn, fact)
 	}
 	return SessionResult{OK: granted}, nil
+}
+
+// checkedSession is the fact (see rememberSession) that a session has
+// passed the checks of p's try: it is a primary's, and it has p's
+// dead-holder settings, if p has any. It is named by the try statement,
+// whose text holds the settings' marker.
+func (p *postgres) checkedSession() string {
+	if p.tryLock == "" { // not made by forLock: a backend used outside a Lock
+		return pgTryLock
+	}
+	return p.tryLock
 }
 
 // WaitLockSession waits in pg_advisory_lock bounded by a transaction-local

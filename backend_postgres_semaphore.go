@@ -14,30 +14,44 @@ import (
 // A server in recovery is refused (errStandby) before any key is tried.
 // A grant on a session without the Lock's dead-holder settings sends them
 // (one more round trip, once per session, as TryLockSession does).
+//
+// A session that has passed both checks is remembered as a Lock's try
+// remembers it, under the same fact (see checkedSession): later tries on
+// it, a semaphore's or a Lock's, send the lock functions alone.
 func (p *postgres) tryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
+	fact := p.checkedSession()
+	checks := !sessionKnows(conn, fact)
 	args := make([]any, len(keys))
 	for i, k := range keys {
 		args[i] = k
 	}
-	q, args, err := p.statement(pgTryAny(len(keys)), args...)
+	q, args, err := p.statement(pgTryAny(len(keys), checks), args...)
 	if err != nil {
 		return 0, SessionResult{}, err
 	}
 	var got int
 	var mark string
-	if err := conn.QueryRowContext(ctx, q, args...).Scan(&got, &mark); err != nil {
-		return 0, SessionResult{}, err
+	row := conn.QueryRowContext(ctx, q, args...)
+	if checks {
+		err = row.Scan(&got, &mark)
+	} else {
+		err = row.Scan(&got)
 	}
 	switch {
+	case err != nil:
+		return 0, SessionResult{}, err
 	case got == -2:
 		return 0, SessionResult{}, errStandby
 	case got < 0:
 		return 0, SessionResult{}, nil
 	}
-	if p.deadHolder != "" && mark != strconv.FormatInt(p.mark, 10) {
-		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
-			return 0, SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
+	if checks {
+		if p.deadHolder != "" && mark != strconv.FormatInt(p.mark, 10) {
+			if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
+				return 0, SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
+			}
 		}
+		rememberSession(conn, fact)
 	}
 	return got, SessionResult{OK: true}, nil
 }
@@ -47,19 +61,26 @@ func (p *postgres) tryLockAny(ctx context.Context, conn *sql.Conn, keys []int64)
 // stops at the first true one (PostgreSQL documents it: "a CASE
 // expression does not evaluate any subexpressions that are not needed to
 // determine the result"), so no key after the first granted is tried. It
-// returns the index of the granted key, -1 when none was, -2 on a server
-// in recovery (nothing tried), and the session's dead-holder marker. The
-// text depends on n alone, so pgx caches one statement per slot count.
-func pgTryAny(n int) string {
+// returns the index of the granted key, or -1 when none was. With checks
+// it also returns -2 on a server in recovery (nothing tried), and a second
+// column, the session's dead-holder marker. The text depends on n and
+// checks alone, so pgx caches one statement per slot count.
+func pgTryAny(n int, checks bool) string {
 	var b strings.Builder
-	b.WriteString("SELECT CASE WHEN pg_is_in_recovery() THEN -2")
+	b.WriteString("SELECT CASE")
+	if checks {
+		b.WriteString(" WHEN pg_is_in_recovery() THEN -2")
+	}
 	for i := range n {
 		b.WriteString(" WHEN pg_try_advisory_lock($")
 		b.WriteString(strconv.Itoa(i + 1))
 		b.WriteString("::bigint) THEN ")
 		b.WriteString(strconv.Itoa(i))
 	}
-	b.WriteString(" ELSE -1 END, coalesce(current_setting('advisorylock.dead_holder', true), '')")
+	b.WriteString(" ELSE -1 END")
+	if checks {
+		b.WriteString(", coalesce(current_setting('advisorylock.dead_holder', true), '')")
+	}
 	return b.String()
 }
 
@@ -87,7 +108,7 @@ func (p *postgres) slotHolders(ctx context.Context, db DB, keys []int64) ([]*Hol
 		fmt.Fprintf(&values, "(%d, %d, %d)", i, uint32(uint64(key)>>32), uint32(uint64(key)))
 	}
 	q := `SELECT s.i, l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
-  CASE WHEN a.query LIKE 'SELECT CASE WHEN pg\_is\_in\_recovery() THEN -2 WHEN pg\_try\_advisory\_lock(%' THEN a.query_start ELSE a.backend_start END
+  CASE WHEN a.query LIKE 'SELECT CASE WHEN pg\_%try\_advisory\_lock(%' THEN a.query_start ELSE a.backend_start END
 FROM (VALUES ` + values.String() + `) AS s(i, classid, objid)
 JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

@@ -145,19 +145,14 @@ func (s *sharedConn) Prepare(query string) (driver.Stmt, error) {
 }
 
 func (s *sharedConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	c, err := s.gate.enter(ctx, true)
+	si, err := through(s.gate, ctx, func(ctx context.Context) (driver.Stmt, error) {
+		if p, ok := s.ci.(driver.ConnPrepareContext); ok {
+			return p.PrepareContext(ctx, query)
+		}
+		return s.ci.Prepare(query)
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer s.gate.leave(c, true)
-	var si driver.Stmt
-	if p, ok := s.ci.(driver.ConnPrepareContext); ok {
-		si, err = p.PrepareContext(c.ctx, query)
-	} else {
-		si, err = s.ci.Prepare(query)
-	}
-	if err != nil {
-		return nil, s.gate.failed(err)
 	}
 	return &sharedStmt{si: si, gate: s.gate}, nil
 }
@@ -196,13 +191,9 @@ func (s *sharedConn) ExecContext(ctx context.Context, query string, args []drive
 	if !ok {
 		return nil, driver.ErrSkip
 	}
-	c, err := s.gate.enter(ctx, true)
-	if err != nil {
-		return nil, err
-	}
-	defer s.gate.leave(c, true)
-	res, err := e.ExecContext(c.ctx, query, args)
-	return res, s.gate.failed(err)
+	return through(s.gate, ctx, func(ctx context.Context) (driver.Result, error) {
+		return e.ExecContext(ctx, query, args)
+	})
 }
 
 func (s *sharedConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
@@ -215,13 +206,7 @@ func (s *sharedConn) QueryContext(ctx context.Context, query string, args []driv
 		return nil, err
 	}
 	ri, err := q.QueryContext(c.ctx, query, args)
-	if err != nil {
-		s.gate.leave(c, true)
-		return nil, s.gate.failed(err)
-	}
-	r := &sharedRows{ri: ri, gate: s.gate, call: c}
-	s.gate.opened(c, r)
-	return r, nil
+	return s.gate.openRows(c, ri, err)
 }
 
 func (s *sharedConn) Ping(ctx context.Context) error {
@@ -229,12 +214,10 @@ func (s *sharedConn) Ping(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	c, err := s.gate.enter(ctx, true)
-	if err != nil {
-		return err
-	}
-	defer s.gate.leave(c, true)
-	return s.gate.failed(p.Ping(c.ctx))
+	_, err := through(s.gate, ctx, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, p.Ping(ctx)
+	})
+	return err
 }
 
 func (s *sharedConn) CheckNamedValue(nv *driver.NamedValue) error {
@@ -283,19 +266,13 @@ func (s *sharedStmt) Query(args []driver.Value) (driver.Rows, error) {
 }
 
 func (s *sharedStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	c, err := s.gate.enter(ctx, true)
-	if err != nil {
-		return nil, err
-	}
-	defer s.gate.leave(c, true)
-	var res driver.Result
-	if e, ok := s.si.(driver.StmtExecContext); ok {
-		res, err = e.ExecContext(c.ctx, args)
-	} else {
+	return through(s.gate, ctx, func(ctx context.Context) (driver.Result, error) {
+		if e, ok := s.si.(driver.StmtExecContext); ok {
+			return e.ExecContext(ctx, args)
+		}
 		//lint:ignore SA1019 the driver has no ExecContext
-		res, err = s.si.Exec(values(args))
-	}
-	return res, s.gate.failed(err)
+		return s.si.Exec(values(args))
+	})
 }
 
 func (s *sharedStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
@@ -310,13 +287,7 @@ func (s *sharedStmt) QueryContext(ctx context.Context, args []driver.NamedValue)
 		//lint:ignore SA1019 the driver has no QueryContext
 		ri, err = s.si.Query(values(args))
 	}
-	if err != nil {
-		s.gate.leave(c, true)
-		return nil, s.gate.failed(err)
-	}
-	r := &sharedRows{ri: ri, gate: s.gate, call: c}
-	s.gate.opened(c, r)
-	return r, nil
+	return s.gate.openRows(c, ri, err)
 }
 
 func (s *sharedStmt) CheckNamedValue(nv *driver.NamedValue) error {
@@ -359,23 +330,16 @@ type sharedRows struct {
 func (r *sharedRows) Columns() []string { return r.ri.Columns() }
 
 func (r *sharedRows) Next(dest []driver.Value) error {
-	c, err := r.gate.step()
-	if err != nil {
-		return err
-	}
-	defer r.gate.leave(c, true)
-	if !r.gate.isOpen(r) {
-		return errConnReleased
-	}
-	return r.gate.failed(r.ri.Next(dest))
+	return r.gate.stepThrough(func() error {
+		if !r.gate.isOpen(r) {
+			return errConnReleased
+		}
+		return r.ri.Next(dest)
+	})
 }
 
 func (r *sharedRows) Close() error {
-	if !r.gate.take(r) {
-		return nil // ended already, by release
-	}
-	err := r.ri.Close()
-	r.gate.ended(r.call, err)
+	_, err := r.gate.endOwn(r, r.call, r.ri.Close) // not open: ended already, by release
 	return err
 }
 
@@ -395,12 +359,7 @@ func (r *sharedRows) NextResultSet() error {
 	if !ok {
 		return io.EOF
 	}
-	c, err := r.gate.step()
-	if err != nil {
-		return err
-	}
-	defer r.gate.leave(c, true)
-	return r.gate.failed(n.NextResultSet())
+	return r.gate.stepThrough(n.NextResultSet)
 }
 
 func (r *sharedRows) ColumnTypeScanType(i int) reflect.Type {
@@ -448,20 +407,15 @@ type sharedTx struct {
 // Commit commits; after the lock's release the transaction was rolled
 // back, and Commit says so.
 func (t *sharedTx) Commit() error {
-	if !t.gate.take(t) {
+	open, err := t.gate.endOwn(t, t.call, t.ti.Commit)
+	if !open {
 		return errConnReleased
 	}
-	err := t.ti.Commit()
-	t.gate.ended(t.call, err)
 	return err
 }
 
 func (t *sharedTx) Rollback() error {
-	if !t.gate.take(t) {
-		return nil // rolled back by release
-	}
-	err := t.ti.Rollback()
-	t.gate.ended(t.call, err)
+	_, err := t.gate.endOwn(t, t.call, t.ti.Rollback) // not open: rolled back by release
 	return err
 }
 
@@ -532,6 +486,44 @@ func (g *connGate) step() (gateCall, error) {
 
 func nop() {}
 
+// through runs f, a user call into the driver, through the gate (see
+// enter): f gets the call's context, and the call leaves when f returns.
+// An error that says the connection is bad is noted (see failed).
+func through[T any](g *connGate, ctx context.Context, f func(ctx context.Context) (T, error)) (T, error) {
+	c, err := g.enter(ctx, true)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	defer g.leave(c, true)
+	v, err := f(c.ctx)
+	return v, g.failed(err)
+}
+
+// stepThrough is through for a call that gives the driver no context
+// (see step).
+func (g *connGate) stepThrough(f func() error) error {
+	c, err := g.step()
+	if err != nil {
+		return err
+	}
+	defer g.leave(c, true)
+	return g.failed(f())
+}
+
+// openRows ends query call c, which returned ri and err: the rows stay
+// open with the call in flight until they close (see opened); with err,
+// the call leaves.
+func (g *connGate) openRows(c gateCall, ri driver.Rows, err error) (driver.Rows, error) {
+	if err != nil {
+		g.leave(c, true)
+		return nil, g.failed(err)
+	}
+	r := &sharedRows{ri: ri, gate: g, call: c}
+	g.opened(c, r)
+	return r, nil
+}
+
 // admit counts a user call in, once the hold is not using the connection.
 func (g *connGate) admit(stmt bool) error {
 	g.mu.Lock()
@@ -577,9 +569,22 @@ func (g *connGate) opened(c gateCall, h handle) {
 	g.leave(c, false)
 }
 
-// take removes h from the open handles, for its owner to end it (a call
-// in flight until ended); false when it is not open (the release ended
-// it).
+// endOwn ends h, opened by call c, for its owner: it takes h out of the
+// open handles, runs f (Close, Commit, Rollback) as a call in flight, and
+// ends c. It reports open false, and runs nothing, when h is not open
+// (the release ended it).
+func (g *connGate) endOwn(h handle, c gateCall, f func() error) (open bool, err error) {
+	if !g.take(h) {
+		return false, nil
+	}
+	err = f()
+	_ = g.failed(err)
+	g.leave(c, true)
+	return true, err
+}
+
+// take removes h from the open handles, counting its owner's end of it
+// as a call in flight; false when it is not open.
 func (g *connGate) take(h handle) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -590,12 +595,6 @@ func (g *connGate) take(h handle) bool {
 	g.handles = slices.Delete(g.handles, i, i+1)
 	g.running++
 	return true
-}
-
-// ended ends the call of a handle its owner took and ended.
-func (g *connGate) ended(c gateCall, err error) {
-	_ = g.failed(err)
-	g.leave(c, true)
 }
 
 func (g *connGate) isOpen(h handle) bool {

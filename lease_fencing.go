@@ -194,11 +194,8 @@ func claimLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *confi
 // waitForTurn waits one poll interval while shared holders have the row,
 // else until the exclusive holder has gone (see waitUntilFree).
 func waitForTurn(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
-	req.Now = cfg.clock.Now()
-	h, err := store.LeaseHolder(budget, db, req)
+	h, err := holderNow(budget, store, db, cfg, req)
 	switch {
-	case err != nil && budget.Err() != nil:
-		return context.Cause(budget)
 	case err != nil:
 		return err
 	case h != nil && !h.Shared:
@@ -212,6 +209,17 @@ func waitForTurn(budget context.Context, store LeaseStore, db DB, cfg *config, r
 	case <-poll.C:
 		return nil
 	}
+}
+
+// holderNow reads the row's holder as of now (nil when free or
+// expired); a read that fails because budget ended returns budget's cause.
+func holderNow(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*Holder, error) {
+	req.Now = cfg.clock.Now()
+	h, err := store.LeaseHolder(budget, db, req)
+	if err != nil && budget.Err() != nil {
+		return nil, context.Cause(budget)
+	}
+	return h, err
 }
 
 // tryLease makes one attempt. An attempt whose outcome is unknown may
@@ -266,11 +274,8 @@ func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config,
 			return context.Cause(budget)
 		case <-poll.C:
 		}
-		req.Now = cfg.clock.Now()
-		h, err := store.LeaseHolder(budget, db, req)
+		h, err := holderNow(budget, store, db, cfg, req)
 		switch {
-		case err != nil && budget.Err() != nil:
-			return context.Cause(budget)
 		case err != nil:
 			return err
 		case h == nil:

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -568,26 +567,10 @@ func TestRememberedSessionTriesWithoutItsChecks(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
-			var mu sync.Mutex
-			var tries []string
-			db := testdb.OpenHooked(t, drv, testdb.PostgresDSN(t), testdb.Hooks{Before: func(q string, _ []any) {
-				if strings.Contains(q, "pg_try_advisory_lock") {
-					mu.Lock()
-					tries = append(tries, q)
-					mu.Unlock()
-				}
-			}})
+			db, lastTry := testdb.OpenRecording(t, drv, testdb.PostgresDSN(t), "pg_try_advisory_lock")
 			db.SetMaxOpenConns(1)
 			l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithBackend(advisorylock.Postgres()),
 				advisorylock.WithDeadHolderTimeout(20*time.Second))
-			lastTry := func() string {
-				mu.Lock()
-				defer mu.Unlock()
-				if len(tries) == 0 {
-					t.Fatal("no try was seen")
-				}
-				return tries[len(tries)-1]
-			}
 			checked := func(q string) bool {
 				return strings.Contains(q, "pg_is_in_recovery") && strings.Contains(q, "advisorylock.dead_holder")
 			}

@@ -762,3 +762,74 @@ func TestSemaphoreSessionGetsDeadHolderSettings(t *testing.T) {
 		}
 	})
 }
+
+// TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks: a semaphore's
+// try checks a new session (a standby is refused, the dead-holder
+// settings are sent), and once the session has passed, later tries on it
+// send the lock functions alone; so does a Lock's with the same options,
+// which shares what is remembered. A bare try still takes one free slot
+// and no held one.
+func TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			ctx := context.Background()
+			db, lastTry := testdb.OpenRecording(t, drv, testdb.PostgresDSN(t), "pg_try_advisory_lock")
+			db.SetMaxOpenConns(1)
+			opts := []advisorylock.Option{advisorylock.WithBackend(advisorylock.Postgres()),
+				advisorylock.WithDeadHolderTimeout(20 * time.Second)}
+			name := testdb.UniqueName(t)
+			s := newSemaphore(t, db, name, 2, opts...)
+			l := newLockOpts(t, db, name+"-lock", opts...)
+			checked := func(q string) bool {
+				return strings.Contains(q, "pg_is_in_recovery") && strings.Contains(q, "advisorylock.dead_holder")
+			}
+			bare := func(q string) bool {
+				return !strings.Contains(q, "pg_is_in_recovery") && !strings.Contains(q, "advisorylock.dead_holder")
+			}
+			for round := range 2 {
+				db.SetMaxIdleConns(0) // close the session: each round gets a new one
+				db.SetMaxIdleConns(1)
+				mustRelease(t, mustAcquire(t, s))
+				if q := lastTry(); !checked(q) {
+					t.Fatalf("round %d: first slot try on a session skipped its checks: %s", round, q)
+				}
+				mustRelease(t, mustAcquire(t, s))
+				if q := lastTry(); !bare(q) {
+					t.Fatalf("round %d: a remembered session's slot try still checks: %s", round, q)
+				}
+				g, err := l.TryLock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustRelease(t, g)
+				if q := lastTry(); !bare(q) {
+					t.Fatalf("round %d: a Lock's try on a session the semaphore checked still checks: %s", round, q)
+				}
+				var userTimeout string
+				if err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout')").Scan(&userTimeout); err != nil {
+					t.Fatal(err)
+				}
+				if userTimeout != "15s" && userTimeout != "15000" {
+					t.Fatalf("round %d: tcp_user_timeout on the semaphore's session = %q, want 15s", round, userTimeout)
+				}
+			}
+			// Bare tries beside another holder: the free slot, then none.
+			other := newSemaphore(t, testdb.OpenPostgres(t, drv), name, 2)
+			held := mustAcquire(t, other)
+			g := mustAcquire(t, s)
+			if q := lastTry(); !bare(q) || g.Slot() == held.Slot() {
+				t.Fatalf("a bare try beside the holder of slot %d took slot %d: %s", held.Slot(), g.Slot(), q)
+			}
+			mustRelease(t, g)
+			second := mustAcquire(t, other)
+			if g, err := s.TryAcquire(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				if g != nil {
+					mustRelease(t, g)
+				}
+				t.Fatalf("a bare try on a full semaphore = %v, want ErrNotAcquired", err)
+			}
+			mustRelease(t, second)
+			mustRelease(t, held)
+		})
+	}
+}

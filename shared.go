@@ -186,11 +186,7 @@ func sessionHolders(ctx context.Context, db DB, s SessionLocker, key int64) ([]*
 	if l, ok := s.(listsHolders); ok {
 		return l.SessionHolders(ctx, db, key)
 	}
-	h, err := s.SessionHolder(ctx, db, key)
-	if h == nil || err != nil {
-		return nil, err
-	}
-	return []*Holder{h}, nil
+	return oneHolder(s.SessionHolder(ctx, db, key))
 }
 
 // rowHolders lists the holders of a Lock kept as rows.
@@ -198,7 +194,11 @@ func rowHolders(ctx context.Context, db DB, s LeaseStore, r LeaseRequest) ([]*Ho
 	if l, ok := s.(SharedLeaseStore); ok {
 		return l.LeaseHolders(ctx, db, r)
 	}
-	h, err := s.LeaseHolder(ctx, db, r)
+	return oneHolder(s.LeaseHolder(ctx, db, r))
+}
+
+// oneHolder lists h, a backend's one holder: none when h is nil.
+func oneHolder(h *Holder, err error) ([]*Holder, error) {
 	if h == nil || err != nil {
 		return nil, err
 	}

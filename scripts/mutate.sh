@@ -43,6 +43,12 @@ mutation "statements on a pinned lib/pq connection wait out a dead network" conn
 mutation "a checked session's facts carry over to every session" conn_guard.go \
 	's/sessionFact\{w, fact\}/sessionFact{func() weak.Pointer[byte] { _ = w; return weak.Pointer[byte]{} }(), fact}/g' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
+mutation "a semaphore's try skips a new session's checks" backend_postgres_semaphore.go \
+	's/checks := !sessionKnows\(conn, fact\)/checks := !sessionKnows(conn, fact) && len(keys) == 0/' \
+	'^TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks$'
+mutation "a semaphore's try forgets a checked session" backend_postgres_semaphore.go \
+	's/rememberSession\(conn, fact\)/_ = fact/' \
+	'^TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks$'
 mutation "8 s wait slices" advisorylock.go \
 	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
 	'^TestWaiterDoesNotStallCreateIndexConcurrently$'

@@ -6,6 +6,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"io"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -51,6 +53,30 @@ func OpenHooked(t testing.TB, driverName, dsn string, h Hooks) *sql.DB {
 		t.Fatalf("testdb: ping hooked %s: %v", driverName, err)
 	}
 	return db
+}
+
+// OpenRecording is OpenHooked recording the statements that contain
+// part; last returns the latest of them, failing t when none was seen.
+func OpenRecording(t testing.TB, driverName, dsn, part string) (db *sql.DB, last func() string) {
+	t.Helper()
+	var mu sync.Mutex
+	var seen []string
+	db = OpenHooked(t, driverName, dsn, Hooks{Before: func(q string, _ []any) {
+		if strings.Contains(q, part) {
+			mu.Lock()
+			seen = append(seen, q)
+			mu.Unlock()
+		}
+	}})
+	return db, func() string {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) == 0 {
+			t.Fatalf("testdb: no statement containing %q was seen", part)
+		}
+		return seen[len(seen)-1]
+	}
 }
 
 type hookedConnector struct {

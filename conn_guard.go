@@ -277,6 +277,7 @@ func (s *sessionHold) endShared(ctx context.Context) (ok bool, err error) {
 		return true, nil
 	}
 	defer sh.pool.Close()
+	forgetSession(s.p.conn)
 	open, cancelled, running := sh.gate.close(ctx)
 	switch {
 	case running:
@@ -536,4 +537,20 @@ func rememberSession(conn *sql.Conn, fact string) {
 	if _, loaded := sessionFacts.LoadOrStore(key, struct{}{}); !loaded {
 		runtime.AddCleanup(p, func(k sessionFact) { sessionFacts.Delete(k) }, key)
 	}
+}
+
+// forgetSession drops every fact remembered for conn's session: code of
+// the user's ran on it (Guard.Conn), and a RESET ALL there would have
+// undone settings the facts say it has. Its next try checks it again.
+func forgetSession(conn *sql.Conn) {
+	w, _, ok := driverConnOf(conn)
+	if !ok {
+		return
+	}
+	sessionFacts.Range(func(k, _ any) bool {
+		if k.(sessionFact).conn == w {
+			sessionFacts.Delete(k)
+		}
+		return true
+	})
 }

@@ -43,6 +43,9 @@ mutation "statements on a pinned lib/pq connection wait out a dead network" conn
 mutation "a checked session's facts carry over to every session" conn_guard.go \
 	's/sessionFact\{w, fact\}/sessionFact{func() weak.Pointer[byte] { _ = w; return weak.Pointer[byte]{} }(), fact}/g' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
+mutation "Guard.Conn's statements leave the session's facts standing" conn_guard.go \
+	's/\n\tforgetSession\(s\.p\.conn\)\n/\n/' \
+	'^TestRememberedSessionTriesWithoutItsChecks$'
 mutation "a semaphore's try skips a new session's checks" backend_postgres_semaphore.go \
 	's/checks := !sessionKnows\(conn, fact\)/checks := !sessionKnows(conn, fact) && len(keys) == 0/' \
 	'^TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks$'

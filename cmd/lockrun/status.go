@@ -72,11 +72,7 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 				return nil, err
 			}
 			for _, h := range hs {
-				k := kind
-				if h.Shared {
-					k = "shared"
-				}
-				rows = append(rows, holding{kind: k, h: *h})
+				rows = append(rows, holding{kind: holdingKind(kind, h), h: *h})
 				found = true
 			}
 		}
@@ -85,6 +81,14 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 		}
 	}
 	return rows, nil
+}
+
+// holdingKind is how status shows h, a holder of a name taken as kind.
+func holdingKind(kind string, h *advisorylock.Holder) string {
+	if h.Shared {
+		return "shared"
+	}
+	return kind
 }
 
 // holderOf asks the library who holds name as a Lock or as a LeaseLock.
@@ -135,8 +139,9 @@ func holdersOf(ctx context.Context, db *database, kind, name string, say *report
 	return l.Holders(ctx)
 }
 
-// allHolders lists the held lease rows by name (the tables of SPEC 4.4a),
-// then, on PostgreSQL, the session advisory locks by key.
+// allHolders lists the held lease rows by name (the tables of SPEC 4.4a;
+// on SQLite a Lock's rows, shared holders' among them), then, on
+// PostgreSQL, the session advisory locks by key.
 func allHolders(ctx context.Context, db *database, say *reporter) ([]holding, error) {
 	tables := map[string]string{"lease": "advisorylock_leases"}
 	kinds := []string{"lease"}
@@ -151,12 +156,12 @@ func allHolders(ctx context.Context, db *database, say *reporter) ([]holding, er
 			return nil, err
 		}
 		for _, name := range names {
-			h, err := holderOf(ctx, db, kind, name, say)
+			hs, err := holdersOf(ctx, db, kind, name, say) // none: expired since
 			if err != nil {
 				return nil, err
 			}
-			if h != nil { // nil: expired since
-				rows = append(rows, holding{kind: kind, h: *h})
+			for _, h := range hs {
+				rows = append(rows, holding{kind: holdingKind(kind, h), h: *h})
 			}
 		}
 	}

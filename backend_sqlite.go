@@ -110,6 +110,15 @@ END`,
 		`DROP TRIGGER IF EXISTS advisorylock_writers_insert`,
 		`DROP TRIGGER IF EXISTS advisorylock_writers_update`,
 	},
+	5: { // a lease grant writes its row alone: the counter needs to cover
+		// deleted rows only (a row keeps its generation while it exists),
+		// so it is kept when a row is deleted, not at every grant (which
+		// wrote the counter's page in every grant's commit)
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_tokens_delete AFTER DELETE ON advisorylock_leases
+BEGIN UPDATE advisorylock_tokens SET last = max(last, OLD.generation) WHERE id = 1; END`,
+		`DROP TRIGGER IF EXISTS advisorylock_tokens_insert`,
+		`DROP TRIGGER IF EXISTS advisorylock_tokens_update`,
+	},
 }
 
 // sqliteKeepSummary and sqliteSummaryConflict write the shared holders'
@@ -167,8 +176,9 @@ UNION ALL SELECT name, owner, acquired_at, expires_at, 1 FROM advisorylock_share
 
 	// The upsert bumps the generation only if the row is free or expired,
 	// and returns it; no row returned means held.
-	// The token is one more than the highest ever granted in the file
-	// (advisorylock_tokens), so deleting a row never brings a token back.
+	// A new row's token is one more than the highest of the file's
+	// deleted rows (advisorylock_tokens), so deleting a row never brings a
+	// token back; a row's next grant takes one more than its own.
 	sqliteAcquireLease = `INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
 VALUES (?1, ?2, (SELECT last + 1 FROM advisorylock_tokens WHERE id = 1), ?3, ?4)
 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,

@@ -87,7 +87,52 @@ BEGIN DELETE FROM advisorylock_writers WHERE key = NEW.key AND owner = NEW.owner
 		`CREATE TRIGGER IF NOT EXISTS advisorylock_writers_update AFTER UPDATE OF owner ON advisorylock_locks
 BEGIN DELETE FROM advisorylock_writers WHERE key = NEW.key AND owner = NEW.owner; END`,
 	},
+	4: { // exclusive grants as cheap as round one's: shared holders keep a
+		// summary row (owner '', which no acquire's owner can be) in
+		// advisorylock_locks, live until the latest shared holder's
+		// expiry, which refuses the exclusive upsert as a live holder's
+		// row would; kept by triggers on advisorylock_shared, so that
+		// shared holders of step 3's code keep it too. A waiting writer
+		// withdraws its claim after its grant (the triggers that did it
+		// made every grant pay).
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_shared_insert AFTER INSERT ON advisorylock_shared
+BEGIN ` + sqliteKeepSummary + ` VALUES (NEW.key, NEW.name, '', NEW.acquired_at, NEW.expires_at)` + sqliteSummaryConflict + `; END`,
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_shared_renew AFTER UPDATE OF expires_at ON advisorylock_shared
+BEGIN UPDATE advisorylock_locks SET expires_at = max(expires_at, NEW.expires_at) WHERE key = NEW.key AND owner = ''; END`,
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_shared_delete AFTER DELETE ON advisorylock_shared
+BEGIN
+	DELETE FROM advisorylock_locks WHERE key = OLD.key AND owner = '' AND NOT EXISTS (SELECT 1 FROM advisorylock_shared WHERE key = OLD.key);
+	UPDATE advisorylock_locks SET expires_at = (SELECT max(expires_at) FROM advisorylock_shared WHERE key = OLD.key) WHERE key = OLD.key AND owner = '';
+END`,
+		// The shared holders already there (WHERE true: an upsert's
+		// SELECT needs one).
+		sqliteKeepSummary + ` SELECT key, max(name), '', min(acquired_at), max(expires_at) FROM advisorylock_shared WHERE true GROUP BY key` + sqliteSummaryConflict,
+		`DROP TRIGGER IF EXISTS advisorylock_writers_insert`,
+		`DROP TRIGGER IF EXISTS advisorylock_writers_update`,
+	},
+	5: { // a lease grant writes its row alone: the counter needs to cover
+		// deleted rows only (a row keeps its generation while it exists),
+		// so it is kept when a row is deleted, not at every grant (which
+		// wrote the counter's page in every grant's commit)
+		`CREATE TRIGGER IF NOT EXISTS advisorylock_tokens_delete AFTER DELETE ON advisorylock_leases
+BEGIN UPDATE advisorylock_tokens SET last = max(last, OLD.generation) WHERE id = 1; END`,
+		`DROP TRIGGER IF EXISTS advisorylock_tokens_insert`,
+		`DROP TRIGGER IF EXISTS advisorylock_tokens_update`,
+	},
 }
+
+// sqliteKeepSummary and sqliteSummaryConflict write the shared holders'
+// summary row of a key: a summary row takes the later expiry, an expired
+// exclusive row gives way, a live one stays (a shared holder's statement
+// makes sure there is none).
+const (
+	sqliteKeepSummary     = `INSERT INTO advisorylock_locks (key, name, owner, acquired_at, expires_at)`
+	sqliteSummaryConflict = `
+	ON CONFLICT (key) DO UPDATE SET name = excluded.name, owner = '',
+		acquired_at = CASE WHEN advisorylock_locks.owner = '' THEN advisorylock_locks.acquired_at ELSE excluded.acquired_at END,
+		expires_at = CASE WHEN advisorylock_locks.owner = '' THEN max(advisorylock_locks.expires_at, excluded.expires_at) ELSE excluded.expires_at END
+	WHERE advisorylock_locks.owner = '' OR advisorylock_locks.expires_at <= excluded.acquired_at`
+)
 
 // sqliteSchemaVersions is the table of applied upgrade steps.
 const sqliteSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
@@ -98,10 +143,10 @@ const sqliteSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
 // The statements. Each is one autocommit statement with bound parameters;
 // ?1 is the key or name, and times are Unix milliseconds from the Clock.
 const (
-	// The upsert takes the row only if it is absent or expired and no
-	// shared holder's row is live: one row changed means acquired.
-	sqliteAcquireLock = `INSERT INTO advisorylock_locks (key, name, owner, acquired_at, expires_at)
-SELECT ?1, ?2, ?3, ?4, ?5 WHERE NOT EXISTS (SELECT 1 FROM advisorylock_shared WHERE key = ?1 AND expires_at > ?4)
+	// The upsert takes the row only if it is absent or expired (live
+	// shared holders keep their summary row live): one row changed means
+	// acquired.
+	sqliteAcquireLock = `INSERT INTO advisorylock_locks (key, name, owner, acquired_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)
 ON CONFLICT (key) DO UPDATE SET name = excluded.name, owner = excluded.owner,
 	acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
 WHERE advisorylock_locks.expires_at <= excluded.acquired_at`
@@ -109,12 +154,13 @@ WHERE advisorylock_locks.expires_at <= excluded.acquired_at`
 	sqliteReleaseLock = `DELETE FROM advisorylock_locks WHERE key = ?1 AND owner = ?2`
 
 	// Shared holds (see SharedLeaseStore). A shared holder's row goes in
-	// only while no exclusive row and no waiting writer's claim is live; a
-	// waiting writer claims the key (any writer may take a claim over)
-	// while shared holders keep it from the lock row. A release also
-	// clears the key's expired rows (dead holders').
+	// only while no exclusive row (owner not '', the summary's) and no
+	// waiting writer's claim is live; a waiting writer claims the key
+	// (any writer may take a claim over) while shared holders keep it
+	// from the lock row. A release also clears the key's expired rows
+	// (dead holders'). The triggers of schema step 4 keep the summary row.
 	sqliteAcquireShared = `INSERT INTO advisorylock_shared (key, owner, name, acquired_at, expires_at)
-SELECT ?1, ?3, ?2, ?4, ?5 WHERE NOT EXISTS (SELECT 1 FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?4)
+SELECT ?1, ?3, ?2, ?4, ?5 WHERE NOT EXISTS (SELECT 1 FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?4 AND owner <> '')
 	AND NOT EXISTS (SELECT 1 FROM advisorylock_writers WHERE key = ?1 AND expires_at > ?4)`
 	sqliteRenewShared   = `UPDATE advisorylock_shared SET expires_at = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4`
 	sqliteReleaseShared = `DELETE FROM advisorylock_shared WHERE key = ?1 AND (owner = ?2 OR expires_at <= ?3)`
@@ -122,17 +168,17 @@ SELECT ?1, ?3, ?2, ?4, ?5 WHERE NOT EXISTS (SELECT 1 FROM advisorylock_locks WHE
 ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at`
 	sqliteWithdrawClaim = `DELETE FROM advisorylock_writers WHERE key = ?1 AND owner = ?2`
 	// What keeps a shared holder out: the exclusive row, else a claim.
-	sqliteSharedBlocker = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2
+	sqliteSharedBlocker = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2 AND owner <> ''
 UNION ALL SELECT '', owner, 0, expires_at FROM advisorylock_writers WHERE key = ?1 AND expires_at > ?2 LIMIT 1`
-	// Every live holder, the exclusive one first.
-	sqliteHolders = `SELECT name, owner, acquired_at, expires_at, 0 FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2
+	// Every live holder, the exclusive one first (never the summary row).
+	sqliteHolders = `SELECT name, owner, acquired_at, expires_at, 0 FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2 AND owner <> ''
 UNION ALL SELECT name, owner, acquired_at, expires_at, 1 FROM advisorylock_shared WHERE key = ?1 AND expires_at > ?2`
-	sqliteLockHolder = `SELECT name, owner, acquired_at, expires_at FROM advisorylock_locks WHERE key = ?1 AND expires_at > ?2`
 
 	// The upsert bumps the generation only if the row is free or expired,
 	// and returns it; no row returned means held.
-	// The token is one more than the highest ever granted in the file
-	// (advisorylock_tokens), so deleting a row never brings a token back.
+	// A new row's token is one more than the highest of the file's
+	// deleted rows (advisorylock_tokens), so deleting a row never brings a
+	// token back; a row's next grant takes one more than its own.
 	sqliteAcquireLease = `INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
 VALUES (?1, ?2, (SELECT last + 1 FROM advisorylock_tokens WHERE id = 1), ?3, ?4)
 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,
@@ -341,7 +387,23 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	if !acquired {
 		return LeaseGrant{}, ErrNotAcquired
 	}
+	if r.Wait && r.Kind == KindLock {
+		s.withdrawClaim(ctx, db, r)
+	}
 	return LeaseGrant{Token: FencingToken(token), ExpiresAt: time.UnixMilli(exp)}, nil
+}
+
+// withdrawClaim ends the claim a waiting writer may have left while it
+// waited (see acquireRow), once it holds the row: from now on its row
+// keeps shared holders out, and after its release nothing should. It
+// runs in a statement of its own, after the grant's: run retries a busy
+// statement from the start, and a grant must not be tried twice. If it
+// fails, the claim expires by itself with the writer's TTL.
+func (s sqliteBackend) withdrawClaim(ctx context.Context, db DB, r LeaseRequest) {
+	_ = s.run(ctx, db, busyHolder, func(q querier) error {
+		_, err := q.ExecContext(ctx, sqliteWithdrawClaim, r.Key, r.Owner)
+		return err
+	})
 }
 
 // acquireRow takes a lock row (KindLock) or a shared holder's row
@@ -455,12 +517,7 @@ func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (
 	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
 		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
 		var since, until int64
-		var err error
-		if r.Kind == KindLock {
-			err = q.QueryRowContext(ctx, sqliteLockHolder, r.Key, now).Scan(&h.Name, &h.Owner, &since, &until)
-		} else {
-			err = q.QueryRowContext(ctx, sqliteLeaseHolder, r.Name, now).Scan(&h.Owner, &h.Token, &since, &until)
-		}
+		err := q.QueryRowContext(ctx, sqliteLeaseHolder, r.Name, now).Scan(&h.Owner, &h.Token, &since, &until)
 		if errors.Is(err, sql.ErrNoRows) {
 			h = nil
 			return nil

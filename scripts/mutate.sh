@@ -130,9 +130,36 @@ mutation "MySQL shared holder does not check the GET_LOCK after its row" backend
 mutation "MySQL writer's wait that ends keeps the GET_LOCK on the pooled session" backend_mysql_shared.go \
 	's/RELEASE_LOCK\("\+name\+"\), 0\)"\)/0, 0)")/' \
 	'^TestSharedHoldersCoexistAndExcludeWriters$'
-mutation "SQLite lock row ignores shared rows" backend_sqlite.go \
-	's/SELECT \?1, \?2, \?3, \?4, \?5 WHERE NOT EXISTS \(SELECT 1 FROM advisorylock_shared WHERE key = \?1 AND expires_at > \?4\)/SELECT ?1, ?2, ?3, ?4, ?5 WHERE true/' \
-	'^TestSharedAndExclusiveHoldersNeverOverlap$'
+mutation "SQLite lease token counter forgets deleted rows" backend_sqlite.go \
+	's/SET last = max\(last, OLD\.generation\)/SET last = last/' \
+	'^TestSQLiteSchemaUpgradesARoundOneFile$'
+mutation "SQLite lock row ignores shared rows (no summary row)" backend_sqlite.go \
+	"s/BEGIN \\\` \\+ sqliteKeepSummary \\+ \\\` VALUES \\(NEW\\.key[^\\n]*; END\\\`/BEGIN SELECT 1; END\\\`/" \
+	'^(TestSharedAndExclusiveHoldersNeverOverlap|TestSQLiteExclusiveGrantWaitsForTheLatestSharedExpiry)$'
+mutation "SQLite summary row keeps the newest reader's expiry, not the latest" backend_sqlite.go \
+	's/THEN max\(advisorylock_locks\.expires_at, excluded\.expires_at\)/THEN excluded.expires_at/' \
+	'^TestSQLiteExclusiveGrantWaitsForTheLatestSharedExpiry$'
+mutation "SQLite summary row ignores shared renewals" backend_sqlite.go \
+	's/BEGIN UPDATE advisorylock_locks SET expires_at = max\(expires_at, NEW\.expires_at\)/BEGIN UPDATE advisorylock_locks SET expires_at = expires_at/' \
+	'^TestSQLiteRenewedReaderKeepsExclusiveGrantsOut$'
+mutation "SQLite summary row outlives the readers' releases" backend_sqlite.go \
+	's/(AFTER DELETE ON advisorylock_shared\nBEGIN\n).*\n.*\n/${1}\tSELECT 1;\n/' \
+	'^TestSQLiteExclusiveGrantGoesInOnceTheLastReaderReleases$'
+mutation "SQLite summary row keeps a released reader's expiry" backend_sqlite.go \
+	's/\tUPDATE advisorylock_locks SET expires_at = \(SELECT max\(expires_at\) FROM advisorylock_shared WHERE key = OLD\.key\)[^\n]*\n//' \
+	'^TestSQLiteExclusiveGrantGoesInOnceTheLastReaderReleases$'
+mutation "SQLite shared holders take the summary row for an exclusive holder" backend_sqlite.go \
+	"s/WHERE key = \\?1 AND expires_at > \\?4 AND owner <> ''\\)/WHERE key = ?1 AND expires_at > ?4)/" \
+	'^TestSharedHoldersCoexistAndExcludeWriters$'
+mutation "SQLite Holders lists the summary row as an exclusive holder" backend_sqlite.go \
+	"s/(sqliteHolders = \\\`SELECT name, owner, acquired_at, expires_at, 0 FROM advisorylock_locks WHERE key = \\?1 AND expires_at > \\?2) AND owner <> ''/\\1/" \
+	'^TestSQLiteSharedSummaryIsNeverReportedAsAHolder$'
+mutation "SQLite upgrade leaves live shared rows without a summary" backend_sqlite.go \
+	's/FROM advisorylock_shared WHERE true GROUP BY key/FROM advisorylock_shared WHERE false GROUP BY key/' \
+	'^TestSQLiteSchemaUpgradesAStepThreeFileLive$'
+mutation "SQLite waiting writer keeps its claim after its grant" backend_sqlite.go \
+	's/if r\.Wait && r\.Kind == KindLock \{/if false \&\& r.Wait \&\& r.Kind == KindLock {/' \
+	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
 mutation "SQLite waiting writer does not claim the name" backend_sqlite.go \
 	's/if n == 1 \|\| err != nil \|\| !r\.Wait/if true || n == 1 || err != nil || !r.Wait/' \
 	'^TestWaitingWriterGetsInWhenTheReadersLeave$'
@@ -160,6 +187,9 @@ mutation "Guard.Conn: Release waits for a running statement forever" guard_conn.
 	'^TestReleaseWhileAStatementRunsOnGuardConn$'
 
 # --- lockrun ------------------------------------------------------------------
+mutation "lockrun status with no names shows shared holders as exclusive" cmd/lockrun/status.go \
+	's/(func holdingKind\(kind string, h \*advisorylock\.Holder\) string \{\n\tif )h\.Shared/$1false \&\& h.Shared/' \
+	'^TestSharedRunsSideBySideAndExcludesExclusive$' ./cmd/lockrun
 mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \
 	's/syscall\.SIGQUIT, syscall\.SIGUSR1, syscall\.SIGUSR2\}/syscall.SIGQUIT, syscall.SIGUSR2}/' \
 	'^TestQuitAndUserSignalsReachTheCommand$' ./cmd/lockrun

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	_ "github.com/glebarez/go-sqlite" // registers driver "sqlite"
 )
@@ -34,8 +35,17 @@ func OpenSQLite(t testing.TB, path, options string) *sql.DB {
 	t.Cleanup(func() { _ = db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultWait)
 	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		t.Fatalf("testdb: ping sqlite %s: %v", dsn, err)
+	// Connecting runs the DSN's pragmas, which another handle's writes
+	// or WAL recovery can make busy: with busy_timeout(0) the driver says
+	// so at once, and the ping tries again (the library does the same).
+	for {
+		err := db.PingContext(ctx)
+		if err == nil {
+			return db
+		}
+		if !strings.Contains(err.Error(), "database is locked") || ctx.Err() != nil {
+			t.Fatalf("testdb: ping sqlite %s: %v", dsn, err)
+		}
+		time.Sleep(time.Millisecond)
 	}
-	return db
 }

@@ -122,7 +122,7 @@ mutation "MySQL: a refused CREATE is not a missing privilege" backend_mysql.go \
 	'^TestMySQLElectionRunReturnsAMissingPrivilege$'
 # --- Shared locks (issue 18) -----------------------------------------------------
 mutation "MySQL exclusive statement ignores shared rows" backend_mysql_shared.go \
-	's/WHEN 1 THEN IF\("\+mysqlReadersIn\(key\)\+", 2, 1\)/WHEN 1 THEN IF(false, 2, 1)/' \
+	's/WHEN 1 THEN IF\(" \+ mysqlReadersIn\(key\) \+ ", 2, 1\)/WHEN 1 THEN IF(false, 2, 1)/' \
 	'^TestSharedAndExclusiveHoldersNeverOverlap$'
 mutation "MySQL shared holder does not check the GET_LOCK after its row" backend_mysql_shared.go \
 	's/m\.getLock\(ctx, conn, "SELECT IS_FREE_LOCK\("\+mysqlLockName\(key\)\+"\)"\)/m.getLock(ctx, conn, "SELECT 1")/' \
@@ -188,7 +188,7 @@ mutation "Guard.Conn: Release waits for a running statement forever" guard_conn.
 
 # --- lockrun ------------------------------------------------------------------
 mutation "lockrun status with no names shows shared holders as exclusive" cmd/lockrun/status.go \
-	's/(func holdingKind\(kind string, h \*advisorylock\.Holder\) string \{\n\tif )h\.Shared/$1false \&\& h.Shared/' \
+	's/(func kindOf\(h \*advisorylock\.Holder\) string \{\n\tif )h\.Shared/$1false \&\& h.Shared/' \
 	'^TestSharedRunsSideBySideAndExcludesExclusive$' ./cmd/lockrun
 mutation "lockrun does not pass SIGUSR1 on" cmd/lockrun/proc_unix.go \
 	's/syscall\.SIGQUIT, syscall\.SIGUSR1, syscall\.SIGUSR2\}/syscall.SIGQUIT, syscall.SIGUSR2}/' \

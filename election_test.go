@@ -636,11 +636,7 @@ func runRefused(t *testing.T, db *sql.DB, name string) error {
 func TestElectionRunReturnsAMissingPrivilege(t *testing.T) {
 	admin := testdb.OpenPostgres(t, "postgres")
 	ctx := context.Background()
-	role := "advisorylock_app_" + strings.ReplaceAll(testdb.UniqueName(t)[len(t.Name())+1:], "-", "")
-	if _, err := admin.ExecContext(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	role := ordinaryRole(t, admin)
 	base := testdb.PostgresDSN(t)
 	withTables := testdb.WithDatabase(base, freshDatabase(t, admin))
 	owner := testdb.OpenPostgresDSN(t, "postgres", withTables)

@@ -150,14 +150,22 @@ func withUser(t *testing.T, dsn, user string) string {
 	return u.String()
 }
 
-func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
-	admin := testdb.OpenPostgres(t, "postgres")
-	ctx := context.Background()
+// ordinaryRole creates a LOGIN role with no other right, dropped when
+// the test ends, and returns its name.
+func ordinaryRole(t *testing.T, admin *sql.DB) string {
+	t.Helper()
 	role := "advisorylock_app_" + strings.ReplaceAll(testdb.UniqueName(t)[len(t.Name())+1:], "-", "")
-	if _, err := admin.ExecContext(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+	if _, err := admin.ExecContext(context.Background(), "CREATE ROLE "+role+" LOGIN"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	return role
+}
+
+func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "postgres")
+	ctx := context.Background()
+	role := ordinaryRole(t, admin)
 	base := testdb.PostgresDSN(t)
 	if !strings.HasPrefix(base, "postgres://") {
 		t.Skip("needs a URL DSN")

@@ -404,6 +404,11 @@ func (r *report) missWhy(what, drv string) string {
 	}
 	switch what {
 	case tryGateWhat:
+		if drv == "pgx" {
+			return "pgx ends a statement when its context ends (it closes the socket), so the library runs no goroutine of its own for the bound; on top of the bare statements `TryLock`+`Release` checks a connection out of the pool and back (" + pair("raw_pool", "raw_literal") +
+				"), gives the release a bounded context, which pgx watches (" + pair("raw_pool_bounded", "raw_pool") + "), and adds its own code to that (" + pair("trylock_release", "raw_pool_bounded") +
+				"). On this machine a hop between goroutines is dear: the same release in an abandonable goroutine, as lib/pq needs, costs " + pair("raw_pool_ask_nowatch", "raw_pool") + "."
+		}
 		return "on top of the bare statements, `TryLock`+`Release` checks a connection out of the pool and back (" + pair("raw_pool", "raw_literal") + ") and bounds the release by the release timeout. " +
 			"On lib/pq the bound is a goroutine per release that the caller can abandon on a dead network (lib/pq cannot end a read when a context ends, lib/pq#620): " +
 			"that goroutine costs " + pair("raw_pool_ask_nowatch", "raw_pool") + ", so the hand-written floor of a release a dead network cannot hold is " + pair("raw_pool_ask_nowatch", "raw_literal") +

@@ -209,7 +209,7 @@ mutation "lockrun status reads PostgreSQL's shared locks as exclusive" cmd/lockr
 # --- Scheduler adapters (modules of their own: PACKAGE is the module) ---------
 mutation "the gocron Locker's default window overrides the caller's" extra/advisorylockgocron/locker.go \
 	's/opts = append\(\[\]advisorylock\.Option\{advisorylock\.WithMinHold\(DefaultMinHold\)\}, opts\.\.\.\)/opts = append(opts, advisorylock.WithMinHold(DefaultMinHold))/' \
-	'^TestLockerRunsEachTickOnceAcrossSkewedSchedulers$' extra/advisorylockgocron
+	'^(TestLockerRunsEachTickOnceAcrossSkewedSchedulers|TestLockerCallersWindowWins)$' extra/advisorylockgocron
 mutation "the gocron Locker has no default window" extra/advisorylockgocron/locker.go \
 	's/opts = append\(\[\]advisorylock\.Option\{advisorylock\.WithMinHold\(DefaultMinHold\)\}, opts\.\.\.\)/opts = append([]advisorylock.Option{}, opts...)/' \
 	'^TestLockerReportsHeldElsewhere$' extra/advisorylockgocron

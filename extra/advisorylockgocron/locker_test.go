@@ -144,6 +144,31 @@ func TestLockerReportsHeldElsewhere(t *testing.T) {
 	}
 }
 
+// The caller's WithMinHold sets the window, not DefaultMinHold: the
+// window recorded at the grant (advisorylock_windows) is the caller's.
+func TestLockerCallersWindowWins(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	key := testdb.UniqueName(t)
+	locker, err := advisorylockgocron.NewLocker(db, advisorylock.WithMinHold(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lock, err := locker.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Unlock(ctx) }()
+	var window float64
+	if err := db.QueryRowContext(ctx, "SELECT EXTRACT(EPOCH FROM taken_until - acquired_at) FROM advisorylock_windows WHERE key = $1",
+		advisorylock.Key(advisorylockgocron.LockName(key))).Scan(&window); err != nil {
+		t.Fatal(err)
+	}
+	if window < 0.25 || window > 0.5 {
+		t.Fatalf("window recorded at the grant: %.3fs, want the caller's 0.3s (DefaultMinHold is %v)", window, advisorylockgocron.DefaultMinHold)
+	}
+}
+
 func TestNewLockerRefusesANilDB(t *testing.T) {
 	if _, err := advisorylockgocron.NewLocker(nil); !errors.Is(err, advisorylock.ErrUnsupported) {
 		t.Fatalf("NewLocker(nil): %v, want ErrUnsupported", err)

@@ -266,29 +266,22 @@ func setupRawParam(b *testing.B, e pgEnv) func(ctx context.Context) error {
 // setupRawLiteral is the protocol floor: the key as a literal, one round
 // trip per statement on every driver.
 func setupRawLiteral(b *testing.B, e pgEnv) func(ctx context.Context) error {
-	conn := pin(b, e.db)
-	key := strconv.FormatInt(advisorylock.Key(lockName(b, "raw")), 10)
-	try := "SELECT pg_try_advisory_lock(" + key + ")"
-	unlock := "SELECT pg_advisory_unlock(" + key + ")"
-	return func(ctx context.Context) error {
-		var ok bool
-		if err := conn.QueryRowContext(ctx, try).Scan(&ok); err != nil {
-			return err
-		}
-		if !ok {
-			return errNotGranted
-		}
-		return conn.QueryRowContext(ctx, unlock).Scan(&ok)
-	}
+	return rawLiteral(b, e, "pg_try_advisory_lock", "pg_advisory_unlock")
 }
 
 // setupRawLiteralShared is setupRawLiteral in shared mode: the bare
 // pg_try_advisory_lock_shared and pg_advisory_unlock_shared.
 func setupRawLiteralShared(b *testing.B, e pgEnv) func(ctx context.Context) error {
+	return rawLiteral(b, e, "pg_try_advisory_lock_shared", "pg_advisory_unlock_shared")
+}
+
+// rawLiteral tries with the function try and unlocks with unlock, the key
+// as a literal, on a connection pinned for the benchmark.
+func rawLiteral(b *testing.B, e pgEnv, try, unlock string) func(ctx context.Context) error {
 	conn := pin(b, e.db)
 	key := strconv.FormatInt(advisorylock.Key(lockName(b, "raw")), 10)
-	try := "SELECT pg_try_advisory_lock_shared(" + key + ")"
-	unlock := "SELECT pg_advisory_unlock_shared(" + key + ")"
+	try = "SELECT " + try + "(" + key + ")"
+	unlock = "SELECT " + unlock + "(" + key + ")"
 	return func(ctx context.Context) error {
 		var ok bool
 		if err := conn.QueryRowContext(ctx, try).Scan(&ok); err != nil {

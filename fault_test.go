@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"go.uber.org/goleak"
 )
@@ -1159,6 +1160,42 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 // context of 1s, and a release is bounded by its WithReleaseTimeout and an
 // acquire by its context or budget (plus about a second), not by the
 // partition. An error from f fails t.
+// TestReleaseDuringACutGivesBackItsPoolSlot: a release that gets no
+// answer on a dead network ends its statement, and its connection leaves
+// the pool before Release returns. Were the statement left reading in a
+// goroutine of its own (lib/pq does not end a read when its context ends),
+// the connection would keep its pool slot until the network heals or TCP
+// gives up, minutes later: a partition would exhaust a small pool.
+func TestReleaseDuringACutGivesBackItsPoolSlot(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			ctx := context.Background()
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
+			db.SetMaxOpenConns(1)
+			rec := &observetest.Recorder{}
+			l := newLock(t, db, testdb.UniqueName(t), quiet, advisorylock.WithObserver(rec),
+				advisorylock.WithKeepAlive(0), advisorylock.WithReleaseTimeout(500*time.Millisecond))
+			g, err := l.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy.Cut()
+			defer proxy.Heal()
+			returnsDuringCut(t, "Release", func() error { _ = g.Release(ctx); return nil })
+			if s := db.Stats(); s.InUse != 0 || s.OpenConnections != 0 {
+				t.Fatalf("after the release, during the cut: %d connections open, %d in use; want the unanswered one gone", s.OpenConnections, s.InUse)
+			}
+			want := advisorylock.DiscardNoAnswer // cut short by the library (lib/pq)
+			if drv == "pgx" {
+				want = advisorylock.DiscardError // pgx ends it, with an error
+			}
+			if d := rec.Events("Discarded"); len(d) != 1 || d[0].Value != string(want) {
+				t.Errorf("discards %+v, want one %s", d, want)
+			}
+		})
+	}
+}
+
 func returnsDuringCut(t *testing.T, what string, f func() error) {
 	t.Helper()
 	done := make(chan error, 1)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +47,8 @@ var pgOps = []pgOp{
 	{"raw_pool_ask", pgDrivers, setupRawPool(releaseAsk)},
 	{"raw_pool_ask_nowatch", pgDrivers, setupRawPool(releaseAskNoWatch)},
 	{"raw_pool_worker", pgDrivers, setupRawPoolWorker},
+	{"raw_pool_watchdog", pgDrivers, setupRawPool(releaseWatchdog)},
+	{"raw_pool_floor", pgDrivers, setupRawPool(releaseFloor)},
 	{"trylock_release", pgDrivers, setupTryLock(nil)},
 	{"tryrlock_release", pgDrivers, setupTryRLock},
 	{"trylock_release_nokeepalive", pgDrivers, setupTryLock([]advisorylock.Option{advisorylock.WithKeepAlive(0)})},
@@ -137,6 +140,10 @@ var pgPairs = []struct{ base, op string }{
 	{"raw_pool", "raw_pool_bounded"},
 	{"raw_pool", "raw_pool_ask"},
 	{"raw_pool", "raw_pool_ask_nowatch"},
+	{"raw_pool", "raw_pool_watchdog"},
+	{"raw_pool_watchdog", "raw_pool_floor"},
+	{"raw_literal", "raw_pool_floor"},
+	{"raw_pool_floor", "trylock_release"},
 	{"raw_pool_ask", "trylock_release"},
 	{"select1_pinned", "trylock_release"},
 	{"raw_pool_bounded", "trylock_release"},
@@ -314,6 +321,8 @@ const (
 	releaseBounded                       // its own context, bounded to 5s: the driver watches it
 	releaseAsk                           // bounded, and the unlock runs in a goroutine the caller stops waiting for at the bound (a network cut that the driver does not notice)
 	releaseAskNoWatch                    // as releaseAsk, but the statement's context has no Done channel, so neither database/sql nor the driver starts a watcher
+	releaseWatchdog                      // the unlock on the caller's goroutine with no Done channel; a timer closes the driver connection at the bound (what advisorylock does on lib/pq)
+	releaseFloor                         // as releaseWatchdog, and the checkout in a goroutine the caller stops waiting for at the pool-wait bound (lib/pq does not end a new connection's startup when its context ends): every dead-network bound that lib/pq needs
 )
 
 // setupRawPool is what the library must do at least, written by hand: a
@@ -325,7 +334,11 @@ func setupRawPool(form releaseForm) func(b *testing.B, e pgEnv) func(ctx context
 		try := "SELECT pg_try_advisory_lock(" + key + ")"
 		unlock := "SELECT pg_advisory_unlock(" + key + ")"
 		return func(ctx context.Context) error {
-			conn, err := e.db.Conn(ctx)
+			checkout := e.db.Conn
+			if form == releaseFloor {
+				checkout = func(ctx context.Context) (*sql.Conn, error) { return checkoutAbandonable(ctx, e.db) }
+			}
+			conn, err := checkout(ctx)
 			if err != nil {
 				return err
 			}
@@ -337,8 +350,11 @@ func setupRawPool(form releaseForm) func(b *testing.B, e pgEnv) func(ctx context
 			if !ok {
 				return errNotGranted
 			}
-			if form == releasePlain {
+			switch form {
+			case releasePlain:
 				return conn.QueryRowContext(ctx, unlock).Scan(&ok)
+			case releaseWatchdog, releaseFloor:
+				return unlockWatched(ctx, conn, unlock)
 			}
 			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
@@ -359,6 +375,47 @@ func setupRawPool(form releaseForm) func(b *testing.B, e pgEnv) func(ctx context
 			}
 		}
 	}
+}
+
+// checkoutAbandonable checks a connection out of db in a goroutine that
+// the caller stops waiting for after the library's default pool wait.
+func checkoutAbandonable(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	type answer struct {
+		conn *sql.Conn
+		err  error
+	}
+	out := make(chan answer, 1)
+	go func() {
+		conn, err := db.Conn(ctx)
+		out <- answer{conn, err}
+	}()
+	select {
+	case a := <-out:
+		return a.conn, a.err
+	case <-ctx.Done():
+		go func() {
+			if a := <-out; a.conn != nil {
+				_ = a.conn.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// unlockWatched runs unlock on the caller's goroutine, its context without
+// Done, under a timer that would close the driver connection at the bound.
+func unlockWatched(ctx context.Context, conn *sql.Conn, unlock string) error {
+	var dc io.Closer
+	_ = conn.Raw(func(c any) error { dc, _ = c.(io.Closer); return nil })
+	t := time.AfterFunc(5*time.Second, func() { _ = dc.Close() })
+	var ok bool
+	err := conn.QueryRowContext(context.WithoutCancel(ctx), unlock).Scan(&ok)
+	if !t.Stop() {
+		return errors.New("the unlock took 5s: its connection was closed")
+	}
+	return err
 }
 
 func newLock(b *testing.B, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Lock {

@@ -38,8 +38,17 @@ mutation "a discarded connection goes back to the pool" conn_guard.go \
 	's/_ = conn\.Raw\(func\(any\) error \{ return driver\.ErrBadConn \}\)/_ = conn.Raw(func(any) error { _ = driver.ErrBadConn; return nil })/' \
 	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection)$'
 mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
-	's/if !p\.bounded \{\n\t\treturn stmt\(\)/if true {\n\t\treturn stmt()/' \
+	's/case !p\.bounded:\n\t\treturn stmt\(\)/case true:\n\t\treturn stmt()/' \
 	'^TestNetworkCutLosesLocksBeforeExpiry$'
+mutation "an unanswered lib/pq statement is left reading and keeps its pool slot" conn_guard.go \
+	's/p\.closer = interruptible\(conn\)/p.closer = nil/' \
+	'^TestReleaseDuringACutGivesBackItsPoolSlot$'
+mutation "the watchdog never closes the connection under a statement" conn_guard.go \
+	's/cut = true\n(\t+)_ = p\.closer\.Close\(\)/cut = true/' \
+	'^(TestReleaseDuringACutGivesBackItsPoolSlot|TestNetworkCutLosesLocksBeforeExpiry)$'
+mutation "what a cut statement returns is taken for its answer" conn_guard.go \
+	's/if !wasCut \{/if _ = wasCut; true {/' \
+	'^(TestReleaseDuringACutGivesBackItsPoolSlot|TestObserverSeesANetworkCut)$'
 mutation "a checked session's facts carry over to every session" conn_guard.go \
 	's/sessionFact\{w, fact\}/sessionFact{func() weak.Pointer[byte] { _ = w; return weak.Pointer[byte]{} }(), fact}/g' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'

@@ -30,6 +30,8 @@ var pgRows = []opRow{
 	{"raw_pool_ask", "raw: the same, unlock in a goroutine abandoned at the bound (survives a network cut lib/pq does not notice)", "session"},
 	{"raw_pool_ask_nowatch", "raw: as above, the statement's own context without Done (no database/sql or driver watcher): the floor with a dead-network bound", "session"},
 	{"raw_pool_worker", "raw: as above, the unlock handed to one long-lived worker goroutine instead of a fresh one", "session"},
+	{"raw_pool_watchdog", "raw: pool checkout, try, and the unlock on the caller's goroutine under a timer that would close the driver connection at the bound (what advisorylock does on lib/pq)", "session"},
+	{"raw_pool_floor", "raw: as above, and the checkout in a goroutine abandoned at the pool-wait bound (lib/pq does not end a new connection's startup with its context): the floor with every dead-network bound lib/pq needs", "session"},
 	{"trylock_release", "**advisorylock `TryLock` + `Release`** (pool checkout included)", "session"},
 	{"tryrlock_release", "advisorylock shared `TryRLock` + `Release` (pool checkout included)", "session"},
 	{"trylock_release_nokeepalive", "advisorylock `TryLock` + `Release`, `WithKeepAlive(0)`", "session"},
@@ -407,16 +409,16 @@ func (r *report) missWhy(what, drv string) string {
 		if drv == "pgx" {
 			return "pgx ends a statement when its context ends (it closes the socket), so the library runs no goroutine of its own for the bound; on top of the bare statements `TryLock`+`Release` checks a connection out of the pool and back (" + pair("raw_pool", "raw_literal") +
 				"), gives the release a bounded context, which pgx watches (" + pair("raw_pool_bounded", "raw_pool") + "), and adds its own code to that (" + pair("trylock_release", "raw_pool_bounded") +
-				"). On this machine a hop between goroutines is dear: the same release in an abandonable goroutine, as lib/pq needs, costs " + pair("raw_pool_ask_nowatch", "raw_pool") + "."
+				"). For scale, a hop between goroutines, which this path makes nowhere on pgx, costs " + pair("raw_pool_ask_nowatch", "raw_pool") + " on this machine."
 		}
-		return "on top of the bare statements, `TryLock`+`Release` checks a connection out of the pool and back (" + pair("raw_pool", "raw_literal") + ") and bounds the release by the release timeout. " +
-			"On lib/pq the bound is a goroutine per release that the caller can abandon on a dead network (lib/pq cannot end a read when a context ends, lib/pq#620): " +
-			"that goroutine costs " + pair("raw_pool_ask_nowatch", "raw_pool") + ", so the hand-written floor of a release a dead network cannot hold is " + pair("raw_pool_ask_nowatch", "raw_literal") +
-			" the bare statements before any library code; the library adds " + pair("trylock_release", "raw_pool_ask_nowatch") + " to that floor. " +
-			"A long-lived worker goroutine instead of a fresh one per release measures " + pair("raw_pool_worker", "raw_pool_ask_nowatch") + " of the fresh one (the cost is mostly the hop between goroutines, not starting one), and would outlive the Guard that started it."
+		return "on top of the bare statements, `TryLock`+`Release` checks a connection out of the pool and back (" + pair("raw_pool", "raw_literal") + ") and bounds both by a dead network, which lib/pq does not notice when a context ends (lib/pq#620). " +
+			"The release's bound is a timer that closes the connection under a statement still unanswered at the bound (" + pair("raw_pool_watchdog", "raw_pool") + "; the goroutine per release it replaced cost " + pair("raw_pool_ask_nowatch", "raw_pool") + "). " +
+			"The checkout's bound is a goroutine the caller stops waiting for at the pool wait, since database/sql may open a new connection there and lib/pq's startup ignores the context: that hop costs " + pair("raw_pool_floor", "raw_pool_watchdog") +
+			" (a long-lived worker instead measured " + pair("raw_pool_worker", "raw_pool_ask_nowatch") + " of a fresh goroutine). So lib/pq's floor with every bound is " + pair("raw_pool_floor", "raw_literal") +
+			" the bare statements before any library code; the library adds " + pair("trylock_release", "raw_pool_floor") + " to it."
 	case handoffGateWhat:
-		return "the waiter's statement runs in a goroutine of ours (a dead network must not hold the caller), lib/pq watches its context in a second (a cancelled wait must leave the server's lock queue at once, so the wait keeps its context) " +
-			"and database/sql watches the row's context in a third: the grant reaches the caller through hops the bare statement does not make, and the holder's release crosses one more (see the `TryLock`+`Release` gate)."
+		return "the waiter's statement runs on the caller's goroutine under a timer that closes its connection should a dead network leave it unanswered; lib/pq watches its context in a goroutine of its own (a cancelled wait must leave the server's lock queue at once, so the wait keeps its context) " +
+			"and database/sql watches the row's context in another: the grant reaches the caller through hops the bare statement does not make (see the `TryLock`+`Release` gate)."
 	case sqliteLock.what:
 		return "the grant is the bare upsert's statement (shared holders keep a summary row it refuses, SQLite schema step 4); what remains is the library's own work around two statements that each commit a write transaction bound by the disk's sync on a shared machine: " +
 			"measured with `synchronous=OFF` (CPU alone), `TryLock`+`Release` is 1.30–1.33× the bare pair's ~100 µs, of which the release's bounded context is about 7 µs."
@@ -540,7 +542,11 @@ var pairedRows = []struct{ op, base, label string }{
 	{"raw_pool_ask", "raw_pool", "cost of an abandonable release goroutine, driver watching the context too: `raw_pool_ask` vs `raw_pool`"},
 	{"raw_pool_ask_nowatch", "raw_pool", "cost of an abandonable release goroutine alone (the dead-network bound): `raw_pool_ask_nowatch` vs `raw_pool`"},
 	{"raw_pool_worker", "raw_pool_ask_nowatch", "a long-lived worker goroutine instead of a fresh one: `raw_pool_worker` vs `raw_pool_ask_nowatch`"},
-	{"trylock_release", "raw_pool_ask_nowatch", "what the library adds to its hand-written floor: `TryLock`+`Release` vs `raw_pool_ask_nowatch`"},
+	{"trylock_release", "raw_pool_ask_nowatch", "`TryLock`+`Release` vs `raw_pool_ask_nowatch`"},
+	{"raw_pool_watchdog", "raw_pool", "cost of a release bounded by a timer that closes the connection (lib/pq, advisorylock's way): `raw_pool_watchdog` vs `raw_pool`"},
+	{"raw_pool_floor", "raw_pool_watchdog", "cost of a checkout in an abandonable goroutine (lib/pq's connection startup): `raw_pool_floor` vs `raw_pool_watchdog`"},
+	{"raw_pool_floor", "raw_literal", "lib/pq's floor with every dead-network bound vs the bare statements"},
+	{"trylock_release", "raw_pool_floor", "what the library adds to its hand-written floor: `TryLock`+`Release` vs `raw_pool_floor`"},
 	{"trylock_release", "raw_pool", "`TryLock`+`Release` vs `raw_pool` (the same pooled server session: the steadier unpinned figure)"},
 	{"trylock_release", "raw_pool_ask", "`TryLock`+`Release` vs `raw_pool_ask`"},
 	{"trylock_release", "raw_pool_bounded", "`TryLock`+`Release` vs `raw_pool_bounded`"},

@@ -162,7 +162,6 @@ var pgPairs = []struct{ base, op string }{
 	{"raw_pool_ask_nowatch", "trylock_release"},
 	{"raw_pool_ask_nowatch", "raw_pool_worker"},
 	{"raw_pool", "trylock_release"},
-	{"raw_literal", "raw_pool_ask_nowatch"},
 	{"trydo", "trydo_minhold"},
 	{"leaselock", "leaselock_minhold"},
 	{"raw_literal_shared", "tryrlock_release"},

@@ -150,10 +150,11 @@ func main() {
 		m.LoadBefore = cmp.Or(meta["report-load-before"], "unknown")
 		m.LoadAfter = cmp.Or(meta["report-load-after"], "unknown")
 		m.Pinning = cmp.Or(meta["report-pinning"], "not recorded")
+		m.Commit = cmp.Or(meta["report-commit"], m.Commit+" (today's checkout: the measured commit was not saved)")
 	} else {
 		var all bytes.Buffer
-		fmt.Fprintf(&all, "report-command: %s\nreport-quick: %t\nreport-count: %d\nreport-started: %s\nreport-load-before: %s\n",
-			cmdline, *quick, *count, m.Started.Format(time.RFC3339), m.LoadBefore)
+		fmt.Fprintf(&all, "report-command: %s\nreport-quick: %t\nreport-count: %d\nreport-started: %s\nreport-load-before: %s\nreport-commit: %s\n",
+			cmdline, *quick, *count, m.Started.Format(time.RFC3339), m.LoadBefore, m.Commit)
 		pin := pinServer(dsn)
 		m.Pinning = pin.desc
 		fmt.Fprintf(&all, "report-pinning: %s\n", pin.desc)

@@ -535,7 +535,7 @@ func (r *report) num(name, unit, format string) string {
 var pairedRows = []struct{ op, base, label string }{
 	{"trylock_release", "raw_literal", "**`TryLock`+`Release`** vs the bare statements (literal keys, pinned connection) — **the gate**"},
 	{"trydo", "raw_literal", "`TryDo` vs the bare statements"},
-	{"raw_pool_ask_nowatch", "raw_literal", "the floor of a release that a dead network cannot hold (pool checkout, unlock in an abandonable goroutine) vs the bare statements"},
+	{"raw_pool_floor", "raw_literal", "the floor with every dead-network bound lib/pq needs (pool checkout in an abandonable goroutine, unlock under a timer that closes the connection) vs the bare statements"},
 	{"raw_literal", "select1_pinned", "context: the bare statements vs `SELECT 1`"},
 	{"raw_pool", "raw_literal", "cost of the pool checkout: `raw_pool` vs `raw_literal`"},
 	{"raw_pool_bounded", "raw_pool", "cost of a bounded release context (lib/pq: its cancel watcher goroutine): `raw_pool_bounded` vs `raw_pool`"},
@@ -545,7 +545,6 @@ var pairedRows = []struct{ op, base, label string }{
 	{"trylock_release", "raw_pool_ask_nowatch", "`TryLock`+`Release` vs `raw_pool_ask_nowatch`"},
 	{"raw_pool_watchdog", "raw_pool", "cost of a release bounded by a timer that closes the connection (lib/pq, advisorylock's way): `raw_pool_watchdog` vs `raw_pool`"},
 	{"raw_pool_floor", "raw_pool_watchdog", "cost of a checkout in an abandonable goroutine (lib/pq's connection startup): `raw_pool_floor` vs `raw_pool_watchdog`"},
-	{"raw_pool_floor", "raw_literal", "lib/pq's floor with every dead-network bound vs the bare statements"},
 	{"trylock_release", "raw_pool_floor", "what the library adds to its hand-written floor: `TryLock`+`Release` vs `raw_pool_floor`"},
 	{"trylock_release", "raw_pool", "`TryLock`+`Release` vs `raw_pool` (the same pooled server session: the steadier unpinned figure)"},
 	{"trylock_release", "raw_pool_ask", "`TryLock`+`Release` vs `raw_pool_ask`"},

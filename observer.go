@@ -168,7 +168,9 @@ const (
 	// DiscardForgotten: a Guard was garbage collected without Release.
 	DiscardForgotten DiscardReason = "forgotten"
 	// DiscardNoAnswer: a statement got no answer in time and was abandoned
-	// (a dead network); the connection closes when the driver lets go.
+	// (a dead network). On lib/pq the library closes the connection under
+	// the statement at once; with a driver it cannot do that for (a
+	// wrapped one), the connection closes when the driver lets go.
 	DiscardNoAnswer DiscardReason = "no_answer"
 )
 

@@ -122,6 +122,10 @@ type LeaseRequest struct {
 	// a SharedLeaseStore, finding only shared holders it claims the row
 	// for its owner (see SharedLeaseStore).
 	Wait bool
+	// Retry marks the attempts of a waiting acquire (Wait) after its
+	// first: an earlier attempt with this Owner missed and may have left a
+	// claim, which a grant then ends. A first attempt has none to end.
+	Retry bool
 }
 
 // LeaseGrant is what an acquire or renew granted.

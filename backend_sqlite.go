@@ -387,14 +387,15 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	if !acquired {
 		return LeaseGrant{}, ErrNotAcquired
 	}
-	if r.Wait && r.Kind == KindLock {
+	if r.Wait && r.Retry && r.Kind == KindLock {
 		s.withdrawClaim(ctx, db, r)
 	}
 	return LeaseGrant{Token: FencingToken(token), ExpiresAt: time.UnixMilli(exp)}, nil
 }
 
 // withdrawClaim ends the claim a waiting writer may have left while it
-// waited (see acquireRow), once it holds the row: from now on its row
+// waited (see acquireRow), once it holds the row after a miss (a first
+// attempt has made no claim): from now on its row
 // keeps shared holders out, and after its release nothing should. It
 // runs in a statement of its own, after the grant's: run retries a busy
 // statement from the start, and a grant must not be tried twice. If it

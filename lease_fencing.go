@@ -177,6 +177,7 @@ func claimLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *confi
 		if !errors.Is(err, ErrNotAcquired) {
 			return s, err // an unknown outcome was abandoned by tryLease, claim and all
 		}
+		req.Retry = true // this attempt missed: it may have claimed the row
 		if err := waitForTurn(budget, store, db, cfg, req); err != nil {
 			// Withdrawn before returning, so that shared holders can enter
 			// as soon as the caller hears of the timeout; in the background

@@ -108,7 +108,8 @@ func (l *Lock) Holders(ctx context.Context) ([]*Holder, error) {
 // and its KindLock rows and shared rows exclude each other. A KindLock
 // acquire with LeaseRequest.Wait that finds only shared holders claims the
 // row for the waiter, which keeps new shared holders out until the claim
-// expires, is taken, or is released. LeaseHolder of a KindLock request
+// expires, is taken, or is released; the waiter's grant after a miss
+// (LeaseRequest.Retry) ends its own claim. LeaseHolder of a KindLock request
 // reports any live holder, of a KindShared request the exclusive one (or
 // a waiting writer's claim). Without it RLock returns ErrUnsupported.
 //

@@ -3,6 +3,8 @@ package advisorylock_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,6 +179,37 @@ func TestSQLiteReadersGetInRightAfterAWaitingWritersRelease(t *testing.T) {
 		t.Fatalf("TryRLock right after the writer released: %v (its claim outlived its grant)", err)
 	}
 	mustRelease(t, r2)
+}
+
+// TestSQLiteUncontendedLockWritesOnce: a waiting Lock granted at its
+// first attempt made no claim, so it sends no withdrawal: its acquire is
+// the one upsert a TryLock sends. A grant after a miss does withdraw
+// (TestSQLiteReadersGetInRightAfterAWaitingWritersRelease).
+func TestSQLiteUncontendedLockWritesOnce(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var sent []string
+	db := testdb.OpenHooked(t, "sqlite", testdb.SQLitePath(t)+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)", testdb.Hooks{Before: func(q string, _ []any) {
+		mu.Lock()
+		sent = append(sent, q)
+		mu.Unlock()
+	}})
+	l := sqliteLock(t, db, testdb.UniqueName(t), advisorylock.WithBackend(advisorylock.SQLite()))
+	mustRelease(t, mustTry(t, l)) // the first use's schema and checks
+	mu.Lock()
+	sent = nil
+	mu.Unlock()
+	g, err := l.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	during := sent
+	mu.Unlock()
+	mustRelease(t, g)
+	if len(during) != 1 || !strings.Contains(during[0], "INSERT INTO advisorylock_locks") {
+		t.Fatalf("an uncontended Lock sent %d statements, want its one upsert: %q", len(during), during)
+	}
 }
 
 // TestSQLiteSchemaUpgradesAStepThreeFileLive upgrades a file of schema

@@ -364,14 +364,10 @@ func setupRawPool(form releaseForm) func(b *testing.B, e pgEnv) func(ctx context
 			if form == releaseAskNoWatch {
 				sctx = context.WithoutCancel(ctx)
 			}
-			out := make(chan error, 1)
-			go func() { out <- conn.QueryRowContext(sctx, unlock).Scan(&ok) }()
-			select {
-			case err := <-out:
-				return err
-			case <-uctx.Done():
-				return uctx.Err()
-			}
+			_, err = abandonable(uctx, func() (struct{}, error) {
+				return struct{}{}, conn.QueryRowContext(sctx, unlock).Scan(new(bool))
+			}, func(struct{}) {})
+			return err
 		}
 	}
 }
@@ -381,25 +377,33 @@ func setupRawPool(form releaseForm) func(b *testing.B, e pgEnv) func(ctx context
 func checkoutAbandonable(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	return abandonable(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, func(late *sql.Conn) {
+		if late != nil {
+			_ = late.Close()
+		}
+	})
+}
+
+// abandonable runs f in a goroutine and waits for it until ctx ends; then
+// it returns ctx's error and leaves f to finish, handing what f returns
+// to late (the benchmarks' twin of the library's within).
+func abandonable[T any](ctx context.Context, f func() (T, error), late func(T)) (T, error) {
 	type answer struct {
-		conn *sql.Conn
-		err  error
+		v   T
+		err error
 	}
 	out := make(chan answer, 1)
 	go func() {
-		conn, err := db.Conn(ctx)
-		out <- answer{conn, err}
+		v, err := f()
+		out <- answer{v, err}
 	}()
 	select {
 	case a := <-out:
-		return a.conn, a.err
+		return a.v, a.err
 	case <-ctx.Done():
-		go func() {
-			if a := <-out; a.conn != nil {
-				_ = a.conn.Close()
-			}
-		}()
-		return nil, ctx.Err()
+		go func() { late((<-out).v) }()
+		var zero T
+		return zero, ctx.Err()
 	}
 }
 

@@ -10,8 +10,9 @@ import (
 	"strings"
 	"time"
 
-	_ "github.com/glebarez/go-sqlite" // driver "sqlite"
-	_ "github.com/lib/pq"             // driver "postgres"
+	_ "github.com/glebarez/go-sqlite"  // driver "sqlite"
+	_ "github.com/go-sql-driver/mysql" // driver "mysql"
+	_ "github.com/lib/pq"              // driver "postgres"
 )
 
 // machine describes where a run happened.

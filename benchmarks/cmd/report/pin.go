@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,65 +20,78 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// pinning keeps the PostgreSQL server's processes on CPU 0 and the
+// pinning keeps the database servers' processes on CPU 0 (PostgreSQL's,
+// and MariaDB's or MySQL's where one runs on this machine) and the
 // benchmarks on the other CPUs, as if the database ran on another host: a
 // round trip then always crosses CPUs. Unpinned, the scheduler sometimes
 // runs client and server on one CPU (a SELECT 1 round trip takes about
 // 14 µs here) and sometimes on two (about 85 µs, most of it waking an idle
 // virtual CPU), so ratios swing from run to run with where things landed.
 type pinning struct {
-	desc       string       // what the report says about it
-	client     *unix.CPUSet // nil: not pinned
-	postmaster int
-	saved      unix.CPUSet // the server's affinity before
-	server     unix.CPUSet // the server's CPU while pinned
+	desc    string       // what the report says about it
+	client  *unix.CPUSet // nil: not pinned
+	servers []server     // the pinned servers
+	cpu     unix.CPUSet  // the servers' CPU while pinned
 }
 
-// pinServer pins the server at dsn, when it runs on this machine and this
-// process may move it; otherwise it says why not and pins nothing.
+// server is a database server process that pinning moves: PostgreSQL's
+// postmaster, whose backends are processes of their own (its children),
+// or mysqld, whose sessions are threads (its tasks).
+type server struct {
+	pid     int
+	threads bool        // the sessions are pid's threads, not its children
+	saved   unix.CPUSet // the affinity before
+}
+
+// set gives s, and every process or thread it runs sessions in, set.
+func (s server) set(set *unix.CPUSet) error {
+	if err := unix.SchedSetaffinity(s.pid, set); err != nil {
+		return err
+	}
+	more := children(s.pid)
+	if s.threads {
+		more = threads(s.pid)
+	}
+	for _, p := range more {
+		_ = unix.SchedSetaffinity(p, set) // it may have ended meanwhile
+	}
+	return nil
+}
+
+// pinServer pins the PostgreSQL server at dsn, when it runs on this
+// machine and this process may move it, and the MySQL server of the
+// benchmarks (see mysqlPID) if it runs here too; otherwise it says why not
+// and pins nothing. A MySQL server that cannot be pinned is said and
+// left.
 func pinServer(dsn string) *pinning {
 	p := &pinning{}
 	if runtime.NumCPU() < 2 {
 		p.desc = "not pinned (one CPU)"
 		return p
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	db, err := sql.Open("postgres", dsn)
+	pm, err := postmasterPID(dsn)
 	if err != nil {
+		p.desc = "not pinned (" + err.Error() + ")"
+		return p
+	}
+	p.cpu.Set(0)
+	if err := p.add(server{pid: pm}); err != nil {
 		p.desc = "not pinned: " + err.Error()
 		return p
 	}
-	defer db.Close()
-	var dataDir string
-	if err := db.QueryRowContext(ctx, "SELECT current_setting('data_directory')").Scan(&dataDir); err != nil {
-		p.desc = "not pinned (cannot read data_directory: " + err.Error() + ")"
-		return p
-	}
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		p.desc = "not pinned (the server is not on this machine, or its postmaster.pid is unreadable)"
-		return p
-	}
-	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
-	if err != nil {
-		p.desc = "not pinned (postmaster.pid unreadable)"
-		return p
-	}
-	if err := unix.SchedGetaffinity(pm, &p.saved); err != nil {
-		p.desc = "not pinned: " + err.Error()
-		return p
-	}
-	p.server.Set(0)
-	if err := setTree(pm, &p.server); err != nil {
-		p.desc = "not pinned: " + err.Error()
-		return p
-	}
-	p.postmaster = pm
-	atInterrupt(func() { // an interrupted run must not leave the server on one CPU
+	atInterrupt(func() { // an interrupted run must not leave a server on one CPU
 		p.restore()
-		fmt.Fprintln(os.Stderr, "report: gave the server back its CPUs")
+		fmt.Fprintln(os.Stderr, "report: gave the servers back their CPUs")
 	})
+	servers := "PostgreSQL's processes"
+	mysqlNote := ""
+	if pid, err := mysqlPID(); err != nil {
+		mysqlNote = "; MySQL/MariaDB not pinned (" + err.Error() + ")"
+	} else if err := p.add(server{pid: pid, threads: true}); err != nil {
+		mysqlNote = "; MySQL/MariaDB not pinned: " + err.Error()
+	} else {
+		servers = "PostgreSQL's processes and MariaDB's threads"
+	}
 	p.client = &unix.CPUSet{}
 	for c := 1; c < runtime.NumCPU(); c++ {
 		p.client.Set(c)
@@ -85,8 +100,73 @@ func pinServer(dsn string) *pinning {
 	if n := runtime.NumCPU(); n > 2 {
 		others = fmt.Sprintf("CPUs 1–%d", n-1)
 	}
-	p.desc = "PostgreSQL's processes on CPU 0, the benchmarks on " + others + " (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time); the uncontended operations and the gating pairs run again unpinned"
+	p.desc = servers + " on CPU 0, the benchmarks on " + others + " (as if the database ran on another host; unpinned, client and server sometimes share a CPU and round trips take a sixth of the time); the uncontended operations and the gating pairs run again unpinned" + mysqlNote
 	return p
+}
+
+// add pins s, remembering its affinity for restore.
+func (p *pinning) add(s server) error {
+	if err := unix.SchedGetaffinity(s.pid, &s.saved); err != nil {
+		return err
+	}
+	if err := s.set(&p.cpu); err != nil {
+		return err
+	}
+	p.servers = append(p.servers, s)
+	return nil
+}
+
+// postmasterPID returns the process id of the PostgreSQL server at dsn,
+// from the postmaster.pid of its data directory, or why it cannot.
+func postmasterPID(dsn string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var dataDir string
+	if err := db.QueryRowContext(ctx, "SELECT current_setting('data_directory')").Scan(&dataDir); err != nil {
+		return 0, fmt.Errorf("cannot read data_directory: %w", err)
+	}
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, errors.New("the server is not on this machine, or its postmaster.pid is unreadable")
+	}
+	return pidFrom(b)
+}
+
+// mysqlPID returns the process id of the MySQL server the benchmarks use
+// (ADVISORYLOCK_TEST_MYSQL, else root on 127.0.0.1:3306), from its
+// pid_file, or why it cannot.
+func mysqlPID() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dsn := cmp.Or(os.Getenv("ADVISORYLOCK_TEST_MYSQL"), "root@tcp(127.0.0.1:3306)/test")
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var pidFile string
+	if err := db.QueryRowContext(ctx, "SELECT @@pid_file").Scan(&pidFile); err != nil {
+		return 0, fmt.Errorf("cannot read pid_file: %w", err)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0, errors.New("the server is not on this machine, or its pid file is unreadable")
+	}
+	return pidFrom(b)
+}
+
+// pidFrom reads the process id on the first line of a pid file.
+func pidFrom(b []byte) (int, error) {
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	if err != nil {
+		return 0, errors.New("pid file unreadable")
+	}
+	return pid, nil
 }
 
 // interrupted holds what must be undone if the report is interrupted
@@ -117,16 +197,16 @@ func atInterrupt(f func()) {
 	interrupted.undo = append(interrupted.undo, f)
 }
 
-// setTree sets the affinity of process pid and of its children (a
-// PostgreSQL backend is one thread, and forks inherit the postmaster's).
-func setTree(pid int, set *unix.CPUSet) error {
-	if err := unix.SchedSetaffinity(pid, set); err != nil {
-		return err
+// threads lists the threads of process pid.
+func threads(pid int) []int {
+	dirs, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/[0-9]*")
+	var out []int
+	for _, d := range dirs {
+		if t, err := strconv.Atoi(filepath.Base(d)); err == nil {
+			out = append(out, t)
+		}
 	}
-	for _, child := range children(pid) {
-		_ = unix.SchedSetaffinity(child, set) // it may have ended meanwhile
-	}
-	return nil
+	return out
 }
 
 // children lists the processes whose parent is pid.
@@ -150,17 +230,17 @@ func children(pid int) []int {
 	return out
 }
 
-// pin puts the server back on its own CPU after restore.
+// pin puts the servers back on their own CPU after restore.
 func (p *pinning) pin() {
-	if p.postmaster != 0 {
-		_ = setTree(p.postmaster, &p.server)
+	for _, s := range p.servers {
+		_ = s.set(&p.cpu)
 	}
 }
 
-// restore gives the server back its affinity.
+// restore gives the servers back their affinity.
 func (p *pinning) restore() {
-	if p.postmaster != 0 {
-		_ = setTree(p.postmaster, &p.saved)
+	for _, s := range p.servers {
+		_ = s.set(&s.saved)
 	}
 }
 

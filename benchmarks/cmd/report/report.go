@@ -334,7 +334,7 @@ func (r *report) markdown() string {
 	}
 	w("Every figure is the median of its runs in this one run, against one server. ")
 	w("The machine is shared and noisy, so compare **ratios within the run**, not absolute times across runs. ")
-	w("Where it can, the report pins PostgreSQL to CPU 0 and the benchmarks to the other CPUs (see \"CPU pinning\" below): ")
+	w("Where it can, the report pins PostgreSQL (and MariaDB, when it runs on this machine) to CPU 0 and the benchmarks to the other CPUs (see \"CPU pinning\" below): ")
 	w("every round trip then crosses CPUs, as it would to a database on another host, instead of sometimes sharing one CPU and taking a sixth of the time, which made ratios swing between runs. ")
 	w("The unit is `SELECT 1` on a pinned connection with the same driver: one round trip. ")
 	w("\"× best peer\" divides by the fastest peer doing the same job on the same driver ")
@@ -454,11 +454,11 @@ func (r *report) mysqlTryWhy() string {
 		"The decomposition rows of `BenchmarkMySQLPaired`" + ran + ": the library's grab statement run bare, with its release, on a pinned connection costs " + pair("raw_shared_read", "raw_literal") + " the bare statements (`raw_shared_read`); " +
 		"the same statement testing one named lock instead of reading costs " + pair("raw_named_check", "raw_literal") + " (`raw_named_check`), before any Go code, against the gate's 1.10×; " +
 		"the library adds " + pair("trylock_release", "raw_shared_read") + " to its own bare statements (the gate read 1.10× before shared locks). " +
-		"The read is the floor while shared holders are unbounded: a named lock has one holder and is freed without notice when its session ends, so no fixed set of names can show that none of any number of shared holders is in, and capping the shared holders at a few names does not pay either: each further named lock tested costs about 1% (measured by hand, pinned, interleaved: 16 names 1.18×, 64 names 1.68× the bare statements); " +
+		"The read is the floor while shared holders are unbounded: a named lock has one holder and is freed without notice when its session ends, so no fixed set of names can show that none of any number of shared holders is in (one name held for all of them would have to pass from holder to holder, and a holder that dies passes it to no one), and capping the shared holders at a few names does not pay either: each further named lock tested costs about 1% (measured by hand, pinned, interleaved: 16 names 1.18×, 64 names 1.68× the bare statements); " +
 		"and the read must follow the grant in the same statement (read first, and a shared holder can enter between the read and the grant). " +
 		"Other shapes of the read measured within noise of it (1,500 interleaved rounds of each grab statement and `DO RELEASE_LOCK`, client pinned, six runs on a loaded machine, against the bare `GET_LOCK`: the library's 1.58–2.03×; " +
-		"`COUNT(*)`, `LIMIT 1`, `FORCE INDEX`, `IN`, `eq_range_index_dive_limit=1` the same; a scan that skips the index 1.51–1.78×, but it reads every key's rows; the grab as a server-side prepared statement 0.87–0.97× of the text one); " +
-		"the same read of an `ENGINE=MEMORY` table makes the pair " + pair("raw_shared_read_memory", "raw_shared_read") + " the InnoDB one (`raw_shared_read_memory`), still far over the gate, " +
+		"`COUNT(*)`, `LIMIT 1`, `FORCE INDEX`, `IN`, `eq_range_index_dive_limit=1` the same; a scan that skips the index 1.51–1.78×, but it reads every key's rows; the grab as a server-side prepared statement 0.87–0.97× of the text one; with the server pinned too, a one-row-per-name summary table read by its primary key, a constant lookup the optimizer makes before it executes anything, 0.99× of the read: opening a table is the cost, not reading it); " +
+		"the same read of an `ENGINE=MEMORY` table makes the pair " + pair("raw_shared_read_memory", "raw_shared_read") + " the InnoDB one (`raw_shared_read_memory`), still over the gate, " +
 		"and MySQL Group Replication and Percona XtraDB Cluster's strict mode refuse writes to tables not on InnoDB: the table stays InnoDB."
 }
 
@@ -678,7 +678,11 @@ func (r *report) writeMySQL(w func(string, ...any)) {
 		w("Not measured in this run (no benchmark names MySQL).\n\n")
 		return
 	}
-	w("From `benchmarks/mysql_test.go`, in the group \"other benchmarks\": the benchmarks ran on the client CPUs; the MySQL/MariaDB server is not pinned. ")
+	where := "the MySQL/MariaDB server was not pinned (see \"CPU pinning\" above)"
+	if strings.Contains(r.m.Pinning, "MariaDB's threads") {
+		where = "the MySQL/MariaDB server's threads on CPU 0, as PostgreSQL's processes"
+	}
+	w("From `benchmarks/mysql_test.go`, in the group \"other benchmarks\": the benchmarks ran on the client CPUs, %s. ", where)
 	w("The gates above use the paired results (`x-base`) whose names mention trylock or handoff, except those against `raw_shared_read`.\n\n")
 	r.writeMySQLPaired(w)
 	r.writeMetrics(w, names)

@@ -8,14 +8,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/advisorylock/advisorylock"
-	_ "github.com/go-sql-driver/mysql" // driver "mysql"
+	"github.com/go-sql-driver/mysql" // and its driver "mysql"
 )
 
 const envMySQL = "ADVISORYLOCK_TEST_MYSQL"
@@ -88,6 +91,7 @@ var mysqlOps = map[string]func(b *testing.B, db *sql.DB) func(ctx context.Contex
 		return "NOT IS_FREE_LOCK(" + lock[:len(lock)-1] + ":s0')"
 	}),
 	"raw_shared_read": setupMySQLGrab(func(b *testing.B, db *sql.DB, lock string, key int64) string {
+		mustBeTheLibrarysGrab(b)
 		return mysqlReadersIn("advisorylock_shared", lock, key)
 	}),
 	"raw_shared_read_memory": setupMySQLGrab(func(b *testing.B, db *sql.DB, lock string, key int64) string {
@@ -163,6 +167,83 @@ func mysqlGrab(lock, readersIn string) string {
 func mysqlReadersIn(table, lock string, key int64) string {
 	return "EXISTS (SELECT 1 FROM " + table + " s WHERE s.lock_key = " + strconv.FormatInt(key, 10) +
 		" AND IS_USED_LOCK(CONCAT(" + lock[:len(lock)-1] + ":s', s.conn_id)) = s.conn_id)"
+}
+
+// mustBeTheLibrarysGrab fails b unless mysqlGrab, with mysqlReadersIn,
+// is the statement advisorylock's TryLock sends: a change to the library's
+// grab must be made here too, or raw_shared_read measures something else.
+func mustBeTheLibrarysGrab(b *testing.B) {
+	cfg, err := mysql.ParseDSN(mysqlDSN())
+	must(b, err, "parse the MySQL DSN")
+	connector, err := mysql.NewConnector(cfg)
+	must(b, err, "MySQL connector")
+	var mu sync.Mutex
+	var sent []string
+	db := sql.OpenDB(recordingConnector{connector, func(q string) {
+		mu.Lock()
+		defer mu.Unlock()
+		sent = append(sent, q)
+	}})
+	b.Cleanup(func() { _ = db.Close() })
+	name := lockName(b, "grab_text")
+	l := newLock(b, db, name, advisorylock.WithBackend(advisorylock.MySQL()))
+	g, err := l.TryLock(context.Background())
+	must(b, err, "TryLock")
+	must(b, g.Release(context.Background()), "Release")
+	lock := mysqlServerName(name)
+	want := mysqlGrab(lock, mysqlReadersIn("advisorylock_shared", lock, advisorylock.Key(name)))
+	mu.Lock()
+	defer mu.Unlock()
+	for _, q := range sent {
+		if strings.Contains(q, "GET_LOCK(") {
+			if q != want {
+				b.Fatalf("advisorylock's grab is now\n%s\nbut mysqlGrab writes\n%s", q, want)
+			}
+			return
+		}
+	}
+	b.Fatalf("TryLock sent no GET_LOCK: %q", sent)
+}
+
+// recordingConnector hands every query and exec text its connections run
+// to seen.
+type recordingConnector struct {
+	driver.Connector
+	seen func(query string)
+}
+
+func (c recordingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q, ok := conn.(queryingConn)
+	if !ok {
+		_ = conn.Close()
+		return nil, fmt.Errorf("%T runs no queries without preparing them", conn)
+	}
+	return recordingConn{q, c.seen}, nil
+}
+
+type queryingConn interface {
+	driver.Conn
+	driver.QueryerContext
+	driver.ExecerContext
+}
+
+type recordingConn struct {
+	queryingConn
+	seen func(query string)
+}
+
+func (c recordingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	c.seen(query)
+	return c.queryingConn.QueryContext(ctx, query, args)
+}
+
+func (c recordingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	c.seen(query)
+	return c.queryingConn.ExecContext(ctx, query, args)
 }
 
 // setupMySQLGrab runs mysqlGrab with the check readersIn returns, then

@@ -119,41 +119,31 @@ func (p *pinning) add(s server) error {
 // postmasterPID returns the process id of the PostgreSQL server at dsn,
 // from the postmaster.pid of its data directory, or why it cannot.
 func postmasterPID(dsn string) (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	db, err := sql.Open("postgres", dsn)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	var dataDir string
-	if err := db.QueryRowContext(ctx, "SELECT current_setting('data_directory')").Scan(&dataDir); err != nil {
-		return 0, fmt.Errorf("cannot read data_directory: %w", err)
-	}
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		return 0, errors.New("the server is not on this machine, or its postmaster.pid is unreadable")
-	}
-	return pidFrom(b)
+	return serverPID("postgres", dsn, "SELECT current_setting('data_directory') || '/postmaster.pid'")
 }
 
 // mysqlPID returns the process id of the MySQL server the benchmarks use
 // (ADVISORYLOCK_TEST_MYSQL, else root on 127.0.0.1:3306), from its
 // pid_file, or why it cannot.
 func mysqlPID() (int, error) {
+	return serverPID("mysql", cmp.Or(os.Getenv("ADVISORYLOCK_TEST_MYSQL"), "root@tcp(127.0.0.1:3306)/test"), "SELECT @@pid_file")
+}
+
+// serverPID asks the server at dsn for the path of its pid file (query)
+// and reads the process id there, or says why it cannot.
+func serverPID(driverName, dsn, query string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	dsn := cmp.Or(os.Getenv("ADVISORYLOCK_TEST_MYSQL"), "root@tcp(127.0.0.1:3306)/test")
-	db, err := sql.Open("mysql", dsn)
+	db, err := sql.Open(driverName, dsn)
 	if err != nil {
 		return 0, err
 	}
 	defer db.Close()
-	var pidFile string
-	if err := db.QueryRowContext(ctx, "SELECT @@pid_file").Scan(&pidFile); err != nil {
-		return 0, fmt.Errorf("cannot read pid_file: %w", err)
+	var path string
+	if err := db.QueryRowContext(ctx, query).Scan(&path); err != nil {
+		return 0, fmt.Errorf("cannot ask for its pid file: %w", err)
 	}
-	b, err := os.ReadFile(pidFile)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, errors.New("the server is not on this machine, or its pid file is unreadable")
 	}

@@ -853,8 +853,8 @@ func (r *report) writeHow(w func(string, ...any)) {
 		passes = max(passes, g.passes)
 	}
 	w("which builds the test binary once and runs %d passes; each pass runs each group below that has passes left once ", passes)
-	w("(so the runs of a benchmark are spread over the whole run), with PostgreSQL pinned to CPU 0 and the benchmarks to the other CPUs; ")
-	w("a group marked \"also unpinned\" then runs again at once with the server given back all CPUs and the benchmarks unpinned. ")
+	w("(so the runs of a benchmark are spread over the whole run), with PostgreSQL (and a local MariaDB) pinned to CPU 0 and the benchmarks to the other CPUs; ")
+	w("a group marked \"also unpinned\" then runs again at once with the servers given back all CPUs and the benchmarks unpinned. ")
 	w("Benchmark functions no group names (MySQL's, the observer's, …) run in \"other benchmarks\". As `go test` commands (the pinning done with `taskset`):\n\n```sh\n")
 	w("for pass in $(seq %d); do\n", passes)
 	for _, g := range r.gs {

@@ -513,12 +513,24 @@ func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (
 		}
 		return hs[0], nil
 	}
+	return s.oneHolder(ctx, db, r, sqliteLeaseHolder, r.Name, func(h *Holder) []any { return []any{&h.Owner, &h.Token} })
+}
+
+// sharedBlocker reports what keeps a shared holder of r.Key out.
+func (s sqliteBackend) sharedBlocker(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+	return s.oneHolder(ctx, db, r, sqliteSharedBlocker, r.Key, func(h *Holder) []any { return []any{&h.Name, &h.Owner} })
+}
+
+// oneHolder reads the one row of query (its arguments: arg, then r.Now)
+// into a Holder of r: the columns fields names, then the row's acquired
+// and expiry times; nil when the query finds no row.
+func (s sqliteBackend) oneHolder(ctx context.Context, db DB, r LeaseRequest, query string, arg any, fields func(h *Holder) []any) (*Holder, error) {
 	now, _ := leaseTimes(r)
 	var h *Holder
 	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
 		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
 		var since, until int64
-		err := q.QueryRowContext(ctx, sqliteLeaseHolder, r.Name, now).Scan(&h.Owner, &h.Token, &since, &until)
+		err := q.QueryRowContext(ctx, query, arg, now).Scan(append(fields(h), &since, &until)...)
 		if errors.Is(err, sql.ErrNoRows) {
 			h = nil
 			return nil
@@ -530,24 +542,6 @@ func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (
 		return nil, err
 	}
 	return h, nil
-}
-
-// sharedBlocker reports what keeps a shared holder of r.Key out.
-func (s sqliteBackend) sharedBlocker(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
-	now, _ := leaseTimes(r)
-	var h *Holder
-	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
-		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
-		var since, until int64
-		err := q.QueryRowContext(ctx, sqliteSharedBlocker, r.Key, now).Scan(&h.Name, &h.Owner, &since, &until)
-		if errors.Is(err, sql.ErrNoRows) {
-			h = nil
-			return nil
-		}
-		h.Since, h.ExpiresAt = time.UnixMilli(since), time.UnixMilli(until)
-		return err
-	})
-	return h, err
 }
 
 // LeaseHolders lists every live holder of r.Key as of r.Now: the

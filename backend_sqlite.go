@@ -395,11 +395,11 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 
 // withdrawClaim ends the claim a waiting writer may have left while it
 // waited (see acquireRow), once it holds the row after a miss (a first
-// attempt has made no claim): from now on its row
-// keeps shared holders out, and after its release nothing should. It
-// runs in a statement of its own, after the grant's: run retries a busy
-// statement from the start, and a grant must not be tried twice. If it
-// fails, the claim expires by itself with the writer's TTL.
+// attempt has made no claim): from now on its row keeps shared holders
+// out, and after its release nothing should. It runs in a statement of
+// its own, after the grant's: run retries a busy statement from the
+// start, and a grant must not be tried twice. If it fails, the claim
+// expires by itself with the writer's TTL.
 func (s sqliteBackend) withdrawClaim(ctx context.Context, db DB, r LeaseRequest) {
 	_ = s.run(ctx, db, busyHolder, func(q querier) error {
 		_, err := q.ExecContext(ctx, sqliteWithdrawClaim, r.Key, r.Owner)

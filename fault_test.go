@@ -469,11 +469,15 @@ func (s *sections) fault() {
 // call exit when fn returns.
 func (s *sections) enter(fctx context.Context, lease *advisorylock.Lease) *section {
 	sec := &section{lease: lease, granted: time.Now(), done: make(chan struct{})}
-	context.AfterFunc(fctx, func() {
+	told := func() {
 		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) { // ErrLeaseLost matches it too
 			sec.tell()
 		}
-	})
+	}
+	if fctx.Err() != nil {
+		told() // lost before the section began: told now, not when AfterFunc's goroutine runs
+	}
+	context.AfterFunc(fctx, told)
 	if lease != nil {
 		go sec.watchLease()
 	}

@@ -327,9 +327,13 @@ func abandonLease(store LeaseStore, db DB, timeout time.Duration, clock Clock, r
 func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time.Time) *leaseState {
 	s := &leaseState{store: store, db: db, req: req, clock: cfg.clock, deadline: localDeadline(sent, req.TTL)}
 	s.hold = hold{name: req.Name, key: req.Key, logger: cfg.log(), relTO: cfg.releaseTimeout, end: s}
-	// The keeper starts at the first renewal, or at once when the grant
-	// arrived past its local deadline (a slow answer), so that Lost closes
-	// then and not a renew interval later.
+	// A grant that arrived past its local deadline (a slow answer) is lost
+	// before anyone sees it: Lost is closed and IsLost true when the
+	// acquire returns, and Do's function begins with its context already
+	// cancelled. Otherwise the keeper starts at the first renewal.
+	if s.untilDeadline() <= 0 {
+		s.lose(LossExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
+	}
 	start := min(renewInterval(req.TTL), max(s.untilDeadline(), 0))
 	s.mu.Lock()
 	s.starter = time.AfterFunc(start, s.startKeeping)
@@ -482,6 +486,9 @@ func (s *leaseState) renew(sent time.Time, timeout time.Duration) <-chan error {
 }
 
 func (s *leaseState) lose(cause LossCause, lostErr, why error) {
+	if gone, _ := s.isLost(); gone {
+		return
+	}
 	s.warn("advisorylock: lease lost", "lock", s.req.Name, "token", s.req.Token, "err", why)
 	s.hold.lose(cause, lostErr)
 }

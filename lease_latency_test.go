@@ -120,3 +120,39 @@ func TestLeaseDeadlineCountsFromTheSentAcquire(t *testing.T) {
 		t.Fatal("a successor was granted the lease while the first holder believed it held it")
 	}
 }
+
+// TestLateGrantIsLostBeforeTheSectionBegins: a SQLite Lock whose grant
+// arrived past its local deadline (the upsert waited on the file's write
+// lock most of the TTL, as it can under load) is lost when Do gets it:
+// Do's function begins with its context already cancelled for the loss,
+// and Do says the lock was lost. Before, a goroutine noticed an instant
+// later, and a function could run unwarned while a successor was let in
+// once the row expired (the soak saw it under CI's load).
+func TestLateGrantIsLostBeforeTheSectionBegins(t *testing.T) {
+	const ttl = 30 * time.Second
+	clock := testdb.NewFakeClock()
+	var during atomic.Int64 // how far the next lock statement moves the clock
+	path := testdb.SQLitePath(t)
+	const opts = "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"
+	db := testdb.OpenHooked(t, "sqlite", path+"?"+opts, testdb.Hooks{Before: func(q string, _ []any) {
+		if strings.Contains(q, "INSERT INTO advisorylock_locks") {
+			clock.Add(time.Duration(during.Swap(0)))
+		}
+	}})
+	l := newLock(t, db, testdb.UniqueName(t), quiet, advisorylock.WithBackend(advisorylock.SQLite()),
+		advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock))
+	mustRelease(t, mustTry(t, l)) // the schema, before the clock moves
+
+	during.Store(int64(ttl * 5 / 6)) // past the local deadline (TTL minus a third)
+	var atStart error
+	err := l.Do(context.Background(), func(ctx context.Context) error {
+		atStart = context.Cause(ctx)
+		return nil
+	})
+	if during.Load() != 0 {
+		t.Fatal("the clock never moved during the acquire: nothing was tested")
+	}
+	if !errors.Is(atStart, advisorylock.ErrLockLost) || !errors.Is(err, advisorylock.ErrLockLost) {
+		t.Fatalf("Do with a grant that arrived past its deadline: its function began with cause %v, Do returned %v; want ErrLockLost for both", atStart, err)
+	}
+}

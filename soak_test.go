@@ -313,12 +313,13 @@ func (l *pgLoad) cutLeaseHolder(c *faultClass) bool {
 }
 
 // slowThenCut holds back the answers to a lease worker by 1.2s and
-// pauses its rivals until it is granted the lease, then cuts it off past
-// the lease. The answer arrives after most of the lease is gone: only a
-// holder that counts its local deadline from when it sent the acquire
-// knows it lost the lease before the database lets a rival in. The
-// target is a worker that waits with Do: a TryDo worker whose every grant
-// arrives lost never runs its section, so it would never be found inside.
+// pauses its rivals until it reports a loss, then cuts it off past the
+// lease. Its next grant (or a renewal of the one it holds) arrives after
+// most of the lease is gone: only a holder that counts its local deadline
+// from when it sent the statement knows it lost the lease before the
+// database lets a rival in; a grant that arrives lost is lost before its
+// section begins. The target is a worker that waits with Do (a TryDo
+// worker skips a run whose grant arrives lost).
 func (l *pgLoad) slowThenCut(c *faultClass) bool {
 	var w *pgWorker
 	for _, i := range rand.Perm(len(l.workers)) {
@@ -338,15 +339,12 @@ func (l *pgLoad) slowThenCut(c *faultClass) bool {
 		}
 	}
 	defer rivalsGoOn()
+	aim(w, c)
 	w.proxy.SetDelay(1200 * time.Millisecond)
 	defer w.proxy.SetDelay(0)
-	// A section that began at full speed ends first; the next grant is
-	// the slow one.
-	if !testdb.Poll(15*time.Second, func() bool { return !w.inside.Load() }) ||
-		!testdb.Poll(15*time.Second, func() bool { return w.inside.Load() }) {
+	if !testdb.Poll(15*time.Second, func() bool { return w.aimed.Load() == nil }) { // the loss was reported
 		return false
 	}
-	aim(w, c)
 	rivalsGoOn()
 	w.proxy.Cut()
 	time.Sleep(leaseTTL + time.Second)

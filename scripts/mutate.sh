@@ -172,6 +172,9 @@ mutation "SQLite waiting writer keeps its claim after its grant" backend_sqlite.
 mutation "a waiting writer's later attempts are not marked as retries" lease_fencing.go \
 	's/\n\t\treq\.Retry = true \/\/[^\n]*\n/\n/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
+mutation "a grant that arrived past its deadline is lost only when the keeper runs" lease_fencing.go \
+	's/if s\.untilDeadline\(\) <= 0 \{\n(\t+)s\.lose\(LossExpired/if false \&\& s.untilDeadline() <= 0 {\n$1s.lose(LossExpired/' \
+	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "SQLite withdraws a claim its first attempt never made" backend_sqlite.go \
 	's/if r\.Wait && r\.Retry && r\.Kind == KindLock \{/if r.Wait \&\& r.Kind == KindLock {/' \
 	'^TestSQLiteUncontendedLockWritesOnce$'

@@ -470,8 +470,11 @@ func TestCancelHammerLeavesNothingBehind(t *testing.T) {
 					t.Fatalf("lock %q left held after the hammer by: %s", n, describeHolders(t, n))
 				}
 			}
-			if s := db.Stats(); s.InUse != 0 {
-				t.Fatalf("%d connections left checked out", s.InUse)
+			// A connection that arrived after its acquire was cancelled goes
+			// back to the pool from the goroutine that waited for it (lib/pq's
+			// checkout is bounded that way): soon, not at once.
+			if !eventually(func() bool { return db.Stats().InUse == 0 }) {
+				t.Fatalf("%d connections left checked out", db.Stats().InUse)
 			}
 			// The hammer must have exercised success too, or it proved nothing.
 			n := 0

@@ -496,8 +496,10 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 // fn returns, fails or panics. Do serializes: every caller runs fn, one at
 // a time. fn's context is cancelled, with cause ErrLockLost, if the lock is
 // lost while fn runs; Do then returns an error matching ErrLockLost unless
-// fn returned an error of its own. Otherwise Do returns fn's error, or the
-// release's.
+// fn returned an error of its own. A lock already lost when it is granted
+// (a lease grant that came back past its local deadline) does not run fn:
+// Do returns an error matching ErrLockLost. Otherwise Do returns fn's
+// error, or the release's.
 func (l *Lock) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	return do(ctx, l.Lock, fn)
 }
@@ -729,7 +731,10 @@ func (h *hold) isLost() (bool, error) {
 }
 
 // run runs fn under the guard and releases it afterwards, also when fn
-// panics (the release runs as the panic unwinds).
+// panics (the release runs as the panic unwinds). A guard already lost
+// when it is handed over (a lease grant that arrived past its local
+// deadline, a session that died in between) does not run fn: run
+// returns the loss.
 func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, g))
 	g.h.onLost(cancel)
@@ -745,5 +750,8 @@ func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (er
 			err = relErr
 		}
 	}()
+	if lost, _ := g.h.isLost(); lost {
+		return nil // the deferred release returns the loss
+	}
 	return fn(fctx)
 }

@@ -36,12 +36,11 @@ func TestForgottenLeaseGuardIsCleanedUp(t *testing.T) {
 // without Release: the cleanup frees the lock for the next TryLock.
 func TestForgottenSQLiteGuardIsCleanedUp(t *testing.T) {
 	path := testdb.SQLitePath(t)
-	const opts = "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"
 	name := testdb.UniqueName(t)
 	var logs syncBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	l := newLock(t, testdb.OpenSQLite(t, path, opts), name, advisorylock.WithLogger(logger), advisorylock.WithLeaseTTL(time.Hour))
-	other := newLock(t, testdb.OpenSQLite(t, path, opts), name)
+	l := newLock(t, testdb.OpenSQLite(t, path, sqliteWAL), name, advisorylock.WithLogger(logger), advisorylock.WithLeaseTTL(time.Hour))
+	other := newLock(t, testdb.OpenSQLite(t, path, sqliteWAL), name)
 	dropGuard(t, func() any {
 		g, err := l.TryLock(context.Background())
 		if err != nil {

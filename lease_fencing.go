@@ -329,12 +329,13 @@ func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time
 	s.hold = hold{name: req.Name, key: req.Key, logger: cfg.log(), relTO: cfg.releaseTimeout, end: s}
 	// A grant that arrived past its local deadline (a slow answer) is lost
 	// before anyone sees it: Lost is closed and IsLost true when the
-	// acquire returns, and Do's function begins with its context already
-	// cancelled. Otherwise the keeper starts at the first renewal.
+	// acquire returns, and Do does not run its function. It has nothing
+	// to keep. Otherwise the keeper starts at the first renewal.
 	if s.untilDeadline() <= 0 {
 		s.lose(LossExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
+		return s
 	}
-	start := min(renewInterval(req.TTL), max(s.untilDeadline(), 0))
+	start := min(renewInterval(req.TTL), s.untilDeadline())
 	s.mu.Lock()
 	s.starter = time.AfterFunc(start, s.startKeeping)
 	s.mu.Unlock()
@@ -360,9 +361,11 @@ func (s *leaseState) stop() {
 		return
 	}
 	s.stopped = true
-	quit, done := s.quit, s.done
+	quit, done, starter := s.quit, s.done, s.starter
 	s.mu.Unlock()
-	s.starter.Stop()
+	if starter != nil { // nil for a grant lost on arrival
+		starter.Stop()
+	}
 	if quit != nil {
 		close(quit)
 		<-done

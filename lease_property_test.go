@@ -190,7 +190,7 @@ func (m *leaseModel) check(t *rapid.T) {
 // strictly increase, that a fence never admits a token lower than one it
 // admitted, and that at most one holder's lease is in force at any time.
 func TestLeaseStoreProperties(t *testing.T) {
-	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	checkLeaseStore(t, db, advisorylock.SQLite(), propTTL, func(m *leaseModel) map[string]func(*rapid.T) {
 		return map[string]func(*rapid.T){"advance": m.advance}
 	})

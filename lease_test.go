@@ -75,7 +75,7 @@ func eachLeaseBackend(t *testing.T, f func(t *testing.T, b leaseBackend)) {
 	t.Run("sqlite", func(t *testing.T) {
 		path := testdb.SQLitePath(t)
 		f(t, leaseBackend{name: "sqlite", sqlite: true, bindVar: "?", open: func(t testing.TB) *sql.DB {
-			return testdb.OpenSQLite(t, path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+			return testdb.OpenSQLite(t, path, sqliteWAL)
 		}})
 	})
 }
@@ -412,7 +412,7 @@ func TestLeaseExpiryOnSQLiteFollowsTheClock(t *testing.T) {
 	const ttl = 30 * time.Second // renewals every 10s of real time: none runs before the clock moves
 	path := testdb.SQLitePath(t)
 	open := func() *sql.DB {
-		return testdb.OpenSQLite(t, path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+		return testdb.OpenSQLite(t, path, sqliteWAL)
 	}
 	clock := testdb.NewFakeClock()
 	name := testdb.UniqueName(t)

@@ -52,6 +52,10 @@ func eachHandle(t *testing.T, f func(t *testing.T, open func() advisorylock.DB, 
 	}
 }
 
+// sqliteWAL is the DSN options of a SQLite file that several pools of a
+// test share: WAL, and a busy wait long enough for any test's contention.
+const sqliteWAL = "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"
+
 func newLock(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Lock {
 	t.Helper()
 	l, err := advisorylock.New(db, name, opts...)

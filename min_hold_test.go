@@ -117,7 +117,7 @@ func eachWindowLock(t *testing.T, f func(t *testing.T, kind string, open func() 
 		t.Run(kind+"/sqlite", func(t *testing.T) {
 			path := testdb.SQLitePath(t)
 			f(t, kind, func() *sql.DB {
-				return testdb.OpenSQLite(t, path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+				return testdb.OpenSQLite(t, path, sqliteWAL)
 			})
 		})
 	}
@@ -408,7 +408,7 @@ type minHoldTask struct {
 func (j minHoldTask) open(t testing.TB) *sql.DB {
 	switch j.Driver {
 	case "sqlite":
-		return testdb.OpenSQLite(t, j.Path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+		return testdb.OpenSQLite(t, j.Path, sqliteWAL)
 	case "mysql":
 		return testdb.OpenMySQLDSN(t, j.MySQL)
 	}
@@ -833,7 +833,7 @@ func TestMinHoldOnSQLiteFollowsTheClock(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			ctx := context.Background()
 			clock := testdb.NewFakeClock()
-			db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+			db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 			l := newWindowLock(t, kind, db, testdb.UniqueName(t), advisorylock.WithMinHold(window), advisorylock.WithClock(clock))
 			grant := clock.Now()
 			if ran, err := l.tryDo(ctx, func() {}); err != nil || !ran {

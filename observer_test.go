@@ -116,7 +116,7 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 // lease row (SQLite): acquire, conflict, renewal, release; no connection
 // is pinned, so none is discarded.
 func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
-	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	rec := &observetest.Recorder{}
 	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec), advisorylock.WithLeaseTTL(time.Second))
 	ctx := context.Background()
@@ -170,7 +170,7 @@ func TestObserverSeesAForgottenGuard(t *testing.T) {
 // TestObserverAddsNoAllocation checks that an Observer that keeps nothing
 // costs TryLock+Release no allocation: the events are built on the stack.
 func TestObserverAddsNoAllocation(t *testing.T) {
-	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	ctx := context.Background()
 	allocs := func(opts ...advisorylock.Option) float64 {
 		l := newLock(t, db, testdb.UniqueName(t), opts...)
@@ -197,7 +197,7 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	const ttl = time.Second
 	path := testdb.SQLitePath(t)
 	open := func() *sql.DB {
-		return testdb.OpenSQLite(t, path, "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+		return testdb.OpenSQLite(t, path, sqliteWAL)
 	}
 	clock := testdb.NewFakeClock()
 	rec := &observetest.Recorder{}

@@ -317,9 +317,10 @@ func (l *pgLoad) cutLeaseHolder(c *faultClass) bool {
 // lease. Its next grant (or a renewal of the one it holds) arrives after
 // most of the lease is gone: only a holder that counts its local deadline
 // from when it sent the statement knows it lost the lease before the
-// database lets a rival in; a grant that arrives lost is lost before its
-// section begins. The target is a worker that waits with Do (a TryDo
-// worker skips a run whose grant arrives lost).
+// database lets a rival in; a grant that arrives lost runs no section (Do
+// returns the loss), which the worker reports as its loss. The target is
+// a worker that waits with Do (a TryDo worker skips a run whose grant
+// arrives lost).
 func (l *pgLoad) slowThenCut(c *faultClass) bool {
 	var w *pgWorker
 	for _, i := range rand.Perm(len(l.workers)) {

@@ -189,7 +189,7 @@ func TestSQLiteUncontendedLockWritesOnce(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var sent []string
-	db := testdb.OpenHooked(t, "sqlite", testdb.SQLitePath(t)+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)", testdb.Hooks{Before: func(q string, _ []any) {
+	db := testdb.OpenHooked(t, "sqlite", testdb.SQLitePath(t)+"?"+sqliteWAL, testdb.Hooks{Before: func(q string, _ []any) {
 		mu.Lock()
 		sent = append(sent, q)
 		mu.Unlock()

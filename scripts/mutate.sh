@@ -175,6 +175,9 @@ mutation "a waiting writer's later attempts are not marked as retries" lease_fen
 mutation "a grant that arrived past its deadline is lost only when the keeper runs" lease_fencing.go \
 	's/if s\.untilDeadline\(\) <= 0 \{\n(\t+)s\.lose\(LossExpired/if false \&\& s.untilDeadline() <= 0 {\n$1s.lose(LossExpired/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
+mutation "Do runs its function under a grant already lost" advisorylock.go \
+	's/if lost, _ := g\.h\.isLost\(\); lost \{/if lost, _ := g.h.isLost(); lost \&\& false {/' \
+	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "SQLite withdraws a claim its first attempt never made" backend_sqlite.go \
 	's/if r\.Wait && r\.Retry && r\.Kind == KindLock \{/if r.Wait \&\& r.Kind == KindLock {/' \
 	'^TestSQLiteUncontendedLockWritesOnce$'
@@ -205,6 +208,9 @@ mutation "Guard.Conn: Release waits for a running statement forever" guard_conn.
 	'^TestReleaseWhileAStatementRunsOnGuardConn$'
 
 # --- lockrun ------------------------------------------------------------------
+mutation "lockrun starts the command under a lock lost as it was granted" cmd/lockrun/run.go \
+	's/\tif isClosed\(h\.lost\) \{\n(\t+)\/\/ A grant/\tif false \&\& isClosed(h.lost) {\n$1\/\/ A grant/' \
+	'^TestLateGrantDoesNotRunTheCommand$' ./cmd/lockrun
 mutation "lockrun status with no names shows shared holders as exclusive" cmd/lockrun/status.go \
 	's/(func kindOf\(h \*advisorylock\.Holder\) string \{\n\tif )h\.Shared/$1false \&\& h.Shared/' \
 	'^TestSharedRunsSideBySideAndExcludesExclusive$' ./cmd/lockrun

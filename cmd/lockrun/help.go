@@ -141,7 +141,8 @@ EXIT STATUS
     64     usage error: unknown flag, no NAME or COMMAND, bad value
     69     the database cannot be reached or used
     70     internal error
-    75     the lock was lost while COMMAND ran; COMMAND was stopped
+    75     the lock was lost while COMMAND ran (COMMAND was stopped), or
+           as it was granted (COMMAND did not run)
     78     configuration error: unreadable config file or unknown key,
            unknown DSN scheme, unparsable DSN, SQLite file in a missing
            directory, in-memory SQLite, or a transaction-mode pooler

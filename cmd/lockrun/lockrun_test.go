@@ -314,6 +314,47 @@ func TestLostSessionStopsTheCommand(t *testing.T) {
 	testdb.WaitFor(t, 0, func() bool { return groupGone(pgid) }, "processes of the command's group %d survive", pgid)
 }
 
+// TestLateGrantDoesNotRunTheCommand: lockrun's grant comes back past its
+// local deadline (its SQLite upsert waited on another writer of the file
+// for longer than two thirds of --ttl, as it can on a busy host): the lock
+// is lost as it is granted, so the command never starts. lockrun says so
+// in one line and exits 75. Before, the command started and was stopped
+// an instant later, having run unprotected.
+func TestLateGrantDoesNotRunTheCommand(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "locks.db")
+	env := []string{"LOCKRUN_DSN=file:" + path + "?_pragma=busy_timeout(60000)"}
+	name, d := lockName(t), newDir(t)
+	if code, _, stderr := runLockrun(t, env, name, "--", "true"); code != 0 {
+		t.Fatalf("creating the tables: exit %d, stderr %q", code, stderr)
+	}
+	writer := testdb.OpenSQLite(t, path, "_pragma=busy_timeout(10000)")
+	conn, err := writer.Conn(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctxT(t), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatalf("taking the file's write lock: %v", err)
+	}
+	p := startLockrun(t, env, "-v", "--ttl", "1", name, "--", "sh", "-c", `echo ran > "$1"`, "sh", d.path("ran"))
+	testdb.WaitFor(t, 0, func() bool { return strings.Contains(p.stderr.String(), "lockrun: database ") },
+		"lockrun never connected; stderr %q", p.stderr)
+	// lockrun's next statement is its acquire, which waits on the write
+	// lock. The fault: this writer keeps the file 3s, three times the TTL.
+	<-time.After(3 * time.Second)
+	if _, err := conn.ExecContext(ctxT(t), "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	code := p.wait(t)
+	if d.exists("ran") {
+		t.Fatalf("the command ran under a lock lost as it was granted; exit %d, stderr %q", code, p.stderr)
+	}
+	if s := p.stderr.String(); code != exitLost || !strings.Contains(s, fmt.Sprintf("lockrun: lock %q lost as it was granted (", name)) {
+		t.Fatalf("exit %d, want %d, and the loss and its cause said; stderr %q", code, exitLost, s)
+	}
+}
+
 // Issue 6, item 5, as SPEC 9.10 changed it: a waiter is silent, as
 // flock; with -v it says at once what it waits for and who holds it.
 func TestVerboseWaitingSaysWhoHolds(t *testing.T) {

@@ -21,7 +21,7 @@ const (
 	exitUsage        = 64  // EX_USAGE: bad flags or arguments
 	exitUnavailable  = 69  // EX_UNAVAILABLE: the database cannot be reached or used
 	exitSoftware     = 70  // EX_SOFTWARE: internal error
-	exitLost         = 75  // EX_TEMPFAIL: the lock was lost while the command ran
+	exitLost         = 75  // EX_TEMPFAIL: the lock was lost while the command ran, or as it was granted
 	exitConfig       = 78  // EX_CONFIG: bad config file or DSN, unsupported database, pooler in the way
 	exitNotRunnable  = 126 // the command exists but cannot be run
 	exitNotFound     = 127 // the command was not found

@@ -118,6 +118,14 @@ func run(o *options, say *reporter) int {
 	}
 	defer db.Close()
 	say.debugf("acquired lock %q%s", o.name, tokenNote(h.token))
+	if isClosed(h.lost) {
+		// A grant that came back past its local deadline (a statement
+		// that waited most of the TTL) is lost on arrival: the command
+		// does not start.
+		say.warnf("lock %q lost as it was granted%s; the command did not run", o.name, say.cause.why())
+		_ = h.release(context.Background())
+		return exitLost
+	}
 	code := supervise(cmd, o, h, signals, say)
 	lost := isClosed(h.lost)
 	err = h.release(context.Background())

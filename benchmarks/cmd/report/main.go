@@ -45,7 +45,7 @@ type group struct {
 // name; any other Benchmark function of the package runs in the group
 // "other benchmarks" (see otherGroup).
 var knownBenchmarks = []string{"BenchmarkPG", "BenchmarkSQLite", "BenchmarkPaired", "BenchmarkRoundTrips",
-	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkScaling"}
+	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired"}
 
 // groups returns the suite; other, when not "", is the -bench expression
 // of the benchmarks no group names (see otherGroup). The full run takes
@@ -60,6 +60,7 @@ func groups(quick bool, count int, other string) []group {
 		{"handoff, 20ms pollers", `^BenchmarkHandoff$/^(leaselock|goose_table|sqlite_raw|sqlite_lock|sqlite_leaselock)$`, "40x", count, false},
 		{"handoff, goose session locker (1s)", `^BenchmarkHandoff$/^goose_session$`, "6x", min(count, 3), false},
 		{"scaling", `^BenchmarkScaling$`, "300ms", min(count, 3), false},
+		{"MySQL paired ratios", `^(BenchmarkMySQLPaired|BenchmarkMySQLHandoffPaired)$`, "300ms", count, true},
 	}
 	if other != "" {
 		gs = append(gs, group{"other benchmarks", other, "300ms", count, false})

@@ -510,8 +510,9 @@ func (l *Lock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx conte
 }
 
 // TryDo runs fn only if it can take the lock at once: run-once across the
-// fleet. It returns (false, nil) when the lock is held elsewhere, and
-// otherwise (true, the error Do would return).
+// fleet. It returns (false, nil) when the lock is held elsewhere, (false,
+// an error matching ErrLockLost) when the lock was lost as it was granted
+// (see Do), and otherwise (true, the error Do would return).
 func (l *Lock) TryDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
 	return tryDo(ctx, l.TryLock, fn)
 }
@@ -519,7 +520,7 @@ func (l *Lock) TryDo(ctx context.Context, fn func(ctx context.Context) error) (r
 // section is a held lock that runs a function and then releases itself
 // (see Guard.run): what the Do helpers of every kind of lock share.
 type section[F any] interface {
-	run(ctx context.Context, fn F) error
+	run(ctx context.Context, fn F) (ran bool, err error)
 }
 
 // do acquires with acquire and runs fn under the guard: Do and DoTimeout.
@@ -528,11 +529,12 @@ func do[G section[F], F any](ctx context.Context, acquire func(context.Context) 
 	if err != nil {
 		return err
 	}
-	return g.run(ctx, fn)
+	_, err = g.run(ctx, fn)
+	return err
 }
 
 // tryDo is do with one attempt: (false, nil) when the lock is held
-// elsewhere.
+// elsewhere; (false, the loss) when the grant was lost as it came.
 func tryDo[G section[F], F any](ctx context.Context, acquire func(context.Context) (G, error), fn F) (bool, error) {
 	g, err := acquire(ctx)
 	if errors.Is(err, ErrNotAcquired) {
@@ -541,7 +543,7 @@ func tryDo[G section[F], F any](ctx context.Context, acquire func(context.Contex
 	if err != nil {
 		return false, err
 	}
-	return true, g.run(ctx, fn)
+	return g.run(ctx, fn)
 }
 
 // Guard is a held lock. Release it when done; Release is idempotent and
@@ -731,11 +733,10 @@ func (h *hold) isLost() (bool, error) {
 }
 
 // run runs fn under the guard and releases it afterwards, also when fn
-// panics (the release runs as the panic unwinds). A guard already lost
-// when it is handed over (a lease grant that arrived past its local
-// deadline, a session that died in between) does not run fn: run
-// returns the loss.
-func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
+// panics (the release runs as the panic unwinds), and reports whether fn
+// ran. A guard already lost when it is handed over (a lease grant that
+// arrived past its local deadline) does not run fn: run returns the loss.
+func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, g))
 	g.h.onLost(cancel)
 	defer func() {
@@ -750,8 +751,8 @@ func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (er
 			err = relErr
 		}
 	}()
-	if lost, _ := g.h.isLost(); lost {
-		return nil // the deferred release returns the loss
+	if _, why := g.h.isLost(); why != nil {
+		return false, nil // the deferred release returns the loss
 	}
-	return fn(fctx)
+	return true, fn(fctx)
 }

@@ -681,8 +681,10 @@ func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 // Do waits for the lease, runs fn with it, and releases it when fn
 // returns, fails or panics. fn's context is cancelled with a
 // *LeaseLostError cause if the lease is lost, and Do then returns that
-// error unless fn returned one of its own. Pass lease.Token() to the
-// resource's Fence with every write.
+// error unless fn returned one of its own. A lease lost as it was granted
+// (its grant came back past its local deadline) does not run fn: Do
+// returns the *LeaseLostError. Pass lease.Token() to the resource's Fence
+// with every write.
 func (l *LeaseLock) Do(ctx context.Context, fn func(ctx context.Context, lease Lease) error) error {
 	return do(ctx, l.Lock, fn)
 }
@@ -693,7 +695,8 @@ func (l *LeaseLock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx 
 }
 
 // TryDo runs fn only if it can take the lease at once; (false, nil) when
-// it is held elsewhere.
+// it is held elsewhere, (false, the *LeaseLostError) when the lease was
+// lost as it was granted (see Do).
 func (l *LeaseLock) TryDo(ctx context.Context, fn func(ctx context.Context, lease Lease) error) (ran bool, err error) {
 	return tryDo(ctx, l.TryLock, fn)
 }
@@ -754,7 +757,7 @@ func (g *LeaseGuard) IsLost() bool { return g.lease.IsLost() }
 // WithReleaseTimeout. Second and later calls return nil.
 func (g *LeaseGuard) Release(ctx context.Context) error { return g.g.Release(ctx) }
 
-func (g *LeaseGuard) run(ctx context.Context, fn func(ctx context.Context, lease Lease) error) error {
+func (g *LeaseGuard) run(ctx context.Context, fn func(ctx context.Context, lease Lease) error) (bool, error) {
 	return g.g.run(ctx, func(ctx context.Context) error { return fn(ctx, g.lease) })
 }
 

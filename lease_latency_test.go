@@ -118,10 +118,10 @@ func TestLeaseDeadlineCountsFromTheSentAcquire(t *testing.T) {
 // TestLateGrantIsLostBeforeTheSectionBegins: a SQLite Lock whose grant
 // arrived past its local deadline (the upsert waited on the file's write
 // lock most of the TTL, as it can under load) is lost when Do gets it: Do
-// does not run its function at all, and says the lock was lost. Before, a
-// goroutine noticed an instant later, and a function could run unwarned
-// while a successor was let in once the row expired (the soak saw it
-// under CI's load).
+// does not run its function at all and says the lock was lost; TryDo says
+// it did not run it, and why. Before, a goroutine noticed an instant
+// later, and a function could run unwarned while a successor was let in
+// once the row expired (the soak saw it under CI's load).
 func TestLateGrantIsLostBeforeTheSectionBegins(t *testing.T) {
 	const ttl = 30 * time.Second
 	clock := testdb.NewFakeClock()
@@ -142,7 +142,16 @@ func TestLateGrantIsLostBeforeTheSectionBegins(t *testing.T) {
 	if ran || !errors.Is(err, advisorylock.ErrLockLost) {
 		t.Fatalf("Do with a grant that arrived past its deadline: function ran %v, Do returned %v; want it not run and ErrLockLost", ran, err)
 	}
-	// The lock is free again: Do released the row it never used.
+	// TryDo says the function did not run, and why.
+	during.Store(int64(ttl * 5 / 6))
+	said, err := l.TryDo(context.Background(), func(ctx context.Context) error {
+		ran = true
+		return nil
+	})
+	if ran || said || !errors.Is(err, advisorylock.ErrLockLost) {
+		t.Fatalf("TryDo with a grant that arrived past its deadline: function ran %v, TryDo returned (%v, %v); want it not run and (false, ErrLockLost)", ran, said, err)
+	}
+	// The lock is free again: Do and TryDo released the rows they never used.
 	mustRelease(t, mustTry(t, l))
 }
 

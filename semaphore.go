@@ -165,7 +165,9 @@ func (s *Semaphore) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx 
 }
 
 // TryDo runs fn only if a slot is free now. It returns (false, nil) when
-// every slot is held, and otherwise (true, the error Do would return).
+// every slot is held, (false, an error matching ErrLockLost) when the slot
+// was lost as it was granted (see Lock.Do), and otherwise (true, the error
+// Do would return).
 func (s *Semaphore) TryDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
 	return tryDo(ctx, s.TryAcquire, fn)
 }
@@ -488,6 +490,6 @@ func (g *SemaphoreGuard) Lost() <-chan struct{} { return g.g.Lost() }
 func (g *SemaphoreGuard) Release(ctx context.Context) error { return g.g.Release(ctx) }
 
 // run runs fn under the guard and releases it afterwards (see Guard.run).
-func (g *SemaphoreGuard) run(ctx context.Context, fn func(ctx context.Context) error) error {
+func (g *SemaphoreGuard) run(ctx context.Context, fn func(ctx context.Context) error) (bool, error) {
 	return g.g.run(ctx, fn)
 }

@@ -176,7 +176,7 @@ mutation "a grant that arrived past its deadline is lost only when the keeper ru
 	's/if s\.untilDeadline\(\) <= 0 \{\n(\t+)s\.lose\(LossExpired/if false \&\& s.untilDeadline() <= 0 {\n$1s.lose(LossExpired/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "Do runs its function under a grant already lost" advisorylock.go \
-	's/if lost, _ := g\.h\.isLost\(\); lost \{/if lost, _ := g.h.isLost(); lost \&\& false {/' \
+	's/if _, why := g\.h\.isLost\(\); why != nil \{/if _, why := g.h.isLost(); why != nil \&\& false {/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "SQLite withdraws a claim its first attempt never made" backend_sqlite.go \
 	's/if r\.Wait && r\.Retry && r\.Kind == KindLock \{/if r.Wait \&\& r.Kind == KindLock {/' \

@@ -406,7 +406,7 @@ func (r *report) missWhy(what, drv string) string {
 	case mysqlTry.what:
 		pair := func(op, base string) string { return r.pairedRatio("BenchmarkMySQLPaired/" + op + "_vs_" + base) }
 		return "on top of its bare statements, `TryLock`+`Release` checks a connection out of the pool and back and gives the release a bounded context, which go-sql-driver watches in a goroutine of its own (" +
-			pair("raw_pool_bounded", "raw_pool") + " the bare statements through the pool); the library's own code adds " + pair("trylock_release", "raw_pool_bounded") + " to that."
+			pair("raw_pool_bounded", "raw_pool") + " the bare statements through the pool); with the read and the library's own code, `TryLock`+`Release` is " + pair("trylock_release", "raw_pool_bounded") + " that."
 	case sqliteLease.what, sqliteHand.what:
 		return "each statement commits a write transaction bound by the disk's sync on a shared machine; the library's release also runs on a bounded context of its own."
 	case leaseGate.what:

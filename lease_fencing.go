@@ -331,11 +331,12 @@ func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time
 	// before anyone sees it: Lost is closed and IsLost true when the
 	// acquire returns, and Do does not run its function. It has nothing
 	// to keep. Otherwise the keeper starts at the first renewal.
-	if s.untilDeadline() <= 0 {
+	left := s.untilDeadline()
+	if left <= 0 {
 		s.lose(LossExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
 		return s
 	}
-	start := min(renewInterval(req.TTL), s.untilDeadline())
+	start := min(renewInterval(req.TTL), left)
 	s.mu.Lock()
 	s.starter = time.AfterFunc(start, s.startKeeping)
 	s.mu.Unlock()

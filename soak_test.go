@@ -319,8 +319,7 @@ func (l *pgLoad) cutLeaseHolder(c *faultClass) bool {
 // from when it sent the statement knows it lost the lease before the
 // database lets a rival in; a grant that arrives lost runs no section (Do
 // returns the loss), which the worker reports as its loss. The target is
-// a worker that waits with Do (a TryDo worker skips a run whose grant
-// arrives lost).
+// a worker that waits with Do, so that its next grant follows at once.
 func (l *pgLoad) slowThenCut(c *faultClass) bool {
 	var w *pgWorker
 	for _, i := range rand.Perm(len(l.workers)) {

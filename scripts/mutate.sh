@@ -173,7 +173,7 @@ mutation "a waiting writer's later attempts are not marked as retries" lease_fen
 	's/\n\t\treq\.Retry = true \/\/[^\n]*\n/\n/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
 mutation "a grant that arrived past its deadline is lost only when the keeper runs" lease_fencing.go \
-	's/if s\.untilDeadline\(\) <= 0 \{\n(\t+)s\.lose\(LossExpired/if false \&\& s.untilDeadline() <= 0 {\n$1s.lose(LossExpired/' \
+	's/if left <= 0 \{\n(\t+)s\.lose\(LossExpired/if false \&\& left <= 0 {\n$1s.lose(LossExpired/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "Do runs its function under a grant already lost" advisorylock.go \
 	's/if _, why := g\.h\.isLost\(\); why != nil \{/if _, why := g.h.isLost(); why != nil \&\& false {/' \

@@ -188,18 +188,22 @@ func (s *sessionHold) grant(session int64) *Guard {
 	return newGuard(&s.hold)
 }
 
+// release ends the hold within timeout: it takes the connection back from
+// Guard.Conn's user, unlocks and recycles it, or discards it where that
+// is not clean. ctx never ends (see doRelease); the bound is timeout's.
 func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	deadline := time.Now().Add(timeout)
 	s.stopWatch()
-	if ok, err := s.endShared(ctx); !ok {
+	if ok, err := s.endShared(ctx, deadline); !ok {
 		return err
 	}
 	if gone, why := s.isLost(); gone {
 		s.p.discard(DiscardLost, why)
 		return nil
 	}
-	res, err := ask(ctx, &s.p, func() (SessionResult, error) { return s.locker.UnlockSession(s.p.quiet(ctx), s.p.conn, s.key) })
+	res, err := askUntil(ctx, deadline, &s.p, func(ctx context.Context) (SessionResult, error) {
+		return s.locker.UnlockSession(ctx, s.p.conn, s.key)
+	})
 	switch {
 	case err != nil:
 		s.p.discard(DiscardError, err)
@@ -268,19 +272,21 @@ func (s *sessionHold) sharedConn() *sharedConn {
 var errStatementRunning = errors.New("a statement on Guard.Conn was still running at release and did not end when cancelled; its connection is discarded once it does, which frees the lock")
 
 // endShared takes the connection back from Guard.Conn's user before the
-// unlock: it waits for their statements in flight (until ctx ends, then
+// unlock: it waits for their statements in flight (until deadline, then
 // cancels them, see connGate.close), then closes the rows and rolls back
 // the transaction they left open, which keeps none of its writes. ok
 // false means the connection was discarded instead (a statement had to be
 // cancelled, which a driver may answer by giving up on the connection, or
 // ending what was left open failed), or is discarded once the last
 // statement in flight returns; the discard frees the lock.
-func (s *sessionHold) endShared(ctx context.Context) (ok bool, err error) {
+func (s *sessionHold) endShared(ctx context.Context, deadline time.Time) (ok bool, err error) {
 	sh := s.sharedConn()
 	if sh == nil {
 		return true, nil
 	}
 	defer sh.pool.Close()
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	forgetSession(s.p.conn)
 	open, cancelled, running := sh.gate.close(ctx)
 	switch {
@@ -420,6 +426,17 @@ func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, erro
 	}, func(T) { discard(p.conn) })
 }
 
+// askUntil runs stmt as ask does, bounded by deadline as well as ctx,
+// giving it the context to hand the driver (see quiet).
+func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt func(ctx context.Context) (T, error)) (T, error) {
+	if p.closer != nil && ctx.Done() == nil {
+		return watchedUntil(deadline, p, func() (T, error) { return stmt(ctx) })
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return ask(ctx, p, func() (T, error) { return stmt(p.quiet(ctx)) })
+}
+
 // watched runs stmt on the caller's goroutine. Should ctx end, and
 // answerGrace pass, before stmt returns, it closes the driver connection
 // under the statement: the driver's read then fails at once, also on a
@@ -431,39 +448,79 @@ func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, 
 	if ctx.Done() == nil { // ctx never ends: nothing to bound
 		return stmt()
 	}
-	var mu sync.Mutex // orders the cut and the answer
-	answered, cut := make(chan struct{}), false
+	c := &cut{p: p, signal: make(chan struct{})}
 	stop := context.AfterFunc(ctx, func() {
 		grace := time.NewTimer(answerGrace)
 		defer grace.Stop()
 		select {
-		case <-answered:
-			return
+		case <-c.signal:
 		case <-grace.C:
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		select {
-		case <-answered:
-		default:
-			cut = true
-			_ = p.closer.Close()
+			c.now()
 		}
 	})
 	v, err := stmt()
-	mu.Lock()
-	close(answered)
-	wasCut := cut
-	mu.Unlock()
+	wasCut := c.answer()
 	stop()
+	return cutShort(p, wasCut, context.Cause(ctx), v, err)
+}
+
+// watchedUntil is watched for a statement bounded by a deadline, not by a
+// context: a timer makes the cut once deadline and answerGrace have
+// passed. A release's statement is so bounded on lib/pq: a context with
+// the deadline, which watched then watches, measured 2% of an uncontended
+// TryLock and Release (pinned, A/B) more than this timer.
+func watchedUntil[T any](deadline time.Time, p *pinned, stmt func() (T, error)) (T, error) {
+	c := &cut{p: p}
+	t := time.AfterFunc(time.Until(deadline)+answerGrace, c.now)
+	v, err := stmt()
+	wasCut := c.answer()
+	t.Stop()
+	return cutShort(p, wasCut, context.DeadlineExceeded, v, err)
+}
+
+// cut closes a pinned connection's driver connection under a statement
+// (see watched), unless the statement was answered first.
+type cut struct {
+	p        *pinned
+	mu       sync.Mutex // orders the cut and the answer
+	answered bool
+	made     bool          // the cut
+	signal   chan struct{} // if not nil, closed by answer
+}
+
+// now makes the cut, unless the statement has been answered.
+func (c *cut) now() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.answered {
+		c.made = true
+		_ = c.p.closer.Close()
+	}
+}
+
+// answer records that the statement returned, and reports whether it was
+// cut first.
+func (c *cut) answer() (wasCut bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answered = true
+	if c.signal != nil {
+		close(c.signal)
+	}
+	return c.made
+}
+
+// cutShort returns what a watched statement returned, or, where it was
+// cut, discards its connection and returns why: the bound's cause.
+func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, error) {
 	if !wasCut {
 		return v, err
 	}
 	p.abandoned.Store(true)
 	discard(p.conn)
-	p.obs.discarded(DiscardNoAnswer, context.Cause(ctx))
+	p.obs.discarded(DiscardNoAnswer, cause)
 	var zero T
-	return zero, fmt.Errorf("no answer from the database: %w", context.Cause(ctx))
+	return zero, fmt.Errorf("no answer from the database: %w", cause)
 }
 
 // interruptible returns conn's driver connection when closing it from

@@ -7,8 +7,22 @@
 // files under the test's temporary directory. Run them all, summarize them
 // with benchstat and write README.md and handoff.svg with
 //
-//	go run ./cmd/report          # full run, pinned then unpinned, about 10 minutes on 2 cores
+//	go run ./cmd/report          # full run, pinned then unpinned, about 30 minutes on 2 cores
 //	go run ./cmd/report -quick   # one pass, for development
+//
+// To tell whether a change to the library makes an operation cheaper,
+// compare the two versions in one sitting, run by run: on this shared
+// machine two runs minutes apart drift by 3% or more, as much as most
+// changes gain. Build the benchmarks against each version (the old one in
+// a git worktree, ../old here) and alternate the binaries, pinned as the
+// report pins (PostgreSQL on CPU 0 with taskset -a -p 0x1, the benchmark
+// on CPU 1):
+//
+//	(cd ../old/benchmarks && go test -c -o /tmp/old.test .) && go test -c -o /tmp/new.test .
+//	for i in $(seq 10); do for v in old new; do
+//		taskset -c 1 /tmp/$v.test -test.run '^$' -test.benchtime 6000x \
+//			-test.bench 'Paired/trylock_release_vs_raw_literal/pq' | grep -o '[0-9.]* x-base' | sed "s/^/$v /"
+//	done; done
 //
 // This is its own module so that the peers (goose, golang-migrate) never
 // enter the library's go.mod.

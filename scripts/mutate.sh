@@ -44,7 +44,7 @@ mutation "an unanswered lib/pq statement is left reading and keeps its pool slot
 	's/p\.closer = interruptible\(conn\)/p.closer = nil/' \
 	'^TestReleaseDuringACutGivesBackItsPoolSlot$'
 mutation "the watchdog never closes the connection under a statement" conn_guard.go \
-	's/cut = true\n(\t+)_ = p\.closer\.Close\(\)/cut = true/' \
+	's/c\.made = true\n(\t+)_ = c\.p\.closer\.Close\(\)/c.made = true/' \
 	'^(TestReleaseDuringACutGivesBackItsPoolSlot|TestNetworkCutLosesLocksBeforeExpiry)$'
 mutation "what a cut statement returns is taken for its answer" conn_guard.go \
 	's/if !wasCut \{/if _ = wasCut; true {/' \

@@ -448,7 +448,7 @@ func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, 
 	if ctx.Done() == nil { // ctx never ends: nothing to bound
 		return stmt()
 	}
-	c := &cut{p: p, signal: make(chan struct{})}
+	c := newCut(p)
 	stop := context.AfterFunc(ctx, func() {
 		grace := time.NewTimer(answerGrace)
 		defer grace.Stop()
@@ -470,7 +470,7 @@ func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, 
 // the deadline, which watched then watches, measured 2% of an uncontended
 // TryLock and Release (pinned, A/B) more than this timer.
 func watchedUntil[T any](deadline time.Time, p *pinned, stmt func() (T, error)) (T, error) {
-	c := &cut{p: p}
+	c := newCut(p)
 	t := time.AfterFunc(time.Until(deadline)+answerGrace, c.now)
 	v, err := stmt()
 	wasCut := c.answer()
@@ -485,8 +485,10 @@ type cut struct {
 	mu       sync.Mutex // orders the cut and the answer
 	answered bool
 	made     bool          // the cut
-	signal   chan struct{} // if not nil, closed by answer
+	signal   chan struct{} // closed by answer
 }
+
+func newCut(p *pinned) *cut { return &cut{p: p, signal: make(chan struct{})} }
 
 // now makes the cut, unless the statement has been answered.
 func (c *cut) now() {
@@ -504,9 +506,7 @@ func (c *cut) answer() (wasCut bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.answered = true
-	if c.signal != nil {
-		close(c.signal)
-	}
+	close(c.signal)
 	return c.made
 }
 

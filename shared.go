@@ -175,9 +175,9 @@ func endWait(ctx context.Context, s SessionLocker, p *pinned, key int64, timeout
 	if !ok {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	_, err := ask(ctx, p, func() (struct{}, error) { return struct{}{}, w.EndWait(p.quiet(ctx), p.conn, key) })
+	_, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, w.EndWait(ctx, p.conn, key)
+	})
 	return err
 }
 

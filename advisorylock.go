@@ -615,7 +615,11 @@ func (g *Guard) Lost() <-chan struct{} { return g.h.lost() }
 // WithReleaseTimeout, keeping only ctx's values, so a caller whose context
 // is already done still releases. If the release statement fails the
 // connection is discarded, which frees a session lock anyway, and the error
-// is returned. Second and later calls return nil.
+// is returned. Releasing a guard already known lost returns nil (there is
+// nothing left to free; a session's connection is discarded), so a caller
+// that must know whether its section kept the lock to the end checks Lost
+// before Release (Lost closes on Release too), or uses Do, whose error
+// reports the loss. Second and later calls return nil.
 func (g *Guard) Release(ctx context.Context) error {
 	err := g.h.doRelease(ctx)
 	runtime.KeepAlive(g)

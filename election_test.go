@@ -212,18 +212,18 @@ func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 		c := startCandidates(t, edb, name, 3)
 		watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
 		octx, ocancel := context.WithCancel(context.Background())
-		seen := make(chan []advisorylock.FencingToken)
+		seen := make(chan []*advisorylock.Holder)
 		firstSeen := make(chan struct{}) // closed when Observe reported a leader
-		go func() {                      // every term Leader reports, polled throughout
-			var terms []advisorylock.FencingToken
+		go func() {                      // every leader Observe reports, polled throughout
+			var leaders []*advisorylock.Holder
 			for h := range watcher.Observe(octx) {
 				if h != nil {
-					if terms = append(terms, h.Token); len(terms) == 1 {
+					if leaders = append(leaders, h); len(leaders) == 1 {
 						close(firstSeen)
 					}
 				}
 			}
-			seen <- terms
+			seen <- leaders
 		}()
 		var took, toOther []time.Duration // to any candidate; to another than the resigner
 		var last advisorylock.FencingToken
@@ -260,8 +260,16 @@ func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 		}
 		c.stop(t)
 		ocancel()
-		if terms := <-seen; len(terms) == 0 || !slices.IsSorted(terms) || len(slices.Compact(terms)) != len(terms) {
-			t.Fatalf("Leader reported terms %v during the handovers: want each once, in increasing order", terms)
+		leaders := <-seen
+		var terms []advisorylock.FencingToken
+		for _, h := range leaders {
+			terms = append(terms, h.Token)
+		}
+		if len(terms) == 0 || !slices.IsSorted(terms) || len(slices.Compact(slices.Clone(terms))) != len(terms) {
+			for _, h := range leaders {
+				t.Logf("Observe reported %+v", *h)
+			}
+			t.Fatalf("Observe reported terms %v during the handovers: want each once, in increasing order", terms)
 		}
 		if n := c.overlap.Load(); n != 0 {
 			t.Fatalf("%d leads started while another ran", n)

@@ -485,8 +485,9 @@ func (g *SemaphoreGuard) Lost() <-chan struct{} { return g.g.Lost() }
 
 // Release frees the slot, as Guard.Release frees a lock: on its own
 // context bounded by WithReleaseTimeout; a failed release discards the
-// connection, which frees a session's slot anyway, and returns the error.
-// Second and later calls return nil.
+// connection, which frees a session's slot anyway, and returns the error;
+// a slot already known lost releases with nil (check Lost first to learn
+// of a loss). Second and later calls return nil.
 func (g *SemaphoreGuard) Release(ctx context.Context) error { return g.g.Release(ctx) }
 
 // run runs fn under the guard and releases it afterwards (see Guard.run).

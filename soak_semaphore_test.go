@@ -22,7 +22,11 @@ import (
 // more holders inside than slots, or two holders on one slot, unless the
 // extra holders had lost their slot to such a fault and were told within
 // semNoticeWithin of it (the server frees a killed session's slot at once;
-// its holder learns of it at its next keep-alive).
+// its holder learns of it at its next keep-alive). A holder is told by
+// fn's context, its guard's Lost channel or its Do's (or release's)
+// error, or else by the Observer's Lost event: a holder that left its
+// section before the keep-alive saw the loss releases a lost guard
+// without an error, but the library did notice.
 
 const (
 	semSoakSlots    = 2
@@ -52,20 +56,41 @@ type semRow struct {
 }
 
 // semHolder is one holder inside its section. told is when it was told
-// of a loss: by fn's context or the guard's Lost channel while inside, or
-// else by its Do's (or release's) error.
+// of a loss (see the top of the file).
 type semHolder struct {
 	slot    int // -1 where fn does not know it (Do, TryDo)
 	granted time.Time
-	exited  atomic.Bool
+	exited  atomic.Int64 // unix nanoseconds when it left its section; 0 while inside
 	told    atomic.Int64 // unix nanoseconds when told of a loss; 0 if never
 }
 
-// tell records a loss noticed inside the section.
-func (h *semHolder) tell() {
-	if !h.exited.Load() {
-		h.told.CompareAndSwap(0, time.Now().UnixNano())
+// tell records that h was told of a loss now, if it was not before.
+func (h *semHolder) tell() { h.told.CompareAndSwap(0, time.Now().UnixNano()) }
+
+// semHolderKey carries a worker's holder in the context of its acquire,
+// which the Observer's events get.
+type semHolderKey struct{}
+
+// semTeller is the soak semaphores' Observer: a loss the library noticed
+// tells the holder it was found for.
+type semTeller struct{ advisorylock.NoopObserver }
+
+func (semTeller) Lost(ctx context.Context, _ advisorylock.LossEvent) {
+	if h, ok := ctx.Value(semHolderKey{}).(*semHolder); ok {
+		h.tell()
 	}
+}
+
+// String describes h relative to a fault at fault, for a violation's log.
+func (h *semHolder) String(fault time.Time) string {
+	since := func(n int64) string {
+		if n == 0 {
+			return "never"
+		}
+		return time.Unix(0, n).Sub(fault).Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("{slot %d, granted %v, told %s, left %s after the fault}",
+		h.slot, h.granted.Sub(fault).Round(time.Millisecond), since(h.told.Load()), since(h.exited.Load()))
 }
 
 // semExcess is a grant that made more holders than slots (or two on one
@@ -88,7 +113,7 @@ func startSemaphoreLoad(t *testing.T) *semaphoreLoad {
 		"mysql":    func(int) *sql.DB { return testdb.OpenMySQLDSN(t, myDSN) },
 		"sqlite":   func(int) *sql.DB { return testdb.OpenSQLite(t, litePath, sqliteLoadOptions) },
 	}
-	opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond),
+	opts := []advisorylock.Option{quiet, advisorylock.WithObserver(semTeller{}), advisorylock.WithKeepAlive(200 * time.Millisecond),
 		advisorylock.WithPollInterval(5 * time.Millisecond), advisorylock.WithLeaseTTL(3 * time.Second)}
 	for _, backend := range []string{"postgres", "mysql", "sqlite"} {
 		name := testdb.UniqueName(t)
@@ -108,24 +133,25 @@ func (r *semRow) work(ctx context.Context, s *advisorylock.Semaphore) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		h := &semHolder{slot: -1}
+		hctx := context.WithValue(ctx, semHolderKey{}, h)
 		var err error
 		switch rand.IntN(3) {
 		case 0:
-			err = s.Do(ctx, func(fctx context.Context) error { return r.section(fctx, nil, h, start) })
+			err = s.Do(hctx, func(fctx context.Context) error { return r.section(fctx, nil, h, start) })
 		case 1:
-			_, err = s.TryDo(ctx, func(fctx context.Context) error { return r.section(fctx, nil, h, start) })
+			_, err = s.TryDo(hctx, func(fctx context.Context) error { return r.section(fctx, nil, h, start) })
 		default:
 			var g *advisorylock.SemaphoreGuard
-			if g, err = s.Acquire(ctx); err == nil {
+			if g, err = s.Acquire(hctx); err == nil {
 				h.slot = g.Slot()
-				err = r.section(ctx, g.Lost(), h, start)
-				err = errors.Join(err, g.Release(ctx))
+				err = r.section(hctx, g.Lost(), h, start)
+				err = errors.Join(err, g.Release(hctx))
 			}
 		}
 		if err != nil {
 			// A holder that ended its section before it noticed the loss
 			// is told by its Do's (or release's) error.
-			h.told.CompareAndSwap(0, time.Now().UnixNano())
+			h.tell()
 		}
 		r.figs.outcome(ctx, err, false)
 	}
@@ -178,7 +204,7 @@ func (r *semRow) enter(h *semHolder) {
 }
 
 func (r *semRow) exit(h *semHolder) {
-	h.exited.Store(true)
+	h.exited.Store(time.Now().UnixNano())
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.inside, h)
@@ -220,18 +246,23 @@ func (l *semaphoreLoad) halt(t *testing.T) {
 	waitGroupWithin(t, &l.wg, 2*wait, "semaphore workers")
 	for _, r := range l.rows {
 		for _, e := range r.excess {
-			if !r.excused(e) {
+			if fault, ok := r.excused(e); !ok {
 				l.figs.violations.Add(1)
-				t.Logf("VIOLATION: semaphore on %s: at %v, %d more holders than slots (or on one slot), not lost to a fault", r.backend, e.at.Format(time.StampMicro), e.over)
+				var others []string
+				for _, o := range e.others {
+					others = append(others, o.String(fault))
+				}
+				t.Logf("VIOLATION: semaphore on %s: at %v, %d more holders than slots (or on one slot), not lost to a fault; last fault before it at %v; the holders inside: %v",
+					r.backend, e.at.Format(time.StampMicro), e.over, fault.Format(time.StampMicro), others)
 			}
 		}
 	}
 }
 
 // excused reports whether at least e.over of the holders already inside
-// had been told of a loss within semNoticeWithin of a session-ending
-// fault injected before e.
-func (r *semRow) excused(e semExcess) bool {
+// had been told of a loss within semNoticeWithin of the last
+// session-ending fault injected before e, and that fault's time.
+func (r *semRow) excused(e semExcess) (time.Time, bool) {
 	var fault time.Time
 	for _, f := range r.ended {
 		if f.Before(e.at) {
@@ -239,7 +270,7 @@ func (r *semRow) excused(e semExcess) bool {
 		}
 	}
 	if fault.IsZero() {
-		return false
+		return fault, false
 	}
 	told := 0
 	for _, o := range e.others {
@@ -247,7 +278,7 @@ func (r *semRow) excused(e semExcess) bool {
 			told++
 		}
 	}
-	return told >= e.over
+	return fault, told >= e.over
 }
 
 // check checks a halted load: no violation, no slot left held.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strconv"
 
 	"time"
 )
@@ -73,4 +74,12 @@ FROM advisorylock_elections WHERE name_hash = ` + mysqlHash(name) + ` AND connec
 	}
 	h.Token, h.Since = FencingToken(term), time.UnixMicro(since)
 	return h, nil
+}
+
+// endTerm marks term of name ended in its row, on conn, the resigning
+// leader's (see termEnder).
+func (m mysqlBackend) endTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
+	_, err := conn.ExecContext(ctx, `UPDATE advisorylock_elections SET connection_id = 0 WHERE name_hash = `+mysqlHash(name)+
+		` AND term = `+strconv.FormatInt(int64(term), 10)+` AND connection_id = CONNECTION_ID()`)
+	return err
 }

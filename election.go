@@ -345,11 +345,45 @@ func (e *Election) serve(ctx context.Context, t term, lead func(ctx context.Cont
 }
 
 // resign frees the leadership of t; a failed release is logged (it
-// discarded its connection, which frees a session lock anyway).
+// discarded its connection, which frees a session lock anyway). Where the
+// term is recorded beside a session lock, the term is first marked ended
+// in its row: the pool may hand the same session to the next campaign,
+// and Leader would take its grant for the old term until the new one is
+// recorded. If that fails the release discards the connection instead.
 func (e *Election) resign(ctx context.Context, t term) {
+	if err := e.endTerm(ctx, t); err != nil {
+		t.g.h.lose("", err)
+	}
 	if err := t.g.Release(ctx); err != nil {
 		e.cfg.log().Warn("advisorylock: resign failed", "election", e.name, "term", t.token, "err", err)
 	}
+}
+
+// termEnder is an ElectingSessionLocker that can mark a term ended in its
+// row, so that TermHolder no longer matches the session that led it (the
+// backends of this package; a backend without it leaves the row as is).
+type termEnder interface {
+	endTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
+}
+
+// endTerm marks t ended in its row, on t's connection, within the release
+// timeout; nothing where terms are not recorded beside a session lock or
+// t is lost already.
+func (e *Election) endTerm(ctx context.Context, t term) error {
+	b := e.setup.v.Load()
+	if b == nil {
+		return nil
+	}
+	ender, ok := b.terms.(termEnder)
+	if gone, _ := t.g.h.isLost(); !ok || gone {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.releaseTimeout)
+	defer cancel()
+	_, err := onPinned(ctx, t.g, func(ctx context.Context, conn *sql.Conn) (struct{}, error) {
+		return struct{}{}, ender.endTerm(ctx, conn, e.name, t.token)
+	})
+	return err
 }
 
 // Leader reports who leads now: Owner is the leader's WithOwner label,

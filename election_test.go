@@ -505,6 +505,41 @@ func TestElectionRunReturnsContextError(t *testing.T) {
 	})
 }
 
+// TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock: a leader
+// that resigned may get the same pooled session for its next campaign
+// (here certainly: a pool of one connection), and the session's grant of
+// the election's lock must not pass for its old term before it records a
+// new one. The test takes the lock on that session with a plain Lock,
+// which never records a term: Leader must say nobody leads.
+func TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock(t *testing.T) {
+	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+		ctx := context.Background()
+		db := edb.open(t)
+		db.SetMaxOpenConns(1) // every statement on one server session
+		name := testdb.UniqueName(t)
+		e := newElection(t, db, name, edb.opts...)
+		rctx, cancel := context.WithCancel(ctx)
+		var led advisorylock.FencingToken
+		err := e.Run(rctx, func(ctx context.Context, term advisorylock.FencingToken) error {
+			led = term
+			cancel() // one term: Run resigns and returns
+			return nil
+		})
+		if !errors.Is(err, context.Canceled) || led == 0 {
+			t.Fatalf("Run = %v after term %d, want context.Canceled after one term", err, led)
+		}
+		g, err := newLock(t, db, name).TryLock(ctx) // the election's key, on the resigner's session
+		if err != nil {
+			t.Fatalf("TryLock of the election's lock after the resign: %v", err)
+		}
+		defer mustRelease(t, g)
+		watcher := newElection(t, edb.open(t), name, edb.opts...)
+		if h, err := watcher.Leader(ctx); h != nil || err != nil {
+			t.Fatalf("Leader while the resigner's session holds the lock but leads no term = %+v, %v; want nil (term %d ended)", h, err, led)
+		}
+	})
+}
+
 // TestElectionObserveFollowsTheLeader: Observe delivers the current
 // leader (nobody at first), then each new term, and closes when its
 // context ends.

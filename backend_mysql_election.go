@@ -80,6 +80,6 @@ FROM advisorylock_elections WHERE name_hash = ` + mysqlHash(name) + ` AND connec
 // leader's (see termEnder).
 func (m mysqlBackend) endTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
 	_, err := conn.ExecContext(ctx, `UPDATE advisorylock_elections SET connection_id = 0 WHERE name_hash = `+mysqlHash(name)+
-		` AND term = `+strconv.FormatInt(int64(term), 10)+` AND connection_id = CONNECTION_ID()`)
+		` AND term = `+strconv.FormatInt(term.Int64(), 10)+` AND connection_id = CONNECTION_ID()`)
 	return err
 }

@@ -90,7 +90,7 @@ func (p *postgres) TermHolder(ctx context.Context, db DB, key int64, name string
 // endTerm marks term of name ended in its row, on conn, the resigning
 // leader's (see termEnder).
 func (p *postgres) endTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
-	q, args, err := p.statement(pgEndTerm, name, int64(term))
+	q, args, err := p.statement(pgEndTerm, name, term.Int64())
 	if err != nil {
 		return err
 	}

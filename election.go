@@ -317,18 +317,27 @@ func (e *Election) campaign(ctx context.Context) (term, error) {
 	if err != nil {
 		return term{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.releaseTimeout)
-	defer cancel()
-	token, err := onPinned(ctx, g, func(ctx context.Context, conn *sql.Conn) (FencingToken, error) {
+	token, err := onLeaderConn(ctx, g, e.cfg.releaseTimeout, func(ctx context.Context, conn *sql.Conn) (FencingToken, error) {
 		return b.terms.BeginTerm(ctx, conn, e.lock.key, e.name, e.owner)
 	})
 	if err != nil {
-		// The session's state is unknown: the release discards it.
-		g.h.lose("", err)
-		_ = g.Release(ctx)
+		_ = g.Release(ctx) // discards the connection (see onLeaderConn)
 		return term{}, wrapErr(e.name, "begin term", err)
 	}
 	return term{g: g, token: token}, nil
+}
+
+// onLeaderConn runs a term statement on g's pinned connection (see
+// onPinned), bounded by timeout. If it fails the session's state is
+// unknown: g is marked lost, so that its release discards the connection.
+func onLeaderConn[T any](ctx context.Context, g *Guard, timeout time.Duration, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	v, err := onPinned(ctx, g, stmt)
+	if err != nil {
+		g.h.lose("", err)
+	}
+	return v, err
 }
 
 // serve runs lead for term t, with a context cancelled when t is lost,
@@ -351,9 +360,7 @@ func (e *Election) serve(ctx context.Context, t term, lead func(ctx context.Cont
 // and Leader would take its grant for the old term until the new one is
 // recorded. If that fails the release discards the connection instead.
 func (e *Election) resign(ctx context.Context, t term) {
-	if err := e.endTerm(ctx, t); err != nil {
-		t.g.h.lose("", err)
-	}
+	e.endTerm(ctx, t)
 	if err := t.g.Release(ctx); err != nil {
 		e.cfg.log().Warn("advisorylock: resign failed", "election", e.name, "term", t.token, "err", err)
 	}
@@ -367,23 +374,20 @@ type termEnder interface {
 }
 
 // endTerm marks t ended in its row, on t's connection, within the release
-// timeout; nothing where terms are not recorded beside a session lock or
-// t is lost already.
-func (e *Election) endTerm(ctx context.Context, t term) error {
+// timeout, keeping only ctx's values as a release does; nothing where
+// terms are not recorded beside a session lock or t is lost already.
+func (e *Election) endTerm(ctx context.Context, t term) {
 	b := e.setup.v.Load()
 	if b == nil {
-		return nil
+		return
 	}
 	ender, ok := b.terms.(termEnder)
 	if gone, _ := t.g.h.isLost(); !ok || gone {
-		return nil
+		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.releaseTimeout)
-	defer cancel()
-	_, err := onPinned(ctx, t.g, func(ctx context.Context, conn *sql.Conn) (struct{}, error) {
+	_, _ = onLeaderConn(context.WithoutCancel(ctx), t.g, e.cfg.releaseTimeout, func(ctx context.Context, conn *sql.Conn) (struct{}, error) {
 		return struct{}{}, ender.endTerm(ctx, conn, e.name, t.token)
 	})
-	return err
 }
 
 // Leader reports who leads now: Owner is the leader's WithOwner label,

@@ -237,9 +237,9 @@ func (f *firstUse[T]) get(ctx context.Context, work func(ctx context.Context) (*
 
 // verdicts caches, per *sql.DB, what first uses learn about it (the
 // backend a wrapped driver talks to, Validate's verdict, the pooler
-// probe's). It is the package's only global mutable state, guarded by mu.
-// Entries are keyed by weak pointers and removed when their *sql.DB is
-// garbage collected, so the cache keeps no pool alive. A verdict in
+// probe's), and lib/pq's prepared statements (see preparedStatements),
+// guarded by mu. Entries are keyed by weak pointers and removed when
+// their *sql.DB is garbage collected, so the cache keeps no pool alive. A verdict in
 // flight is shared: callers that arrive meanwhile wait for it. A failed
 // one is not kept: the next caller decides again.
 var verdicts = struct {

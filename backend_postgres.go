@@ -3,12 +3,15 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
+	"weak"
 )
 
 // Postgres returns the PostgreSQL backend: Lock is a session advisory lock
@@ -17,18 +20,23 @@ import (
 // with lib/pq, pgx's stdlib driver and any driver that speaks to
 // PostgreSQL.
 //
-// Every lock step is one round trip. lib/pq sends a query with arguments
-// as two round trips, so keys go into the SQL text as integer literals
-// there; pgx sends arguments in one round trip and caches statements, so
-// there the SQL text stays constant and keys go as arguments (with none,
-// pgx would send the text over the simple protocol, parsed and planned
-// anew each time: measured about 8% slower per lock step).
+// Every lock step is one round trip. pgx sends arguments in one round
+// trip and caches statements, so there the SQL text stays constant and
+// keys go as arguments (with none, pgx would send the text over the
+// simple protocol, parsed and planned anew each time: measured about 8%
+// slower per lock step). lib/pq sends a query with arguments as two round
+// trips, so keys go into the SQL text as integer literals there (and for
+// unknown drivers), except in lib/pq's try and unlock, which are prepared
+// once per connection (see preparedStatements).
 func Postgres() Backend { return &postgres{} }
 
 type postgres struct {
 	// params sends keys as arguments (pgx) instead of literals (lib/pq and
 	// unknown drivers).
 	params bool
+	// prepared keeps lib/pq's try and unlock prepared per connection; nil
+	// for other drivers.
+	prepared *preparedStatements
 	// tryLock is the try statement: pgTryLock, or pgTryLockMarked with
 	// the marker of a Lock's dead-holder settings (see forLock); whyMissed
 	// is the question a try that returned no row asks.
@@ -46,7 +54,11 @@ func (p *postgres) Name() string { return "postgres" }
 
 func (p *postgres) forDriver(db DB) Backend {
 	c := *p
-	c.params = strings.HasPrefix(driverPkg(db), "github.com/jackc/pgx/")
+	pkg := driverPkg(db)
+	c.params = strings.HasPrefix(pkg, "github.com/jackc/pgx/")
+	if pkg == "github.com/lib/pq" {
+		c.prepared = preparedStatementsOf(db)
+	}
 	return &c
 }
 
@@ -277,6 +289,176 @@ func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string
 	return n == 1, err
 }
 
+// hotStatement runs text, a statement of a lock step whose one argument
+// is key, as rowStatement does: prepared on the connection's session
+// where p keeps statements prepared (lib/pq), as text otherwise.
+func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string, key int64) (bool, error) {
+	if p.prepared == nil {
+		return p.rowStatement(ctx, conn, text, key)
+	}
+	n, err := p.prepared.exec(ctx, conn, text, key)
+	if errors.Is(err, errNotPrepared) {
+		return p.rowStatement(ctx, conn, text, key)
+	}
+	return n == 1, err
+}
+
+// preparedStatements keeps the statements of lib/pq's lock steps (the try
+// on a checked session, the unlock) prepared on the server session of each
+// connection of one *sql.DB. lib/pq sends a statement's text each time,
+// which the server parses and plans anew; a prepared one goes as Bind and
+// Execute, still one round trip, and measured 5-15% cheaper than the text
+// (the try and the unlock on a pinned connection, lib/pq 1.12, PostgreSQL
+// 15, CPUs pinned). Preparing costs one round trip, once per connection
+// and statement, as pgx's statement cache does.
+//
+// The driver's statement references its connection, so the cache keeps
+// the connections it holds from being collected. It holds at most as many
+// as the pool has open: when it holds more, some of its connections have
+// been closed, and it drops the least recently used. Should that be one
+// still open, its next step prepares again, and the first statement stays
+// on the session, unused, until the session ends.
+//
+// A session can lose its statements (DEALLOCATE ALL or DISCARD ALL run on
+// it by the application): the step then runs as text, and its next step
+// prepares again.
+type preparedStatements struct {
+	pool weak.Pointer[sql.DB] // for its count of open connections; weak, so that the cache keeps no pool alive
+
+	mu    sync.Mutex
+	conns map[any]*connStatements // by driver connection
+	clock uint64                  // counts uses, for least recently used
+}
+
+// connStatements are one connection's prepared statements, by text.
+type connStatements struct {
+	byText map[string]driver.Stmt
+	used   uint64
+}
+
+// errNotPrepared says a statement could not run prepared, before anything
+// was sent for it: the caller sends it as text.
+var errNotPrepared = errors.New("advisorylock: statement not prepared")
+
+// preparedStatementsOf returns db's cache, one per *sql.DB; nil for a
+// handle that is neither a *sql.DB nor embeds one, whose open connections
+// cannot be counted (its statements go as text).
+func preparedStatementsOf(db DB) *preparedStatements {
+	pool := sqlDBOf(db)
+	if pool == nil {
+		return nil
+	}
+	ps, _ := cachedVerdict(context.Background(), db, "prepared statements", func(context.Context) (*preparedStatements, error) {
+		return &preparedStatements{pool: weak.Make(pool), conns: map[any]*connStatements{}}, nil
+	})
+	return ps
+}
+
+// exec runs text on conn's session, prepared there first if it is not yet,
+// with key as its one argument, and returns the row count. It returns
+// errNotPrepared where nothing was sent: the connection is not lib/pq's
+// own (a wrapper around it, which would not see prepared statements run),
+// or the session lost the statement (SQLSTATE 26000: the Bind failed, so
+// the statement did not run).
+func (ps *preparedStatements) exec(ctx context.Context, conn *sql.Conn, text string, key int64) (int64, error) {
+	var n int64
+	var added bool
+	err := conn.Raw(func(dc any) error {
+		var st driver.Stmt
+		var err error
+		if st, added, err = ps.stmt(ctx, dc, text); err != nil {
+			return err
+		}
+		se, ok := st.(driver.StmtExecContext)
+		if !ok {
+			return errNotPrepared
+		}
+		res, err := se.ExecContext(ctx, []driver.NamedValue{{Ordinal: 1, Value: key}})
+		if sqlState(err) == "26000" {
+			ps.forget(dc)
+			return errNotPrepared
+		}
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if added {
+		ps.trim()
+	}
+	return n, err
+}
+
+// stmt returns text prepared on dc's session, preparing it if needed
+// (added true when the cache held no statement of dc's before).
+func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st driver.Stmt, added bool, err error) {
+	ps.mu.Lock()
+	ps.clock++
+	cs := ps.conns[dc]
+	if cs != nil {
+		cs.used = ps.clock
+		st = cs.byText[text]
+	}
+	ps.mu.Unlock()
+	if st != nil {
+		return st, false, nil
+	}
+	pc, ok := dc.(driver.ConnPrepareContext)
+	if !ok || !isLibPQConn(dc) { // a wrapper's statements stay where it sees them
+		return nil, false, errNotPrepared
+	}
+	if st, err = pc.PrepareContext(ctx, text); err != nil {
+		return nil, false, err
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if cs = ps.conns[dc]; cs == nil {
+		cs = &connStatements{byText: map[string]driver.Stmt{}}
+		ps.conns[dc] = cs
+		added = true
+	}
+	cs.used = ps.clock
+	cs.byText[text] = st
+	return st, added, nil
+}
+
+// forget drops dc's statements: its session has lost them.
+func (ps *preparedStatements) forget(dc any) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	delete(ps.conns, dc)
+}
+
+// trim drops the least recently used connections while the cache holds
+// more than the pool has open.
+func (ps *preparedStatements) trim() {
+	pool := ps.pool.Value()
+	if pool == nil {
+		return
+	}
+	open := max(pool.Stats().OpenConnections, 1)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for len(ps.conns) > open {
+		var oldest any
+		var cs *connStatements
+		for dc, c := range ps.conns {
+			if cs == nil || c.used < cs.used {
+				oldest, cs = dc, c
+			}
+		}
+		delete(ps.conns, oldest)
+	}
+}
+
+// size is how many connections the cache holds.
+func (ps *preparedStatements) size() int {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return len(ps.conns)
+}
+
 // TryLockSession reports no session: the statement asks only for the
 // lock, and UnlockSession finds out by itself when a pooler moved the
 // connection to another server session.
@@ -305,7 +487,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 		if p.shared {
 			bare = pgTryLockSharedBare
 		}
-		ok, err := p.rowStatement(ctx, conn, bare, key)
+		ok, err := p.hotStatement(ctx, conn, bare, key)
 		return SessionResult{OK: ok}, err
 	}
 	ok, err := p.rowStatement(ctx, conn, text, key)
@@ -396,7 +578,7 @@ func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64)
 	if p.shared {
 		unlock = pgUnlockShared
 	}
-	ok, err := p.rowStatement(ctx, conn, unlock, key)
+	ok, err := p.hotStatement(ctx, conn, unlock, key)
 	if ok || err != nil {
 		return SessionResult{OK: ok}, err
 	}

@@ -532,12 +532,19 @@ func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, er
 func interruptible(conn *sql.Conn) io.Closer {
 	var c io.Closer
 	_ = conn.Raw(func(dc any) error {
-		if t := reflect.TypeOf(dc); t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/lib/pq" {
+		if isLibPQConn(dc) {
 			c, _ = dc.(io.Closer)
 		}
 		return nil
 	})
 	return c
+}
+
+// isLibPQConn reports whether dc, a driver connection, is lib/pq's own,
+// not a wrapper's around it.
+func isLibPQConn(dc any) bool {
+	t := reflect.TypeOf(dc)
+	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/lib/pq"
 }
 
 // quiet returns the context to give the driver for a statement of p's

@@ -65,6 +65,15 @@ func newLock(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock
 	return l
 }
 
+func mustTryLock(t testing.TB, l *advisorylock.Lock) *advisorylock.Guard {
+	t.Helper()
+	g, err := l.TryLock(context.Background())
+	if err != nil {
+		t.Fatalf("TryLock(%q): %v", l.Name(), err)
+	}
+	return g
+}
+
 func mustRelease(t testing.TB, g interface{ Release(context.Context) error }) {
 	t.Helper()
 	if err := g.Release(context.Background()); err != nil {

@@ -2,6 +2,8 @@ package advisorylock_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"testing"
 
 	"github.com/advisorylock/advisorylock"
@@ -45,5 +47,73 @@ func TestEachLockStepIsOneRoundTrip(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// lockStatementsPrepared counts the statements of db's one connection
+// that are prepared on its session and take or free an advisory lock.
+func lockStatementsPrepared(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%advisory_lock%' OR statement LIKE '%advisory_unlock%'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// On lib/pq, the try and the unlock are prepared once per session and
+// then only bound and executed: the same two statements however many
+// steps run, each step still one round trip (above).
+func TestLibPQPreparesTheTryAndTheUnlockOncePerSession(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.OpenPostgres(t, "postgres")
+	db.SetMaxOpenConns(1)
+	l := newLock(t, db, testdb.UniqueName(t))
+	for range 3 {
+		mustRelease(t, mustTryLock(t, l))
+	}
+	if n := lockStatementsPrepared(t, db); n != 2 {
+		t.Fatalf("after three steps the session has %d lock statements prepared, want 2 (the try, the unlock)", n)
+	}
+	for range 20 {
+		g, err := l.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRelease(t, g)
+	}
+	if n := lockStatementsPrepared(t, db); n != 2 {
+		t.Fatalf("after twenty more steps the session has %d lock statements prepared, want still 2", n)
+	}
+}
+
+// A session that lost its prepared statements (DEALLOCATE ALL run on it
+// by the application) still takes and frees the lock: the step runs as
+// text, and the next one prepares again.
+func TestLibPQLockAfterTheSessionLostItsPreparedStatements(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.OpenPostgres(t, "postgres")
+	db.SetMaxOpenConns(1)
+	other := testdb.OpenPostgres(t, "postgres")
+	name := testdb.UniqueName(t)
+	l, rival := newLock(t, db, name), newLock(t, other, name)
+	for range 2 {
+		mustRelease(t, mustTryLock(t, l))
+	}
+	if n := lockStatementsPrepared(t, db); n != 2 {
+		t.Fatalf("the session has %d lock statements prepared, want 2", n)
+	}
+	if _, err := db.Exec("DEALLOCATE ALL"); err != nil {
+		t.Fatal(err)
+	}
+	g := mustTryLock(t, l)
+	if _, err := rival.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("a rival's TryLock while the lock is held: %v, want ErrNotAcquired", err)
+	}
+	mustRelease(t, g)
+	mustRelease(t, mustTryLock(t, rival))
+	mustRelease(t, mustTryLock(t, l))
+	if n := lockStatementsPrepared(t, db); n != 2 {
+		t.Fatalf("after the steps that followed, the session has %d lock statements prepared, want 2 again", n)
 	}
 }

@@ -41,6 +41,7 @@ var pgOps = []pgOp{
 	{"select1_pool", pgDrivers, setupSelect1Pool},
 	{"raw_param", []string{"pq", "pqbin", "pgx"}, setupRawParam},
 	{"raw_literal", pgDrivers, setupRawLiteral},
+	{"raw_prepared", pgDrivers, setupRawPrepared},
 	{"raw_literal_shared", pgDrivers, setupRawLiteralShared},
 	{"raw_pool", pgDrivers, setupRawPool(releasePlain)},
 	{"raw_pool_bounded", pgDrivers, setupRawPool(releaseBounded)},
@@ -137,6 +138,7 @@ func median(d []time.Duration) time.Duration {
 var pgPairs = []struct{ base, op string }{
 	{"select1_pinned", "raw_literal"},
 	{"raw_literal", "raw_pool"},
+	{"raw_literal", "raw_prepared"},
 	{"raw_pool", "raw_pool_bounded"},
 	{"raw_pool", "raw_pool_ask"},
 	{"raw_pool", "raw_pool_ask_nowatch"},
@@ -273,6 +275,36 @@ func setupRawParam(b *testing.B, e pgEnv) func(ctx context.Context) error {
 // trip per statement on every driver.
 func setupRawLiteral(b *testing.B, e pgEnv) func(ctx context.Context) error {
 	return rawLiteral(b, e, "pg_try_advisory_lock", "pg_advisory_unlock")
+}
+
+// setupRawPrepared is the bare try and unlock prepared once on a pinned
+// connection and then only executed with the key as an argument: what
+// advisorylock sends on lib/pq (pgx prepares every statement it is given
+// arguments for, so there it is raw_param's form).
+func setupRawPrepared(b *testing.B, e pgEnv) func(ctx context.Context) error {
+	conn := pin(b, e.db)
+	key := advisorylock.Key(lockName(b, "raw"))
+	prepare := func(q string) *sql.Stmt {
+		st, err := conn.PrepareContext(context.Background(), q)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = st.Close() })
+		return st
+	}
+	try := prepare("SELECT WHERE pg_try_advisory_lock($1::bigint)")
+	unlock := prepare("SELECT WHERE pg_advisory_unlock($1::bigint)")
+	return func(ctx context.Context) error {
+		res, err := try.ExecContext(ctx, key)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return errNotGranted
+		}
+		_, err = unlock.ExecContext(ctx, key)
+		return err
+	}
 }
 
 // setupRawLiteralShared is setupRawLiteral in shared mode: the bare

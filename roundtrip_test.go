@@ -65,7 +65,6 @@ func lockStatementsPrepared(t *testing.T, db *sql.DB) int {
 // then only bound and executed: the same two statements however many
 // steps run, each step still one round trip (above).
 func TestLibPQPreparesTheTryAndTheUnlockOncePerSession(t *testing.T) {
-	ctx := context.Background()
 	db := testdb.OpenPostgres(t, "postgres")
 	db.SetMaxOpenConns(1)
 	l := newLock(t, db, testdb.UniqueName(t))
@@ -76,11 +75,7 @@ func TestLibPQPreparesTheTryAndTheUnlockOncePerSession(t *testing.T) {
 		t.Fatalf("after three steps the session has %d lock statements prepared, want 2 (the try, the unlock)", n)
 	}
 	for range 20 {
-		g, err := l.TryLock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mustRelease(t, g)
+		mustRelease(t, mustTryLock(t, l))
 	}
 	if n := lockStatementsPrepared(t, db); n != 2 {
 		t.Fatalf("after twenty more steps the session has %d lock statements prepared, want still 2", n)

@@ -65,7 +65,8 @@ func newLock(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock
 	return l
 }
 
-func mustTryLock(t testing.TB, l *advisorylock.Lock) *advisorylock.Guard {
+// mustTry takes l or fails the test.
+func mustTry(t testing.TB, l *advisorylock.Lock) *advisorylock.Guard {
 	t.Helper()
 	g, err := l.TryLock(context.Background())
 	if err != nil {

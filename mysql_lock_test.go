@@ -719,16 +719,6 @@ func TestMySQLDeadHolderTimeoutSetsWaitTimeout(t *testing.T) {
 	<-g.Lost()
 }
 
-// mustTry takes l or fails the test.
-func mustTry(t *testing.T, l *advisorylock.Lock) *advisorylock.Guard {
-	t.Helper()
-	g, err := l.TryLock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g
-}
-
 // TestMySQLLockCreatesItsTablesOnceOrWorksWithout: on a fresh database a
 // Lock's first grant creates the library's tables (so that an exclusive
 // grab looks for shared holders in its own statement); a user who may not

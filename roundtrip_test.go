@@ -69,13 +69,13 @@ func TestLibPQPreparesTheTryAndTheUnlockOncePerSession(t *testing.T) {
 	db.SetMaxOpenConns(1)
 	l := newLock(t, db, testdb.UniqueName(t))
 	for range 3 {
-		mustRelease(t, mustTryLock(t, l))
+		mustRelease(t, mustTry(t, l))
 	}
 	if n := lockStatementsPrepared(t, db); n != 2 {
 		t.Fatalf("after three steps the session has %d lock statements prepared, want 2 (the try, the unlock)", n)
 	}
 	for range 20 {
-		mustRelease(t, mustTryLock(t, l))
+		mustRelease(t, mustTry(t, l))
 	}
 	if n := lockStatementsPrepared(t, db); n != 2 {
 		t.Fatalf("after twenty more steps the session has %d lock statements prepared, want still 2", n)
@@ -93,7 +93,7 @@ func TestLibPQLockAfterTheSessionLostItsPreparedStatements(t *testing.T) {
 	name := testdb.UniqueName(t)
 	l, rival := newLock(t, db, name), newLock(t, other, name)
 	for range 2 {
-		mustRelease(t, mustTryLock(t, l))
+		mustRelease(t, mustTry(t, l))
 	}
 	if n := lockStatementsPrepared(t, db); n != 2 {
 		t.Fatalf("the session has %d lock statements prepared, want 2", n)
@@ -101,13 +101,13 @@ func TestLibPQLockAfterTheSessionLostItsPreparedStatements(t *testing.T) {
 	if _, err := db.Exec("DEALLOCATE ALL"); err != nil {
 		t.Fatal(err)
 	}
-	g := mustTryLock(t, l)
+	g := mustTry(t, l)
 	if _, err := rival.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 		t.Fatalf("a rival's TryLock while the lock is held: %v, want ErrNotAcquired", err)
 	}
 	mustRelease(t, g)
-	mustRelease(t, mustTryLock(t, rival))
-	mustRelease(t, mustTryLock(t, l))
+	mustRelease(t, mustTry(t, rival))
+	mustRelease(t, mustTry(t, l))
 	if n := lockStatementsPrepared(t, db); n != 2 {
 		t.Fatalf("after the steps that followed, the session has %d lock statements prepared, want 2 again", n)
 	}

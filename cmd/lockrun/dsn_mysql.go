@@ -91,3 +91,21 @@ func mysqlMissingTable(err error) bool {
 	var e *mysql.MySQLError
 	return errors.As(err, &e) && e.Number == 1146
 }
+
+// mysqlRefusesLogin reports the server's refusals of a connection that
+// the DSN must fix, as PostgreSQL's classes 28 and 3D: wrong credentials
+// (ER_ACCESS_DENIED_ERROR 1045, and 1698, MariaDB's for a user that
+// authenticates another way, such as unix_socket), a database the user
+// may not use (ER_DBACCESS_DENIED_ERROR 1044) or that does not exist
+// (ER_BAD_DB_ERROR 1049).
+func mysqlRefusesLogin(err error) bool {
+	var e *mysql.MySQLError
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Number {
+	case 1044, 1045, 1049, 1698:
+		return true
+	}
+	return false
+}

@@ -55,7 +55,10 @@ DESCRIPTION
     PostgreSQL every session advisory lock by key (their names are stored
     nowhere; a slot is a lock on its own key); on MySQL the shared holders
     by key (the server lists no named locks: name them to see those). For
-    a SQLite holder PID is the holding lockrun's pid.
+    a SQLite holder PID is the holding lockrun's pid. A name inside a
+    min-hold window shows a row of KIND window: the name is taken until
+    EXPIRES, and the rest of the row is its last holder, which may have
+    exited.
 
 FLAGS
     --dsn DSN       the database to lock in (see CONFIGURATION)
@@ -77,7 +80,10 @@ FLAGS
                     keep NAME taken until DURATION after the grant, also
                     after COMMAND ends or lockrun dies: a cron job on every
                     host runs once per tick even if the hosts' clocks or
-                    start times differ by less than DURATION [0: off]
+                    start times differ by less than DURATION [0: off].
+                    Every process sharing NAME must give it: inside a
+                    window, a run without it gets what a held lock gives
+                    (-n: the conflict code; a wait: until the window ends)
     --slots N       let up to N holders take NAME at once, each on its own
                     slot from 0 to N-1 (a semaphore, at most 1000 slots);
                     COMMAND gets LOCKRUN_SLOT. Every process sharing NAME
@@ -144,9 +150,9 @@ EXIT STATUS
     75     the lock was lost while COMMAND ran (COMMAND was stopped), or
            as it was granted (COMMAND did not run)
     78     configuration error: unreadable config file or unknown key,
-           unknown DSN scheme, unparsable DSN, SQLite file in a missing
-           directory, in-memory SQLite, or a transaction-mode pooler
-           without --lease
+           unknown DSN scheme, unparsable DSN, wrong credentials or
+           database name, SQLite file in a missing directory, in-memory
+           SQLite, or a transaction-mode pooler without --lease
     126    COMMAND cannot be executed
     127    COMMAND was not found
     128+N  lockrun was interrupted by signal N while waiting for the lock

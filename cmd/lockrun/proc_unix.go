@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"syscall"
 )
@@ -47,4 +48,11 @@ func signalNumber(sig os.Signal) int {
 		return int(s)
 	}
 	return 0
+}
+
+// processRunning reports whether a process with this pid exists on this
+// host (another user's too).
+func processRunning(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }

@@ -23,7 +23,10 @@ type target interface {
 	// acquire takes the lock: one attempt when wait is 0, as long as it
 	// takes when wait < 0, else for at most wait.
 	acquire(ctx context.Context, wait time.Duration) (*held, error)
-	Holder(ctx context.Context) (*advisorylock.Holder, error)
+	// holder reports what keeps the lock from lockrun, as a row of the
+	// status table (kind "window" for an open min-hold window); nil when
+	// nothing does.
+	holder(ctx context.Context) (*holding, error)
 }
 
 // held is a held lock.
@@ -36,34 +39,76 @@ type held struct {
 
 type sessionTarget struct {
 	l      *advisorylock.Lock
+	db     *database
 	shared bool // -s: RLock instead of Lock
+	// gated is set where the Lock does not see min-hold windows itself:
+	// without --min-hold on PostgreSQL and MySQL, whose windows live in a
+	// table that only a Lock with WithMinHold reads. On SQLite the window
+	// is the lock's own row, which keeps every Lock out.
+	gated bool
 }
 
-func (t sessionTarget) Holder(ctx context.Context) (*advisorylock.Holder, error) {
-	return t.l.Holder(ctx)
+// holder reports the open min-hold window on the name, else the lock's
+// holder.
+func (t sessionTarget) holder(ctx context.Context) (*holding, error) {
+	w, err := openWindow(ctx, t.db, t.l.Name())
+	if w != nil || err != nil {
+		return windowHolding(w), err
+	}
+	h, err := t.l.Holder(ctx)
+	if h == nil || err != nil {
+		return nil, err
+	}
+	return &holding{kind: lockKind(t.db, h), h: *h}, nil
 }
 
+// acquire takes the lock as wait says. A gated lock granted inside a
+// min-hold window lets it go again at once: with no wait that is a
+// conflict (errWindowOpen), as on SQLite; a wait goes on until the
+// window's end, by the database's clock (see sleepThroughWindow). The
+// check follows the grant, so it also sees a window recorded while
+// lockrun waited: windows are recorded by grants, and none can follow
+// lockrun's until lockrun releases.
 func (t sessionTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
 	try, lock, lockTimeout := t.l.TryLock, t.l.Lock, t.l.LockTimeout
 	if t.shared {
 		try, lock, lockTimeout = t.l.TryRLock, t.l.RLock, t.l.RLockTimeout
 	}
-	g, err := acquireByWait(ctx, wait, try, lock, lockTimeout)
-	if err != nil {
-		return nil, err
+	start, left := time.Now(), wait
+	for {
+		g, err := acquireByWait(ctx, left, try, lock, lockTimeout)
+		if err != nil {
+			return nil, err
+		}
+		var w *advisorylock.Holder
+		if t.gated {
+			w, err = openWindow(ctx, t.db, t.l.Name())
+		}
+		if w == nil && err == nil {
+			return &held{lost: g.Lost(), release: g.Release}, nil
+		}
+		_ = g.Release(context.Background())
+		switch {
+		case err != nil:
+			return nil, err
+		case wait == 0:
+			return nil, errWindowOpen
+		}
+		if left, err = sleepThroughWindow(ctx, t.l.Name(), w, start, wait); err != nil {
+			return nil, err
+		}
 	}
-	return &held{lost: g.Lost(), release: g.Release}, nil
 }
 
 type semaphoreTarget struct{ s *advisorylock.Semaphore }
 
-// Holder reports the first of the semaphore's holders, nil when none.
-func (t semaphoreTarget) Holder(ctx context.Context) (*advisorylock.Holder, error) {
+// holder reports the first of the semaphore's holders, nil when none.
+func (t semaphoreTarget) holder(ctx context.Context) (*holding, error) {
 	hs, err := t.s.Holders(ctx)
 	if err != nil || len(hs) == 0 {
 		return nil, err
 	}
-	return hs[0], nil
+	return &holding{kind: "slot " + strconv.Itoa(hs[0].Slot), h: *hs[0]}, nil
 }
 
 func (t semaphoreTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
@@ -76,8 +121,12 @@ func (t semaphoreTarget) acquire(ctx context.Context, wait time.Duration) (*held
 
 type leaseTarget struct{ l *advisorylock.LeaseLock }
 
-func (t leaseTarget) Holder(ctx context.Context) (*advisorylock.Holder, error) {
-	return t.l.Holder(ctx)
+func (t leaseTarget) holder(ctx context.Context) (*holding, error) {
+	h, err := t.l.Holder(ctx)
+	if h == nil || err != nil {
+		return nil, err
+	}
+	return &holding{kind: "lease", h: *h}, nil
 }
 
 func (t leaseTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
@@ -240,7 +289,7 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sessionTarget{l, o.shared}, nil
+	return sessionTarget{l: l, db: db, shared: o.shared, gated: o.minHold == 0 && db.kind != "sqlite"}, nil
 }
 
 // ownerLabel is host:pid, the label lease rows record.
@@ -259,7 +308,7 @@ func acquireTelling(ctx context.Context, t target, o *options, say *reporter) (*
 	h, err := t.acquire(ctx, 0)
 	if o.wait == 0 || !errors.Is(err, advisorylock.ErrNotAcquired) {
 		if errors.Is(err, advisorylock.ErrNotAcquired) && say.verbose {
-			say.debugf("lock %q is held%s", o.name, holderNote(ctx, t))
+			say.debugf("lock %q is held%s", o.name, holderNote(ctx, t, o))
 		}
 		return h, err
 	}
@@ -285,7 +334,7 @@ func tellWaiting(ctx context.Context, t target, o *options, say *reporter) {
 	}
 	last := "-"
 	for {
-		h, err := t.Holder(ctx)
+		h, err := t.holder(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -294,7 +343,7 @@ func tellWaiting(ctx context.Context, t target, o *options, say *reporter) {
 		case err != nil:
 			note = " (cannot tell who holds it: " + plain(err) + ")"
 		case h != nil:
-			note = ", held by " + describe(h)
+			note = ", held by " + heldBy(h, o)
 		}
 		if note != last {
 			say.debugf("waiting for lock %q%s", o.name, note)
@@ -308,15 +357,29 @@ func tellWaiting(ctx context.Context, t target, o *options, say *reporter) {
 	}
 }
 
-// holderNote is ", by HOLDER" for the lock's holder, or "".
-func holderNote(ctx context.Context, t target) string {
+// holderNote is " by HOLDER" for what holds the lock (see heldBy), or "".
+func holderNote(ctx context.Context, t target, o *options) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	h, err := t.Holder(ctx)
+	h, err := t.holder(ctx)
 	if err != nil || h == nil {
 		return ""
 	}
-	return " by " + describe(h)
+	return " by " + heldBy(h, o)
+}
+
+// heldBy says what holds the lock: its holder, or a min-hold window, with
+// its end and its last holder, and to a run without --min-hold that it
+// must give the one its holders give.
+func heldBy(h *holding, o *options) string {
+	if h.kind != "window" {
+		return describe(&h.h)
+	}
+	s := "a min-hold window until " + h.h.ExpiresAt.Local().Format(time.DateTime) + " (last holder: " + describe(&h.h) + ")"
+	if o.minHold == 0 {
+		s += "; run with the same --min-hold as its holders"
+	}
+	return s
 }
 
 // describe says who a holder is, in the words an operator greps for.
@@ -493,7 +556,8 @@ func failed(say *reporter, o *options, err error) int {
 }
 
 // codeFor maps an error about the database to an exit code: 78 for what
-// the configuration must fix, 70 for an error lockrun or the library
+// the configuration must fix (on PostgreSQL and MySQL that includes bad
+// credentials and an unknown database), 70 for an error lockrun or the library
 // should not have caused, 69 for the rest (the database is unreachable,
 // shutting down, out of connections, or a SQLite file cannot be used).
 func codeFor(err error) int {
@@ -501,7 +565,8 @@ func codeFor(err error) int {
 	var liteErr *sqlite.Error
 	var confErr configError
 	switch {
-	case errors.As(err, &confErr), errors.Is(err, advisorylock.ErrUnsupported), errors.Is(err, advisorylock.ErrTransactionPooler):
+	case errors.As(err, &confErr), errors.Is(err, advisorylock.ErrUnsupported), errors.Is(err, advisorylock.ErrTransactionPooler),
+		mysqlRefusesLogin(err):
 		return exitConfig
 	case errors.As(err, &pgErr):
 		switch pgErr.Code[:2] {

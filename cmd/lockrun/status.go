@@ -21,7 +21,10 @@ const statusTimeout = 30 * time.Second
 
 // holding is one row of the status table.
 type holding struct {
-	kind string // "lock", "shared" (a shared holder of a lock), "lease" or "free"
+	// kind is "lock", "shared" (a shared holder of a lock), "lease",
+	// "slot N", "window" (an open min-hold window: the name is taken until
+	// ExpiresAt, and the rest is its last grant's holder) or "free"
+	kind string
 	h    advisorylock.Holder
 }
 
@@ -52,9 +55,9 @@ func status(o *options, stdout io.Writer, say *reporter) int {
 	return 0
 }
 
-// namedHolders looks up both kinds of lock for every name, and with
-// slots > 0 the holders of a semaphore of that many slots (kind "slot N");
-// a name held by none gets a "free" row.
+// namedHolders looks up both kinds of lock for every name, its open
+// min-hold window, and with slots > 0 the holders of a semaphore of that
+// many slots (kind "slot N"); a name held by none gets a "free" row.
 func namedHolders(ctx context.Context, db *database, names []string, slots int, say *reporter) ([]holding, error) {
 	var rows []holding
 	for _, name := range names {
@@ -74,10 +77,19 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 			for _, h := range hs {
 				k := kind
 				if kind == "lock" {
-					k = kindOf(h)
+					k = lockKind(db, h)
 				}
 				rows = append(rows, holding{kind: k, h: *h})
 				found = true
+			}
+		}
+		if db.kind != "sqlite" { // SQLite's window is the lock row, listed above
+			w, err := openWindow(ctx, db, name)
+			if err != nil {
+				return nil, err
+			}
+			if w != nil {
+				rows, found = append(rows, *windowHolding(w)), true
 			}
 		}
 		if !found {
@@ -89,15 +101,14 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 
 // holderOf asks the library who holds name as a Lock or as a LeaseLock.
 func holderOf(ctx context.Context, db *database, kind, name string, say *reporter) (*advisorylock.Holder, error) {
-	opts := []advisorylock.Option{advisorylock.WithPoolerCheck(false), advisorylock.WithLogger(say.logger())}
-	if kind == "lease" {
-		l, err := advisorylock.NewLeaseLock(db, name, opts...)
+	if kind == "lease" { // a LeaseLock takes no pooler check
+		l, err := advisorylock.NewLeaseLock(db, name, advisorylock.WithLogger(say.logger()))
 		if err != nil {
 			return nil, err
 		}
 		return l.Holder(ctx)
 	}
-	l, err := advisorylock.New(db, name, opts...)
+	l, err := advisorylock.New(db, name, advisorylock.WithPoolerCheck(false), advisorylock.WithLogger(say.logger()))
 	if err != nil {
 		return nil, err
 	}
@@ -137,8 +148,9 @@ func holdersOf(ctx context.Context, db *database, kind, name string, say *report
 
 // allHolders lists, with no names given, what the database can tell:
 // the held lease rows by name (the tables of SPEC 4.4a); on SQLite the
-// lock rows by name (exclusive and shared holders, semaphore slots); on
-// PostgreSQL the session advisory locks by key, shared ones marked; on
+// lock rows by name (exclusive and shared holders, semaphore slots, and
+// windows); on PostgreSQL and MySQL the open min-hold windows by name;
+// on PostgreSQL the session advisory locks by key, shared ones marked; on
 // MySQL the live shared holders by key (GET_LOCK's locks and slots are
 // listed by no table MariaDB always has).
 func allHolders(ctx context.Context, db *database, say *reporter) ([]holding, error) {
@@ -163,6 +175,21 @@ func allHolders(ctx context.Context, db *database, say *reporter) ([]holding, er
 			rows = append(rows, holding{kind: "lease", h: *h})
 		}
 	}
+	if query, ok := windowNames[db.kind]; ok {
+		names, err := heldNames(ctx, db, query)
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range names {
+			w, err := openWindow(ctx, db, name)
+			if err != nil {
+				return nil, err
+			}
+			if w != nil { // nil: ended since
+				rows = append(rows, *windowHolding(w))
+			}
+		}
+	}
 	var more []holding
 	switch db.kind {
 	case "postgres":
@@ -171,6 +198,14 @@ func allHolders(ctx context.Context, db *database, say *reporter) ([]holding, er
 		more, err = mysqlSharedHolders(ctx, db)
 	}
 	return append(rows, more...), err
+}
+
+// windowNames selects the names of the open min-hold windows of Locks on
+// PostgreSQL and MySQL, by the database's clock. SQLite keeps a Lock's
+// window in its lock row (see sqliteLockRows).
+var windowNames = map[string]string{
+	"postgres": "SELECT name FROM advisorylock_windows WHERE taken_until > now() ORDER BY name",
+	"mysql":    "SELECT name FROM advisorylock_windows WHERE taken_until > UTC_TIMESTAMP(6) ORDER BY name",
 }
 
 // sqliteLockRows lists the holders of every name with a row in the lock
@@ -194,7 +229,7 @@ func sqliteLockRows(ctx context.Context, db *database, say *reporter) ([]holding
 			return nil, err
 		}
 		for _, h := range hs {
-			rows = append(rows, holding{kind: kindOf(h), h: *h})
+			rows = append(rows, holding{kind: lockKind(db, h), h: *h})
 		}
 		slots, err := sqliteSlots(ctx, db, name)
 		if err != nil {

@@ -20,3 +20,18 @@ func ExampleNewObserver() {
 	fmt.Println(lock.Name(), err)
 	// Output: nightly-report <nil>
 }
+
+// A service with a few named jobs adds the lock's name to every series
+// and span, under the key AttrName.
+func ExampleWithLockNames() {
+	db, err := sql.Open("pgx", "postgres://app@db.internal/app") // New does no I/O
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	obs := advisorylockotel.NewObserver(advisorylockotel.WithLockNames(true))
+	lock, err := advisorylock.New(db, "nightly-report", advisorylock.WithObserver(obs))
+	fmt.Println(lock.Name(), err, advisorylockotel.AttrName)
+	// Output: nightly-report <nil> advisorylock.name
+}

@@ -5,7 +5,9 @@
 //	lock, err := advisorylock.New(db, "nightly", advisorylock.WithObserver(obs))
 //
 // Metrics (all durations in seconds, bucket boundaries from
-// advisorylock.DurationBuckets):
+// advisorylock.DurationBuckets) and their attributes, each key written
+// here without its "advisorylock." prefix (backend is
+// "advisorylock.backend", the constant AttrBackend):
 //
 //	advisorylock.acquire.duration       histogram       backend, kind, outcome
 //	advisorylock.hold.duration          histogram       backend, kind
@@ -15,16 +17,18 @@
 //	advisorylock.lease.renew.duration   histogram       backend, outcome
 //
 // Spans: "advisorylock.acquire" covers an acquire's wait (its statements
-// run under it), and "advisorylock.hold" a granted hold, from the grant to
-// the release, with an "advisorylock.lost" event when the lock is lost.
+// run under it; attributes backend, kind, wait and, at its end, outcome),
+// and "advisorylock.hold" a granted hold, from the grant to the release
+// (backend, kind, and forgotten for a Guard cleaned up without Release),
+// with an "advisorylock.lost" event (cause) when the lock is lost.
 // Both are children of the span in the acquire's context. An acquire whose
 // context carries no span (it is part of no trace) gets no spans unless
 // WithRootSpans(true): most locks are taken outside any request, and a
 // trace per acquire would be noise (and 3 to 4 µs more per TryLock+Release).
 //
 // The global providers are used unless options give others. Lock names
-// are not an attribute unless WithLockNames(true): one series per name can
-// be many series.
+// are not an attribute (AttrName) unless WithLockNames(true): one series
+// per name can be many series.
 package advisorylockotel
 
 import (
@@ -54,6 +58,31 @@ const (
 	MetricLeaseRenewDuration   = "advisorylock.lease.renew.duration"
 )
 
+// The attribute keys of the metrics and spans (a contract, as the metric
+// names are). Each is in the advisorylock. namespace, so that it cannot
+// collide with another instrumentation's keys on the same span or series.
+const (
+	// AttrBackend is the backend's name ("postgres", "sqlite", ...).
+	AttrBackend attribute.Key = "advisorylock.backend"
+	// AttrKind is the advisorylock.LockKind of the lock.
+	AttrKind attribute.Key = "advisorylock.kind"
+	// AttrName is the lock's name; only with WithLockNames(true).
+	AttrName attribute.Key = "advisorylock.name"
+	// AttrOutcome is the advisorylock.Outcome of an acquire or a renewal.
+	AttrOutcome attribute.Key = "advisorylock.outcome"
+	// AttrCause is the advisorylock.LossCause of a loss.
+	AttrCause attribute.Key = "advisorylock.cause"
+	// AttrReason is the advisorylock.DiscardReason of a discarded
+	// connection.
+	AttrReason attribute.Key = "advisorylock.reason"
+	// AttrWait is on acquire spans: false for a single attempt (TryLock),
+	// true for an acquire that may wait.
+	AttrWait attribute.Key = "advisorylock.wait"
+	// AttrForgotten is true on the hold span of a Guard cleaned up without
+	// Release, and absent otherwise.
+	AttrForgotten attribute.Key = "advisorylock.forgotten"
+)
+
 // Option configures NewObserver.
 type Option func(*config)
 
@@ -74,9 +103,9 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.tracers = tp }
 }
 
-// WithLockNames adds the lock's name as the "name" attribute of every
-// metric and span [false]. Each name is a series of its own: turn it on
-// only for a bounded set of names.
+// WithLockNames adds the lock's name as the AttrName attribute
+// ("advisorylock.name") of every metric and span [false]. Each name is a
+// series of its own: turn it on only for a bounded set of names.
 func WithLockNames(on bool) Option { return func(c *config) { c.lockNames = on } }
 
 // WithRootSpans makes spans also for acquires whose context carries no
@@ -158,7 +187,9 @@ type observer struct {
 
 // setKey identifies one attribute set; unused fields are empty.
 type setKey struct {
-	backend, kind, name, label, value string
+	backend, kind, name string
+	label               attribute.Key
+	value               string
 }
 
 // attrs is one attribute set, as the options each instrument call takes.
@@ -176,7 +207,7 @@ type attrs struct {
 
 // attrsFor returns the attribute set of info plus label=value (if label
 // is not empty).
-func (o *observer) attrsFor(info advisorylock.LockInfo, withKind bool, label, value string) *attrs {
+func (o *observer) attrsFor(info advisorylock.LockInfo, withKind bool, label attribute.Key, value string) *attrs {
 	k := setKey{backend: info.Backend, label: label, value: value}
 	if withKind {
 		k.kind = string(info.Kind)
@@ -190,15 +221,15 @@ func (o *observer) attrsFor(info advisorylock.LockInfo, withKind bool, label, va
 	if a != nil {
 		return a
 	}
-	list := []attribute.KeyValue{attribute.String("backend", k.backend)}
+	list := []attribute.KeyValue{AttrBackend.String(k.backend)}
 	if withKind {
-		list = append(list, attribute.String("kind", k.kind))
+		list = append(list, AttrKind.String(k.kind))
 	}
 	if label != "" {
-		list = append(list, attribute.String(label, value))
+		list = append(list, label.String(value))
 	}
 	if o.lockNames {
-		list = append(list, attribute.String("name", k.name))
+		list = append(list, AttrName.String(k.name))
 	}
 	set := attribute.NewSet(list...)
 	a = &attrs{
@@ -206,8 +237,8 @@ func (o *observer) attrsFor(info advisorylock.LockInfo, withKind bool, label, va
 		rec:  []metric.RecordOption{metric.WithAttributeSet(set)},
 		add:  []metric.AddOption{metric.WithAttributeSet(set)},
 		span: []trace.SpanStartOption{trace.WithAttributes(list...), trace.WithSpanKind(trace.SpanKindInternal)},
-		try:  []trace.SpanStartOption{trace.WithAttributes(slices.Concat(list, []attribute.KeyValue{attribute.Bool("wait", false)})...), trace.WithSpanKind(trace.SpanKindInternal)},
-		wait: []trace.SpanStartOption{trace.WithAttributes(slices.Concat(list, []attribute.KeyValue{attribute.Bool("wait", true)})...), trace.WithSpanKind(trace.SpanKindInternal)},
+		try:  []trace.SpanStartOption{trace.WithAttributes(slices.Concat(list, []attribute.KeyValue{AttrWait.Bool(false)})...), trace.WithSpanKind(trace.SpanKindInternal)},
+		wait: []trace.SpanStartOption{trace.WithAttributes(slices.Concat(list, []attribute.KeyValue{AttrWait.Bool(true)})...), trace.WithSpanKind(trace.SpanKindInternal)},
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -274,11 +305,11 @@ func (o *observer) AcquireStart(ctx context.Context, e advisorylock.AcquireStart
 }
 
 func (o *observer) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEvent) context.Context {
-	a := o.attrsFor(e.LockInfo, true, "outcome", string(e.Outcome))
+	a := o.attrsFor(e.LockInfo, true, AttrOutcome, string(e.Outcome))
 	o.acquire.Record(ctx, e.Wait.Seconds(), a.rec...)
 	s, traced := ctx.Value(spansKey{}).(*spans)
 	if traced {
-		s.acquire.SetAttributes(attribute.String("outcome", string(e.Outcome)))
+		s.acquire.SetAttributes(AttrOutcome.String(string(e.Outcome)))
 		if e.Outcome == advisorylock.OutcomeError {
 			s.acquire.SetStatus(codes.Error, e.Err.Error())
 		}
@@ -309,7 +340,7 @@ func (o *observer) Released(ctx context.Context, e advisorylock.ReleaseEvent) {
 	a.held.Add(-1)
 	if span := holdSpan(ctx); span != nil {
 		if e.Forgotten {
-			span.SetAttributes(attribute.Bool("forgotten", true))
+			span.SetAttributes(AttrForgotten.Bool(true))
 		}
 		if e.Err != nil {
 			span.SetStatus(codes.Error, e.Err.Error())
@@ -319,10 +350,10 @@ func (o *observer) Released(ctx context.Context, e advisorylock.ReleaseEvent) {
 }
 
 func (o *observer) Lost(ctx context.Context, e advisorylock.LossEvent) {
-	a := o.attrsFor(e.LockInfo, true, "cause", string(e.Cause))
+	a := o.attrsFor(e.LockInfo, true, AttrCause, string(e.Cause))
 	o.lost.Add(ctx, 1, a.add...)
 	if span := holdSpan(ctx); span != nil {
-		span.AddEvent("advisorylock.lost", trace.WithAttributes(attribute.String("cause", string(e.Cause))))
+		span.AddEvent("advisorylock.lost", trace.WithAttributes(AttrCause.String(string(e.Cause))))
 		msg := string(e.Cause)
 		if e.Err != nil {
 			msg = e.Err.Error()
@@ -332,11 +363,11 @@ func (o *observer) Lost(ctx context.Context, e advisorylock.LossEvent) {
 }
 
 func (o *observer) Discarded(e advisorylock.DiscardEvent) {
-	a := o.attrsFor(e.LockInfo, false, "reason", string(e.Reason))
+	a := o.attrsFor(e.LockInfo, false, AttrReason, string(e.Reason))
 	o.discarded.Add(context.Background(), 1, a.add...)
 }
 
 func (o *observer) Renewed(e advisorylock.RenewEvent) {
-	a := o.attrsFor(e.LockInfo, false, "outcome", string(e.Outcome))
+	a := o.attrsFor(e.LockInfo, false, AttrOutcome, string(e.Outcome))
 	o.renew.Record(context.Background(), e.Latency.Seconds(), a.rec...)
 }

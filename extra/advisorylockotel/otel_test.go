@@ -105,38 +105,38 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 	observetest.PostgresScenario(t, db, p.observer(advisorylockotel.WithRootSpans(true)), observetest.Hooks{
 		WhileHeld: func(t *testing.T) {
 			held := counts(t, p.metrics(t)[advisorylockotel.MetricHeld])
-			if n := held["backend=postgres,kind=lock"]; n != 1 {
+			if n := held["advisorylock.backend=postgres,advisorylock.kind=lock"]; n != 1 {
 				t.Errorf("held while one lock is held: %d, want 1", n)
 			}
 		},
 		Renewed: func() bool {
-			return counts(t, p.metrics(t)[advisorylockotel.MetricLeaseRenewDuration])["backend=postgres,outcome=renewed"] > 0
+			return counts(t, p.metrics(t)[advisorylockotel.MetricLeaseRenewDuration])["advisorylock.backend=postgres,advisorylock.outcome=renewed"] > 0
 		},
 	})
 
 	m := p.metrics(t)
 	want := map[string]map[string]int64{
 		advisorylockotel.MetricAcquireDuration: {
-			"backend=postgres,kind=lock,outcome=acquired":     2,
-			"backend=postgres,kind=lock,outcome=not_acquired": 1,
-			"backend=postgres,kind=lock,outcome=timeout":      1,
-			"backend=postgres,kind=lock,outcome=canceled":     1,
-			"backend=postgres,kind=lease,outcome=acquired":    1,
+			"advisorylock.backend=postgres,advisorylock.kind=lock,advisorylock.outcome=acquired":     2,
+			"advisorylock.backend=postgres,advisorylock.kind=lock,advisorylock.outcome=not_acquired": 1,
+			"advisorylock.backend=postgres,advisorylock.kind=lock,advisorylock.outcome=timeout":      1,
+			"advisorylock.backend=postgres,advisorylock.kind=lock,advisorylock.outcome=canceled":     1,
+			"advisorylock.backend=postgres,advisorylock.kind=lease,advisorylock.outcome=acquired":    1,
 		},
 		advisorylockotel.MetricHoldDuration: {
-			"backend=postgres,kind=lock":  2,
-			"backend=postgres,kind=lease": 1,
+			"advisorylock.backend=postgres,advisorylock.kind=lock":  2,
+			"advisorylock.backend=postgres,advisorylock.kind=lease": 1,
 		},
 		advisorylockotel.MetricHeld: {
-			"backend=postgres,kind=lock":  0,
-			"backend=postgres,kind=lease": 0,
+			"advisorylock.backend=postgres,advisorylock.kind=lock":  0,
+			"advisorylock.backend=postgres,advisorylock.kind=lease": 0,
 		},
 		advisorylockotel.MetricLost: {
-			"backend=postgres,cause=session_ended,kind=lock": 1,
+			"advisorylock.backend=postgres,advisorylock.cause=session_ended,advisorylock.kind=lock": 1,
 		},
 		advisorylockotel.MetricConnectionsDiscarded: {
-			"backend=postgres,reason=canceled": 1,
-			"backend=postgres,reason=lost":     1,
+			"advisorylock.backend=postgres,advisorylock.reason=canceled": 1,
+			"advisorylock.backend=postgres,advisorylock.reason=lost":     1,
 		},
 	}
 	for name, series := range want {
@@ -146,7 +146,7 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 		}
 	}
 	renew := counts(t, m[advisorylockotel.MetricLeaseRenewDuration])
-	if len(renew) != 1 || renew["backend=postgres,outcome=renewed"] < 1 {
+	if len(renew) != 1 || renew["advisorylock.backend=postgres,advisorylock.outcome=renewed"] < 1 {
 		t.Errorf("%s: %v, want renewals with outcome renewed only", advisorylockotel.MetricLeaseRenewDuration, renew)
 	}
 
@@ -163,7 +163,7 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 	waits := map[bool]int{}
 	for _, s := range byName["advisorylock.acquire"] {
 		for _, kv := range s.Attributes() {
-			if kv.Key == "wait" {
+			if kv.Key == "advisorylock.wait" {
 				waits[kv.Value.AsBool()]++
 			}
 		}
@@ -187,23 +187,78 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 	}
 }
 
-// TestLockNamesAreAnAttributeOnlyWhenAsked feeds one acquire to two
-// observers, one with WithLockNames(true).
-func TestLockNamesAreAnAttributeOnlyWhenAsked(t *testing.T) {
+// TestAttributeKeysAreNamespacedAndNamesOptIn feeds one event of each
+// kind to an observer with and without WithLockNames(true), and checks
+// the exact attributes of every metric, span and span event: every key is
+// advisorylock.-prefixed, and the name is there only when asked.
+func TestAttributeKeysAreNamespacedAndNamesOptIn(t *testing.T) {
 	for _, named := range []bool{false, true} {
 		p := newProviders(t)
-		o := p.observer(advisorylockotel.WithLockNames(named))
+		o := p.observer(advisorylockotel.WithLockNames(named), advisorylockotel.WithRootSpans(true))
 		info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "nightly"}
 		ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
 		ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired, Wait: time.Millisecond})
-		o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info, Held: time.Second})
-		got := counts(t, p.metrics(t)[advisorylockotel.MetricHoldDuration])
-		key := "backend=postgres,kind=lock"
+		o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
+		o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info, Held: time.Second, Forgotten: true})
+		o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardForgotten})
+		o.Renewed(advisorylock.RenewEvent{LockInfo: info, Outcome: advisorylock.OutcomeRenewed})
+
+		name := ""
 		if named {
-			key += ",name=nightly"
+			name = ",advisorylock.name=nightly"
 		}
-		if got[key] != 1 || len(got) != 1 {
-			t.Errorf("WithLockNames(%v): hold series %v, want only %s", named, got, key)
+		const lock = "advisorylock.backend=postgres,advisorylock.kind=lock"
+		want := map[string]map[string]int64{
+			advisorylockotel.MetricAcquireDuration:      {lock + name + ",advisorylock.outcome=acquired": 1},
+			advisorylockotel.MetricHoldDuration:         {lock + name: 1},
+			advisorylockotel.MetricHeld:                 {lock + name: 0},
+			advisorylockotel.MetricLost:                 {"advisorylock.backend=postgres,advisorylock.cause=not_held,advisorylock.kind=lock" + name: 1},
+			advisorylockotel.MetricConnectionsDiscarded: {"advisorylock.backend=postgres" + name + ",advisorylock.reason=forgotten": 1},
+			advisorylockotel.MetricLeaseRenewDuration:   {"advisorylock.backend=postgres" + name + ",advisorylock.outcome=renewed": 1},
+		}
+		m := p.metrics(t)
+		for metric, series := range want {
+			if got := counts(t, m[metric]); !maps.Equal(got, series) {
+				t.Errorf("WithLockNames(%v): %s: %v, want %v", named, metric, got, series)
+			}
+		}
+
+		wantSpans := map[string]string{
+			"advisorylock.acquire": lock + name + ",advisorylock.outcome=acquired,advisorylock.wait=false",
+			"advisorylock.hold":    "advisorylock.backend=postgres,advisorylock.forgotten=true,advisorylock.kind=lock" + name,
+		}
+		ended := p.spans.Ended()
+		if len(ended) != len(wantSpans) {
+			t.Fatalf("WithLockNames(%v): %d spans, want %d", named, len(ended), len(wantSpans))
+		}
+		for _, s := range ended {
+			if got := attrs(attribute.NewSet(s.Attributes()...)); got != wantSpans[s.Name()] {
+				t.Errorf("WithLockNames(%v): span %s has attributes %s, want %s", named, s.Name(), got, wantSpans[s.Name()])
+			}
+			for _, e := range s.Events() {
+				if got, want := attrs(attribute.NewSet(e.Attributes...)), "advisorylock.cause=not_held"; got != want {
+					t.Errorf("WithLockNames(%v): event %s has attributes %s, want %s", named, e.Name, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestAttributeKeys pins the exported keys: they are the contract that
+// queries depend on.
+func TestAttributeKeys(t *testing.T) {
+	for key, want := range map[attribute.Key]string{
+		advisorylockotel.AttrBackend:   "advisorylock.backend",
+		advisorylockotel.AttrKind:      "advisorylock.kind",
+		advisorylockotel.AttrName:      "advisorylock.name",
+		advisorylockotel.AttrOutcome:   "advisorylock.outcome",
+		advisorylockotel.AttrCause:     "advisorylock.cause",
+		advisorylockotel.AttrReason:    "advisorylock.reason",
+		advisorylockotel.AttrWait:      "advisorylock.wait",
+		advisorylockotel.AttrForgotten: "advisorylock.forgotten",
+	} {
+		if string(key) != want {
+			t.Errorf("attribute key %q, want %q", key, want)
 		}
 	}
 }
@@ -223,7 +278,7 @@ func TestObserverParentsSpansOnTheCallersSpan(t *testing.T) {
 	}
 	root.End()
 	for _, s := range p.spans.Ended() {
-		if s.Name() == "advisorylock.acquire" && !slices.Contains(s.Attributes(), attribute.Bool("wait", true)) {
+		if s.Name() == "advisorylock.acquire" && !slices.Contains(s.Attributes(), advisorylockotel.AttrWait.Bool(true)) {
 			t.Errorf("acquire span of a waiting acquire has attributes %v, want wait=true", s.Attributes())
 		}
 		if s.Name() != "job" && s.Parent().SpanID() != root.SpanContext().SpanID() {
@@ -254,7 +309,7 @@ func TestNoSpansOutsideATraceUnlessAsked(t *testing.T) {
 		if n := len(p.spans.Ended()); n != want {
 			t.Errorf("WithRootSpans(%v): %d spans, want %d", root, n, want)
 		}
-		if n := counts(t, p.metrics(t)[advisorylockotel.MetricLost])["backend=postgres,cause=not_held,kind=lock"]; n != 1 {
+		if n := counts(t, p.metrics(t)[advisorylockotel.MetricLost])["advisorylock.backend=postgres,advisorylock.cause=not_held,advisorylock.kind=lock"]; n != 1 {
 			t.Errorf("WithRootSpans(%v): lost = %d, want 1", root, n)
 		}
 	}

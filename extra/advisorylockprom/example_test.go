@@ -27,3 +27,16 @@ func ExampleNewObserver() {
 	fmt.Println(lock.Name(), err)
 	// Output: nightly-report <nil>
 }
+
+// A service with a few named jobs labels its series by lock name. Every
+// observer on the registry must then ask for names too: one that does not
+// is refused.
+func ExampleWithLockNames() {
+	reg := prometheus.NewRegistry()
+	if _, err := advisorylockprom.NewObserver(reg, advisorylockprom.WithLockNames(true)); err != nil {
+		panic(err)
+	}
+	_, err := advisorylockprom.NewObserver(reg)
+	fmt.Println(err)
+	// Output: advisorylock: prometheus observer: the registry has the advisorylock_ metrics with the name label, by an observer with WithLockNames(true): observers on one registry must agree on WithLockNames
+}

@@ -14,9 +14,11 @@
 //	advisorylock_connections_discarded_total     counter   backend, reason
 //	advisorylock_lease_renew_duration_seconds    histogram backend, outcome
 //
-// They are the metrics of extra/advisorylockotel in Prometheus's spelling.
-// Lock names are not a label (one series per name can be many series).
-// dashboard.json in this folder is a Grafana dashboard for them.
+// They are the metrics of extra/advisorylockotel in Prometheus's spelling:
+// its attribute keys without their "advisorylock." prefix are the labels.
+// Lock names are not a label unless WithLockNames(true): one series per
+// name can be many series. dashboard.json in this folder is a Grafana
+// dashboard for them.
 package advisorylockprom
 
 import (
@@ -39,63 +41,110 @@ const (
 	MetricLeaseRenewDuration   = "advisorylock_lease_renew_duration_seconds"
 )
 
+// Option configures NewObserver.
+type Option func(*config)
+
+type config struct {
+	lockNames bool
+}
+
+// WithLockNames adds the lock's name as the "name" label of every metric
+// [false], as advisorylockotel.WithLockNames adds its advisorylock.name
+// attribute (a Prometheus label name cannot hold a dot). Each name is a
+// series of its own, for every backend, kind and outcome: turn it on only
+// for a bounded set of names (one per job), never for names made per
+// entity (a user, an order). Every observer on one registry must agree on
+// it; see NewObserver.
+func WithLockNames(on bool) Option { return func(c *config) { c.lockNames = on } }
+
+// nameLabel is the label WithLockNames adds.
+const nameLabel = "name"
+
 // NewObserver registers the package's metrics with reg
 // (prometheus.DefaultRegisterer if nil) and returns an Observer that
-// records them. Observers made on one registry share its metrics, so one
-// observer per lock is fine. It fails when reg already holds a different
-// metric under one of these names.
-func NewObserver(reg prometheus.Registerer) (advisorylock.Observer, error) {
+// records them. Observers made on one registry with the same options
+// share its metrics, so one observer per lock is fine. It fails when reg
+// already holds a different metric under one of these names, including
+// this package's metrics registered by an observer with the other
+// WithLockNames (the error says so).
+func NewObserver(reg prometheus.Registerer, opts ...Option) (advisorylock.Observer, error) {
 	if reg == nil {
 		reg = prometheus.DefaultRegisterer
 	}
-	buckets := advisorylock.DurationBuckets()
-	o := &observer{
-		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    MetricAcquireDuration,
-			Help:    "How long acquires took, by outcome (including the wait for a held lock).",
-			Buckets: buckets,
-		}, []string{"backend", "kind", "outcome"}),
-		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    MetricHoldDuration,
-			Help:    "How long locks were held, from the grant to the release.",
-			Buckets: buckets,
-		}, []string{"backend", "kind"}),
-		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: MetricHeld,
-			Help: "Locks granted and not yet released.",
-		}, []string{"backend", "kind"}),
-		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricLost,
-			Help: "Held locks found lost, by cause.",
-		}, []string{"backend", "kind", "cause"}),
-		discarded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricConnectionsDiscarded,
-			Help: "Connections closed instead of pooled, by reason.",
-		}, []string{"backend", "reason"}),
-		renew: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    MetricLeaseRenewDuration,
-			Help:    "How long lease renewals took, by outcome.",
-			Buckets: buckets,
-		}, []string{"backend", "outcome"}),
-		series: map[seriesKey]*series{},
-	}
-	for _, c := range []*prometheus.Collector{&o.acquire, &o.hold, &o.held, &o.lost, &o.discarded, &o.renew} {
-		if err := register(reg, c); err != nil {
-			return nil, err
+	var c config
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&c)
 		}
 	}
-	if err := o.fromCollectors(); err != nil {
+	o := &observer{lockNames: c.lockNames, series: map[seriesKey]*series{}}
+	if err := o.register(reg); err != nil {
 		return nil, err
 	}
 	return o, nil
 }
 
-// collectors are kept as prometheus.Collector while registering, so that
-// register can swap in a registry's existing one.
+// register registers the observer's metrics with reg, or takes the equal
+// ones reg has.
+func (o *observer) register(reg prometheus.Registerer) error {
+	cs := collectors(o.lockNames)
+	for i, c := range cs {
+		existing, err := registerOrShare(reg, c)
+		if err != nil {
+			return explain(reg, err, i, o.lockNames)
+		}
+		if existing != nil {
+			cs[i] = existing
+		}
+	}
+	return o.fromCollectors(cs)
+}
+
+// collectors returns the package's metrics, in the order fromCollectors
+// takes them, with the name label if lockNames.
+func collectors(lockNames bool) []prometheus.Collector {
+	labels := func(names ...string) []string {
+		if lockNames {
+			names = append(names, nameLabel)
+		}
+		return names
+	}
+	buckets := advisorylock.DurationBuckets()
+	return []prometheus.Collector{
+		prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    MetricAcquireDuration,
+			Help:    "How long acquires took, by outcome (including the wait for a held lock).",
+			Buckets: buckets,
+		}, labels("backend", "kind", "outcome")),
+		prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    MetricHoldDuration,
+			Help:    "How long locks were held, from the grant to the release.",
+			Buckets: buckets,
+		}, labels("backend", "kind")),
+		prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricHeld,
+			Help: "Locks granted and not yet released.",
+		}, labels("backend", "kind")),
+		prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricLost,
+			Help: "Held locks found lost, by cause.",
+		}, labels("backend", "kind", "cause")),
+		prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricConnectionsDiscarded,
+			Help: "Connections closed instead of pooled, by reason.",
+		}, labels("backend", "reason")),
+		prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    MetricLeaseRenewDuration,
+			Help:    "How long lease renewals took, by outcome.",
+			Buckets: buckets,
+		}, labels("backend", "outcome")),
+	}
+}
+
 type observer struct {
 	advisorylock.NoopObserver // events added later are ignored until handled here
 
-	acquire, hold, held, lost, discarded, renew prometheus.Collector
+	lockNames bool
 
 	acquireVec, holdVec, renewVec *prometheus.HistogramVec
 	heldVec                       *prometheus.GaugeVec
@@ -105,31 +154,53 @@ type observer struct {
 	series map[seriesKey]*series
 }
 
-// register registers *c with reg; if reg has an equal collector already,
-// *c becomes that one, so that observers on one registry share series.
-func register(reg prometheus.Registerer, c *prometheus.Collector) error {
-	err := reg.Register(*c)
+// registerOrShare registers c with reg. If reg has an equal collector
+// already, it returns that one, so that observers on one registry share
+// series.
+func registerOrShare(reg prometheus.Registerer, c prometheus.Collector) (existing prometheus.Collector, err error) {
+	err = reg.Register(c)
 	var dup prometheus.AlreadyRegisteredError
 	if errors.As(err, &dup) {
-		*c = dup.ExistingCollector
-		return nil
+		return dup.ExistingCollector, nil
 	}
 	if err != nil {
-		return fmt.Errorf("advisorylock: prometheus observer: %w", err)
+		return nil, fmt.Errorf("advisorylock: prometheus observer: %w", err)
 	}
-	return nil
+	return nil, nil
+}
+
+// explain returns err, the failure to register the i-th of collectors,
+// or a clearer error when reg has that metric from an observer with the
+// other WithLockNames: the registry's own error says only that the label
+// names differ. The probe registers nothing (AlreadyRegisteredError
+// means it was not registered; a success is undone).
+func explain(reg prometheus.Registerer, err error, i int, lockNames bool) error {
+	probe := collectors(!lockNames)[i]
+	perr := reg.Register(probe)
+	if perr == nil {
+		reg.Unregister(probe)
+		return err
+	}
+	if !errors.As(perr, new(prometheus.AlreadyRegisteredError)) {
+		return err
+	}
+	has := "with the name label, by an observer with WithLockNames(true)"
+	if lockNames {
+		has = "without the name label, by an observer without WithLockNames(true)"
+	}
+	return fmt.Errorf("advisorylock: prometheus observer: the registry has the advisorylock_ metrics %s: observers on one registry must agree on WithLockNames", has)
 }
 
 // fromCollectors types the registered collectors; one that a registry
 // had already, of another type, is an error.
-func (o *observer) fromCollectors() error {
+func (o *observer) fromCollectors(cs []prometheus.Collector) error {
 	var ok [6]bool
-	o.acquireVec, ok[0] = o.acquire.(*prometheus.HistogramVec)
-	o.holdVec, ok[1] = o.hold.(*prometheus.HistogramVec)
-	o.heldVec, ok[2] = o.held.(*prometheus.GaugeVec)
-	o.lostVec, ok[3] = o.lost.(*prometheus.CounterVec)
-	o.discardedVec, ok[4] = o.discarded.(*prometheus.CounterVec)
-	o.renewVec, ok[5] = o.renew.(*prometheus.HistogramVec)
+	o.acquireVec, ok[0] = cs[0].(*prometheus.HistogramVec)
+	o.holdVec, ok[1] = cs[1].(*prometheus.HistogramVec)
+	o.heldVec, ok[2] = cs[2].(*prometheus.GaugeVec)
+	o.lostVec, ok[3] = cs[3].(*prometheus.CounterVec)
+	o.discardedVec, ok[4] = cs[4].(*prometheus.CounterVec)
+	o.renewVec, ok[5] = cs[5].(*prometheus.HistogramVec)
 	for _, ok := range ok {
 		if !ok {
 			return errors.New("advisorylock: prometheus observer: the registry holds another kind of metric under an advisorylock_ name")
@@ -138,10 +209,29 @@ func (o *observer) fromCollectors() error {
 	return nil
 }
 
-// seriesKey names the series of one event; unused fields are empty.
+// seriesKey names the series of one event; unused fields are empty. The
+// name is set only with WithLockNames, so that without it the cache holds
+// one entry per label set, not one per lock.
 type seriesKey struct {
-	event                  string
-	backend, kind, outcome string
+	event                        string
+	backend, kind, outcome, name string
+}
+
+// keyName is the name field of info's series keys.
+func (o *observer) keyName(info advisorylock.LockInfo) string {
+	if o.lockNames {
+		return info.Name
+	}
+	return ""
+}
+
+// labels returns the label values of k's series: values, then the lock's
+// name with WithLockNames.
+func (o *observer) labels(k seriesKey, values ...string) []string {
+	if o.lockNames {
+		values = append(values, k.name)
+	}
+	return values
 }
 
 // series is the children an event records into, looked up once per label
@@ -171,9 +261,9 @@ func (o *observer) seriesFor(k seriesKey, mk func() *series) *series {
 }
 
 func (o *observer) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEvent) context.Context {
-	k := seriesKey{event: "acquire", backend: e.Backend, kind: string(e.Kind), outcome: string(e.Outcome)}
+	k := seriesKey{event: "acquire", backend: e.Backend, kind: string(e.Kind), outcome: string(e.Outcome), name: o.keyName(e.LockInfo)}
 	o.seriesFor(k, func() *series {
-		return &series{duration: o.acquireVec.WithLabelValues(k.backend, k.kind, k.outcome)}
+		return &series{duration: o.acquireVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
 	}).duration.Observe(e.Wait.Seconds())
 	if e.Outcome == advisorylock.OutcomeAcquired {
 		o.holdSeries(e.LockInfo).gauge.Inc()
@@ -183,11 +273,11 @@ func (o *observer) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEven
 
 // holdSeries is the hold histogram and held gauge of a kind of lock.
 func (o *observer) holdSeries(info advisorylock.LockInfo) *series {
-	k := seriesKey{event: "hold", backend: info.Backend, kind: string(info.Kind)}
+	k := seriesKey{event: "hold", backend: info.Backend, kind: string(info.Kind), name: o.keyName(info)}
 	return o.seriesFor(k, func() *series {
 		return &series{
-			duration: o.holdVec.WithLabelValues(k.backend, k.kind),
-			gauge:    o.heldVec.WithLabelValues(k.backend, k.kind),
+			duration: o.holdVec.WithLabelValues(o.labels(k, k.backend, k.kind)...),
+			gauge:    o.heldVec.WithLabelValues(o.labels(k, k.backend, k.kind)...),
 		}
 	})
 }
@@ -199,22 +289,22 @@ func (o *observer) Released(_ context.Context, e advisorylock.ReleaseEvent) {
 }
 
 func (o *observer) Lost(_ context.Context, e advisorylock.LossEvent) {
-	k := seriesKey{event: "lost", backend: e.Backend, kind: string(e.Kind), outcome: string(e.Cause)}
+	k := seriesKey{event: "lost", backend: e.Backend, kind: string(e.Kind), outcome: string(e.Cause), name: o.keyName(e.LockInfo)}
 	o.seriesFor(k, func() *series {
-		return &series{counter: o.lostVec.WithLabelValues(k.backend, k.kind, k.outcome)}
+		return &series{counter: o.lostVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
 	}).counter.Inc()
 }
 
 func (o *observer) Discarded(e advisorylock.DiscardEvent) {
-	k := seriesKey{event: "discarded", backend: e.Backend, outcome: string(e.Reason)}
+	k := seriesKey{event: "discarded", backend: e.Backend, outcome: string(e.Reason), name: o.keyName(e.LockInfo)}
 	o.seriesFor(k, func() *series {
-		return &series{counter: o.discardedVec.WithLabelValues(k.backend, k.outcome)}
+		return &series{counter: o.discardedVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
 	}).counter.Inc()
 }
 
 func (o *observer) Renewed(e advisorylock.RenewEvent) {
-	k := seriesKey{event: "renew", backend: e.Backend, outcome: string(e.Outcome)}
+	k := seriesKey{event: "renew", backend: e.Backend, outcome: string(e.Outcome), name: o.keyName(e.LockInfo)}
 	o.seriesFor(k, func() *series {
-		return &series{duration: o.renewVec.WithLabelValues(k.backend, k.outcome)}
+		return &series{duration: o.renewVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
 	}).duration.Observe(e.Latency.Seconds())
 }

@@ -115,19 +115,85 @@ func render(m map[string]float64) string {
 }
 
 // TestObserversShareARegistry checks that a second observer on one
-// registry records into the same series instead of failing.
+// registry, with the same options, records into the same series instead
+// of failing.
 func TestObserversShareARegistry(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	info := advisorylock.LockInfo{Backend: "sqlite", Kind: advisorylock.LockKindLock, Name: "x"}
-	for range 2 {
-		o, err := advisorylockprom.NewObserver(reg)
+	for _, named := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		info := advisorylock.LockInfo{Backend: "sqlite", Kind: advisorylock.LockKindLock, Name: "x"}
+		for range 2 {
+			o, err := advisorylockprom.NewObserver(reg, advisorylockprom.WithLockNames(named))
+			if err != nil {
+				t.Fatalf("WithLockNames(%v): %v", named, err)
+			}
+			o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardError})
+		}
+		key := "advisorylock_connections_discarded_total{backend=sqlite,reason=error}"
+		if named {
+			key = "advisorylock_connections_discarded_total{backend=sqlite,name=x,reason=error}"
+		}
+		if got := series(t, reg); got[key] != 2 || len(got) != 1 {
+			t.Errorf("WithLockNames(%v): discards through two observers on one registry: %v, want %s 2", named, got, key)
+		}
+	}
+}
+
+// TestLockNamesAreALabelOnlyWhenAsked feeds one event of each kind to an
+// observer with and without WithLockNames(true) and checks every series'
+// exact labels.
+func TestLockNamesAreALabelOnlyWhenAsked(t *testing.T) {
+	for named, want := range map[bool]map[string]float64{
+		false: {
+			"advisorylock_acquire_duration_seconds{backend=postgres,kind=lock,outcome=acquired}": 1,
+			"advisorylock_hold_duration_seconds{backend=postgres,kind=lock}":                     1,
+			"advisorylock_held{backend=postgres,kind=lock}":                                      0,
+			"advisorylock_lost_total{backend=postgres,cause=not_held,kind=lock}":                 1,
+			"advisorylock_connections_discarded_total{backend=postgres,reason=lost}":             1,
+			"advisorylock_lease_renew_duration_seconds{backend=postgres,outcome=renewed}":        1,
+		},
+		true: {
+			"advisorylock_acquire_duration_seconds{backend=postgres,kind=lock,name=nightly,outcome=acquired}": 1,
+			"advisorylock_hold_duration_seconds{backend=postgres,kind=lock,name=nightly}":                     1,
+			"advisorylock_held{backend=postgres,kind=lock,name=nightly}":                                      0,
+			"advisorylock_lost_total{backend=postgres,cause=not_held,kind=lock,name=nightly}":                 1,
+			"advisorylock_connections_discarded_total{backend=postgres,name=nightly,reason=lost}":             1,
+			"advisorylock_lease_renew_duration_seconds{backend=postgres,name=nightly,outcome=renewed}":        1,
+		},
+	} {
+		reg := prometheus.NewRegistry()
+		o, err := advisorylockprom.NewObserver(reg, advisorylockprom.WithLockNames(named))
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardError})
+		feedOneOfEach(o, advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "nightly"})
+		if got := series(t, reg); !maps.Equal(got, want) {
+			t.Errorf("WithLockNames(%v): series:\n%s\nwant:\n%s", named, render(got), render(want))
+		}
 	}
-	if n := series(t, reg)["advisorylock_connections_discarded_total{backend=sqlite,reason=error}"]; n != 2 {
-		t.Errorf("discards through two observers on one registry: %v, want 2", n)
+}
+
+// TestObserversDisagreeingOnLockNamesFail checks that a second observer on
+// one registry with the other WithLockNames is an error that names the
+// option, not a panic, and leaves the first observer's series as they were.
+func TestObserversDisagreeingOnLockNamesFail(t *testing.T) {
+	for _, firstNamed := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		first, err := advisorylockprom.NewObserver(reg, advisorylockprom.WithLockNames(firstNamed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = advisorylockprom.NewObserver(reg, advisorylockprom.WithLockNames(!firstNamed))
+		if err == nil || !strings.Contains(err.Error(), "WithLockNames") {
+			t.Fatalf("WithLockNames(%v) after WithLockNames(%v) on one registry: error %v, want one naming WithLockNames", !firstNamed, firstNamed, err)
+		}
+		first.Discarded(advisorylock.DiscardEvent{LockInfo: advisorylock.LockInfo{Backend: "sqlite", Name: "x"}, Reason: advisorylock.DiscardError})
+		key := "advisorylock_connections_discarded_total{backend=sqlite,reason=error}"
+		if firstNamed {
+			key = "advisorylock_connections_discarded_total{backend=sqlite,name=x,reason=error}"
+		}
+		if got := series(t, reg); got[key] != 1 || len(got) != 1 {
+			t.Errorf("after the refused observer, the first one's series: %v, want only %s 1", got, key)
+		}
 	}
 }
 
@@ -141,6 +207,17 @@ func TestObserverRefusesAClashingMetric(t *testing.T) {
 	}
 }
 
+// feedOneOfEach gives o one event of each kind for info: an acquire that
+// is granted, a loss, the release, a discard and a renewal.
+func feedOneOfEach(o advisorylock.Observer, info advisorylock.LockInfo) {
+	ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
+	ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
+	o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
+	o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
+	o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardLost})
+	o.Renewed(advisorylock.RenewEvent{LockInfo: info, Outcome: advisorylock.OutcomeRenewed})
+}
+
 // exported feeds one event of each kind to a fresh observer and returns
 // the labels of every metric it exports, by name.
 func exported(t *testing.T) map[string][]string {
@@ -150,13 +227,7 @@ func exported(t *testing.T) map[string][]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "x"}
-	ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
-	ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
-	o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
-	o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
-	o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardLost})
-	o.Renewed(advisorylock.RenewEvent{LockInfo: info, Outcome: advisorylock.OutcomeRenewed})
+	feedOneOfEach(o, advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "x"})
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -1,5 +1,6 @@
 // Package advisorylock gives any database/sql application named,
-// cluster-wide locks: run this exactly once across all replicas right now
+// cluster-wide locks on the database it already has (PostgreSQL, MySQL or
+// MariaDB, SQLite): run this exactly once across all replicas right now
 // (TryDo), or serialize this section across the fleet (Do); readers
 // beside each other and apart from writers (RDo, RLock: shared locks,
 // as sync.RWMutex spells them). For a job
@@ -79,6 +80,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -116,7 +118,7 @@ type Holder struct {
 	Name        string // the lock's name, where the backend stores it
 	Backend     string // "postgres", "sqlite", …
 	Key         int64
-	PID         int          // PostgreSQL backend pid, MySQL connection id; 0 if unknown
+	PID         int          // the server's session: PostgreSQL backend pid, MySQL connection id (not the holder's OS process); 0 if unknown
 	User        string       // the holder's database user (MySQL), if known
 	Application string       // application_name, if known
 	ClientAddr  string       // the holder's address, if known
@@ -164,10 +166,11 @@ func (b *lockBackend) backend() Backend {
 	return b.rows
 }
 
-// New returns a Lock on name. Any string is a valid name: only its Key
+// New returns a Lock on name. Any string but "" is a valid name: only its Key
 // reaches the database (and, on SQLite, the name as a bound value).
 //
-// New does no I/O, as sql.Open: it fails only for a nil db. The first
+// New does no I/O, as sql.Open: it fails only for a nil db, an empty
+// name, or an option value out of its bounds (see Option). The first
 // operation that needs the database (or Check) picks the backend, from
 // WithBackend, db.Driver()'s type, or by asking the database, and runs the
 // first-use checks, once per *sql.DB: it returns ErrUnsupported for a
@@ -175,20 +178,53 @@ func (b *lockBackend) backend() Backend {
 // PostgreSQL ErrTransactionPooler when a transaction-mode pooler
 // multiplexes sessions (see DetectPooler, WithServerChecks).
 func New(db DB, name string, opts ...Option) (*Lock, error) {
-	if isNil(db) {
-		return nil, wrapErr(name, "new", errNilDB)
-	}
-	cfg := newConfig(opts)
-	if err := cfg.check(); err != nil {
+	cfg, err := constructed(db, name, "a Lock", lockOptions, opts)
+	if err != nil {
 		return nil, wrapErr(name, "new", err)
 	}
-	return &Lock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[lockBackend](), kind: LockKindLock}, nil
+	return newLock(db, name, cfg, LockKindLock), nil
 }
 
+// lockOptions are the options a Lock takes: all of them.
+const lockOptions = optAll
+
+// newLock returns a Lock of kind on name with cfg, checked.
+func newLock(db DB, name string, cfg config, kind LockKind) *Lock {
+	return &Lock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[lockBackend](), kind: kind}
+}
+
+// constructed checks what every constructor is given (a db, a name, the
+// options that what takes, with values in bounds) and returns the
+// configuration.
+func constructed(db DB, name, what string, takes optionSet, opts []Option) (config, error) {
+	if isNil(db) {
+		return config{}, errNilDB
+	}
+	if name == "" {
+		return config{}, errEmptyName
+	}
+	return configFor(what, takes, opts)
+}
+
+// errEmptyName refuses an empty name: two unrelated callers that forgot
+// to set one would share a lock.
+var errEmptyName = errors.New("advisorylock: empty name")
+
 // Check runs the first-use work now (see New), for a service that wants
-// to fail at start-up, as PingContext does; later operations skip it.
+// to fail at start-up, as PingContext does: a hot standby, a transaction
+// pooler, CockroachDB and, with WithMinHold, a role that may not create
+// or write the windows table are refused here as the first operation
+// would refuse them. Later operations skip it.
 func (l *Lock) Check(ctx context.Context) error {
 	_, err := l.backend(ctx)
+	if err == nil && l.cfg.minHold > 0 {
+		var b Backend
+		if b, err = resolveBackend(ctx, l.db, &l.cfg); err == nil {
+			if _, ok := b.(SessionLocker); ok {
+				err = checkTables(ctx, l.db, b, "advisorylock_windows")
+			}
+		}
+	}
 	return wrapErr(l.name, "check", err)
 }
 
@@ -321,7 +357,7 @@ func withinBudget[G any](ctx context.Context, name string, d time.Duration, acqu
 		g, err = acquire(budget, true)
 	}
 	if err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
-		return g, &TimeoutError{Name: name, Waited: time.Since(start)}
+		return g, &TimeoutError{Name: name, Waited: time.Since(start), Budget: d}
 	}
 	return g, wrapErr(name, "lock", err)
 }
@@ -501,12 +537,12 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 // Do returns an error matching ErrLockLost. Otherwise Do returns fn's
 // error, or the release's.
 func (l *Lock) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return do(ctx, l.Lock, fn)
+	return do(ctx, l.name, l.Lock, fn)
 }
 
 // DoTimeout is Do with the wait bounded as in LockTimeout.
 func (l *Lock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context) error) error {
-	return do(ctx, func(ctx context.Context) (*Guard, error) { return l.LockTimeout(ctx, d) }, fn)
+	return do(ctx, l.name, func(ctx context.Context) (*Guard, error) { return l.LockTimeout(ctx, d) }, fn)
 }
 
 // TryDo runs fn only if it can take the lock at once: run-once across the
@@ -514,7 +550,7 @@ func (l *Lock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx conte
 // an error matching ErrLockLost) when the lock was lost as it was granted
 // (see Do), and otherwise (true, the error Do would return).
 func (l *Lock) TryDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
-	return tryDo(ctx, l.TryLock, fn)
+	return tryDo(ctx, l.name, l.TryLock, fn)
 }
 
 // section is a held lock that runs a function and then releases itself
@@ -524,7 +560,11 @@ type section[F any] interface {
 }
 
 // do acquires with acquire and runs fn under the guard: Do and DoTimeout.
-func do[G section[F], F any](ctx context.Context, acquire func(context.Context) (G, error), fn F) error {
+// A nil fn is refused before anything is acquired.
+func do[G section[F], F any](ctx context.Context, name string, acquire func(context.Context) (G, error), fn F) error {
+	if isNilFunc(fn) {
+		return wrapErr(name, "do", errNilFunc)
+	}
 	g, err := acquire(ctx)
 	if err != nil {
 		return err
@@ -535,7 +575,10 @@ func do[G section[F], F any](ctx context.Context, acquire func(context.Context) 
 
 // tryDo is do with one attempt: (false, nil) when the lock is held
 // elsewhere; (false, the loss) when the grant was lost as it came.
-func tryDo[G section[F], F any](ctx context.Context, acquire func(context.Context) (G, error), fn F) (bool, error) {
+func tryDo[G section[F], F any](ctx context.Context, name string, acquire func(context.Context) (G, error), fn F) (bool, error) {
+	if isNilFunc(fn) {
+		return false, wrapErr(name, "try do", errNilFunc)
+	}
 	g, err := acquire(ctx)
 	if errors.Is(err, ErrNotAcquired) {
 		return false, nil
@@ -544,6 +587,15 @@ func tryDo[G section[F], F any](ctx context.Context, acquire func(context.Contex
 		return false, err
 	}
 	return g.run(ctx, fn)
+}
+
+// errNilFunc refuses a nil function given to a Do.
+var errNilFunc = errors.New("advisorylock: nil function")
+
+// isNilFunc reports whether fn, a function, is nil.
+func isNilFunc[F any](fn F) bool {
+	v := reflect.ValueOf(fn)
+	return v.Kind() == reflect.Func && v.IsNil()
 }
 
 // Guard is a held lock. Release it when done; Release is idempotent and

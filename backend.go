@@ -423,11 +423,15 @@ func statementsOn(ctx context.Context, db DB) (q querier, done func(), err error
 }
 
 // unreachable marks as ErrPoolUnavailable the error of a statement that
-// never reached the server: dialing for it failed, so nothing was sent.
+// never reached the server: dialing for it failed, or the server refused
+// the new connection at its connection limit, so nothing was sent.
 func unreachable(err error) error {
+	if err == nil || errors.Is(err, ErrPoolUnavailable) {
+		return err
+	}
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" && !errors.Is(err, ErrPoolUnavailable) {
-		return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+	if errors.As(err, &op) && op.Op == "dial" || connectionLimit(err) != "" {
+		return unavailable(context.Background(), err)
 	}
 	return err
 }
@@ -443,10 +447,7 @@ func takeConn(ctx context.Context, db DB) (*sql.Conn, error) {
 	}
 	conn, err := db.Conn(checkout)
 	if err != nil {
-		if checkout.Err() != nil {
-			err = context.Cause(checkout)
-		}
-		return nil, fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+		return nil, unavailable(checkout, err)
 	}
 	return conn, nil
 }

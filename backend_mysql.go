@@ -565,13 +565,6 @@ func (mysqlBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string,
 	return &StaleTokenError{Resource: resource, Token: token, Highest: FencingToken(highest)}
 }
 
-// ensureSchema creates the tables unless they exist (one round trip when
-// they do). NewFence calls it: Admit runs in the caller's transaction,
-// where a missing table cannot be created and retried.
-func (mysqlBackend) ensureSchema(ctx context.Context, db DB) error {
-	return ensureMySQLTables(ctx, db, "advisorylock_leases", "advisorylock_fences")
-}
-
 // ensureMySQLTables creates the library's tables (see createMySQLTables)
 // unless all of tables, names of the library's own, exist: one round trip
 // when they do.
@@ -742,4 +735,42 @@ func mysqlErrno(err error) uint16 {
 		}
 	}
 	return 0
+}
+
+// mysqlTableColumns names, for each table a Check probes, a column every
+// statement on it reads and writes.
+var mysqlTableColumns = map[string]string{
+	"advisorylock_leases":    "name_hash",
+	"advisorylock_fences":    "resource_hash",
+	"advisorylock_windows":   "lock_key",
+	"advisorylock_elections": "name_hash",
+}
+
+// checkTables creates the tables if they are missing and proves, with two
+// statements per table that match no row, that the user may read, insert
+// and update each of tables: a missing grant comes back as the server's
+// own 1142, as the first operation would get it.
+func (mysqlBackend) checkTables(ctx context.Context, db DB, tables ...string) error {
+	if err := ensureMySQLTables(ctx, db, tables...); err != nil {
+		return err
+	}
+	for _, t := range tables {
+		c := mysqlTableColumns[t]
+		for _, probe := range []string{
+			fmt.Sprintf("UPDATE %s SET %s = %[2]s WHERE FALSE", t, c),
+			// Every column: in strict mode an INSERT that leaves out a
+			// NOT NULL column without a default is refused (1364) even
+			// when it inserts no row.
+			"INSERT INTO " + t + " SELECT * FROM " + t + " WHERE FALSE",
+		} {
+			err := mysqlRun(ctx, db, func(q querier) error {
+				_, err := q.ExecContext(ctx, probe)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -133,14 +133,16 @@ func (p *postgres) forLock(d time.Duration, serverChecks bool) Backend {
 }
 
 // Validate refuses a PostgreSQL look-alike whose advisory locks exclude
-// nothing: CockroachDB accepts pg_try_advisory_lock and grants it to every
-// caller at once. It runs once per *sql.DB (one round trip). Whether the
-// server is a hot standby is checked on every connection instead, in the
-// statements themselves (see TryLockSession), since a new connection can
-// reach another server.
+// nothing (CockroachDB accepts pg_try_advisory_lock and grants it to every
+// caller at once) and a hot standby, where a lock excludes nothing on the
+// primary. It runs once per *sql.DB until it passes (one round trip), so
+// Check finds a replica's DSN at start-up. Since a new connection can
+// reach another server (DNS moved by a failover), the statements check
+// for a standby on every connection too (see TryLockSession).
 func (p *postgres) Validate(ctx context.Context, db DB) error {
 	var version string
-	if _, err := p.queryRow(ctx, db, "SELECT version()", nil, &version); err != nil {
+	var standby bool
+	if _, err := p.queryRow(ctx, db, "SELECT version(), pg_is_in_recovery()", nil, &version, &standby); err != nil {
 		if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
 			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
 		}
@@ -148,6 +150,9 @@ func (p *postgres) Validate(ctx context.Context, db DB) error {
 	}
 	if strings.Contains(version, "CockroachDB") {
 		return fmt.Errorf("%w: the server is CockroachDB (%s), whose advisory locks exclude nothing (every caller is granted them at once); its PostgreSQL compatibility does not extend to locks", ErrUnsupported, version)
+	}
+	if standby {
+		return errStandby
 	}
 	return nil
 }
@@ -1131,16 +1136,38 @@ func applySteps(ctx context.Context, tx *sql.Tx) error {
 	return nil
 }
 
-// ensureSchema creates the tables unless they exist, which costs one round
-// trip. Fence calls it before its first Admit, which runs in the caller's
-// transaction, where a missing table cannot be created and retried. Where
-// the tables exist it writes nothing, so it works through a
-// statement-mode pooler too.
-func (p *postgres) ensureSchema(ctx context.Context, db DB) error {
-	var exist bool
-	_, err := p.queryRow(ctx, db, "SELECT to_regclass('advisorylock_leases') IS NOT NULL AND to_regclass('advisorylock_fences') IS NOT NULL AND to_regclass('advisorylock_token_seq') IS NOT NULL", nil, &exist)
-	if err != nil || exist {
-		return err
+// pgTableColumns names, for each table a Check probes, a column every
+// statement on it reads and writes.
+var pgTableColumns = map[string]string{
+	"advisorylock_leases":    "name",
+	"advisorylock_fences":    "resource",
+	"advisorylock_windows":   "key",
+	"advisorylock_elections": "name",
+}
+
+// checkTables creates the tables if they are missing and proves, in one
+// statement that writes nothing, that the role may read, insert and
+// update each of tables and draw from the token sequence: a missing grant
+// comes back as the server's own 42501, as the first operation would get
+// it. The data-modifying WITH clauses run on no rows; the CASE calls
+// nextval only when the privilege is missing, to raise its error. Only
+// leases and elections draw tokens from the sequence.
+func (p *postgres) checkTables(ctx context.Context, db DB, tables ...string) error {
+	var with []string
+	probe := "SELECT 0"
+	for i, t := range tables {
+		if t == "advisorylock_leases" || t == "advisorylock_elections" {
+			probe = "SELECT CASE WHEN has_sequence_privilege('advisorylock_token_seq', 'USAGE') THEN 0 ELSE nextval('advisorylock_token_seq') END"
+		}
+		c := pgTableColumns[t]
+		with = append(with,
+			fmt.Sprintf("u%d AS (UPDATE %s SET %s = %[3]s WHERE false RETURNING 1)", i, t, c),
+			fmt.Sprintf("i%d AS (INSERT INTO %s (%s) SELECT %[3]s FROM %[2]s WHERE false RETURNING 1)", i, t, c))
 	}
-	return p.bound(ctx, func() error { return upgradePostgresSchema(ctx, db) })
+	if len(with) > 0 {
+		probe = "WITH " + strings.Join(with, ", ") + " " + probe
+	}
+	var n int64
+	_, err := p.queryRow(ctx, db, probe, nil, &n)
+	return err
 }

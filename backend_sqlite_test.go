@@ -367,8 +367,7 @@ func TestSQLiteWeirdNamesAreData(t *testing.T) {
 	_, db := sqliteFile(t, "")
 	ctx := context.Background()
 	names := []string{
-		"",
-		" ",
+		" ", // the empty name is refused (TestConstructorsRefuseAnEmptyName)
 		"'",
 		`"quoted"`,
 		"'); DROP TABLE advisorylock_locks; --",

@@ -62,7 +62,7 @@ func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (co
 		if caller.Err() != nil {
 			return connGuard{}, context.Cause(caller)
 		}
-		return connGuard{}, fmt.Errorf("%w: %w", ErrPoolUnavailable, context.Cause(ctx))
+		return connGuard{}, unavailable(ctx, err)
 	}
 	p.conn = conn
 	if p.bounded {
@@ -120,6 +120,39 @@ func giveBack(conn *sql.Conn, clean bool) {
 
 // errPoolWait is the cause of a checkout that WithPoolWait ended.
 var errPoolWait = errors.New("no connection came free within the pool wait (WithPoolWait)")
+
+// unavailable is the ErrPoolUnavailable of a checkout from ctx that
+// failed with err: the checkout's cause when ctx ended it (the pool wait),
+// else the driver's error, kept reachable with errors.As, and the limit
+// named when the server refused the connection at its connection limit.
+func unavailable(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		err = context.Cause(ctx)
+	} else if limit := connectionLimit(err); limit != "" {
+		return fmt.Errorf("%w: the server refused a new connection at %s: %w", ErrPoolUnavailable, limit, err)
+	}
+	return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+}
+
+// connectionLimit names the server's connection limit that err reports
+// was reached, or is "": PostgreSQL's SQLSTATE 53300 (max_connections
+// less the reserved slots, or a role's or a database's CONNECTION LIMIT),
+// MySQL's 1040 (max_connections), 1203 (max_user_connections) and 1226
+// (a user's MAX_USER_CONNECTIONS).
+func connectionLimit(err error) string {
+	if sqlState(err) == "53300" {
+		return "its connection limit (max_connections, or the role's or database's CONNECTION LIMIT)"
+	}
+	switch mysqlErrno(err) {
+	case 1040:
+		return "its connection limit (max_connections)"
+	case 1203:
+		return "its per-user connection limit (max_user_connections)"
+	case 1226:
+		return "the user's connection limit (MAX_USER_CONNECTIONS)"
+	}
+	return ""
+}
 
 // poolWaitKey carries a try's WithPoolWait in its context to the places
 // that take connections for it: the first-use checks and the lease

@@ -5,13 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
 // Election elects one leader among the replicas that campaign on a name:
 // the shape of etcd's concurrency.Election, on a SQL database. Run
 // campaigns, runs a function while leader and campaigns again after a
-// loss; Leader says who leads; Observe follows the leader from a replica
+// loss; Resign steps down; Leader says who leads; Observe follows the leader from a replica
 // that does not lead.
 //
 // On PostgreSQL and MySQL the leader holds a session Lock on the name
@@ -50,7 +51,20 @@ type Election struct {
 	lock  *Lock      // leadership on a session backend
 	lease *LeaseLock // leadership on a row backend
 	setup firstUse[electionBackend]
+
+	mu      sync.Mutex
+	serving map[*leadership]struct{} // the terms that Runs of e lead now
 }
+
+// leadership is a term that a Run of the Election serves: Resign cancels
+// its lead with errResigned and waits for done, closed once it is freed.
+type leadership struct {
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// errResigned is the cause of a lead's context cancelled by Resign.
+var errResigned = errors.New("advisorylock: leadership resigned")
 
 // electionBackend is how an Election elects, learnt at its first
 // operation: terms recorded beside a session lock, or a lease.
@@ -81,7 +95,8 @@ type ElectingSessionLocker interface {
 }
 
 // NewElection returns an Election on name. It does no I/O (see New): it
-// fails only for a nil db, an invalid option set, or a name or owner
+// fails only for a nil db, an empty name, an invalid option set (one out
+// of bounds, or WithMinHold, which does not apply), or a name or owner
 // label that the database cannot store (a NUL byte, invalid UTF-8). The
 // first operation (or Check) picks the backend, runs the first-use checks
 // and creates the tables if needed.
@@ -92,25 +107,11 @@ type ElectingSessionLocker interface {
 // WithPollInterval (Observe), WithObserver (events of kind
 // LockKindElection) and WithLogger apply as they do to locks.
 func NewElection(db DB, name string, opts ...Option) (*Election, error) {
-	if isNil(db) {
-		return nil, wrapErr(name, "new election", errNilDB)
-	}
-	if err := storableName(name); err != nil {
+	cfg, err := leaseConfig(db, name, "an Election", lockOptions&^optMinHold, opts)
+	if err != nil {
 		return nil, wrapErr(name, "new election", err)
 	}
-	cfg := newConfig(opts)
-	if err := storableName(cfg.owner); err != nil {
-		return nil, wrapErr(name, "new election", fmt.Errorf("owner label: %w", err))
-	}
-	lock, err := New(db, name, opts...)
-	if err != nil {
-		return nil, err
-	}
-	lease, err := NewLeaseLock(db, name, opts...)
-	if err != nil {
-		return nil, err
-	}
-	lock.kind, lease.kind = LockKindElection, LockKindElection
+	lock, lease := newLock(db, name, cfg, LockKindElection), newLeaseLock(db, name, cfg, LockKindElection)
 	owner := cfg.owner
 	if owner == "" {
 		owner = hostPID()
@@ -122,9 +123,22 @@ func NewElection(db DB, name string, opts ...Option) (*Election, error) {
 func (e *Election) Name() string { return e.name }
 
 // Check runs the first-use work now (see NewElection), for a service that
-// wants to fail at start-up; later operations skip it.
+// wants to fail at start-up, and creates the tables if they are missing:
+// what Run would return at once (a hot standby, a transaction pooler, a
+// role that may not create the tables or lacks a grant on them) Check
+// returns; later operations skip it.
 func (e *Election) Check(ctx context.Context) error {
 	_, err := e.backend(ctx)
+	if err == nil {
+		var b Backend
+		if b, err = resolveBackend(ctx, e.db, &e.cfg); err == nil {
+			table := "advisorylock_elections" // terms, beside a session lock
+			if _, ok := b.(SessionLocker); !ok {
+				table = "advisorylock_leases" // the leader's lease
+			}
+			err = checkTables(ctx, e.db, b, table)
+		}
+	}
 	return wrapErr(e.name, "check", err)
 }
 
@@ -345,12 +359,70 @@ func onLeaderConn[T any](ctx context.Context, g *Guard, timeout time.Duration, s
 func (e *Election) serve(ctx context.Context, t term, lead func(ctx context.Context, term FencingToken) error) error {
 	lctx, cancel := context.WithCancelCause(ctx)
 	t.g.h.onLost(cancel)
+	l := e.begin(cancel)
 	defer func() {
 		t.g.h.onLost(nil)
 		cancel(nil)
 		e.resign(ctx, t)
+		e.end(l)
 	}()
-	return lead(lctx, t.token)
+	err := lead(lctx, t.token)
+	if context.Cause(lctx) == errResigned && (errors.Is(err, context.Canceled) || errors.Is(err, errResigned)) {
+		return nil // resigned by Resign: as if lead had returned
+	}
+	return err
+}
+
+// begin records a term that a Run serves, for Resign.
+func (e *Election) begin(cancel context.CancelCauseFunc) *leadership {
+	l := &leadership{cancel: cancel, done: make(chan struct{})}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.serving == nil {
+		e.serving = map[*leadership]struct{}{}
+	}
+	e.serving[l] = struct{}{}
+	return l
+}
+
+// end records that the term l is freed.
+func (e *Election) end(l *leadership) {
+	e.mu.Lock()
+	delete(e.serving, l)
+	e.mu.Unlock()
+	close(l.done)
+}
+
+// Resign gives up the leadership that a Run of e holds, if it leads: its
+// lead's context is cancelled, and once lead returns the term is ended
+// and the lock freed, so that another candidate takes over (on
+// PostgreSQL and MySQL a waiting one within about a round trip). That Run
+// then campaigns again, as after a lead that returned nil, and may lead
+// again if no other candidate takes over. A lead that returns its
+// context's error after Resign counts as returning nil; Run returns any
+// other error it returns.
+//
+// Resign returns once every term that e's Runs led when it was called
+// has been freed; nil also when e did not lead. If ctx ends first it
+// returns ctx's error, and the terms still end when their leads return.
+func (e *Election) Resign(ctx context.Context) error {
+	e.mu.Lock()
+	terms := make([]*leadership, 0, len(e.serving))
+	for l := range e.serving {
+		terms = append(terms, l)
+	}
+	e.mu.Unlock()
+	for _, l := range terms {
+		l.cancel(errResigned)
+	}
+	for _, l := range terms {
+		select {
+		case <-l.done:
+		case <-ctx.Done():
+			return wrapErr(e.name, "resign", context.Cause(ctx))
+		}
+	}
+	return nil
 }
 
 // resign frees the leadership of t; a failed release is logged (it

@@ -701,8 +701,12 @@ func TestElectionRunReturnsAMissingPrivilege(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		for what, dsn := range map[string]string{"no grant on advisorylock_elections": withTables, "no tables, no CREATE": bare} {
 			name := testdb.UniqueName(t)
-			err := runRefused(t, testdb.OpenPostgresDSN(t, drv, withUser(t, dsn, role)), name)
+			db := testdb.OpenPostgresDSN(t, drv, withUser(t, dsn, role))
 			var coded interface{ SQLState() string }
+			if err := newElection(t, db, name).Check(ctx); !errors.As(err, &coded) || coded.SQLState() != "42501" {
+				t.Errorf("%s, %s: Check = %v; want the 42501 that Run gets", drv, what, err)
+			}
+			err := runRefused(t, db, name)
 			if !errors.As(err, &coded) || coded.SQLState() != "42501" || !strings.Contains(err.Error(), "election "+strconv.Quote(name)) {
 				t.Errorf("%s, %s: Run = %v; want at once an error naming the election, wrapping SQLSTATE 42501", drv, what, err)
 			}
@@ -737,5 +741,48 @@ func TestElectionLeadReturningAtOnceDoesNotHammer(t *testing.T) {
 			t.Fatalf("a lead returning nil at once ran %d times in 3s, want 2 to 30", n)
 		}
 		t.Logf("%d terms in 3s", terms.Load())
+	})
+}
+
+// TestElectionResignHandsOverAndRunGoesOn: Resign cancels the leader's
+// lead, frees the term for another candidate, returns once it is freed,
+// and leaves Run campaigning; a Resign from a replica that does not lead
+// returns nil at once.
+func TestElectionResignHandsOverAndRunGoesOn(t *testing.T) {
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		name := testdb.UniqueName(t)
+		c := startCandidates(t, edb, name, 2)
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		first := c.next(t, wait)
+		other := 1 - first.who
+		if err := c.elections[other].Resign(ctx); err != nil {
+			t.Fatalf("Resign of a candidate that does not lead: %v", err)
+		}
+		select {
+		case l := <-c.causes[other]:
+			t.Fatalf("Resign of a non-leader ended a lead (cause %v)", l.cause)
+		default:
+		}
+		if err := c.elections[first.who].Resign(ctx); err != nil {
+			t.Fatalf("Resign of the leader: %v", err)
+		}
+		select {
+		case <-c.causes[first.who]:
+		default:
+			t.Fatal("Resign returned before the leader's lead saw its context end")
+		}
+		next := c.next(t, wait)
+		if next.who != other || next.token <= first.token {
+			t.Fatalf("after the leader (%d, term %v) resigned, candidate %d led with term %v; want candidate %d with a larger term", first.who, first.token, next.who, next.token, other)
+		}
+		select {
+		case err := <-c.done:
+			t.Fatalf("a Run returned after Resign: %v, want it to go on campaigning", err)
+		default:
+		}
+		if n := c.overlap.Load(); n != 0 {
+			t.Fatalf("%d leads overlapped", n)
+		}
 	})
 }

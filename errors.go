@@ -41,11 +41,16 @@ var (
 type TimeoutError struct {
 	Name   string        // the lock's name
 	Waited time.Duration // how long the acquire ran
+	Budget time.Duration // the d given (0 or less: one attempt)
 }
 
-// Error names the lock and how long the acquire waited.
+// Error names the lock and the bound it was given: the d, or one attempt
+// for a d of 0 or less.
 func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("advisorylock: lock %s: not acquired within %s", quoteName(e.Name), e.Waited.Round(time.Millisecond))
+	if e.Budget <= 0 {
+		return fmt.Sprintf("advisorylock: lock %s: not acquired in the one attempt of a timeout of %s", quoteName(e.Name), e.Budget)
+	}
+	return fmt.Sprintf("advisorylock: lock %s: not acquired within %s (waited %s)", quoteName(e.Name), e.Budget, e.Waited.Round(time.Millisecond))
 }
 
 // Is reports whether target is ErrTimeout.

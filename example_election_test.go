@@ -76,3 +76,34 @@ func ExampleElection_Observe() {
 	// leader at first: <nil>
 	// then: replica-b
 }
+
+// Stepping down: a leader that is about to drain (a deploy, a shutdown
+// hook) resigns, so that another replica takes over at once; Run goes on
+// campaigning until its own ctx ends.
+func ExampleElection_Resign() {
+	db := exampleDB()
+	defer db.Close()
+	election, err := advisorylock.NewElection(db, "report-scheduler/"+exampleID())
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	terms := 0
+	err = election.Run(ctx, func(lead context.Context, _ advisorylock.FencingToken) error {
+		terms++
+		if terms == 2 {
+			cancel() // leading again after the resignation: the example stops
+			return nil
+		}
+		go func() {
+			if err := election.Resign(ctx); err != nil {
+				log.Print(err)
+			}
+		}()
+		<-lead.Done() // Resign cancels the lead's context
+		return lead.Err()
+	})
+	fmt.Println("terms:", terms, "Run returned ctx's error:", errors.Is(err, context.Canceled))
+	// Output: terms: 2 Run returned ctx's error: true
+}

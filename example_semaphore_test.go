@@ -63,3 +63,23 @@ func ExampleSemaphoreGuard_Slot() {
 	fmt.Println(len(dir) == len("/scratch/0"))
 	// Output: true
 }
+
+// Which slot, inside Do: fn reads its slot from its context, so Do's
+// handling of loss and release is kept while fn picks its resource.
+func ExampleSlotFromContext() {
+	db := exampleDB()
+	defer db.Close()
+	sem, err := advisorylock.NewSemaphore(db, fmt.Sprintf("example-workdirs-%d", time.Now().UnixNano()), 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = sem.Do(context.Background(), func(ctx context.Context) error {
+		slot, ok := advisorylock.SlotFromContext(ctx)
+		fmt.Println("holding a slot:", ok, slot >= 0 && slot < sem.Slots())
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output: holding a slot: true true
+}

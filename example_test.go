@@ -28,8 +28,10 @@ func exampleDB() *sql.DB {
 	return db
 }
 
-// Run-once across the fleet: every replica calls this at 02:00, and
-// exactly one of them sends the digest; the others skip.
+// Run-once across the fleet, right now: every replica calls this at
+// 02:00, and while one of them sends the digest the others skip. A job
+// this short, fired on replicas whose clocks are apart, can still run on
+// several one after another: see WithMinHold.
 func ExampleLock_TryDo() {
 	db := exampleDB()
 	defer db.Close()
@@ -104,6 +106,8 @@ func sendDigestOnce(ctx context.Context, db *sql.DB, send func(), opts ...adviso
 // (sqlmock's driver cannot be detected), skip the server checks, and expect
 // one statement per step: the try and the unlock are Execs that return
 // one row when they succeed. Here another replica holds the lock.
+// (extra/advisorylocktest says these steps as intents, so that a test
+// does not spell the statements.)
 func Example_sqlmock() {
 	db, mock, err := sqlmock.New()
 	if err != nil {

@@ -811,8 +811,8 @@ func TestServerRestart(t *testing.T) {
 	c := testdb.OwnCluster(t)
 	admin := testdb.OpenPostgresDSN(t, "postgres", c.DSN)
 	admin.SetMaxIdleConns(-1) // a fresh session per query: none dies in the restart
-	opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond),
-		advisorylock.WithReleaseTimeout(2 * time.Second), advisorylock.WithLeaseTTL(3 * time.Second)}
+	opts := []advisorylock.Option{quiet, advisorylock.WithReleaseTimeout(2 * time.Second), advisorylock.WithLeaseTTL(3 * time.Second)}
+	lockOpts := append(slices.Clip(opts), advisorylock.WithKeepAlive(200*time.Millisecond))
 	ctx := context.Background()
 
 	type waiter struct {
@@ -838,7 +838,7 @@ func TestServerRestart(t *testing.T) {
 
 		name := testdb.UniqueName(t)
 		locks = append(locks, name)
-		g, err := newLock(t, holderDB, name, opts...).TryLock(ctx)
+		g, err := newLock(t, holderDB, name, lockOpts...).TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1034,10 +1034,9 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 			ctx := context.Background()
 			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			admin := testdb.OpenPostgres(t, drv)
-			opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond),
-				advisorylock.WithReleaseTimeout(time.Second), advisorylock.WithLeaseTTL(3 * time.Second)}
+			opts := []advisorylock.Option{quiet, advisorylock.WithReleaseTimeout(time.Second), advisorylock.WithLeaseTTL(3 * time.Second)}
 
-			l := newLock(t, db, testdb.UniqueName(t), opts...)
+			l := newLock(t, db, testdb.UniqueName(t), append(slices.Clip(opts), advisorylock.WithKeepAlive(200*time.Millisecond))...)
 			g, err := l.TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -1322,14 +1321,14 @@ const leaseTTL = 1500 * time.Millisecond
 const deadHolder = 3 * time.Second
 
 // pgLoadOptions are the options of every lock of a pgLoad; its Locks
-// add WithDeadHolderTimeout(deadHolder).
-var pgLoadOptions = []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second),
+// add a keep-alive and WithDeadHolderTimeout(deadHolder).
+var pgLoadOptions = []advisorylock.Option{quiet, advisorylock.WithReleaseTimeout(time.Second),
 	advisorylock.WithLeaseTTL(leaseTTL), advisorylock.WithPollInterval(50 * time.Millisecond)}
 
 // newPGLoadLock returns a Lock on name with a pgLoad's options.
 func newPGLoadLock(t testing.TB, db *sql.DB, name string) *advisorylock.Lock {
 	t.Helper()
-	return newLock(t, db, name, append(slices.Clip(pgLoadOptions), advisorylock.WithDeadHolderTimeout(deadHolder))...)
+	return newLock(t, db, name, append(slices.Clip(pgLoadOptions), advisorylock.WithKeepAlive(200*time.Millisecond), advisorylock.WithDeadHolderTimeout(deadHolder))...)
 }
 
 // startPGLoad starts sessionWorkers Lock workers and leaseWorkers lease

@@ -532,28 +532,55 @@ type LeaseLock struct {
 }
 
 // NewLeaseLock returns a LeaseLock on name. It does no I/O (see New): it
-// fails only for a nil db, or a name or owner label that the database
-// cannot store (a NUL byte, invalid UTF-8). The first operation picks the
+// fails only for a nil db, an empty name, a name or owner label that the
+// database cannot store (a NUL byte, invalid UTF-8), or an option that
+// does not apply to a lease (WithKeepAlive, WithDeadHolderTimeout,
+// WithPoolerCheck) or whose value is out of bounds. The first operation picks the
 // backend and runs the first-use checks; the table is created on first
 // use (see Schema for its DDL).
 func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
-	if isNil(db) {
-		return nil, wrapErr(name, "new lease", errNilDB)
-	}
-	if err := storableName(name); err != nil {
+	cfg, err := leaseConfig(db, name, "a LeaseLock", leaseOptions, opts)
+	if err != nil {
 		return nil, wrapErr(name, "new lease", err)
 	}
-	cfg := newConfig(opts)
-	if err := storableName(cfg.owner); err != nil {
-		return nil, wrapErr(name, "new lease", fmt.Errorf("owner label: %w", err))
+	return newLeaseLock(db, name, cfg, LockKindLease), nil
+}
+
+// leaseOptions are the options a LeaseLock takes: not those of a pinned
+// session (keep-alive, dead-holder timeout, pooler probe).
+const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck)
+
+// leaseConfig is constructed for a name kept in a row: the name and the
+// owner label must be storable too.
+func leaseConfig(db DB, name, what string, takes optionSet, opts []Option) (config, error) {
+	cfg, err := constructed(db, name, what, takes, opts)
+	if err != nil {
+		return cfg, err
 	}
-	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[LeaseStore](), kind: LockKindLease}, nil
+	if err := storableName(name); err != nil {
+		return cfg, err
+	}
+	if err := storableName(cfg.owner); err != nil {
+		return cfg, fmt.Errorf("owner label: %w", err)
+	}
+	return cfg, nil
+}
+
+// newLeaseLock returns a LeaseLock of kind on name with cfg, checked.
+func newLeaseLock(db DB, name string, cfg config, kind LockKind) *LeaseLock {
+	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[LeaseStore](), kind: kind}
 }
 
 // Check runs the first-use work now (see New), for a service that wants
-// to fail at start-up; later operations skip it.
+// to fail at start-up, and creates the tables if they are missing, so
+// that a hot standby, a backend that keeps no leases, a role that may not
+// create the tables and one that lacks a grant on them (or on the token
+// sequence) are refused here; later operations skip it.
 func (l *LeaseLock) Check(ctx context.Context) error {
-	_, err := l.store(ctx)
+	s, err := l.store(ctx)
+	if err == nil {
+		err = checkTables(ctx, l.db, s, "advisorylock_leases")
+	}
 	return wrapErr(l.name, "check", err)
 }
 
@@ -687,19 +714,19 @@ func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 // returns the *LeaseLostError. Pass lease.Token() to the resource's Fence
 // with every write.
 func (l *LeaseLock) Do(ctx context.Context, fn func(ctx context.Context, lease Lease) error) error {
-	return do(ctx, l.Lock, fn)
+	return do(ctx, l.name, l.Lock, fn)
 }
 
 // DoTimeout is Do with the wait bounded as in LockTimeout.
 func (l *LeaseLock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context, lease Lease) error) error {
-	return do(ctx, func(ctx context.Context) (*LeaseGuard, error) { return l.LockTimeout(ctx, d) }, fn)
+	return do(ctx, l.name, func(ctx context.Context) (*LeaseGuard, error) { return l.LockTimeout(ctx, d) }, fn)
 }
 
 // TryDo runs fn only if it can take the lease at once; (false, nil) when
 // it is held elsewhere, (false, the *LeaseLostError) when the lease was
 // lost as it was granted (see Do).
 func (l *LeaseLock) TryDo(ctx context.Context, fn func(ctx context.Context, lease Lease) error) (ran bool, err error) {
-	return tryDo(ctx, l.TryLock, fn)
+	return tryDo(ctx, l.name, l.TryLock, fn)
 }
 
 // Lease is one grant of a LeaseLock. It is cheap to copy; copies share
@@ -773,23 +800,30 @@ type Fence struct {
 }
 
 // NewFence returns a Fence for resource. It does no I/O (see New): it
-// fails only for a nil db or a resource name the database cannot store.
+// fails only for a nil db, an empty resource name or one the database
+// cannot store, or an option other than WithBackend, WithServerChecks and
+// WithLogger.
 // The first Admit (or Check) picks the backend, which must keep leases,
 // and creates the table if needed, on a connection of its own: Admit runs
 // in the caller's transaction, where a missing table could not be created.
 func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
-	if isNil(db) {
-		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), errNilDB)
-	}
-	if err := storableName(resource); err != nil {
+	cfg, err := leaseConfig(db, resource, "a Fence", fenceOptions, opts)
+	if err != nil {
 		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
 	}
-	return &Fence{db: db, resource: resource, cfg: newConfig(opts), setup: newFirstUse[LeaseStore]()}, nil
+	return &Fence{db: db, resource: resource, cfg: cfg, setup: newFirstUse[LeaseStore]()}, nil
 }
 
-// Check runs the first-use work now (see NewFence); later calls skip it.
-// With a pool of one connection (SetMaxOpenConns(1)), call it before the
-// first Admit: Admit's transaction holds the only connection.
+// fenceOptions are the options a Fence takes: how to find the backend,
+// and the logger every constructor takes.
+const fenceOptions = optBackend | optServerChecks | optLogger
+
+// Check runs the first-use work now (see NewFence), which creates the
+// tables if they are missing and proves the role may read and write the
+// fence table, so that a hot standby or a missing grant is refused here
+// rather than in the caller's transaction; later Admits skip it. With a
+// pool of one connection (SetMaxOpenConns(1)), call it before the first
+// Admit: Admit's transaction holds the only connection.
 func (f *Fence) Check(ctx context.Context) error {
 	_, err := f.store(ctx)
 	if err != nil {
@@ -805,10 +839,8 @@ func (f *Fence) store(ctx context.Context) (LeaseStore, error) {
 		if err != nil {
 			return nil, err
 		}
-		if e, ok := (*s).(schemaEnsurer); ok {
-			if err := e.ensureSchema(ctx, f.db); err != nil {
-				return nil, err
-			}
+		if err := checkTables(ctx, f.db, *s, "advisorylock_fences"); err != nil {
+			return nil, err
 		}
 		return s, nil
 	})
@@ -818,10 +850,20 @@ func (f *Fence) store(ctx context.Context) (LeaseStore, error) {
 	return *s, nil
 }
 
-// schemaEnsurer is a LeaseStore that creates its tables ahead of use, for
-// Fence.
-type schemaEnsurer interface {
-	ensureSchema(ctx context.Context, db DB) error
+// tableChecker is a backend whose Check creates its tables and proves the
+// role may use them (see the built-in backends' checkTables).
+type tableChecker interface {
+	checkTables(ctx context.Context, db DB, tables ...string) error
+}
+
+// checkTables, where b can, creates b's tables if they are missing and
+// proves the role may read and write tables (names of the library's own),
+// so that Check refuses a missing grant as the first operation would.
+func checkTables(ctx context.Context, db DB, b Backend, tables ...string) error {
+	if c, ok := b.(tableChecker); ok {
+		return c.checkTables(ctx, db, tables...)
+	}
+	return nil
 }
 
 // Admit records token as the resource's highest in tx if it is not lower

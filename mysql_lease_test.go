@@ -431,11 +431,22 @@ func TestMySQLElectionRunReturnsAMissingPrivilege(t *testing.T) {
 	readOnly, _ := mysqlUserWith(t, admin, withTables, "SELECT")
 	for what, db := range map[string]*sql.DB{"no tables, no CREATE": noCreate, "tables, SELECT only": readOnly} {
 		name := testdb.UniqueName(t)
-		err := runRefused(t, db, name)
 		var myErr *mysql.MySQLError
+		if err := newElection(t, db, name).Check(context.Background()); !errors.As(err, &myErr) || myErr.Number != 1142 {
+			t.Errorf("%s: Check = %v; want the server's 1142 that Run gets", what, err)
+		}
+		err := runRefused(t, db, name)
 		if !errors.As(err, &myErr) || myErr.Number != 1142 || !strings.Contains(err.Error(), "election "+strconv.Quote(name)) {
 			t.Errorf("%s: Run = %v; want at once an error naming the election, wrapping the server's 1142", what, err)
 		}
 		t.Logf("%s: %v", what, err)
+	}
+	// Every Check that proves grants gets the same refusal (see
+	// TestCheckRefusesAMissingGrant).
+	for what, check := range checkers(t, readOnly) {
+		var myErr *mysql.MySQLError
+		if err := check(context.Background()); !errors.As(err, &myErr) || myErr.Number != 1142 {
+			t.Errorf("tables, SELECT only: %s.Check = %v, want the server's 1142", what, err)
+		}
 	}
 }

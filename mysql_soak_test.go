@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -51,13 +52,12 @@ func startMySQLLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() 
 	sessionSecs := newSections(l.lockName, l.session, t.Logf).sessionFaults(3 * time.Second)
 	leaseSecs := newSections(l.leaseName, l.lease, t.Logf)
 	l.secs = []*sections{sessionSecs, leaseSecs}
-	opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second),
-		advisorylock.WithLeaseTTL(1500 * time.Millisecond)}
+	opts := []advisorylock.Option{quiet, advisorylock.WithReleaseTimeout(time.Second), advisorylock.WithLeaseTTL(1500 * time.Millisecond)}
 	ctx, stop := context.WithCancel(context.Background())
 	l.stop = stop
 	t.Cleanup(func() { l.proxy.Heal(); stop(); l.wg.Wait() })
 	for range sessionWorkers {
-		lock := newLock(t, db, l.lockName, opts...)
+		lock := newLock(t, db, l.lockName, append(slices.Clip(opts), advisorylock.WithKeepAlive(200*time.Millisecond))...)
 		l.wg.Go(func() { sessionWorker(ctx, lock, sessionSecs, l.session, hold, nil) })
 	}
 	for range leaseWorkers {

@@ -1,13 +1,16 @@
 package advisorylock
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 )
 
-// Option configures a Lock, LeaseLock or Fence. Options that do not apply
-// to what they are given are ignored.
+// Option configures a Lock, LeaseLock, Semaphore, Election or Fence. A
+// constructor refuses an option that does not apply to what it makes (say
+// WithMinHold for a Semaphore) and a value outside the option's bounds,
+// with an error naming the option: nothing is ignored or clamped.
 type Option func(*config)
 
 // Clock tells the time. The default is the system clock; tests inject one
@@ -49,7 +52,55 @@ type config struct {
 	deadHolderSet  bool // by WithDeadHolderTimeout; else derived (see check)
 	poolWait       time.Duration
 	minHold        time.Duration
+	given          optionSet // the options passed, for configFor
 }
+
+// optionSet is a set of options, one bit each, named in optionNames.
+type optionSet uint32
+
+const (
+	optBackend optionSet = 1 << iota
+	optLeaseTTL
+	optPollInterval
+	optKeepAlive
+	optReleaseTimeout
+	optPoolerCheck
+	optServerChecks
+	optLogger
+	optClock
+	optOwner
+	optObserver
+	optMinHold
+	optDeadHolder
+	optPoolWait
+
+	// optAll is every option; each constructor takes optAll less what
+	// cannot apply to it.
+	optAll = optPoolWait<<1 - 1
+)
+
+var optionNames = [...]string{"WithBackend", "WithLeaseTTL", "WithPollInterval", "WithKeepAlive",
+	"WithReleaseTimeout", "WithPoolerCheck", "WithServerChecks", "WithLogger", "WithClock", "WithOwner",
+	"WithObserver", "WithMinHold", "WithDeadHolderTimeout", "WithPoolWait"}
+
+// set records that an option was given.
+func (c *config) set(o optionSet) { c.given |= o }
+
+// configFor builds the configuration of a constructor that takes the
+// options in takes, refusing one it does not take or one whose value is
+// out of bounds (see check).
+func configFor(what string, takes optionSet, opts []Option) (config, error) {
+	c := newConfig(opts)
+	for i, name := range optionNames {
+		if o := optionSet(1) << i; c.given&o != 0 && takes&o == 0 {
+			return c, fmt.Errorf("%w: %s does not apply to %s", errInvalidOption, name, what)
+		}
+	}
+	return c, c.check(takes)
+}
+
+// errInvalidOption is what a constructor returns for an option it refuses.
+var errInvalidOption = errors.New("advisorylock: invalid options")
 
 func newConfig(opts []Option) config {
 	c := config{
@@ -68,14 +119,6 @@ func newConfig(opts []Option) config {
 			o(&c)
 		}
 	}
-	c.ttl = min(max(c.ttl, minLeaseTTL), maxLeaseTTL)
-	c.poll = max(c.poll, minPollInterval)
-	if c.releaseTimeout <= 0 {
-		c.releaseTimeout = defaultReleaseTimeout
-	}
-	if c.poolWait <= 0 {
-		c.poolWait = defaultPoolWait
-	}
 	if c.clock == nil {
 		c.clock = systemClock{}
 	}
@@ -91,15 +134,16 @@ func (c *config) log() *slog.Logger {
 
 // WithBackend sets the backend instead of detecting it from db.Driver().
 // It is required where the driver cannot be detected, such as go-sqlmock.
-func WithBackend(b Backend) Option { return func(c *config) { c.backend = b } }
+func WithBackend(b Backend) Option { return func(c *config) { c.backend = b; c.set(optBackend) } }
 
-// WithLeaseTTL sets how long a lease lives without renewal [30s]. It is
-// clamped to [1s, 24h]. A holder renews every third of it, so a holder that
+// WithLeaseTTL sets how long a lease lives without renewal [30s]; a d
+// outside [1s, 24h] is refused. A holder renews every third of it, so a holder that
 // dies frees the lock within one TTL.
-func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d; c.set(optLeaseTTL) } }
 
 // WithPollInterval sets how often a waiter polls where the backend cannot
-// wait server-side (SQLite, and LeaseLock everywhere) [20ms, floor 1ms].
+// wait server-side (SQLite, and LeaseLock everywhere) [20ms]; a d below
+// 1ms is refused.
 // A LeaseLock waiter starts at this interval and backs off, with jitter,
 // to at most the larger of it and 500ms, so that many waiters do not
 // flood the database; a lease released early is still seen within that.
@@ -107,25 +151,37 @@ func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d }
 // An Election's Observe polls Leader at this interval [1s without the
 // option].
 func WithPollInterval(d time.Duration) Option {
-	return func(c *config) { c.poll, c.pollSet = d, true }
+	return func(c *config) { c.poll, c.pollSet = d, true; c.set(optPollInterval) }
 }
 
 // WithKeepAlive sets how often a held PostgreSQL session lock checks that
 // its session still holds it [10s]; 0 turns the check off, and then Lost
-// only closes when the lock is released.
-func WithKeepAlive(d time.Duration) Option { return func(c *config) { c.keepAlive = max(d, 0) } }
+// only closes when the lock is released. A negative d is refused, and so
+// is a d that, with the release timeout, reaches the dead-holder timeout
+// (see WithDeadHolderTimeout): pass both. It does not apply to a
+// LeaseLock or a Fence.
+func WithKeepAlive(d time.Duration) Option {
+	return func(c *config) { c.keepAlive = d; c.set(optKeepAlive) }
+}
 
 // WithReleaseTimeout bounds each release, which runs on its own context so
 // that a caller whose context is already done still releases [5s]. On
 // SQLite one statement that waits for a busy database waits as long as the
 // driver's busy_timeout, which nothing can cut short: keep that below this.
-func WithReleaseTimeout(d time.Duration) Option { return func(c *config) { c.releaseTimeout = d } }
+// A d of 0 or less is refused. Without WithDeadHolderTimeout, a release
+// timeout above 5s raises the default dead-holder timeout to the
+// keep-alive plus the release timeout plus 5s.
+func WithReleaseTimeout(d time.Duration) Option {
+	return func(c *config) { c.releaseTimeout = d; c.set(optReleaseTimeout) }
+}
 
 // WithPoolerCheck turns the transaction-pooler probe (see DetectPooler)
 // that a Lock on PostgreSQL runs at its first operation on or off [true].
 // Turn it off only where you know no pooler multiplexes sessions;
 // WithServerChecks(false) turns it off too.
-func WithPoolerCheck(on bool) Option { return func(c *config) { c.poolerCheck = on } }
+func WithPoolerCheck(on bool) Option {
+	return func(c *config) { c.poolerCheck = on; c.set(optPoolerCheck) }
+}
 
 // WithServerChecks turns on or off every check that the first operation
 // on a *sql.DB runs against the server [true]: the backend's Validate
@@ -133,19 +189,21 @@ func WithPoolerCheck(on bool) Option { return func(c *config) { c.poolerCheck = 
 // pooler probe. Turn them off for go-sqlmock, which cannot answer them,
 // or where you know the topology; a lock that skips them can be unsafe
 // in exactly the ways they detect.
-func WithServerChecks(on bool) Option { return func(c *config) { c.serverChecks = on } }
+func WithServerChecks(on bool) Option {
+	return func(c *config) { c.serverChecks = on; c.set(optServerChecks) }
+}
 
 // WithLogger sets the logger for warnings (lease lost, release failed,
 // forgotten guard) [slog.Default()].
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l; c.set(optLogger) } }
 
 // WithClock sets the clock [system clock]; see Clock.
-func WithClock(cl Clock) Option { return func(c *config) { c.clock = cl } }
+func WithClock(cl Clock) Option { return func(c *config) { c.clock = cl; c.set(optClock) } }
 
 // WithOwner sets a label that lease rows record as their owner, such as
 // "host-a:4242", shown by Holder. A unique suffix is added per acquire, so
 // two acquires never share an owner. [hostname:pid]
-func WithOwner(label string) Option { return func(c *config) { c.owner = label } }
+func WithOwner(label string) Option { return func(c *config) { c.owner = label; c.set(optOwner) } }
 
 // WithMinHold keeps a Lock's or LeaseLock's name taken until d after each
 // grant, also when the holder releases it sooner or dies [0: off]: during
@@ -155,14 +213,20 @@ func WithOwner(label string) Option { return func(c *config) { c.owner = label }
 // run once per tick (ShedLock's lockAtLeastFor). The window counts from
 // the grant, by the database's clock on PostgreSQL (the Clock on SQLite);
 // a window counted from the release is not offered, see the README's
-// "Cron on every replica". Every user of a name must use the same d: a
-// Lock without it does not see windows at all.
+// "Cron on every replica". Every user of a name must use the same d. A
+// Lock without it does not look for windows on PostgreSQL and MySQL (that
+// would cost its try a second statement), so it takes the name inside
+// one; on SQLite, where the window is the lock's own row, it finds the
+// name taken. lockrun looks on every backend: a run without --min-hold
+// inside an open window is refused (or waits) as for a held lock.
 //
 // A PostgreSQL Lock with it keeps its windows in a table,
 // advisorylock_windows (created at the first operation, see Schema); its
 // try still takes one round trip, and its release one. A backend that
 // cannot keep windows makes the first operation fail with ErrUnsupported.
-func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = max(d, 0) } }
+// A negative d is refused; the option does not apply to a Semaphore, an
+// Election or a Fence.
+func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = d; c.set(optMinHold) } }
 
 // WithDeadHolderTimeout sets how soon PostgreSQL frees the session lock of
 // a holder that vanished without closing its socket (a host powered off,
@@ -173,32 +237,65 @@ func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = 
 //
 // d must exceed the keep-alive interval plus the release timeout, so that
 // a holder cut off from the server notices the loss (Lost closes) before
-// the server frees its lock; New refuses an option set that breaks this.
+// the server frees its lock; New refuses an option set that breaks this,
+// and a negative d.
 // Behind a proxy (PgBouncer, a cloud proxy) the server's keepalives reach
 // the proxy, not the client, and this bounds nothing. On MySQL, given
 // explicitly (not by default), it sets the session's wait_timeout to d
 // (whole seconds) at its first grant, unless the keep-alive is off (see
 // MySQL).
 func WithDeadHolderTimeout(d time.Duration) Option {
-	return func(c *config) { c.deadHolder, c.deadHolderSet = max(d, 0), true }
+	return func(c *config) { c.deadHolder, c.deadHolderSet = d, true; c.set(optDeadHolder) }
 }
 
 // WithPoolWait bounds how long an acquire waits for a connection from an
 // exhausted pool before it fails with ErrPoolUnavailable [1s], so that
 // TryLock and TryDo on a context without a deadline do not hang. A
-// shorter deadline on the acquire's context still wins.
-func WithPoolWait(d time.Duration) Option { return func(c *config) { c.poolWait = d } }
+// shorter deadline on the acquire's context still wins. A d of 0 or less
+// is refused.
+func WithPoolWait(d time.Duration) Option {
+	return func(c *config) { c.poolWait = d; c.set(optPoolWait) }
+}
 
-// check refuses an option set that cannot keep its promises. Without
-// WithDeadHolderTimeout the dead-holder timeout is its default, raised
-// where longer keep-alive or release timeouts need more.
-func (c *config) check() error {
+// check refuses option values out of their bounds, and a keep-alive
+// that does not fit under the dead-holder timeout where keep-alives apply
+// (takes has optKeepAlive). Without WithDeadHolderTimeout the dead-holder
+// timeout is its default, raised where a longer release timeout needs
+// more; a WithKeepAlive that needs more is refused instead, so that the
+// server's bound on a vanished holder never grows unasked.
+func (c *config) check(takes optionSet) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{errInvalidOption}, args...)...)
+	}
+	switch {
+	case c.ttl < minLeaseTTL || c.ttl > maxLeaseTTL:
+		return bad("WithLeaseTTL(%s) is outside [%s, %s]", c.ttl, minLeaseTTL, maxLeaseTTL)
+	case c.poll < minPollInterval:
+		return bad("WithPollInterval(%s) is below %s", c.poll, minPollInterval)
+	case c.keepAlive < 0:
+		return bad("WithKeepAlive(%s) is negative (0 turns the keep-alive off)", c.keepAlive)
+	case c.releaseTimeout <= 0:
+		return bad("WithReleaseTimeout(%s) must be positive", c.releaseTimeout)
+	case c.poolWait <= 0:
+		return bad("WithPoolWait(%s) must be positive", c.poolWait)
+	case c.minHold < 0:
+		return bad("WithMinHold(%s) is negative (0 turns it off)", c.minHold)
+	case c.deadHolder < 0:
+		return bad("WithDeadHolderTimeout(%s) is negative (0 leaves the server's settings)", c.deadHolder)
+	}
+	if takes&optKeepAlive == 0 {
+		return nil
+	}
 	if !c.deadHolderSet {
+		if c.given&optKeepAlive != 0 && c.keepAlive+c.releaseTimeout >= defaultDeadHolder {
+			return bad("WithKeepAlive(%s) plus the release timeout (%s) must stay below the dead-holder timeout (%s by default), so that a cut-off holder learns of its loss before the server frees its lock: pass WithDeadHolderTimeout above %s too",
+				c.keepAlive, c.releaseTimeout, defaultDeadHolder, c.keepAlive+c.releaseTimeout)
+		}
 		c.deadHolder = max(defaultDeadHolder, c.keepAlive+c.releaseTimeout+defaultReleaseTimeout)
 		return nil
 	}
 	if c.deadHolder > 0 && c.deadHolder <= c.keepAlive+c.releaseTimeout {
-		return fmt.Errorf("advisorylock: invalid options: WithDeadHolderTimeout(%s) must exceed the keep-alive interval (%s) plus the release timeout (%s), so that a cut-off holder learns of its loss before the server frees its lock",
+		return bad("WithDeadHolderTimeout(%s) must exceed the keep-alive interval (%s) plus the release timeout (%s), so that a cut-off holder learns of its loss before the server frees its lock",
 			c.deadHolder, c.keepAlive, c.releaseTimeout)
 	}
 	return nil

@@ -48,6 +48,23 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 					t.Fatalf("%s: error %q does not name the lock", what, err)
 				}
 			}
+			// Check at start-up finds a replica's DSN for every kind, and
+			// Run does not campaign on it forever.
+			checks := map[string]func() error{
+				"Lock.Check":      func() error { return newLock(t, db, name).Check(ctx) },
+				"LeaseLock.Check": func() error { return newLeaseLock(t, db, name).Check(ctx) },
+				"Semaphore.Check": func() error { return newSemaphore(t, db, name, 2).Check(ctx) },
+				"Election.Check":  func() error { return newElection(t, db, name).Check(ctx) },
+				"Election.Run":    func() error { return runRefused(t, db, name) },
+			}
+			for what, check := range checks {
+				wantStandby(what, check())
+			}
+			if f, err := advisorylock.NewFence(db, name); err != nil {
+				t.Fatal(err)
+			} else if err := f.Check(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "standby") {
+				t.Fatalf("Fence.Check on a hot standby = %v, want ErrUnsupported saying hot standby", err)
+			}
 			mkLock := func() (*advisorylock.Lock, error) { return advisorylock.New(db, name) }
 			wantStandby("TryLock", firstUse(mkLock, func(l *advisorylock.Lock) error {
 				g, err := l.TryLock(ctx)

@@ -47,6 +47,7 @@ var (
 
 func sendDigest(ctx context.Context) error   { return nil }
 func rebuildIndex(ctx context.Context) error { return nil }
+func rebuildShard(ctx context.Context, slot int) error { return nil }
 func serveFromCatalog(ctx context.Context) error { return nil }
 `
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
@@ -210,6 +211,9 @@ func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	app := testdb.OpenPostgresDSN(t, "pgx", withUser(t, withTables, role))
+	if err := newLeaseLock(t, app, testdb.UniqueName(t)).Check(ctx); err == nil || !strings.Contains(err.Error(), "advisorylock_token_seq") {
+		t.Fatalf("Check without USAGE on the sequence = %v, want the error naming it that TryLock would return", err)
+	}
 	_, err := newLeaseLock(t, app, testdb.UniqueName(t)).TryLock(ctx)
 	if err == nil || !strings.Contains(err.Error(), "advisorylock_token_seq") || !strings.Contains(err.Error(), "privilege") {
 		t.Fatalf("TryLock without USAGE on the sequence = %v, want one error naming the missing privilege", err)
@@ -223,6 +227,61 @@ func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Schema(Postgres())") {
 		t.Fatalf("TryLock without tables or CREATE = %v, want an error saying an administrator creates them from Schema(Postgres())", err)
 	}
+}
+
+// checkers returns, for each kind of lock whose Check proves the role's
+// grants, a Check on db: a LeaseLock, a Fence, an Election and a Lock
+// with WithMinHold, each on a new name.
+func checkers(t *testing.T, db *sql.DB) map[string]func(context.Context) error {
+	t.Helper()
+	fence, err := advisorylock.NewFence(db, testdb.UniqueName(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]func(context.Context) error{
+		"LeaseLock":          newLeaseLock(t, db, testdb.UniqueName(t)).Check,
+		"Fence":              fence.Check,
+		"Election":           newElection(t, db, testdb.UniqueName(t)).Check,
+		"Lock (WithMinHold)": newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second)).Check,
+	}
+}
+
+// TestCheckRefusesAMissingGrant: where an administrator created the
+// tables but granted the role nothing on them, Check returns the server's
+// 42501 (what the first operation would get) for a LeaseLock, a Fence,
+// an Election and a min-hold Lock, with both drivers; once the grants of
+// Schema's comment are given, each Check passes.
+func TestCheckRefusesAMissingGrant(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "postgres")
+	ctx := context.Background()
+	role := ordinaryRole(t, admin)
+	withTables := testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
+	owner := testdb.OpenPostgresDSN(t, "postgres", withTables)
+	checkAs := func(grants []string, want func(err error) bool, wanted string) {
+		t.Helper()
+		for _, s := range grants {
+			if _, err := owner.ExecContext(ctx, s); err != nil {
+				t.Fatalf("%.60s: %v", s, err)
+			}
+		}
+		for _, drv := range testdb.Drivers {
+			app := testdb.OpenPostgresDSN(t, drv, withUser(t, withTables, role))
+			for what, check := range checkers(t, app) {
+				if err := check(ctx); !want(err) {
+					t.Errorf("%s: %s.Check = %v, want %s", drv, what, err, wanted)
+				}
+			}
+		}
+	}
+	checkAs([]string{advisorylock.Schema(advisorylock.Postgres()), "GRANT SELECT ON advisorylock_schema TO " + role},
+		func(err error) bool {
+			var coded interface{ SQLState() string }
+			return errors.As(err, &coded) && coded.SQLState() == "42501"
+		}, "the server's 42501 without grants")
+	checkAs([]string{
+		"GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections TO " + role,
+		"GRANT USAGE ON SEQUENCE advisorylock_token_seq TO " + role},
+		func(err error) bool { return err == nil }, "nil with the documented grants")
 }
 
 // runOneTerm runs one term of an election on name, in which Leader must
@@ -298,7 +357,7 @@ func (cockroachConn) QueryContext(_ context.Context, query string, _ []driver.Na
 
 type versionRows struct{ done bool }
 
-func (*versionRows) Columns() []string { return []string{"version"} }
+func (*versionRows) Columns() []string { return []string{"version", "pg_is_in_recovery"} }
 func (*versionRows) Close() error      { return nil }
 func (r *versionRows) Next(dest []driver.Value) error {
 	if r.done {
@@ -306,5 +365,6 @@ func (r *versionRows) Next(dest []driver.Value) error {
 	}
 	r.done = true
 	dest[0] = "CockroachDB CCL v23.1.11 (x86_64-pc-linux-gnu, built 2023/09/27 01:53:43, go1.19.13)"
+	dest[1] = false // CockroachDB's pg_is_in_recovery always answers false
 	return nil
 }

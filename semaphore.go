@@ -38,8 +38,8 @@ import (
 // Every user of a name must give it the same slot count: two semaphores
 // on one name with different counts allow the larger count (their slots
 // overlap). A semaphore's slots never exclude a Lock of the same name.
-// WithMinHold does not apply to semaphores and is ignored. A Semaphore is
-// safe for concurrent use.
+// WithMinHold does not apply to semaphores: NewSemaphore refuses it. A
+// Semaphore is safe for concurrent use.
 type Semaphore struct {
 	db   DB
 	name string
@@ -75,7 +75,7 @@ func SlotKey(name string, slot int) int64 {
 }
 
 // NewSemaphore returns a Semaphore on name with slots slots. Any string
-// is a valid name. It does no I/O (see New): it fails only for a nil db,
+// but "" is a valid name. It does no I/O (see New): it fails only for a nil db,
 // slots below 1 or above MaxSlots, or an invalid option set. The first
 // operation picks the backend and runs the first-use checks (on
 // PostgreSQL the pooler probe: a transaction-mode pooler is refused with
@@ -84,14 +84,11 @@ func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, er
 	if slots < 1 || slots > MaxSlots {
 		return nil, wrapErr(name, "new semaphore", fmt.Errorf("advisorylock: a semaphore has from 1 to %d slots, not %d", MaxSlots, slots))
 	}
-	l, err := New(db, name, append(append([]Option(nil), opts...), WithMinHold(0))...)
+	cfg, err := constructed(db, name, "a Semaphore", lockOptions&^optMinHold, opts)
 	if err != nil {
-		var le *lockError
-		if errors.As(err, &le) {
-			err = le.err
-		}
 		return nil, wrapErr(name, "new semaphore", err)
 	}
+	l := newLock(db, name, cfg, LockKindLock)
 	keys := make([]int64, slots)
 	for i := range keys {
 		keys[i] = SlotKey(name, i)
@@ -151,17 +148,17 @@ func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*Semap
 
 // Do waits for a slot (as Acquire does), runs fn, and releases the slot
 // when fn returns, fails or panics: at most Slots() calls of fn run at
-// once across the fleet. fn's context is cancelled, with cause
+// once across the fleet. fn learns its slot with SlotFromContext. fn's context is cancelled, with cause
 // ErrLockLost, if the slot is lost while fn runs; Do then returns an
 // error matching ErrLockLost unless fn returned an error of its own.
 // Otherwise Do returns fn's error, or the release's.
 func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return do(ctx, s.Acquire, fn)
+	return do(ctx, s.name, s.Acquire, fn)
 }
 
 // DoTimeout is Do with the wait bounded as in AcquireTimeout.
 func (s *Semaphore) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context) error) error {
-	return do(ctx, func(ctx context.Context) (*SemaphoreGuard, error) { return s.AcquireTimeout(ctx, d) }, fn)
+	return do(ctx, s.name, func(ctx context.Context) (*SemaphoreGuard, error) { return s.AcquireTimeout(ctx, d) }, fn)
 }
 
 // TryDo runs fn only if a slot is free now. It returns (false, nil) when
@@ -169,7 +166,7 @@ func (s *Semaphore) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx 
 // was lost as it was granted (see Lock.Do), and otherwise (true, the error
 // Do would return).
 func (s *Semaphore) TryDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
-	return tryDo(ctx, s.TryAcquire, fn)
+	return tryDo(ctx, s.name, s.TryAcquire, fn)
 }
 
 // Holders lists the holders of the semaphore's slots, in slot order (each
@@ -490,7 +487,20 @@ func (g *SemaphoreGuard) Lost() <-chan struct{} { return g.g.Lost() }
 // of a loss). Second and later calls return nil.
 func (g *SemaphoreGuard) Release(ctx context.Context) error { return g.g.Release(ctx) }
 
-// run runs fn under the guard and releases it afterwards (see Guard.run).
+// run runs fn under the guard and releases it afterwards (see Guard.run),
+// with the slot in fn's context (see SlotFromContext).
 func (g *SemaphoreGuard) run(ctx context.Context, fn func(ctx context.Context) error) (bool, error) {
-	return g.g.run(ctx, fn)
+	return g.g.run(context.WithValue(ctx, slotKey{}, g.slot), fn)
+}
+
+// slotKey is the context key of the slot a Semaphore's Do holds.
+type slotKey struct{}
+
+// SlotFromContext returns the slot that a Semaphore's Do, DoTimeout or
+// TryDo holds while it runs fn with ctx (or a context derived from it),
+// and ok false outside such a call. The slot is as SemaphoreGuard.Slot's:
+// from 0 to Slots()-1, held by no other holder at the same time.
+func SlotFromContext(ctx context.Context) (slot int, ok bool) {
+	slot, ok = ctx.Value(slotKey{}).(int)
+	return slot, ok
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -832,4 +833,56 @@ func TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks(t *testing.T) {
 			mustRelease(t, held)
 		})
 	}
+}
+
+// Issue 35 item 6: Do's fn learns its slot from its context, on every
+// backend: two holders at once see two different slots, each the one
+// Holders lists; a context not from Do has none, nor does a Lock's Do.
+func TestSemaphoreDoTellsFnItsSlot(t *testing.T) {
+	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
+		ctx := context.Background()
+		name := testdb.UniqueName(t)
+		s := newSemaphore(t, open(), name, 3)
+		other := newSemaphore(t, open(), name, 3)
+		if slot, ok := advisorylock.SlotFromContext(ctx); ok {
+			t.Errorf("SlotFromContext of a plain context = %d, true", slot)
+		}
+		err := s.Do(ctx, func(ctx context.Context) error {
+			outer, ok := advisorylock.SlotFromContext(ctx)
+			if !ok {
+				return errors.New("the outer fn has no slot")
+			}
+			return other.Do(ctx, func(ctx context.Context) error {
+				inner, ok := advisorylock.SlotFromContext(ctx)
+				if !ok || inner == outer {
+					return fmt.Errorf("the inner fn's slot is %d, %v; the outer's is %d", inner, ok, outer)
+				}
+				hs, err := s.Holders(ctx)
+				if err != nil {
+					return err
+				}
+				var held []int
+				for _, h := range hs {
+					held = append(held, h.Slot)
+				}
+				slices.Sort(held)
+				if want := []int{min(inner, outer), max(inner, outer)}; !slices.Equal(held, want) {
+					return fmt.Errorf("Holders lists slots %v; the fns were told %v", held, want)
+				}
+				return nil
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = newLock(t, open(), name).Do(ctx, func(ctx context.Context) error {
+			if slot, ok := advisorylock.SlotFromContext(ctx); ok {
+				return fmt.Errorf("a Lock's fn has slot %d", slot)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
 }

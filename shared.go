@@ -63,13 +63,13 @@ func (l *Lock) RLockTimeout(ctx context.Context, d time.Duration) (*Guard, error
 // is cancelled with cause ErrLockLost if the hold is lost, and RDo returns
 // fn's error, else the loss or the release's error.
 func (l *Lock) RDo(ctx context.Context, fn func(ctx context.Context) error) error {
-	return do(ctx, l.RLock, fn)
+	return do(ctx, l.name, l.RLock, fn)
 }
 
 // TryRDo is TryDo with the lock taken shared: (false, nil) when an
 // exclusive holder has it (or a writer waits for it, see TryRLock).
 func (l *Lock) TryRDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
-	return tryDo(ctx, l.TryRLock, fn)
+	return tryDo(ctx, l.name, l.TryRLock, fn)
 }
 
 // Holders lists every holder of the lock now, shared (Holder.Shared) and

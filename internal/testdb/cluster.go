@@ -36,6 +36,8 @@ type Cluster struct {
 	binDir string
 	port   int
 	cred   *syscall.Credential // nil unless running as root
+	// settings are postgres's -c settings beyond the harness's
+	settings []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -43,12 +45,13 @@ type Cluster struct {
 }
 
 // OwnCluster starts a new throwaway cluster for this test alone (for restart
-// tests) and destroys it at t.Cleanup. Without local PostgreSQL binaries it
+// tests), with settings ("max_connections=10") given to postgres as -c
+// after the harness's own, and destroys it at t.Cleanup. Without local PostgreSQL binaries it
 // skips, or fails when ADVISORYLOCK_REQUIRE_DB=1; a cluster that will not
 // start fails the test.
-func OwnCluster(t testing.TB) *Cluster {
+func OwnCluster(t testing.TB, settings ...string) *Cluster {
 	t.Helper()
-	c, err := startCluster()
+	c, err := startCluster(settings...)
 	if errors.Is(err, errNoLocalPostgres) {
 		unavailable(t, "testdb: no throwaway cluster: "+err.Error())
 	}
@@ -82,7 +85,7 @@ func (c *Cluster) Stop(t testing.TB) {
 
 // startCluster runs initdb into a new temporary directory and starts the
 // server on a free loopback port.
-func startCluster() (*Cluster, error) {
+func startCluster(settings ...string) (*Cluster, error) {
 	binDir, err := findPGBin()
 	if err != nil {
 		return nil, err
@@ -95,7 +98,7 @@ func startCluster() (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, binDir: binDir, cred: cred}
+	c := &Cluster{dir: dir, binDir: binDir, cred: cred, settings: settings}
 	initdb := exec.Command(filepath.Join(binDir, "initdb"),
 		"-D", c.dataDir(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
 	initdb.Dir = dir
@@ -136,11 +139,14 @@ func (c *Cluster) start() error {
 		return err
 	}
 	defer logFile.Close()
-	cmd := exec.Command(filepath.Join(c.binDir, "postgres"),
-		"-D", c.dataDir(), "-p", strconv.Itoa(c.port), "-k", c.dir,
+	args := []string{"-D", c.dataDir(), "-p", strconv.Itoa(c.port), "-k", c.dir,
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "max_connections=200", "-c", "logging_collector=off")
+		"-c", "max_connections=200", "-c", "logging_collector=off"}
+	for _, s := range c.settings {
+		args = append(args, "-c", s)
+	}
+	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), args...)
 	cmd.Dir = c.dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT}

@@ -17,7 +17,6 @@ import (
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
-	"github.com/jmoiron/sqlx"
 )
 
 const wait = 30 * time.Second
@@ -35,18 +34,35 @@ const (
 	slicesWithin = 4 * time.Second
 )
 
-// handles opens two independent handles per driver: *sql.DB and *sqlx.DB.
+// embedding is a handle of sqlx.DB's shape: a struct that embeds the
+// *sql.DB and adds methods of its own; the library finds the *sql.DB
+// inside. (The real sqlx is tested in internal/sqlxcompat, a module of
+// its own, so that it stays out of this module's requirements.)
+type embedding struct {
+	*sql.DB
+	driverName string
+}
+
+func (h *embedding) DriverName() string { return h.driverName }
+
+// embed wraps db as sqlx.NewDb(db, driverName) would.
+func embed(db *sql.DB, driverName string) advisorylock.DB {
+	return &embedding{DB: db, driverName: driverName}
+}
+
+// handles opens two independent handles per driver: *sql.DB and one that
+// embeds it (as *sqlx.DB does).
 func eachHandle(t *testing.T, f func(t *testing.T, open func() advisorylock.DB, raw func() *sql.DB)) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv+"/sql", func(t *testing.T) {
 			var last *sql.DB
 			f(t, func() advisorylock.DB { last = testdb.OpenPostgres(t, drv); return last }, func() *sql.DB { return last })
 		})
-		t.Run(drv+"/sqlx", func(t *testing.T) {
+		t.Run(drv+"/embedded", func(t *testing.T) {
 			var last *sql.DB
 			f(t, func() advisorylock.DB {
 				last = testdb.OpenPostgres(t, drv)
-				return sqlx.NewDb(last, drv)
+				return embed(last, drv)
 			}, func() *sql.DB { return last })
 		})
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/go-sql-driver/mysql"
-	"github.com/jmoiron/sqlx"
 )
 
 // mysqlLockName is the server-side name of name's lock.
@@ -33,13 +32,14 @@ func mysqlHolder(t testing.TB, db *sql.DB, name string) int64 {
 	return testdb.MySQLLockHolder(t, db, mysqlLockName(name))
 }
 
-// eachMySQLHandle runs f with *sql.DB and *sqlx.DB handles on MariaDB.
+// eachMySQLHandle runs f with *sql.DB handles on MariaDB and with handles
+// that embed one (as *sqlx.DB does).
 func eachMySQLHandle(t *testing.T, f func(t *testing.T, open func() advisorylock.DB)) {
 	t.Run("sql", func(t *testing.T) {
 		f(t, func() advisorylock.DB { return testdb.OpenMySQL(t) })
 	})
-	t.Run("sqlx", func(t *testing.T) {
-		f(t, func() advisorylock.DB { return sqlx.NewDb(testdb.OpenMySQL(t), "mysql") })
+	t.Run("embedded", func(t *testing.T) {
+		f(t, func() advisorylock.DB { return embed(testdb.OpenMySQL(t), "mysql") })
 	})
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
-	"github.com/jmoiron/sqlx"
 )
 
 func TestPoolerHint(t *testing.T) {
@@ -129,7 +128,7 @@ func TestDetectPooler(t *testing.T) {
 				{"direct", direct, advisorylock.PoolerNotSeen},
 				{"session pool", session, advisorylock.PoolerNotSeen},
 				{"transaction pool", tx, advisorylock.PoolerTransaction},
-				{"transaction pool via sqlx", sqlx.NewDb(tx, drv), advisorylock.PoolerTransaction},
+				{"transaction pool via an embedding handle (sqlx)", embed(tx, drv), advisorylock.PoolerTransaction},
 			} {
 				if got := detect(t, c.db); got != c.want {
 					t.Errorf("%s: DetectPooler = %v, want %v", c.name, got, c.want)
@@ -276,8 +275,8 @@ func TestNewRefusesTransactionPooler(t *testing.T) {
 			if msg := err.Error(); !strings.Contains(msg, "LeaseLock") || !strings.Contains(msg, name) {
 				t.Fatalf("error %q should name the lock and point to LeaseLock", msg)
 			}
-			// The verdict is kept for this *sql.DB, also when reached through sqlx.
-			if _, err := newAndCheck(sqlx.NewDb(tx, drv), name); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+			// The verdict is kept for this *sql.DB, also when reached through a handle that embeds it (sqlx).
+			if _, err := newAndCheck(embed(tx, drv), name); !errors.Is(err, advisorylock.ErrTransactionPooler) {
 				t.Fatalf("second New = %v, want ErrTransactionPooler", err)
 			}
 			// New itself does no I/O; the first operation refuses.
@@ -413,7 +412,7 @@ func TestNewProbesOncePerDB(t *testing.T) {
 		t.Fatalf("32 concurrent New calls read %d identities, one probe reads %d", got, perProbe)
 	}
 	newLocks(t, db, many, 4)
-	newLocks(t, sqlx.NewDb(db, "postgres"), many, 4)
+	newLocks(t, embed(db, "postgres"), many, 4)
 	if got := many.identities.Load(); got != perProbe {
 		t.Fatalf("later New calls probed again: %d identities read, want %d", got, perProbe)
 	}

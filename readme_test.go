@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -125,5 +126,39 @@ func buildInExtraModule(t *testing.T, dir string, i int, code string) {
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("README Go block %d does not compile in %s:\n%s", i+1, dir, out)
+	}
+}
+
+// TestModuleGraphStaysSmall keeps the README's count true: a program that
+// imports the library (and lib/pq, which the module requires already)
+// carries the module's requirements in its module graph (Go prunes
+// deeper ones), so with itself and the library it has at most 25
+// modules while go.mod requires at most 23. Heavy test-only dependencies
+// go in a module of their own (see internal/sqlxcompat).
+func TestModuleGraphStaysSmall(t *testing.T) {
+	mod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var required []string
+	inBlock := false
+	for line := range strings.Lines(string(mod)) {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "require (":
+			inBlock = true
+		case inBlock && line == ")":
+			inBlock = false
+		case inBlock && line != "":
+			required = append(required, strings.Fields(line)[0])
+		case strings.HasPrefix(line, "require "):
+			required = append(required, strings.Fields(line)[1])
+		}
+	}
+	if !slices.Contains(required, "github.com/lib/pq") {
+		t.Fatalf("go.mod no longer requires lib/pq; recount the README's figure: %v", required)
+	}
+	if len(required) > 23 {
+		t.Fatalf("go.mod requires %d modules, so a lib/pq program's graph has %d (README: 25 at most): %v", len(required), len(required)+2, required)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/advisorylock/advisorylock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -53,13 +54,19 @@ type database struct {
 	kind    string   // "postgres" or "sqlite"
 	shown   string   // the DSN with its password redacted
 	where   string   // which database, for people: "postgres HOST:PORT/DB"
+	pooler  string   // advisorylock.PoolerHint's sign of a pooler in the DSN, or ""
 	secrets []string // passwords to scrub from messages
 }
 
 // describe says which database this is and where its DSN came from,
-// without a password: "database postgres HOST:PORT/DB; dsn from --dsn".
+// without a password: "database postgres HOST:PORT/DB; dsn from --dsn",
+// and what the DSN suggests of a pooler in front of it.
 func (d *database) describe(from string) string {
-	return "database " + d.where + "; dsn from " + from
+	s := "database " + d.where + "; dsn from " + from
+	if d.pooler != "" {
+		s += "; the DSN looks like " + d.pooler + ", a pooler (in transaction mode a session lock is refused: use --lease there)"
+	}
+	return s
 }
 
 // chooseDSN returns the DSN to use and where it comes from: --dsn, else
@@ -212,6 +219,7 @@ func openPostgres(dsn string) (*database, error) {
 		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
 	d := &database{DB: stdlib.OpenDB(*cfg), kind: "postgres", shown: shown, where: "postgres " + serverOf(cfg)}
+	d.pooler, _ = advisorylock.PoolerHint(dsn)
 	d.secrets = append(dsnSecrets(dsn), cfg.Password)
 	return d, nil
 }

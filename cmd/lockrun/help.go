@@ -97,9 +97,10 @@ FLAGS
                     is one object per line (time, level, msg, lock), for
                     all but usage errors
     -q, --quiet     print nothing but errors
-    -v, --verbose   also say which database is used, when the lock is taken
-                    and released, who holds it while lockrun waits, and why
-                    -n or -w gave up
+    -v, --verbose   also say which database is used (and whether its DSN
+                    looks like a pooler's), when the lock is taken and
+                    released, who holds it while lockrun waits, and why -n
+                    or -w gave up
     -V, --version   print lockrun's version
     -h, --help      print this help
 

@@ -1,60 +1,63 @@
 package testdb
 
 import (
+	"bytes"
+	"context"
 	"fmt"
-	"net"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/ory/dockertest/v3"
-	dc "github.com/ory/dockertest/v3/docker"
 )
 
 // startDocker runs a postgres:15 container (trust auth, published on
 // 127.0.0.1 only) when a Docker daemon answers, and returns its DSN and a
-// function that removes it.
+// function that removes it. It drives the docker command (which honours
+// DOCKER_HOST) rather than a client library, so that the module's users
+// never carry Docker's dependencies in their module graph.
 func startDocker(t testing.TB) (dsn string, stop func(), err error) {
-	pool, err := dockertest.NewPool("")
+	docker, err := exec.LookPath("docker")
 	if err != nil {
-		return "", nil, err
+		return "", nil, fmt.Errorf("no Docker daemon answers (no docker command: %w)", err)
 	}
-	pool.Client.SetTimeout(5 * time.Second)
-	closeIdle := func() {
-		if pool.Client.HTTPClient != nil {
-			pool.Client.HTTPClient.CloseIdleConnections()
+	run := func(timeout time.Duration, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		var stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, docker, args...)
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return "", fmt.Errorf("docker %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
 		}
+		return strings.TrimSpace(string(out)), nil
 	}
-	if err := pool.Client.Ping(); err != nil {
-		closeIdle()
-		return "", nil, fmt.Errorf("no Docker daemon answers (%v)", err)
+	if _, err := run(5*time.Second, "version", "--format", "{{.Server.Version}}"); err != nil {
+		return "", nil, fmt.Errorf("no Docker daemon answers (%w)", err)
 	}
-	pool.Client.SetTimeout(0)
-	pool.MaxWait = 2 * time.Minute
-	res, err := pool.RunWithOptions(&dockertest.RunOptions{
-		Repository: "postgres",
-		Tag:        "15",
-		Env:        []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=" + defaultDatabase},
-		PortBindings: map[dc.Port][]dc.PortBinding{
-			"5432/tcp": {{HostIP: "127.0.0.1", HostPort: ""}},
-		},
-	}, func(hc *dc.HostConfig) {
-		hc.AutoRemove = true
-		hc.RestartPolicy = dc.RestartPolicy{Name: "no"}
-	})
+	id, err := run(2*time.Minute, "run", "--detach", "--rm", "--restart=no",
+		"--env", "POSTGRES_HOST_AUTH_METHOD=trust", "--env", "POSTGRES_DB="+defaultDatabase,
+		"--publish", "127.0.0.1::5432", "postgres:15")
 	if err != nil {
-		closeIdle()
 		return "", nil, fmt.Errorf("starting postgres:15: %w", err)
 	}
-	_ = res.Expire(3600)
-	stop = func() {
-		_ = pool.Purge(res)
-		closeIdle()
-	}
-	port := res.GetPort("5432/tcp")
-	dsn = urlDSN("postgres", net.JoinHostPort("127.0.0.1", port), defaultDatabase)
-	if err := pool.Retry(func() error { return pingDSN(dsn) }); err != nil {
+	stop = func() { _, _ = run(30*time.Second, "rm", "--force", id) }
+	ports, err := run(10*time.Second, "port", id, "5432/tcp")
+	if err != nil {
 		stop()
-		return "", nil, fmt.Errorf("postgres:15 container did not answer: %w", err)
+		return "", nil, err
+	}
+	hostPort, _, _ := strings.Cut(ports, "\n") // "127.0.0.1:49153"
+	dsn = urlDSN("postgres", hostPort, defaultDatabase)
+	// The server restarts once inside the container after initdb: poll
+	// until it answers, for as long as a first image pull may take.
+	deadline := time.Now().Add(2 * time.Minute)
+	for err = pingDSN(dsn); err != nil; err = pingDSN(dsn) {
+		if time.Now().After(deadline) {
+			stop()
+			return "", nil, fmt.Errorf("postgres:15 container did not answer: %w", err)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 	t.Logf("testdb: started a postgres:15 container at %s", dsn)
 	return dsn, stop, nil

@@ -4,8 +4,9 @@
 // (TryDo), or serialize this section across the fleet (Do); readers
 // beside each other and apart from writers (RDo, RLock: shared locks,
 // as sync.RWMutex spells them). For a job
-// that every replica's scheduler fires, a little apart, WithMinHold keeps
-// the name taken for a window after each grant, so it runs once per tick.
+// that every replica's scheduler fires, a little apart, TryDoOnce runs it
+// once per run key (the scheduled tick), recorded done in the database;
+// or WithMinHold keeps the name taken for a window after each grant.
 //
 // A Lock on PostgreSQL is a session advisory lock held on a connection
 // pinned for the whole hold (on MySQL and MariaDB a GET_LOCK named lock,
@@ -42,7 +43,7 @@
 //
 // # Writing a backend
 //
-// PostgreSQL and SQLite are built in (Postgres, SQLite). Another database
+// PostgreSQL, MySQL and SQLite are built in (Postgres, MySQL, SQLite). Another database
 // plugs in through WithBackend with a value that implements Backend and
 // one or both of its capability interfaces: SessionLocker, for locks tied
 // to a pinned connection's session (its statements return a
@@ -64,11 +65,19 @@
 //
 // An Election on a LeaseStore needs nothing more (its lease's token is the
 // term); on a SessionLocker it needs ElectingSessionLocker, which records
-// each term in a row beside the lock.
-// Shared locks (RLock) need more too. The built-in session backends take
-// them in shared mode (PostgreSQL's own shared advisory locks; MySQL's
-// rows, see MySQL); a LeaseStore keeps them as KindShared rows by
-// implementing SharedLeaseStore. Without it RLock returns ErrUnsupported.
+// each term in a row beside the lock. Shared locks (RLock) need
+// SharedSessionLocker, or a LeaseStore that keeps them as KindShared rows
+// (SharedLeaseStore); without either RLock returns ErrUnsupported.
+//
+// The rest is optional, each an interface in backend.go that the library
+// looks for and the built-in backends implement (they use nothing else):
+// DriverTuner (statement forms per driver), SessionConfigurer and
+// IdleSessionEnder (WithDeadHolderTimeout on the server), MultiKeyLocker
+// (a Semaphore's slots in one statement), WaitEnder (state a wait leaves
+// on a session), TxLocker (LockTx), TermEnder (a resigning leader's term
+// record), PromptCanceler (a driver that ends statements with their
+// context) and TableChecker (Check proves the grants). The package's own
+// tests run a backend of a third party's making through each.
 package advisorylock
 
 import (
@@ -237,12 +246,12 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		switch b := b.(type) {
 		case SessionLocker:
-			if c, ok := b.(sessionConfigurable); ok {
+			if c, ok := b.(SessionConfigurer); ok {
 				d := l.cfg.deadHolder
-				if _, ok := b.(idleEnding); ok && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
-					d = 0 // see idleEnding
+				if e, ok := b.(IdleSessionEnder); ok && e.EndsIdleSessions() && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
+					d = 0 // see IdleSessionEnder
 				}
-				b = c.forLock(d, l.cfg.serverChecks).(SessionLocker)
+				b = c.ForLock(SessionSettings{DeadHolder: d, ServerChecks: l.cfg.serverChecks})
 			}
 			if l.cfg.poolerCheck && l.cfg.serverChecks {
 				if err := checkPooler(ctx, l.db, b); err != nil {
@@ -267,21 +276,6 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
 	})
 }
-
-// sessionConfigurable is a built-in SessionLocker that applies a Lock's
-// WithDeadHolderTimeout to the sessions it pins, and its WithServerChecks
-// to the per-connection standby check (see backend_postgres.go).
-type sessionConfigurable interface {
-	forLock(deadHolder time.Duration, serverChecks bool) Backend
-}
-
-// idleEnding is a sessionConfigurable whose dead-holder timeout also ends
-// a live holder's session after that long without a statement (MySQL's
-// wait_timeout): a Lock without a keep-alive does not get it, and it is
-// set only where WithDeadHolderTimeout asks for it, not by default: the
-// setting stays on the pooled session, whose server then closes it after
-// that long idle (the driver reconnects, and logs it).
-type idleEnding interface{ endsIdleSessions() }
 
 // Name returns the lock's name.
 func (l *Lock) Name() string { return l.name }

@@ -136,10 +136,238 @@ type LeaseGrant struct {
 	ExpiresAt time.Time    // r.Now + r.TTL; where the database's clock decides (PostgreSQL), an estimate
 }
 
-// driverBound is implemented by built-in backends that choose statement
-// forms per driver (see backend_postgres.go).
-type driverBound interface {
-	forDriver(db DB) Backend
+// Optional capabilities. The library looks for each of these interfaces
+// on a Backend (or on what a Backend returns) and uses it where found;
+// without one it does what the comment says, or refuses the operation
+// with ErrUnsupported. The built-in backends implement them and the
+// library uses nothing else of theirs, so a third party's backend can do
+// all that they do.
+
+// SharedLeaseStore is a LeaseStore that keeps shared holds (RLock on a
+// Lock kept as rows): KindShared requests are one row per shared holder,
+// and its KindLock rows and shared rows exclude each other. A KindLock
+// acquire with LeaseRequest.Wait that finds only shared holders claims the
+// row for the waiter, which keeps new shared holders out until the claim
+// expires, is taken, or is released; the waiter's grant after a miss
+// (LeaseRequest.Retry) ends its own claim. LeaseHolder of a KindLock request
+// reports any live holder, of a KindShared request the exclusive one (or
+// a waiting writer's claim). Without it RLock returns ErrUnsupported.
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type SharedLeaseStore interface {
+	LeaseStore
+	// LeaseHolders lists every live holder of r.Key, exclusive and shared.
+	LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error)
+}
+
+// WindowedSessionLocker is a SessionLocker that can keep a name taken for
+// a window after each grant (WithMinHold), on the database's clock. A Lock
+// with WithMinHold on a SessionLocker that does not implement it fails at
+// its first operation with ErrUnsupported.
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type WindowedSessionLocker interface {
+	SessionLocker
+	// PrepareWindows makes ready what windows need (PostgreSQL: the
+	// advisorylock_windows table), once per Lock, at its first operation.
+	PrepareWindows(ctx context.Context, db DB) error
+	// TryLockSessionFor is TryLockSession for a name kept taken for window
+	// after each grant: in one statement it refuses while an earlier
+	// grant's window is open (without trying the lock), takes the lock,
+	// and records the new window, which starts at the database's now. If
+	// it cannot record the window it must not keep the lock.
+	TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error)
+	// ClaimWindow records the window of a lock that conn's session was
+	// just granted by WaitLockSession, in a statement of its own (the
+	// wait's snapshot is older than the wait). If an earlier grant's
+	// window is still open it releases the lock and reports OK false.
+	ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error)
+	// WindowLeft reports how long key's window stays open by the
+	// database's clock; 0 when none is.
+	WindowLeft(ctx context.Context, conn *sql.Conn, key int64) (time.Duration, error)
+	// WindowHolder reports the grant whose window on key is open (its
+	// ExpiresAt the window's end), or nil.
+	WindowHolder(ctx context.Context, db DB, key int64) (*Holder, error)
+}
+
+// WindowedLeaseStore is a LeaseStore that honours LeaseRequest.MinHold.
+// A Lock or LeaseLock with WithMinHold on a LeaseStore that does not
+// implement it fails at its first operation with ErrUnsupported.
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type WindowedLeaseStore interface {
+	LeaseStore
+	// KeepsWindows marks the store as honouring LeaseRequest.MinHold.
+	KeepsWindows()
+}
+
+// ElectingSessionLocker is a SessionLocker that can hold elections
+// (NewElection): beside the lock its leader holds, it records each term
+// in a row. An Election on a SessionLocker that does not implement it
+// fails at its first operation with ErrUnsupported; on a LeaseStore an
+// Election needs nothing more (the lease's token is the term).
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type ElectingSessionLocker interface {
+	SessionLocker
+	// PrepareElections makes ready what terms need (a table), at an
+	// Election's first operation.
+	PrepareElections(ctx context.Context, db DB) error
+	// BeginTerm records, on conn, whose session was just granted key's
+	// lock, a new term of the election name led by owner, and returns it:
+	// a FencingToken larger than every token issued before it, by this
+	// election or by a lease. One statement.
+	BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error)
+	// TermHolder reports the leader of name: its latest term, if the
+	// session that began it still holds key's lock; nil otherwise.
+	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
+}
+
+// DriverTuner is a Backend that picks its statement forms per driver: the
+// library calls ForDB once it knows the handle a lock is given, and uses
+// the Backend it returns for that handle.
+type DriverTuner interface {
+	Backend
+	ForDB(db DB) Backend
+}
+
+// SessionSettings are a Lock's settings for the sessions it pins (see
+// SessionConfigurer).
+type SessionSettings struct {
+	// DeadHolder is how long the server may take to free the lock of a
+	// holder that vanished (WithDeadHolderTimeout); 0 leaves the server's
+	// own settings.
+	DeadHolder time.Duration
+	// ServerChecks is WithServerChecks: false asks for no per-session
+	// checks (such as PostgreSQL's hot-standby check).
+	ServerChecks bool
+}
+
+// SessionConfigurer is a SessionLocker that applies a Lock's settings to
+// the sessions it pins: at a Lock's first operation the library calls
+// ForLock and uses the SessionLocker it returns for that Lock. Without
+// it, WithDeadHolderTimeout changes nothing on the server.
+type SessionConfigurer interface {
+	SessionLocker
+	ForLock(s SessionSettings) SessionLocker
+}
+
+// IdleSessionEnder is a SessionConfigurer whose dead-holder bound may also
+// end a live holder's session after that long without a statement
+// (MySQL's wait_timeout): EndsIdleSessions says whether it does. The library then passes a DeadHolder only to a
+// Lock with a keep-alive and an explicit WithDeadHolderTimeout: the
+// setting stays on the pooled session, whose server closes it when idle.
+type IdleSessionEnder interface {
+	SessionConfigurer
+	EndsIdleSessions() bool
+}
+
+// MultiKeyLocker is a SessionLocker that tries several keys, and reads
+// their holders, in one statement each (a Semaphore's slots). Without it
+// the library makes one statement per key.
+type MultiKeyLocker interface {
+	SessionLocker
+	// TryLockAny tries keys in order and takes the first it gets, and no
+	// other: it returns that key's index with OK true, or OK false when
+	// every key is held elsewhere.
+	TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error)
+	// KeyHolders returns holders[i] for keys[i], nil when free, read in
+	// one snapshot.
+	KeyHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error)
+}
+
+// SharedSessionLocker is a SessionLocker that also takes shared locks
+// (RLock). Without it, RLock on the backend returns ErrUnsupported.
+type SharedSessionLocker interface {
+	SessionLocker
+	// Shared returns the same backend whose statements take, wait for,
+	// check and release keys in shared mode.
+	Shared() SessionLocker
+	// SessionHolders lists every holder of key, shared and exclusive.
+	SessionHolders(ctx context.Context, db DB, key int64) ([]*Holder, error)
+}
+
+// WaitEnder is a SessionLocker whose exclusive wait may leave state on
+// the session when its budget ends between slices (MySQL: a writer keeps
+// the GET_LOCK while shared holders drain): the library calls EndWait
+// before the connection goes back to the pool, and discards the
+// connection if it fails.
+type WaitEnder interface {
+	SessionLocker
+	EndWait(ctx context.Context, conn *sql.Conn, key int64) error
+}
+
+// TxLocker is a Backend with transaction-scoped locks (Lock.LockTx): a
+// lock taken in the caller's transaction, which ends with it. No method
+// may leave tx aborted when it returns a nil error. Without it, LockTx
+// returns ErrUnsupported.
+type TxLocker interface {
+	Backend
+	// TryLockTx makes one attempt in tx; false is a definite miss.
+	TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
+	// TxSettings reads the settings of tx that WaitLockTx changes.
+	TxSettings(ctx context.Context, tx *sql.Tx) (TxSettings, error)
+	// WaitLockTx waits server-side in tx for at most slice; false means
+	// the slice ended without the lock and tx is as it was. After a grant
+	// it puts back the settings it changed, to prev.
+	WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev TxSettings) (bool, error)
+}
+
+// TxSettings are the settings of a transaction that a wait for a
+// transaction lock changes and puts back, by name (PostgreSQL:
+// statement_timeout and lock_timeout).
+type TxSettings map[string]string
+
+// TermEnder is an ElectingSessionLocker that marks a term ended in its
+// record when the leader resigns, so that TermHolder no longer reports
+// the session that led it. Without it the record stays until the next
+// term; TermHolder must then tell by the session's lock.
+type TermEnder interface {
+	ElectingSessionLocker
+	EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
+}
+
+// PromptCanceler is a Backend whose driver ends a statement promptly when
+// the statement's context ends, also on a dead network (pgx and
+// go-sql-driver/mysql close the socket). Where CancelsPromptly is false,
+// or the interface is missing, the library bounds each statement on a
+// held lock's connection itself, closing the driver connection under a
+// statement that overstays: always safe, one goroutine more per step.
+type PromptCanceler interface {
+	Backend
+	CancelsPromptly() bool
+}
+
+// RunRecorder is a Backend that records which runs of a name are done,
+// for Lock.TryDoOnce, in a table of its own (advisorylock_runs). Both
+// methods are called while the Lock is held. Without it TryDoOnce returns
+// ErrUnsupported.
+type RunRecorder interface {
+	Backend
+	// RunDone reports whether r.Run of r.Name is recorded done.
+	RunDone(ctx context.Context, db DB, r RunRequest) (bool, error)
+	// RecordRun records r.Run of r.Name done, durably, before it returns,
+	// and deletes r.Name's other records older than r.Keep; a record
+	// already there is kept.
+	RecordRun(ctx context.Context, db DB, r RunRequest) error
+}
+
+// RunRequest names one run of a Lock (see RunRecorder).
+type RunRequest struct {
+	Name string        // the Lock's name
+	Run  string        // the run key given to TryDoOnce
+	Now  time.Time     // the Clock's time, for backends that keep time in the application
+	Keep time.Duration // WithRunRetention
+}
+
+// TableChecker is a Backend that keeps tables: Check calls CheckTables,
+// which creates the tables if they are missing and proves, writing
+// nothing, that the role may read and write tables (names from Schema),
+// so that a missing grant is refused at start-up as the first operation
+// would refuse it.
+type TableChecker interface {
+	Backend
+	CheckTables(ctx context.Context, db DB, tables ...string) error
 }
 
 // localBackend returns the backend that needs no I/O to pick: the
@@ -150,8 +378,8 @@ func localBackend(db DB, c *config) Backend {
 	if b == nil {
 		b = backendForDriver(db)
 	}
-	if d, ok := b.(driverBound); ok {
-		b = d.forDriver(db)
+	if d, ok := b.(DriverTuner); ok {
+		b = d.ForDB(db)
 	}
 	return b
 }
@@ -188,8 +416,8 @@ func resolveBackend(ctx context.Context, db DB, c *config) (Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		if d, ok := b.(driverBound); ok {
-			b = d.forDriver(db)
+		if d, ok := b.(DriverTuner); ok {
+			b = d.ForDB(db)
 		}
 	}
 	if !c.serverChecks {
@@ -450,24 +678,4 @@ func takeConn(ctx context.Context, db DB) (*sql.Conn, error) {
 		return nil, unavailable(checkout, err)
 	}
 	return conn, nil
-}
-
-// txLocker is a Backend with transaction-scoped locks (Lock.LockTx): a
-// lock taken in the caller's transaction, which ends with it. No method
-// may leave tx aborted when it returns a nil error.
-type txLocker interface {
-	// tryLockTx makes one attempt in tx; false is a definite miss.
-	tryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
-	// txSettings reads the settings of tx that waitLockTx changes.
-	txSettings(ctx context.Context, tx *sql.Tx) (txSettings, error)
-	// waitLockTx waits server-side in tx for at most slice; false means
-	// the slice ended without the lock and tx is as it was. After a grant
-	// it puts back the settings it changed, to prev.
-	waitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev txSettings) (bool, error)
-}
-
-// txSettings are a transaction's settings that a wait for a transaction
-// lock changes and puts back.
-type txSettings struct {
-	StatementTimeout, LockTimeout string
 }

@@ -54,7 +54,7 @@ import (
 // through it; LeaseLock works through any proxy. A proxy's own timeouts
 // must exceed the keep-alive interval. On the server, a Lock sets its
 // session's wait_timeout to the dead-holder timeout (WithDeadHolderTimeout,
-// see forLock), which exceeds the keep-alive interval: an idle lock holder
+// see ForLock), which exceeds the keep-alive interval: an idle lock holder
 // is not idle, the keep-alive is its only traffic.
 //
 // WithMinHold: a Lock's windows are rows of advisorylock_windows, written
@@ -64,14 +64,14 @@ func MySQL() Backend { return mysqlBackend{} }
 
 type mysqlBackend struct {
 	// waitTimeout is the wait_timeout, in seconds, a Lock's sessions get
-	// at their first grant (WithDeadHolderTimeout; see forLock); 0 leaves
+	// at their first grant (WithDeadHolderTimeout; see ForLock); 0 leaves
 	// the server's.
 	waitTimeout int64
 	// shared takes keys shared (RLock; see backend_mysql_shared.go).
 	shared bool
 }
 
-// forLock returns the backend for one Lock whose sessions get a
+// ForLock returns the backend for one Lock whose sessions get a
 // wait_timeout of d (WithDeadHolderTimeout, in whole seconds, rounded up):
 // the server then ends the session of a holder that vanished without
 // closing its socket (a host powered off) after d without a statement,
@@ -86,18 +86,34 @@ type mysqlBackend struct {
 //
 // A Lock without a keep-alive (WithKeepAlive(0)) gets none of this: its
 // idle holder would lose the lock unnoticed.
-func (mysqlBackend) forLock(d time.Duration, serverChecks bool) Backend {
+func (mysqlBackend) ForLock(s SessionSettings) SessionLocker {
+	d := s.DeadHolder
 	if d <= 0 {
 		return mysqlBackend{}
 	}
 	return mysqlBackend{waitTimeout: int64((d + time.Second - 1) / time.Second)}
 }
 
+// The capabilities the MySQL backend has, each an interface of
+// backend.go that a third party's backend may implement too.
+var (
+	_ IdleSessionEnder      = mysqlBackend{}
+	_ MultiKeyLocker        = mysqlBackend{}
+	_ SharedSessionLocker   = mysqlBackend{}
+	_ WaitEnder             = mysqlBackend{}
+	_ TermEnder             = mysqlBackend{}
+	_ TableChecker          = mysqlBackend{}
+	_ RunRecorder           = mysqlBackend{}
+	_ PromptCanceler        = mysqlBackend{}
+	_ WindowedSessionLocker = mysqlBackend{}
+	_ LeaseStore            = mysqlBackend{}
+)
+
 func (mysqlBackend) Name() string { return "mysql" }
 
-// endsWithContext: go-sql-driver closes its socket when a statement's
+// CancelsPromptly: go-sql-driver closes its socket when a statement's
 // context ends, also on a dead network.
-func (mysqlBackend) endsWithContext() bool { return true }
+func (mysqlBackend) CancelsPromptly() bool { return true }
 
 func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 	var id int64
@@ -219,9 +235,9 @@ func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key i
 	return m.waitForReaders(ctx, conn, key, r, end)
 }
 
-// endsIdleSessions: wait_timeout ends a live session too once it is idle
-// that long (see forLock).
-func (mysqlBackend) endsIdleSessions() {}
+// EndsIdleSessions: wait_timeout ends a live session too once it is idle
+// that long (see ForLock).
+func (mysqlBackend) EndsIdleSessions() bool { return true }
 
 // getLock runs getLock, a SELECT of GET_LOCK (1: granted, 0: missed,
 // NULL: an error). It also reads the session,
@@ -229,7 +245,7 @@ func (mysqlBackend) endsIdleSessions() {}
 // behind a VIP or DNS a new connection can reach a replica, whose locks
 // exclude nothing on the primary; the error makes the acquire discard the
 // connection, which frees a lock granted there. A grant on a session
-// whose wait_timeout is longer than the Lock's sets it (see forLock).
+// whose wait_timeout is longer than the Lock's sets it (see ForLock).
 func (m mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
 	r, _, err := m.lockStatement(ctx, conn, getLock)
 	return r, err
@@ -357,6 +373,7 @@ var mysqlSteps = [][]string{1: {
 }, 2: {mysqlWindowsTable}, // step 2: once-per-window Locks (WithMinHold; see backend_mysql_minhold.go)
 	3: {mysqlElectionsTable}, // step 3: elections (NewElection; see backend_mysql_election.go)
 	4: {mysqlSharedTable},    // step 4: shared locks (RLock; see backend_mysql_shared.go)
+	5: {mysqlRunsTable},      // step 5: runs done (Lock.TryDoOnce; see backend_mysql_once.go)
 }
 
 // mysqlSchemaVersions is the table of applied upgrade steps.
@@ -387,6 +404,7 @@ func (mysqlBackend) Schema() string {
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_windows TO app; -- Lock with WithMinHold
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_elections TO app; -- Election
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON db.advisorylock_shared TO app; -- RLock
+--   GRANT SELECT, INSERT, DELETE ON db.advisorylock_runs TO app; -- Lock.TryDoOnce
 --   GRANT SELECT ON db.advisorylock_schema TO app;
 `)
 	return b.String()
@@ -746,11 +764,11 @@ var mysqlTableColumns = map[string]string{
 	"advisorylock_elections": "name_hash",
 }
 
-// checkTables creates the tables if they are missing and proves, with two
+// CheckTables creates the tables if they are missing and proves, with two
 // statements per table that match no row, that the user may read, insert
 // and update each of tables: a missing grant comes back as the server's
 // own 1142, as the first operation would get it.
-func (mysqlBackend) checkTables(ctx context.Context, db DB, tables ...string) error {
+func (mysqlBackend) CheckTables(ctx context.Context, db DB, tables ...string) error {
 	if err := ensureMySQLTables(ctx, db, tables...); err != nil {
 		return err
 	}

@@ -76,9 +76,9 @@ FROM advisorylock_elections WHERE name_hash = ` + mysqlHash(name) + ` AND connec
 	return h, nil
 }
 
-// endTerm marks term of name ended in its row, on conn, the resigning
+// EndTerm marks term of name ended in its row, on conn, the resigning
 // leader's (see termEnder).
-func (m mysqlBackend) endTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
+func (m mysqlBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
 	_, err := conn.ExecContext(ctx, `UPDATE advisorylock_elections SET connection_id = 0 WHERE name_hash = `+mysqlHash(name)+
 		` AND term = `+strconv.FormatInt(term.Int64(), 10)+` AND connection_id = CONNECTION_ID()`)
 	return err

@@ -7,13 +7,13 @@ import (
 	"strings"
 )
 
-// tryLockAny tries a semaphore's slot keys in order in one statement and
+// TryLockAny tries a semaphore's slot keys in order in one statement and
 // takes the first it gets: a CASE evaluates its WHEN conditions in order
 // and stops at the first true one, so GET_LOCK runs for no key after the
 // one granted (a GET_LOCK that fails with an error answers NULL, which is
 // not 1: the next key is tried). Like a Lock's try it also reads the
 // session, read_only and the session's wait_timeout (see getLock).
-func (m mysqlBackend) tryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
+func (m mysqlBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
 	var b strings.Builder
 	b.WriteString("SELECT CASE")
 	for i, key := range keys {
@@ -39,13 +39,13 @@ func (m mysqlBackend) tryLockAny(ctx context.Context, conn *sql.Conn, keys []int
 	return int(got), r, nil
 }
 
-// slotHolders reports, in one statement, the holders of a semaphore's
+// KeyHolders reports, in one statement, the holders of a semaphore's
 // slot keys: holders[i] holds keys[i], nil when free; the connection id
 // from IS_USED_LOCK, the user and host from the process list where the
 // user may see them, as SessionHolder does. The statement reads the slots
 // one after another, microseconds apart: a snapshot but for a slot that
 // changes hands within them.
-func (m mysqlBackend) slotHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
+func (m mysqlBackend) KeyHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
 	var used strings.Builder
 	for i, key := range keys {
 		if i > 0 {

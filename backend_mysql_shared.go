@@ -40,9 +40,8 @@ import (
 // exist yet, the first grab creates the library's tables (a role that may
 // not create them checks in a second round trip after each grant; see
 // grabExclusive). The exclusive try's read of
-// advisorylock_shared is most of what it costs over a bare GET_LOCK (see
-// the MySQL gate in benchmarks/README.md): no shape of it measured
-// cheaper, and the table stays InnoDB, which Group Replication requires.
+// advisorylock_shared is most of what it costs over a bare GET_LOCK, and
+// the table stays InnoDB, which Group Replication requires.
 // A Lock with WithMinHold cannot be taken shared; its windowed exclusive
 // try does not look for shared holders of another Lock on the same name.
 
@@ -75,8 +74,8 @@ func mysqlHoldsShared(key int64) string {
 		strconv.FormatInt(key, 10) + " AND conn_id = CONNECTION_ID())"
 }
 
-// sharedSessions returns the backend in shared mode.
-func (m mysqlBackend) sharedSessions() SessionLocker {
+// Shared returns the backend in shared mode.
+func (m mysqlBackend) Shared() SessionLocker {
 	m.shared = true
 	return m
 }

@@ -23,8 +23,7 @@ import (
 // Every lock step is one round trip. pgx sends arguments in one round
 // trip and caches statements, so there the SQL text stays constant and
 // keys go as arguments (with none, pgx would send the text over the
-// simple protocol, parsed and planned anew each time: measured about 8%
-// slower per lock step). lib/pq sends a query with arguments as two round
+// simple protocol, parsed and planned anew each time). lib/pq sends a query with arguments as two round
 // trips, so keys go into the SQL text as integer literals there (and for
 // unknown drivers), except in lib/pq's try and unlock, which are prepared
 // once per connection (see preparedStatements).
@@ -38,7 +37,7 @@ type postgres struct {
 	// for other drivers.
 	prepared *preparedStatements
 	// tryLock is the try statement: pgTryLock, or pgTryLockMarked with
-	// the marker of a Lock's dead-holder settings (see forLock); whyMissed
+	// the marker of a Lock's dead-holder settings (see ForLock); whyMissed
 	// is the question a try that returned no row asks.
 	tryLock, whyMissed string
 	// deadHolder is the statement that applies those settings to a
@@ -46,13 +45,32 @@ type postgres struct {
 	deadHolder string
 	mark       int64
 	// shared takes, waits for, checks and releases keys in shared mode
-	// (see sharedSessions).
+	// (see Shared).
 	shared bool
 }
 
+// The capabilities the PostgreSQL backend has, each an interface of
+// backend.go that a third party's backend may implement too.
+var (
+	_ DriverTuner           = (*postgres)(nil)
+	_ SessionConfigurer     = (*postgres)(nil)
+	_ MultiKeyLocker        = (*postgres)(nil)
+	_ SharedSessionLocker   = (*postgres)(nil)
+	_ TxLocker              = (*postgres)(nil)
+	_ TermEnder             = (*postgres)(nil)
+	_ TableChecker          = (*postgres)(nil)
+	_ RunRecorder           = (*postgres)(nil)
+	_ PromptCanceler        = (*postgres)(nil)
+	_ WindowedSessionLocker = (*postgres)(nil)
+	_ LeaseStore            = (*postgres)(nil)
+)
+
 func (p *postgres) Name() string { return "postgres" }
 
-func (p *postgres) forDriver(db DB) Backend {
+// ForDB returns a copy of p with the statement forms of db's driver:
+// bound parameters on pgx, statements prepared once per session on
+// lib/pq.
+func (p *postgres) ForDB(db DB) Backend {
 	c := *p
 	pkg := driverPkg(db)
 	c.params = strings.HasPrefix(pkg, "github.com/jackc/pgx/")
@@ -62,14 +80,14 @@ func (p *postgres) forDriver(db DB) Backend {
 	return &c
 }
 
-// sharedSessions returns p in shared mode, for RLock: the same statements
+// Shared returns p in shared mode, for RLock: the same statements
 // (and the same one round trip per step) with pg_try_advisory_lock_shared,
 // pg_advisory_lock_shared and pg_advisory_unlock_shared, and a keep-alive
 // that looks for the session's ShareLock in pg_locks.
-func (p *postgres) sharedSessions() SessionLocker {
+func (p *postgres) Shared() SessionLocker {
 	c := *p
 	c.shared = true
-	if c.tryLock == "" { // not made by forLock: a backend used outside a Lock
+	if c.tryLock == "" { // not made by ForLock: a backend used outside a Lock
 		c.tryLock, c.whyMissed = pgTryLock, pgWhyMissed
 	}
 	c.tryLock = strings.Replace(c.tryLock, "pg_try_advisory_lock(", "pg_try_advisory_lock_shared(", 1)
@@ -84,7 +102,7 @@ func (p *postgres) lockMode() string {
 	return "ExclusiveLock"
 }
 
-// forLock returns a copy of p for one Lock whose sessions get the
+// ForLock returns a copy of p for one Lock whose sessions get the
 // dead-holder settings of d (WithDeadHolderTimeout): TCP keepalives and a
 // TCP user timeout that make the server end a session within about d once
 // its client has vanished without closing the socket (a host powered off,
@@ -102,14 +120,14 @@ func (p *postgres) lockMode() string {
 // them: the try reads the marker, and a grant on a session without it
 // costs two more round trips (see TryLockSession). Sending the settings
 // with every try would cost lib/pq, which sends the statement's text each
-// time, about a fifth of a try in parsing alone (measured: the marker
-// costs about a tenth of that).
+// time, their parsing at every try; reading the marker costs less.
 //
 // With the server checks off (WithServerChecks(false): go-sqlmock, or an
 // operator who knows the topology) a missed try asks nothing, so the
 // settings go with every try instead (pgTryLockInline), and a standby is
 // not refused.
-func (p *postgres) forLock(d time.Duration, serverChecks bool) Backend {
+func (p *postgres) ForLock(s SessionSettings) SessionLocker {
+	d, serverChecks := s.DeadHolder, s.ServerChecks
 	c := *p
 	c.tryLock, c.whyMissed, c.deadHolder = pgTryLock, pgWhyMissed, ""
 	secs := func(f time.Duration) int64 { return max(int64(f/time.Second), 1) }
@@ -160,9 +178,9 @@ func (p *postgres) Validate(ctx context.Context, db DB) error {
 // errStandby is the refusal of a server in recovery.
 var errStandby = fmt.Errorf("%w: the server is a hot standby (read-only, in recovery): a lock taken there excludes nothing on the primary; point the connection at the primary", ErrUnsupported)
 
-// endsWithContext: pgx closes its socket when a statement's context ends,
+// CancelsPromptly: pgx closes its socket when a statement's context ends,
 // so its statements need no bounding (see within in conn_guard.go).
-func (p *postgres) endsWithContext() bool { return p.params }
+func (p *postgres) CancelsPromptly() bool { return p.params }
 
 func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 	var v string
@@ -202,7 +220,7 @@ const (
 	pgWhyMissedMarked = `SELECT pg_is_in_recovery(), CASE WHEN current_setting('advisorylock.dead_holder', true) = '%d' THEN false
 	ELSE EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
 		AND l.classid = (($1::bigint >> 32) & 4294967295)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1) END`
-	// The dead-holder settings (see forLock), values in order: keepalive
+	// The dead-holder settings (see ForLock), values in order: keepalive
 	// idle, interval and count, and the user timeout in milliseconds, which
 	// is also the marker. idle_session_timeout exists from PostgreSQL 14.
 	pgDeadHolder = `SELECT set_config('tcp_keepalives_idle', '%d', false), set_config('tcp_keepalives_interval', '%d', false),
@@ -312,10 +330,9 @@ func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string
 // on a checked session, the unlock) prepared on the server session of each
 // connection of one *sql.DB. lib/pq sends a statement's text each time,
 // which the server parses and plans anew; a prepared one goes as Bind and
-// Execute, still one round trip, and measured 5-15% cheaper than the text
-// (the try and the unlock on a pinned connection, lib/pq 1.12, PostgreSQL
-// 15, CPUs pinned). Preparing costs one round trip, once per connection
-// and statement, as pgx's statement cache does.
+// Execute, still one round trip, and skips the parse and plan. Preparing
+// costs one round trip, once per connection and statement, as pgx's
+// statement cache does.
 //
 // The driver's statement references its connection, so the cache keeps
 // the connections it holds from being collected. It holds at most as many
@@ -483,7 +500,7 @@ func (ps *preparedStatements) size() int {
 // function: the bare statement a user would write.
 func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
 	text, why := p.tryLock, p.whyMissed
-	if text == "" { // not made by forLock: a backend used outside a Lock
+	if text == "" { // not made by ForLock: a backend used outside a Lock
 		text, why = pgTryLock, pgWhyMissed
 	}
 	fact := p.checkedSession()
@@ -527,7 +544,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 // dead-holder settings, if p has any. It is named by the try statement,
 // whose text holds the settings' marker.
 func (p *postgres) checkedSession() string {
-	if p.tryLock == "" { // not made by forLock: a backend used outside a Lock
+	if p.tryLock == "" { // not made by ForLock: a backend used outside a Lock
 		return pgTryLock
 	}
 	return p.tryLock
@@ -702,7 +719,7 @@ func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit s
 // upgradePostgresSchema). Every step is idempotent. Operators query these
 // tables: their names and columns are part of the contract.
 var postgresSteps = [][]string{
-	1: { // round one: leases and fences
+	1: { // leases and fences
 		`CREATE TABLE IF NOT EXISTS advisorylock_leases (
 	name        text        PRIMARY KEY,
 	owner       text,                   -- NULL when free
@@ -723,6 +740,9 @@ var postgresSteps = [][]string{
 	},
 	4: { // elections (NewElection; see backend_postgres_election.go)
 		postgresElectionsTable,
+	},
+	5: { // runs done (Lock.TryDoOnce; see backend_postgres_once.go)
+		postgresRunsTable,
 	},
 }
 
@@ -765,6 +785,7 @@ func (p *postgres) Schema() string {
 	b.WriteString(`
 -- The application's role needs (no CREATE, no superuser):
 --   GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections TO app;
+--   GRANT SELECT, INSERT, DELETE ON advisorylock_runs TO app; -- Lock.TryDoOnce
 --   GRANT USAGE ON SEQUENCE advisorylock_token_seq TO app;
 --   GRANT SELECT ON advisorylock_schema TO app;
 `)
@@ -1067,7 +1088,7 @@ func (p *postgres) onStandby(ctx context.Context, on querier, err error) error {
 // where the driver ends a statement when its context ends (pgx), else
 // through within (lib/pq).
 func (p *postgres) bound(ctx context.Context, f func() error) error {
-	if p.endsWithContext() {
+	if p.CancelsPromptly() {
 		return f()
 	}
 	_, err := within(ctx, func() (struct{}, error) { return struct{}{}, f() }, nil, nil)
@@ -1077,8 +1098,9 @@ func (p *postgres) bound(ctx context.Context, f func() error) error {
 // upgradePostgresSchema creates the tables, or upgrades them to this
 // code's version, in one transaction, serialized with every other
 // upgrader by a transaction-scoped advisory lock, so that concurrent first
-// uses all succeed and each step runs once. A database of round one (its
-// tables, no version table) is version 0: every step is idempotent.
+// uses all succeed and each step runs once. A database with the first
+// step's tables and no version table is version 0: every step is
+// idempotent.
 func upgradePostgresSchema(ctx context.Context, db DB) error {
 	conn, err := takeConn(ctx, db)
 	if err != nil {
@@ -1145,14 +1167,14 @@ var pgTableColumns = map[string]string{
 	"advisorylock_elections": "name",
 }
 
-// checkTables creates the tables if they are missing and proves, in one
+// CheckTables creates the tables if they are missing and proves, in one
 // statement that writes nothing, that the role may read, insert and
 // update each of tables and draw from the token sequence: a missing grant
 // comes back as the server's own 42501, as the first operation would get
 // it. The data-modifying WITH clauses run on no rows; the CASE calls
 // nextval only when the privilege is missing, to raise its error. Only
 // leases and elections draw tokens from the sequence.
-func (p *postgres) checkTables(ctx context.Context, db DB, tables ...string) error {
+func (p *postgres) CheckTables(ctx context.Context, db DB, tables ...string) error {
 	var with []string
 	probe := "SELECT 0"
 	for i, t := range tables {

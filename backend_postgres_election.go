@@ -39,7 +39,7 @@ FROM advisorylock_elections e
 WHERE e.name = $1::text AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = e.pid
 	AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	AND l.classid = (($2::bigint >> 32) & 4294967295)::oid AND l.objid = ($2::bigint & 4294967295)::oid AND l.objsubid = 1)`
-	// pgEndTerm marks a resigning leader's term ended (see endTerm).
+	// pgEndTerm marks a resigning leader's term ended (see EndTerm).
 	pgEndTerm        = `UPDATE advisorylock_elections SET pid = 0 WHERE name = $1::text AND term = $2::bigint AND pid = pg_backend_pid()`
 	pgElectionsExist = `SELECT to_regclass('advisorylock_elections') IS NOT NULL AND to_regclass('advisorylock_token_seq') IS NOT NULL`
 )
@@ -87,9 +87,9 @@ func (p *postgres) TermHolder(ctx context.Context, db DB, key int64, name string
 	return h, nil
 }
 
-// endTerm marks term of name ended in its row, on conn, the resigning
+// EndTerm marks term of name ended in its row, on conn, the resigning
 // leader's (see termEnder).
-func (p *postgres) endTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
+func (p *postgres) EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
 	q, args, err := p.statement(pgEndTerm, name, term.Int64())
 	if err != nil {
 		return err

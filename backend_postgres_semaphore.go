@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// tryLockAny tries a semaphore's slot keys in order in one statement and
+// TryLockAny tries a semaphore's slot keys in order in one statement and
 // takes the first it gets (see pgTryAny); index and OK true for a grant.
 // A server in recovery is refused (errStandby) before any key is tried.
 // A grant on a session without the Lock's dead-holder settings sends them
@@ -18,7 +18,7 @@ import (
 // A session that has passed both checks is remembered as a Lock's try
 // remembers it, under the same fact (see checkedSession): later tries on
 // it, a semaphore's or a Lock's, send the lock functions alone.
-func (p *postgres) tryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
+func (p *postgres) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
 	fact := p.checkedSession()
 	checks := !sessionKnows(conn, fact)
 	args := make([]any, len(keys))
@@ -90,16 +90,16 @@ type rowsQuerier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-// errNoRowsQuerier makes slotHolders fall back to one statement per slot
+// errNoRowsQuerier makes KeyHolders fall back to one statement per slot
 // on a handle that cannot return rows.
 var errNoRowsQuerier = errors.New("advisorylock: the handle cannot return rows")
 
-// slotHolders reports, in one statement (one snapshot), the holders of a
+// KeyHolders reports, in one statement (one snapshot), the holders of a
 // semaphore's slot keys: holders[i] holds keys[i], nil when free. It reads
 // pg_locks joined with pg_stat_activity, as SessionHolder does; Since is
 // the start of the holder's try while that is still its latest
 // statement, else its session's start (an earlier bound).
-func (p *postgres) slotHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
+func (p *postgres) KeyHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
 	var values strings.Builder
 	for i, key := range keys {
 		if i > 0 {

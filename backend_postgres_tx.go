@@ -43,10 +43,10 @@ SELECT set_config('statement_timeout',%s, true), set_config('lock_timeout',%s, t
 	pgUndoWaitTx = `ROLLBACK TO SAVEPOINT advisorylock_locktx; RELEASE SAVEPOINT advisorylock_locktx`
 )
 
-// tryLockTx tries pg_try_advisory_xact_lock in tx, one round trip; a miss
+// TryLockTx tries pg_try_advisory_xact_lock in tx, one round trip; a miss
 // leaves tx as it was. A server in recovery is refused with an error
 // matching ErrUnsupported.
-func (p *postgres) tryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
+func (p *postgres) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
 	q, args, err := p.statement(pgTryLockTx, key)
 	if err != nil {
 		return false, err
@@ -62,17 +62,17 @@ func (p *postgres) tryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, 
 	return ok.Bool, nil
 }
 
-// txSettings reads tx's statement_timeout and lock_timeout, one round
+// TxSettings reads tx's statement_timeout and lock_timeout, one round
 // trip (a wait's, after its try missed).
-func (p *postgres) txSettings(ctx context.Context, tx *sql.Tx) (txSettings, error) {
-	var s txSettings
+func (p *postgres) TxSettings(ctx context.Context, tx *sql.Tx) (TxSettings, error) {
+	var stmt, lock string
 	err := p.bound(ctx, func() error {
-		return tx.QueryRowContext(p.quiet(ctx), pgTxSettings).Scan(&s.StatementTimeout, &s.LockTimeout)
+		return tx.QueryRowContext(p.quiet(ctx), pgTxSettings).Scan(&stmt, &lock)
 	})
-	return s, err
+	return TxSettings{"statement_timeout": stmt, "lock_timeout": lock}, err
 }
 
-// waitLockTx waits in pg_advisory_xact_lock for at most slice, inside a
+// WaitLockTx waits in pg_advisory_xact_lock for at most slice, inside a
 // savepoint (see pgWaitTx). False means the slice ended without the lock
 // and tx is as it was: the savepoint was rolled back, which undoes the
 // settings it changed. A grant puts them back to prev.
@@ -82,12 +82,12 @@ func (p *postgres) txSettings(ctx context.Context, tx *sql.Tx) (txSettings, erro
 // a ctx that ends a grace after the slice. The driver gets it only where
 // it ends a statement by itself (pgx); lib/pq's statements are bounded by
 // bound, and get ctx without its end (see quiet).
-func (p *postgres) waitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev txSettings) (bool, error) {
-	stmt, err := quoteLiteral(prev.StatementTimeout)
+func (p *postgres) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev TxSettings) (bool, error) {
+	stmt, err := quoteLiteral(prev["statement_timeout"])
 	if err != nil {
 		return false, err
 	}
-	lock, err := quoteLiteral(prev.LockTimeout)
+	lock, err := quoteLiteral(prev["lock_timeout"])
 	if err != nil {
 		return false, err
 	}
@@ -112,7 +112,7 @@ func (p *postgres) waitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice 
 // goroutine of its own per statement to send a cancel request (see
 // pinned.quiet).
 func (p *postgres) quiet(ctx context.Context) context.Context {
-	if p.endsWithContext() {
+	if p.CancelsPromptly() {
 		return ctx
 	}
 	return context.WithoutCancel(ctx)

@@ -30,12 +30,20 @@ func SQLite() Backend { return sqliteBackend{} }
 
 type sqliteBackend struct{}
 
+// The capabilities the SQLite backend has beyond LeaseStore, each an
+// interface of backend.go that a third party's backend may implement too.
+var (
+	_ SharedLeaseStore   = sqliteBackend{}
+	_ WindowedLeaseStore = sqliteBackend{}
+	_ RunRecorder        = sqliteBackend{}
+)
+
 // sqliteSteps are the schema's upgrade steps, one statement each, every
 // one idempotent (processes sharing the file may run them at once).
 // advisorylock_schema records the versions applied. Times are Unix
 // milliseconds.
 var sqliteSteps = [][]string{
-	1: { // round one
+	1: { // locks and leases as rows
 		`CREATE TABLE IF NOT EXISTS advisorylock_locks (
 	key         INTEGER PRIMARY KEY, -- Key(name)
 	name        TEXT    NOT NULL,
@@ -87,7 +95,7 @@ BEGIN DELETE FROM advisorylock_writers WHERE key = NEW.key AND owner = NEW.owner
 		`CREATE TRIGGER IF NOT EXISTS advisorylock_writers_update AFTER UPDATE OF owner ON advisorylock_locks
 BEGIN DELETE FROM advisorylock_writers WHERE key = NEW.key AND owner = NEW.owner; END`,
 	},
-	4: { // exclusive grants as cheap as round one's: shared holders keep a
+	4: { // exclusive grants as cheap as without shared holders: they keep a
 		// summary row (owner '', which no acquire's owner can be) in
 		// advisorylock_locks, live until the latest shared holder's
 		// expiry, which refuses the exclusive upsert as a live holder's
@@ -118,6 +126,9 @@ END`,
 BEGIN UPDATE advisorylock_tokens SET last = max(last, OLD.generation) WHERE id = 1; END`,
 		`DROP TRIGGER IF EXISTS advisorylock_tokens_insert`,
 		`DROP TRIGGER IF EXISTS advisorylock_tokens_update`,
+	},
+	6: { // runs done (Lock.TryDoOnce; see backend_sqlite_once.go)
+		sqliteRunsTable,
 	},
 }
 
@@ -348,7 +359,8 @@ func createTables(ctx context.Context, q querier) error {
 }
 
 // upToDate reports whether advisorylock_schema says the file has this
-// code's version (one read; a file of round one has no version table).
+// code's version (one read; a file made before versions has no version
+// table).
 func upToDate(ctx context.Context, q querier) bool {
 	var current int
 	err := q.QueryRowContext(ctx, "SELECT coalesce(max(version), 0) FROM advisorylock_schema").Scan(&current)

@@ -424,12 +424,12 @@ type pinned struct {
 }
 
 // endsWithContext reports whether b's driver ends a statement promptly
-// when its context ends, also on a dead network (pgx closes its socket).
-// Statements of other drivers go through within: lib/pq, for one, waits
-// for a cancel request that a dead network never delivers (lib/pq#620).
+// when its context ends (see PromptCanceler). Statements of other drivers
+// go through within: lib/pq, for one, waits for a cancel request that a
+// dead network never delivers (lib/pq#620).
 func endsWithContext(b Backend) bool {
-	e, ok := b.(interface{ endsWithContext() bool })
-	return ok && e.endsWithContext()
+	e, ok := b.(PromptCanceler)
+	return ok && e.CancelsPromptly()
 }
 
 // discard discards the connection, for reason, unless ask already does.
@@ -474,8 +474,8 @@ func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt fu
 // answerGrace pass, before stmt returns, it closes the driver connection
 // under the statement: the driver's read then fails at once, also on a
 // dead network. That costs no goroutine while ctx lasts, where within
-// costs one per statement (a hop measured at 4-13% of an uncontended
-// TryLock and Release). Whatever stmt returns after the cut is not an
+// costs one per statement, a hop on every lock step. Whatever stmt
+// returns after the cut is not an
 // answer: the statement was abandoned and its connection is discarded.
 func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, error) {
 	if ctx.Done() == nil { // ctx never ends: nothing to bound
@@ -499,9 +499,9 @@ func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, 
 
 // watchedUntil is watched for a statement bounded by a deadline, not by a
 // context: a timer makes the cut once deadline and answerGrace have
-// passed. A release's statement is so bounded on lib/pq: a context with
-// the deadline, which watched then watches, measured 2% of an uncontended
-// TryLock and Release (pinned, A/B) more than this timer.
+// passed. A release's statement is so bounded on lib/pq: a timer is
+// cheaper than a context with the deadline, which watched would then
+// watch.
 func watchedUntil[T any](deadline time.Time, p *pinned, stmt func() (T, error)) (T, error) {
 	c := newCut(p)
 	t := time.AfterFunc(time.Until(deadline)+answerGrace, c.now)

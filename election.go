@@ -72,28 +72,6 @@ type electionBackend struct {
 	terms ElectingSessionLocker // nil on a row backend
 }
 
-// ElectingSessionLocker is a SessionLocker that can hold elections
-// (NewElection): beside the lock its leader holds, it records each term
-// in a row. An Election on a SessionLocker that does not implement it
-// fails at its first operation with ErrUnsupported; on a LeaseStore an
-// Election needs nothing more (the lease's token is the term).
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type ElectingSessionLocker interface {
-	SessionLocker
-	// PrepareElections makes ready what terms need (a table), at an
-	// Election's first operation.
-	PrepareElections(ctx context.Context, db DB) error
-	// BeginTerm records, on conn, whose session was just granted key's
-	// lock, a new term of the election name led by owner, and returns it:
-	// a FencingToken larger than every token issued before it, by this
-	// election or by a lease. One statement.
-	BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error)
-	// TermHolder reports the leader of name: its latest term, if the
-	// session that began it still holds key's lock; nil otherwise.
-	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
-}
-
 // NewElection returns an Election on name. It does no I/O (see New): it
 // fails only for a nil db, an empty name, an invalid option set (one out
 // of bounds, or WithMinHold, which does not apply), or a name or owner
@@ -107,7 +85,7 @@ type ElectingSessionLocker interface {
 // WithPollInterval (Observe), WithObserver (events of kind
 // LockKindElection) and WithLogger apply as they do to locks.
 func NewElection(db DB, name string, opts ...Option) (*Election, error) {
-	cfg, err := leaseConfig(db, name, "an Election", lockOptions&^optMinHold, opts)
+	cfg, err := leaseConfig(db, name, "an Election", lockOptions&^(optMinHold|optRunRetention), opts)
 	if err != nil {
 		return nil, wrapErr(name, "new election", err)
 	}
@@ -438,13 +416,6 @@ func (e *Election) resign(ctx context.Context, t term) {
 	}
 }
 
-// termEnder is an ElectingSessionLocker that can mark a term ended in its
-// row, so that TermHolder no longer matches the session that led it (the
-// backends of this package; a backend without it leaves the row as is).
-type termEnder interface {
-	endTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
-}
-
 // endTerm marks t ended in its row, on t's connection, within the release
 // timeout, keeping only ctx's values as a release does; nothing where
 // terms are not recorded beside a session lock or t is lost already.
@@ -453,12 +424,12 @@ func (e *Election) endTerm(ctx context.Context, t term) {
 	if b == nil {
 		return
 	}
-	ender, ok := b.terms.(termEnder)
+	ender, ok := b.terms.(TermEnder)
 	if gone, _ := t.g.h.isLost(); !ok || gone {
 		return
 	}
 	_, _ = onLeaderConn(context.WithoutCancel(ctx), t.g, e.cfg.releaseTimeout, func(ctx context.Context, conn *sql.Conn) (struct{}, error) {
-		return struct{}{}, ender.endTerm(ctx, conn, e.name, t.token)
+		return struct{}{}, ender.EndTerm(ctx, conn, e.name, t.token)
 	})
 }
 

@@ -228,3 +228,31 @@ func ExampleSchema() {
 	fmt.Println(strings.Contains(ddl, "CREATE TABLE IF NOT EXISTS advisorylock_leases"))
 	// Output: true
 }
+
+// Once per scheduled run: every replica's cron fires the hourly report a
+// little apart; the run key is the hour it was scheduled for, so the
+// first replica runs it and every later call for that hour skips it.
+func ExampleLock_TryDoOnce() {
+	db := exampleDB()
+	defer db.Close()
+	lock, err := advisorylock.New(db, "example-hourly-report-"+exampleID())
+	if err != nil {
+		log.Fatal(err)
+	}
+	tick := time.Date(2026, 12, 3, 2, 0, 0, 0, time.UTC).Format(time.RFC3339)
+	for replica := range 3 {
+		ran, err := lock.TryDoOnce(context.Background(), tick, func(ctx context.Context) error {
+			fmt.Println("replica", replica, "sends the report for", tick)
+			return nil
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("replica", replica, "ran:", ran)
+	}
+	// Output:
+	// replica 0 sends the report for 2026-12-03T02:00:00Z
+	// replica 0 ran: true
+	// replica 1 ran: false
+	// replica 2 ran: false
+}

@@ -548,7 +548,7 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 
 // leaseOptions are the options a LeaseLock takes: not those of a pinned
 // session (keep-alive, dead-holder timeout, pooler probe).
-const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck)
+const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck | optRunRetention)
 
 // leaseConfig is constructed for a name kept in a row: the name and the
 // owner label must be storable too.
@@ -850,18 +850,12 @@ func (f *Fence) store(ctx context.Context) (LeaseStore, error) {
 	return *s, nil
 }
 
-// tableChecker is a backend whose Check creates its tables and proves the
-// role may use them (see the built-in backends' checkTables).
-type tableChecker interface {
-	checkTables(ctx context.Context, db DB, tables ...string) error
-}
-
 // checkTables, where b can, creates b's tables if they are missing and
 // proves the role may read and write tables (names of the library's own),
 // so that Check refuses a missing grant as the first operation would.
 func checkTables(ctx context.Context, db DB, b Backend, tables ...string) error {
-	if c, ok := b.(tableChecker); ok {
-		return c.checkTables(ctx, db, tables...)
+	if c, ok := b.(TableChecker); ok {
+		return c.CheckTables(ctx, db, tables...)
 	}
 	return nil
 }

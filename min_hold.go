@@ -2,7 +2,6 @@ package advisorylock
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 )
@@ -14,47 +13,6 @@ import (
 // window in the row's expiry (LeaseRequest.MinHold); session backends,
 // whose locks end with their session, keep it in a row of their own
 // (WindowedSessionLocker).
-
-// WindowedSessionLocker is a SessionLocker that can keep a name taken for
-// a window after each grant (WithMinHold), on the database's clock. A Lock
-// with WithMinHold on a SessionLocker that does not implement it fails at
-// its first operation with ErrUnsupported.
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type WindowedSessionLocker interface {
-	SessionLocker
-	// PrepareWindows makes ready what windows need (PostgreSQL: the
-	// advisorylock_windows table), once per Lock, at its first operation.
-	PrepareWindows(ctx context.Context, db DB) error
-	// TryLockSessionFor is TryLockSession for a name kept taken for window
-	// after each grant: in one statement it refuses while an earlier
-	// grant's window is open (without trying the lock), takes the lock,
-	// and records the new window, which starts at the database's now. If
-	// it cannot record the window it must not keep the lock.
-	TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error)
-	// ClaimWindow records the window of a lock that conn's session was
-	// just granted by WaitLockSession, in a statement of its own (the
-	// wait's snapshot is older than the wait). If an earlier grant's
-	// window is still open it releases the lock and reports OK false.
-	ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error)
-	// WindowLeft reports how long key's window stays open by the
-	// database's clock; 0 when none is.
-	WindowLeft(ctx context.Context, conn *sql.Conn, key int64) (time.Duration, error)
-	// WindowHolder reports the grant whose window on key is open (its
-	// ExpiresAt the window's end), or nil.
-	WindowHolder(ctx context.Context, db DB, key int64) (*Holder, error)
-}
-
-// WindowedLeaseStore is a LeaseStore that honours LeaseRequest.MinHold.
-// A Lock or LeaseLock with WithMinHold on a LeaseStore that does not
-// implement it fails at its first operation with ErrUnsupported.
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type WindowedLeaseStore interface {
-	LeaseStore
-	// KeepsWindows marks the store as honouring LeaseRequest.MinHold.
-	KeepsWindows()
-}
 
 // errNoWindows is the first-use error of a Lock or LeaseLock with
 // WithMinHold on a backend that cannot keep windows.

@@ -33,6 +33,7 @@ const (
 	defaultReleaseTimeout = 5 * time.Second
 	defaultDeadHolder     = 20 * time.Second
 	defaultPoolWait       = time.Second
+	defaultRunRetention   = 7 * 24 * time.Hour
 )
 
 type config struct {
@@ -52,7 +53,8 @@ type config struct {
 	deadHolderSet  bool // by WithDeadHolderTimeout; else derived (see check)
 	poolWait       time.Duration
 	minHold        time.Duration
-	given          optionSet // the options passed, for configFor
+	runRetention   time.Duration // see WithRunRetention
+	given          optionSet     // the options passed, for configFor
 }
 
 // optionSet is a set of options, one bit each, named in optionNames.
@@ -73,15 +75,16 @@ const (
 	optMinHold
 	optDeadHolder
 	optPoolWait
+	optRunRetention
 
 	// optAll is every option; each constructor takes optAll less what
 	// cannot apply to it.
-	optAll = optPoolWait<<1 - 1
+	optAll = optRunRetention<<1 - 1
 )
 
 var optionNames = [...]string{"WithBackend", "WithLeaseTTL", "WithPollInterval", "WithKeepAlive",
 	"WithReleaseTimeout", "WithPoolerCheck", "WithServerChecks", "WithLogger", "WithClock", "WithOwner",
-	"WithObserver", "WithMinHold", "WithDeadHolderTimeout", "WithPoolWait"}
+	"WithObserver", "WithMinHold", "WithDeadHolderTimeout", "WithPoolWait", "WithRunRetention"}
 
 // set records that an option was given.
 func (c *config) set(o optionSet) { c.given |= o }
@@ -113,6 +116,7 @@ func newConfig(opts []Option) config {
 		clock:          systemClock{},
 		deadHolder:     defaultDeadHolder,
 		poolWait:       defaultPoolWait,
+		runRetention:   defaultRunRetention,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -228,6 +232,16 @@ func WithOwner(label string) Option { return func(c *config) { c.owner = label; 
 // Election or a Fence.
 func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = d; c.set(optMinHold) } }
 
+// WithRunRetention sets how long TryDoOnce remembers a run it recorded
+// done [7 days]: a record older than d is deleted when the Lock records
+// another run, after which the same run key would run again. Choose it
+// longer than any replica can lag behind with a run key (a cron line's
+// minute, a deploy's id). Below a minute it is refused; it applies to a
+// Lock only.
+func WithRunRetention(d time.Duration) Option {
+	return func(c *config) { c.runRetention = d; c.set(optRunRetention) }
+}
+
 // WithDeadHolderTimeout sets how soon PostgreSQL frees the session lock of
 // a holder that vanished without closing its socket (a host powered off,
 // a network blackhole) [20s; 0 leaves the server's settings, with which
@@ -280,6 +294,8 @@ func (c *config) check(takes optionSet) error {
 		return bad("WithPoolWait(%s) must be positive", c.poolWait)
 	case c.minHold < 0:
 		return bad("WithMinHold(%s) is negative (0 turns it off)", c.minHold)
+	case c.runRetention < time.Minute:
+		return bad("WithRunRetention(%s) is below 1m", c.runRetention)
 	case c.deadHolder < 0:
 		return bad("WithDeadHolderTimeout(%s) is negative (0 leaves the server's settings)", c.deadHolder)
 	}

@@ -66,7 +66,7 @@ func bouncerDSN(drv, dsn string) string {
 // multiplexing.
 func roundsSeeing(t *testing.T, db *sql.DB, drv string, paired bool, n int) int {
 	t.Helper()
-	s := Postgres().(driverBound).forDriver(db).(SessionLocker)
+	s := Postgres().(DriverTuner).ForDB(db).(SessionLocker)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	seen := 0

@@ -84,7 +84,7 @@ func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, er
 	if slots < 1 || slots > MaxSlots {
 		return nil, wrapErr(name, "new semaphore", fmt.Errorf("advisorylock: a semaphore has from 1 to %d slots, not %d", MaxSlots, slots))
 	}
-	cfg, err := constructed(db, name, "a Semaphore", lockOptions&^optMinHold, opts)
+	cfg, err := constructed(db, name, "a Semaphore", lockOptions&^(optMinHold|optRunRetention), opts)
 	if err != nil {
 		return nil, wrapErr(name, "new semaphore", err)
 	}
@@ -194,18 +194,11 @@ func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
 	return holders, nil
 }
 
-// slotLister is a SessionLocker that reads the holders of several keys
-// in one statement (the built-in PostgreSQL and MySQL backends).
-type slotLister interface {
-	// slotHolders returns holders[i] for keys[i], nil when free.
-	slotHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error)
-}
-
 // slotHolders reads the holder of every slot, nil for a free one: in one
 // statement where the backend can, else slot by slot.
 func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder, error) {
-	if l, ok := b.session.(slotLister); ok {
-		hs, err := l.slotHolders(ctx, s.db, s.keys)
+	if l, ok := b.session.(MultiKeyLocker); ok {
+		hs, err := l.KeyHolders(ctx, s.db, s.keys)
 		if !errors.Is(err, errNoRowsQuerier) {
 			return hs, err
 		}
@@ -332,20 +325,11 @@ func (s *Semaphore) trySlots(ctx context.Context, locker SessionLocker, p *pinne
 	return (start + a.i) % len(s.keys), a.res, nil
 }
 
-// anyLocker is a SessionLocker that tries several keys in one statement
-// (the built-in PostgreSQL and MySQL backends).
-type anyLocker interface {
-	// tryLockAny tries keys in order and takes the first it gets, and no
-	// other: it returns that key's index with OK true, or OK false when
-	// every key is held elsewhere.
-	tryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error)
-}
-
 // tryAny tries keys in order on conn and takes at most one: in one
 // statement where the backend can, else one TryLockSession per key.
 func tryAny(ctx context.Context, locker SessionLocker, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
-	if a, ok := locker.(anyLocker); ok {
-		return a.tryLockAny(ctx, conn, keys)
+	if a, ok := locker.(MultiKeyLocker); ok {
+		return a.TryLockAny(ctx, conn, keys)
 	}
 	for i, key := range keys {
 		res, err := locker.TryLockSession(ctx, conn, key)

@@ -2,7 +2,6 @@ package advisorylock
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 )
@@ -103,52 +102,14 @@ func (l *Lock) Holders(ctx context.Context) ([]*Holder, error) {
 	return hs, wrapErr(l.name, "holders", err)
 }
 
-// SharedLeaseStore is a LeaseStore that keeps shared holds (RLock on a
-// Lock kept as rows): KindShared requests are one row per shared holder,
-// and its KindLock rows and shared rows exclude each other. A KindLock
-// acquire with LeaseRequest.Wait that finds only shared holders claims the
-// row for the waiter, which keeps new shared holders out until the claim
-// expires, is taken, or is released; the waiter's grant after a miss
-// (LeaseRequest.Retry) ends its own claim. LeaseHolder of a KindLock request
-// reports any live holder, of a KindShared request the exclusive one (or
-// a waiting writer's claim). Without it RLock returns ErrUnsupported.
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type SharedLeaseStore interface {
-	LeaseStore
-	// LeaseHolders lists every live holder of r.Key, exclusive and shared.
-	LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error)
-}
-
-// sharedSessions is a built-in SessionLocker that also takes shared
-// locks: sharedSessions returns the same backend whose statements take,
-// wait for, check and release the key in shared mode.
-type sharedSessions interface {
-	sharedSessions() SessionLocker
-}
-
-// listsHolders is a built-in SessionLocker that lists every holder of a
-// key, shared and exclusive.
-type listsHolders interface {
-	SessionHolders(ctx context.Context, db DB, key int64) ([]*Holder, error)
-}
-
-// waitEnding is a SessionLocker whose exclusive wait may leave state on
-// the session when its budget ends between slices (MySQL: a writer keeps
-// the GET_LOCK while shared holders drain); endWait lets go of it before
-// the connection goes back to the pool.
-type waitEnding interface {
-	EndWait(ctx context.Context, conn *sql.Conn, key int64) error
-}
-
 // sharedView returns how l takes shared holds on b, nil where it cannot.
 // A Lock with WithMinHold has none: a window is an exclusive grant's.
 func (l *Lock) sharedView(b *lockBackend) *lockBackend {
 	if l.cfg.minHold > 0 {
 		return nil
 	}
-	if s, ok := b.session.(sharedSessions); ok {
-		return &lockBackend{session: s.sharedSessions(), bounded: b.bounded, isShared: true}
+	if s, ok := b.session.(SharedSessionLocker); ok {
+		return &lockBackend{session: s.Shared(), bounded: b.bounded, isShared: true}
 	}
 	if _, ok := b.rows.(SharedLeaseStore); ok {
 		return &lockBackend{rows: b.rows, isShared: true}
@@ -168,10 +129,10 @@ func (l *Lock) sharedOf(b *lockBackend) (*lockBackend, error) {
 }
 
 // endWait lets go of what a wait that ended without the lock may have
-// left on the session (see waitEnding), within the release timeout; an
+// left on the session (see WaitEnder), within the release timeout; an
 // error means the connection must be discarded.
 func endWait(ctx context.Context, s SessionLocker, p *pinned, key int64, timeout time.Duration) error {
-	w, ok := s.(waitEnding)
+	w, ok := s.(WaitEnder)
 	if !ok {
 		return nil
 	}
@@ -184,7 +145,7 @@ func endWait(ctx context.Context, s SessionLocker, p *pinned, key int64, timeout
 // sessionHolders lists the holders of key on a session backend: all of
 // them where it can, else the one SessionHolder reports.
 func sessionHolders(ctx context.Context, db DB, s SessionLocker, key int64) ([]*Holder, error) {
-	if l, ok := s.(listsHolders); ok {
+	if l, ok := s.(SharedSessionLocker); ok {
 		return l.SessionHolders(ctx, db, key)
 	}
 	return oneHolder(s.SessionHolder(ctx, db, key))

@@ -79,7 +79,7 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 	}
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sliceGrace)
 	defer cancel()
-	ok, err := b.tryLockTx(tctx, tx, l.key)
+	ok, err := b.TryLockTx(tctx, tx, l.key)
 	switch {
 	case err != nil:
 		return err
@@ -88,7 +88,7 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 	case !wait:
 		return ErrNotAcquired
 	}
-	prev, err := b.txSettings(tctx, tx)
+	prev, err := b.TxSettings(tctx, tx)
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 
 // waitTx waits in slices until the lock is granted in tx or ctx ends;
 // prev are tx's settings, which a slice puts back.
-func (l *Lock) waitTx(ctx context.Context, b txLocker, tx *sql.Tx, prev txSettings) error {
+func (l *Lock) waitTx(ctx context.Context, b TxLocker, tx *sql.Tx, prev TxSettings) error {
 	for {
 		slice := maxSlice
 		if dl, ok := ctx.Deadline(); ok {
@@ -111,7 +111,7 @@ func (l *Lock) waitTx(ctx context.Context, b txLocker, tx *sql.Tx, prev txSettin
 		}
 		// The server ends the slice; the deadline is for a dead network.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), slice+sliceGrace)
-		ok, err := b.waitLockTx(sctx, tx, l.key, slice, prev)
+		ok, err := b.WaitLockTx(sctx, tx, l.key, slice, prev)
 		cancel()
 		if err != nil || ok {
 			return err
@@ -122,12 +122,12 @@ func (l *Lock) waitTx(ctx context.Context, b txLocker, tx *sql.Tx, prev txSettin
 // txBackend returns l's backend for transaction locks. It runs the
 // first-use checks a Lock's other operations do, except the pooler probe:
 // a transaction lock needs no session of its own.
-func (l *Lock) txBackend(ctx context.Context) (txLocker, error) {
+func (l *Lock) txBackend(ctx context.Context) (TxLocker, error) {
 	b, err := resolveBackend(ctx, l.db, &l.cfg)
 	if err != nil {
 		return nil, err
 	}
-	t, ok := b.(txLocker)
+	t, ok := b.(TxLocker)
 	if !ok {
 		return nil, fmt.Errorf("%w: backend %q has no transaction-scoped locks (LockTx needs PostgreSQL's pg_advisory_xact_lock); use Lock or LeaseLock", ErrUnsupported, b.Name())
 	}

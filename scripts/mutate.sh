@@ -206,13 +206,13 @@ mutation "LockTx: a slice without the lock is not rolled back to its savepoint" 
 mutation "LockTx: the caller's ctx reaches the driver" transaction_lock.go \
 	's/context\.WithTimeout\(context\.WithoutCancel\(ctx\), slice\+sliceGrace\)/context.WithTimeout(ctx, slice+sliceGrace)/' \
 	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
-mutation "Guard.Conn: the keep-alive does not step aside" guard_conn.go \
+mutation "Guard.Conn: the keep-alive does not step aside" lent_conn.go \
 	's/if g\.ours \|\| g\.shut \|\| g\.running > 0 \|\| len\(g\.handles\) > 0 \{/if g.ours || g.shut {/' \
 	'^TestGuardConnSharesTheConnectionWithTheKeepAlive$'
-mutation "Guard.Conn: Release leaves the transaction open" guard_conn.go \
+mutation "Guard.Conn: Release leaves the transaction open" lent_conn.go \
 	's/if err := open\[i\]\.end\(\); err != nil/if err := error(nil); err != nil/' \
 	'^TestGuardConnLeftOpenAtReleaseIsRolledBack$'
-mutation "Guard.Conn: Release waits for a running statement forever" guard_conn.go \
+mutation "Guard.Conn: Release waits for a running statement forever" lent_conn.go \
 	's/if !g\.waitIdle\(ctx\) \{/if !g.waitIdle(context.Background()) {/' \
 	'^TestReleaseWhileAStatementRunsOnGuardConn$'
 

@@ -21,8 +21,9 @@ type options struct {
 	ttl          time.Duration // 0: the library's default
 	killAfter    time.Duration
 	minHold      time.Duration
-	slots        int  // --slots: a semaphore of this many slots; 0: a lock
-	shared       bool // -s: take the lock shared
+	once         string // --once: the run key; "" for none
+	slots        int    // --slots: a semaphore of this many slots; 0: a lock
+	shared       bool   // -s: take the lock shared
 	quiet        bool
 	verbose      bool
 	logFormat    string // "text" or "json"
@@ -76,6 +77,14 @@ var flags = []flagSpec{
 		value: func(o *options, v string) (err error) { o.killAfter, err = parseSeconds(v); return err }},
 	{long: []string{"min-hold"}, config: true, help: "keep the lock taken until this long after the grant",
 		value: func(o *options, v string) (err error) { o.minHold, err = parseSeconds(v); return err }},
+	{long: []string{"once"}, help: "run the command at most once for this run key",
+		value: func(o *options, v string) error {
+			if v == "" {
+				return errors.New("want a run key, such as the crontab entry's minute")
+			}
+			o.once = v
+			return nil
+		}},
 	{long: []string{"slots"}, config: true, help: "let at most N holders take NAME at once (a semaphore)", value: setSlots},
 	{long: []string{"shared"}, short: 's', help: "take the lock shared: beside other shared holders",
 		bool: func(o *options) { o.shared = true }},
@@ -277,6 +286,13 @@ func (o *options) placeCommand(rest []string) error {
 	}
 	if o.shared && (o.given["lease"] || o.given["min-hold"]) {
 		return errors.New("-s takes a lock shared; a lease or a --min-hold window is exclusive")
+	}
+	if o.once != "" {
+		for _, f := range []string{"wait", "lease", "min-hold", "slots", "shared"} {
+			if o.given[f] {
+				return fmt.Errorf("--once and --%s exclude each other (--once makes one try of an exclusive lock; its run key replaces a window)", f)
+			}
+		}
 	}
 	o.command = command
 	return nil

@@ -84,6 +84,15 @@ FLAGS
                     Every process sharing NAME must give it: inside a
                     window, a run without it gets what a held lock gives
                     (-n: the conflict code; a wait: until the window ends)
+    --once RUNKEY   run COMMAND at most once for NAME and RUNKEY, across
+                    every host and over time: the first lockrun to find
+                    NAME free runs it, and once COMMAND exits 0 records the
+                    run done before it lets NAME go; every later --once
+                    with the same RUNKEY (say, the minute of the crontab
+                    entry, from date) exits 0 without running it, as does
+                    one that finds NAME held. A failed COMMAND leaves the
+                    run to the next. One try: not with -w, --lease,
+                    --min-hold, --slots or -s
     --slots N       let up to N holders take NAME at once, each on its own
                     slot from 0 to N-1 (a semaphore, at most 1000 slots);
                     COMMAND gets LOCKRUN_SLOT. Every process sharing NAME

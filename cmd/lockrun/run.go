@@ -160,6 +160,9 @@ func run(o *options, say *reporter) int {
 	signals := make(chan os.Signal, 8)
 	signal.Notify(signals, forwarded...)
 	defer signal.Stop(signals)
+	if o.once != "" {
+		return runOnce(cmd, o, signals, say)
+	}
 
 	db, h, err := takeUnlessSignaled(o, signals, say)
 	if err != nil {
@@ -187,6 +190,55 @@ func run(o *options, say *reporter) int {
 	}
 	return code
 }
+
+// runOnce runs the command under the lock at most once for the run key
+// o.once (Lock.TryDoOnce): the run is recorded done once the command
+// exits 0, and every later lockrun --once with the same NAME and run key
+// exits 0 without running it, as does one that finds another holder
+// running it now. A command that fails (or loses the lock) leaves the run
+// not done, so the next arrival runs it; lockrun exits with its code.
+func runOnce(cmd *exec.Cmd, o *options, signals <-chan os.Signal, say *reporter) int {
+	ctx := context.Background()
+	db, err := connect(ctx, o, say)
+	if err != nil {
+		return failed(say, o, err)
+	}
+	defer db.Close()
+	say.debugf("%s", db.describe(o.dsnFrom))
+	opts := []advisorylock.Option{advisorylock.WithOwner(ownerLabel()), advisorylock.WithLogger(say.logger())}
+	if o.ttl > 0 {
+		opts = append(opts, advisorylock.WithLeaseTTL(o.ttl))
+	}
+	l, err := advisorylock.New(db, o.name, opts...)
+	if err != nil {
+		return failed(say, o, err)
+	}
+	code := 0
+	ran, err := l.TryDoOnce(ctx, o.once, func(ctx context.Context) error {
+		say.debugf("acquired lock %q for run %q", o.name, o.once)
+		code = supervise(cmd, o, &held{lost: advisorylock.GuardFromContext(ctx).Lost()}, signals, say)
+		if code != 0 {
+			return errRunFailed
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errRunFailed):
+		say.debugf("run %q of lock %q is not done: the command exited %d", o.once, o.name, code)
+		return code
+	case err != nil:
+		return failed(say, o, err)
+	case !ran:
+		say.debugf("run %q of lock %q is done, or running elsewhere: the command did not run", o.once, o.name)
+		return 0
+	}
+	say.debugf("run %q of lock %q done; released the lock", o.once, o.name)
+	return 0
+}
+
+// errRunFailed is what runOnce's fn returns for a command that did not
+// exit 0: the run is not recorded done.
+var errRunFailed = errors.New("lockrun: the command failed")
 
 // signaled is the error of a wait for the lock that a signal ended.
 type signaled struct{ sig os.Signal }

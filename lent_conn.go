@@ -11,6 +11,10 @@ import (
 	"sync"
 )
 
+// This file lends the held connection to the caller (Guard.Conn) through a
+// driver wrapper that steps the keep-alive aside; conn_guard.go owns the
+// connections themselves.
+
 // Conn runs statements on the connection whose session holds a lock (see
 // Guard.Conn). Its methods are those of *sql.Conn, which satisfies it;
 // there is no Close and no Raw, so the Guard keeps sole ownership of the
@@ -464,8 +468,8 @@ type gateCall struct {
 // connection runs one at a time. The call's context is ctx, also ended by
 // a release that gives up waiting for it; a ctx that never ends is given
 // as it is, since lib/pq starts a goroutine of its own per statement
-// whose context can end (measured: a SELECT 1 three times as slow), so a
-// release cannot cut such a statement short.
+// whose context can end, which would slow every statement on the lent
+// connection; a release then cannot cut such a statement short.
 func (g *connGate) enter(ctx context.Context, stmt bool) (gateCall, error) {
 	if err := g.admit(stmt); err != nil {
 		return gateCall{}, err

@@ -1,0 +1,50 @@
+package advisorylock
+
+import (
+	"context"
+	"time"
+)
+
+// Runs done on SQLite (Lock.TryDoOnce): one row per (name, run) in
+// advisorylock_runs, written after the run's fn returned and read under
+// the lock by the next caller. Times are the Clock's, in Unix
+// milliseconds, as the other tables'.
+
+// sqliteRunsTable is the DDL of advisorylock_runs.
+const sqliteRunsTable = `CREATE TABLE IF NOT EXISTS advisorylock_runs (
+	name    TEXT    NOT NULL,
+	run     TEXT    NOT NULL, -- the run key given to TryDoOnce
+	done_at INTEGER NOT NULL, -- when it was recorded done
+	PRIMARY KEY (name, run)
+)`
+
+// RunDone reads r's record, one statement.
+func (s sqliteBackend) RunDone(ctx context.Context, db DB, r RunRequest) (bool, error) {
+	var n int
+	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
+		return q.QueryRowContext(ctx, "SELECT count(*) FROM advisorylock_runs WHERE name = ? AND run = ?", r.Name, r.Run).Scan(&n)
+	})
+	return n > 0, err
+}
+
+// RecordRun writes r's record, then deletes the name's other records past
+// the retention: two statements, each committed on its own (the record
+// first, so that a prune that fails loses nothing).
+func (s sqliteBackend) RecordRun(ctx context.Context, db DB, r RunRequest) error {
+	now := r.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	err := s.run(ctx, db, busyHolder, func(q querier) error {
+		_, err := q.ExecContext(ctx, "INSERT INTO advisorylock_runs (name, run, done_at) VALUES (?, ?, ?) ON CONFLICT (name, run) DO NOTHING",
+			r.Name, r.Run, now.UnixMilli())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return s.run(ctx, db, busyHolder, func(q querier) error {
+		_, err := q.ExecContext(ctx, "DELETE FROM advisorylock_runs WHERE name = ? AND run <> ? AND done_at < ?", r.Name, r.Run, now.Add(-r.Keep).UnixMilli())
+		return err
+	})
+}

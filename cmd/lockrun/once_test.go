@@ -1,0 +1,72 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// lockrun --once RUNKEY: on every backend the command runs once per run
+// key, however many lockruns come with it, while another holds the run
+// the others exit 0 without running it, a failed command leaves the run
+// to the next lockrun (which runs it), and the next run key runs again.
+func TestOnceRunsACommandOncePerRunKey(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name := lockName(t)
+		d := newDir(t)
+		appendRun := []string{"sh", "-c", `echo "$1" >> "$2"`, "sh"}
+		once := func(key, mark string, extra ...string) (int, string) {
+			t.Helper()
+			args := append([]string{"-v", "--once", key, name}, append(appendRun, mark, d.path("runs"))...)
+			code, _, stderr := runLockrun(t, env, append(extra, args...)...)
+			return code, stderr
+		}
+
+		// While a first lockrun holds the run, another --once exits 0
+		// without running it.
+		holder := startLockrun(t, env, append([]string{"--once", "02:00", name}, d.holdUntil("release")...)...)
+		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder of run 02:00 did not start; stderr: %q", holder.stderr)
+		if code, stderr := once("02:00", "beside"); code != 0 || !strings.Contains(stderr, "is done, or running elsewhere") {
+			t.Fatalf("--once beside a holder of the run: exit %d, stderr %q; want 0, saying it did not run", code, stderr)
+		}
+		d.touch(t, "release")
+		if code := holder.wait(t); code != 0 {
+			t.Fatalf("the holder of run 02:00 exited %d; stderr %s", code, holder.stderr)
+		}
+		// Done: the same key later runs nothing.
+		for range 2 {
+			if code, stderr := once("02:00", "again"); code != 0 || !strings.Contains(stderr, "is done") {
+				t.Fatalf("--once of a done run: exit %d, stderr %q", code, stderr)
+			}
+		}
+		// A failing command leaves its run to the next lockrun.
+		fail := append([]string{"--once", "02:01", name}, "sh", "-c", `echo failed >> "$1"; exit 3`, "sh", d.path("runs"))
+		if code, _, stderr := runLockrun(t, env, fail...); code != 3 {
+			t.Fatalf("--once of a failing command: exit %d, want its 3; stderr %q", code, stderr)
+		}
+		if code, stderr := once("02:01", "retried"); code != 0 || strings.Contains(stderr, "is done") {
+			t.Fatalf("--once after a failed run: exit %d, stderr %q; want it run", code, stderr)
+		}
+		if code, _ := once("02:01", "twice"); code != 0 {
+			t.Fatalf("--once of the retried run: exit %d", code)
+		}
+		if got, want := d.read("runs"), "failed\nretried\n"; got != want {
+			t.Fatalf("the runs were %q, want %q (02:00 by the holder only, 02:01 failed then retried once)", got, want)
+		}
+	})
+}
+
+// --once makes one try of an exclusive lock: it refuses the flags that
+// wait, share, lease or keep a window, as a usage error.
+func TestOnceRefusesFlagsThatDoNotApply(t *testing.T) {
+	for _, flags := range [][]string{{"-w", "5"}, {"--lease"}, {"--min-hold", "1m"}, {"--slots", "2"}, {"-s"}} {
+		args := append(append(flags, "--once", "k"), lockName(t), "true")
+		if code, _, stderr := runLockrun(t, baseEnv(), args...); code != 64 || !strings.Contains(stderr, "--once and --") {
+			t.Errorf("lockrun %q: exit %d, stderr %q; want 64 saying --once excludes it", args, code, stderr)
+		}
+	}
+	if code, _, stderr := runLockrun(t, baseEnv(), "--once", "", lockName(t), "true"); code != 64 || !strings.Contains(stderr, "run key") {
+		t.Errorf("--once with an empty run key: exit %d, stderr %q", code, stderr)
+	}
+}

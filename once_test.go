@@ -1,0 +1,270 @@
+package advisorylock_test
+
+// Lock.TryDoOnce: a run key runs once across replicas and over time.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// replicasOnce has replicas call TryDoOnce(run) on name, each on a pool of
+// its own, the i-th starting i*spread after the first (clocks and
+// schedulers apart), with a 10 ms job; it returns how many ran it.
+func replicasOnce(t *testing.T, edb electionDB, name, run string, replicas int, spread time.Duration) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	locks := make([]*advisorylock.Lock, replicas)
+	for i := range locks {
+		locks[i] = newLock(t, edb.open(t), name, edb.opts...)
+		if err := locks[i].Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var fnRuns, reported atomic.Int32
+	var wg sync.WaitGroup
+	for i, l := range locks {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * spread) // this replica fires later
+			ran, err := l.TryDoOnce(ctx, run, func(context.Context) error {
+				fnRuns.Add(1)
+				time.Sleep(10 * time.Millisecond) // the job
+				return nil
+			})
+			if err != nil {
+				t.Errorf("replica %d: TryDoOnce(%q): %v", i, run, err)
+			}
+			if ran {
+				reported.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if fnRuns.Load() != reported.Load() {
+		t.Fatalf("fn ran %d times but TryDoOnce reported %d runs", fnRuns.Load(), reported.Load())
+	}
+	return int(fnRuns.Load())
+}
+
+// TestTryDoOnceRunsARunOnceAcrossReplicas: five replicas whose calls are
+// up to 300 ms apart, one run key, a 10 ms job: exactly one runs it (a
+// plain TryDo runs it on several, see TestWithoutMinHoldASkewedJob...);
+// the same key later: none; the next key: one.
+func TestTryDoOnceRunsARunOnceAcrossReplicas(t *testing.T) {
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		name := testdb.UniqueName(t)
+		for _, c := range []struct {
+			run  string
+			want int
+		}{{"02:00", 1}, {"02:00", 0}, {"02:01", 1}} {
+			if got := replicasOnce(t, edb, name, c.run, 5, 75*time.Millisecond); got != c.want {
+				t.Fatalf("run %q: %d replicas ran it, want %d", c.run, got, c.want)
+			}
+		}
+	})
+}
+
+// TestTryDoOnceRunsAFailedRunAgain: a run whose fn failed is not done:
+// the error comes back, the next arrival runs it, and after that success
+// nobody does.
+func TestTryDoOnceRunsAFailedRunAgain(t *testing.T) {
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		ctx := context.Background()
+		l := newLock(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
+		boom := errors.New("boom")
+		runs := 0
+		for i, want := range []struct {
+			err error
+			ran bool
+		}{{boom, true}, {nil, true}, {nil, false}} {
+			ran, err := l.TryDoOnce(ctx, "nightly", func(context.Context) error {
+				runs++
+				if i == 0 {
+					return boom
+				}
+				return nil
+			})
+			if ran != want.ran || !errors.Is(err, want.err) {
+				t.Fatalf("call %d: TryDoOnce = %v, %v; want %v, %v", i, ran, err, want.ran, want.err)
+			}
+		}
+		if runs != 2 {
+			t.Fatalf("fn ran %d times, want 2 (the failure, then its retry)", runs)
+		}
+	})
+}
+
+// onceHelperEnv carries a helper process's onceJob, as JSON.
+const onceHelperEnv = "ADVISORYLOCK_ONCE_JOB"
+
+// onceJob tells a once helper process which run to start.
+type onceJob struct {
+	Backend, DSN, Name, Run string
+	TTL                     time.Duration // WithLeaseTTL (SQLite)
+}
+
+// TestOnceHelperProcess is the body of the helper processes: it starts
+// the job's run and works at it until it is killed. It skips in a normal
+// run.
+func TestOnceHelperProcess(t *testing.T) {
+	if testdb.HelperRole() == "" {
+		t.Skip("helper process only")
+	}
+	var job onceJob
+	if err := json.Unmarshal([]byte(os.Getenv(onceHelperEnv)), &job); err != nil {
+		t.Fatalf("helper process: bad %s: %v", onceHelperEnv, err)
+	}
+	l := newLock(t, openElectionDB(t, job.Backend, job.DSN), job.Name, advisorylock.WithLeaseTTL(job.TTL))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ran, err := l.TryDoOnce(ctx, job.Run, func(ctx context.Context) error {
+		<-ctx.Done() // work until killed
+		return ctx.Err()
+	})
+	t.Fatalf("helper's TryDoOnce returned: %v, %v", ran, err)
+}
+
+// TestTryDoOnceRunsARunWhoseHolderWasKilled: a holder killed (SIGKILL of
+// its process) in the middle of a run never recorded it, so the next
+// arrival runs it (on PostgreSQL and MySQL as soon as the server frees
+// the dead session's lock; on SQLite once its lease runs out), and the
+// one after does not.
+func TestTryDoOnceRunsARunWhoseHolderWasKilled(t *testing.T) {
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		ctx := context.Background()
+		name := testdb.UniqueName(t)
+		job, err := json.Marshal(onceJob{Backend: edb.name, DSN: edb.dsn, Name: name, Run: "deploy-42", TTL: electionSQLTTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := testdb.HelperCommand(t, "TestOnceHelperProcess", "once-holder", onceHelperEnv+"="+string(job))
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		l := newLock(t, edb.open(t), name, edb.opts...)
+		testdb.WaitFor(t, wait, func() bool {
+			h, err := l.Holder(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return h != nil
+		}, "the helper never took the lock")
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		var ran bool
+		testdb.WaitFor(t, wait, func() bool {
+			ran, err = l.TryDoOnce(ctx, "deploy-42", func(context.Context) error { return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ran
+		}, "the run of a killed holder never ran again")
+		if ran, err := l.TryDoOnce(ctx, "deploy-42", func(context.Context) error { return nil }); ran || err != nil {
+			t.Fatalf("after its rerun the run ran again: %v, %v", ran, err)
+		}
+	})
+}
+
+// TestTryDoOncePrunesRecordsPastTheRetention: recording a run deletes the
+// name's records older than WithRunRetention (by the Clock on SQLite),
+// after which their run keys run again; younger ones stay.
+func TestTryDoOncePrunesRecordsPastTheRetention(t *testing.T) {
+	ctx := context.Background()
+	clock := testdb.NewFakeClock()
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithClock(clock), advisorylock.WithRunRetention(time.Minute))
+	once := func(run string) bool {
+		t.Helper()
+		ran, err := l.TryDoOnce(ctx, run, func(context.Context) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ran
+	}
+	if !once("a") {
+		t.Fatal("the first run of a did not run")
+	}
+	clock.Add(30 * time.Second)
+	if !once("b") || once("a") {
+		t.Fatal("a record younger than the retention was pruned")
+	}
+	clock.Add(45 * time.Second) // a is 75s old, b 45s
+	if !once("c") {
+		t.Fatal("c did not run")
+	}
+	if once("b") {
+		t.Fatal("b (45s old) was pruned")
+	}
+	if !once("a") {
+		t.Fatal("a (75s old, past the 1m retention) was not pruned")
+	}
+}
+
+// TestTryDoOncePrunesByTheServersClock: on PostgreSQL and MySQL the
+// records' age is the server's: a record made old on the server is
+// pruned by the next record of its name, another name's is not.
+func TestTryDoOncePrunesByTheServersClock(t *testing.T) {
+	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+		ctx := context.Background()
+		db := edb.open(t)
+		name, other := testdb.UniqueName(t), testdb.UniqueName(t)
+		for _, n := range []string{name, other} {
+			if ran, err := newLock(t, db, n).TryDoOnce(ctx, "old", func(context.Context) error { return nil }); !ran || err != nil {
+				t.Fatalf("TryDoOnce: %v, %v", ran, err)
+			}
+		}
+		age := "UPDATE advisorylock_runs SET done_at = now() - interval '2 minutes'"
+		if strings.HasPrefix(edb.name, "mysql") {
+			age = "UPDATE advisorylock_runs SET done_at = UTC_TIMESTAMP(6) - INTERVAL 2 MINUTE"
+		}
+		if _, err := db.ExecContext(ctx, age+" WHERE run = 'old'"); err != nil {
+			t.Fatal(err)
+		}
+		l := newLock(t, db, name, advisorylock.WithRunRetention(time.Minute))
+		if ran, err := l.TryDoOnce(ctx, "new", func(context.Context) error { return nil }); !ran || err != nil {
+			t.Fatalf("TryDoOnce(new): %v, %v", ran, err)
+		}
+		if ran, err := l.TryDoOnce(ctx, "old", func(context.Context) error { return nil }); !ran || err != nil {
+			t.Fatalf("TryDoOnce(old) after its record was past the retention = %v, %v; want it run again", ran, err)
+		}
+		if ran, err := newLock(t, db, other, advisorylock.WithRunRetention(time.Minute)).TryDoOnce(ctx, "old", func(context.Context) error { return nil }); ran || err != nil {
+			t.Fatalf("another name's old record was pruned: TryDoOnce = %v, %v", ran, err)
+		}
+	})
+}
+
+// TestTryDoOnceRefusesWhatCannotWork: an empty run key, a nil fn and a
+// Lock with WithMinHold are refused without running; WithRunRetention
+// below a minute, or given to a LeaseLock, is refused at construction.
+func TestTryDoOnceRefusesWhatCannotWork(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
+	fn := func(context.Context) error { t.Error("fn ran"); return nil }
+	if _, err := newLock(t, db, testdb.UniqueName(t)).TryDoOnce(ctx, "", fn); err == nil || !strings.Contains(err.Error(), "empty run key") {
+		t.Errorf("TryDoOnce with an empty run key = %v", err)
+	}
+	if _, err := newLock(t, db, testdb.UniqueName(t)).TryDoOnce(ctx, "r", nil); err == nil {
+		t.Error("TryDoOnce with a nil fn was accepted")
+	}
+	if _, err := newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second)).TryDoOnce(ctx, "r", fn); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Errorf("TryDoOnce on a WithMinHold Lock = %v, want ErrUnsupported", err)
+	}
+	if _, err := advisorylock.New(db, "x", advisorylock.WithRunRetention(30*time.Second)); err == nil || !strings.Contains(err.Error(), "WithRunRetention(30s)") {
+		t.Errorf("WithRunRetention(30s) = %v, want refused naming it", err)
+	}
+	if _, err := advisorylock.NewLeaseLock(db, "x", advisorylock.WithRunRetention(time.Hour)); err == nil || !strings.Contains(err.Error(), "WithRunRetention") {
+		t.Errorf("NewLeaseLock with WithRunRetention = %v, want refused", err)
+	}
+}

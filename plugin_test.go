@@ -1,0 +1,370 @@
+package advisorylock_test
+
+// The plug-in contract: a backend of a third party's making gets every
+// capability the built-in ones have, through the exported interfaces of
+// backend.go alone.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// party is a backend as a third party writes one: a type of its own that
+// implements the optional interfaces of backend.go by forwarding to a
+// built-in backend through those same interfaces only (it cannot see the
+// built-in's unexported methods), counting the calls of each interface.
+// pgParty and myParty add what the PostgreSQL and MySQL backends have
+// beyond it.
+type party struct {
+	inner advisorylock.Backend
+	calls *calls
+}
+
+// calls counts the calls of each optional interface, by its name, and
+// keeps every SessionSettings that ForLock was given.
+type calls struct {
+	mu       sync.Mutex
+	n        map[string]int
+	settings []advisorylock.SessionSettings
+}
+
+func (c *calls) forLock(s advisorylock.SessionSettings) {
+	c.add("SessionConfigurer")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.settings = append(c.settings, s)
+}
+
+// gave reports whether ForLock was given s.
+func (c *calls) gave(s advisorylock.SessionSettings) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Contains(c.settings, s)
+}
+
+func (c *calls) add(iface string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[iface]++
+}
+
+func (c *calls) count(iface string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[iface]
+}
+
+func (p party) session() advisorylock.SessionLocker { return p.inner.(advisorylock.SessionLocker) }
+
+func (p party) Name() string { return "party-" + p.inner.Name() }
+func (p party) Validate(ctx context.Context, db advisorylock.DB) error {
+	return p.inner.Validate(ctx, db)
+}
+func (p party) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
+	return p.session().TryLockSession(ctx, conn, key)
+}
+func (p party) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (advisorylock.SessionResult, error) {
+	return p.session().WaitLockSession(ctx, conn, key, slice)
+}
+func (p party) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
+	return p.session().UnlockSession(ctx, conn, key)
+}
+func (p party) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (bool, error) {
+	return p.session().HoldsSession(ctx, conn, key)
+}
+func (p party) SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error) {
+	return p.session().SessionIdentity(ctx, conn)
+}
+func (p party) SessionHolder(ctx context.Context, db advisorylock.DB, key int64) (*advisorylock.Holder, error) {
+	return p.session().SessionHolder(ctx, db, key)
+}
+
+// MultiKeyLocker
+func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
+	p.calls.add("MultiKeyLocker")
+	return p.inner.(advisorylock.MultiKeyLocker).TryLockAny(ctx, conn, keys)
+}
+func (p party) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64) ([]*advisorylock.Holder, error) {
+	p.calls.add("MultiKeyLocker")
+	return p.inner.(advisorylock.MultiKeyLocker).KeyHolders(ctx, db, keys)
+}
+
+// SharedSessionLocker
+func (p party) SessionHolders(ctx context.Context, db advisorylock.DB, key int64) ([]*advisorylock.Holder, error) {
+	p.calls.add("SharedSessionLocker")
+	return p.inner.(advisorylock.SharedSessionLocker).SessionHolders(ctx, db, key)
+}
+
+// ElectingSessionLocker and TermEnder
+func (p party) PrepareElections(ctx context.Context, db advisorylock.DB) error {
+	return p.inner.(advisorylock.ElectingSessionLocker).PrepareElections(ctx, db)
+}
+func (p party) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (advisorylock.FencingToken, error) {
+	return p.inner.(advisorylock.ElectingSessionLocker).BeginTerm(ctx, conn, key, name, owner)
+}
+func (p party) TermHolder(ctx context.Context, db advisorylock.DB, key int64, name string) (*advisorylock.Holder, error) {
+	return p.inner.(advisorylock.ElectingSessionLocker).TermHolder(ctx, db, key, name)
+}
+func (p party) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
+	p.calls.add("TermEnder")
+	return p.inner.(advisorylock.TermEnder).EndTerm(ctx, conn, name, term)
+}
+
+// TableChecker
+func (p party) CheckTables(ctx context.Context, db advisorylock.DB, tables ...string) error {
+	p.calls.add("TableChecker")
+	return p.inner.(advisorylock.TableChecker).CheckTables(ctx, db, tables...)
+}
+
+// PromptCanceler
+func (p party) CancelsPromptly() bool {
+	p.calls.add("PromptCanceler")
+	return p.inner.(advisorylock.PromptCanceler).CancelsPromptly()
+}
+
+// pgParty is party over the PostgreSQL backend: it also tunes itself per
+// driver and takes transaction locks.
+type pgParty struct{ party }
+
+func (p pgParty) wrap(b advisorylock.Backend) pgParty {
+	return pgParty{party{inner: b, calls: p.calls}}
+}
+
+// DriverTuner
+func (p pgParty) ForDB(db advisorylock.DB) advisorylock.Backend {
+	p.calls.add("DriverTuner")
+	return p.wrap(p.inner.(advisorylock.DriverTuner).ForDB(db))
+}
+
+// SessionConfigurer
+func (p pgParty) ForLock(s advisorylock.SessionSettings) advisorylock.SessionLocker {
+	p.calls.forLock(s)
+	return p.wrap(p.inner.(advisorylock.SessionConfigurer).ForLock(s))
+}
+
+// SharedSessionLocker
+func (p pgParty) Shared() advisorylock.SessionLocker {
+	p.calls.add("SharedSessionLocker")
+	return p.wrap(p.inner.(advisorylock.SharedSessionLocker).Shared())
+}
+
+// TxLocker
+func (p pgParty) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
+	p.calls.add("TxLocker")
+	return p.inner.(advisorylock.TxLocker).TryLockTx(ctx, tx, key)
+}
+func (p pgParty) TxSettings(ctx context.Context, tx *sql.Tx) (advisorylock.TxSettings, error) {
+	p.calls.add("TxLocker.wait")
+	return p.inner.(advisorylock.TxLocker).TxSettings(ctx, tx)
+}
+func (p pgParty) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev advisorylock.TxSettings) (bool, error) {
+	p.calls.add("TxLocker.wait")
+	return p.inner.(advisorylock.TxLocker).WaitLockTx(ctx, tx, key, slice, prev)
+}
+
+// myParty is party over the MySQL backend: its dead-holder setting also
+// ends idle sessions, and an exclusive wait may leave a GET_LOCK behind.
+type myParty struct{ party }
+
+func (p myParty) wrap(b advisorylock.Backend) myParty {
+	return myParty{party{inner: b, calls: p.calls}}
+}
+
+// SessionConfigurer and IdleSessionEnder
+func (p myParty) ForLock(s advisorylock.SessionSettings) advisorylock.SessionLocker {
+	p.calls.forLock(s)
+	return p.wrap(p.inner.(advisorylock.SessionConfigurer).ForLock(s))
+}
+func (p myParty) EndsIdleSessions() bool {
+	p.calls.add("IdleSessionEnder")
+	return p.inner.(advisorylock.IdleSessionEnder).EndsIdleSessions()
+}
+
+// SharedSessionLocker
+func (p myParty) Shared() advisorylock.SessionLocker {
+	p.calls.add("SharedSessionLocker")
+	return p.wrap(p.inner.(advisorylock.SharedSessionLocker).Shared())
+}
+
+// WaitEnder
+func (p myParty) EndWait(ctx context.Context, conn *sql.Conn, key int64) error {
+	p.calls.add("WaitEnder")
+	return p.inner.(advisorylock.WaitEnder).EndWait(ctx, conn, key)
+}
+
+// The interfaces each party implements, checked by the compiler.
+var (
+	_ interface {
+		advisorylock.DriverTuner
+		advisorylock.SessionConfigurer
+		advisorylock.MultiKeyLocker
+		advisorylock.SharedSessionLocker
+		advisorylock.TxLocker
+		advisorylock.TermEnder
+		advisorylock.TableChecker
+		advisorylock.PromptCanceler
+	} = pgParty{}
+	_ interface {
+		advisorylock.IdleSessionEnder
+		advisorylock.MultiKeyLocker
+		advisorylock.SharedSessionLocker
+		advisorylock.WaitEnder
+		advisorylock.TermEnder
+		advisorylock.TableChecker
+		advisorylock.PromptCanceler
+	} = myParty{}
+)
+
+// partyOps runs, through a third party's backend, an operation of each
+// kind that looks for an optional interface, and checks that each did
+// its work: exclusion against the built-in backend on the same name, a
+// semaphore's slot, a shared hold, a term that ends on resign.
+func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	opts := []advisorylock.Option{advisorylock.WithBackend(b), advisorylock.WithKeepAlive(time.Second), advisorylock.WithDeadHolderTimeout(10 * time.Second)}
+
+	name := testdb.UniqueName(t)
+	l := newLock(t, db, name, opts...)
+	if err := l.Check(ctx); err != nil {
+		t.Fatalf("Check through %s: %v", b.Name(), err)
+	}
+	g, err := l.TryLock(ctx)
+	if err != nil {
+		t.Fatalf("TryLock through %s: %v", b.Name(), err)
+	}
+	if _, err := newLock(t, db, name).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("the built-in backend's TryLock beside %s's hold = %v, want ErrNotAcquired", b.Name(), err)
+	}
+	mustRelease(t, g)
+
+	s := newSemaphore(t, db, testdb.UniqueName(t), 3, advisorylock.WithBackend(b))
+	sg, err := s.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("Semaphore.TryAcquire through %s: %v", b.Name(), err)
+	}
+	if hs, err := s.Holders(ctx); err != nil || len(hs) != 1 {
+		t.Fatalf("Semaphore.Holders through %s = %v, %v; want one holder", b.Name(), hs, err)
+	}
+	mustRelease(t, sg)
+
+	shared := newLock(t, db, testdb.UniqueName(t), advisorylock.WithBackend(b))
+	r1, err := shared.TryRLock(ctx)
+	if err != nil {
+		t.Fatalf("TryRLock through %s: %v", b.Name(), err)
+	}
+	r2, err := shared.TryRLock(ctx)
+	if err != nil {
+		t.Fatalf("a second TryRLock through %s: %v", b.Name(), err)
+	}
+	if hs, err := shared.Holders(ctx); err != nil || len(hs) != 2 {
+		t.Fatalf("Holders of two shared holds through %s = %v, %v", b.Name(), hs, err)
+	}
+	mustRelease(t, r1)
+	mustRelease(t, r2)
+
+	e := newElection(t, db, testdb.UniqueName(t), advisorylock.WithBackend(b))
+	if err := e.Check(ctx); err != nil {
+		t.Fatalf("Election.Check through %s: %v", b.Name(), err)
+	}
+	stop := errors.New("stop")
+	if err := e.Run(ctx, func(context.Context, advisorylock.FencingToken) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("Election.Run through %s = %v, want the lead's error", b.Name(), err)
+	}
+}
+
+// wantCalls fails the test for each interface in ifaces that c saw no
+// call of.
+func wantCalls(t *testing.T, c *calls, ifaces ...string) {
+	t.Helper()
+	for _, iface := range ifaces {
+		if c.count(iface) == 0 {
+			t.Errorf("the library never called the third party's %s", iface)
+		}
+	}
+}
+
+// TestAThirdPartysBackendGetsEveryCapability: a backend that reaches the
+// built-in PostgreSQL backend only through the exported interfaces locks,
+// excludes, tunes itself per driver, configures its sessions, takes a
+// semaphore's slots in one statement, shared holds, transaction locks
+// (waiting for one too), checks its tables and ends its terms: every
+// optional interface is called.
+func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgres(t, drv)
+			c := &calls{n: map[string]int{}}
+			b := pgParty{party{inner: advisorylock.Postgres(), calls: c}}
+			partyOps(t, db, b)
+
+			// A transaction lock, held elsewhere, then waited for.
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			name := testdb.UniqueName(t)
+			holder, err := newLock(t, db, name).TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback() }()
+			done := make(chan error, 1)
+			go func() { done <- newLock(t, db, name, advisorylock.WithBackend(b)).LockTx(ctx, tx) }()
+			testdb.WaitFor(t, wait, func() bool { return c.count("TxLocker.wait") > 0 }, "LockTx never waited through the third party's TxLocker")
+			mustRelease(t, holder)
+			if err := <-done; err != nil {
+				t.Fatalf("LockTx through the third party: %v", err)
+			}
+
+			wantCalls(t, c, "DriverTuner", "SessionConfigurer", "MultiKeyLocker", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "TermEnder", "TableChecker", "PromptCanceler")
+			if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
+				t.Errorf("ForLock was given %+v, never %+v (the Lock's WithDeadHolderTimeout, server checks on)", c.settings, want)
+			}
+		})
+	}
+}
+
+// TestAThirdPartysMySQLBackendGetsEveryCapability: the same over the
+// built-in MySQL backend, whose sessions end when idle (the dead-holder
+// setting is passed only with a keep-alive and an explicit timeout) and
+// whose exclusive wait that runs out while shared holders drain lets go
+// of what it took.
+func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
+	db := testdb.OpenMySQL(t)
+	c := &calls{n: map[string]int{}}
+	b := myParty{party{inner: advisorylock.MySQL(), calls: c}}
+	partyOps(t, db, b)
+
+	// An exclusive wait that runs out behind a shared holder.
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	name := testdb.UniqueName(t)
+	reader, err := newLock(t, db, name).TryRLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mustRelease(t, reader)
+	if _, err := newLock(t, db, name, advisorylock.WithBackend(b)).LockTimeout(ctx, 300*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
+		t.Fatalf("LockTimeout behind a shared holder = %v, want ErrTimeout", err)
+	}
+
+	wantCalls(t, c, "SessionConfigurer", "IdleSessionEnder", "MultiKeyLocker", "SharedSessionLocker", "WaitEnder", "TermEnder", "TableChecker", "PromptCanceler")
+	if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
+		t.Errorf("ForLock was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
+	}
+	if c.gave(advisorylock.SessionSettings{DeadHolder: 20 * time.Second, ServerChecks: true}) {
+		t.Errorf("ForLock was given the default dead-holder timeout on a backend whose sessions then end when idle: %+v", c.settings)
+	}
+}

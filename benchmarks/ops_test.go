@@ -59,6 +59,7 @@ var pgOps = []pgOp{
 	{"trylock_release_otel_traced", pgDrivers, setupTracedTryLock},
 	{"trydo", pgDrivers, setupTryDo},
 	{"trydo_minhold", pgDrivers, setupTryDoMinHold},
+	{"trydo_once", pgDrivers, setupTryDoOnce},
 	{"lock_release", pgDrivers, setupLockRelease},
 	{"goose_session", pgDrivers, setupGooseSession},
 	{"migrate", pgDrivers, setupMigrate},
@@ -165,6 +166,7 @@ var pgPairs = []struct{ base, op string }{
 	{"raw_pool_ask_nowatch", "raw_pool_worker"},
 	{"raw_pool", "trylock_release"},
 	{"trydo", "trydo_minhold"},
+	{"trydo", "trydo_once"},
 	{"leaselock", "leaselock_minhold"},
 	{"raw_literal_shared", "tryrlock_release"},
 	{"trylock_release", "tryrlock_release"},
@@ -477,6 +479,24 @@ func setupTryDo(b *testing.B, e pgEnv) func(ctx context.Context) error {
 	noop := func(context.Context) error { return nil }
 	return func(ctx context.Context) error {
 		ran, err := l.TryDo(ctx, noop)
+		if err == nil && !ran {
+			err = errNotGranted
+		}
+		return err
+	}
+}
+
+// setupTryDoOnce runs a new run key each iteration: the try, the read of
+// the run's record, the no-op, the record's write and the release.
+func setupTryDoOnce(b *testing.B, e pgEnv) func(ctx context.Context) error {
+	l := newLock(b, e.db, lockName(b, "once"))
+	must(b, l.Check(context.Background()), "Check")
+	noop := func(context.Context) error { return nil }
+	// Run keys unique to this setup: the benchmark may set up again.
+	prefix, i := strconv.FormatInt(time.Now().UnixNano(), 36)+"/", 0
+	return func(ctx context.Context) error {
+		i++
+		ran, err := l.TryDoOnce(ctx, prefix+strconv.Itoa(i), noop)
 		if err == nil && !ran {
 			err = errNotGranted
 		}

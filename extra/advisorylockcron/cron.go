@@ -1,12 +1,15 @@
 // Package advisorylockcron runs a github.com/robfig/cron/v3 job on one
-// replica per tick when every replica's cron fires it: OnOneReplica is a
-// cron.JobWrapper that takes an advisorylock.Lock, with a min-hold window,
-// around each run, and skips the run when another replica has it.
+// replica per tick when every replica's cron fires it. OncePerTick is a
+// cron.JobWrapper that runs each scheduled tick once across the replicas
+// (advisorylock.Lock.TryDoOnce, the tick as the run key): no window to
+// choose. OnOneReplica does it with a min-hold window instead.
 //
+//	spec := "@hourly"
+//	schedule, _ := cron.ParseStandard(spec)
 //	c := cron.New()
-//	c.AddJob("@hourly", cron.NewChain(
-//		advisorylockcron.OnOneReplica(cron.DefaultLogger, db, "hourly-report"),
-//	).Then(cron.FuncJob(report)))
+//	c.AddJob(spec, cron.NewChain(
+//		advisorylockcron.OncePerTick(cron.DefaultLogger, db, "hourly-report", schedule),
+//	).Then(advisorylockcron.TickFunc(report)))
 package advisorylockcron
 
 import (
@@ -72,3 +75,69 @@ func OnOneReplica(logger cron.Logger, db advisorylock.DB, name string, opts ...a
 		})
 	}
 }
+
+// OncePerTick returns a cron.JobWrapper that runs the job it wraps once
+// per tick of schedule across every replica whose cron fires it: the run
+// key of advisorylock.Lock.TryDoOnce is the tick (see Tick), so the first
+// replica to fire runs the job, records the tick done once the job
+// returns, and every other replica skips it, logging at Info level
+// ("skip"). Replicas whose clocks or schedulers are apart by less than
+// half the schedule's interval agree on the tick; no window needs
+// choosing. A job that panics leaves its tick not done (a replica firing
+// later runs it) and the panic goes on up the chain.
+//
+// schedule must be the job's own (cron.ParseStandard of its spec, or
+// cron.Every). The job reads its tick if it is a TickFunc: put OncePerTick
+// last in the chain, next to the job, so that no other wrapper hides it.
+// opts are passed to advisorylock.New (not advisorylock.WithMinHold);
+// advisorylock.WithRunRetention must exceed the interval. OncePerTick
+// panics if db is nil or advisorylock.New refuses opts, as a wiring
+// mistake.
+func OncePerTick(logger cron.Logger, db advisorylock.DB, name string, schedule cron.Schedule, opts ...advisorylock.Option) cron.JobWrapper {
+	lock, err := advisorylock.New(db, name, opts...)
+	if err != nil {
+		panic("advisorylockcron: " + err.Error())
+	}
+	return func(j cron.Job) cron.Job {
+		return cron.FuncJob(func() {
+			tick := Tick(schedule, time.Now())
+			ran, err := lock.TryDoOnce(context.Background(), tick.UTC().Format(time.RFC3339Nano), func(context.Context) error {
+				if tj, ok := j.(TickFunc); ok {
+					tj(tick)
+				} else {
+					j.Run()
+				}
+				return nil
+			})
+			switch {
+			case err != nil && ran:
+				logger.Error(err, "run", "lock", name, "tick", tick)
+			case err != nil:
+				logger.Error(err, "skip", "lock", name, "tick", tick)
+			case !ran:
+				logger.Info("skip", "lock", name, "tick", tick, "reason", "another replica ran this tick, or runs it")
+			}
+		})
+	}
+}
+
+// Tick returns the tick of schedule that a job fired at fired belongs to:
+// the scheduled time nearest to fired (a wall time, without a monotonic
+// reading), taking the interval after the next tick as the schedule's.
+// Replicas that fire one tick up to half an interval apart (early or late)
+// get the same time. A crontab schedule's ticks are the clock's; a
+// cron.Every schedule's count from the second each cron started, so
+// replicas share them only for cron.Every(time.Second): give other
+// intervals as a crontab spec ("@every" is cron.Every too).
+func Tick(schedule cron.Schedule, fired time.Time) time.Time {
+	next := schedule.Next(fired)
+	interval := schedule.Next(next).Sub(next)
+	return schedule.Next(fired.Add(-interval / 2)).Round(0)
+}
+
+// TickFunc is a job that reads its tick (see OncePerTick). Run, outside
+// OncePerTick, passes the zero time.
+type TickFunc func(tick time.Time)
+
+// Run runs f with the zero time: f is not under OncePerTick.
+func (f TickFunc) Run() { f(time.Time{}) }

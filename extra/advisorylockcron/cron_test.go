@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -152,4 +153,72 @@ func TestOnOneReplicaPanicsOnANilDB(t *testing.T) {
 		}
 	}()
 	advisorylockcron.OnOneReplica(cron.DiscardLogger, nil, "x")
+}
+
+// OncePerTick runs each tick once across crons up to 240 ms apart with no
+// window to choose, on every backend; the job reads its tick.
+func TestOncePerTickRunsEachTickOnceAcrossSkewedCrons(t *testing.T) {
+	for _, backend := range schedtest.Backends {
+		t.Run(backend, func(t *testing.T) {
+			dbs := schedtest.OpenReplicas(t, backend, schedtest.Replicas)
+			name := testdb.UniqueName(t)
+			c := startSkewed(t, func(i int, log cron.Logger) cron.JobWrapper {
+				return advisorylockcron.OncePerTick(log, dbs[i], name, cron.Every(schedtest.Period))
+			})
+			c.Check(t, 1)
+		})
+	}
+}
+
+// Tick is the scheduled time nearest to the firing: replicas firing a
+// tick early or late by up to just under half the interval agree on it,
+// for a constant-delay schedule and a crontab one.
+func TestTickIsTheNearestScheduledTime(t *testing.T) {
+	every5, err := cron.ParseStandard("*/5 * * * *")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 3, 2, 5, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name     string
+		schedule cron.Schedule
+		tick     time.Time
+		half     time.Duration
+	}{
+		{"every second", cron.Every(time.Second), at, 500 * time.Millisecond},
+		{"*/5 * * * *", every5, at, 150 * time.Second},
+	} {
+		for _, off := range []time.Duration{0, time.Millisecond, c.half - time.Millisecond, -c.half + time.Millisecond} {
+			if got := advisorylockcron.Tick(c.schedule, c.tick.Add(off)); !got.Equal(c.tick) {
+				t.Errorf("%s: Tick at %v from the tick = %v, want %v", c.name, off, got, c.tick)
+			}
+		}
+		if got := advisorylockcron.Tick(c.schedule, c.tick.Add(c.half+time.Millisecond)); got.Equal(c.tick) {
+			t.Errorf("%s: a firing past half the interval still counted as the tick before", c.name)
+		}
+	}
+}
+
+// A TickFunc job under OncePerTick gets the tick it runs for; a second
+// replica firing the same tick skips it.
+func TestOncePerTickTellsTheJobItsTick(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	schedule, err := cron.ParseStandard("@hourly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []time.Time
+	job := advisorylockcron.TickFunc(func(tick time.Time) { got = append(got, tick) })
+	log := &errorLog{}
+	for range 2 {
+		cron.NewChain(advisorylockcron.OncePerTick(log, db, name, schedule)).Then(job).Run()
+	}
+	want := advisorylockcron.Tick(schedule, time.Now())
+	if len(got) != 1 || !got[0].Equal(want) {
+		t.Fatalf("the job ran for ticks %v, want once for %v", got, want)
+	}
+	if len(log.errs) != 0 || len(log.infos) != 1 || !strings.HasPrefix(log.infos[0], "skip") {
+		t.Fatalf("logged %v and errors %v; want one skip", log.infos, log.errs)
+	}
 }

@@ -56,3 +56,38 @@ func ExampleOnOneReplica() {
 	fmt.Println("runs this tick:", runs.Load())
 	// Output: runs this tick: 1
 }
+
+// Three replicas' crons fire the hourly report, up to 400 ms apart: it
+// runs once for the hour's tick, and the job knows which tick it runs.
+func ExampleOncePerTick() {
+	schedule, err := cron.ParseStandard("@hourly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	name := fmt.Sprintf("example-cron-hourly-report-%d", time.Now().UnixNano()) // a fresh lock for the example
+	var runs atomic.Int32
+	report := advisorylockcron.TickFunc(func(tick time.Time) {
+		runs.Add(1)
+		fmt.Println("report for the tick on the hour:", tick.Minute() == 0 && tick.Second() == 0)
+	})
+	var wg sync.WaitGroup
+	for replica := range 3 {
+		db := exampleDB() // each replica has its own pool
+		defer db.Close()
+		job := cron.NewChain(
+			cron.Recover(cron.DefaultLogger),
+			advisorylockcron.OncePerTick(cron.DefaultLogger, db, name, schedule),
+		).Then(report)
+		// Rather than wait for the hour, fire this replica's tick now,
+		// replica*200 ms late.
+		wg.Go(func() {
+			time.Sleep(time.Duration(replica) * 200 * time.Millisecond)
+			job.Run() // what cron does every hour
+		})
+	}
+	wg.Wait()
+	fmt.Println("runs this tick:", runs.Load())
+	// Output:
+	// report for the tick on the hour: true
+	// runs this tick: 1
+}

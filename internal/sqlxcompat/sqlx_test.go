@@ -105,22 +105,28 @@ type locker struct {
 	holder  func(context.Context) (*advisorylock.Holder, error)
 }
 
+// lockerOf is the locker of a Lock or a LeaseLock, given its TryLock
+// and Holder.
+func lockerOf[G interface{ Release(context.Context) error }](tryLock func(context.Context) (G, error), holder func(context.Context) (*advisorylock.Holder, error)) locker {
+	return locker{
+		tryLock: func(ctx context.Context) (func(context.Context) error, error) {
+			g, err := tryLock(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return g.Release, nil
+		},
+		holder: holder,
+	}
+}
+
 func mustLock(t *testing.T, db advisorylock.DB, name string) locker {
 	t.Helper()
 	l, err := advisorylock.New(db, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return locker{
-		tryLock: func(ctx context.Context) (func(context.Context) error, error) {
-			g, err := l.TryLock(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return g.Release, nil
-		},
-		holder: l.Holder,
-	}
+	return lockerOf(l.TryLock, l.Holder)
 }
 
 func mustLease(t *testing.T, db advisorylock.DB, name string) locker {
@@ -129,14 +135,5 @@ func mustLease(t *testing.T, db advisorylock.DB, name string) locker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return locker{
-		tryLock: func(ctx context.Context) (func(context.Context) error, error) {
-			g, err := l.TryLock(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return g.Release, nil
-		},
-		holder: l.Holder,
-	}
+	return lockerOf(l.TryLock, l.Holder)
 }

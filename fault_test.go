@@ -437,6 +437,7 @@ type sections struct {
 	inside       map[*section]struct{}
 	pairs        [][2]*section // (entered first, entered second)
 	ended        []time.Time   // session-ending faults, when injected
+	hist         history       // history hook: every Do call and fenced write (history_test.go)
 }
 
 // section is one run of fn.
@@ -445,6 +446,8 @@ type section struct {
 	granted time.Time
 	told    atomic.Int64 // unix nanoseconds when the holder was told of a loss; 0 if never
 	done    chan struct{}
+	// history hook (history_test.go): when fn started and returned.
+	entered, exited time.Time
 }
 
 func newSections(name string, figs *figures, log func(string, ...any)) *sections {
@@ -468,7 +471,8 @@ func (s *sections) fault() {
 // enter records a section starting now in fn, whose context is fctx;
 // call exit when fn returns.
 func (s *sections) enter(fctx context.Context, lease *advisorylock.Lease) *section {
-	sec := &section{lease: lease, granted: time.Now(), done: make(chan struct{})}
+	now := time.Now()
+	sec := &section{lease: lease, granted: now, entered: now, done: make(chan struct{})}
 	told := func() {
 		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) { // ErrLeaseLost matches it too
 			sec.tell()
@@ -525,6 +529,7 @@ func (s *sections) exit(sec *section) {
 	defer s.mu.Unlock()
 	delete(s.inside, sec)
 	close(sec.done)
+	sec.exited = time.Now() // history hook
 }
 
 // settle counts the violations; call it once every Do has returned.
@@ -605,6 +610,7 @@ func sessionWorker(ctx context.Context, l *advisorylock.Lock, secs *sections, fi
 			// session gone) is the first word it gets.
 			sec.tell()
 		}
+		secs.record(start, sec) // history hook
 		w.outcome(figs.outcome(ctx, err, false))
 	}
 }
@@ -619,15 +625,19 @@ func leaseWorker(ctx context.Context, l *advisorylock.LeaseLock, f *advisorylock
 		w.waitResumed(ctx)
 		start := time.Now()
 		var held *advisorylock.Lease
+		var sec *section
 		section := func(fctx context.Context, lease advisorylock.Lease) error {
 			figs.acquiredAfter(time.Since(start))
 			held = &lease
-			sec := secs.enter(fctx, &lease)
+			sec = secs.enter(fctx, &lease)
 			defer secs.exit(sec)
 			w.entered()
 			defer w.exited()
 			for range 3 {
-				if err := figs.fenced(fctx, db, f, c, lease.Token()); err != nil {
+				began := time.Now()
+				err := figs.fenced(fctx, db, f, c, lease.Token())
+				secs.wrote(lease.Token(), began, err) // history hook
+				if err != nil {
 					return err
 				}
 				time.Sleep(time.Duration(rand.IntN(10)) * time.Millisecond)
@@ -648,17 +658,22 @@ func leaseWorker(ctx context.Context, l *advisorylock.LeaseLock, f *advisorylock
 			// lease is close to its expiry.
 			var ran bool
 			if ran, err = l.TryDo(ctx, section); !ran && err == nil {
+				secs.record(start, nil) // history hook
 				time.Sleep(rand.N(30 * time.Millisecond))
 				continue
 			}
 		} else {
 			err = l.Do(ctx, section)
 		}
+		secs.record(start, sec) // history hook
 		lost := held != nil && held.IsLost() && err != nil
 		w.outcome(figs.outcome(ctx, err, lost))
 		if lost {
 			late, cancel := context.WithTimeout(context.Background(), wait)
-			if figs.fenced(late, db, f, c, held.Token()) == nil {
+			began := time.Now()
+			err := figs.fenced(late, db, f, c, held.Token())
+			secs.wrote(held.Token(), began, err) // history hook
+			if err == nil {
 				figs.lateAdmitted.Add(1)
 				figs.writes.Add(-1)
 			}
@@ -785,6 +800,7 @@ func TestKilledSessionsUnderLoad(t *testing.T) {
 	for _, s := range secs {
 		s.settle()
 	}
+	checkHistory(t, secs[names[0]], secs[names[1]]) // history hook
 	t.Logf("%d holders and %d waiters killed; %s", holders, waiters, figs)
 	if v := figs.violations.Load(); v != 0 {
 		t.Fatalf("%d violations of mutual exclusion", v)
@@ -1522,6 +1538,7 @@ func TestNetworkCutsUnderLoad(t *testing.T) {
 	l.progresses(t)
 	l.halt(t)
 	l.check(t)
+	checkHistory(t, l.secs...) // history hook
 	t.Logf("Lock workers: %v", l.session)
 	t.Logf("lease workers: %v", l.lease)
 }

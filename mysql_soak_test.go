@@ -180,6 +180,7 @@ func TestMySQLFaultsUnderLoad(t *testing.T) {
 	}
 	l.progresses(t)
 	l.halt(t)
+	checkHistory(t, l.secs...) // history hook
 	t.Logf("Lock on MySQL: %v", l.session)
 	t.Logf("LeaseLock on MySQL: %v", l.lease)
 	l.check(t)

@@ -36,7 +36,10 @@ package advisorylock_test
 // loss before the newer grant, a stale write admitted, a wrong count:
 // must be 0) and the p50/p99 latency from calling Do to fn running. The
 // semaphore row (soak_semaphore_test.go) counts as a violation more
-// holders than slots that no fault explains.
+// holders than slots that no fault explains. The Lock and LeaseLock rows
+// also record their history (every acquire, release, loss and fenced
+// write), which must be linearizable against a lock-plus-register model
+// (history_test.go); a line reports the operations checked.
 
 import (
 	"context"
@@ -45,6 +48,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -196,6 +200,7 @@ func TestSoak(t *testing.T) {
 	for _, s := range shared {
 		s.check(t)
 	}
+	checkHistory(t, slices.Concat(pg.secs, lite.secs, my.secs)...) // history hook
 	if myFaults.kills == 0 || myFaults.cuts == 0 || myFaults.resets == 0 {
 		t.Errorf("vacuous: MySQL faults %v", &myFaults)
 	}
@@ -436,9 +441,10 @@ func startSQLiteLoad(t *testing.T, lockWorkers, leaseWorkers int) *sqliteLoad {
 func (l *sqliteLoad) lockWorker(ctx context.Context, lock *advisorylock.Lock, db *sql.DB, secs *sections) {
 	for ctx.Err() == nil {
 		start := time.Now()
+		var sec *section
 		err := lock.Do(ctx, func(fctx context.Context) error {
 			l.lock.acquiredAfter(time.Since(start))
-			sec := secs.enter(fctx, nil)
+			sec = secs.enter(fctx, nil)
 			defer secs.exit(sec)
 			return counted(fctx, l.counter, db, func() error {
 				err := l.counter.Bump(fctx, db)
@@ -448,6 +454,7 @@ func (l *sqliteLoad) lockWorker(ctx context.Context, lock *advisorylock.Lock, db
 				return err
 			})
 		})
+		secs.record(start, sec) // history hook
 		l.lock.outcome(ctx, err, false)
 	}
 }
@@ -589,9 +596,11 @@ func (x *soakExtras) shortStatementTimeout(l *pgLoad, c *faultClass) bool {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() {
+		start := time.Now()
+		var sec *section
 		err := x.blocker.Do(ctx, func(fctx context.Context) error {
 			l.session.acquiredAfter(0)
-			sec := secs.enter(fctx, nil)
+			sec = secs.enter(fctx, nil)
 			defer secs.exit(sec)
 			close(inside)
 			select {
@@ -601,6 +610,7 @@ func (x *soakExtras) shortStatementTimeout(l *pgLoad, c *faultClass) bool {
 				return context.Cause(fctx)
 			}
 		})
+		secs.record(start, sec) // history hook
 		l.session.outcome(ctx, err, false)
 	})
 	select {
@@ -613,13 +623,15 @@ func (x *soakExtras) shortStatementTimeout(l *pgLoad, c *faultClass) bool {
 		wg.Go(func() {
 			start := time.Now()
 			var waited time.Duration
+			var sec *section
 			err := short.Do(ctx, func(fctx context.Context) error {
 				waited = time.Since(start)
 				l.session.acquiredAfter(waited)
-				sec := secs.enter(fctx, nil)
+				sec = secs.enter(fctx, nil)
 				defer secs.exit(sec)
 				return nil
 			})
+			secs.record(start, sec) // history hook
 			l.session.outcome(ctx, err, false)
 			if err == nil && waited > 300*time.Millisecond {
 				granted.Add(1)

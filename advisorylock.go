@@ -76,7 +76,8 @@
 // (a Semaphore's slots in one statement), WaitEnder (state a wait leaves
 // on a session), TxLocker (LockTx), TermEnder (a resigning leader's term
 // record), PromptCanceler (a driver that ends statements with their
-// context) and TableChecker (Check proves the grants). The package's own
+// context), TableChecker (Check proves the grants) and RunRecorder
+// (TryDoOnce's records of runs done). The package's own
 // tests run a backend of a third party's making through each.
 package advisorylock
 

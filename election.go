@@ -210,6 +210,13 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case errors.Is(err, errResigned):
+			// Resign asked for another leader: give one that is not yet
+			// waiting (still starting, or between two wait slices) the
+			// time to take over.
+			if !sleepWithin(ctx, max(2*max(e.cfg.poll, leaseWaitCap), resignPause)) {
+				return ctx.Err()
+			}
 		case err == nil:
 			if !e.standAside(ctx) || !e.rest(ctx, began, &quick) {
 				return ctx.Err()
@@ -252,6 +259,10 @@ func (e *Election) standAside(ctx context.Context) bool {
 	}
 	return sleepWithin(ctx, 2*max(e.cfg.poll, leaseWaitCap))
 }
+
+// resignPause is how long a Run whose leader resigned (Resign) stands
+// aside at least before it campaigns again.
+const resignPause = time.Second
 
 // quickLeadPause is the longest pause of rest, unless the poll interval
 // is longer.
@@ -345,8 +356,8 @@ func (e *Election) serve(ctx context.Context, t term, lead func(ctx context.Cont
 		e.end(l)
 	}()
 	err := lead(lctx, t.token)
-	if context.Cause(lctx) == errResigned && (errors.Is(err, context.Canceled) || errors.Is(err, errResigned)) {
-		return nil // resigned by Resign: as if lead had returned
+	if context.Cause(lctx) == errResigned && (err == nil || errors.Is(err, context.Canceled) || errors.Is(err, errResigned)) {
+		return errResigned // resigned by Resign (see Run)
 	}
 	return err
 }
@@ -375,8 +386,9 @@ func (e *Election) end(l *leadership) {
 // lead's context is cancelled, and once lead returns the term is ended
 // and the lock freed, so that another candidate takes over (on
 // PostgreSQL and MySQL a waiting one within about a round trip). That Run
-// then campaigns again, as after a lead that returned nil, and may lead
-// again if no other candidate takes over. A lead that returns its
+// then stands aside for about a second (longer where candidates poll:
+// SQLite), so that a candidate not yet waiting takes over, and campaigns
+// again; it may lead again if no other candidate took over. A lead that returns its
 // context's error after Resign counts as returning nil; Run returns any
 // other error it returns.
 //

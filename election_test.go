@@ -764,6 +764,10 @@ func TestElectionResignHandsOverAndRunGoesOn(t *testing.T) {
 			t.Fatalf("Resign of a non-leader ended a lead (cause %v)", l.cause)
 		default:
 		}
+		// The other candidate has done its first-use work: it campaigns.
+		if err := c.elections[other].Check(ctx); err != nil {
+			t.Fatal(err)
+		}
 		if err := c.elections[first.who].Resign(ctx); err != nil {
 			t.Fatalf("Resign of the leader: %v", err)
 		}

@@ -70,3 +70,18 @@ func TestOnceRefusesFlagsThatDoNotApply(t *testing.T) {
 		t.Errorf("--once with an empty run key: exit %d, stderr %q", code, stderr)
 	}
 }
+
+// --once with lease, slots or min-hold from the config file is a
+// configuration error, not a silent --once without them.
+func TestOnceRefusesAConfigFileWindowLeaseOrSlots(t *testing.T) {
+	env := []string{"XDG_STATE_HOME=" + t.TempDir()}
+	d := newDir(t)
+	for i, line := range []string{"lease = true\n", "slots = 2\n", "min-hold = 1m\n"} {
+		conf := d.path("lockrun.conf" + string(rune('a'+i)))
+		writeFile(t, conf, line)
+		code, _, stderr := runLockrun(t, env, "--config", conf, "--once", "k", lockName(t), "true")
+		if code != exitConfig || !strings.Contains(stderr, "--once takes an exclusive lock") {
+			t.Errorf("--once with %q in the config file: exit %d, stderr %q; want %d", strings.TrimSpace(line), code, stderr, exitConfig)
+		}
+	}
+}

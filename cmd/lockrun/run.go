@@ -205,16 +205,16 @@ func runOnce(cmd *exec.Cmd, o *options, signals <-chan os.Signal, say *reporter)
 	}
 	defer db.Close()
 	say.debugf("%s", db.describe(o.dsnFrom))
-	opts := []advisorylock.Option{advisorylock.WithOwner(ownerLabel()), advisorylock.WithLogger(say.logger())}
-	if o.ttl > 0 {
-		opts = append(opts, advisorylock.WithLeaseTTL(o.ttl))
-	}
-	l, err := advisorylock.New(db, o.name, opts...)
+	t, err := newTarget(db, o, say)
 	if err != nil {
 		return failed(say, o, err)
 	}
+	st, ok := t.(sessionTarget)
+	if !ok || st.shared || o.minHold > 0 { // the config file may set lease, slots or min-hold
+		return failed(say, o, configErrorf("--once takes an exclusive lock without a window: not with lease, slots or min-hold (from the config file)"))
+	}
 	code := 0
-	ran, err := l.TryDoOnce(ctx, o.once, func(ctx context.Context) error {
+	ran, err := st.l.TryDoOnce(ctx, o.once, func(ctx context.Context) error {
 		say.debugf("acquired lock %q for run %q", o.name, o.once)
 		code = supervise(cmd, o, &held{lost: advisorylock.GuardFromContext(ctx).Lost()}, signals, say)
 		if code != 0 {

@@ -226,14 +226,9 @@ var errEmptyName = errors.New("advisorylock: empty name")
 // or write the windows table are refused here as the first operation
 // would refuse them. Later operations skip it.
 func (l *Lock) Check(ctx context.Context) error {
-	_, err := l.backend(ctx)
-	if err == nil && l.cfg.minHold > 0 {
-		var b Backend
-		if b, err = resolveBackend(ctx, l.db, &l.cfg); err == nil {
-			if _, ok := b.(SessionLocker); ok {
-				err = checkTables(ctx, l.db, b, "advisorylock_windows")
-			}
-		}
+	lb, err := l.backend(ctx)
+	if err == nil && lb.windows != nil { // a session lock's windows live in a table
+		err = checkTables(ctx, l.db, lb.session, "advisorylock_windows")
 	}
 	return wrapErr(l.name, "check", err)
 }

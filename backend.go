@@ -254,9 +254,10 @@ type SessionConfigurer interface {
 
 // IdleSessionEnder is a SessionConfigurer whose dead-holder bound may also
 // end a live holder's session after that long without a statement
-// (MySQL's wait_timeout): EndsIdleSessions says whether it does. The library then passes a DeadHolder only to a
-// Lock with a keep-alive and an explicit WithDeadHolderTimeout: the
-// setting stays on the pooled session, whose server closes it when idle.
+// (MySQL's wait_timeout): EndsIdleSessions says whether it does. Where it
+// does, the library passes a DeadHolder only to a Lock with a keep-alive
+// and an explicit WithDeadHolderTimeout: the setting stays on the pooled
+// session, whose server closes it when idle.
 type IdleSessionEnder interface {
 	SessionConfigurer
 	EndsIdleSessions() bool

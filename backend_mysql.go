@@ -695,6 +695,11 @@ const (
 	mysqlNoSuchTable  = 1146 // ER_NO_SUCH_TABLE
 	mysqlLockWaitTime = 1205 // ER_LOCK_WAIT_TIMEOUT: nothing was written
 	mysqlDeadlock     = 1213 // ER_LOCK_DEADLOCK: rolled back, nothing was written
+
+	// A new connection refused at a connection limit (see connectionLimit).
+	mysqlTooManyConnections     = 1040 // ER_CON_COUNT_ERROR: max_connections
+	mysqlTooManyUserConnections = 1203 // ER_TOO_MANY_USER_CONNECTIONS: max_user_connections
+	mysqlUserResourceExceeded   = 1226 // ER_USER_LIMIT_REACHED: a user's MAX_USER_CONNECTIONS
 )
 
 // mysqlLeaseRun runs a lease statement as mysqlRun does. A missing table

@@ -144,11 +144,11 @@ func connectionLimit(err error) string {
 		return "its connection limit (max_connections, or the role's or database's CONNECTION LIMIT)"
 	}
 	switch mysqlErrno(err) {
-	case 1040:
+	case mysqlTooManyConnections:
 		return "its connection limit (max_connections)"
-	case 1203:
+	case mysqlTooManyUserConnections:
 		return "its per-user connection limit (max_user_connections)"
-	case 1226:
+	case mysqlUserResourceExceeded:
 		return "the user's connection limit (MAX_USER_CONNECTIONS)"
 	}
 	return ""

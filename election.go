@@ -106,15 +106,15 @@ func (e *Election) Name() string { return e.name }
 // role that may not create the tables or lacks a grant on them) Check
 // returns; later operations skip it.
 func (e *Election) Check(ctx context.Context) error {
-	_, err := e.backend(ctx)
-	if err == nil {
-		var b Backend
-		if b, err = resolveBackend(ctx, e.db, &e.cfg); err == nil {
-			table := "advisorylock_elections" // terms, beside a session lock
-			if _, ok := b.(SessionLocker); !ok {
-				table = "advisorylock_leases" // the leader's lease
-			}
-			err = checkTables(ctx, e.db, b, table)
+	eb, err := e.backend(ctx)
+	switch {
+	case err != nil:
+	case eb.terms != nil: // terms, beside a session lock
+		err = checkTables(ctx, e.db, eb.terms, "advisorylock_elections")
+	default: // the leader's lease
+		var s LeaseStore
+		if s, err = e.lease.store(ctx); err == nil {
+			err = checkTables(ctx, e.db, s, "advisorylock_leases")
 		}
 	}
 	return wrapErr(e.name, "check", err)
@@ -214,11 +214,11 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 			// Resign asked for another leader: give one that is not yet
 			// waiting (still starting, or between two wait slices) the
 			// time to take over.
-			if !sleepWithin(ctx, max(2*max(e.cfg.poll, leaseWaitCap), resignPause)) {
+			if !e.standAside(ctx, resignPause) {
 				return ctx.Err()
 			}
 		case err == nil:
-			if !e.standAside(ctx) || !e.rest(ctx, began, &quick) {
+			if !e.standAside(ctx, 0) || !e.rest(ctx, began, &quick) {
 				return ctx.Err()
 			}
 		case t.lostBy(err):
@@ -247,17 +247,19 @@ func (e *Election) refused(err error) error {
 	return fmt.Errorf("advisorylock: election %s: the server refused a privilege, not tried again: %w", quoteName(e.name), err)
 }
 
-// standAside pauses a candidate that just resigned where the others
-// poll (a lease backend: SQLite), for twice their longest pause between
-// polls, so that one of them takes over rather than the resigner again;
-// false if ctx ended meanwhile. Where candidates wait server-side the
-// server hands the lock to a waiter at the release, and no pause is
-// needed.
-func (e *Election) standAside(ctx context.Context) bool {
-	if b := e.setup.v.Load(); b == nil || b.terms != nil {
-		return true
+// standAside pauses a candidate that just resigned for at least least,
+// and where the others poll (a lease backend: SQLite) for twice their
+// longest pause between polls, so that one of them takes over rather than
+// the resigner again; false if ctx ended meanwhile. Where candidates wait
+// server-side the server hands the lock to a waiter at the release, so a
+// lead that returned nil needs no pause (least 0); a Resign asks for one
+// (resignPause) for a candidate not yet waiting.
+func (e *Election) standAside(ctx context.Context, least time.Duration) bool {
+	pause := least
+	if b := e.setup.v.Load(); b != nil && b.terms == nil {
+		pause = max(pause, 2*max(e.cfg.poll, leaseWaitCap))
 	}
-	return sleepWithin(ctx, 2*max(e.cfg.poll, leaseWaitCap))
+	return pause <= 0 || sleepWithin(ctx, pause)
 }
 
 // resignPause is how long a Run whose leader resigned (Resign) stands

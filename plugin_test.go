@@ -26,6 +26,24 @@ import (
 type party struct {
 	inner advisorylock.Backend
 	calls *calls
+	kind  func(party) advisorylock.SessionLocker // pgParty or myParty around a party
+}
+
+// wrap returns b as a party of p's kind, counting into p's calls.
+func (p party) wrap(b advisorylock.Backend) advisorylock.SessionLocker {
+	return p.kind(party{inner: b, calls: p.calls, kind: p.kind})
+}
+
+// SessionConfigurer
+func (p party) ForLock(s advisorylock.SessionSettings) advisorylock.SessionLocker {
+	p.calls.forLock(s)
+	return p.wrap(p.inner.(advisorylock.SessionConfigurer).ForLock(s))
+}
+
+// SharedSessionLocker
+func (p party) Shared() advisorylock.SessionLocker {
+	p.calls.add("SharedSessionLocker")
+	return p.wrap(p.inner.(advisorylock.SharedSessionLocker).Shared())
 }
 
 // calls counts the calls of each optional interface, by its name, and
@@ -134,26 +152,10 @@ func (p party) CancelsPromptly() bool {
 // driver and takes transaction locks.
 type pgParty struct{ party }
 
-func (p pgParty) wrap(b advisorylock.Backend) pgParty {
-	return pgParty{party{inner: b, calls: p.calls}}
-}
-
 // DriverTuner
 func (p pgParty) ForDB(db advisorylock.DB) advisorylock.Backend {
 	p.calls.add("DriverTuner")
 	return p.wrap(p.inner.(advisorylock.DriverTuner).ForDB(db))
-}
-
-// SessionConfigurer
-func (p pgParty) ForLock(s advisorylock.SessionSettings) advisorylock.SessionLocker {
-	p.calls.forLock(s)
-	return p.wrap(p.inner.(advisorylock.SessionConfigurer).ForLock(s))
-}
-
-// SharedSessionLocker
-func (p pgParty) Shared() advisorylock.SessionLocker {
-	p.calls.add("SharedSessionLocker")
-	return p.wrap(p.inner.(advisorylock.SharedSessionLocker).Shared())
 }
 
 // TxLocker
@@ -174,24 +176,10 @@ func (p pgParty) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice ti
 // ends idle sessions, and an exclusive wait may leave a GET_LOCK behind.
 type myParty struct{ party }
 
-func (p myParty) wrap(b advisorylock.Backend) myParty {
-	return myParty{party{inner: b, calls: p.calls}}
-}
-
-// SessionConfigurer and IdleSessionEnder
-func (p myParty) ForLock(s advisorylock.SessionSettings) advisorylock.SessionLocker {
-	p.calls.forLock(s)
-	return p.wrap(p.inner.(advisorylock.SessionConfigurer).ForLock(s))
-}
+// IdleSessionEnder
 func (p myParty) EndsIdleSessions() bool {
 	p.calls.add("IdleSessionEnder")
 	return p.inner.(advisorylock.IdleSessionEnder).EndsIdleSessions()
-}
-
-// SharedSessionLocker
-func (p myParty) Shared() advisorylock.SessionLocker {
-	p.calls.add("SharedSessionLocker")
-	return p.wrap(p.inner.(advisorylock.SharedSessionLocker).Shared())
 }
 
 // WaitEnder
@@ -304,7 +292,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
 			c := &calls{n: map[string]int{}}
-			b := pgParty{party{inner: advisorylock.Postgres(), calls: c}}
+			b := pgParty{party{inner: advisorylock.Postgres(), calls: c, kind: func(p party) advisorylock.SessionLocker { return pgParty{p} }}}
 			partyOps(t, db, b)
 
 			// A transaction lock, held elsewhere, then waited for.
@@ -344,7 +332,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 	db := testdb.OpenMySQL(t)
 	c := &calls{n: map[string]int{}}
-	b := myParty{party{inner: advisorylock.MySQL(), calls: c}}
+	b := myParty{party{inner: advisorylock.MySQL(), calls: c, kind: func(p party) advisorylock.SessionLocker { return myParty{p} }}}
 	partyOps(t, db, b)
 
 	// An exclusive wait that runs out behind a shared holder.

@@ -75,9 +75,9 @@ func SlotKey(name string, slot int) int64 {
 }
 
 // NewSemaphore returns a Semaphore on name with slots slots. Any string
-// but "" is a valid name. It does no I/O (see New): it fails only for a nil db,
-// slots below 1 or above MaxSlots, or an invalid option set. The first
-// operation picks the backend and runs the first-use checks (on
+// but "" is a valid name. It does no I/O (see New): it fails only for a
+// nil db, slots below 1 or above MaxSlots, or an invalid option set. The
+// first operation picks the backend and runs the first-use checks (on
 // PostgreSQL the pooler probe: a transaction-mode pooler is refused with
 // ErrTransactionPooler, as for a Lock).
 func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, error) {
@@ -148,8 +148,9 @@ func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*Semap
 
 // Do waits for a slot (as Acquire does), runs fn, and releases the slot
 // when fn returns, fails or panics: at most Slots() calls of fn run at
-// once across the fleet. fn learns its slot with SlotFromContext. fn's context is cancelled, with cause
-// ErrLockLost, if the slot is lost while fn runs; Do then returns an
+// once across the fleet. fn learns its slot with SlotFromContext. fn's
+// context is cancelled, with cause ErrLockLost, if the slot is lost while
+// fn runs; Do then returns an
 // error matching ErrLockLost unless fn returned an error of its own.
 // Otherwise Do returns fn's error, or the release's.
 func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) error {

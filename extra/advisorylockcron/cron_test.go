@@ -69,17 +69,24 @@ func startSkewed(t *testing.T, wrap func(replica int, log cron.Logger) cron.JobW
 	return c
 }
 
-func TestOnOneReplicaRunsEachTickOnceAcrossSkewedCrons(t *testing.T) {
+// eachTickOnceOnEveryBackend starts the skewed crons on each backend, the
+// job of replica i wrapped by wrap(db of replica i, name, its logger), and
+// checks that every tick ran once.
+func eachTickOnceOnEveryBackend(t *testing.T, wrap func(db advisorylock.DB, name string, log cron.Logger) cron.JobWrapper) {
 	for _, backend := range schedtest.Backends {
 		t.Run(backend, func(t *testing.T) {
 			dbs := schedtest.OpenReplicas(t, backend, schedtest.Replicas)
 			name := testdb.UniqueName(t)
-			c := startSkewed(t, func(i int, log cron.Logger) cron.JobWrapper {
-				return advisorylockcron.OnOneReplica(log, dbs[i], name, advisorylock.WithMinHold(schedtest.MinHold))
-			})
+			c := startSkewed(t, func(i int, log cron.Logger) cron.JobWrapper { return wrap(dbs[i], name, log) })
 			c.Check(t, 1)
 		})
 	}
+}
+
+func TestOnOneReplicaRunsEachTickOnceAcrossSkewedCrons(t *testing.T) {
+	eachTickOnceOnEveryBackend(t, func(db advisorylock.DB, name string, log cron.Logger) cron.JobWrapper {
+		return advisorylockcron.OnOneReplica(log, db, name, advisorylock.WithMinHold(schedtest.MinHold))
+	})
 }
 
 // Without the min-hold the same crons run a tick more than once: the test
@@ -158,16 +165,9 @@ func TestOnOneReplicaPanicsOnANilDB(t *testing.T) {
 // OncePerTick runs each tick once across crons up to 240 ms apart with no
 // window to choose, on every backend; the job reads its tick.
 func TestOncePerTickRunsEachTickOnceAcrossSkewedCrons(t *testing.T) {
-	for _, backend := range schedtest.Backends {
-		t.Run(backend, func(t *testing.T) {
-			dbs := schedtest.OpenReplicas(t, backend, schedtest.Replicas)
-			name := testdb.UniqueName(t)
-			c := startSkewed(t, func(i int, log cron.Logger) cron.JobWrapper {
-				return advisorylockcron.OncePerTick(log, dbs[i], name, cron.Every(schedtest.Period))
-			})
-			c.Check(t, 1)
-		})
-	}
+	eachTickOnceOnEveryBackend(t, func(db advisorylock.DB, name string, log cron.Logger) cron.JobWrapper {
+		return advisorylockcron.OncePerTick(log, db, name, cron.Every(schedtest.Period))
+	})
 }
 
 // Tick is the scheduled time nearest to the firing: replicas firing a

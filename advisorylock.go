@@ -166,6 +166,12 @@ type lockBackend struct {
 	// in shared mode, nil where it has none; isShared marks that view.
 	shared   *lockBackend
 	isShared bool
+	// With WithMultiplexing: muxed, the settings its sessions were
+	// given (part of what Locks that share sessions have in common), and
+	// the pool of a handle that cannot be shared (see newMuxPool).
+	muxed      bool
+	settings   SessionSettings
+	privateMux *muxPool
 }
 
 // backend returns the Backend that b locks with.
@@ -242,12 +248,14 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		switch b := b.(type) {
 		case SessionLocker:
+			var settings SessionSettings
 			if c, ok := b.(SessionConfigurer); ok {
 				d := l.cfg.deadHolder
 				if e, ok := b.(IdleSessionEnder); ok && e.EndsIdleSessions() && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
 					d = 0 // see IdleSessionEnder
 				}
-				b = c.ForLock(SessionSettings{DeadHolder: d, ServerChecks: l.cfg.serverChecks})
+				settings = SessionSettings{DeadHolder: d, ServerChecks: l.cfg.serverChecks}
+				b = c.ForLock(settings)
 			}
 			if l.cfg.poolerCheck && l.cfg.serverChecks {
 				if err := checkPooler(ctx, l.db, b); err != nil {
@@ -258,7 +266,15 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			if err != nil {
 				return nil, err
 			}
-			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w}
+			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
+			if l.cfg.multiplex > 0 {
+				if _, ok := b.(MultiplexingLocker); !ok {
+					return nil, fmt.Errorf("%w: backend %q cannot hold many locks on one session (WithMultiplexing)", ErrUnsupported, b.Name())
+				}
+				lb.muxed = true
+				lb.privateMux = newMuxPool(l, lb)
+				return lb, nil // no shared view: see acquire
+			}
 			lb.shared = l.sharedView(lb)
 			return lb, nil
 		case LeaseStore:
@@ -371,6 +387,9 @@ func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, 
 	if err != nil {
 		return nil, err
 	}
+	if shared && b.muxed {
+		return nil, fmt.Errorf("%w: shared locks (RLock) are not multiplexed (WithMultiplexing): use a Lock without it", ErrUnsupported)
+	}
 	if shared {
 		if b, err = l.sharedOf(b); err != nil {
 			return nil, err
@@ -378,6 +397,14 @@ func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, 
 	}
 	if b.rows != nil {
 		return l.acquireRow(ctx, budget, b, wait)
+	}
+	if b.muxed {
+		// A try on a shared session; a wait that finds the lock taken
+		// waits on a connection of its own (see multiplex.go).
+		g, err := l.tryMux(ctx, budget, b)
+		if !wait || !errors.Is(err, ErrNotAcquired) {
+			return g, err
+		}
 	}
 	return l.acquireSession(ctx, budget, b, wait)
 }

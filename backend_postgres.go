@@ -55,6 +55,7 @@ var (
 	_ DriverTuner           = (*postgres)(nil)
 	_ SessionConfigurer     = (*postgres)(nil)
 	_ MultiKeyLocker        = (*postgres)(nil)
+	_ MultiplexingLocker    = (*postgres)(nil)
 	_ SharedSessionLocker   = (*postgres)(nil)
 	_ TxLocker              = (*postgres)(nil)
 	_ TermEnder             = (*postgres)(nil)
@@ -640,6 +641,33 @@ func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (Sessio
 	var r SessionResult
 	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.mode = '"+p.lockMode()+"' AND l.pid = pg_backend_pid()) AND NOT pg_is_in_recovery(), pg_backend_pid()").Scan(&r.OK, &r.Session)
 	return r, err
+}
+
+// HeldKeys reads which of keys conn's session holds, exclusively, on a
+// primary, in one statement over pg_locks; on a server in recovery it
+// holds none.
+func (p *postgres) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
+	rows, err := conn.QueryContext(ctx, "SELECT (l.classid::int8 << 32) | l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = pg_backend_pid() AND l.mode = 'ExclusiveLock' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND NOT pg_is_in_recovery()")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	have := make(map[int64]bool, len(keys))
+	for rows.Next() {
+		var k int64
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		have[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	held := make([]bool, len(keys))
+	for i, k := range keys {
+		held[i] = have[k]
+	}
+	return held, nil
 }
 
 func (p *postgres) SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error) {

@@ -548,7 +548,7 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 
 // leaseOptions are the options a LeaseLock takes: not those of a pinned
 // session (keep-alive, dead-holder timeout, pooler probe).
-const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck | optRunRetention)
+const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck | optRunRetention | optMultiplexing)
 
 // leaseConfig is constructed for a name kept in a row: the name and the
 // owner label must be storable too.

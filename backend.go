@@ -292,6 +292,17 @@ type MultiplexingLocker interface {
 	HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error)
 }
 
+// SetLocker is a SessionLocker that takes several keys all or none in one
+// statement (a set's try, see NewSet). Without it a set's try makes one
+// statement per key, letting go of those it took on a miss.
+type SetLocker interface {
+	SessionLocker
+	// TryLockAll takes every one of keys on conn's session, or none: OK
+	// false is a definite miss that leaves the session holding none of
+	// them.
+	TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error)
+}
+
 // SharedSessionLocker is a SessionLocker that also takes shared locks
 // (RLock). Without it, RLock on the backend returns ErrUnsupported.
 type SharedSessionLocker interface {

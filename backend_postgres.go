@@ -56,6 +56,7 @@ var (
 	_ SessionConfigurer     = (*postgres)(nil)
 	_ MultiKeyLocker        = (*postgres)(nil)
 	_ MultiplexingLocker    = (*postgres)(nil)
+	_ SetLocker             = (*postgres)(nil)
 	_ SharedSessionLocker   = (*postgres)(nil)
 	_ TxLocker              = (*postgres)(nil)
 	_ TermEnder             = (*postgres)(nil)
@@ -641,6 +642,35 @@ func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (Sessio
 	var r SessionResult
 	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.mode = '"+p.lockMode()+"' AND l.pid = pg_backend_pid()) AND NOT pg_is_in_recovery(), pg_backend_pid()").Scan(&r.OK, &r.Session)
 	return r, err
+}
+
+// TryLockAll takes every one of keys or none, in one statement: it tries
+// each, and if any misses it lets go of those it took, in the same
+// statement. A session that has not passed TryLockSession's checks (a
+// standby, the dead-holder settings) takes the first key with
+// TryLockSession, which makes them, and the rest after.
+func (p *postgres) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error) {
+	if !sessionKnows(conn, p.checkedSession()) {
+		res, err := p.TryLockSession(ctx, conn, keys[0])
+		if err != nil || !res.OK || len(keys) == 1 {
+			return res, err
+		}
+		if res, err = p.TryLockAll(ctx, conn, keys[1:]); err != nil || res.OK {
+			return res, err
+		}
+		_, err = p.UnlockSession(ctx, conn, keys[0])
+		return SessionResult{}, err
+	}
+	list := make([]string, len(keys))
+	for i, k := range keys {
+		list[i] = strconv.FormatInt(k, 10)
+	}
+	var all bool
+	var undone int64
+	err := conn.QueryRowContext(ctx, "WITH t AS MATERIALIZED (SELECT k, pg_try_advisory_lock(k) AS ok FROM unnest(ARRAY["+strings.Join(list, ",")+
+		"]::int8[]) AS k), a AS MATERIALIZED (SELECT coalesce(bool_and(ok), false) AS ok FROM t) "+
+		"SELECT a.ok, (SELECT count(pg_advisory_unlock(t.k)) FROM t WHERE t.ok AND NOT a.ok) FROM a").Scan(&all, &undone)
+	return SessionResult{OK: all}, err
 }
 
 // HeldKeys reads which of keys conn's session holds, exclusively, on a

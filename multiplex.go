@@ -89,10 +89,11 @@ type muxSession struct {
 	timer    *time.Timer
 }
 
-// muxHold is a lock held on a shared session.
+// muxHold is a lock held on a shared session: one key, or a set's.
 type muxHold struct {
 	hold
-	s *muxSession
+	s    *muxSession
+	keys []int64
 }
 
 // newMuxPool returns the pool of l's shared sessions on lb (see
@@ -152,16 +153,21 @@ func (l *Lock) tryMux(ctx, budget context.Context, lb *lockBackend) (*Guard, err
 		mp = muxPoolFor(l, lb)
 		mp.mu.Lock()
 	}
-	if _, ok := mp.held[l.key]; ok {
-		mp.mu.Unlock()
-		return nil, errMuxHeldHere
+	keys := l.keysOf()
+	for _, k := range keys {
+		if _, ok := mp.held[k]; ok {
+			mp.mu.Unlock()
+			return nil, errMuxHeldHere
+		}
 	}
-	mp.held[l.key] = nil // this try's, until it ends
+	for _, k := range keys {
+		mp.held[k] = nil // this try's, until it ends
+	}
 	mp.mu.Unlock()
 	for {
 		s, err := mp.choose(budget, l)
 		if err != nil {
-			mp.unreserve(l.key)
+			mp.unreserve(keys)
 			return nil, err
 		}
 		g, err := s.try(ctx, l)
@@ -172,12 +178,14 @@ func (l *Lock) tryMux(ctx, budget context.Context, lb *lockBackend) (*Guard, err
 	}
 }
 
-// unreserve ends a try's claim on key that did not become a hold.
-func (mp *muxPool) unreserve(key int64) {
+// unreserve ends a try's claim on keys that did not become a hold.
+func (mp *muxPool) unreserve(keys []int64) {
 	mp.mu.Lock()
 	defer mp.mu.Unlock()
-	if h, ok := mp.held[key]; ok && h == nil {
-		delete(mp.held, key)
+	for _, k := range keys {
+		if h, ok := mp.held[k]; ok && h == nil {
+			delete(mp.held, k)
+		}
 	}
 	mp.leaveIfIdle()
 }
@@ -274,32 +282,41 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 		s.done()
 		return nil, errSessionEnded
 	}
+	keys := l.keysOf()
 	sctx, cancel := mp.statementContext(ctx)
-	res, err := ask(sctx, &s.p, func() (SessionResult, error) { return mp.locker.TryLockSession(s.p.quiet(sctx), s.p.conn, l.key) })
+	var res SessionResult
+	var err error
+	if l.set != nil {
+		res, err = l.trySet(sctx, mp.locker, &s.p)
+	} else {
+		res, err = ask(sctx, &s.p, func() (SessionResult, error) { return mp.locker.TryLockSession(s.p.quiet(sctx), s.p.conn, l.key) })
+	}
 	cancel()
 	if err != nil {
-		// The session may hold the key now, or be mid-statement: end it.
+		// The session may hold the keys now, or be mid-statement: end it.
 		s.end(LossSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, l.name, err))
-		mp.unreserve(l.key)
+		mp.unreserve(keys)
 		return nil, err
 	}
 	if res.OK && ctx.Err() != nil {
 		// Granted as the caller went away: let it go again.
-		s.unlockLocked(ctx, l.name, l.key)
-		mp.unreserve(l.key)
+		s.unlockLocked(ctx, l.name, keys)
+		mp.unreserve(keys)
 		s.done()
 		return nil, context.Cause(ctx)
 	}
 	if !res.OK {
-		mp.unreserve(l.key)
+		mp.unreserve(keys)
 		s.done()
 		return nil, ErrNotAcquired
 	}
-	h := &muxHold{s: s}
+	h := &muxHold{s: s, keys: keys}
 	h.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: h}
 	mp.mu.Lock()
-	s.holds[l.key] = h
-	mp.held[l.key] = h
+	for _, k := range keys {
+		s.holds[k] = h
+		mp.held[k] = h
+	}
 	s.inflight--
 	if s.timer == nil && mp.key.keepAlive > 0 {
 		s.timer = time.AfterFunc(mp.key.keepAlive, s.check)
@@ -354,9 +371,11 @@ func (s *muxSession) end(cause LossCause, err error) {
 	}
 	s.ended = true
 	mp.sessions = slices.DeleteFunc(mp.sessions, func(o *muxSession) bool { return o == s })
-	holds := make([]*muxHold, 0, len(s.holds))
+	var holds []*muxHold
 	for k, h := range s.holds {
-		holds = append(holds, h)
+		if h.keys[0] == k { // once per hold
+			holds = append(holds, h)
+		}
 		delete(mp.held, k)
 	}
 	clear(s.holds)
@@ -376,21 +395,15 @@ func (s *muxSession) end(cause LossCause, err error) {
 	mp.mu.Unlock()
 }
 
-// unlockLocked releases key on s, ending s if the outcome is unknown.
+// unlockLocked releases keys on s, ending s if the outcome is unknown
+// (or the session did not hold one: its state is not what we think).
 // s.mu is held.
-func (s *muxSession) unlockLocked(ctx context.Context, name string, key int64) error {
-	mp := s.pool
-	sctx, cancel := mp.statementContext(ctx)
-	defer cancel()
-	res, err := ask(sctx, &s.p, func() (SessionResult, error) { return mp.locker.UnlockSession(s.p.quiet(sctx), s.p.conn, key) })
+func (s *muxSession) unlockLocked(ctx context.Context, name string, keys []int64) error {
+	err := unlockKeys(ctx, s.pool.locker, &s.p, keys, s.pool.key.timeout)
 	if err != nil {
 		s.end(LossSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, name, err))
-		return err
 	}
-	if !res.OK {
-		mp.logger.Warn("advisorylock: unlock found the lock not held by its shared session", "lock", name, "key", key)
-	}
-	return nil
+	return err
 }
 
 // release frees the lock on its shared session. A lock already lost has
@@ -402,7 +415,7 @@ func (h *muxHold) release(ctx context.Context, timeout time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mp.mu.Lock()
-	if s.ended || s.holds[h.key] != h {
+	if s.ended || s.holds[h.keys[0]] != h {
 		mp.mu.Unlock()
 		return nil
 	}
@@ -410,12 +423,14 @@ func (h *muxHold) release(ctx context.Context, timeout time.Duration) error {
 	mp.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	err := s.unlockLocked(ctx, h.name, h.key)
+	err := s.unlockLocked(ctx, h.name, h.keys)
 	mp.mu.Lock()
 	defer mp.mu.Unlock()
-	if s.holds[h.key] == h {
-		delete(s.holds, h.key)
-		delete(mp.held, h.key)
+	for _, k := range h.keys {
+		if s.holds[k] == h {
+			delete(s.holds, k)
+			delete(mp.held, k)
+		}
 	}
 	s.inflight--
 	s.retireIfIdle()
@@ -466,24 +481,36 @@ func (s *muxSession) check() {
 		s.end(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
 		return
 	}
+	// A hold is gone when any of its keys is; a set's others are let go.
 	var gone []*muxHold
+	var rest []int64
 	mp.mu.Lock()
 	for i, k := range keys {
 		if h := s.holds[k]; !held[i] && h != nil {
 			gone = append(gone, h)
-			delete(s.holds, k)
-			delete(mp.held, k)
+			for _, hk := range h.keys {
+				delete(s.holds, hk)
+				delete(mp.held, hk)
+				if j := slices.Index(keys, hk); j >= 0 && held[j] {
+					rest = append(rest, hk)
+				}
+			}
 		}
-	}
-	if len(s.holds) > 0 {
-		s.timer.Reset(mp.key.keepAlive)
-	} else {
-		s.timer = nil
-		s.retireIfIdle()
 	}
 	mp.mu.Unlock()
 	for _, h := range gone {
 		h.warn("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", "session no longer holds it")
 		h.lose(LossNotHeld, fmt.Errorf("%w: session no longer holds it", ErrLockLost))
+	}
+	if len(rest) > 0 && s.unlockLocked(context.Background(), "a lost set", rest) != nil {
+		return // the session is ended
+	}
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	if len(s.holds) > 0 {
+		s.timer.Reset(mp.key.keepAlive)
+	} else {
+		s.timer = nil
+		s.retireIfIdle()
 	}
 }

@@ -348,7 +348,7 @@ func (s *Semaphore) waitSession(ctx, budget context.Context, locker SessionLocke
 	for {
 		slot := rand.N(len(s.keys))
 		slice, cancel := context.WithTimeout(budget, semaphoreSlice)
-		res, err := s.slot(slot).waitSession(ctx, slice, locker, p)
+		res, err := s.slot(slot).waitSession(ctx, slice, locker, p, s.keys[slot])
 		cancel()
 		if err != nil || res.OK {
 			return slot, res, err

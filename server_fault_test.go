@@ -9,8 +9,8 @@ package advisorylock_test
 // every kind held across the fault (heldLocks). What each test asserts:
 // every lock held across the fault reports its loss (Guard.Lost closes,
 // Do's context ends with ErrLockLost, a lease's Lost closes) within
-// lostWithin; a section of the load that was inside its Lock at the fault
-// is told too; no two holders overlap unless the older was told (the
+// lostWithin; a Lock section of the load still inside once the server is
+// gone is told too; no two holders overlap unless the older was told (the
 // sections' count and the history's check); fencing tokens never repeat
 // or go back at the fence (the fence log, StaleTokenError for the old
 // holders' writes, the history); after the restart every pool takes new
@@ -61,7 +61,7 @@ func TestPostgresServerKilledUnderLoad(t *testing.T) {
 	l := startPGLoadOn(t, c.DSN, 2, 1, serverFaultHold)
 	l.admin.SetMaxIdleConns(-1) // a fresh session per query: none is left dead by the kill
 	held := holdLocks(t, pgHeldPools(t, c.DSN), pgLoadOptions)
-	l.waitHeld(t)
+	waitHeld(t, l.session, l.lease, l.secs)
 
 	faultNow(l.secs)
 	c.Crash(t)
@@ -89,8 +89,7 @@ func TestMariaDBKilledUnderLoad(t *testing.T) {
 	l := startMySQLLoadOn(t, m.DSN, 2, 1, serverFaultHold)
 	pool := testdb.OpenMySQLDSN(t, m.DSN)
 	held := holdLocks(t, []*sql.DB{pool}, pgLoadOptions)
-	testdb.WaitFor(t, wait, func() bool { return l.session.acquired.Load() > 2 && l.lease.acquired.Load() > 2 },
-		"the load never got going: %v; %v", l.session, l.lease)
+	waitHeld(t, l.session, l.lease, l.secs)
 
 	faultNow(l.secs)
 	m.Kill(t)
@@ -120,12 +119,16 @@ func TestFailoverToStandbyUnderLoad(t *testing.T) {
 	checkGoroutines(t)
 	primary := testdb.OwnCluster(t, "synchronous_commit=on", "synchronous_standby_names=*")
 	standby := testdb.StandbyOf(t, primary)
+	direct := testdb.OpenPostgresDSN(t, "pgx", primary.DSN)
+	testdb.WaitFor(t, wait, func() bool {
+		return countRows(t, direct, "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") == 1
+	}, "the standby never became synchronous")
 	front := testdb.NewProxy(t, testdb.HostPort(t, primary.DSN))
 	dsn := front.DSN(primary.DSN)
 	l := startPGLoadOn(t, dsn, 2, 1, serverFaultHold)
 	l.admin.SetMaxIdleConns(-1)
 	held := holdLocks(t, pgHeldPools(t, dsn), pgLoadOptions)
-	l.waitHeld(t)
+	waitHeld(t, l.session, l.lease, l.secs)
 
 	faultNow(l.secs)
 	primary.Crash(t)
@@ -159,13 +162,15 @@ func pgHeldPools(t *testing.T, dsn string) []*sql.DB {
 }
 
 // waitHeld waits until the load has acquired both kinds of lock a few
-// times and, for a while, until both kinds are held.
-func (l *pgLoad) waitHeld(t *testing.T) {
+// times and then, for a while, until both kinds are held at once (see
+// told), each name of secs by a section of its own.
+func waitHeld(t *testing.T, session, lease *figures, secs []*sections) {
 	t.Helper()
-	testdb.WaitFor(t, wait, func() bool { return l.session.acquired.Load() > 2 && l.lease.acquired.Load() > 2 },
-		"the load never got going: %v; %v", l.session, l.lease)
-	l.holder(false, 5*time.Second)
-	l.holder(true, 5*time.Second)
+	testdb.WaitFor(t, wait, func() bool { return session.acquired.Load() > 2 && lease.acquired.Load() > 2 },
+		"the load never got going: %v; %v", session, lease)
+	testdb.Poll(5*time.Second, func() bool {
+		return !slices.ContainsFunc(secs, func(s *sections) bool { return len(insideNow(s)) == 0 })
+	})
 }
 
 // faultNow notes, on every one of secs, a session-ending fault injected
@@ -197,8 +202,8 @@ func told(t *testing.T, secs []*section) {
 	t.Helper()
 	testdb.WaitFor(t, lostWithin, func() bool {
 		return !slices.ContainsFunc(secs, func(s *section) bool { return s.told.Load() == 0 })
-	}, "of the %d Lock sections inside at the fault, some were never told of the loss", len(secs))
-	t.Logf("%d Lock sections of the load were inside at the fault; all were told", len(secs))
+	}, "of the %d Lock sections of the load inside once the server was gone, some were never told of the loss", len(secs))
+	t.Logf("%d Lock sections of the load were inside once the server was gone; all were told", len(secs))
 }
 
 // heldLocks are locks taken before a server fault and held across it, a

@@ -270,8 +270,20 @@ mutation "Check proves no grants" lease_fencing.go \
 	's/return c\.CheckTables\(ctx, db, tables\.\.\.\)/_ = c; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'
 mutation "robfig/cron OncePerTick keys the run by the firing time" extra/advisorylockcron/cron.go \
-	's/tick := Tick\(schedule, time\.Now\(\)\)/tick := time.Now()/' \
-	'^TestOncePerTickRunsEachTickOnceAcrossSkewedCrons$' extra/advisorylockcron
+	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
+	'^(TestOncePerTickRunsEachTickOnceAcrossSkewedCrons|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockcron
+mutation "robfig/cron Tick truncates an interval's firing instead of rounding it" extra/advisorylockcron/cron.go \
+	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
+	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockcron
+mutation "gocron OncePerTick keys the run by the firing time" extra/advisorylockgocron/once.go \
+	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
+	'^(TestOncePerTickRunsEachTickOnceAcrossReplicaProcesses|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockgocron
+mutation "gocron Tick truncates an interval's firing instead of rounding it" extra/advisorylockgocron/once.go \
+	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
+	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockgocron
+mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocron/once.go \
+	's/return fn\(ctx, tick\)/_ = fn(ctx, tick); return nil/' \
+	'^TestOncePerTickRunsAFailedTickAgain$' extra/advisorylockgocron
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \

@@ -235,6 +235,12 @@ mutation "lockrun: slots is not a config file key" cmd/lockrun/args.go \
 mutation "lockrun status without names skips SQLite's lock rows" cmd/lockrun/status.go \
 	's/rs, err := sqliteLockRows\(ctx, db, say\)/rs, err := []holding(nil), error(nil)/' \
 	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
+mutation "lockrun status lists no runs recorded done" cmd/lockrun/status.go \
+	's/runs, err := doneRuns\(ctx, db, name\)/runs, err := []holding(nil), error(nil)/' \
+	'^TestStatusListsTheRunsRecordedDone$' ./cmd/lockrun
+mutation "lockrun status lists a name's oldest runs, not its newest" cmd/lockrun/status.go \
+	's/ORDER BY done_at DESC, run DESC LIMIT 5/ORDER BY done_at, run LIMIT 5/g' \
+	'^TestStatusListsTheRunsRecordedDone$' ./cmd/lockrun
 mutation "lockrun status reads PostgreSQL's shared locks as exclusive" cmd/lockrun/status.go \
 	"s/l\.mode = 'ShareLock'/false/" \
 	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun

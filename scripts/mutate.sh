@@ -235,6 +235,12 @@ mutation "lockrun: slots is not a config file key" cmd/lockrun/args.go \
 mutation "lockrun status without names skips SQLite's lock rows" cmd/lockrun/status.go \
 	's/rs, err := sqliteLockRows\(ctx, db, say\)/rs, err := []holding(nil), error(nil)/' \
 	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
+mutation "lockrun status lists no runs recorded done" cmd/lockrun/status.go \
+	's/runs, err := doneRuns\(ctx, db, name\)/runs, err := []holding(nil), error(nil)/' \
+	'^TestStatusListsTheRunsRecordedDone$' ./cmd/lockrun
+mutation "lockrun status lists a name's oldest runs, not its newest" cmd/lockrun/status.go \
+	's/ORDER BY done_at DESC, run DESC LIMIT 5/ORDER BY done_at, run LIMIT 5/g' \
+	'^TestStatusListsTheRunsRecordedDone$' ./cmd/lockrun
 mutation "lockrun status reads PostgreSQL's shared locks as exclusive" cmd/lockrun/status.go \
 	"s/l\.mode = 'ShareLock'/false/" \
 	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
@@ -270,8 +276,20 @@ mutation "Check proves no grants" lease_fencing.go \
 	's/return c\.CheckTables\(ctx, db, tables\.\.\.\)/_ = c; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'
 mutation "robfig/cron OncePerTick keys the run by the firing time" extra/advisorylockcron/cron.go \
-	's/tick := Tick\(schedule, time\.Now\(\)\)/tick := time.Now()/' \
-	'^TestOncePerTickRunsEachTickOnceAcrossSkewedCrons$' extra/advisorylockcron
+	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
+	'^(TestOncePerTickRunsEachTickOnceAcrossSkewedCrons|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockcron
+mutation "robfig/cron Tick truncates an interval's firing instead of rounding it" extra/advisorylockcron/cron.go \
+	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
+	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockcron
+mutation "gocron OncePerTick keys the run by the firing time" extra/advisorylockgocron/once.go \
+	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
+	'^(TestOncePerTickRunsEachTickOnceAcrossReplicaProcesses|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockgocron
+mutation "gocron Tick truncates an interval's firing instead of rounding it" extra/advisorylockgocron/once.go \
+	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
+	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockgocron
+mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocron/once.go \
+	's/return fn\(ctx, tick\)/_ = fn(ctx, tick); return nil/' \
+	'^TestOncePerTickRunsAFailedTickAgain$' extra/advisorylockgocron
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \

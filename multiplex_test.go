@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -544,5 +545,72 @@ func TestMultiplexingOptionsAndRefusals(t *testing.T) {
 	}
 	if err := g.Release(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMultiplexedLocksTellTheObserver: acquires, misses, releases and the
+// loss of every lock on a killed shared session reach the Observer as for
+// pinned locks, each loss with its lock's name, and the session's
+// connection is discarded once.
+func TestMultiplexedLocksTellTheObserver(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	admin := testdb.OpenPostgres(t, "pgx")
+	rec := &observetest.Recorder{}
+	opts := []advisorylock.Option{quiet, advisorylock.WithObserver(rec), advisorylock.WithMultiplexing(1),
+		advisorylock.WithKeepAlive(50 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second)}
+	ctx := context.Background()
+	names, keys := muxNames(t, 3)
+	var guards []*advisorylock.Guard
+	for _, n := range names {
+		g, err := newLock(t, db, n, opts...).TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		guards = append(guards, g)
+	}
+	if _, err := newLock(t, db, names[0], opts...).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("second TryLock: %v", err)
+	}
+	if err := guards[2].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held := pgKeySessions(t, admin, keys[:2])
+	if len(distinct(held)) != 1 {
+		t.Fatalf("WithMultiplexing(1) used sessions %v", held)
+	}
+	if _, err := admin.Exec("SELECT pg_terminate_backend($1)", held[keys[0]]); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range guards[:2] {
+		select {
+		case <-g.Lost():
+		case <-time.After(wait):
+			t.Fatalf("%s not reported lost", g.Name())
+		}
+		if err := g.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := rec.Count("AcquireEnd", "acquired"); n != 3 {
+		t.Errorf("%d acquired events, want 3", n)
+	}
+	if n := rec.Count("AcquireEnd", "not_acquired"); n != 1 {
+		t.Errorf("%d not_acquired events, want 1", n)
+	}
+	lost := map[string]bool{}
+	for _, e := range rec.Events("Lost") {
+		if e.Value != string(advisorylock.LossSessionEnded) {
+			t.Errorf("loss of %s: cause %q, want session_ended", e.Info.Name, e.Value)
+		}
+		lost[e.Info.Name] = true
+	}
+	if len(lost) != 2 || !lost[names[0]] || !lost[names[1]] {
+		t.Errorf("losses reported for %v, want %s and %s", lost, names[0], names[1])
+	}
+	if n := rec.Count("Discarded", string(advisorylock.DiscardLost)); n != 1 {
+		t.Errorf("%d discards of the killed session, want 1", n)
+	}
+	if n := len(rec.Events("Released")); n != 3 {
+		t.Errorf("%d release events, want 3", n)
 	}
 }

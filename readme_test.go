@@ -50,6 +50,10 @@ func sendDigest(ctx context.Context) error   { return nil }
 func rebuildIndex(ctx context.Context) error { return nil }
 func rebuildShard(ctx context.Context, slot int) error { return nil }
 func serveFromCatalog(ctx context.Context) error { return nil }
+func ship(ctx context.Context, order string) error { return nil }
+func transfer(ctx context.Context, from, to string) error { return nil }
+
+var order, from, to = "42", "a", "b"
 `
 
 // extraImport finds an import of one of the modules under extra/.

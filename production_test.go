@@ -80,7 +80,9 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 				}
 				return err
 			}))
-			mkMux := func() (*advisorylock.Lock, error) { return advisorylock.New(db, name, advisorylock.WithMultiplexing(2)) }
+			mkMux := func() (*advisorylock.Lock, error) {
+				return advisorylock.New(db, name, advisorylock.WithMultiplexing(2))
+			}
 			wantStandby("multiplexed TryLock", firstUse(mkMux, func(l *advisorylock.Lock) error {
 				g, err := l.TryLock(ctx)
 				if g != nil {

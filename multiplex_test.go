@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
+	"go.uber.org/goleak"
 )
 
 // muxServer is one server that multiplexed locks are tested on: how to
@@ -371,6 +374,7 @@ func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 				victim = s
 				break
 			}
+			ignore := goleak.IgnoreCurrent()
 			heal := testdb.Blackhole(t, testdb.Port(t, testdb.PostgresDSN(t)), testdb.ClientPort(t, admin, int(victim)))
 			checkOnlyTheseLost(t, srv, admin, guards, keys, held, victim)
 			heal()
@@ -383,6 +387,7 @@ func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 			releaseAll(t, rest)
 			releaseAll(t, guards) // the lost ones: nothing left to free
 			srv.kill(t, admin, victim)
+			waitForReaders(t, ignore)
 		})
 	}
 }
@@ -613,4 +618,101 @@ func TestMultiplexedLocksTellTheObserver(t *testing.T) {
 	if n := len(rec.Events("Released")); n != 3 {
 		t.Errorf("%d release events, want 3", n)
 	}
+}
+
+// TestForgottenMultiplexedGuardIsCleanedUp drops a Guard of a lock on a
+// shared session without Release: the cleanup unlocks its name (another
+// handle can take it), warns, and leaves its neighbour on the session held.
+func TestForgottenMultiplexedGuardIsCleanedUp(t *testing.T) {
+	for _, srv := range muxServers() {
+		t.Run(srv.name, func(t *testing.T) {
+			db, other, admin := srv.open(t), srv.open(t), srv.open(t)
+			names, keys := muxNames(t, 2)
+			var logs syncBuffer
+			logger := advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+			neighbour, err := newLock(t, db, names[1], logger, advisorylock.WithMultiplexing(1)).TryLock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			dropGuard(t, func() any {
+				g, err := newLock(t, db, names[0], logger, advisorylock.WithMultiplexing(1)).TryLock(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return g
+			})
+			rival := newLock(t, other, names[0], quiet)
+			var g *advisorylock.Guard
+			testdb.WaitFor(t, wait, func() bool {
+				runtime.GC()
+				g, err = rival.TryLock(context.Background())
+				return err == nil
+			}, "a forgotten multiplexed guard kept its lock")
+			mustRelease(t, g)
+			expectForgottenWarning(t, &logs, names[0])
+			select {
+			case <-neighbour.Lost():
+				t.Fatal("the neighbour of a forgotten guard was lost")
+			default:
+			}
+			if held := srv.sessions(t, admin, keys[1:]); len(held) != 1 {
+				t.Fatal("the neighbour of a forgotten guard is no longer held on the server")
+			}
+			mustRelease(t, neighbour)
+		})
+	}
+}
+
+// TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours releases one of
+// two locks on a shared session that a blackhole cut off: the unlock gets
+// no answer, so the session's state is unknown; by the time Release
+// returns its error, the neighbour has been told it is lost.
+func TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours(t *testing.T) {
+	testdb.RequireIptables(t)
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db, admin := testdb.OpenPostgres(t, drv), testdb.OpenPostgres(t, drv)
+			names, keys := muxNames(t, 2)
+			opts := []advisorylock.Option{quiet, advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(0), advisorylock.WithReleaseTimeout(time.Second)}
+			first, err := newLock(t, db, names[0], opts...).TryLock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			neighbour, err := newLock(t, db, names[1], opts...).TryLock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := pgKeySessions(t, admin, keys)
+			victim := held[keys[0]]
+			if held[keys[1]] != victim {
+				t.Fatalf("WithMultiplexing(1) used sessions %v", held)
+			}
+			ignore := goleak.IgnoreCurrent()
+			heal := testdb.Blackhole(t, testdb.Port(t, testdb.PostgresDSN(t)), testdb.ClientPort(t, admin, int(victim)))
+			if err := first.Release(context.Background()); err == nil {
+				t.Fatal("Release on a cut-off session returned nil")
+			}
+			select {
+			case <-neighbour.Lost():
+			default:
+				t.Fatal("Release returned before the neighbour on its session was told it is lost")
+			}
+			if err := neighbour.Release(context.Background()); err != nil {
+				t.Fatalf("Release of the lost neighbour: %v", err)
+			}
+			heal() // then end the server's side, so the driver's reader sees it go
+			if _, err := admin.Exec("SELECT pg_terminate_backend($1)", victim); err != nil {
+				t.Fatal(err)
+			}
+			waitForReaders(t, ignore)
+		})
+	}
+}
+
+// waitForReaders waits until the goroutines started since ignore are gone:
+// a driver that gave up on a cut-off connection (pgx) reads it until the
+// server's end closes, once the cut is healed and the session ended.
+func waitForReaders(t *testing.T, ignore goleak.Option) {
+	t.Helper()
+	testdb.WaitFor(t, wait, func() bool { return goleak.Find(ignore) == nil }, "a cut-off connection's reader never ended")
 }

@@ -78,6 +78,9 @@ func TestSetTakesAllOrNone(t *testing.T) {
 			if h, err := set.Holder(ctx); err != nil || h == nil || h.Name != names[1] {
 				t.Fatalf("set Holder = %+v, %v; want the holder of %s", h, err, names[1])
 			}
+			if hs, err := set.Holders(ctx); err != nil || len(hs) != 1 || hs[0].Name != names[1] {
+				t.Fatalf("set Holders = %v, %v; want the one holder of %s", hs, err, names[1])
+			}
 			for _, i := range []int{0, 2} {
 				g, err := rival[i].TryLock(ctx)
 				if err != nil {

@@ -27,6 +27,23 @@ mutation() {
 	names+=("$1") files+=("$2") edits+=("$3") tests+=("$4") pkgs+=("${5:-.}")
 }
 
+# --- Multiplexed sessions and sets -------------------------------------------
+mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
+	's/return context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/return context.WithTimeout(ctx, mp.key.timeout)/' \
+	'^TestMultiplexingCancelledTriesSpareTheirNeighbours$'
+mutation "a name held in the process is tried again on its shared session" multiplex.go \
+	's/if _, ok := mp\.held\[k\]; ok \{/if _, ok := mp.held[k]; ok \&\& false {/' \
+	'^TestMultiplexingExcludesInProcessAndHandsOff$'
+mutation "a shared session that ends tells none of its locks" multiplex.go \
+	's/for _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}/_ = holds/' \
+	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours)$'
+mutation "a forgotten guard on a shared session discards the session" multiplex.go \
+	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(LossSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
+	'^TestForgottenMultiplexedGuardIsCleanedUp$'
+mutation "a set's try keeps the names it got when one is held" backend_postgres.go \
+	's/WHERE t\.ok AND NOT a\.ok\)/WHERE t.ok AND NOT a.ok AND false)/' \
+	'^TestSetTakesAllOrNone$'
+
 # --- Locks (session advisory locks on PostgreSQL) ---------------------------
 mutation "keep-alive never reports a loss" conn_guard.go \
 	's/if err == nil && held \{/if _ = held; true {/' \

@@ -675,9 +675,11 @@ func (p *postgres) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64)
 
 // HeldKeys reads which of keys conn's session holds, exclusively, on a
 // primary, in one statement over pg_locks; on a server in recovery it
-// holds none.
+// holds none. It reads no table (a session's locks are all in its own
+// database), so it needs no lock of its own and still answers when the
+// server's lock table is full.
 func (p *postgres) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
-	rows, err := conn.QueryContext(ctx, "SELECT (l.classid::int8 << 32) | l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = pg_backend_pid() AND l.mode = 'ExclusiveLock' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND NOT pg_is_in_recovery()")
+	rows, err := conn.QueryContext(ctx, "SELECT (l.classid::int8 << 32) | l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = pg_backend_pid() AND l.mode = 'ExclusiveLock' AND NOT pg_is_in_recovery()")
 	if err != nil {
 		return nil, err
 	}

@@ -139,6 +139,9 @@ func muxPoolFor(l *Lock, lb *lockBackend) *muxPool {
 // is trying, on a shared session.
 var errMuxHeldHere = fmt.Errorf("%w (held in this process, on a shared session)", ErrNotAcquired)
 
+// pgOutOfSharedMemory is PostgreSQL's SQLSTATE for a full lock table.
+const pgOutOfSharedMemory = "53200"
+
 // errSessionEnded is the error of a statement whose shared session ended
 // before it could run: the caller chooses another.
 var errSessionEnded = errors.New("advisorylock: the shared session ended")
@@ -292,6 +295,13 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 		res, err = ask(sctx, &s.p, func() (SessionResult, error) { return mp.locker.TryLockSession(s.p.quiet(sctx), s.p.conn, l.key) })
 	}
 	cancel()
+	if err != nil && sqlState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load() {
+		// The server's lock table is full: the try took nothing and the
+		// session, which answered, is as it was.
+		mp.unreserve(keys)
+		s.done()
+		return nil, fmt.Errorf("%w (the server's lock table holds max_locks_per_transaction × max_connections locks; raise max_locks_per_transaction to hold more at once)", err)
+	}
 	if err != nil {
 		// The session may hold the keys now, or be mid-statement: end it.
 		s.end(LossSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, l.name, err))

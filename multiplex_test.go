@@ -716,3 +716,42 @@ func waitForReaders(t *testing.T, ignore goleak.Option) {
 	t.Helper()
 	testdb.WaitFor(t, wait, func() bool { return goleak.Find(ignore) == nil }, "a cut-off connection's reader never ended")
 }
+
+// TestMultiplexingAtTheServersLockTableLimit fills a PostgreSQL server's
+// lock table (a cluster of its own with max_locks_per_transaction=10): the
+// try that finds it full fails with the server's error and a hint, and
+// the locks held beside it on the shared session stay held.
+func TestMultiplexingAtTheServersLockTableLimit(t *testing.T) {
+	c := testdb.OwnCluster(t, "max_locks_per_transaction=10", "max_connections=10")
+	db := testdb.OpenPostgresDSN(t, "pgx", c.DSN)
+	admin := testdb.OpenPostgresDSN(t, "pgx", c.DSN)
+	names, keys := muxNames(t, 2000)
+	var guards []*advisorylock.Guard
+	var full error
+	for _, n := range names {
+		g, err := newLock(t, db, n, quiet, advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(50*time.Millisecond)).TryLock(context.Background())
+		if err != nil {
+			full = err
+			break
+		}
+		guards = append(guards, g)
+	}
+	if full == nil || !strings.Contains(full.Error(), "max_locks_per_transaction") {
+		t.Fatalf("after %d names the try failed with %v, want the server's full lock table, with a hint", len(guards), full)
+	}
+	t.Logf("the lock table was full after %d names: %v", len(guards), full)
+	held := pgKeySessions(t, admin, keys[:len(guards)])
+	if len(held) != len(guards) {
+		t.Fatalf("the server shows %d of the %d names held", len(held), len(guards))
+	}
+	// Give the keep-alive (every 50ms) a few checks to get it wrong.
+	time.Sleep(300 * time.Millisecond)
+	for _, g := range guards {
+		select {
+		case <-g.Lost():
+			t.Fatalf("%s was lost when a try beside it found the lock table full", g.Name())
+		default:
+		}
+	}
+	releaseAll(t, guards)
+}

@@ -219,8 +219,8 @@ func WithOwner(label string) Option { return func(c *config) { c.owner = label; 
 // what makes a short job that every replica's cron fires, a little apart,
 // run once per tick (ShedLock's lockAtLeastFor). The window counts from
 // the grant, by the database's clock on PostgreSQL (the Clock on SQLite);
-// a window counted from the release is not offered, see the README's
-// "Cron on every replica". Every user of a name must use the same d. A
+// a window counted from the release is not offered, see
+// docs/cron.md. Every user of a name must use the same d. A
 // Lock without it does not look for windows on PostgreSQL and MySQL (that
 // would cost its try a second statement), so it takes the name inside
 // one; on SQLite, where the window is the lock's own row, it finds the

@@ -295,9 +295,10 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 		res, err = ask(sctx, &s.p, func() (SessionResult, error) { return mp.locker.TryLockSession(s.p.quiet(sctx), s.p.conn, l.key) })
 	}
 	cancel()
-	if err != nil && sqlState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load() {
-		// The server's lock table is full: the try took nothing and the
-		// session, which answered, is as it was.
+	if err != nil && sqlState(err) == pgOutOfSharedMemory && l.set == nil && !s.p.abandoned.Load() {
+		// The server's lock table is full: the try of one key took
+		// nothing and the session, which answered, is as it was. (A
+		// set's statement may have taken some of its keys: see below.)
 		mp.unreserve(keys)
 		s.done()
 		return nil, fmt.Errorf("%w (the server's lock table holds max_locks_per_transaction × max_connections locks; raise max_locks_per_transaction to hold more at once)", err)

@@ -36,6 +36,12 @@ func TestParseArgsReadsFlockStyleFlags(t *testing.T) {
 		{[]string{"--", "elect", "true"}, options{name: "elect", command: []string{"true"}, wait: -1, conflictCode: 1}},
 		{[]string{"--nb", "-E0", "job", "--", "-x"}, options{name: "job", command: []string{"-x"}, nonblock: true, wait: 0, conflictCode: 0}},
 		{[]string{"-V"}, options{version: true, wait: -1, conflictCode: 1}},
+		// -l names the locks; COMMAND follows -- or -c.
+		{[]string{"-n", "-l", "b", "--lock=a", "--", "echo", "x", "--", "y"}, options{name: "b,a", locks: []string{"b", "a"}, command: []string{"echo", "x", "--", "y"}, nonblock: true, wait: 0, conflictCode: 1}},
+		{[]string{"-lb", "-l", "a", "-c", "echo x"}, options{name: "b,a", locks: []string{"b", "a"}, command: []string{"/bin/sh", "-c", "echo x"}, wait: -1, conflictCode: 1}},
+		{[]string{"--lease", "-l", "job", "--", "status"}, options{name: "job", locks: []string{"job"}, command: []string{"status"}, lease: true, wait: -1, conflictCode: 1}},
+		{[]string{"--once", "k", "-l", "a", "-l", "b", "--", "true"}, options{name: "a,b", locks: []string{"a", "b"}, once: "k", command: []string{"true"}, wait: -1, conflictCode: 1}},
+		{[]string{"--", "-l", "true"}, options{name: "-l", command: []string{"true"}, wait: -1, conflictCode: 1}},
 	} {
 		got, err := parseArgs(c.args)
 		if err != nil {
@@ -94,6 +100,21 @@ func TestParseArgsRefusesBadInput(t *testing.T) {
 		{[]string{"completion"}, "lockrun completion bash|zsh"},
 		{[]string{"completion", "fish"}, "lockrun completion bash|zsh"},
 		{[]string{"elect", "leader", "true"}, "elect is reserved"},
+		{[]string{"-l", "a", "b", "--", "true"}, `"b" after the -l flags`},
+		{[]string{"-l", "a", "true"}, `"true" after the -l flags`},
+		{[]string{"-l", "a", "-l", "b"}, "missing COMMAND"},
+		{[]string{"-l", "a", "--"}, "missing COMMAND after --"},
+		{[]string{"-l", "a", "-c"}, "exactly one COMMAND"},
+		{[]string{"-l", "", "--", "true"}, "NAME is empty"},
+		{[]string{"-l", "a", "-l", "a", "--", "true"}, `lock "a" is named twice`},
+		{[]string{"-l", "a", "-l", "b,c", "--", "true"}, "cannot hold a comma"},
+		{[]string{"-l", "a", "-l", "b", "--lease", "--", "true"}, "several -l locks and --lease exclude each other"},
+		{[]string{"-l", "a", "-l", "b", "--slots", "2", "--", "true"}, "several -l locks and --slots exclude each other"},
+		{[]string{"--min-hold", "1m", "-l", "a", "-l", "b", "--", "true"}, "several -l locks and --min-hold exclude each other"},
+		{[]string{"-s", "-l", "a", "-l", "b", "--", "true"}, "several -l locks and --shared exclude each other"},
+		{[]string{"-n", "-w", "1", "-l", "a", "-l", "b", "--", "true"}, "-n and -w exclude each other"},
+		{[]string{"--once", "k", "-w", "1", "-l", "a", "-l", "b", "--", "true"}, "--once and --wait exclude each other"},
+		{[]string{"status", "-l", "a"}, "does not apply to status"},
 	} {
 		_, err := parseArgs(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.say) {

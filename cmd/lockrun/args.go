@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -320,13 +322,22 @@ func (o *options) placeSet(rest []string, dashdash bool) error {
 	default:
 		return fmt.Errorf("%q after the -l flags: with -l every lock is named by -l and COMMAND follows -- (or -c), as in lockrun -l NAME -l NAME -- COMMAND", rest[0])
 	}
-	o.name = strings.Join(o.locks, ",")
+	o.name = setName(o.locks)
 	if o.isSet() {
 		if err := o.checkSet(); err != nil {
 			return err
 		}
 	}
 	return o.checkFlags()
+}
+
+// setName is the name of the set of names, as NewSet names it (Lock.Name):
+// the names in key order, joined by ",". lockrun says it from the start
+// (the JSON lines' lock); newSetTarget then takes the set's own.
+func setName(names []string) string {
+	sorted := slices.Clone(names)
+	slices.SortStableFunc(sorted, func(a, b string) int { return cmp.Compare(advisorylock.Key(a), advisorylock.Key(b)) })
+	return strings.Join(sorted, ",")
 }
 
 // checkSet refuses what a set of locks cannot be: a name given twice, a

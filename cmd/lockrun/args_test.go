@@ -1,10 +1,15 @@
 package main
 
 import (
+	"database/sql"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/advisorylock/advisorylock"
 )
 
 func TestParseArgsReadsFlockStyleFlags(t *testing.T) {
@@ -37,10 +42,10 @@ func TestParseArgsReadsFlockStyleFlags(t *testing.T) {
 		{[]string{"--nb", "-E0", "job", "--", "-x"}, options{name: "job", command: []string{"-x"}, nonblock: true, wait: 0, conflictCode: 0}},
 		{[]string{"-V"}, options{version: true, wait: -1, conflictCode: 1}},
 		// -l names the locks; COMMAND follows -- or -c.
-		{[]string{"-n", "-l", "b", "--lock=a", "--", "echo", "x", "--", "y"}, options{name: "b,a", locks: []string{"b", "a"}, command: []string{"echo", "x", "--", "y"}, nonblock: true, wait: 0, conflictCode: 1}},
-		{[]string{"-lb", "-l", "a", "-c", "echo x"}, options{name: "b,a", locks: []string{"b", "a"}, command: []string{"/bin/sh", "-c", "echo x"}, wait: -1, conflictCode: 1}},
+		{[]string{"-n", "-l", "b", "--lock=a", "--", "echo", "x", "--", "y"}, options{name: setName([]string{"b", "a"}), locks: []string{"b", "a"}, command: []string{"echo", "x", "--", "y"}, nonblock: true, wait: 0, conflictCode: 1}},
+		{[]string{"-lb", "-l", "a", "-c", "echo x"}, options{name: setName([]string{"a", "b"}), locks: []string{"b", "a"}, command: []string{"/bin/sh", "-c", "echo x"}, wait: -1, conflictCode: 1}},
 		{[]string{"--lease", "-l", "job", "--", "status"}, options{name: "job", locks: []string{"job"}, command: []string{"status"}, lease: true, wait: -1, conflictCode: 1}},
-		{[]string{"--once", "k", "-l", "a", "-l", "b", "--", "true"}, options{name: "a,b", locks: []string{"a", "b"}, once: "k", command: []string{"true"}, wait: -1, conflictCode: 1}},
+		{[]string{"--once", "k", "-l", "a", "-l", "b", "--", "true"}, options{name: setName([]string{"b", "a"}), locks: []string{"a", "b"}, once: "k", command: []string{"true"}, wait: -1, conflictCode: 1}},
 		{[]string{"--", "-l", "true"}, options{name: "-l", command: []string{"true"}, wait: -1, conflictCode: 1}},
 	} {
 		got, err := parseArgs(c.args)
@@ -145,5 +150,24 @@ func TestLockrunTurnsAPanicIntoOneLine(t *testing.T) {
 	code := lockrun([]string{"status"}, getenv, &out, &errOut)
 	if code != exitSoftware || errOut.String() != "lockrun: internal error: boom\n" {
 		t.Errorf("exit %d, stderr %q; want %d and one line", code, errOut.String(), exitSoftware)
+	}
+}
+
+// setName names a set as NewSet does (Lock.Name), whatever the order of
+// the -l flags.
+func TestSetNameIsNewSets(t *testing.T) {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "locks.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	names := []string{"orders", "invoices", "b", "a", "nightly-report"}
+	l, err := advisorylock.NewSet(db, names, advisorylock.WithPoolerCheck(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Reverse(names)
+	if got := setName(names); got != l.Name() || !strings.Contains(got, ",") {
+		t.Errorf("setName(%q) = %q, NewSet's Name is %q", names, got, l.Name())
 	}
 }

@@ -1,29 +1,18 @@
 package main
 
 import (
-	"cmp"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // Issue 32, item 3: lockrun -l NAME -l NAME takes a set. These tests run
 // lockrun processes against each backend.
-
-// setName is the name lockrun gives a set of names: in key order, joined
-// by ",".
-func setName(names ...string) string {
-	sorted := slices.Clone(names)
-	slices.SortFunc(sorted, func(a, b string) int { return cmp.Compare(advisorylock.Key(a), advisorylock.Key(b)) })
-	return strings.Join(sorted, ",")
-}
 
 // setArgs is -l NAME for each of names.
 func setArgs(names ...string) []string {
@@ -141,7 +130,7 @@ func TestSetNonblockRefusesWhileAnyNameIsHeld(t *testing.T) {
 			}
 			if i == 0 {
 				code, _, stderr := runLockrun(t, env, append([]string{"-v", "-n"}, append(set, "--", "true")...)...)
-				if want := fmt.Sprintf("lock %q is held by ", setName(names...)); code != exitConflict || !strings.Contains(stderr, want) || !strings.Contains(stderr, fmt.Sprintf("(name %q)", held)) {
+				if want := fmt.Sprintf("lock %q is held by ", setName(names)); code != exitConflict || !strings.Contains(stderr, want) || !strings.Contains(stderr, fmt.Sprintf("(name %q)", held)) {
 					t.Errorf("-v -n: exit %d, stderr %q; want it to say %q and the name %q", code, stderr, want, held)
 				}
 				p := startLockrun(t, env, append([]string{"-w", "0.5"}, append(set, "--", "touch", d.path("set-ran"))...)...)
@@ -156,11 +145,19 @@ func TestSetNonblockRefusesWhileAnyNameIsHeld(t *testing.T) {
 		}
 
 		code, stdout, stderr := runLockrun(t, env, append([]string{"-v", "-n"}, append(set, "--", "sh", "-c", `echo "$LOCKRUN_LOCK_NAME"`)...)...)
-		if code != 0 || stdout != setName(names...)+"\n" {
-			t.Fatalf("-n on a free set: exit %d, stdout %q, stderr %q; want 0 and the set's name %q", code, stdout, stderr, setName(names...))
+		if code != 0 || stdout != setName(names)+"\n" {
+			t.Fatalf("-n on a free set: exit %d, stdout %q, stderr %q; want 0 and the set's name %q", code, stdout, stderr, setName(names))
 		}
-		if !strings.Contains(stderr, fmt.Sprintf("acquired lock %q", setName(names...))) || !strings.Contains(stderr, fmt.Sprintf("released lock %q", setName(names...))) {
+		if !strings.Contains(stderr, fmt.Sprintf("acquired lock %q", setName(names))) || !strings.Contains(stderr, fmt.Sprintf("released lock %q", setName(names))) {
 			t.Errorf("-v does not name the set: %q", stderr)
+		}
+
+		// --log-format json names the set on every line, from the first.
+		_, _, stderr = runLockrun(t, env, append([]string{"-v", "--log-format", "json"}, append(set, "--", "true")...)...)
+		for _, l := range jsonLines(t, stderr) {
+			if l["lock"] != setName(names) {
+				t.Errorf("JSON line %v: lock is not the set's name %q", l, setName(names))
+			}
 		}
 
 		// While the set runs, each of its names is held.
@@ -232,7 +229,7 @@ func TestSetOnceRunsOncePerRunKey(t *testing.T) {
 		}
 		once("k2", "after", b, a)
 		once("k2", "twice", a, b)
-		set := setName(a, b)
+		set := setName([]string{a, b})
 		if got, want := d.read("runs"), "first "+set+"\nafter "+set+"\n"; got != want {
 			t.Fatalf("the runs were %q, want %q (k1 once, k2 once its name was free)", got, want)
 		}

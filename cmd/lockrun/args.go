@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,7 +37,8 @@ type options struct {
 	subcommand string   // "", "status" or "completion"
 	names      []string // status
 	shell      string   // completion
-	name       string
+	name       string   // NAME; for a set, its names joined by ","
+	locks      []string // -l: the names given, in their order; nil for NAME
 	command    []string
 	given      map[string]bool // canonical long names of the flags given
 }
@@ -77,6 +80,14 @@ var flags = []flagSpec{
 		value: func(o *options, v string) (err error) { o.killAfter, err = parseSeconds(v); return err }},
 	{long: []string{"min-hold"}, config: true, help: "keep the lock taken until this long after the grant",
 		value: func(o *options, v string) (err error) { o.minHold, err = parseSeconds(v); return err }},
+	{long: []string{"lock"}, short: 'l', help: "take this lock; repeat for a set held at once (COMMAND then follows --)",
+		value: func(o *options, v string) error {
+			if v == "" {
+				return errors.New("the lock NAME is empty")
+			}
+			o.locks = append(o.locks, v)
+			return nil
+		}},
 	{long: []string{"once"}, help: "run the command at most once for this run key",
 		value: func(o *options, v string) error {
 			if v == "" {
@@ -146,6 +157,8 @@ var subcommands = []string{"status", "completion", "elect"}
 //
 //	[flags] [--] NAME [--] COMMAND [ARG...]
 //	[flags] [--] NAME -c COMMAND
+//	[flags] -l NAME [-l NAME...] -- COMMAND [ARG...]
+//	[flags] -l NAME [-l NAME...] -c COMMAND
 //	status [flags] [NAME...]
 //	completion bash|zsh
 //
@@ -156,22 +169,27 @@ func parseArgs(args []string) (*options, error) {
 	if len(args) > 0 && contains(subcommands, args[0]) && (len(args) == 1 || args[1] != "--") {
 		return o, o.parseSubcommand(args[0], args[1:])
 	}
-	rest, _, err := o.readFlags(args)
+	rest, dashdash, err := o.readFlags(args)
 	if err != nil || o.help || o.version {
 		return o, err
+	}
+	if len(o.locks) > 0 {
+		return o, o.placeSet(rest, dashdash)
 	}
 	return o, o.placeCommand(rest)
 }
 
 // readFlags reads the flags at the front of args and returns the rest,
-// and whether "--" ended the flags (it is not part of the rest).
+// and whether "--" ended the flags (it is not part of the rest). Once -l
+// has named a lock, -c (or --command) ends the flags too: it begins the
+// command.
 func (o *options) readFlags(args []string) (rest []string, dashdash bool, err error) {
 	for len(args) > 0 {
 		a := args[0]
 		if a == "--" {
 			return args[1:], true, nil
 		}
-		if len(a) < 2 || a[0] != '-' {
+		if len(a) < 2 || a[0] != '-' || len(o.locks) > 0 && (a == "-c" || a == "--command") {
 			return args, false, nil
 		}
 		var n int
@@ -278,6 +296,90 @@ func (o *options) placeCommand(rest []string) error {
 	if err != nil {
 		return err
 	}
+	o.command = command
+	return o.checkFlags()
+}
+
+// placeSet reads the command that follows the -l flags: -- COMMAND
+// [ARG...] or -c 'COMMAND'. With -l no word names a lock, so a word
+// before -- is refused instead of being taken for a NAME or the command.
+// With more than one -l the locks are a set (advisorylock.NewSet): held
+// all at once, each an exclusive session lock.
+func (o *options) placeSet(rest []string, dashdash bool) error {
+	switch {
+	case dashdash && (len(rest) == 0 || rest[0] == ""):
+		return errors.New("missing COMMAND after --")
+	case dashdash:
+		o.command = rest
+	case len(rest) > 0 && (rest[0] == "-c" || rest[0] == "--command"):
+		command, err := commandOf(rest)
+		if err != nil {
+			return err
+		}
+		o.command = command
+	case len(rest) == 0:
+		return errors.New("missing COMMAND: with -l it follows --, as in lockrun -l NAME -l NAME -- COMMAND")
+	default:
+		return fmt.Errorf("%q after the -l flags: with -l every lock is named by -l and COMMAND follows -- (or -c), as in lockrun -l NAME -l NAME -- COMMAND", rest[0])
+	}
+	o.name = setName(o.locks)
+	if o.isSet() {
+		if err := o.checkSet(); err != nil {
+			return err
+		}
+	}
+	return o.checkFlags()
+}
+
+// setName is the name of the set of names, as NewSet names it (Lock.Name):
+// the names in key order, joined by ",". lockrun says it from the start
+// (the JSON lines' lock); newSetTarget then takes the set's own.
+func setName(names []string) string {
+	sorted := slices.Clone(names)
+	slices.SortStableFunc(sorted, func(a, b string) int { return cmp.Compare(advisorylock.Key(a), advisorylock.Key(b)) })
+	return strings.Join(sorted, ",")
+}
+
+// checkSet refuses what a set of locks cannot be: a name given twice, a
+// name holding ",", which joins the set's names (in LOCKRUN_LOCK_NAME and
+// the --once run's name), and the flags of locks a set is not.
+func (o *options) checkSet() error {
+	for i, n := range o.locks {
+		if strings.Contains(n, ",") {
+			return fmt.Errorf("lock %q: a name in a set of -l locks cannot hold a comma, which joins the set's names", n)
+		}
+		if contains(o.locks[:i], n) {
+			return fmt.Errorf("lock %q is named twice by -l", n)
+		}
+	}
+	return o.setExcludes()
+}
+
+// isSet reports whether the lock is a set: more than one -l.
+func (o *options) isSet() bool { return len(o.locks) > 1 }
+
+// setExcludes refuses, for a set, a lease, slots, a shared lock and a
+// min-hold window: a set holds exclusive session locks (NewSet). Called
+// on the command line, and again once the config file may have set them.
+func (o *options) setExcludes() error {
+	f := ""
+	switch {
+	case o.lease:
+		f = "lease"
+	case o.slots > 0:
+		f = "slots"
+	case o.minHold > 0:
+		f = "min-hold"
+	case o.shared:
+		f = "shared"
+	default:
+		return nil
+	}
+	return fmt.Errorf("several -l locks and --%s exclude each other (a set holds exclusive session locks, with no lease, slots, shared mode or window)", f)
+}
+
+// checkFlags refuses the flags that exclude each other.
+func (o *options) checkFlags() error {
 	if o.nonblock && o.given["wait"] {
 		return errors.New("-n and -w exclude each other")
 	}
@@ -294,7 +396,6 @@ func (o *options) placeCommand(rest []string) error {
 			}
 		}
 	}
-	o.command = command
 	return nil
 }
 
@@ -370,7 +471,7 @@ func (o *options) parseStatus(args []string) error {
 		}
 		o.names, args = append(o.names, rest[0]), rest[1:]
 	}
-	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after", "min-hold", "shared"} {
+	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after", "min-hold", "shared", "lock"} {
 		if o.given[f] {
 			return fmt.Errorf("flag --%s does not apply to status", f)
 		}

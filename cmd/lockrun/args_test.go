@@ -1,10 +1,15 @@
 package main
 
 import (
+	"database/sql"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/advisorylock/advisorylock"
 )
 
 func TestParseArgsReadsFlockStyleFlags(t *testing.T) {
@@ -36,6 +41,12 @@ func TestParseArgsReadsFlockStyleFlags(t *testing.T) {
 		{[]string{"--", "elect", "true"}, options{name: "elect", command: []string{"true"}, wait: -1, conflictCode: 1}},
 		{[]string{"--nb", "-E0", "job", "--", "-x"}, options{name: "job", command: []string{"-x"}, nonblock: true, wait: 0, conflictCode: 0}},
 		{[]string{"-V"}, options{version: true, wait: -1, conflictCode: 1}},
+		// -l names the locks; COMMAND follows -- or -c.
+		{[]string{"-n", "-l", "b", "--lock=a", "--", "echo", "x", "--", "y"}, options{name: setName([]string{"b", "a"}), locks: []string{"b", "a"}, command: []string{"echo", "x", "--", "y"}, nonblock: true, wait: 0, conflictCode: 1}},
+		{[]string{"-lb", "-l", "a", "-c", "echo x"}, options{name: setName([]string{"a", "b"}), locks: []string{"b", "a"}, command: []string{"/bin/sh", "-c", "echo x"}, wait: -1, conflictCode: 1}},
+		{[]string{"--lease", "-l", "job", "--", "status"}, options{name: "job", locks: []string{"job"}, command: []string{"status"}, lease: true, wait: -1, conflictCode: 1}},
+		{[]string{"--once", "k", "-l", "a", "-l", "b", "--", "true"}, options{name: setName([]string{"b", "a"}), locks: []string{"a", "b"}, once: "k", command: []string{"true"}, wait: -1, conflictCode: 1}},
+		{[]string{"--", "-l", "true"}, options{name: "-l", command: []string{"true"}, wait: -1, conflictCode: 1}},
 	} {
 		got, err := parseArgs(c.args)
 		if err != nil {
@@ -94,6 +105,21 @@ func TestParseArgsRefusesBadInput(t *testing.T) {
 		{[]string{"completion"}, "lockrun completion bash|zsh"},
 		{[]string{"completion", "fish"}, "lockrun completion bash|zsh"},
 		{[]string{"elect", "leader", "true"}, "elect is reserved"},
+		{[]string{"-l", "a", "b", "--", "true"}, `"b" after the -l flags`},
+		{[]string{"-l", "a", "true"}, `"true" after the -l flags`},
+		{[]string{"-l", "a", "-l", "b"}, "missing COMMAND"},
+		{[]string{"-l", "a", "--"}, "missing COMMAND after --"},
+		{[]string{"-l", "a", "-c"}, "exactly one COMMAND"},
+		{[]string{"-l", "", "--", "true"}, "NAME is empty"},
+		{[]string{"-l", "a", "-l", "a", "--", "true"}, `lock "a" is named twice`},
+		{[]string{"-l", "a", "-l", "b,c", "--", "true"}, "cannot hold a comma"},
+		{[]string{"-l", "a", "-l", "b", "--lease", "--", "true"}, "several -l locks and --lease exclude each other"},
+		{[]string{"-l", "a", "-l", "b", "--slots", "2", "--", "true"}, "several -l locks and --slots exclude each other"},
+		{[]string{"--min-hold", "1m", "-l", "a", "-l", "b", "--", "true"}, "several -l locks and --min-hold exclude each other"},
+		{[]string{"-s", "-l", "a", "-l", "b", "--", "true"}, "several -l locks and --shared exclude each other"},
+		{[]string{"-n", "-w", "1", "-l", "a", "-l", "b", "--", "true"}, "-n and -w exclude each other"},
+		{[]string{"--once", "k", "-w", "1", "-l", "a", "-l", "b", "--", "true"}, "--once and --wait exclude each other"},
+		{[]string{"status", "-l", "a"}, "does not apply to status"},
 	} {
 		_, err := parseArgs(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.say) {
@@ -124,5 +150,24 @@ func TestLockrunTurnsAPanicIntoOneLine(t *testing.T) {
 	code := lockrun([]string{"status"}, getenv, &out, &errOut)
 	if code != exitSoftware || errOut.String() != "lockrun: internal error: boom\n" {
 		t.Errorf("exit %d, stderr %q; want %d and one line", code, errOut.String(), exitSoftware)
+	}
+}
+
+// setName names a set as NewSet does (Lock.Name), whatever the order of
+// the -l flags.
+func TestSetNameIsNewSets(t *testing.T) {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "locks.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	names := []string{"orders", "invoices", "b", "a", "nightly-report"}
+	l, err := advisorylock.NewSet(db, names, advisorylock.WithPoolerCheck(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Reverse(names)
+	if got := setName(names); got != l.Name() || !strings.Contains(got, ",") {
+		t.Errorf("setName(%q) = %q, NewSet's Name is %q", names, got, l.Name())
 	}
 }

@@ -34,8 +34,9 @@ func flagWords() (all, valued []string) {
 }
 
 // bashScript is the bash completion; %s are the flags and those that
-// take a value. After NAME it completes a command, and that
-// command's arguments with bash-completion's _command_offset if loaded.
+// take a value. After NAME (with -l, after -- or -c) it completes a
+// command, and that command's arguments with bash-completion's
+// _command_offset if loaded.
 const bashScript = `# bash completion for lockrun: source <(lockrun completion bash)
 _lockrun() {
 	local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
@@ -67,10 +68,16 @@ _lockrun() {
 		COMPREPLY=($(compgen -W 'status completion' -- "$cur"))
 		return
 	fi
-	local i=1 name=0
+	local i=1 name=0 set=0
 	while [[ $i -lt $COMP_CWORD ]]; do
 		local w=${COMP_WORDS[i]}
-		if [[ $w == -- ]]; then
+		if [[ $w == -l || $w == --lock || $w == --lock=* ]]; then
+			set=1
+		fi
+		if [[ $set -eq 1 && ( $w == -- || $w == -c ) ]]; then
+			name=$i # with -l no word is NAME: the command follows -- or -c
+			break
+		elif [[ $w == -- ]]; then
 			name=$((i + 1))
 			break
 		elif [[ $valued == *" $w "* ]]; then
@@ -130,6 +137,11 @@ _lockrun() {
 		_arguments -s $flags '*:lock name:'
 		return ;;
 	esac
+	if (( ${words[(I)(-l|--lock|--lock=*)]} )); then
+		# with -l no word is NAME: the command follows --
+		_arguments -s -S $flags '*::command:_normal'
+		return
+	fi
 	_arguments -s -S $flags '1:lock name:' '*::command:_lockrun_command'
 }
 # _lockrun_command completes what follows NAME: a command and its arguments.

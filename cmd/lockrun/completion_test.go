@@ -55,6 +55,9 @@ func TestBashCompletionCompletes(t *testing.T) {
 		"lockrun -n job -- ech":           "echo",
 		"lockrun -w 5 --kil":              "--kill-after",
 		"lockrun status job --ds":         "--dsn",
+		"lockrun -l a -l b -- ech":        "echo",
+		"lockrun -n --lock a -- ech":      "echo",
+		"lockrun -l a --no":               "--nonblock",
 	} {
 		cmd := exec.Command("bash", "-c", `source "$1"; COMP_WORDS=($2); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _lockrun; printf '%s\n' "${COMPREPLY[@]}"`, "bash", file, words)
 		out, err := cmd.CombinedOutput()
@@ -65,5 +68,12 @@ func TestBashCompletionCompletes(t *testing.T) {
 	out, err := exec.Command("bash", "-c", `source "$1"; COMP_WORDS=(lockrun status ech); COMP_CWORD=2; _lockrun; echo "${#COMPREPLY[@]}"`, "bash", file).CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "0" {
 		t.Errorf("status's lock names were completed as commands: %v, %q", err, out)
+	}
+	// With -l the word after -- is the command, not a NAME: the next word
+	// is its argument, a file here.
+	writeFile(t, filepath.Join(dir, "echo-arg"), "")
+	out, err = exec.Command("bash", "-c", `source "$1"; cd "$2"; COMP_WORDS=(lockrun -l a -- echo echo-a); COMP_CWORD=5; _lockrun; printf '%s\n' "${COMPREPLY[@]}"`, "bash", file, dir).CombinedOutput()
+	if err != nil || !contains(strings.Split(string(out), "\n"), "echo-arg") {
+		t.Errorf("after -l a -- echo, bash completed %q (%v); want the file echo-arg", out, err)
 	}
 }

@@ -11,6 +11,8 @@ SYNOPSIS
     lockrun [flags] NAME COMMAND [ARG...]
     lockrun [flags] NAME -c 'COMMAND'
     lockrun [flags] NAME -- COMMAND [ARG...]
+    lockrun [flags] -l NAME [-l NAME...] -- COMMAND [ARG...]
+    lockrun [flags] -l NAME [-l NAME...] -c 'COMMAND'
     lockrun status [flags] [NAME...]
     lockrun completion bash|zsh
 
@@ -39,6 +41,22 @@ DESCRIPTION
     if lockrun itself dies. Being its own process group, COMMAND is not in
     the terminal's foreground: it may write to the terminal but is stopped if
     it reads from it. lockrun is meant for batch work.
+
+    With -l NAME, once or more, lockrun takes every NAME given, a set held
+    at once, and runs COMMAND while it holds them all: -n gives the
+    conflict code if any one of them is held, -w bounds the wait for all,
+    and a wait takes them one after another in a fixed order (their keys'),
+    so lockruns whose sets share names, given in any order, never
+    deadlock, as nested lockruns (or flocks) taking them in different
+    orders can. Losing any one of them is losing the set. -l is a flag,
+    not more words before the command, because the words after NAME are
+    already the command (lockrun NAME echo a -- b runs echo a -- b): with
+    -l no word names a lock, so COMMAND follows -- (or -c) and any other
+    word there is a usage error. A set is exclusive session locks: several
+    -l are not taken with --lease, --slots, --min-hold or -s (one -l is
+    NAME, with every flag). With --once the run is the set's: its names in
+    key order joined by ",", which is also LOCKRUN_LOCK_NAME, so a name in
+    a set cannot hold a comma.
 
     Flags go before NAME; what follows NAME is the command. status,
     completion and elect are subcommands only as the first argument: a lock
@@ -86,6 +104,9 @@ FLAGS
                     Every process sharing NAME must give it: inside a
                     window, a run without it gets what a held lock gives
                     (-n: the conflict code; a wait: until the window ends)
+    -l, --lock NAME take the lock NAME; given more than once, take them all
+                    as one set (see DESCRIPTION). With -l, COMMAND follows
+                    -- (or -c), and no other word names a lock
     --once RUNKEY   run COMMAND at most once for NAME and RUNKEY, across
                     every host and over time: the first lockrun to find
                     NAME free runs it, and once COMMAND exits 0 records the
@@ -148,7 +169,8 @@ ENVIRONMENT
     LOCKRUN_DSN, DATABASE_URL   the DSN, if --dsn is not given
     XDG_CONFIG_HOME, HOME       where the user's config file is
     XDG_STATE_HOME, HOME        where the default SQLite file lives
-    Set for COMMAND: LOCKRUN_LOCK_NAME (the lock's name) and, with --lease,
+    Set for COMMAND: LOCKRUN_LOCK_NAME (the lock's name; for a set of -l
+    locks, their names in key order joined by ",") and, with --lease,
     LOCKRUN_FENCING_TOKEN (the lease's token, larger with every grant);
     with --slots, LOCKRUN_SLOT (the slot held, from 0).
 
@@ -156,7 +178,8 @@ EXIT STATUS
     COMMAND's exit status, or 128+N if COMMAND was killed by signal N.
     Otherwise:
     1      the lock is held elsewhere (-n), or the wait ran out (-w); see -E
-    64     usage error: unknown flag, no NAME or COMMAND, bad value
+    64     usage error: unknown flag, no NAME or COMMAND, bad value,
+           flags that exclude each other (such as several -l with --lease)
     69     the database cannot be reached or used
     70     internal error
     75     the lock was lost while COMMAND ran (COMMAND was stopped), or
@@ -164,7 +187,9 @@ EXIT STATUS
     78     configuration error: unreadable config file or unknown key,
            unknown DSN scheme, unparsable DSN, wrong credentials or
            database name, SQLite file in a missing directory, in-memory
-           SQLite, or a transaction-mode pooler without --lease
+           SQLite, a transaction-mode pooler without --lease, or lease,
+           slots or min-hold in the config file where they cannot apply
+           (with --once, or several -l)
     126    COMMAND cannot be executed
     127    COMMAND was not found
     128+N  lockrun was interrupted by signal N while waiting for the lock
@@ -181,6 +206,10 @@ EXAMPLES
 
     A lease whose token the job hands to the storage it writes to:
         lockrun --lease --ttl 1m export -c 'export-to-s3 --fence "$LOCKRUN_FENCING_TOKEN"'
+
+    A job that writes both the orders and the invoices tables, beside jobs
+    that take either one, waiting at most a minute for both:
+        lockrun -w 60 -l orders -l invoices -- ./bin/reconcile
 
     At most four hosts rebuild the cache at once:
         lockrun --slots 4 cache-rebuild ./bin/rebuild-cache

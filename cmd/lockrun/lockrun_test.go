@@ -655,6 +655,7 @@ func TestHelpReadsLikeAManPage(t *testing.T) {
 		for _, want := range []string{
 			"NAME\n", "SYNOPSIS\n", "lockrun [flags] NAME COMMAND [ARG...]", "lockrun [flags] NAME -c 'COMMAND'",
 			"lockrun [flags] NAME -- COMMAND [ARG...]", "lockrun status [flags] [NAME...]", "lockrun completion bash|zsh",
+			"lockrun [flags] -l NAME [-l NAME...] -- COMMAND [ARG...]", "-l, --lock NAME",
 			"CONFIGURATION\n", "/etc/lockrun.conf", "XDG_CONFIG_HOME", "--config FILE", "--log-format", "-V, --version",
 			"DESCRIPTION\n", "FLAGS\n", "EXIT STATUS\n", "EXAMPLES\n",
 			"-n, --nonblock", "-w, --wait", "-E, --conflict-exit-code", "--lease", "--ttl", "--kill-after", "-q, --quiet", "-v, --verbose",

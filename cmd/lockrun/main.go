@@ -3,6 +3,7 @@
 //
 //	lockrun [flags] NAME COMMAND [ARG...]
 //	lockrun [flags] NAME -c 'COMMAND'
+//	lockrun [flags] -l NAME [-l NAME...] -- COMMAND [ARG...]
 //	lockrun status [flags] [NAME...]
 //	lockrun completion bash|zsh
 //

@@ -40,7 +40,8 @@ type held struct {
 type sessionTarget struct {
 	l      *advisorylock.Lock
 	db     *database
-	shared bool // -s: RLock instead of Lock
+	names  []string // the names l locks: one, or a set's (whose windows are each its own)
+	shared bool     // -s: RLock instead of Lock
 	// gated is set where the Lock does not see min-hold windows itself:
 	// without --min-hold on PostgreSQL and MySQL, whose windows live in a
 	// table that only a Lock with WithMinHold reads. On SQLite the window
@@ -48,10 +49,10 @@ type sessionTarget struct {
 	gated bool
 }
 
-// holder reports the open min-hold window on the name, else the lock's
-// holder.
+// holder reports the open min-hold window on a name, else the lock's
+// holder (for a set, of the first name someone holds).
 func (t sessionTarget) holder(ctx context.Context) (*holding, error) {
-	w, err := openWindow(ctx, t.db, t.l.Name())
+	w, err := t.window(ctx)
 	if w != nil || err != nil {
 		return windowHolding(w), err
 	}
@@ -82,7 +83,7 @@ func (t sessionTarget) acquire(ctx context.Context, wait time.Duration) (*held, 
 		}
 		var w *advisorylock.Holder
 		if t.gated {
-			w, err = openWindow(ctx, t.db, t.l.Name())
+			w, err = t.window(ctx)
 		}
 		if w == nil && err == nil {
 			return &held{lost: g.Lost(), release: g.Release}, nil
@@ -98,6 +99,17 @@ func (t sessionTarget) acquire(ctx context.Context, wait time.Duration) (*held, 
 			return nil, err
 		}
 	}
+}
+
+// window reports the first open min-hold window on t's names, nil when
+// none is open.
+func (t sessionTarget) window(ctx context.Context) (*advisorylock.Holder, error) {
+	for _, n := range t.names {
+		if w, err := openWindow(ctx, t.db, n); w != nil || err != nil {
+			return w, err
+		}
+	}
+	return nil, nil
 }
 
 type semaphoreTarget struct{ s *advisorylock.Semaphore }
@@ -320,6 +332,9 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	if o.shared && (o.lease || o.minHold > 0) {
 		return nil, errors.New("-s takes a lock shared; a lease or a min-hold window (from the config file) is exclusive")
 	}
+	if o.isSet() {
+		return newSetTarget(db, o, say, opts)
+	}
 	if o.slots > 0 {
 		if err := o.checkSlots(); err != nil { // the config file may set slots, lease or min-hold
 			return nil, configErrorf("%w (one of them from the config file)", err)
@@ -341,7 +356,22 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sessionTarget{l: l, db: db, shared: o.shared, gated: o.minHold == 0 && db.kind != "sqlite"}, nil
+	return sessionTarget{l: l, db: db, names: []string{o.name}, shared: o.shared, gated: o.minHold == 0 && db.kind != "sqlite"}, nil
+}
+
+// newSetTarget makes the set of the -l locks (NewSet): from here on
+// lockrun names it by the set's name, its names in key order joined by
+// ",", the order in which a wait takes them.
+func newSetTarget(db *database, o *options, say *reporter, opts []advisorylock.Option) (target, error) {
+	if err := o.setExcludes(); err != nil { // the config file may set lease, slots or min-hold
+		return nil, configErrorf("%w (from the config file)", err)
+	}
+	l, err := advisorylock.NewSet(db, o.locks, opts...)
+	if err != nil {
+		return nil, err
+	}
+	o.name, say.lock = l.Name(), l.Name()
+	return sessionTarget{l: l, db: db, names: strings.Split(l.Name(), ","), gated: db.kind != "sqlite"}, nil
 }
 
 // ownerLabel is host:pid, the label lease rows record.
@@ -422,12 +452,17 @@ func holderNote(ctx context.Context, t target, o *options) string {
 
 // heldBy says what holds the lock: its holder, or a min-hold window, with
 // its end and its last holder, and to a run without --min-hold that it
-// must give the one its holders give.
+// must give the one its holders give; for a set, which of its names is
+// held.
 func heldBy(h *holding, o *options) string {
-	if h.kind != "window" {
-		return describe(&h.h)
+	on := ""
+	if o.isSet() {
+		on = " (name " + strconv.Quote(h.h.Name) + ")"
 	}
-	s := "a min-hold window until " + h.h.ExpiresAt.Local().Format(time.DateTime) + " (last holder: " + describe(&h.h) + ")"
+	if h.kind != "window" {
+		return describe(&h.h) + on
+	}
+	s := "a min-hold window until " + h.h.ExpiresAt.Local().Format(time.DateTime) + " (last holder: " + describe(&h.h) + ")" + on
 	if o.minHold == 0 {
 		s += "; run with the same --min-hold as its holders"
 	}
@@ -600,6 +635,10 @@ func failed(say *reporter, o *options, err error) int {
 		say.debugf("gave up waiting for lock %q after %s", o.name, timeout.Waited.Round(time.Millisecond))
 		return o.conflictCode
 	case errors.Is(err, advisorylock.ErrTransactionPooler):
+		if o.isSet() {
+			say.errorf("lock %q: the database is reached through a transaction-mode pooler (such as PgBouncer with pool_mode=transaction), where a session lock cannot hold; a set of -l locks is session locks, and --lease, which works there, takes one NAME", o.name)
+			return exitConfig
+		}
 		say.errorf("lock %q: the database is reached through a transaction-mode pooler (such as PgBouncer with pool_mode=transaction), where a session lock cannot hold; run lockrun with --lease, which works there", o.name)
 		return exitConfig
 	}

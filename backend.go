@@ -293,14 +293,18 @@ type MultiplexingLocker interface {
 }
 
 // SetLocker is a SessionLocker that takes several keys all or none in one
-// statement (a set's try, see NewSet). Without it a set's try makes one
-// statement per key, letting go of those it took on a miss.
+// statement (a set's try, see NewSet), and releases them in one. Without
+// it a set's try and release make one statement per key (the try letting
+// go of those it took on a miss).
 type SetLocker interface {
 	SessionLocker
 	// TryLockAll takes every one of keys on conn's session, or none: OK
 	// false is a definite miss that leaves the session holding none of
 	// them.
 	TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error)
+	// UnlockAll releases every one of keys on conn's session; OK false
+	// means the session did not hold one of them.
+	UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error)
 }
 
 // SharedSessionLocker is a SessionLocker that also takes shared locks

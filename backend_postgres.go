@@ -661,16 +661,29 @@ func (p *postgres) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64)
 		_, err = p.UnlockSession(ctx, conn, keys[0])
 		return SessionResult{}, err
 	}
+	var all bool
+	var undone int64
+	err := conn.QueryRowContext(ctx, "WITH t AS MATERIALIZED (SELECT k, pg_try_advisory_lock(k) AS ok FROM unnest("+pgKeyArray(keys)+
+		") AS k), a AS MATERIALIZED (SELECT coalesce(bool_and(ok), false) AS ok FROM t) "+
+		"SELECT a.ok, (SELECT count(pg_advisory_unlock(t.k)) FROM t WHERE t.ok AND NOT a.ok) FROM a").Scan(&all, &undone)
+	return SessionResult{OK: all}, err
+}
+
+// UnlockAll releases keys in one statement; OK false when the session did
+// not hold one of them.
+func (p *postgres) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error) {
+	var all bool
+	err := conn.QueryRowContext(ctx, "SELECT coalesce(bool_and(pg_advisory_unlock(k)), true) FROM unnest("+pgKeyArray(keys)+") AS k").Scan(&all)
+	return SessionResult{OK: all}, err
+}
+
+// pgKeyArray is keys as an int8[] literal.
+func pgKeyArray(keys []int64) string {
 	list := make([]string, len(keys))
 	for i, k := range keys {
 		list[i] = strconv.FormatInt(k, 10)
 	}
-	var all bool
-	var undone int64
-	err := conn.QueryRowContext(ctx, "WITH t AS MATERIALIZED (SELECT k, pg_try_advisory_lock(k) AS ok FROM unnest(ARRAY["+strings.Join(list, ",")+
-		"]::int8[]) AS k), a AS MATERIALIZED (SELECT coalesce(bool_and(ok), false) AS ok FROM t) "+
-		"SELECT a.ok, (SELECT count(pg_advisory_unlock(t.k)) FROM t WHERE t.ok AND NOT a.ok) FROM a").Scan(&all, &undone)
-	return SessionResult{OK: all}, err
+	return "ARRAY[" + strings.Join(list, ",") + "]::int8[]"
 }
 
 // HeldKeys reads which of keys conn's session holds, exclusively, on a

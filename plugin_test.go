@@ -171,6 +171,10 @@ func (p pgParty) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (
 	p.calls.add("SetLocker")
 	return p.inner.(advisorylock.SetLocker).TryLockAll(ctx, conn, keys)
 }
+func (p pgParty) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
+	p.calls.add("SetLocker")
+	return p.inner.(advisorylock.SetLocker).UnlockAll(ctx, conn, keys)
+}
 
 // TxLocker
 func (p pgParty) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {

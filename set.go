@@ -118,6 +118,15 @@ func (l *Lock) waitSet(ctx, budget context.Context, locker SessionLocker, p *pin
 // unlockKeys releases keys on p's session, within timeout each; an error
 // means the session may still hold some and must be discarded.
 func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int64, timeout time.Duration) error {
+	if sl, ok := locker.(SetLocker); ok && len(keys) > 1 {
+		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (SessionResult, error) {
+			return sl.UnlockAll(ctx, p.conn, keys)
+		})
+		if err == nil && !res.OK {
+			err = errors.New("advisorylock: the session did not hold every key of the set")
+		}
+		return err
+	}
 	for _, k := range keys {
 		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (SessionResult, error) {
 			return locker.UnlockSession(ctx, p.conn, k)

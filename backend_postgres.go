@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 	"weak"
@@ -349,6 +350,8 @@ func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string
 type preparedStatements struct {
 	pool weak.Pointer[sql.DB] // for its count of open connections; weak, so that the cache keeps no pool alive
 
+	refused atomic.Bool // the server refused to prepare: statements go as text (MySQL; see queryRow)
+
 	mu    sync.Mutex
 	conns map[any]*connStatements // by driver connection
 	clock uint64                  // counts uses, for least recently used
@@ -417,6 +420,9 @@ func (ps *preparedStatements) exec(ctx context.Context, conn *sql.Conn, text str
 // stmt returns text prepared on dc's session, preparing it if needed
 // (added true when the cache held no statement of dc's before).
 func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st driver.Stmt, added bool, err error) {
+	if !preparesOn(dc) { // a wrapper's statements stay where it sees them (and it may not be a map key)
+		return nil, false, errNotPrepared
+	}
 	ps.mu.Lock()
 	ps.clock++
 	cs := ps.conns[dc]
@@ -429,7 +435,7 @@ func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st
 		return st, false, nil
 	}
 	pc, ok := dc.(driver.ConnPrepareContext)
-	if !ok || !isLibPQConn(dc) { // a wrapper's statements stay where it sees them
+	if !ok {
 		return nil, false, errNotPrepared
 	}
 	if st, err = pc.PrepareContext(ctx, text); err != nil {
@@ -445,6 +451,14 @@ func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st
 	cs.used = ps.clock
 	cs.byText[text] = st
 	return st, added, nil
+}
+
+// preparesOn reports whether dc is a connection of a driver the cache
+// prepares on (lib/pq's, or go-sql-driver/mysql's, whose statements
+// MySQL's ForDB prepares), and not a wrapper's.
+func preparesOn(dc any) bool {
+	t := reflect.TypeOf(dc)
+	return isLibPQConn(dc) || t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/go-sql-driver/mysql"
 }
 
 // forget drops dc's statements: its session has lost them.

@@ -153,6 +153,9 @@ type Lock struct {
 	obs   atomic.Pointer[observed] // see observed
 	kind  LockKind                 // what its events say it is: LockKindLock, or LockKindElection
 	sobs  atomic.Pointer[observed] // shared holds' (see observedAs)
+	// A set's (NewSet) keys and names, in key order; nil for one name.
+	set      []int64
+	setNames []string
 }
 
 // lockBackend is how a Lock locks, learnt at its first operation: as a
@@ -167,6 +170,12 @@ type lockBackend struct {
 	// in shared mode, nil where it has none; isShared marks that view.
 	shared   *lockBackend
 	isShared bool
+	// With WithMultiplexing: muxed, the settings its sessions were
+	// given (part of what Locks that share sessions have in common), and
+	// the pool of a handle that cannot be shared (see newMuxPool).
+	muxed      bool
+	settings   SessionSettings
+	privateMux *muxPool
 }
 
 // backend returns the Backend that b locks with.
@@ -243,12 +252,14 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		switch b := b.(type) {
 		case SessionLocker:
+			var settings SessionSettings
 			if c, ok := b.(SessionConfigurer); ok {
 				d := l.cfg.deadHolder
 				if e, ok := b.(IdleSessionEnder); ok && e.EndsIdleSessions() && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
 					d = 0 // see IdleSessionEnder
 				}
-				b = c.ForLock(SessionSettings{DeadHolder: d, ServerChecks: l.cfg.serverChecks})
+				settings = SessionSettings{DeadHolder: d, ServerChecks: l.cfg.serverChecks}
+				b = c.ForLock(settings)
 			}
 			if l.cfg.poolerCheck && l.cfg.serverChecks {
 				if err := checkPooler(ctx, l.db, b); err != nil {
@@ -259,7 +270,15 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			if err != nil {
 				return nil, err
 			}
-			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w}
+			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
+			if l.cfg.multiplex > 0 {
+				if _, ok := b.(MultiplexingLocker); !ok {
+					return nil, fmt.Errorf("%w: backend %q cannot hold many locks on one session (WithMultiplexing)", ErrUnsupported, b.Name())
+				}
+				lb.muxed = true
+				lb.privateMux = newMuxPool(l, lb)
+				return lb, nil // no shared view: see acquire
+			}
 			lb.shared = l.sharedView(lb)
 			return lb, nil
 		case LeaseStore:
@@ -372,13 +391,30 @@ func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, 
 	if err != nil {
 		return nil, err
 	}
+	if shared && l.set != nil {
+		return nil, fmt.Errorf("%w: a set (NewSet) cannot be taken shared", ErrUnsupported)
+	}
+	if shared && b.muxed {
+		return nil, fmt.Errorf("%w: shared locks (RLock) are not multiplexed (WithMultiplexing): use a Lock without it", ErrUnsupported)
+	}
 	if shared {
 		if b, err = l.sharedOf(b); err != nil {
 			return nil, err
 		}
 	}
+	if b.rows != nil && l.set != nil {
+		return l.acquireRowSet(ctx, budget, b, wait)
+	}
 	if b.rows != nil {
 		return l.acquireRow(ctx, budget, b, wait)
+	}
+	if b.muxed {
+		// A try on a shared session; a wait that finds the lock taken
+		// waits on a connection of its own (see multiplex.go).
+		g, err := l.tryMux(ctx, budget, b)
+		if !wait || !errors.Is(err, ErrNotAcquired) {
+			return g, err
+		}
 	}
 	return l.acquireSession(ctx, budget, b, wait)
 }
@@ -404,8 +440,10 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 	case !wait || err != nil || res.OK:
 	case b.windows != nil:
 		res, err = l.waitWindowed(ctx, budget, b.windows, &s.p)
+	case l.set != nil:
+		res, err = l.waitSet(ctx, budget, s.locker, &s.p)
 	default:
-		res, err = l.waitSession(ctx, budget, s.locker, &s.p)
+		res, err = l.waitSession(ctx, budget, s.locker, &s.p, l.key)
 	}
 	if err != nil {
 		return nil, whyFailed(ctx, budget, err)
@@ -431,6 +469,10 @@ func (l *Lock) missed(ctx, budget context.Context, b *lockBackend, cg *connGuard
 	if !wait {
 		cg.recycle()
 		return ErrNotAcquired
+	}
+	if l.set != nil { // waitSet let go of what it took
+		cg.recycle()
+		return context.Cause(budget)
 	}
 	if endWait(ctx, b.session, cg.p, l.key, l.cfg.releaseTimeout) == nil {
 		cg.recycle()
@@ -474,9 +516,9 @@ const (
 	budgetGrace = time.Second
 )
 
-// waitSession waits in slices until it holds the lock, or budget ends
-// between slices (a definite miss: OK false, nil error).
-func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p *pinned) (SessionResult, error) {
+// waitSession waits in slices until it holds key, or budget ends between
+// slices (a definite miss: OK false, nil error).
+func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p *pinned, key int64) (SessionResult, error) {
 	for {
 		slice, grace := maxSlice, sliceGrace
 		if dl, ok := budget.Deadline(); ok {
@@ -490,7 +532,7 @@ func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p
 			return SessionResult{}, nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, slice+grace)
-		res, err := ask(sctx, p, func() (SessionResult, error) { return session.WaitLockSession(sctx, p.conn, l.key, slice) })
+		res, err := ask(sctx, p, func() (SessionResult, error) { return session.WaitLockSession(sctx, p.conn, key, slice) })
 		cancel()
 		if err != nil || res.OK {
 			return res, err
@@ -508,6 +550,17 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 		return nil, wrapErr(l.name, "holder", err)
 	}
 	var h *Holder
+	if l.set != nil {
+		h, err = l.setHolder(ctx, func(i int) (*Holder, error) {
+			if b.rows != nil {
+				req := l.rowRequest("")
+				req.Name, req.Key = l.setNames[i], l.set[i]
+				return b.rows.LeaseHolder(ctx, l.db, req)
+			}
+			return b.session.SessionHolder(ctx, l.db, l.set[i])
+		})
+		return h, wrapErr(l.name, "holder", err)
+	}
 	if b.rows != nil {
 		h, err = b.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
 	} else if h, err = l.windowHolder(ctx, b); h == nil && err == nil {

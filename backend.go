@@ -298,6 +298,32 @@ type MultiKeyLocker interface {
 	KeyHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error)
 }
 
+// MultiplexingLocker is a SessionLocker whose sessions each hold many
+// locks at once (WithMultiplexing). Its TryLockSession and UnlockSession
+// must touch no key but their own, and a session's locks must be
+// reentrant or refused locally: the library never asks one session for a
+// key it holds. Without it WithMultiplexing fails at the first operation
+// with ErrUnsupported.
+type MultiplexingLocker interface {
+	SessionLocker
+	// HeldKeys returns held[i] for keys[i]: whether conn's session still
+	// holds it, in one statement (or a few, for many keys). An error,
+	// or a server that can no longer grant (a standby, a read-only
+	// server), means the session can be trusted with none of them.
+	HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error)
+}
+
+// SetLocker is a SessionLocker that takes several keys all or none in one
+// statement (a set's try, see NewSet). Without it a set's try makes one
+// statement per key, letting go of those it took on a miss.
+type SetLocker interface {
+	SessionLocker
+	// TryLockAll takes every one of keys on conn's session, or none: OK
+	// false is a definite miss that leaves the session holding none of
+	// them.
+	TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error)
+}
+
 // SharedSessionLocker is a SessionLocker that also takes shared locks
 // (RLock). Without it, RLock on the backend returns ErrUnsupported.
 type SharedSessionLocker interface {

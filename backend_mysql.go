@@ -119,6 +119,7 @@ var (
 	_ DriverTuner           = mysqlBackend{}
 	_ IdleSessionEnder      = mysqlBackend{}
 	_ MultiKeyLocker        = mysqlBackend{}
+	_ MultiplexingLocker    = mysqlBackend{}
 	_ SharedSessionLocker   = mysqlBackend{}
 	_ WaitEnder             = mysqlBackend{}
 	_ TermEnder             = mysqlBackend{}
@@ -355,6 +356,50 @@ func (m mysqlBackend) HoldsSession(ctx context.Context, conn *sql.Conn, key int6
 		err = errReadOnly
 	}
 	return held.Valid && held.Bool, err
+}
+
+// HeldKeys asks IS_USED_LOCK of each key, a row each, in statements of up
+// to mysqlKeysPerStatement keys; a read-only server (demoted in a
+// failover) is an error.
+func (m mysqlBackend) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
+	held := make([]bool, len(keys))
+	for start := 0; start < len(keys); start += mysqlKeysPerStatement {
+		chunk := keys[start:min(start+mysqlKeysPerStatement, len(keys))]
+		var q strings.Builder
+		q.WriteString("SELECT -1, @@read_only")
+		for i, k := range chunk {
+			fmt.Fprintf(&q, " UNION ALL SELECT %d, IFNULL(IS_USED_LOCK(%s) = CONNECTION_ID(), 0)", i, mysqlLockName(k))
+		}
+		if err := m.heldChunk(ctx, conn, q.String(), held[start:start+len(chunk)]); err != nil {
+			return nil, err
+		}
+	}
+	return held, nil
+}
+
+// mysqlKeysPerStatement bounds a HeldKeys statement's keys.
+const mysqlKeysPerStatement = 1000
+
+// heldChunk runs one HeldKeys statement into held.
+func (mysqlBackend) heldChunk(ctx context.Context, conn *sql.Conn, q string, held []bool) error {
+	rows, err := conn.QueryContext(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i, v int64
+		if err := rows.Scan(&i, &v); err != nil {
+			return err
+		}
+		switch {
+		case i < 0 && v != 0:
+			return errReadOnly
+		case i >= 0 && int(i) < len(held):
+			held[i] = v == 1
+		}
+	}
+	return rows.Err()
 }
 
 // SessionIdentity is the connection id on one server (host, port, server

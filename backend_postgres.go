@@ -57,6 +57,8 @@ var (
 	_ DriverTuner           = (*postgres)(nil)
 	_ SessionConfigurer     = (*postgres)(nil)
 	_ MultiKeyLocker        = (*postgres)(nil)
+	_ MultiplexingLocker    = (*postgres)(nil)
+	_ SetLocker             = (*postgres)(nil)
 	_ SharedSessionLocker   = (*postgres)(nil)
 	_ TxLocker              = (*postgres)(nil)
 	_ TermEnder             = (*postgres)(nil)
@@ -658,6 +660,64 @@ func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (Sessio
 	return r, err
 }
 
+// TryLockAll takes every one of keys or none, in one statement: it tries
+// each, and if any misses it lets go of those it took, in the same
+// statement. A session that has not passed TryLockSession's checks (a
+// standby, the dead-holder settings) takes the first key with
+// TryLockSession, which makes them, and the rest after.
+func (p *postgres) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error) {
+	if !sessionKnows(conn, p.checkedSession()) {
+		res, err := p.TryLockSession(ctx, conn, keys[0])
+		if err != nil || !res.OK || len(keys) == 1 {
+			return res, err
+		}
+		if res, err = p.TryLockAll(ctx, conn, keys[1:]); err != nil || res.OK {
+			return res, err
+		}
+		_, err = p.UnlockSession(ctx, conn, keys[0])
+		return SessionResult{}, err
+	}
+	list := make([]string, len(keys))
+	for i, k := range keys {
+		list[i] = strconv.FormatInt(k, 10)
+	}
+	var all bool
+	var undone int64
+	err := conn.QueryRowContext(ctx, "WITH t AS MATERIALIZED (SELECT k, pg_try_advisory_lock(k) AS ok FROM unnest(ARRAY["+strings.Join(list, ",")+
+		"]::int8[]) AS k), a AS MATERIALIZED (SELECT coalesce(bool_and(ok), false) AS ok FROM t) "+
+		"SELECT a.ok, (SELECT count(pg_advisory_unlock(t.k)) FROM t WHERE t.ok AND NOT a.ok) FROM a").Scan(&all, &undone)
+	return SessionResult{OK: all}, err
+}
+
+// HeldKeys reads which of keys conn's session holds, exclusively, on a
+// primary, in one statement over pg_locks; on a server in recovery it
+// holds none. It reads no table (a session's locks are all in its own
+// database), so it needs no lock of its own and still answers when the
+// server's lock table is full.
+func (p *postgres) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
+	rows, err := conn.QueryContext(ctx, "SELECT (l.classid::int8 << 32) | l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = pg_backend_pid() AND l.mode = 'ExclusiveLock' AND NOT pg_is_in_recovery()")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	have := make(map[int64]bool, len(keys))
+	for rows.Next() {
+		var k int64
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		have[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	held := make([]bool, len(keys))
+	for i, k := range keys {
+		held[i] = have[k]
+	}
+	return held, nil
+}
+
 func (p *postgres) SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error) {
 	var pid, port int64
 	var addr, started string
@@ -815,8 +875,8 @@ func (p *postgres) Schema() string {
 // token of the old primary, including those whose rows (and sequence
 // values) never reached the standby. The timeline is the first 8 hex
 // digits of the current WAL file's name, which an ordinary role may read.
-// Round-one tokens were generations counted from 1, far below 2^40: new
-// tokens exceed them all. See the README's fencing section for the bounds.
+// Tokens of earlier versions were generations counted from 1, far below
+// 2^40: new tokens exceed them all. docs/fencing.md gives the bounds.
 const pgNextToken = `(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint << 40) + nextval('advisorylock_token_seq')`
 
 // The lease statements; see statement for how their arguments are sent.

@@ -234,6 +234,14 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		s.p.discard(DiscardLost, why)
 		return nil
 	}
+	if s.l != nil && s.l.set != nil {
+		if err := unlockKeys(ctx, s.locker, &s.p, s.l.set, time.Until(deadline)); err != nil {
+			s.p.discard(DiscardError, err)
+			return err
+		}
+		recycle(s.p.conn)
+		return nil
+	}
 	res, err := askUntil(ctx, deadline, &s.p, func(ctx context.Context) (SessionResult, error) {
 		return s.locker.UnlockSession(ctx, s.p.conn, s.key)
 	})
@@ -359,7 +367,11 @@ func (s *sessionHold) check() {
 		defer s.shared.gate.disown()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
-	held, err := ask(ctx, &s.p, func() (bool, error) { return s.locker.HoldsSession(s.p.quiet(ctx), s.p.conn, s.key) })
+	keys := []int64{s.key}
+	if s.l != nil && s.l.set != nil {
+		keys = s.l.set
+	}
+	held, err := heldOn(ctx, s.locker, &s.p, keys)
 	timedOut := ctx.Err() != nil
 	cancel()
 	if err == nil && held {

@@ -85,7 +85,7 @@ type electionBackend struct {
 // WithPollInterval (Observe), WithObserver (events of kind
 // LockKindElection) and WithLogger apply as they do to locks.
 func NewElection(db DB, name string, opts ...Option) (*Election, error) {
-	cfg, err := leaseConfig(db, name, "an Election", lockOptions&^(optMinHold|optRunRetention), opts)
+	cfg, err := leaseConfig(db, name, "an Election", lockOptions&^(optMinHold|optRunRetention|optMultiplexing), opts)
 	if err != nil {
 		return nil, wrapErr(name, "new election", err)
 	}

@@ -49,7 +49,7 @@ func TestElectionHelperProcess(t *testing.T) {
 // server frees the lock at once, so a waiting candidate leads within a
 // few round trips; on SQLite its lease runs out, so within the TTL (and
 // the poll cap). Each takeover's term exceeds the dead leader's. The
-// takeover times are logged (see the README's "Leader election").
+// takeover times are logged (see docs/election.md).
 func TestElectionKilledLeaderProcessIsTakenOver(t *testing.T) {
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)

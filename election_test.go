@@ -18,7 +18,7 @@ import (
 )
 
 // Generous bounds on the election's takeover promises (measured values
-// are logged; see the README's "Leader election"): after a resign or a
+// are logged; see docs/election.md): after a resign or a
 // killed session within a few round trips; on SQLite after a dead leader
 // within the lease TTL and the poll cap.
 const (

@@ -1354,9 +1354,14 @@ func newPGLoadLock(t testing.TB, db *sql.DB, name string) *advisorylock.Lock {
 // that skips a run while another holds the lease.
 func startPGLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() time.Duration) *pgLoad {
 	t.Helper()
-	dsn := testdb.PostgresDSN(t)
+	return startPGLoadOn(t, testdb.PostgresDSN(t), sessionWorkers, leaseWorkers, hold)
+}
+
+// startPGLoadOn is startPGLoad on the server of dsn.
+func startPGLoadOn(t *testing.T, dsn string, sessionWorkers, leaseWorkers int, hold func() time.Duration) *pgLoad {
+	t.Helper()
 	l := &pgLoad{
-		admin:     testdb.OpenPostgres(t, "pgx"),
+		admin:     testdb.OpenPostgresDSN(t, "pgx", dsn),
 		lockName:  testdb.UniqueName(t),
 		leaseName: testdb.UniqueName(t),
 		session:   &figures{},

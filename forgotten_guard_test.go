@@ -14,7 +14,7 @@ import (
 
 // TestForgottenLeaseGuardIsCleanedUp drops a LeaseGuard without Release:
 // the garbage collector's cleanup frees the lease row long before its TTL
-// would, and a warning names the lease (README: forgotten guards).
+// would, and a warning names the lease (docs/semantics.md: forgotten guards).
 func TestForgottenLeaseGuardIsCleanedUp(t *testing.T) {
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		db := b.open(t)

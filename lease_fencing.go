@@ -24,7 +24,7 @@ import (
 // increases with every grant of one name, also when lease rows are
 // deleted and, on PostgreSQL, across a failover to a standby that lacked
 // the last grants (the server's WAL timeline is in its bits 40 to 62; the
-// README's "How tokens are made" gives the bounds). Tokens are not
+// "How tokens are made" in docs/fencing.md gives the bounds). Tokens are not
 // consecutive. A resource that remembers the highest token it accepted
 // (see Fence) can refuse writes from a holder that has since lost its
 // lease. It is stored as a BIGINT (the generation column).
@@ -560,7 +560,7 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 
 // leaseOptions are the options a LeaseLock takes: not those of a pinned
 // session (keep-alive, dead-holder timeout, pooler probe).
-const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck | optRunRetention)
+const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck | optRunRetention | optMultiplexing)
 
 // leaseConfig is constructed for a name kept in a row: the name and the
 // owner label must be storable too.

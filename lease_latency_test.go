@@ -1,7 +1,7 @@
 package advisorylock_test
 
 // A lease holder's local deadline counts from when its acquire or renew
-// was sent, not from when the answer came (README, Fencing): the answer
+// was sent, not from when the answer came (docs/fencing.md): the answer
 // can come late, and the database started the lease's time when it ran
 // the statement. These tests make answers late, on a real network (a
 // proxy that holds answers back) and on a clock that moves during the

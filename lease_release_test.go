@@ -10,7 +10,7 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// TestLeaseReleaseCommitsWithoutWaitingForTheWAL: the README promises
+// TestLeaseReleaseCommitsWithoutWaitingForTheWAL: docs/fencing.md promises
 // that a lease release commits with synchronous_commit = off for its own
 // transaction. The release statement a LeaseLock sends is captured, then
 // run again on the real server, inside a transaction of the test's that

@@ -21,7 +21,7 @@ import (
 
 const wait = 30 * time.Second
 
-// Generous upper bounds on the timing promises of the README (about 2-3x
+// Generous upper bounds on the timing promises of the README and docs/semantics.md (about 2-3x
 // each promise, so that a loaded 2-CPU machine does not flake):
 const (
 	// LockTimeout returns within about a second of its budget.

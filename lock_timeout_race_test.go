@@ -11,7 +11,7 @@ import (
 )
 
 // TestLockTimeoutRacingAGrantIsAGrantOnARealServer reproduces, on a real
-// server, the race that the README's cancel hammer found: PostgreSQL grants
+// server, the race docs/semantics.md describes: PostgreSQL grants
 // the lock at the instant the slice's lock_timeout fires, keeps the grant
 // and still fails the statement with 55P03. A driver wrapper lets the real
 // wait statement run to its grant and then reports 55P03, every time. The

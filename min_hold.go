@@ -52,6 +52,9 @@ func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (Sessi
 			return b.windows.TryLockSessionFor(p.quiet(ctx), p.conn, l.key, l.name, l.cfg.minHold)
 		})
 	}
+	if l.set != nil {
+		return l.trySet(ctx, b.session, p)
+	}
 	return ask(ctx, p, func() (SessionResult, error) { return b.session.TryLockSession(p.quiet(ctx), p.conn, l.key) })
 }
 
@@ -86,7 +89,7 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 			})
 		} else {
 			slice, cancel := context.WithTimeout(budget, maxSlice) // one server-side slice
-			res, err = l.waitSession(ctx, slice, w, p)
+			res, err = l.waitSession(ctx, slice, w, p, l.key)
 			cancel()
 			if err == nil && !res.OK && budget.Err() != nil {
 				return SessionResult{}, nil

@@ -45,8 +45,15 @@ type mysqlLoad struct {
 // within about 1.2s).
 func startMySQLLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() time.Duration) *mysqlLoad {
 	t.Helper()
-	db, proxy := testdb.OpenMySQLProxied(t)
-	l := &mysqlLoad{proxy: proxy, admin: testdb.OpenMySQL(t), pool: db, lockName: testdb.UniqueName(t), leaseName: testdb.UniqueName(t),
+	return startMySQLLoadOn(t, testdb.MySQLDSN(t), sessionWorkers, leaseWorkers, hold)
+}
+
+// startMySQLLoadOn is startMySQLLoad on the database of dsn.
+func startMySQLLoadOn(t *testing.T, dsn string, sessionWorkers, leaseWorkers int, hold func() time.Duration) *mysqlLoad {
+	t.Helper()
+	proxy := testdb.NewMySQLProxy(t, testdb.MySQLAddr(t, dsn))
+	db := testdb.OpenMySQLDSN(t, testdb.WithMySQLAddr(t, dsn, proxy.Addr()))
+	l := &mysqlLoad{proxy: proxy, admin: testdb.OpenMySQLDSN(t, dsn), pool: db, lockName: testdb.UniqueName(t), leaseName: testdb.UniqueName(t),
 		session: &figures{}, lease: &figures{}}
 	l.counter = testdb.NewMySQLCounter(t, l.admin)
 	sessionSecs := newSections(l.lockName, l.session, t.Logf).sessionFaults(3 * time.Second)

@@ -12,7 +12,7 @@ import (
 // discarded connection (reason) and lease renewal (latency, outcome), for
 // every kind of lock. WithObserver installs one; the adapters in
 // extra/advisorylockotel and extra/advisorylockprom turn its events into
-// the metrics listed in the README's Observability section.
+// the metrics listed in docs/observability.md.
 //
 // Methods are called synchronously on the goroutine doing the work (an
 // acquiring caller, a releasing caller, a keep-alive timer, a lease

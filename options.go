@@ -54,6 +54,7 @@ type config struct {
 	poolWait       time.Duration
 	minHold        time.Duration
 	runRetention   time.Duration // see WithRunRetention
+	multiplex      int           // see WithMultiplexing; 0: off
 	given          optionSet     // the options passed, for configFor
 }
 
@@ -76,15 +77,17 @@ const (
 	optDeadHolder
 	optPoolWait
 	optRunRetention
+	optMultiplexing
 
 	// optAll is every option; each constructor takes optAll less what
 	// cannot apply to it.
-	optAll = optRunRetention<<1 - 1
+	optAll = optMultiplexing<<1 - 1
 )
 
 var optionNames = [...]string{"WithBackend", "WithLeaseTTL", "WithPollInterval", "WithKeepAlive",
 	"WithReleaseTimeout", "WithPoolerCheck", "WithServerChecks", "WithLogger", "WithClock", "WithOwner",
-	"WithObserver", "WithMinHold", "WithDeadHolderTimeout", "WithPoolWait", "WithRunRetention"}
+	"WithObserver", "WithMinHold", "WithDeadHolderTimeout", "WithPoolWait", "WithRunRetention",
+	"WithMultiplexing"}
 
 // set records that an option was given.
 func (c *config) set(o optionSet) { c.given |= o }
@@ -216,8 +219,8 @@ func WithOwner(label string) Option { return func(c *config) { c.owner = label; 
 // what makes a short job that every replica's cron fires, a little apart,
 // run once per tick (ShedLock's lockAtLeastFor). The window counts from
 // the grant, by the database's clock on PostgreSQL (the Clock on SQLite);
-// a window counted from the release is not offered, see the README's
-// "Cron on every replica". Every user of a name must use the same d. A
+// a window counted from the release is not offered, see
+// docs/cron.md. Every user of a name must use the same d. A
 // Lock without it does not look for windows on PostgreSQL and MySQL (that
 // would cost its try a second statement), so it takes the name inside
 // one; on SQLite, where the window is the lock's own row, it finds the
@@ -240,6 +243,37 @@ func WithMinHold(d time.Duration) Option { return func(c *config) { c.minHold = 
 // Lock only.
 func WithRunRetention(d time.Duration) Option {
 	return func(c *config) { c.runRetention = d; c.set(optRunRetention) }
+}
+
+// WithMultiplexing makes a Lock's session locks (PostgreSQL advisory
+// locks, MySQL named locks) share up to sessions pinned connections of
+// its handle with every Lock on it that has the same options, each
+// session holding many locks, instead of pinning a connection per held
+// lock: a process can then hold thousands of names on a handful of
+// connections [off]. A session lock and a lease row are the same lock
+// with or without it, so Locks with and without it exclude each other.
+//
+// TryLock (and TryDo, and the first attempt of every wait) runs on a
+// shared session, one round trip; a second acquire of a name this
+// process holds on a shared session is a miss without one. A wait that
+// finds the name taken waits on a connection of its own, which then holds
+// the lock as without the option. One keep-alive per session checks all
+// its locks in one statement.
+//
+// The trade: a shared session that dies, or whose state a failed
+// statement leaves unknown, loses every lock on it (each Guard's Lost
+// closes, each Do's context is cancelled), and no other. Statements on a
+// shared session cannot be cancelled by a caller's context (that could
+// cost the connection, and every lock on it): they are bounded by the
+// release timeout instead. Guard.Conn returns nil for a lock held on a
+// shared session.
+//
+// sessions below 1 is refused. It applies to New and NewSet, and not
+// with WithMinHold; RLock on a Lock with it returns ErrUnsupported, and
+// on SQLite, whose Locks are rows, it changes nothing. A backend must
+// implement MultiplexingLocker.
+func WithMultiplexing(sessions int) Option {
+	return func(c *config) { c.multiplex = sessions; c.set(optMultiplexing) }
 }
 
 // WithDeadHolderTimeout sets how soon PostgreSQL frees the session lock of
@@ -296,6 +330,10 @@ func (c *config) check(takes optionSet) error {
 		return bad("WithMinHold(%s) is negative (0 turns it off)", c.minHold)
 	case c.runRetention < time.Minute:
 		return bad("WithRunRetention(%s) is below 1m", c.runRetention)
+	case c.given&optMultiplexing != 0 && c.multiplex < 1:
+		return bad("WithMultiplexing(%d) needs at least one session", c.multiplex)
+	case c.multiplex > 0 && c.minHold > 0:
+		return bad("WithMultiplexing does not combine with WithMinHold")
 	case c.deadHolder < 0:
 		return bad("WithDeadHolderTimeout(%s) is negative (0 leaves the server's settings)", c.deadHolder)
 	}

@@ -74,6 +74,8 @@ func (c *calls) add(iface string) {
 	c.n[iface]++
 }
 
+func (p party) heldKeysCalls() int { return p.calls.count("MultiplexingLocker") }
+
 func (c *calls) count(iface string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -113,6 +115,12 @@ func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (in
 func (p party) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64) ([]*advisorylock.Holder, error) {
 	p.calls.add("MultiKeyLocker")
 	return p.inner.(advisorylock.MultiKeyLocker).KeyHolders(ctx, db, keys)
+}
+
+// MultiplexingLocker
+func (p party) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
+	p.calls.add("MultiplexingLocker")
+	return p.inner.(advisorylock.MultiplexingLocker).HeldKeys(ctx, conn, keys)
 }
 
 // SharedSessionLocker
@@ -158,6 +166,12 @@ func (p pgParty) ForDB(db advisorylock.DB) advisorylock.Backend {
 	return p.wrap(p.inner.(advisorylock.DriverTuner).ForDB(db))
 }
 
+// SetLocker
+func (p pgParty) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
+	p.calls.add("SetLocker")
+	return p.inner.(advisorylock.SetLocker).TryLockAll(ctx, conn, keys)
+}
+
 // TxLocker
 func (p pgParty) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
 	p.calls.add("TxLocker")
@@ -194,6 +208,8 @@ var (
 		advisorylock.DriverTuner
 		advisorylock.SessionConfigurer
 		advisorylock.MultiKeyLocker
+		advisorylock.MultiplexingLocker
+		advisorylock.SetLocker
 		advisorylock.SharedSessionLocker
 		advisorylock.TxLocker
 		advisorylock.TermEnder
@@ -203,6 +219,7 @@ var (
 	_ interface {
 		advisorylock.IdleSessionEnder
 		advisorylock.MultiKeyLocker
+		advisorylock.MultiplexingLocker
 		advisorylock.SharedSessionLocker
 		advisorylock.WaitEnder
 		advisorylock.TermEnder
@@ -260,6 +277,37 @@ func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
 	mustRelease(t, r1)
 	mustRelease(t, r2)
 
+	// Many locks on one shared session, checked by one keep-alive
+	// statement; a set of two names (one statement where the backend is a
+	// SetLocker), excluding the built-in backend from each.
+	muxed := []advisorylock.Option{advisorylock.WithBackend(b), advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(20 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second), advisorylock.WithDeadHolderTimeout(10 * time.Second)}
+	m1, err := newLock(t, db, testdb.UniqueName(t), muxed...).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("multiplexed TryLock through %s: %v", b.Name(), err)
+	}
+	m2, err := newLock(t, db, testdb.UniqueName(t), muxed...).TryLock(ctx)
+	if err != nil {
+		t.Fatalf("a second multiplexed TryLock through %s: %v", b.Name(), err)
+	}
+	if c, ok := b.(interface{ heldKeysCalls() int }); ok {
+		testdb.WaitFor(t, wait, func() bool { return c.heldKeysCalls() > 0 }, "the shared session's keep-alive never asked the third party's HeldKeys")
+	}
+	mustRelease(t, m1)
+	mustRelease(t, m2)
+	setNames := []string{testdb.UniqueName(t) + "/a", testdb.UniqueName(t) + "/b"}
+	set, err := advisorylock.NewSet(db, setNames, advisorylock.WithBackend(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	setG, err := set.TryLock(ctx)
+	if err != nil {
+		t.Fatalf("a set's TryLock through %s: %v", b.Name(), err)
+	}
+	if _, err := newLock(t, db, setNames[1]).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("the built-in backend's TryLock beside %s's set = %v, want ErrNotAcquired", b.Name(), err)
+	}
+	mustRelease(t, setG)
+
 	e := newElection(t, db, testdb.UniqueName(t), advisorylock.WithBackend(b))
 	if err := e.Check(ctx); err != nil {
 		t.Fatalf("Election.Check through %s: %v", b.Name(), err)
@@ -316,7 +364,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				t.Fatalf("LockTx through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "DriverTuner", "SessionConfigurer", "MultiKeyLocker", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "TermEnder", "TableChecker", "PromptCanceler")
+			wantCalls(t, c, "DriverTuner", "SessionConfigurer", "MultiKeyLocker", "MultiplexingLocker", "SetLocker", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "TermEnder", "TableChecker", "PromptCanceler")
 			if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
 				t.Errorf("ForLock was given %+v, never %+v (the Lock's WithDeadHolderTimeout, server checks on)", c.settings, want)
 			}
@@ -348,7 +396,7 @@ func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 		t.Fatalf("LockTimeout behind a shared holder = %v, want ErrTimeout", err)
 	}
 
-	wantCalls(t, c, "SessionConfigurer", "IdleSessionEnder", "MultiKeyLocker", "SharedSessionLocker", "WaitEnder", "TermEnder", "TableChecker", "PromptCanceler")
+	wantCalls(t, c, "SessionConfigurer", "IdleSessionEnder", "MultiKeyLocker", "MultiplexingLocker", "SharedSessionLocker", "WaitEnder", "TermEnder", "TableChecker", "PromptCanceler")
 	if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
 		t.Errorf("ForLock was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
 	}

@@ -16,7 +16,7 @@ import (
 // multiplexing, with two connections (the normal probe) and with one (the
 // SetMaxOpenConns(1) fallback), on an idle PgBouncer transaction pool and
 // on one kept busy by other clients; directly and through the session pool
-// it must never see any. The figures are logged (README-poolers.md quotes
+// it must never see any. The figures are logged (docs/production.md quotes
 // them); only the absence of false positives and a non-zero rate where a
 // pooler multiplexes are asserted.
 func TestProbeRoundRate(t *testing.T) {

@@ -287,6 +287,21 @@ func TestNewRefusesTransactionPooler(t *testing.T) {
 			if _, err := l.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrTransactionPooler) {
 				t.Fatalf("TryLock through a transaction pool = %v, want ErrTransactionPooler", err)
 			}
+			// Shared sessions and sets are session locks too.
+			for what, mk := range map[string]func() (*advisorylock.Lock, error){
+				"multiplexed": func() (*advisorylock.Lock, error) {
+					return advisorylock.New(tx, name, advisorylock.WithMultiplexing(2))
+				},
+				"set": func() (*advisorylock.Lock, error) { return advisorylock.NewSet(tx, []string{name, name + "/2"}) },
+			} {
+				l, err := mk()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := l.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrTransactionPooler) {
+					t.Fatalf("%s TryLock through a transaction pool = %v, want ErrTransactionPooler", what, err)
+				}
+			}
 		})
 	}
 }

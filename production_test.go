@@ -80,6 +80,24 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 				}
 				return err
 			}))
+			mkMux := func() (*advisorylock.Lock, error) {
+				return advisorylock.New(db, name, advisorylock.WithMultiplexing(2))
+			}
+			wantStandby("multiplexed TryLock", firstUse(mkMux, func(l *advisorylock.Lock) error {
+				g, err := l.TryLock(ctx)
+				if g != nil {
+					_ = g.Release(ctx)
+				}
+				return err
+			}))
+			mkSet := func() (*advisorylock.Lock, error) { return advisorylock.NewSet(db, []string{name, name + "/2"}) }
+			wantStandby("set TryLock", firstUse(mkSet, func(l *advisorylock.Lock) error {
+				g, err := l.TryLock(ctx)
+				if g != nil {
+					_ = g.Release(ctx)
+				}
+				return err
+			}))
 			wantStandby("TryRLock", firstUse(mkLock, func(l *advisorylock.Lock) error {
 				g, err := l.TryRLock(ctx)
 				if g != nil {

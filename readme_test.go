@@ -50,27 +50,37 @@ func sendDigest(ctx context.Context) error   { return nil }
 func rebuildIndex(ctx context.Context) error { return nil }
 func rebuildShard(ctx context.Context, slot int) error { return nil }
 func serveFromCatalog(ctx context.Context) error { return nil }
+func ship(ctx context.Context, order string) error { return nil }
+func transfer(ctx context.Context, from, to string) error { return nil }
+
+var order, from, to = "42", "a", "b"
 `
 
 // extraImport finds an import of one of the modules under extra/.
 var extraImport = regexp.MustCompile(`"github\.com/advisorylock/advisorylock/extra/(\w+)"`)
 
-// TestReadmeGoSnippetsCompile extracts every Go block of README.md and
-// compiles it: a block that is a whole file as it is, a fragment as the
-// body of a function that has ctx and db and returns an error. A whole
-// file that imports a module under extra/ (the scheduler adapters) is
-// built inside that module, with its dependencies; a fragment cannot. A
-// snippet that rots (an API change, an unused variable, an unchecked error
-// that does not compile) fails here.
-func TestReadmeGoSnippetsCompile(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+// docPages are the Markdown files whose Go blocks must compile: the
+// README and the pages it links to.
+func docPages(t *testing.T) []string {
+	t.Helper()
+	pages, err := filepath.Glob(filepath.Join("docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := goBlock.FindAllStringSubmatch(string(readme), -1)
-	if len(blocks) < 3 {
-		t.Fatalf("found %d Go blocks in README.md; the quick start, the fenced write and the sqlmock recipe at least", len(blocks))
+	if len(pages) == 0 {
+		t.Fatal("no pages under docs/")
 	}
+	return append([]string{"README.md", filepath.Join("cmd", "lockrun", "README.md")}, pages...)
+}
+
+// TestReadmeGoSnippetsCompile extracts every Go block of README.md and of
+// the docs/ pages and compiles it: a block that is a whole file as it is,
+// a fragment as the body of a function that has ctx and db and returns an
+// error. A whole file that imports a module under extra/ (the scheduler
+// adapters, the sqlmock helpers) is built inside that module, with its
+// dependencies; a fragment cannot. A snippet that rots (an API change, an
+// unused variable, an unchecked error that does not compile) fails here.
+func TestReadmeGoSnippetsCompile(t *testing.T) {
 	// A folder inside the module, so the snippets build against this
 	// module's code and dependencies; "_" keeps it out of ./... patterns.
 	dir, err := os.MkdirTemp(".", "_readme_snippets_")
@@ -81,38 +91,51 @@ func TestReadmeGoSnippetsCompile(t *testing.T) {
 	pkgs := []string{"./" + filepath.ToSlash(dir)}
 	var src strings.Builder
 	src.WriteString(snippetPrelude)
-	for i, b := range blocks {
-		code := b[1]
-		if m := extraImport.FindStringSubmatch(code); m != nil && strings.HasPrefix(strings.TrimSpace(code), "package ") {
-			buildInExtraModule(t, filepath.Join("extra", m[1]), i, code)
-			continue
+	n := 0 // blocks so far, over all pages: names files and functions
+	for _, page := range docPages(t) {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if strings.HasPrefix(strings.TrimSpace(code), "package ") {
-			sub := filepath.Join(dir, fmt.Sprintf("file%d", i))
-			if err := os.Mkdir(sub, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(sub, "main.go"), []byte(code), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			pkgs = append(pkgs, "./"+filepath.ToSlash(sub))
-			continue
+		blocks := goBlock.FindAllStringSubmatch(string(text), -1)
+		if page == "README.md" && len(blocks) < 3 {
+			t.Fatalf("found %d Go blocks in README.md; the quick start, the run once per tick and the fenced write at least", len(blocks))
 		}
-		fmt.Fprintf(&src, "\n// README block %d\nfunc snippet%d(ctx context.Context, db *sql.DB) error {\n%s\nreturn nil\n}\n", i+1, i, code)
+		for i, b := range blocks {
+			n++
+			code := b[1]
+			label := fmt.Sprintf("%s block %d", page, i+1)
+			if m := extraImport.FindStringSubmatch(code); m != nil && strings.HasPrefix(strings.TrimSpace(code), "package ") {
+				buildInExtraModule(t, filepath.Join("extra", m[1]), label, code)
+				continue
+			}
+			if strings.HasPrefix(strings.TrimSpace(code), "package ") {
+				sub := filepath.Join(dir, fmt.Sprintf("file%d", n))
+				if err := os.Mkdir(sub, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(sub, "main.go"), []byte("// "+label+"\n"+code), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				pkgs = append(pkgs, "./"+filepath.ToSlash(sub))
+				continue
+			}
+			fmt.Fprintf(&src, "\n// %s\nfunc snippet%d(ctx context.Context, db *sql.DB) error {\n%s\nreturn nil\n}\n", label, n, code)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "snippets.go"), []byte(src.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("go", append([]string{"build"}, pkgs...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("README Go blocks do not compile (block numbers count from 1):\n%s", out)
+		t.Fatalf("Go blocks of the docs do not compile (the comment above each function names its page and block):\n%s", out)
 	}
 }
 
-// buildInExtraModule builds README block i, a whole file, as a package of
-// the module in dir (its own go.mod and go.sum, which must cover the
-// block's imports).
-func buildInExtraModule(t *testing.T, dir string, i int, code string) {
+// buildInExtraModule builds a docs block (label names it), a whole file,
+// as a package of the module in dir (its own go.mod and go.sum, which must
+// cover the block's imports).
+func buildInExtraModule(t *testing.T, dir, label, code string) {
 	t.Helper()
 	sub, err := os.MkdirTemp(dir, "_readme_snippet_")
 	if err != nil {
@@ -125,7 +148,7 @@ func buildInExtraModule(t *testing.T, dir string, i int, code string) {
 	cmd := exec.Command("go", "build", "-o", os.DevNull, "./"+filepath.Base(sub))
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("README Go block %d does not compile in %s:\n%s", i+1, dir, out)
+		t.Fatalf("%s does not compile in %s:\n%s", label, dir, out)
 	}
 }
 

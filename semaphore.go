@@ -84,7 +84,7 @@ func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, er
 	if slots < 1 || slots > MaxSlots {
 		return nil, wrapErr(name, "new semaphore", fmt.Errorf("advisorylock: a semaphore has from 1 to %d slots, not %d", MaxSlots, slots))
 	}
-	cfg, err := constructed(db, name, "a Semaphore", lockOptions&^(optMinHold|optRunRetention), opts)
+	cfg, err := constructed(db, name, "a Semaphore", lockOptions&^(optMinHold|optRunRetention|optMultiplexing), opts)
 	if err != nil {
 		return nil, wrapErr(name, "new semaphore", err)
 	}
@@ -348,7 +348,7 @@ func (s *Semaphore) waitSession(ctx, budget context.Context, locker SessionLocke
 	for {
 		slot := rand.N(len(s.keys))
 		slice, cancel := context.WithTimeout(budget, semaphoreSlice)
-		res, err := s.slot(slot).waitSession(ctx, slice, locker, p)
+		res, err := s.slot(slot).waitSession(ctx, slice, locker, p, s.keys[slot])
 		cancel()
 		if err != nil || res.OK {
 			return slot, res, err

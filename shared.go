@@ -77,12 +77,33 @@ func (l *Lock) TryRDo(ctx context.Context, fn func(ctx context.Context) error) (
 // pg_read_all_stats), on MySQL the holders' rows, IS_USED_LOCK and the
 // process list (PROCESS for other users' details), on SQLite the rows.
 // With WithMinHold, a name kept taken by a window lists that grant alone.
+// A set (NewSet) lists the holders of each of its names, in key order,
+// each Holder naming its own.
 func (l *Lock) Holders(ctx context.Context) ([]*Holder, error) {
 	b, err := l.backend(ctx)
 	if err != nil {
 		return nil, wrapErr(l.name, "holders", err)
 	}
+	if l.set != nil {
+		var all []*Holder
+		for i, k := range l.set {
+			one := &Lock{db: l.db, name: l.setNames[i], key: k, cfg: l.cfg}
+			hs, err := one.holdersOn(ctx, b)
+			if err != nil {
+				return nil, wrapErr(l.name, "holders", err)
+			}
+			all = append(all, hs...)
+		}
+		return all, nil
+	}
+	hs, err := l.holdersOn(ctx, b)
+	return hs, wrapErr(l.name, "holders", err)
+}
+
+// holdersOn lists the holders of l's one name on b.
+func (l *Lock) holdersOn(ctx context.Context, b *lockBackend) ([]*Holder, error) {
 	var hs []*Holder
+	var err error
 	switch {
 	case b.rows != nil:
 		hs, err = rowHolders(ctx, l.db, b.rows, l.rowRequest(""))
@@ -99,7 +120,7 @@ func (l *Lock) Holders(ctx context.Context) ([]*Holder, error) {
 			h.Name, h.Key = l.name, l.key
 		}
 	}
-	return hs, wrapErr(l.name, "holders", err)
+	return hs, err
 }
 
 // sharedView returns how l takes shared holds on b, nil where it cannot.

@@ -10,7 +10,7 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// TestStatementPoolColumn proves the README's "What works where" column
+// TestStatementPoolColumn proves docs/production.md's "What works where" column
 // for a PgBouncer statement pool: a Lock is refused with
 // ErrTransactionPooler; a LeaseLock works once the tables exist (created
 // here through a direct connection); a Fence cannot admit, since statement
@@ -18,7 +18,7 @@ import (
 func TestStatementPoolColumn(t *testing.T) {
 	dsn := testdb.PgBouncerStatementPool(t)
 	direct := testdb.OpenPostgres(t, "postgres")
-	// The tables, created beforehand as the README says.
+	// The tables, created beforehand as docs/production.md says.
 	releaseLease(t, tryLease(t, newLeaseLock(t, direct, testdb.UniqueName(t))))
 	if _, err := advisorylock.NewFence(direct, testdb.UniqueName(t)); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,9 @@
 // PostgreSQL server (ADVISORYLOCK_TEST_POSTGRES, else
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable) and write SQLite
 // files under the test's temporary directory. Run them all, summarize them
-// with benchstat and write README.md and handoff.svg with
+// with benchstat and write README.md (the gates, the handoff against the
+// peers, the machine, the commands), details.md (every other table) and
+// handoff.svg with
 //
 //	go run ./cmd/report          # full run, pinned then unpinned, about 30 minutes on 2 cores
 //	go run ./cmd/report -quick   # one pass, for development

@@ -27,6 +27,23 @@ mutation() {
 	names+=("$1") files+=("$2") edits+=("$3") tests+=("$4") pkgs+=("${5:-.}")
 }
 
+# --- Multiplexed sessions and sets -------------------------------------------
+mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
+	's/return context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/return context.WithTimeout(ctx, mp.key.timeout)/' \
+	'^TestMultiplexingCancelledTriesSpareTheirNeighbours$'
+mutation "a name held in the process is tried again on its shared session" multiplex.go \
+	's/if _, ok := mp\.held\[k\]; ok \{/if _, ok := mp.held[k]; ok \&\& false {/' \
+	'^TestMultiplexingExcludesInProcessAndHandsOff$'
+mutation "a shared session that ends tells none of its locks" multiplex.go \
+	's/for _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}/_ = holds/' \
+	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours)$'
+mutation "a forgotten guard on a shared session discards the session" multiplex.go \
+	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(LossSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
+	'^TestForgottenMultiplexedGuardIsCleanedUp$'
+mutation "a set's try keeps the names it got when one is held" backend_postgres.go \
+	's/WHERE t\.ok AND NOT a\.ok\)/WHERE t.ok AND NOT a.ok AND false)/' \
+	'^TestSetTakesAllOrNone$'
+
 # --- Locks (session advisory locks on PostgreSQL) ---------------------------
 mutation "keep-alive never reports a loss" conn_guard.go \
 	's/if err == nil && held \{/if _ = held; true {/' \
@@ -235,6 +252,12 @@ mutation "lockrun: slots is not a config file key" cmd/lockrun/args.go \
 mutation "lockrun status without names skips SQLite's lock rows" cmd/lockrun/status.go \
 	's/rs, err := sqliteLockRows\(ctx, db, say\)/rs, err := []holding(nil), error(nil)/' \
 	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
+mutation "lockrun status lists no runs recorded done" cmd/lockrun/status.go \
+	's/runs, err := doneRuns\(ctx, db, name\)/runs, err := []holding(nil), error(nil)/' \
+	'^TestStatusListsTheRunsRecordedDone$' ./cmd/lockrun
+mutation "lockrun status lists a name's oldest runs, not its newest" cmd/lockrun/status.go \
+	's/ORDER BY done_at DESC, run DESC LIMIT 5/ORDER BY done_at, run LIMIT 5/g' \
+	'^TestStatusListsTheRunsRecordedDone$' ./cmd/lockrun
 mutation "lockrun status reads PostgreSQL's shared locks as exclusive" cmd/lockrun/status.go \
 	"s/l\.mode = 'ShareLock'/false/" \
 	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
@@ -270,8 +293,20 @@ mutation "Check proves no grants" lease_fencing.go \
 	's/return c\.CheckTables\(ctx, db, tables\.\.\.\)/_ = c; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'
 mutation "robfig/cron OncePerTick keys the run by the firing time" extra/advisorylockcron/cron.go \
-	's/tick := Tick\(schedule, time\.Now\(\)\)/tick := time.Now()/' \
-	'^TestOncePerTickRunsEachTickOnceAcrossSkewedCrons$' extra/advisorylockcron
+	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
+	'^(TestOncePerTickRunsEachTickOnceAcrossSkewedCrons|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockcron
+mutation "robfig/cron Tick truncates an interval's firing instead of rounding it" extra/advisorylockcron/cron.go \
+	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
+	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockcron
+mutation "gocron OncePerTick keys the run by the firing time" extra/advisorylockgocron/once.go \
+	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
+	'^(TestOncePerTickRunsEachTickOnceAcrossReplicaProcesses|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockgocron
+mutation "gocron Tick truncates an interval's firing instead of rounding it" extra/advisorylockgocron/once.go \
+	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
+	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockgocron
+mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocron/once.go \
+	's/return fn\(ctx, tick\)/_ = fn(ctx, tick); return nil/' \
+	'^TestOncePerTickRunsAFailedTickAgain$' extra/advisorylockgocron
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \

@@ -128,10 +128,10 @@ func TestApplyConfigFillsWhatTheFlagsLeft(t *testing.T) {
 	}
 }
 
-// The README's lockrun section shows a config file and a crontab line
-// that lockrun takes as they are.
+// lockrun's README shows a config file and a crontab line that lockrun
+// takes as they are.
 func TestREADMEConfigAndCrontabLineWork(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}

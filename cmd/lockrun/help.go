@@ -58,7 +58,9 @@ DESCRIPTION
     a SQLite holder PID is the holding lockrun's pid. A name inside a
     min-hold window shows a row of KIND window: the name is taken until
     EXPIRES, and the rest of the row is its last holder, which may have
-    exited.
+    exited. A named lock's runs recorded done (--once, TryDoOnce) follow
+    its holders, the newest five as KIND "run RUNKEY" with SINCE when each
+    was recorded, then a row counting the older ones.
 
 FLAGS
     --dsn DSN       the database to lock in (see CONFIGURATION)

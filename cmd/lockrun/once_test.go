@@ -85,3 +85,41 @@ func TestOnceRefusesAConfigFileWindowLeaseOrSlots(t *testing.T) {
 		}
 	}
 }
+
+// lockrun status NAME lists NAME's runs recorded done, the newest five
+// first, then a row counting the older ones; a failed run is not among
+// them, and a name with runs but no holder is free.
+func TestStatusListsTheRunsRecordedDone(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name := lockName(t)
+		keys := []string{"02:00", "02:01", "02:02", "02:03", "02:04", "02:05", "the run at 02:06"}
+		for _, key := range keys {
+			if code, _, stderr := runLockrun(t, env, "--once", key, name, "true"); code != 0 {
+				t.Fatalf("--once %s: exit %d; stderr %q", key, code, stderr)
+			}
+		}
+		if code, _, _ := runLockrun(t, env, "--once", "02:07", name, "false"); code != 1 {
+			t.Fatalf("--once of a failing command: exit %d, want its 1", code)
+		}
+
+		code, stdout, stderr := runLockrun(t, env, "status", name)
+		if code != 0 || stderr != "" {
+			t.Fatalf("status exited %d; stderr %q", code, stderr)
+		}
+		_, table, _ := strings.Cut(stdout, "\n")
+		rows := checkAligned(t, table)
+		want := []string{"free", `run "the run at 02:06"`, "run 02:05", "run 02:04", "run 02:03", "run 02:02", "2 older runs"}
+		if len(rows) != len(want)+1 {
+			t.Fatalf("status printed %d rows, want a header and %d:\n%s", len(rows), len(want), stdout)
+		}
+		for i, kind := range want {
+			row := rows[i+1]
+			if row[0] != name || row[1] != kind {
+				t.Errorf("row %d: name %q, kind %q; want %q, %q", i+1, row[0], row[1], name, kind)
+			}
+			if since := row[8]; kind != "free" && since == "-" {
+				t.Errorf("row %d (%s) has no SINCE: when the run was recorded", i+1, kind)
+			}
+		}
+	})
+}

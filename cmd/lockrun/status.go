@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +25,9 @@ const statusTimeout = 30 * time.Second
 type holding struct {
 	// kind is "lock", "shared" (a shared holder of a lock), "lease",
 	// "slot N", "window" (an open min-hold window: the name is taken until
-	// ExpiresAt, and the rest is its last grant's holder) or "free"
+	// ExpiresAt, and the rest is its last grant's holder), "free", "run
+	// KEY" (a run TryDoOnce or --once recorded done, at Since) or "N older
+	// runs" (the name's runs before those listed, the oldest at Since)
 	kind string
 	h    advisorylock.Holder
 }
@@ -95,9 +99,75 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 		if !found {
 			rows = append(rows, holding{kind: "free", h: advisorylock.Holder{Name: name, Key: advisorylock.Key(name)}})
 		}
+		runs, err := doneRuns(ctx, db, name)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, runs...)
 	}
 	return rows, nil
 }
+
+// doneRuns lists the newest five runs of name recorded done in
+// advisorylock_runs (by TryDoOnce, or lockrun --once), each as kind "run
+// KEY" at the time it was recorded, and one row for the older ones. The
+// table is read without creating it: where it is missing, no run was
+// recorded.
+func doneRuns(ctx context.Context, db *database, name string) ([]holding, error) {
+	var rs *sql.Rows
+	var err error
+	switch db.kind {
+	case "postgres":
+		rs, err = db.QueryContext(ctx, pgRuns, name)
+	case "mysql":
+		sum := sha256.Sum256([]byte(name))
+		rs, err = db.QueryContext(ctx, fmt.Sprintf(mysqlRuns, hex.EncodeToString(sum[:])))
+	case "sqlite":
+		rs, err = db.QueryContext(ctx, sqliteRuns, name)
+	default:
+		return nil, nil
+	}
+	if missingTable(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the runs of lock %q: %w", name, err)
+	}
+	defer rs.Close()
+	var rows []holding
+	var total int
+	var oldest int64
+	for rs.Next() {
+		var run string
+		var doneAt int64
+		if err := rs.Scan(&run, &doneAt, &total, &oldest); err != nil {
+			return nil, fmt.Errorf("listing the runs of lock %q: %w", name, err)
+		}
+		h := advisorylock.Holder{Name: name, Key: advisorylock.Key(name), Since: time.UnixMilli(doneAt)}
+		rows = append(rows, holding{kind: "run " + shown(run), h: h})
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("listing the runs of lock %q: %w", name, err)
+	}
+	if older := total - len(rows); older > 0 {
+		h := advisorylock.Holder{Name: name, Key: advisorylock.Key(name), Since: time.UnixMilli(oldest)}
+		rows = append(rows, holding{kind: strconv.Itoa(older) + " older runs", h: h})
+	}
+	return rows, nil
+}
+
+// The newest five runs of a name, with the name's count of runs and its
+// oldest's time; times in Unix milliseconds.
+const (
+	pgRuns = `SELECT run, (extract(epoch FROM done_at) * 1000)::bigint, count(*) OVER (),
+  (extract(epoch FROM min(done_at) OVER ()) * 1000)::bigint
+FROM advisorylock_runs WHERE name = $1 ORDER BY done_at DESC, run DESC LIMIT 5`
+	mysqlRuns = `SELECT CONVERT(run USING utf8mb4), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', done_at) DIV 1000, COUNT(*) OVER (),
+  TIMESTAMPDIFF(MICROSECOND, '1970-01-01', MIN(done_at) OVER ()) DIV 1000
+FROM advisorylock_runs WHERE name_hash = X'%s' ORDER BY done_at DESC, run DESC LIMIT 5`
+	sqliteRuns = `SELECT run, done_at, count(*) OVER (), min(done_at) OVER ()
+FROM advisorylock_runs WHERE name = ? ORDER BY done_at DESC, run DESC LIMIT 5`
+)
 
 // holderOf asks the library who holds name as a Lock or as a LeaseLock.
 func holderOf(ctx context.Context, db *database, kind, name string, say *reporter) (*advisorylock.Holder, error) {
@@ -377,10 +447,7 @@ func printTable(w io.Writer, rows []holding) {
 		h := r.h
 		name := "-"
 		if h.Name != "" {
-			name = strconv.Quote(h.Name)
-			if name == `"`+h.Name+`"` && !strings.ContainsAny(h.Name, " \t") {
-				name = h.Name
-			}
+			name = shown(h.Name)
 		}
 		fields := []string{name, r.kind, strconv.FormatInt(h.Key, 10), orDash(holderPID(&h) != 0, strconv.Itoa(holderPID(&h))),
 			orDash(h.Application != "", h.Application), orDash(h.ClientAddr != "", h.ClientAddr),
@@ -398,6 +465,15 @@ func printTable(w io.Writer, rows []holding) {
 		fmt.Fprintln(tw, strings.Join(fields, "\t"))
 	}
 	_ = tw.Flush()
+}
+
+// shown is s as the table shows a name: quoted where it has a space or
+// a character that needs escaping.
+func shown(s string) string {
+	if q := strconv.Quote(s); q != `"`+s+`"` || strings.ContainsAny(s, " \t") || s == "" {
+		return q
+	}
+	return s
 }
 
 func orDash(ok bool, s string) string {

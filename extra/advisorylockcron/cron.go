@@ -90,17 +90,22 @@ func OnOneReplica(logger cron.Logger, db advisorylock.DB, name string, opts ...a
 // cron.Every). The job reads its tick if it is a TickFunc: put OncePerTick
 // last in the chain, next to the job, so that no other wrapper hides it.
 // opts are passed to advisorylock.New (not advisorylock.WithMinHold);
-// advisorylock.WithRunRetention must exceed the interval. OncePerTick
-// panics if db is nil or advisorylock.New refuses opts, as a wiring
-// mistake.
+// advisorylock.WithRunRetention must exceed the interval. The firing time
+// is read from the system clock. OncePerTick panics if db is nil or
+// advisorylock.New refuses opts, as a wiring mistake.
 func OncePerTick(logger cron.Logger, db advisorylock.DB, name string, schedule cron.Schedule, opts ...advisorylock.Option) cron.JobWrapper {
+	return oncePerTick(time.Now, logger, db, name, schedule, opts...)
+}
+
+// oncePerTick is OncePerTick reading the firing time from now.
+func oncePerTick(now func() time.Time, logger cron.Logger, db advisorylock.DB, name string, schedule cron.Schedule, opts ...advisorylock.Option) cron.JobWrapper {
 	lock, err := advisorylock.New(db, name, opts...)
 	if err != nil {
 		panic("advisorylockcron: " + err.Error())
 	}
 	return func(j cron.Job) cron.Job {
 		return cron.FuncJob(func() {
-			tick := Tick(schedule, time.Now())
+			tick := Tick(schedule, now())
 			ran, err := lock.TryDoOnce(context.Background(), tick.UTC().Format(time.RFC3339Nano), func(context.Context) error {
 				if tj, ok := j.(TickFunc); ok {
 					tj(tick)
@@ -121,15 +126,18 @@ func OncePerTick(logger cron.Logger, db advisorylock.DB, name string, schedule c
 	}
 }
 
-// Tick returns the tick of schedule that a job fired at fired belongs to:
-// the scheduled time nearest to fired (a wall time, without a monotonic
-// reading), taking the interval after the next tick as the schedule's.
-// Replicas that fire one tick up to half an interval apart (early or late)
-// get the same time. A crontab schedule's ticks are the clock's; a
-// cron.Every schedule's count from the second each cron started, so
-// replicas share them only for cron.Every(time.Second): give other
-// intervals as a crontab spec ("@every" is cron.Every too).
+// Tick returns the tick of schedule that a job fired at fired belongs to,
+// a wall time without a monotonic reading; replicas that fire one tick up
+// to half an interval apart (early or late) get the same time. A
+// cron.Every(d) schedule's ticks are the multiples of d (fired.Round(d):
+// for a d that divides a day, the clock's whole minutes, hours, ...),
+// which every replica shares wherever its cron started counting. A
+// crontab schedule's tick is its scheduled time nearest to fired, taking
+// the interval after the next tick as the schedule's.
 func Tick(schedule cron.Schedule, fired time.Time) time.Time {
+	if every, ok := schedule.(cron.ConstantDelaySchedule); ok {
+		return fired.Round(every.Delay)
+	}
 	next := schedule.Next(fired)
 	interval := schedule.Next(next).Sub(next)
 	return schedule.Next(fired.Add(-interval / 2)).Round(0)

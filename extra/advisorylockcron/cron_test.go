@@ -172,7 +172,8 @@ func TestOncePerTickRunsEachTickOnceAcrossSkewedCrons(t *testing.T) {
 
 // Tick is the scheduled time nearest to the firing: replicas firing a
 // tick early or late by up to just under half the interval agree on it,
-// for a constant-delay schedule and a crontab one.
+// for an interval (its multiples, wherever each cron started) and a
+// crontab schedule.
 func TestTickIsTheNearestScheduledTime(t *testing.T) {
 	every5, err := cron.ParseStandard("*/5 * * * *")
 	if err != nil {
@@ -186,6 +187,7 @@ func TestTickIsTheNearestScheduledTime(t *testing.T) {
 		half     time.Duration
 	}{
 		{"every second", cron.Every(time.Second), at, 500 * time.Millisecond},
+		{"every 5 minutes", cron.Every(5 * time.Minute), at, 150 * time.Second},
 		{"*/5 * * * *", every5, at, 150 * time.Second},
 	} {
 		for _, off := range []time.Duration{0, time.Millisecond, c.half - time.Millisecond, -c.half + time.Millisecond} {

@@ -15,6 +15,7 @@ import (
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/robfig/cron/v3"
 )
 
 // exampleDB opens the test server, as the core's examples do.
@@ -28,6 +29,53 @@ func exampleDB() *sql.DB {
 		log.Fatal(err)
 	}
 	return db
+}
+
+// Three replicas' schedulers fire the hourly report, up to 400 ms apart:
+// it runs once for the hour's tick, and the job knows which tick it runs.
+func ExampleOncePerTick() {
+	name := fmt.Sprintf("example-gocron-hourly-report-%d", time.Now().UnixNano()) // a fresh lock for the example
+	var runs atomic.Int32
+	report := func(ctx context.Context, tick time.Time) error {
+		runs.Add(1)
+		fmt.Println("report for the tick on the hour:", tick.Minute() == 0 && tick.Second() == 0)
+		return nil
+	}
+	var fired sync.WaitGroup // every replica's job returned
+	for replica := range 3 {
+		db := exampleDB() // each replica has its own pool
+		defer db.Close()
+		task, err := advisorylockgocron.OncePerTick(db, name, cron.Every(time.Hour), report)
+		if err != nil {
+			log.Fatal(err)
+		}
+		s, err := gocron.NewScheduler()
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer s.Shutdown()
+		job, err := s.NewJob(gocron.DurationJob(time.Hour), task,
+			gocron.WithStartAt(gocron.WithStartDateTime(time.Now().Truncate(time.Hour).Add(time.Hour))),
+			gocron.WithEventListeners(
+				gocron.AfterJobRuns(func(uuid.UUID, string) { fired.Done() }),
+				gocron.AfterJobRunsWithError(func(_ uuid.UUID, _ string, err error) { log.Print(err); fired.Done() })))
+		if err != nil {
+			log.Fatal(err)
+		}
+		s.Start()
+		// Rather than wait for the hour, fire this replica's tick now,
+		// replica*200 ms late.
+		fired.Add(1)
+		time.Sleep(time.Duration(replica) * 200 * time.Millisecond)
+		if err := job.RunNow(); err != nil {
+			log.Fatal(err)
+		}
+	}
+	fired.Wait()
+	fmt.Println("runs this tick:", runs.Load())
+	// Output:
+	// report for the tick on the hour: true
+	// runs this tick: 1
 }
 
 // Three replicas schedule the same job every minute; their clocks are

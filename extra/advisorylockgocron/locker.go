@@ -1,7 +1,12 @@
 // Package advisorylockgocron runs the jobs of several
-// github.com/go-co-op/gocron/v2 schedulers (one per replica) on one
-// replica at a time, in either of the two ways gocron offers:
+// github.com/go-co-op/gocron/v2 schedulers (one per replica) once across
+// the replicas, in one of three ways:
 //
+//   - OncePerTick, a gocron.Task: every replica's scheduler fires the job,
+//     and the first to fire each scheduled tick runs it and records the
+//     tick done (advisorylock.Lock.TryDoOnce, the tick as the run key);
+//     the others find it done. Replicas apart by less than half the
+//     interval agree on the tick: no window to choose.
 //   - Locker, a gocron.Locker: every replica's scheduler fires each job, and
 //     the one that takes the job's lock runs it. A min-hold keeps the lock
 //     taken for a window after each grant, so schedulers a little apart
@@ -10,7 +15,11 @@
 //     replica leads and runs every job; the others skip them until it
 //     stops leading.
 //
-// Wiring either is a line or two:
+// Wiring any of them is a line or two:
+//
+//	task, err := advisorylockgocron.OncePerTick(db, "report", cron.Every(time.Minute), report)
+//	_, err = s.NewJob(gocron.DurationJob(time.Minute), task,
+//		gocron.WithStartAt(gocron.WithStartDateTime(time.Now().Truncate(time.Minute).Add(time.Minute))))
 //
 //	locker, err := advisorylockgocron.NewLocker(db)
 //	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(locker))

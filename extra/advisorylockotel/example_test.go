@@ -8,7 +8,7 @@ import (
 	"github.com/advisorylock/advisorylock/extra/advisorylockotel"
 )
 
-// The wiring the README shows: the global providers, no lock names.
+// The wiring docs/observability.md shows: the global providers, no lock names.
 func ExampleNewObserver() {
 	db, err := sql.Open("pgx", "postgres://app@db.internal/app") // New does no I/O
 	if err != nil {

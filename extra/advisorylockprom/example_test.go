@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The wiring the README shows: one observer per registry, any number of
+// The wiring docs/observability.md shows: one observer per registry, any number of
 // locks.
 func ExampleNewObserver() {
 	db, err := sql.Open("pgx", "postgres://app@db.internal/app") // New does no I/O

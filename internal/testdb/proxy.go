@@ -17,7 +17,6 @@ import (
 // Each accepted connection is served by one goroutine and its two copying
 // goroutines; Close ends them all before it returns.
 type Proxy struct {
-	target string
 	ln     net.Listener
 	ctx    context.Context // cancelled by Close: aborts dials in progress
 	cancel context.CancelFunc
@@ -29,6 +28,7 @@ type Proxy struct {
 	delay  atomic.Int64 // nanoseconds each server->client chunk is held back
 
 	mu     sync.Mutex
+	target string // where new connections go (see Retarget)
 	cut    bool
 	healed chan struct{} // closed while not cut
 	conns  map[*proxyConn]struct{}
@@ -58,6 +58,16 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // DSN returns dsn pointed at the proxy.
 func (p *Proxy) DSN(dsn string) string { return WithHostPort(dsn, p.Addr()) }
+
+// Retarget sends the connections the proxy accepts from now on to target
+// ("host:port") instead, as a virtual IP moved to a promoted standby
+// would; connections already open stay with the old target (Reset ends
+// them).
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+}
 
 // Cut stops forwarding bytes in both directions, on existing connections and
 // on new ones, while keeping every socket open, as a network partition
@@ -171,8 +181,11 @@ func (p *Proxy) serve(pc *proxyConn) {
 		p.mu.Unlock()
 		pc.shut(false)
 	}()
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
 	d := net.Dialer{Timeout: 10 * time.Second}
-	server, err := d.DialContext(p.ctx, "tcp", p.target)
+	server, err := d.DialContext(p.ctx, "tcp", target)
 	if err != nil {
 		return
 	}

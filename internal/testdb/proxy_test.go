@@ -358,3 +358,43 @@ func TestProxyDelayHoldsAnswersBack(t *testing.T) {
 		t.Fatalf("got %q after the delay ended", got)
 	}
 }
+
+// greeter accepts connections on 127.0.0.1 and writes line to each, until
+// the test ends.
+func greeter(t *testing.T, line string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, line+"\n")
+			_ = c.Close()
+		}
+	})
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	return ln.Addr().String()
+}
+
+func TestProxyRetargetMovesNewConnectionsOnly(t *testing.T) {
+	p := NewProxy(t, echoServer(t))
+	old := dialLine(t, p.Addr())
+	old.send(t, "x")
+	if got := old.recv(t); got != "x" {
+		t.Fatalf("got %q", got)
+	}
+	p.Retarget(greeter(t, "moved"))
+	if got := dialLine(t, p.Addr()).recv(t); got != "moved" {
+		t.Fatalf("a new connection after Retarget got %q, want the new target's greeting", got)
+	}
+	old.send(t, "y")
+	if got := old.recv(t); got != "y" {
+		t.Fatalf("the connection opened before Retarget got %q, want its old target's echo", got)
+	}
+}

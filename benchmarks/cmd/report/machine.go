@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
@@ -17,8 +18,7 @@ import (
 
 // machine describes where a run happened.
 type machine struct {
-	CPUs       int
-	CPUModel   string
+	CPUModel   string // with the count: "2 × AMD EPYC"
 	OS         string
 	GoVersion  string
 	PGVersion  string
@@ -97,8 +97,7 @@ func describeServer(m *machine, dsn string) {
 
 func describeMachine(dir, dsn string) machine {
 	m := machine{
-		CPUs:       runtime.NumCPU(),
-		CPUModel:   cpuModel(),
+		CPUModel:   fmt.Sprintf("%d × %s", runtime.NumCPU(), cpuModel()),
 		OS:         runtime.GOOS + "/" + runtime.GOARCH,
 		GoVersion:  output(dir, "go", "env", "GOVERSION"),
 		LoadBefore: loadAvg(),

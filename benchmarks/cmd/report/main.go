@@ -1,12 +1,13 @@
 // Command report runs the advisorylock benchmark suite, summarizes it with
-// benchstat, and writes README.md (figures as ratios to SELECT 1 and to the
-// best peer, the SPEC section 7 targets met or not, the machine and
-// versions, the exact commands) and handoff.svg (handoff latency by
-// library). Run it inside benchmarks/:
+// benchstat, and writes README.md (the performance gates met or not, the
+// handoff against the peers, the machine and versions, the exact
+// commands; a part written by hand after its marker is kept), details.md
+// (every other table: figures as ratios to SELECT 1 and to the best peer)
+// and handoff.svg (handoff latency by library). Run it inside benchmarks/:
 //
 //	go run ./cmd/report           # full: 5 passes, pinned then unpinned, about 10 minutes on 2 cores
 //	go run ./cmd/report -quick    # one short pass, for development
-//	go run ./cmd/report -from results.txt   # rewrite the README from saved output
+//	go run ./cmd/report -from results.txt   # rewrite the report from saved output
 //
 // The PostgreSQL server is ADVISORYLOCK_TEST_POSTGRES, else
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
@@ -15,9 +16,11 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"os"
 	"os/exec"
@@ -108,7 +111,8 @@ func main() {
 	count := flag.Int("count", 5, "passes, and so runs of each benchmark, in the full mode (benchstat wants 5 or more)")
 	from := flag.String("from", "", "do not run: rewrite the README and chart from this saved go test output")
 	resultsPath := flag.String("results", "results.txt", "where to save the raw go test output")
-	readmePath := flag.String("readme", "README.md", "where to write the report")
+	readmePath := flag.String("readme", "README.md", "where to write the report (its part after the hand-written marker is kept)")
+	detailsPath := flag.String("details", "details.md", "where to write every other table")
 	svgPath := flag.String("svg", "handoff.svg", "where to write the handoff chart")
 	flag.Parse()
 	*quick = *quick || *short
@@ -151,11 +155,12 @@ func main() {
 		m.LoadBefore = cmp.Or(meta["report-load-before"], "unknown")
 		m.LoadAfter = cmp.Or(meta["report-load-after"], "unknown")
 		m.Pinning = cmp.Or(meta["report-pinning"], "not recorded")
+		m.CPUModel = cmp.Or(meta["report-cpu"], m.CPUModel+" (today's machine: the measured one was not saved)")
 		m.Commit = cmp.Or(meta["report-commit"], m.Commit+" (today's checkout: the measured commit was not saved)")
 	} else {
 		var all bytes.Buffer
-		fmt.Fprintf(&all, "report-command: %s\nreport-quick: %t\nreport-count: %d\nreport-started: %s\nreport-load-before: %s\nreport-commit: %s\n",
-			cmdline, *quick, *count, m.Started.Format(time.RFC3339), m.LoadBefore, m.Commit)
+		fmt.Fprintf(&all, "report-command: %s\nreport-quick: %t\nreport-count: %d\nreport-started: %s\nreport-load-before: %s\nreport-commit: %s\nreport-cpu: %s\n",
+			cmdline, *quick, *count, m.Started.Format(time.RFC3339), m.LoadBefore, m.Commit, m.CPUModel)
 		pin := pinServer(dsn)
 		m.Pinning = pin.desc
 		fmt.Fprintf(&all, "report-pinning: %s\n", pin.desc)
@@ -186,13 +191,37 @@ func main() {
 	if err := os.WriteFile(*svgPath, []byte(handoffChart(rep.res)), 0o644); err != nil {
 		log.Fatal(err)
 	}
-	if err := os.WriteFile(*readmePath, []byte(rep.markdown()), 0o644); err != nil {
+	hand, err := handWritten(*readmePath)
+	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Fprintf(os.Stderr, "\n%s\nwrote %s and %s from %s\n", rep.targetSummary(), *readmePath, *svgPath, *from)
+	if err := os.WriteFile(*readmePath, []byte(rep.markdown(filepath.Base(*detailsPath), hand)), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(*detailsPath, []byte(rep.detailsMarkdown(filepath.Base(*readmePath))), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Fprintf(os.Stderr, "\n%s\nwrote %s, %s and %s from %s\n", rep.targetSummary(), *readmePath, *detailsPath, *svgPath, *from)
 	if suiteErr != nil {
 		log.Fatal(suiteErr)
 	}
+}
+
+// handWritten returns the part of the README at path from handMarker on,
+// "" if it has none or does not exist yet.
+func handWritten(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	_, hand, ok := strings.Cut(string(b), handMarker)
+	if !ok {
+		return "", nil
+	}
+	return handMarker + hand, nil
 }
 
 // runSuite builds the test binary once and runs every group, echoing the

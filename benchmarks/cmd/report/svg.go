@@ -78,7 +78,7 @@ func handoffChart(res *results) string {
 		w(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-width="1.5"/>`+"\n", x(b.p99), y+7, x(b.p99), y+rowH-7, c)
 		w(`<text x="%.1f" y="%d" fill="#222">%s</text>`+"\n", x(b.p99)+5, y+rowH/2+4, dur(b.p50*1e3))
 	}
-	// The SPEC target: 3× SELECT 1, as measured by the handoff benchmarks.
+	// The target: 3× SELECT 1, as measured by the handoff benchmarks.
 	for i, drv := range []string{"pq", "pgx"} {
 		if u, ok := res.median("BenchmarkHandoff/advisorylock/"+drv, "select1-p50-us"); ok {
 			px := x(3 * u)

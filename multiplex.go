@@ -1,0 +1,527 @@
+package advisorylock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Multiplexing (WithMultiplexing): the session locks of every Lock on one
+// *sql.DB with the same settings share a few pinned connections, each of
+// whose sessions holds many locks. The rules:
+//
+//   - One statement at a time runs on a shared session (its mu), and no
+//     caller's context can end one: a cancelled statement may cost the
+//     connection, and with it every lock on it. Statements are bounded
+//     by the release timeout instead; one that gets no answer by then
+//     ends the session.
+//   - A key is held at most once per pool (held): a session lock is
+//     reentrant on its session, so a second try of a key this process
+//     holds, or is trying, would be granted again. It is a miss without
+//     a round trip.
+//   - A session whose state is unknown (a statement failed or got no
+//     answer, or the keep-alive could not ask) is ended: every lock on it
+//     is told it is lost, and then its connection is discarded, which
+//     frees them on the server. No lock on another session is touched.
+//   - A session that holds no lock and runs no statement goes back to the
+//     pool (retire): the pool never lends a session that holds locks.
+//   - One keep-alive per session asks, in one statement, which of its
+//     keys it still holds (MultiplexingLocker.HeldKeys).
+//
+// A wait (Lock, LockTimeout) tries on a shared session first, then waits
+// server-side on a connection of its own, which holds the lock if it is
+// granted there: a wait in slices of tries on a shared session would hand
+// off no faster than its poll, and a server-side wait hands off within
+// about a round trip.
+
+// muxKey names the sessions that Locks may share: the same handle, the
+// same backend and settings on the sessions, the same keep-alive and
+// bound on statements.
+type muxKey struct {
+	db        DB
+	backend   string
+	settings  SessionSettings
+	keepAlive time.Duration
+	timeout   time.Duration
+	size      int
+}
+
+// muxPools are the shared sessions in use, by muxKey. A pool leaves it
+// when its last session is retired, so an idle handle keeps nothing here.
+var muxPools = struct {
+	mu sync.Mutex
+	m  map[muxKey]*muxPool
+}{m: map[muxKey]*muxPool{}}
+
+// muxPool is the shared sessions of one muxKey.
+type muxPool struct {
+	key     muxKey
+	locker  MultiplexingLocker
+	bounded bool
+	logger  *slog.Logger
+	obs     *observed // told of discards: the first Lock's that opened a session
+
+	mu       sync.Mutex
+	sessions []*muxSession
+	opening  int                // sessions being opened
+	opened   chan struct{}      // closed when an opening ends (made by the first to wait)
+	held     map[int64]*muxHold // keys held, or being tried (nil), on this pool's sessions
+	private  bool               // not in muxPools (a handle that is not comparable)
+	left     bool               // taken out of muxPools: a Lock that finds it so asks again
+}
+
+// muxSession is one shared pinned connection.
+type muxSession struct {
+	pool *muxPool
+	p    pinned
+
+	mu sync.Mutex // one statement at a time; held through each statement
+
+	// Under pool.mu:
+	holds    map[int64]*muxHold
+	inflight int  // callers that chose it and have not finished their statement
+	ended    bool // its connection is discarded or back in the pool
+	timer    *time.Timer
+}
+
+// muxHold is a lock held on a shared session: one key, or a set's.
+type muxHold struct {
+	hold
+	s    *muxSession
+	keys []int64
+}
+
+// newMuxPool returns the pool of l's shared sessions on lb (see
+// WithMultiplexing): one of its own where l's handle cannot be a map key,
+// else nil, for muxPoolFor to find the one that l shares.
+func newMuxPool(l *Lock, lb *lockBackend) *muxPool {
+	if reflect.TypeOf(l.db).Comparable() {
+		return nil
+	}
+	mp := muxPoolOf(l, lb, muxKeyOf(l, lb))
+	mp.private = true
+	return mp
+}
+
+// muxKeyOf is the muxKey of l's sessions on lb.
+func muxKeyOf(l *Lock, lb *lockBackend) muxKey {
+	return muxKey{db: l.db, backend: lb.session.Name(), settings: lb.settings, keepAlive: l.cfg.keepAlive, timeout: l.cfg.releaseTimeout, size: l.cfg.multiplex}
+}
+
+// muxPoolOf makes the pool of key for l's sessions on lb.
+func muxPoolOf(l *Lock, lb *lockBackend, key muxKey) *muxPool {
+	return &muxPool{key: key, locker: lb.session.(MultiplexingLocker), bounded: lb.bounded, logger: l.cfg.log(),
+		obs: l.observedAs(false), held: map[int64]*muxHold{}}
+}
+
+// muxPoolFor returns the pool of the sessions that l, with lb, shares.
+func muxPoolFor(l *Lock, lb *lockBackend) *muxPool {
+	if lb.privateMux != nil {
+		return lb.privateMux
+	}
+	k := muxKeyOf(l, lb)
+	muxPools.mu.Lock()
+	defer muxPools.mu.Unlock()
+	mp := muxPools.m[k]
+	if mp == nil {
+		mp = muxPoolOf(l, lb, k)
+		muxPools.m[k] = mp
+	}
+	return mp
+}
+
+// errMuxHeldHere is the miss of a key that this process already holds, or
+// is trying, on a shared session.
+var errMuxHeldHere = fmt.Errorf("%w (held in this process, on a shared session)", ErrNotAcquired)
+
+// pgOutOfSharedMemory is PostgreSQL's SQLSTATE for a full lock table.
+const pgOutOfSharedMemory = "53200"
+
+// errSessionEnded is the error of a statement whose shared session ended
+// before it could run: the caller chooses another.
+var errSessionEnded = errors.New("advisorylock: the shared session ended")
+
+// tryMux makes one attempt on a shared session of l's pool: a Guard, or
+// ErrNotAcquired.
+func (l *Lock) tryMux(ctx, budget context.Context, lb *lockBackend) (*Guard, error) {
+	mp := muxPoolFor(l, lb)
+	mp.mu.Lock()
+	for mp.left { // it went idle as we found it
+		mp.mu.Unlock()
+		mp = muxPoolFor(l, lb)
+		mp.mu.Lock()
+	}
+	keys := l.keysOf()
+	for _, k := range keys {
+		if _, ok := mp.held[k]; ok {
+			mp.mu.Unlock()
+			return nil, errMuxHeldHere
+		}
+	}
+	for _, k := range keys {
+		mp.held[k] = nil // this try's, until it ends
+	}
+	mp.mu.Unlock()
+	for {
+		s, err := mp.choose(budget, l)
+		if err != nil {
+			mp.unreserve(keys)
+			return nil, err
+		}
+		g, err := s.try(ctx, l)
+		if errors.Is(err, errSessionEnded) {
+			continue
+		}
+		return g, err
+	}
+}
+
+// unreserve ends a try's claim on keys that did not become a hold.
+func (mp *muxPool) unreserve(keys []int64) {
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	for _, k := range keys {
+		if h, ok := mp.held[k]; ok && h == nil {
+			delete(mp.held, k)
+		}
+	}
+	mp.leaveIfIdle()
+}
+
+// choose returns a session for one statement, counted in its inflight:
+// one with no statement in flight, else a new one while the pool has fewer
+// than its size, else the least busy. A new session's connection comes
+// from the handle's pool like any acquire's (WithPoolWait); if none comes
+// and the pool has a session, that one is used.
+func (mp *muxPool) choose(budget context.Context, l *Lock) (*muxSession, error) {
+	mp.mu.Lock()
+	for {
+		var best *muxSession
+		for _, s := range mp.sessions {
+			if best == nil || s.inflight < best.inflight {
+				best = s
+			}
+		}
+		full := len(mp.sessions)+mp.opening >= mp.key.size
+		if best != nil && (best.inflight == 0 || full) {
+			best.inflight++
+			mp.mu.Unlock()
+			return best, nil
+		}
+		if !full {
+			break
+		}
+		// Every session is being opened: wait for one.
+		if mp.opened == nil {
+			mp.opened = make(chan struct{})
+		}
+		opened := mp.opened
+		mp.mu.Unlock()
+		select {
+		case <-opened:
+		case <-budget.Done():
+			return nil, context.Cause(budget)
+		}
+		mp.mu.Lock()
+	}
+	mp.opening++
+	mp.mu.Unlock()
+
+	s := &muxSession{pool: mp, p: pinned{bounded: mp.bounded, obs: mp.obs}, holds: map[int64]*muxHold{}}
+	cg, err := checkout(budget, l.db, &s.p, l.cfg.poolWait)
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	mp.opening--
+	if mp.opened != nil {
+		close(mp.opened)
+		mp.opened = nil
+	}
+	if err != nil {
+		if len(mp.sessions) > 0 && budget.Err() == nil {
+			s := mp.sessions[0]
+			s.inflight++
+			return s, nil
+		}
+		mp.leaveIfIdle()
+		return nil, err
+	}
+	cg.take()
+	s.inflight = 1
+	mp.sessions = append(mp.sessions, s)
+	return s, nil
+}
+
+// leaveIfIdle takes mp out of muxPools once it has no session and nothing
+// under way. mp.mu is held.
+func (mp *muxPool) leaveIfIdle() {
+	if mp.private || mp.left || len(mp.sessions) > 0 || mp.opening > 0 || len(mp.held) > 0 {
+		return
+	}
+	mp.left = true
+	muxPools.mu.Lock()
+	if muxPools.m[mp.key] == mp {
+		delete(muxPools.m, mp.key)
+	}
+	muxPools.mu.Unlock()
+}
+
+// statementContext is the context of a statement on a shared session: the
+// caller's values, never its end, bounded by the pool's timeout.
+func (mp *muxPool) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), mp.key.timeout)
+}
+
+// try makes l's attempt on s, whose inflight counts the caller.
+func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
+	mp := s.pool
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.isEnded() {
+		s.done()
+		return nil, errSessionEnded
+	}
+	keys := l.keysOf()
+	sctx, cancel := mp.statementContext(ctx)
+	var res SessionResult
+	var err error
+	if l.set != nil {
+		res, err = l.trySet(sctx, mp.locker, &s.p)
+	} else {
+		res, err = ask(sctx, &s.p, func() (SessionResult, error) { return mp.locker.TryLockSession(s.p.quiet(sctx), s.p.conn, l.key) })
+	}
+	cancel()
+	if err != nil && sqlState(err) == pgOutOfSharedMemory && l.set == nil && !s.p.abandoned.Load() {
+		// The server's lock table is full: the try of one key took
+		// nothing and the session, which answered, is as it was. (A
+		// set's statement may have taken some of its keys: see below.)
+		mp.unreserve(keys)
+		s.done()
+		return nil, fmt.Errorf("%w (the server's lock table holds max_locks_per_transaction × max_connections locks; raise max_locks_per_transaction to hold more at once)", err)
+	}
+	if err != nil {
+		// The session may hold the keys now, or be mid-statement: end it.
+		s.end(LossSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, l.name, err))
+		mp.unreserve(keys)
+		return nil, err
+	}
+	if res.OK && ctx.Err() != nil {
+		// Granted as the caller went away: let it go again.
+		s.unlockLocked(ctx, l.name, keys)
+		mp.unreserve(keys)
+		s.done()
+		return nil, context.Cause(ctx)
+	}
+	if !res.OK {
+		mp.unreserve(keys)
+		s.done()
+		return nil, ErrNotAcquired
+	}
+	h := &muxHold{s: s, keys: keys}
+	h.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: h}
+	mp.mu.Lock()
+	for _, k := range keys {
+		s.holds[k] = h
+		mp.held[k] = h
+	}
+	s.inflight--
+	if s.timer == nil && mp.key.keepAlive > 0 {
+		s.timer = time.AfterFunc(mp.key.keepAlive, s.check)
+	}
+	mp.mu.Unlock()
+	return newGuard(&h.hold), nil
+}
+
+// isEnded reports whether s's connection is gone.
+func (s *muxSession) isEnded() bool {
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	return s.ended
+}
+
+// done ends a caller's statement on s: it is no longer in flight, and s
+// goes back to the handle's pool if it now holds nothing. s.mu is held.
+func (s *muxSession) done() {
+	mp := s.pool
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	s.inflight--
+	s.retireIfIdle()
+}
+
+// retireIfIdle hands s's connection back to the handle's pool when it
+// holds no lock and no caller is about to run a statement on it: its
+// session holds none of ours. s.mu and mp.mu are held.
+func (s *muxSession) retireIfIdle() {
+	mp := s.pool
+	if s.ended || len(s.holds) > 0 || s.inflight > 0 {
+		return
+	}
+	s.ended = true
+	mp.sessions = slices.DeleteFunc(mp.sessions, func(o *muxSession) bool { return o == s })
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	recycle(s.p.conn)
+	mp.leaveIfIdle()
+}
+
+// end ends s, whose state is unknown: every lock on it is told it is lost
+// (with err, for cause), and then its connection is discarded, which
+// frees them. s.mu is held.
+func (s *muxSession) end(cause LossCause, err error) {
+	mp := s.pool
+	mp.mu.Lock()
+	if s.ended {
+		mp.mu.Unlock()
+		return
+	}
+	s.ended = true
+	mp.sessions = slices.DeleteFunc(mp.sessions, func(o *muxSession) bool { return o == s })
+	var holds []*muxHold
+	for k, h := range s.holds {
+		if h.keys[0] == k { // once per hold
+			holds = append(holds, h)
+		}
+		delete(mp.held, k)
+	}
+	clear(s.holds)
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	mp.mu.Unlock()
+	if len(holds) > 0 {
+		mp.logger.Warn("advisorylock: shared session ended; its locks are lost", "locks", len(holds), "err", err)
+	}
+	for _, h := range holds {
+		h.lose(cause, err)
+	}
+	s.p.discard(DiscardLost, err)
+	mp.mu.Lock()
+	mp.leaveIfIdle()
+	mp.mu.Unlock()
+}
+
+// unlockLocked releases keys on s, ending s if the outcome is unknown
+// (or the session did not hold one: its state is not what we think).
+// s.mu is held.
+func (s *muxSession) unlockLocked(ctx context.Context, name string, keys []int64) error {
+	err := unlockKeys(ctx, s.pool.locker, &s.p, keys, s.pool.key.timeout)
+	if err != nil {
+		s.end(LossSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, name, err))
+	}
+	return err
+}
+
+// release frees the lock on its shared session. A lock already lost has
+// nothing left to free. An unlock whose outcome is unknown ends the
+// session (see end). ctx never ends (see doRelease).
+func (h *muxHold) release(ctx context.Context, timeout time.Duration) error {
+	s := h.s
+	mp := s.pool
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mp.mu.Lock()
+	if s.ended || s.holds[h.keys[0]] != h {
+		mp.mu.Unlock()
+		return nil
+	}
+	s.inflight++
+	mp.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := s.unlockLocked(ctx, h.name, h.keys)
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	for _, k := range h.keys {
+		if s.holds[k] == h {
+			delete(s.holds, k)
+			delete(mp.held, k)
+		}
+	}
+	s.inflight--
+	s.retireIfIdle()
+	if !s.ended {
+		mp.leaveIfIdle()
+	}
+	return err
+}
+
+// forget releases a forgotten Guard's lock in a goroutine of its own (it
+// runs in the runtime's cleanup goroutine, which must not wait on I/O):
+// discarding the connection, as a pinned lock's cleanup does, would end
+// its neighbours too.
+func (h *muxHold) forget() {
+	go func() { _ = h.release(context.Background(), h.relTO) }()
+}
+
+// check is s's keep-alive: one statement asks which of its keys the
+// session still holds. A lock it no longer holds is lost; a session that
+// cannot be asked is ended, and all its locks with it.
+func (s *muxSession) check() {
+	mp := s.pool
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mp.mu.Lock()
+	if s.ended || len(s.holds) == 0 {
+		s.timer = nil
+		mp.mu.Unlock()
+		return
+	}
+	keys := make([]int64, 0, len(s.holds))
+	for k := range s.holds {
+		keys = append(keys, k)
+	}
+	mp.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), mp.key.timeout)
+	held, err := ask(ctx, &s.p, func() ([]bool, error) { return mp.locker.HeldKeys(s.p.quiet(ctx), s.p.conn, keys) })
+	timedOut := ctx.Err() != nil
+	cancel()
+	if err == nil && len(held) != len(keys) {
+		err = fmt.Errorf("advisorylock: HeldKeys answered %d of %d keys", len(held), len(keys))
+	}
+	if err != nil {
+		cause := LossSessionEnded
+		if timedOut {
+			cause = LossNoAnswer
+		}
+		s.end(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
+		return
+	}
+	// A hold is gone when any of its keys is; a set's others are let go.
+	var gone []*muxHold
+	var rest []int64
+	mp.mu.Lock()
+	for i, k := range keys {
+		if h := s.holds[k]; !held[i] && h != nil {
+			gone = append(gone, h)
+			for _, hk := range h.keys {
+				delete(s.holds, hk)
+				delete(mp.held, hk)
+				if j := slices.Index(keys, hk); j >= 0 && held[j] {
+					rest = append(rest, hk)
+				}
+			}
+		}
+	}
+	mp.mu.Unlock()
+	for _, h := range gone {
+		h.warn("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", "session no longer holds it")
+		h.lose(LossNotHeld, fmt.Errorf("%w: session no longer holds it", ErrLockLost))
+	}
+	if len(rest) > 0 && s.unlockLocked(context.Background(), "a lost set", rest) != nil {
+		return // the session is ended
+	}
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	if len(s.holds) > 0 {
+		s.timer.Reset(mp.key.keepAlive)
+	} else {
+		s.timer = nil
+		s.retireIfIdle()
+	}
+}

@@ -1,0 +1,222 @@
+package advisorylock
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// A set (NewSet) is one Lock over several names. Its keys are kept in key
+// order, and every acquire takes them in that order, so two sets that
+// share names never wait for each other in a cycle. On a session backend a
+// grant holds every key on one session: a try takes all or none (one
+// statement where the backend is a SetLocker, else one per key, letting
+// go of what it took on a miss), a wait takes them one after another,
+// each waited for server-side. On a row backend each name is a row of its
+// own, taken in key order; the set is held while all its rows are.
+
+// NewSet returns one Lock over names: a grant holds all of them, Release
+// frees all, and the loss of any one is the loss of the set (Lost closes,
+// Do's context is cancelled). TryLock takes all or none; Lock waits for
+// them in key order, so two sets over the same names, passed in any
+// order, never deadlock. Name returns the names in key order joined by
+// ",", Key the first key, and Holder the holder of the first name, in key
+// order, that someone holds.
+//
+// It refuses, as New does, a nil db, an empty or repeated name, and no
+// names at all; it takes New's options but WithMinHold. RLock on a set
+// returns ErrUnsupported.
+func NewSet(db DB, names []string, opts ...Option) (*Lock, error) {
+	label := strings.Join(names, ",")
+	if len(names) == 0 {
+		return nil, wrapErr(label, "new set", errors.New("advisorylock: a set needs at least one name"))
+	}
+	type member struct {
+		name string
+		key  int64
+	}
+	ms := make([]member, len(names))
+	for i, n := range names {
+		if n == "" {
+			return nil, wrapErr(label, "new set", errEmptyName)
+		}
+		ms[i] = member{n, Key(n)}
+	}
+	slices.SortFunc(ms, func(a, b member) int { return cmp.Compare(a.key, b.key) })
+	for i := 1; i < len(ms); i++ {
+		if ms[i].key == ms[i-1].key {
+			return nil, wrapErr(label, "new set", fmt.Errorf("%w: name %q is in the set twice", errInvalidOption, ms[i].name))
+		}
+	}
+	sorted := make([]string, len(ms))
+	keys := make([]int64, len(ms))
+	for i, m := range ms {
+		sorted[i], keys[i] = m.name, m.key
+	}
+	label = strings.Join(sorted, ",")
+	cfg, err := constructed(db, label, "a set", lockOptions&^optMinHold, opts)
+	if err != nil {
+		return nil, wrapErr(label, "new set", err)
+	}
+	l := newLock(db, label, cfg, LockKindLock)
+	l.key = keys[0]
+	if len(keys) > 1 {
+		l.set, l.setNames = keys, sorted
+	}
+	return l, nil
+}
+
+// keysOf is what l locks: its set's keys, or its one key.
+func (l *Lock) keysOf() []int64 {
+	if l.set != nil {
+		return l.set
+	}
+	return []int64{l.key}
+}
+
+// trySet makes a set's one attempt on p's session: all or none.
+func (l *Lock) trySet(ctx context.Context, locker SessionLocker, p *pinned) (SessionResult, error) {
+	if sl, ok := locker.(SetLocker); ok {
+		return ask(ctx, p, func() (SessionResult, error) { return sl.TryLockAll(p.quiet(ctx), p.conn, l.set) })
+	}
+	for i, k := range l.set {
+		res, err := ask(ctx, p, func() (SessionResult, error) { return locker.TryLockSession(p.quiet(ctx), p.conn, k) })
+		if err != nil || !res.OK {
+			if uerr := unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout); uerr != nil {
+				return SessionResult{}, errors.Join(err, uerr)
+			}
+			return res, err
+		}
+	}
+	return SessionResult{OK: true}, nil
+}
+
+// waitSet waits for a set's keys in key order on p's session, each
+// server-side, holding those it has; if budget ends first it lets go of
+// them (OK false, nil error: a definite miss).
+func (l *Lock) waitSet(ctx, budget context.Context, locker SessionLocker, p *pinned) (SessionResult, error) {
+	for i, k := range l.set {
+		res, err := ask(ctx, p, func() (SessionResult, error) { return locker.TryLockSession(p.quiet(ctx), p.conn, k) })
+		if err == nil && !res.OK {
+			res, err = l.waitSession(ctx, budget, locker, p, k)
+		}
+		if err != nil {
+			return res, err
+		}
+		if !res.OK {
+			err := endWait(ctx, locker, p, k, l.cfg.releaseTimeout)
+			return SessionResult{}, errors.Join(err, unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout))
+		}
+	}
+	return SessionResult{OK: true}, nil
+}
+
+// unlockKeys releases keys on p's session, within timeout each; an error
+// means the session may still hold some and must be discarded.
+func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int64, timeout time.Duration) error {
+	for _, k := range keys {
+		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (SessionResult, error) {
+			return locker.UnlockSession(ctx, p.conn, k)
+		})
+		if err != nil {
+			return err
+		}
+		if !res.OK {
+			return fmt.Errorf("advisorylock: the session did not hold key %d of the set", k)
+		}
+	}
+	return nil
+}
+
+// heldOn reports whether p's session still holds every one of keys: one
+// statement where the backend is a MultiplexingLocker, else one per key.
+func heldOn(ctx context.Context, locker SessionLocker, p *pinned, keys []int64) (bool, error) {
+	if m, ok := locker.(MultiplexingLocker); ok && len(keys) > 1 {
+		held, err := ask(ctx, p, func() ([]bool, error) { return m.HeldKeys(p.quiet(ctx), p.conn, keys) })
+		return err == nil && len(held) == len(keys) && !slices.Contains(held, false), err
+	}
+	for _, k := range keys {
+		held, err := ask(ctx, p, func() (bool, error) { return locker.HoldsSession(p.quiet(ctx), p.conn, k) })
+		if err != nil || !held {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// setHolder reports the holder of the first key of l's set that someone
+// holds, by holder (which reads one key).
+func (l *Lock) setHolder(ctx context.Context, holder func(i int) (*Holder, error)) (*Holder, error) {
+	for i, n := range l.setNames {
+		h, err := holder(i)
+		if err != nil || h != nil {
+			if h != nil {
+				h.Name, h.Key = n, l.set[i]
+			}
+			return h, err
+		}
+	}
+	return nil, nil
+}
+
+// acquireRowSet takes a set's rows in key order, each as a Lock's row is
+// taken; on a miss or an error it releases those it took. The set's hold
+// is lost when any row's is.
+func (l *Lock) acquireRowSet(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
+	parts := make([]*hold, 0, len(l.set))
+	for i, k := range l.set {
+		req := l.rowRequest("")
+		req.Name, req.Key = l.setNames[i], k
+		s, err := acquireLease(ctx, budget, b.rows, l.db, &l.cfg, req, wait)
+		if err != nil {
+			for _, p := range parts {
+				_ = p.doRelease(ctx)
+			}
+			return nil, err
+		}
+		parts = append(parts, &s.hold)
+	}
+	sh := &rowSetHold{parts: parts}
+	sh.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: sh}
+	for _, p := range parts {
+		p.onLost(func(err error) {
+			p.lostMu.Lock()
+			cause := p.lostCause
+			p.lostMu.Unlock()
+			sh.lose(cause, err)
+		})
+	}
+	return newGuard(&sh.hold), nil
+}
+
+// rowSetHold is a set held as rows: one lease hold per name.
+type rowSetHold struct {
+	hold
+	parts []*hold
+}
+
+// release frees every row; ctx never ends (see doRelease).
+func (s *rowSetHold) release(ctx context.Context, _ time.Duration) error {
+	var errs []error
+	for _, p := range s.parts {
+		p.onLost(nil)
+		errs = append(errs, p.doRelease(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// forget frees every row of a forgotten set.
+func (s *rowSetHold) forget() {
+	for _, p := range s.parts {
+		p.mu.Lock()
+		if !p.released {
+			p.released = true
+			p.end.forget()
+		}
+		p.mu.Unlock()
+	}
+}

@@ -76,8 +76,9 @@
 // (a Semaphore's slots in one statement), WaitEnder (state a wait leaves
 // on a session), TxLocker (LockTx), TermEnder (a resigning leader's term
 // record), PromptCanceler (a driver that ends statements with their
-// context), TableChecker (Check proves the grants) and RunRecorder
-// (TryDoOnce's records of runs done). The package's own
+// context), TableChecker (Check proves the grants), RunRecorder
+// (TryDoOnce's records of runs done) and ReleaseListener (a LeaseLock
+// waiter woken by the release, not its poll). The package's own
 // tests run a backend of a third party's making through each.
 package advisorylock
 

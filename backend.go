@@ -223,6 +223,27 @@ type ElectingSessionLocker interface {
 	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
 }
 
+// ReleaseListener is a LeaseStore whose ReleaseLease (of a KindLease
+// row) signals the release to listeners, so that a waiting LeaseLock
+// tries again when the lease is released instead of at its next poll.
+// While LeaseLock waiters wait on a *sql.DB, the library runs one
+// listener for it on a connection of the pool that holds no lock and is
+// discarded afterwards, and none on a pool limited to fewer than four
+// connections. The signal is an optimisation: waiters still poll (less
+// often), so a signal lost costs latency, never safety. Without it, or
+// where ListenReleases returns an error matching ErrUnsupported (the
+// driver delivers no notifications, a transaction-mode pooler), waiters
+// poll; after another error the library listens again while waiters wait.
+//
+// For backend authors: see "Writing a backend" in the package doc.
+type ReleaseListener interface {
+	LeaseStore
+	// ListenReleases listens on conn, given to it alone, until ctx ends or
+	// conn fails. It calls ready once it listens (releases before that may
+	// go unheard), then released(r.Key) for each release it hears.
+	ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error
+}
+
 // DriverTuner is a Backend that picks its statement forms per driver: the
 // library calls ForDB once it knows the handle a lock is given, and uses
 // the Backend it returns for that handle.

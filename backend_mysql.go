@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"strconv"
 	"strings"
@@ -69,6 +71,22 @@ type mysqlBackend struct {
 	waitTimeout int64
 	// shared takes keys shared (RLock; see backend_mysql_shared.go).
 	shared bool
+	// prepared keeps the exclusive try and the unlock prepared per
+	// connection (go-sql-driver/mysql; see ForDB); nil: text.
+	prepared *preparedStatements
+}
+
+// ForDB returns m with the statement forms of db's driver: on
+// go-sql-driver/mysql the exclusive try and the unlock are server-side
+// prepared statements, prepared once per connection and run by their
+// handle (one round trip, and the server skips parsing them), with the
+// name as an argument. Where preparing is refused (a proxy) or a session
+// lost them, they go as text.
+func (m mysqlBackend) ForDB(db DB) Backend {
+	if driverPkg(db) == "github.com/go-sql-driver/mysql" {
+		m.prepared = preparedStatementsOf(db)
+	}
+	return m
 }
 
 // ForLock returns the backend for one Lock whose sessions get a
@@ -86,17 +104,19 @@ type mysqlBackend struct {
 //
 // A Lock without a keep-alive (WithKeepAlive(0)) gets none of this: its
 // idle holder would lose the lock unnoticed.
-func (mysqlBackend) ForLock(s SessionSettings) SessionLocker {
+func (m mysqlBackend) ForLock(s SessionSettings) SessionLocker {
 	d := s.DeadHolder
-	if d <= 0 {
-		return mysqlBackend{}
+	m.waitTimeout = 0
+	if d > 0 {
+		m.waitTimeout = int64((d + time.Second - 1) / time.Second)
 	}
-	return mysqlBackend{waitTimeout: int64((d + time.Second - 1) / time.Second)}
+	return m
 }
 
 // The capabilities the MySQL backend has, each an interface of
 // backend.go that a third party's backend may implement too.
 var (
+	_ DriverTuner           = mysqlBackend{}
 	_ IdleSessionEnder      = mysqlBackend{}
 	_ MultiKeyLocker        = mysqlBackend{}
 	_ MultiplexingLocker    = mysqlBackend{}
@@ -198,7 +218,10 @@ func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key in
 	if m.shared {
 		return m.tryShared(ctx, conn, key)
 	}
-	r, state, err := m.grabExclusive(ctx, conn, key, "SELECT ", "GET_LOCK("+mysqlLockName(key)+", 0)")
+	r, state, err := m.tryPrepared(ctx, conn, key)
+	if errors.Is(err, errNotPrepared) {
+		r, state, err = m.grabExclusive(ctx, conn, key, "SELECT ", "GET_LOCK("+mysqlLockName(key)+", 0)")
+	}
 	if state == grabbedWithReaders && err == nil {
 		r.OK = false
 		err = m.EndWait(ctx, conn, key)
@@ -260,6 +283,11 @@ func (m mysqlBackend) lockStatement(ctx context.Context, conn *sql.Conn, getLock
 	var waitTimeout int64
 	var r SessionResult
 	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only, @@session.wait_timeout").Scan(&got, &r.Session, &readOnly, &waitTimeout)
+	return m.lockOutcome(ctx, conn, r, got, readOnly, waitTimeout, err)
+}
+
+// lockOutcome is what a lock statement's row (see lockStatement) means.
+func (m mysqlBackend) lockOutcome(ctx context.Context, conn *sql.Conn, r SessionResult, got sql.NullInt64, readOnly bool, waitTimeout int64, err error) (SessionResult, int64, error) {
 	switch {
 	case err != nil:
 		return SessionResult{}, 0, err
@@ -295,7 +323,14 @@ func (m mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int
 	name := mysqlLockName(key)
 	var released, holder sql.NullInt64
 	var r SessionResult
-	err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+name+"), CONNECTION_ID(), IS_USED_LOCK("+name+")").Scan(&released, &r.Session, &holder)
+	err := errNotPrepared
+	if m.prepared != nil {
+		unquoted := name[1 : len(name)-1]
+		err = m.prepared.queryRow(ctx, conn, myUnlockPrepared, []any{unquoted, unquoted}, &released, &r.Session, &holder)
+	}
+	if errors.Is(err, errNotPrepared) {
+		err = conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+name+"), CONNECTION_ID(), IS_USED_LOCK("+name+")").Scan(&released, &r.Session, &holder)
+	}
 	switch {
 	case err != nil:
 		return SessionResult{}, err
@@ -839,6 +874,144 @@ func (mysqlBackend) CheckTables(ctx context.Context, db DB, tables ...string) er
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// The exclusive try and the unlock as prepared statements (see ForDB):
+// the text of grabExclusive's try and of UnlockSession, with the lock's
+// name (and its shared holders' prefix) as arguments.
+const (
+	myTryPrepared = "SELECT CASE GET_LOCK(?, 0) WHEN 1 THEN IF(EXISTS (SELECT 1 FROM advisorylock_shared s WHERE s.lock_key = ?" +
+		" AND IS_USED_LOCK(CONCAT(?, s.conn_id)) = s.conn_id), 2, 1) WHEN 0 THEN 0 END, CONNECTION_ID(), @@read_only, @@session.wait_timeout"
+	myUnlockPrepared = "SELECT RELEASE_LOCK(?), CONNECTION_ID(), IS_USED_LOCK(?)"
+)
+
+// mysqlUnknownStatement is ER_UNKNOWN_STMT_HANDLER: the session lost a
+// prepared statement (COM_RESET_CONNECTION, a proxy that moved it).
+const mysqlUnknownStatement = 1243
+
+// tryPrepared is grabExclusive's try as a prepared statement; it returns
+// errNotPrepared where nothing ran (no cache, refused, the table missing:
+// the text path creates it), and the caller sends the text.
+func (m mysqlBackend) tryPrepared(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, int, error) {
+	if m.prepared == nil {
+		return SessionResult{}, grabMissed, errNotPrepared
+	}
+	name := mysqlLockName(key)
+	unquoted := name[1 : len(name)-1]
+	var got sql.NullInt64
+	var readOnly bool
+	var waitTimeout int64
+	var r SessionResult
+	err := m.prepared.queryRow(ctx, conn, myTryPrepared, []any{unquoted, key, unquoted + ":s"}, &got, &r.Session, &readOnly, &waitTimeout)
+	if errors.Is(err, errNotPrepared) {
+		return SessionResult{}, grabMissed, err
+	}
+	r, state, err := m.lockOutcome(ctx, conn, r, got, readOnly, waitTimeout, err)
+	if err != nil {
+		return SessionResult{}, grabMissed, err
+	}
+	r.OK = state == grabbed
+	return r, int(state), nil
+}
+
+// queryRow runs text on conn's session, prepared there first if it is
+// not yet, with args, and stores its one row in dest (*int64, *bool or
+// *sql.NullInt64). It returns errNotPrepared where nothing ran: the
+// connection is not the driver's own, the server refused to prepare (then
+// the cache sends text from then on), a table is missing, or the session
+// lost the statement (it is prepared again next time).
+func (ps *preparedStatements) queryRow(ctx context.Context, conn *sql.Conn, text string, args []any, dest ...any) error {
+	if ps.refused.Load() {
+		return errNotPrepared
+	}
+	var added bool
+	err := conn.Raw(func(dc any) error {
+		st, a, err := ps.stmt(ctx, dc, text)
+		added = a
+		if n := mysqlErrno(err); n != 0 {
+			if n != mysqlNoSuchTable {
+				ps.refused.Store(true)
+			}
+			return errNotPrepared
+		}
+		if err != nil {
+			return err
+		}
+		sq, ok := st.(driver.StmtQueryContext)
+		if !ok {
+			return errNotPrepared
+		}
+		nv := make([]driver.NamedValue, len(args))
+		for i, a := range args {
+			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+		}
+		rows, err := sq.QueryContext(ctx, nv)
+		if mysqlErrno(err) == mysqlUnknownStatement {
+			ps.forget(dc)
+			return errNotPrepared
+		}
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		vals := make([]driver.Value, len(rows.Columns()))
+		if err := rows.Next(vals); err != nil {
+			if errors.Is(err, io.EOF) {
+				return sql.ErrNoRows
+			}
+			return err
+		}
+		if len(vals) != len(dest) {
+			return fmt.Errorf("advisorylock: a prepared statement returned %d columns, want %d", len(vals), len(dest))
+		}
+		for i, d := range dest {
+			if err := assignInt(d, vals[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if added {
+		ps.trim()
+	}
+	return err
+}
+
+// assignInt stores an integer column's driver value v in dest.
+func assignInt(dest any, v driver.Value) error {
+	var n int64
+	valid := true
+	switch x := v.(type) {
+	case nil:
+		valid = false
+	case int64:
+		n = x
+	case uint64:
+		n = int64(x)
+	case []byte:
+		var err error
+		if n, err = strconv.ParseInt(string(x), 10, 64); err != nil {
+			return fmt.Errorf("advisorylock: reading an integer column: %w", err)
+		}
+	default:
+		return fmt.Errorf("advisorylock: an integer column came as %T", v)
+	}
+	if d, ok := dest.(*sql.NullInt64); ok {
+		*d = sql.NullInt64{Int64: n, Valid: valid}
+		return nil
+	}
+	if !valid {
+		return errors.New("advisorylock: an integer column was NULL")
+	}
+	switch d := dest.(type) {
+	case *int64:
+		*d = n
+	case *bool:
+		*d = n != 0
+	default:
+		return fmt.Errorf("advisorylock: cannot store an integer column in %T", dest)
 	}
 	return nil
 }

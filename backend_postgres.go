@@ -6,9 +6,11 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 	"weak"
@@ -65,6 +67,7 @@ var (
 	_ PromptCanceler        = (*postgres)(nil)
 	_ WindowedSessionLocker = (*postgres)(nil)
 	_ LeaseStore            = (*postgres)(nil)
+	_ ReleaseListener       = (*postgres)(nil)
 )
 
 func (p *postgres) Name() string { return "postgres" }
@@ -349,6 +352,8 @@ func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string
 type preparedStatements struct {
 	pool weak.Pointer[sql.DB] // for its count of open connections; weak, so that the cache keeps no pool alive
 
+	refused atomic.Bool // the server refused to prepare: statements go as text (MySQL; see queryRow)
+
 	mu    sync.Mutex
 	conns map[any]*connStatements // by driver connection
 	clock uint64                  // counts uses, for least recently used
@@ -417,6 +422,9 @@ func (ps *preparedStatements) exec(ctx context.Context, conn *sql.Conn, text str
 // stmt returns text prepared on dc's session, preparing it if needed
 // (added true when the cache held no statement of dc's before).
 func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st driver.Stmt, added bool, err error) {
+	if !preparesOn(dc) { // a wrapper's statements stay where it sees them (and it may not be a map key)
+		return nil, false, errNotPrepared
+	}
 	ps.mu.Lock()
 	ps.clock++
 	cs := ps.conns[dc]
@@ -429,7 +437,7 @@ func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st
 		return st, false, nil
 	}
 	pc, ok := dc.(driver.ConnPrepareContext)
-	if !ok || !isLibPQConn(dc) { // a wrapper's statements stay where it sees them
+	if !ok {
 		return nil, false, errNotPrepared
 	}
 	if st, err = pc.PrepareContext(ctx, text); err != nil {
@@ -445,6 +453,14 @@ func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st
 	cs.used = ps.clock
 	cs.byText[text] = st
 	return st, added, nil
+}
+
+// preparesOn reports whether dc is a connection of a driver the cache
+// prepares on (lib/pq's, or go-sql-driver/mysql's, whose statements
+// MySQL's ForDB prepares), and not a wrapper's.
+func preparesOn(dc any) bool {
+	t := reflect.TypeOf(dc)
+	return isLibPQConn(dc) || t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/go-sql-driver/mysql"
 }
 
 // forget drops dc's statements: its session has lost them.
@@ -899,12 +915,18 @@ RETURNING generation`
 	// runs before the row is written. A grant is its generation, so the
 	// release names it alone; an acquire whose outcome was unknown has none
 	// and frees whatever its owner label, unique per acquire, holds.
+	//
+	// A release that freed the row notifies pgReleaseChannel with the
+	// lease's key, delivered to listeners when it commits (see
+	// ListenReleases).
 	pgReleaseLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL`
+WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL
+RETURNING pg_notify('` + pgReleaseChannel + `', $3::text)`
 	pgAbandonLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-WHERE name = $1::text AND owner = $2::text`
+WHERE name = $1::text AND owner = $2::text
+RETURNING pg_notify('` + pgReleaseChannel + `', $3::text)`
 	pgLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
 WHERE name = $1::text AND owner IS NOT NULL AND expires_at > now()`
 	// The upsert stores the token only if it is not lower than the stored
@@ -1010,13 +1032,14 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 	if r.Kind != KindLease {
 		return errNoLockRows
 	}
+	key := strconv.FormatInt(r.Key, 10)
 	if r.Token == 0 {
-		return p.exec(ctx, db, pgAbandonLease, r.Name, r.Owner)
+		return p.exec(ctx, db, pgAbandonLease, r.Name, r.Owner, key)
 	}
 	if r.MinHold > 0 {
 		return p.releaseLeaseWindow(ctx, db, r)
 	}
-	return p.exec(ctx, db, pgReleaseLease, r.Name, r.Token.Int64())
+	return p.exec(ctx, db, pgReleaseLease, r.Name, r.Token.Int64(), key)
 }
 
 // LeaseHolder reports the lease's holder, or nil when it is free or
@@ -1265,4 +1288,82 @@ func (p *postgres) CheckTables(ctx context.Context, db DB, tables ...string) err
 	var n int64
 	_, err := p.queryRow(ctx, db, probe, nil, &n)
 	return err
+}
+
+// pgReleaseChannel is the channel lease releases notify, one for the
+// table, with the lease's key as the payload: a listener per *sql.DB
+// hears every name with one LISTEN, and a payload never reaches the
+// server's limit, whatever the name's length. Two names of one key
+// share wakes, which only makes a waiter look early.
+const pgReleaseChannel = "advisorylock_leases"
+
+// ListenReleases listens for lease releases on conn (see
+// ReleaseListener). It needs a driver that delivers notifications to a
+// connection of database/sql's pool, which pgx's stdlib does (its
+// Conn().WaitForNotification); lib/pq hands them only to a pq.Listener,
+// so there, and behind a transaction-mode pooler (where a LISTEN stays
+// on whichever server session ran it), it returns ErrUnsupported and
+// waiters poll. The pooler is told by the probe New uses, once per
+// *sql.DB.
+func (p *postgres) ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error {
+	if !p.params {
+		return fmt.Errorf("%w: the driver delivers no notifications to a pooled connection", ErrUnsupported)
+	}
+	if err := checkPooler(ctx, db, p); err != nil {
+		if errors.Is(err, ErrTransactionPooler) {
+			return fmt.Errorf("%w: %w", ErrUnsupported, err)
+		}
+		return err
+	}
+	if _, err := conn.ExecContext(ctx, "LISTEN "+pgReleaseChannel); err != nil {
+		return err
+	}
+	return conn.Raw(func(dc any) error {
+		next, ok := pgxNotifications(dc)
+		if !ok {
+			return fmt.Errorf("%w: the driver connection %T has no WaitForNotification", ErrUnsupported, dc)
+		}
+		ready()
+		for {
+			payload, err := next(ctx)
+			if err != nil {
+				return err
+			}
+			if key, err := strconv.ParseInt(payload, 10, 64); err == nil {
+				released(key)
+			}
+		}
+	})
+}
+
+// pgxNotifications returns a function that waits for the next
+// notification on dc, a driver connection of pgx's stdlib, and returns
+// its payload: dc.Conn().WaitForNotification(ctx), called by method name
+// so that the package imports no driver. ok is false when dc has no such
+// methods.
+func pgxNotifications(dc any) (next func(ctx context.Context) (string, error), ok bool) {
+	connOf := reflect.ValueOf(dc).MethodByName("Conn")
+	if !connOf.IsValid() || connOf.Type().NumIn() != 0 || connOf.Type().NumOut() != 1 {
+		return nil, false
+	}
+	wait := connOf.Call(nil)[0].MethodByName("WaitForNotification")
+	ctxType, errType := reflect.TypeFor[context.Context](), reflect.TypeFor[error]()
+	if !wait.IsValid() || wait.Type().NumIn() != 1 || wait.Type().In(0) != ctxType ||
+		wait.Type().NumOut() != 2 || wait.Type().Out(1) != errType {
+		return nil, false
+	}
+	return func(ctx context.Context) (string, error) {
+		out := wait.Call([]reflect.Value{reflect.ValueOf(&ctx).Elem()})
+		if err, _ := out[1].Interface().(error); err != nil {
+			return "", err
+		}
+		n := reflect.Indirect(out[0])
+		if n.Kind() != reflect.Struct {
+			return "", nil
+		}
+		if f := n.FieldByName("Payload"); f.Kind() == reflect.String {
+			return f.String(), nil
+		}
+		return "", nil
+	}, true
 }

@@ -379,7 +379,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	now, exp := leaseTimes(r)
 	token := int64(1) // a lock row's grant; a lease row returns its generation
 	acquired := false
-	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
+	err := s.acquireInTurn(ctx, db, busyNewcomer, func(q querier) error {
 		if r.Kind != KindLease {
 			var err error
 			acquired, err = s.acquireRow(ctx, q, r, now, exp)
@@ -638,6 +638,32 @@ func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, stmt func(q q
 		}
 		return settled(ctx, err)
 	})
+}
+
+// acquireInTurn is run for an acquire, taken in turn with the other
+// acquires of db's handle: SQLite has one writer at a time and serves no
+// queue, so acquires of one pool that tried at once would sleep in the
+// driver's busy handler (for up to 100ms between its tries, each time)
+// while newcomers barge in, and one could wait for seconds. In turn
+// (first come, first served), an acquire waits for the acquires ahead of
+// it and no longer. A holder's statements (renew, release) do not wait
+// for their turn, so that under contention they still win over acquires
+// (see busyPolicy); they, the writes of other processes and the caller's
+// own statements still meet SQLITE_BUSY, which run retries.
+func (s sqliteBackend) acquireInTurn(ctx context.Context, db DB, p busyPolicy, stmt func(q querier) error) error {
+	turn, _ := cachedVerdict(ctx, db, "sqlite acquires", func(context.Context) (chan struct{}, error) {
+		return make(chan struct{}, 1), nil
+	})
+	if turn == nil { // ctx ended while another caller made it
+		return s.run(ctx, db, p, stmt)
+	}
+	select {
+	case turn <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("advisorylock: sqlite: waiting for this pool's acquires ahead: %w", context.Cause(ctx))
+	}
+	defer func() { <-turn }()
+	return s.run(ctx, db, p, stmt)
 }
 
 // settled returns err, or also ctx's error if ctx ended while the

@@ -152,12 +152,21 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 	if _, ok := store.(SharedLeaseStore); ok && wait && req.Kind == KindLock {
 		return claimLease(ctx, budget, store, db, cfg, req)
 	}
+	var wake <-chan struct{} // nil: releases are not heard, and waiting is polling
+	if wait && req.Kind == KindLease {
+		// Joined before the first attempt, so that a release after it
+		// misses is heard (see releaseWatch).
+		if lw := joinReleases(ctx, store, db, req.Key); lw != nil {
+			defer lw.leave()
+			wake = lw.wake
+		}
+	}
 	for {
 		s, err := tryLease(ctx, budget, store, db, cfg, req)
 		if !wait || !errors.Is(err, ErrNotAcquired) {
 			return s, err
 		}
-		if err := waitUntilFree(budget, store, db, cfg, req); err != nil {
+		if err := waitUntilFree(budget, store, db, cfg, req, wake); err != nil {
 			return nil, err
 		}
 	}
@@ -200,7 +209,7 @@ func waitForTurn(budget context.Context, store LeaseStore, db DB, cfg *config, r
 	case err != nil:
 		return err
 	case h != nil && !h.Shared:
-		return waitUntilFree(budget, store, db, cfg, req)
+		return waitUntilFree(budget, store, db, cfg, req, nil)
 	}
 	poll := time.NewTimer(pollPause(cfg.poll, cfg.poll, 0))
 	defer poll.Stop()
@@ -258,11 +267,12 @@ func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config,
 }
 
 // waitUntilFree polls the row until it reads free or expired, or budget
-// ends. A poll reads before anyone writes, so many waiters do not fight
-// for the database's writer. A LeaseLock waiter backs off (see
+// ends, or (wake) a release of it is heard, when it returns at once to
+// try again. A poll reads before anyone writes, so many waiters do not
+// fight for the database's writer. A LeaseLock waiter backs off (see
 // pollPause), so that a hundred waiting replicas do not send thousands of
 // queries a second; a Lock kept as a row (SQLite) polls every interval.
-func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
+func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wake <-chan struct{}) error {
 	longest := cfg.poll
 	if req.Kind == KindLease {
 		longest = max(cfg.poll, leaseWaitCap)
@@ -273,6 +283,8 @@ func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config,
 		select {
 		case <-budget.Done():
 			return context.Cause(budget)
+		case <-wake:
+			return nil
 		case <-poll.C:
 		}
 		h, err := holderNow(budget, store, db, cfg, req)

@@ -53,20 +53,23 @@ type handoffLib struct {
 	name    string
 	drivers []string
 	period  time.Duration // poll period of a polling library; 0 if it waits server-side
+	hold    time.Duration // if set, how long a holder holds once the others wait, instead of period's random part
 	setup   func(b *testing.B, drv string) (mk func(i int) contender, queuedKey *int64)
 }
 
 var handoffLibs = []handoffLib{
-	{"advisorylock", pgDrivers, 0, handoffAdvisoryLock},
-	{"raw_blocking", pgDrivers, 0, handoffRawBlocking},
-	{"raw_literal", pgDrivers, 0, handoffRawLiteral},
-	{"migrate", pgDrivers, 0, handoffMigrate},
-	{"leaselock", pgDrivers, libraryPoll, handoffLeaseLock},
-	{"goose_table", pgDrivers, gooseTablePeriod, handoffGooseTable},
-	{"goose_session", pgDrivers, gooseSessionPeriod * time.Second, handoffGooseSession},
-	{"sqlite_raw", []string{"sqlite"}, libraryPoll, handoffSQLiteRaw},
-	{"sqlite_lock", []string{"sqlite"}, libraryPoll, handoffSQLiteLock},
-	{"sqlite_leaselock", []string{"sqlite"}, libraryPoll, handoffSQLiteLeaseLock},
+	{"advisorylock", pgDrivers, 0, 0, handoffAdvisoryLock},
+	{"raw_blocking", pgDrivers, 0, 0, handoffRawBlocking},
+	{"raw_literal", pgDrivers, 0, 0, handoffRawLiteral},
+	{"migrate", pgDrivers, 0, 0, handoffMigrate},
+	{"leaselock", pgDrivers, libraryPoll, 0, handoffLeaseLock},
+	{"leaselock_held50ms", pgDrivers, libraryPoll, 50 * time.Millisecond, handoffLeaseLock},
+	{"leaselock_held200ms", pgDrivers, libraryPoll, 200 * time.Millisecond, handoffLeaseLock},
+	{"goose_table", pgDrivers, gooseTablePeriod, 0, handoffGooseTable},
+	{"goose_session", pgDrivers, gooseSessionPeriod * time.Second, 0, handoffGooseSession},
+	{"sqlite_raw", []string{"sqlite"}, libraryPoll, 0, handoffSQLiteRaw},
+	{"sqlite_lock", []string{"sqlite"}, libraryPoll, 0, handoffSQLiteLock},
+	{"sqlite_leaselock", []string{"sqlite"}, libraryPoll, 0, handoffSQLiteLeaseLock},
 }
 
 // BenchmarkHandoff measures, for each library, the time from the moment a
@@ -85,7 +88,7 @@ func BenchmarkHandoff(b *testing.B) {
 				if key != nil {
 					queued = queuedOn(b, *key)
 				}
-				runHandoff(b, mk, queued, lib.period, unitProbe(b, drv))
+				runHandoff(b, mk, queued, lib.period, lib.hold, unitProbe(b, drv))
 			})
 		}
 	}
@@ -128,6 +131,7 @@ type handoffState struct {
 	b       *testing.B
 	queued  func(ctx context.Context) (int, error)
 	period  time.Duration
+	hold    time.Duration
 	unit    func(ctx context.Context) error
 	waiting atomic.Int32
 	cancel  context.CancelFunc
@@ -147,14 +151,14 @@ type handoffState struct {
 // measured. A contender that released waits until someone else has
 // acquired before it queues again, so every release has the other
 // contenders waiting and none barging.
-func runHandoff(b *testing.B, mk func(i int) contender, queued func(ctx context.Context) (int, error), period time.Duration, unit func(ctx context.Context) error) {
+func runHandoff(b *testing.B, mk func(i int) contender, queued func(ctx context.Context) (int, error), period, hold time.Duration, unit func(ctx context.Context) error) {
 	cs := make([]contender, handoffContenders)
 	for i := range cs {
 		cs[i] = mk(i)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s := &handoffState{b: b, queued: queued, period: period, unit: unit, cancel: cancel,
+	s := &handoffState{b: b, queued: queued, period: period, hold: hold, unit: unit, cancel: cancel,
 		samples: make([]time.Duration, 0, b.N), units: make([]time.Duration, 0, b.N+1)}
 	s.cond = sync.NewCond(&s.mu)
 	var wg sync.WaitGroup
@@ -295,6 +299,10 @@ func (s *handoffState) awaitWaiters(ctx context.Context) error {
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
+	if s.hold > 0 {
+		time.Sleep(s.hold)
+		return nil
+	}
 	if s.queued == nil {
 		time.Sleep(pollerSettle + rand.N(max(s.period, 1)))
 		return nil
@@ -377,7 +385,8 @@ func handoffLeaseLock(b *testing.B, drv string) (func(i int) contender, *int64) 
 	name := lockName(b, "handoff")
 	forgetLease(b, name)
 	return func(int) contender {
-		l := newLeaseLock(b, openPG(b, drv, postgresDSN(), 2), name)
+		// Four connections: a pool of fewer has no listener (its waiters poll).
+		l := newLeaseLock(b, openPG(b, drv, postgresDSN(), 4), name)
 		return guardContender(l.Lock)
 	}, nil
 }

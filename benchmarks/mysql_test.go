@@ -370,7 +370,7 @@ func BenchmarkMySQLHandoff(b *testing.B) {
 				queued = mysqlQueuedOn(b, name)
 			}
 			unit := pin(b, openMySQL(b, 1))
-			runHandoff(b, lib.mk(b, name), queued, lib.period, func(ctx context.Context) error {
+			runHandoff(b, lib.mk(b, name), queued, lib.period, 0, func(ctx context.Context) error {
 				return unit.QueryRowContext(ctx, "SELECT 1").Scan(new(int))
 			})
 		})

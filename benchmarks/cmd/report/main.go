@@ -60,7 +60,7 @@ func groups(quick bool, count int, other string) []group {
 		{"round trips", `^BenchmarkRoundTrips$`, "200x", 1, false},
 		{"handoff, paired with the bare handoff", `^BenchmarkHandoffPaired$`, "300x", count, true},
 		{"handoff, server-side waits", `^BenchmarkHandoff$/^(advisorylock|raw_blocking|raw_literal|migrate)$`, "300x", count, false},
-		{"handoff, 20ms pollers", `^BenchmarkHandoff$/^(leaselock|goose_table|sqlite_raw|sqlite_lock|sqlite_leaselock)$`, "40x", count, false},
+		{"handoff, 20ms pollers", `^BenchmarkHandoff$/^(leaselock|leaselock_held50ms|leaselock_held200ms|goose_table|sqlite_raw|sqlite_lock|sqlite_leaselock)$`, "40x", count, false},
 		{"handoff, goose session locker (1s)", `^BenchmarkHandoff$/^goose_session$`, "6x", min(count, 3), false},
 		{"scaling", `^BenchmarkScaling$`, "300ms", min(count, 3), false},
 		{"MySQL paired ratios", `^(BenchmarkMySQLPaired|BenchmarkMySQLHandoffPaired)$`, "300ms", count, true},

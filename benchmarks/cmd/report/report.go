@@ -76,7 +76,7 @@ var handoffRows = []struct{ lib, label, kind, wait string }{
 	{"raw_literal", "raw `pg_advisory_lock(<literal>)` — **the floor**", "floor", "server-side, unbounded"},
 	{"raw_blocking", "raw `pg_advisory_lock($1)`", "floor", "server-side, unbounded"},
 	{"migrate", "golang-migrate `Lock`", "peer", "server-side, unbounded"},
-	{"leaselock", "advisorylock `LeaseLock`", "ours", "polls every 20ms"},
+	{"leaselock", "advisorylock `LeaseLock`", "ours", "woken by the release (pgx); polls every 20ms (lib/pq)"},
 	{"goose_table", "goose table locker", "peer", "polls every 20ms (±25%); default 5s"},
 	{"goose_session", "goose session locker", "peer", "polls every 1s (its floor); default 5s"},
 	{"sqlite_raw", "raw SQLite upsert, polled", "floor", "polls every 20ms"},

@@ -1,0 +1,101 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// listeningMapBackend is a third party's ReleaseListener: the map
+// backend, whose releases it tells its listener of through a channel.
+type listeningMapBackend struct {
+	*mapBackend
+	releases chan int64
+	listen   chan struct{} // closed when the listener may say it is ready
+	misses   *atomic.Int32 // acquires that found the lease held
+}
+
+func (m listeningMapBackend) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+	g, err := m.mapBackend.AcquireLease(ctx, db, r)
+	if errors.Is(err, advisorylock.ErrNotAcquired) {
+		m.misses.Add(1)
+	}
+	return g, err
+}
+
+var _ advisorylock.ReleaseListener = listeningMapBackend{}
+
+func (m listeningMapBackend) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {
+	err := m.mapBackend.ReleaseLease(ctx, db, r)
+	select {
+	case m.releases <- r.Key:
+	default: // a release nobody hears: the waiter's poll finds it
+	}
+	return err
+}
+
+func (m listeningMapBackend) ListenReleases(ctx context.Context, _ advisorylock.DB, _ *sql.Conn, ready func(), released func(key int64)) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.listen:
+	}
+	ready()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case key := <-m.releases:
+			released(key)
+		}
+	}
+}
+
+// TestThirdBackendWakesLeaseWaiters: a LeaseLock waiter on a third
+// party's ReleaseListener is woken by the release it hears, long before
+// its first poll (5s at the earliest). The handle only lends the
+// listener a connection.
+func TestThirdBackendWakesLeaseWaiters(t *testing.T) {
+	const farPoll, promptly = 10 * time.Second, 2 * time.Second
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
+	b := listeningMapBackend{newMapBackend(), make(chan int64, 16), make(chan struct{}), new(atomic.Int32)}
+	name := testdb.UniqueName(t)
+	holder := newLeaseLock(t, db, name, advisorylock.WithBackend(b))
+	waiter := newLeaseLock(t, db, name, advisorylock.WithBackend(b), advisorylock.WithPollInterval(farPoll))
+	g := tryLease(t, holder)
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), leaseWait)
+		defer cancel()
+		wg, err := waiter.Lock(ctx)
+		if err == nil {
+			err = wg.Release(context.Background())
+		}
+		got <- err
+	}()
+	// The waiter misses and waits; its listener then gets ready, which
+	// wakes it to try again (a release may have gone unheard before), and
+	// that miss leaves it waiting for its poll, or for a release heard.
+	testdb.WaitFor(t, leaseWait, func() bool { return b.misses.Load() >= 1 }, "the waiter made no attempt")
+	close(b.listen)
+	testdb.WaitFor(t, leaseWait, func() bool { return b.misses.Load() >= 2 }, "the listener's readiness did not wake the waiter")
+	released := time.Now()
+	releaseLease(t, g)
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+		if d := time.Since(released); d > promptly {
+			t.Fatalf("the waiter got the lease %v after the release; woken, it takes a moment", d)
+		}
+	case <-time.After(leaseWait):
+		t.Fatal("the waiter never got the lease")
+	}
+}

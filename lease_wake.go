@@ -1,0 +1,173 @@
+package advisorylock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// releaseWatch fans out the lease releases that one listener hears (see
+// ReleaseListener) to the LeaseLock waiters of one *sql.DB, each woken
+// when a release of its key is heard, and every waiter when the listener
+// (re)starts or stops, since a release may have gone unheard meanwhile.
+// A wake only makes a waiter try again at once: the row and the
+// database's clock still decide who gets the lease, and a waiter whose
+// wake never comes finds the lease free at its next poll.
+//
+// Its listener goroutine runs while a waiter is joined and for
+// listenLinger after the last one left (so back-to-back handoffs keep one
+// listener); the watch owns it and stops it then. A listener whose
+// connection fails is started again after listenRetry while waiters
+// remain. Where the store says it cannot listen on db (an error matching
+// ErrUnsupported), the watch is off for good and waiters poll.
+type releaseWatch struct {
+	store ReleaseListener
+	db    DB
+
+	mu      sync.Mutex
+	waiters map[*leaseWaiter]struct{}
+	running bool               // the listener goroutine runs
+	off     bool               // the store cannot listen on db
+	stop    context.CancelFunc // ends the current listen; nil between listens
+	linger  *time.Timer        // stops the listener once no waiter is left
+}
+
+// leaseWaiter is one waiting acquire: wake holds at most one signal, so a
+// release heard while the waiter was busy is kept for its next wait.
+type leaseWaiter struct {
+	w    *releaseWatch
+	key  int64
+	wake chan struct{}
+}
+
+const (
+	// listenLinger is how long a listener stays after its last waiter.
+	listenLinger = 250 * time.Millisecond
+	// listenRetry is the pause before a failed listener starts again.
+	listenRetry = 100 * time.Millisecond
+	// listenCheckout bounds the listener's checkout of its connection, so
+	// that a busy pool never queues it ahead of the waiters' statements.
+	listenCheckout = time.Second
+	// listenMinPool is the smallest SetMaxOpenConns limit a listener takes
+	// a connection from: below it, the connection it keeps would leave
+	// too few for the statements of the waiters and holders beside it.
+	listenMinPool = 4
+)
+
+// joinReleases registers a waiter for key on db's watch, starting its
+// listener if none runs; nil when releases cannot be heard (the store is
+// no ReleaseListener, or the watch is off), and the waiter polls.
+func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64) *leaseWaiter {
+	rl, ok := store.(ReleaseListener)
+	if !ok {
+		return nil
+	}
+	if n := maxOpenConns(db); n != 0 && n < listenMinPool {
+		return nil
+	}
+	w, err := cachedVerdict(ctx, db, "release watch", func(context.Context) (*releaseWatch, error) {
+		return &releaseWatch{store: rl, db: db, waiters: map[*leaseWaiter]struct{}{}}, nil
+	})
+	if err != nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.off {
+		return nil
+	}
+	lw := &leaseWaiter{w: w, key: key, wake: make(chan struct{}, 1)}
+	w.waiters[lw] = struct{}{}
+	if w.linger != nil {
+		w.linger.Stop()
+		w.linger = nil
+	}
+	if !w.running {
+		w.running = true
+		go w.run()
+	}
+	return lw
+}
+
+// leave unregisters the waiter; the last one to leave starts the linger.
+func (lw *leaseWaiter) leave() {
+	w := lw.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.waiters, lw)
+	if len(w.waiters) > 0 || !w.running || w.linger != nil {
+		return
+	}
+	w.linger = time.AfterFunc(listenLinger, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.linger = nil
+		if len(w.waiters) == 0 && w.stop != nil {
+			w.stop()
+		}
+	})
+}
+
+// run listens until no waiter is left, starting again after a failure.
+func (w *releaseWatch) run() {
+	for {
+		ctx, cancel := context.WithCancel(context.Background())
+		w.mu.Lock()
+		if len(w.waiters) == 0 { // all left during the pause
+			w.running = false
+			w.mu.Unlock()
+			cancel()
+			return
+		}
+		w.stop = cancel
+		w.mu.Unlock()
+		err := w.listen(ctx)
+		stopped := ctx.Err() != nil // by the linger
+		cancel()
+		w.wake(nil) // it heard nothing from here on
+		w.mu.Lock()
+		w.stop = nil
+		if errors.Is(err, ErrUnsupported) {
+			w.off = true
+		}
+		if w.off {
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		if stopped {
+			continue // the loop's check ends it, unless a waiter came back
+		}
+		time.Sleep(listenRetry) // a pause, not a synchronization: the server refused or cut the listener
+	}
+}
+
+// listen runs one listener on a connection of its own, which it discards
+// afterwards: it never goes back to the pool in the listening state.
+func (w *releaseWatch) listen(ctx context.Context) error {
+	checkout, cancel := context.WithTimeout(ctx, listenCheckout)
+	conn, err := w.db.Conn(checkout)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer discard(conn)
+	return w.store.ListenReleases(ctx, w.db, conn, func() { w.wake(nil) }, func(key int64) { w.wake(&key) })
+}
+
+// wake signals the waiters for *key, or every waiter when key is nil.
+func (w *releaseWatch) wake(key *int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for lw := range w.waiters {
+		if key != nil && lw.key != *key {
+			continue
+		}
+		select {
+		case lw.wake <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -44,6 +44,14 @@ mutation "a set's try keeps the names it got when one is held" backend_postgres.
 	's/WHERE t\.ok AND NOT a\.ok\)/WHERE t.ok AND NOT a.ok AND false)/' \
 	'^TestSetTakesAllOrNone$'
 
+# --- Handoffs that do not poll ------------------------------------------------
+mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \
+	's/case lw\.wake <- struct\{\}\{\}:/case <-make(chan struct{}):/' \
+	'^(TestLeaseWaiterWakesOnRelease|TestLeaseWaiterSurvivesAKilledListener)$'
+mutation "SQLite acquires of one pool do not take turns" backend_sqlite.go \
+	's/err := s\.acquireInTurn\(ctx, db, busyNewcomer,/err := s.run(ctx, db, busyNewcomer,/' \
+	'^TestSQLiteWritersOfOnePoolTakeTurns$'
+
 # --- Locks (session advisory locks on PostgreSQL) ---------------------------
 mutation "keep-alive never reports a loss" conn_guard.go \
 	's/if err == nil && held \{/if _ = held; true {/' \

@@ -39,7 +39,13 @@ package advisorylock_test
 // holders than slots that no fault explains. The Lock and LeaseLock rows
 // also record their history (every acquire, release, loss and fenced
 // write), which must be linearizable against a lock-plus-register model
-// (history_test.go); a line reports the operations checked.
+// (history_test.go); a line reports the operations checked. The
+// multiplexed and set rows (soak_mux_test.go: Locks sharing sessions with
+// WithMultiplexing, sets over overlapping names in opposite orders, on
+// PostgreSQL and MariaDB) get faults of their own in every round, beside
+// the others: sessions killed, connections reset, cuts, slow answers; a
+// set's grant is recorded as a grant of each of its names, and their
+// histories are checked with the rest.
 
 import (
 	"context"
@@ -124,6 +130,7 @@ func TestSoak(t *testing.T) {
 	my := startMySQLLoad(t, 2, 1, holdBriefly)
 	sem := startSemaphoreLoad(t)
 	shared := startSharedLoads(t)
+	mux := startMuxLoads(t)
 	var myFaults mysqlFaults
 	classes := soakFaults(t)
 
@@ -146,6 +153,12 @@ func TestSoak(t *testing.T) {
 		for _, s := range shared {
 			lines = append(lines, fmt.Sprintf("  shared Lock on %-9s %v", s.backend+":", s))
 		}
+		for _, m := range mux {
+			lines = append(lines,
+				fmt.Sprintf("  multiplexed Lock on %-11s %v", m.backend+":", m.mux),
+				fmt.Sprintf("  set on %-11s %v", m.backend+":", m.set),
+				fmt.Sprintf("  %s multiplexed and set faults: %v", m.backend, m))
+		}
 		lines = append(lines,
 			"  total:                    "+totals(pg.session, pg.lease, lite.lock, lite.lease, my.session, my.lease),
 		)
@@ -157,9 +170,11 @@ func TestSoak(t *testing.T) {
 
 	nextReport := start.Add(30 * time.Second)
 	for round := 0; round == 0 || time.Since(start) < d; round++ {
+		muxRound := injectMuxRounds(t, mux) // on their own pools and proxies, beside the rest
 		for _, c := range classes {
 			pg.injectAndRecover(c)
 		}
+		muxRound()
 		myFaults.injectRound(t, my)
 		sem.injectRound(t)
 		if time.Now().After(nextReport) {
@@ -183,14 +198,25 @@ func TestSoak(t *testing.T) {
 		sem.injectRound(t)
 		eventually(func() bool { return sem.figs.losses.Load() > 0 })
 	}
+	for try := 0; try < 5 && slices.ContainsFunc(mux, func(m *muxLoad) bool { return !m.reached() }); try++ {
+		injectMuxRounds(t, mux)()
+	}
 	pg.progresses(t)
 	my.progresses(t)
+	for _, m := range mux {
+		m.progresses(t)
+	}
 	pg.halt(t)
 	lite.halt(t)
 	my.halt(t)
 	sem.halt(t)
 	for _, s := range shared {
 		s.halt(t)
+	}
+	muxSecs := []*sections{}
+	for _, m := range mux {
+		m.halt(t)
+		muxSecs = append(muxSecs, m.sections()...)
 	}
 	report("done")
 	pg.check(t)
@@ -200,7 +226,10 @@ func TestSoak(t *testing.T) {
 	for _, s := range shared {
 		s.check(t)
 	}
-	checkHistory(t, slices.Concat(pg.secs, lite.secs, my.secs)...) // history hook
+	for _, m := range mux {
+		m.check(t)
+	}
+	checkHistory(t, slices.Concat(pg.secs, lite.secs, my.secs, muxSecs)...) // history hook
 	if myFaults.kills == 0 || myFaults.cuts == 0 || myFaults.resets == 0 {
 		t.Errorf("vacuous: MySQL faults %v", &myFaults)
 	}

@@ -33,16 +33,29 @@ mutation "a caller's context can cancel a statement on a shared session" multipl
 	'^TestMultiplexingCancelledTriesSpareTheirNeighbours$'
 mutation "a name held in the process is tried again on its shared session" multiplex.go \
 	's/if _, ok := mp\.held\[k\]; ok \{/if _, ok := mp.held[k]; ok \&\& false {/' \
-	'^TestMultiplexingExcludesInProcessAndHandsOff$'
+	'^(TestMultiplexingExcludesInProcessAndHandsOff|TestMultiplexedAndSetRowsUnderFaults|TestMultiplexedSessionKilledUnderContention)$'
 mutation "a shared session that ends tells none of its locks" multiplex.go \
 	's/for _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}/_ = holds/' \
-	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours)$'
+	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours|TestMultiplexedSessionKilledUnderContention|TestMultiplexedAndSetRowsUnderFaults)$'
 mutation "a forgotten guard on a shared session discards the session" multiplex.go \
 	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(LossSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
 	'^TestForgottenMultiplexedGuardIsCleanedUp$'
 mutation "a set's try keeps the names it got when one is held" backend_postgres.go \
 	's/WHERE t\.ok AND NOT a\.ok\)/WHERE t.ok AND NOT a.ok AND false)/' \
 	'^TestSetTakesAllOrNone$'
+# Under load and faults (mux_fault_test.go, soak_mux_test.go; issue 37):
+mutation "a shared session's keep-alive is never started" multiplex.go \
+	's/if s\.timer == nil && mp\.key\.keepAlive > 0 \{/if s.timer == nil \&\& mp.key.keepAlive > 0 \&\& false {/' \
+	'^TestMultiplexedSessionKilledUnderContention$'
+mutation "a missing key loses every lock on the shared session" multiplex.go \
+	's/if h := s\.holds\[k\]; !held\[i\] && h != nil \{/if h := s.holds[k]; h != nil \&\& (!held[i] || slices.Contains(held, false)) {/' \
+	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
+mutation "a lost set's other keys stay held on the shared session" multiplex.go \
+	's/if len\(rest\) > 0 && s\.unlockLocked/if false \&\& len(rest) > 0 \&\& s.unlockLocked/' \
+	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
+mutation "a set waits for its names in the given order, not key order" set.go \
+	's/return cmp\.Compare\(a\.key, b\.key\)/return 0 * cmp.Compare(a.key, b.key)/' \
+	'^TestMultiplexedAndSetRowsUnderFaults$'
 
 # --- Handoffs that do not poll ------------------------------------------------
 mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \

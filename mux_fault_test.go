@@ -1,0 +1,417 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// muxHolder is one of the many multiplexed holders of
+// TestMultiplexedSessionKilledUnderContention: its first section holds
+// its name until the test lets go (or the lock is lost).
+type muxHolder struct {
+	name  string
+	key   int64
+	first atomic.Pointer[section] // the first section, once fn entered it
+	done  atomic.Bool             // the first Do returned
+}
+
+// TestMultiplexedSessionKilledUnderContention holds 200 names with
+// WithMultiplexing(4) (a Do each, from one pool of 8 connections), while
+// rival workers (multiplexed ones on the same pool and on another, pinned
+// ones on another) contend for a fifth of those names with TryDo and Do.
+// One shared session is then ended on the server (pg_terminate_backend,
+// KILL): every holder on it must be told it lost its lock (fn's context
+// cancelled), no holder on another session may be told, the server must
+// still show those names on their sessions, rivals must then get some of
+// the freed names, and nothing may hang. Every Do of holders and rivals is
+// recorded under its name, and each name's history (a lock per name) must
+// be linearizable, with no section entered beside an untold holder.
+func TestMultiplexedSessionKilledUnderContention(t *testing.T) {
+	for _, srv := range muxServers() {
+		t.Run(srv.name, func(t *testing.T) {
+			checkGoroutines(t)
+			db, rivalDB, admin := srv.open(t), srv.open(t), srv.open(t)
+			db.SetMaxOpenConns(8)
+			rivalDB.SetMaxOpenConns(6)
+			names, keys := muxNames(t, 200)
+			figs, rivalFigs := &figures{}, &figures{}
+			secs := map[string]*sections{}
+			var all []*sections
+			for _, n := range names {
+				secs[n] = newSections(n, figs, t.Logf).sessionFaults(5 * time.Second)
+				all = append(all, secs[n])
+			}
+			ctx, stop := context.WithCancel(context.Background())
+			letGo := make(chan struct{})
+			release := sync.OnceFunc(func() { close(letGo) })
+			var wg sync.WaitGroup
+			t.Cleanup(func() { release(); stop(); wg.Wait() })
+			var inside atomic.Int32
+
+			holders := make([]*muxHolder, len(names))
+			for i, n := range names {
+				h := &muxHolder{name: n, key: keys[i]}
+				holders[i] = h
+				l := newLock(t, db, n, muxFaultOptions...)
+				wg.Go(func() { h.run(ctx, l, secs[n], figs, letGo, &inside) })
+			}
+			if !eventually(func() bool { return inside.Load() == int32(len(names)) }) {
+				t.Fatalf("%d of %d holders got their names", inside.Load(), len(names))
+			}
+			held := srv.sessions(t, admin, keys)
+			if len(held) != len(keys) {
+				t.Fatalf("the server shows %d of %d names held", len(held), len(keys))
+			}
+			bySession := distinct(held)
+			if len(bySession) < 2 || len(bySession) > 4 {
+				t.Fatalf("the names are held by %d server sessions, want 2 to 4: %v", len(bySession), bySession)
+			}
+			var victim int64
+			for s, n := range bySession {
+				if victim == 0 || n > bySession[victim] {
+					victim = s
+				}
+			}
+
+			// The rivals contend for 40 names, half on the victim, half off it.
+			var contended []string
+			onVictim, offVictim := 0, 0
+			for i, n := range names {
+				switch {
+				case held[keys[i]] == victim && onVictim < 20:
+					onVictim++
+				case held[keys[i]] != victim && offVictim < 20:
+					offVictim++
+				default:
+					continue
+				}
+				contended = append(contended, n)
+			}
+			t.Logf("sessions and their names: %v; the victim, %d, holds %d", bySession, victim, bySession[victim])
+			pinned := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second)}
+			for i, rival := range []struct {
+				db   *sql.DB
+				opts []advisorylock.Option
+			}{{db, muxFaultOptions}, {db, muxFaultOptions}, {rivalDB, muxFaultOptions}, {rivalDB, muxFaultOptions}, {rivalDB, pinned}, {rivalDB, pinned}} {
+				wg.Go(func() { rivalWorker(ctx, t, rival.db, rival.opts, contended, secs, rivalFigs, i%2 == 0) })
+			}
+			if !eventually(func() bool { return rivalFigs.ops.Load() >= 20 }) {
+				t.Fatalf("the rivals made %d attempts", rivalFigs.ops.Load())
+			}
+			if n := rivalFigs.acquired.Load(); n != 0 {
+				t.Fatalf("rivals got %d sections while every name was held", n)
+			}
+
+			for _, s := range all {
+				s.fault()
+			}
+			killed := time.Now()
+			srv.kill(t, admin, victim)
+			deadline := time.After(wait)
+			lost := 0
+			for _, h := range holders {
+				if held[h.key] != victim {
+					continue
+				}
+				for h.first.Load().told.Load() == 0 {
+					select {
+					case <-deadline:
+						t.Fatalf("lock %s, on the killed session %d, was not reported lost within %v", h.name, victim, wait)
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+				lost++
+			}
+			t.Logf("%d locks on the killed session reported lost within %v", lost, time.Since(killed).Round(time.Millisecond))
+			if !eventually(func() bool { return rivalFigs.acquired.Load() > 0 }) {
+				t.Fatalf("no rival got a freed name: %v", rivalFigs)
+			}
+			// Nothing must happen to the others: give their keep-alives
+			// (every 200ms) several checks to get it wrong.
+			time.Sleep(time.Second)
+			now := srv.sessions(t, admin, keys)
+			for _, h := range holders {
+				if held[h.key] == victim {
+					continue
+				}
+				if h.first.Load().told.Load() != 0 || h.done.Load() {
+					t.Errorf("lock %s, on session %d, reported lost (or ended) when session %d was killed", h.name, held[h.key], victim)
+				} else if now[h.key] != held[h.key] {
+					t.Errorf("lock %s: the server shows session %d, was %d", h.name, now[h.key], held[h.key])
+				}
+			}
+
+			release()
+			if !eventually(func() bool { return figs.ops.Load() >= int64(len(names)) }) {
+				t.Errorf("%d of %d holders' first Do returned", figs.ops.Load(), len(names))
+			}
+			stop()
+			waitGroupWithin(t, &wg, wait, "holders and rivals")
+			for _, s := range all {
+				s.settle()
+			}
+			checkHistory(t, all...) // history hook
+			t.Logf("holders: %v", figs)
+			t.Logf("rivals: %v", rivalFigs)
+			if v := figs.violations.Load(); v != 0 {
+				t.Errorf("%d violations of mutual exclusion (see the log)", v)
+			}
+			if figs.losses.Load() < int64(lost) {
+				t.Errorf("%d Do calls reported a loss, want at least %d", figs.losses.Load(), lost)
+			}
+			if !eventually(func() bool { return len(srv.sessions(t, admin, keys)) == 0 }) {
+				t.Errorf("%d names still held on the server", len(srv.sessions(t, admin, keys)))
+			}
+			for _, p := range []*sql.DB{db, rivalDB} {
+				if !eventually(func() bool { return p.Stats().InUse == 0 }) {
+					t.Errorf("%d connections left checked out", p.Stats().InUse)
+				}
+			}
+		})
+	}
+}
+
+// run holds h's name with Do until ctx ends: the first section until
+// letGo closes or the lock is lost, later ones briefly.
+func (h *muxHolder) run(ctx context.Context, l *advisorylock.Lock, secs *sections, figs *figures, letGo <-chan struct{}, inside *atomic.Int32) {
+	for first := true; ctx.Err() == nil; first = false {
+		start := time.Now()
+		var sec *section
+		err := l.Do(ctx, func(fctx context.Context) error {
+			figs.acquiredAfter(time.Since(start))
+			sec = secs.enter(fctx, nil)
+			defer secs.exit(sec)
+			var hold <-chan time.Time
+			if first {
+				h.first.Store(sec)
+				inside.Add(1)
+			} else {
+				hold = time.After(rand.N(10 * time.Millisecond))
+			}
+			select {
+			case <-hold:
+				return nil
+			case <-firstHold(first, letGo):
+				return nil
+			case <-fctx.Done():
+				return context.Cause(fctx)
+			}
+		})
+		if sec != nil && err != nil {
+			sec.tell() // see sessionWorker
+		}
+		secs.record(start, sec) // history hook
+		figs.outcome(ctx, err, false)
+		if first {
+			h.done.Store(true)
+		}
+	}
+}
+
+// firstHold is what ends a holder's first section (letGo); nil, which
+// never does, for later ones.
+func firstHold(first bool, letGo <-chan struct{}) <-chan struct{} {
+	if first {
+		return letGo
+	}
+	return nil
+}
+
+// rivalWorker takes random names of contended until ctx ends, with
+// TryDo (try) or with a Do bounded to 300ms, holding each for a few
+// milliseconds.
+func rivalWorker(ctx context.Context, t *testing.T, db *sql.DB, opts []advisorylock.Option, contended []string, secs map[string]*sections, figs *figures, try bool) {
+	for ctx.Err() == nil {
+		name := contended[rand.IntN(len(contended))]
+		l, err := advisorylock.New(db, name, opts...)
+		if err != nil {
+			t.Errorf("New(%q): %v", name, err)
+			return
+		}
+		start := time.Now()
+		var sec *section
+		fn := func(fctx context.Context) error {
+			figs.acquiredAfter(time.Since(start))
+			sec = secs[name].enter(fctx, nil)
+			defer secs[name].exit(sec)
+			select {
+			case <-time.After(rand.N(5 * time.Millisecond)):
+				return nil
+			case <-fctx.Done():
+				return context.Cause(fctx)
+			}
+		}
+		if try {
+			var ran bool
+			if ran, err = l.TryDo(ctx, fn); !ran && err == nil {
+				secs[name].record(start, nil) // history hook
+				figs.ops.Add(1)
+				time.Sleep(rand.N(5 * time.Millisecond)) // a try that missed does not spin on the server
+				continue
+			}
+		} else {
+			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			err = l.Do(wctx, fn)
+			cancel()
+			if errors.Is(err, context.DeadlineExceeded) && sec == nil {
+				err = nil // waited its while without the lock
+			}
+		}
+		if sec != nil && err != nil {
+			sec.tell()
+		}
+		secs[name].record(start, sec) // history hook
+		figs.outcome(ctx, err, false)
+	}
+}
+
+// keyDropper is the PostgreSQL backend, used through its exported
+// interfaces, with one fault of its own: the next keep-alive (HeldKeys)
+// of a shared session that holds the key in drop first lets go of that
+// key on the server (pg_advisory_unlock on the session), as other code
+// sharing the session might. The session itself stays up.
+type keyDropper struct {
+	advisorylock.SessionLocker
+	drop    *atomic.Int64 // the key to let go of; 0: none
+	dropped chan int64    // each key let go of
+}
+
+func newKeyDropper() keyDropper {
+	return keyDropper{SessionLocker: advisorylock.Postgres().(advisorylock.SessionLocker), drop: new(atomic.Int64), dropped: make(chan int64, 1)}
+}
+
+// ForLock keeps the fault on the backend configured for a Lock.
+func (d keyDropper) ForLock(s advisorylock.SessionSettings) advisorylock.SessionLocker {
+	d.SessionLocker = d.SessionLocker.(advisorylock.SessionConfigurer).ForLock(s)
+	return d
+}
+
+func (d keyDropper) CancelsPromptly() bool {
+	return d.SessionLocker.(advisorylock.PromptCanceler).CancelsPromptly()
+}
+
+func (d keyDropper) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
+	return d.SessionLocker.(advisorylock.SetLocker).TryLockAll(ctx, conn, keys)
+}
+
+func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
+	if k := d.drop.Load(); k != 0 && slices.Contains(keys, k) && d.drop.CompareAndSwap(k, 0) {
+		var ok bool
+		if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", k).Scan(&ok); err != nil || !ok {
+			return nil, fmt.Errorf("letting go of key %d: %v, %w", k, ok, err)
+		}
+		d.dropped <- k
+	}
+	return d.SessionLocker.(advisorylock.MultiplexingLocker).HeldKeys(ctx, conn, keys)
+}
+
+// TestMultiplexedKeepAliveLosesOnlyTheMissingKeys: when a live shared
+// session no longer holds one of its keys, its keep-alive reports that
+// lock lost and no other on the session, and the name is free to a rival;
+// when the key is one of a set's, the set is lost and its other names are
+// let go on the server, and again its neighbours keep theirs.
+func TestMultiplexedKeepAliveLosesOnlyTheMissingKeys(t *testing.T) {
+	checkGoroutines(t)
+	srv := muxServers()[1] // pgx
+	db, rivalDB, admin := testdb.OpenPostgres(t, "pgx"), testdb.OpenPostgres(t, "pgx"), testdb.OpenPostgres(t, "pgx")
+	db.SetMaxOpenConns(8)
+	d := newKeyDropper()
+	opts := append(slices.Clip(muxFaultOptions), advisorylock.WithBackend(d))
+	names, keys := muxNames(t, 60)
+	guards := holdAll(t, db, names, 8, opts...)
+	setNames, setKeys := muxNames(t, 3)
+	set, err := newSet(t, db, setNames, opts...).TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := srv.sessions(t, admin, slices.Concat(keys, setKeys))
+	if len(held) != len(keys)+len(setKeys) {
+		t.Fatalf("the server shows %d of %d names held", len(held), len(keys)+len(setKeys))
+	}
+	rivalTry := func(name string) bool {
+		g, err := newLock(t, rivalDB, name, quiet).TryLock(context.Background())
+		if err == nil {
+			mustRelease(t, g)
+			return true
+		}
+		if !errors.Is(err, advisorylock.ErrNotAcquired) {
+			t.Fatalf("rival TryLock(%s): %v", name, err)
+		}
+		return false
+	}
+	notLost := func(except int) {
+		t.Helper()
+		for i, g := range guards {
+			select {
+			case <-g.Lost():
+				if i != except {
+					t.Fatalf("lock %s (session %d) reported lost, though its session still holds it", g.Name(), held[keys[i]])
+				}
+			default:
+				if i == except {
+					t.Fatalf("lock %s, let go of on its session, was not reported lost", g.Name())
+				}
+			}
+		}
+	}
+	dropped := func(k int64) {
+		t.Helper()
+		d.drop.Store(k)
+		select {
+		case <-d.dropped:
+		case <-time.After(wait):
+			t.Fatalf("no keep-alive let go of key %d", k)
+		}
+	}
+
+	dropped(keys[0])
+	select {
+	case <-guards[0].Lost():
+	case <-time.After(wait):
+		t.Fatalf("lock %s, let go of on its session, was not reported lost", names[0])
+	}
+	// Give the keep-alives (every 200ms) several checks to get the others wrong.
+	time.Sleep(time.Second)
+	notLost(0)
+	if !rivalTry(names[0]) {
+		t.Fatalf("a rival could not take %s, which its session let go of", names[0])
+	}
+	for _, n := range names[1:10] {
+		if rivalTry(n) {
+			t.Fatalf("a rival took %s, held on a shared session", n)
+		}
+	}
+
+	dropped(setKeys[1])
+	select {
+	case <-set.Lost():
+	case <-time.After(wait):
+		t.Fatal("the set, one of whose names its session let go of, was not reported lost")
+	}
+	if !eventually(func() bool { return len(srv.sessions(t, admin, setKeys)) == 0 }) {
+		t.Fatalf("the lost set's other names are still held: %v", srv.sessions(t, admin, setKeys))
+	}
+	time.Sleep(time.Second)
+	notLost(0)
+	for _, n := range setNames {
+		if !rivalTry(n) {
+			t.Fatalf("a rival could not take %s, of the lost set", n)
+		}
+	}
+	mustRelease(t, set)
+	releaseAll(t, guards)
+	if left := srv.sessions(t, admin, slices.Concat(keys, setKeys)); len(left) != 0 {
+		t.Fatalf("%d names still held on the server after the release", len(left))
+	}
+}

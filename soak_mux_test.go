@@ -29,10 +29,11 @@ import (
 // in opposite orders, waiting with Do; half of them multiplexed.
 //
 // Each round of faults (injectRound) on each server: the session of a
-// multiplexed Lock held for a long section killed on the server
-// (pg_terminate_backend, KILL), the session of a set so held killed, one pool's connections reset, one pool
-// cut off for 1.2-2s (its server sessions live on meanwhile), and one
-// pool's answers held back by 1.2s, longer than a statement's bound.
+// multiplexed Lock inside a long section killed on the server
+// (pg_terminate_backend, KILL), the session of a set inside one killed,
+// one pool's connections reset, one pool cut off for 1.2-2s (its server
+// sessions live on meanwhile), and one pool's answers held back by 1.2s,
+// longer than a statement's bound.
 //
 // A violation is two sections inside one name at once where the older
 // holder had not been told of its loss (sections, with the excuse of a
@@ -67,7 +68,7 @@ type muxLoad struct {
 	stop             context.CancelFunc
 	wg               sync.WaitGroup
 
-	muxKills, setKills, resets, cuts, delays int // faults injected (under the soak's goroutine)
+	muxKills, setKills, resets, cuts, delays int // faults injected; only injectRound writes them
 }
 
 // startMuxLoads starts the rows on PostgreSQL and on MariaDB.
@@ -176,7 +177,7 @@ func (l *muxLoad) worker(ctx context.Context, lock *advisorylock.Lock, names []s
 				for _, n := range names {
 					l.secs[n].record(start, nil) // history hook
 				}
-				time.Sleep(10*time.Millisecond + rand.N(30*time.Millisecond)) // a try that missed does not spin on the server
+				time.Sleep(20*time.Millisecond + rand.N(40*time.Millisecond)) // a try that missed does not spin on the server
 				continue
 			}
 		} else {
@@ -193,6 +194,7 @@ func (l *muxLoad) worker(ctx context.Context, lock *advisorylock.Lock, names []s
 			l.secs[names[0]].log("VIOLATION: %s: the set %q deadlocked: %v", l.backend, lock.Name(), err)
 		}
 		figs.outcome(ctx, err, false)
+		time.Sleep(rand.N(30 * time.Millisecond)) // a job's work between holds, which keeps the rows' load light
 	}
 }
 

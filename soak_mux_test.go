@@ -177,7 +177,7 @@ func (l *muxLoad) worker(ctx context.Context, lock *advisorylock.Lock, names []s
 				for _, n := range names {
 					l.secs[n].record(start, nil) // history hook
 				}
-				time.Sleep(20*time.Millisecond + rand.N(40*time.Millisecond)) // a try that missed does not spin on the server
+				time.Sleep(40*time.Millisecond + rand.N(60*time.Millisecond)) // a try that missed does not spin on the server
 				continue
 			}
 		} else {
@@ -194,7 +194,7 @@ func (l *muxLoad) worker(ctx context.Context, lock *advisorylock.Lock, names []s
 			l.secs[names[0]].log("VIOLATION: %s: the set %q deadlocked: %v", l.backend, lock.Name(), err)
 		}
 		figs.outcome(ctx, err, false)
-		time.Sleep(rand.N(30 * time.Millisecond)) // a job's work between holds, which keeps the rows' load light
+		time.Sleep(10*time.Millisecond + rand.N(50*time.Millisecond)) // a job's work between holds, which keeps the rows' load light
 	}
 }
 

@@ -29,9 +29,10 @@ type muxHolder struct {
 // TestMultiplexedSessionKilledUnderContention holds 200 names with
 // WithMultiplexing(4) (a Do each, from one pool of 8 connections), while
 // rival workers (multiplexed ones on the same pool and on another, pinned
-// ones on another) contend for a fifth of those names with TryDo and Do.
-// One shared session is then ended on the server (pg_terminate_backend,
-// KILL): every holder on it must be told it lost its lock (fn's context
+// ones on another) contend for 40 of those names, 20 of them on the
+// session to be killed, with TryDo and Do. That shared session (the one of
+// the 2 to 4 holding the most) is then ended on the server
+// (pg_terminate_backend, KILL): every holder on it must be told it lost its lock (fn's context
 // cancelled), no holder on another session may be told, the server must
 // still show those names on their sessions, rivals must then get some of
 // the freed names, and nothing may hang. Every Do of holders and rivals is

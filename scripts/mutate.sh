@@ -162,13 +162,13 @@ mutation "a leader that lost its lock leads on" election.go \
 	's/t\.g\.h\.onLost\(cancel\)/t.g.h.onLost(nil)/' \
 	'^TestElectionKilledSessionIsTakenOver$'
 mutation "a resigner on SQLite campaigns again at once" election.go \
-	's/return sleepWithin\(ctx, 2\*max\(e\.cfg\.poll, leaseWaitCap\)\)/return true/' \
+	's/pause = max\(pause, 2\*max\(e\.cfg\.poll, leaseWaitCap\)\)/_ = leaseWaitCap/' \
 	'^TestElectionThreeCandidatesTakeTurnsOnResign$'
 mutation "lead returning nil ends Run" election.go \
 	's/case err == nil:\n(\t+)if !e\.standAside/case err == nil \&\& false:\n$1if !e.standAside/' \
 	'^TestElectionRunReturnsLeadsError$'
 mutation "a lead returning nil at once campaigns again at once" election.go \
-	's/if !e\.standAside\(ctx\) \|\| !e\.rest\(ctx, began, &quick\)/if !e.standAside(ctx) || false \&\& !e.rest(ctx, began, \&quick)/' \
+	's/if !e\.standAside\(ctx, 0\) \|\| !e\.rest\(ctx, began, &quick\)/if !e.standAside(ctx, 0) || false \&\& !e.rest(ctx, began, \&quick)/' \
 	'^TestElectionLeadReturningAtOnceDoesNotHammer$'
 mutation "a missing privilege is campaigned for forever" election.go \
 	's/if !deniedByServer\(err\) \{/if true {/' \

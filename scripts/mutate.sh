@@ -61,9 +61,6 @@ mutation "a set waits for its names in the given order, not key order" set.go \
 mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \
 	's/case lw\.wake <- struct\{\}\{\}:/case <-make(chan struct{}):/' \
 	'^(TestLeaseWaiterWakesOnRelease|TestLeaseWaiterSurvivesAKilledListener)$'
-mutation "SQLite acquires of one pool do not take turns" backend_sqlite.go \
-	's/err := s\.acquireInTurn\(ctx, db, busyNewcomer,/err := s.run(ctx, db, busyNewcomer,/' \
-	'^TestSQLiteWritersOfOnePoolTakeTurns$'
 
 # --- Locks (session advisory locks on PostgreSQL) ---------------------------
 mutation "keep-alive never reports a loss" conn_guard.go \

@@ -130,7 +130,7 @@ mutation "lead returning nil ends Run" election.go \
 	's/case err == nil:\n(\t+)if !e\.standAside/case err == nil \&\& false:\n$1if !e.standAside/' \
 	'^TestElectionRunReturnsLeadsError$'
 mutation "a lead returning nil at once campaigns again at once" election.go \
-	's/if !e\.standAside\(ctx\) \|\| !e\.rest\(ctx, began, &quick\)/if !e.standAside(ctx) || false \&\& !e.rest(ctx, began, \&quick)/' \
+	's/if !e\.standAside\(ctx, 0\) \|\| !e\.rest\(ctx, began, &quick\)/if !e.standAside(ctx, 0) || false \&\& !e.rest(ctx, began, \&quick)/' \
 	'^TestElectionLeadReturningAtOnceDoesNotHammer$'
 mutation "a missing privilege is campaigned for forever" election.go \
 	's/if !deniedByServer\(err\) \{/if true {/' \

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -951,4 +952,64 @@ func TestMinHoldOnMySQLRecordsTheWindowAtTheGrant(t *testing.T) {
 // mysqlServerLockName is the server-side name of name's MySQL lock.
 func mysqlServerLockName(name string) string {
 	return fmt.Sprintf("advisorylock:v1:%016x", uint64(advisorylock.Key(name)))
+}
+
+// TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow: on SQLite the
+// name stays taken until exactly the grant plus WithMinHold, wherever the
+// release and the renewals fall: a release a second after the grant, with
+// a TTL longer than the window, does not count the window from the
+// release; renewals by the keep-alive, with a TTL shorter than the window,
+// do not cut the window short.
+func TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow(t *testing.T) {
+	const window = 3 * time.Second
+	cases := []struct {
+		name         string
+		ttl          time.Duration
+		releaseAfter time.Duration // on the Clock
+		renewed      bool          // released after a renewal
+	}{
+		{"released-a-second-in", 10 * time.Second, time.Second, false},
+		{"renewed-with-a-shorter-ttl", time.Second, 0, true},
+	}
+	for _, kind := range windowKinds {
+		for _, c := range cases {
+			t.Run(kind+"/"+c.name, func(t *testing.T) {
+				ctx := context.Background()
+				clock := testdb.NewFakeClock()
+				rec := &observetest.Recorder{}
+				db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
+				l := newWindowLock(t, kind, db, testdb.UniqueName(t), advisorylock.WithMinHold(window), advisorylock.WithClock(clock),
+					advisorylock.WithLeaseTTL(c.ttl), advisorylock.WithObserver(rec))
+				grant := clock.Now()
+				release, err := l.try(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.renewed {
+					testdb.WaitFor(t, wait, func() bool { return rec.Count("Renewed", string(advisorylock.OutcomeRenewed)) > 0 }, "the keep-alive never renewed")
+				}
+				clock.Add(c.releaseAfter)
+				if err := release(); err != nil {
+					t.Fatal(err)
+				}
+				end := grant.Add(window)
+				h, err := l.holder(ctx)
+				if err != nil || h == nil || !h.ExpiresAt.Equal(end) {
+					t.Fatalf("Holder after the release = %+v, %v; want ExpiresAt at the grant plus the window, %v", h, err, end)
+				}
+				clock.Add(end.Add(-time.Millisecond).Sub(clock.Now()))
+				if _, err := l.try(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+					t.Fatalf("TryLock a millisecond before the window's end = %v, want ErrNotAcquired", err)
+				}
+				clock.Add(time.Millisecond)
+				release, err = l.try(ctx)
+				if err != nil {
+					t.Fatalf("TryLock at the window's end = %v, want the grant", err)
+				}
+				if err := release(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
 }

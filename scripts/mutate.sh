@@ -326,6 +326,78 @@ mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocro
 	's/return fn\(ctx, tick\)/_ = fn(ctx, tick); return nil/' \
 	'^TestOncePerTickRunsAFailedTickAgain$' extra/advisorylockgocron
 
+# --- What the audit of 2026-12-02 slipped past (issue 37, item 3) -------------
+# The MySQL election: who leads, and the term it records.
+mutation "MySQL: Leader trusts a term while any connection holds the lock" backend_mysql_election.go \
+	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND IS_USED_LOCK(` + mysqlLockName(key) + `) IS NOT NULL`/' \
+	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'
+mutation "PostgreSQL: Leader trusts a term while any session holds the lock" backend_postgres_election.go \
+	's/WHERE l\.locktype = '"'"'advisory'"'"' AND l\.granted AND l\.pid = e\.pid/WHERE l.locktype = '"'"'advisory'"'"' AND l.granted AND l.pid > 0/' \
+	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'
+mutation "MySQL: a new term is the last plus one, behind the clock" backend_mysql_election.go \
+	's/term = LAST_INSERT_ID\(GREATEST\(term \+ 1, ` \+ mysqlNowMicros \+ `\)\)/term = LAST_INSERT_ID(term + 1)/' \
+	'^TestElectionTermExceedsEveryTokenIssuedBeforeIt$'
+mutation "PostgreSQL: a new term is the last plus one, behind the token sequence" backend_postgres_election.go \
+	's/term = greatest\(e\.term \+ 1, EXCLUDED\.term\)/term = e.term + 1/' \
+	'^TestElectionTermExceedsEveryTokenIssuedBeforeIt$'
+mutation "MySQL: a new term keeps the last leader's connection" backend_mysql_election.go \
+	's/\n\tconnection_id = CONNECTION_ID\(\), user = /\n\tuser = /' \
+	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionKilledSessionIsTakenOver)$'
+mutation "MySQL: a new term keeps the last leader's label" backend_mysql_election.go \
+	's/\), owner = ` \+ o \+ `,\n/),\n/' \
+	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionKilledSessionIsTakenOver)$'
+mutation "a lead that returns its context's error after a loss ends Run" election.go \
+	's/\tcase t\.lostBy\(err\):/\tcase false \&\& t.lostBy(err):/' \
+	'^TestElectionLeadReturningItsContextErrorAfterALossCampaignsAgain$'
+# The keep-alive's reading of a lock that is gone from its session.
+mutation "MySQL keep-alive takes a freed lock (NULL) for held" backend_mysql.go \
+	's/return held\.Valid && held\.Bool, err/return !held.Valid || held.Bool, err/' \
+	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
+mutation "MySQL keep-alive takes another connection's lock for its own" backend_mysql.go \
+	's/holds := "IS_USED_LOCK\(" \+ mysqlLockName\(key\) \+ "\) = CONNECTION_ID\(\)"/holds := "IS_USED_LOCK(" + mysqlLockName(key) + ") IS NOT NULL"/' \
+	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
+mutation "PostgreSQL keep-alive takes another session's lock for its own" backend_postgres.go \
+	's/(l\.mode = '"'"'"\+p\.lockMode\(\)\+"'"'"') AND l\.pid = pg_backend_pid\(\)\)/$1)/' \
+	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
+# SQLite's min-hold window: taken until exactly the grant plus WithMinHold.
+mutation "SQLite Lock's window counts from the release, not the grant" backend_sqlite.go \
+	's/(sqliteReleaseLockWindow = `UPDATE advisorylock_locks SET expires_at = min\(expires_at, max\(\?3, )acquired_at \+ \?4\)\)/$1?3 + ?4))/' \
+	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
+mutation "SQLite lease's window counts from the release, not the grant" backend_sqlite.go \
+	's/(expires_at = min\(expires_at, max\(\?3, )acquired_at \+ \?4\)\)\nWHERE name = \?1 AND generation = \?2/$1?3 + ?4))\nWHERE name = ?1 AND generation = ?2/' \
+	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
+mutation "SQLite Lock's renewal cuts its window short" backend_sqlite.go \
+	's/(sqliteRenewLockWindow   = `UPDATE advisorylock_locks SET expires_at = )max\(\?3, acquired_at \+ \?5\)/$1?3/' \
+	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
+mutation "SQLite lease's renewal cuts its window short" backend_sqlite.go \
+	's/(sqliteRenewLeaseWindow  = `UPDATE advisorylock_leases SET expires_at = )max\(\?4, acquired_at \+ \?6\)/$1?4/' \
+	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
+mutation "SQLite's release keeps the row for the TTL, not the window" backend_sqlite.go \
+	's/(now, _ := leaseTimes\(r\)\n\treturn s\.run\(ctx, db, busyHolder, func\(q querier\) error \{\n\t\tvar err error\n\t\twin := r\.)MinHold/$1TTL/' \
+	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
+mutation "SQLite's grant does not stretch the row over the window" backend_sqlite.go \
+	's/r\.TTL = max\(r\.TTL, r\.MinHold\) \/\/ the row stays taken for the window too/r.TTL = max(r.TTL, 0*r.MinHold)/' \
+	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
+# lockrun's settings from a config file: each takes effect.
+mutation "lockrun: the config file's wait is dropped" cmd/lockrun/config.go \
+	's/\(key == "wait" && o\.nonblock\)/key == "wait"/' \
+	'^(TestEveryConfigKeyActsAsItsFlag|TestConfigFileSettingsTakeEffectInARun)$' ./cmd/lockrun
+mutation "lockrun: the config file's min-hold is dropped" cmd/lockrun/config.go \
+	's/if key == "dsn" \|\| o\.given\[key\]/if key == "dsn" || key == "min-hold" || o.given[key]/' \
+	'^(TestEveryConfigKeyActsAsItsFlag|TestConfigFileSettingsTakeEffectInARun)$' ./cmd/lockrun
+mutation "lockrun: the config file's ttl is dropped" cmd/lockrun/config.go \
+	's/if key == "dsn" \|\| o\.given\[key\]/if key == "dsn" || key == "ttl" || o.given[key]/' \
+	'^(TestEveryConfigKeyActsAsItsFlag|TestConfigFileSettingsTakeEffectInARun)$' ./cmd/lockrun
+mutation "lockrun: the config file's kill-after is dropped" cmd/lockrun/config.go \
+	's/if key == "dsn" \|\| o\.given\[key\]/if key == "dsn" || key == "kill-after" || o.given[key]/' \
+	'^(TestEveryConfigKeyActsAsItsFlag|TestConfigFileSettingsTakeEffectInARun)$' ./cmd/lockrun
+mutation "lockrun: a false boolean in the config file turns its flag on" cmd/lockrun/config.go \
+	's/\tif on \{\n\t\tf\.bool\(o\)/\tif on || true {\n\t\tf.bool(o)/' \
+	'^(TestEveryConfigKeyActsAsItsFlag|TestConfigFileSettingsTakeEffectInARun)$' ./cmd/lockrun
+mutation "lockrun: the config file's dsn is ignored" cmd/lockrun/dsn.go \
+	's/\{settings\["dsn"\]\.value, settings\["dsn"\]\.at\}/{"", settings["dsn"].at}/' \
+	'^(TestEveryConfigKeyActsAsItsFlag|TestCronJobWithConfigFileTakesTheClusterLock|TestConfigPrecedence)$' ./cmd/lockrun
+
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \
 	's/(const KeyDomain = ")advisorylock:v1"/$1advisorylock:v2"/' \

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -160,4 +161,70 @@ func between(t *testing.T, s, start, end string) string {
 		t.Fatalf("no %q...%q", start, end)
 	}
 	return inside
+}
+
+// Issue 37, item 3: every key a config file may set acts as its flag
+// does: the options a file's value gives equal those of the flag with
+// that value, and differ from the defaults (so a key read but dropped
+// fails here). A key without a case below fails too. A false boolean
+// leaves its flag off; the dsn reaches chooseDSN.
+func TestEveryConfigKeyActsAsItsFlag(t *testing.T) {
+	cases := map[string]struct {
+		value string
+		flags []string
+	}{
+		"wait":               {"2.5", []string{"-w", "2.5"}},
+		"conflict-exit-code": {"9", []string{"-E", "9"}},
+		"lease":              {"true", []string{"--lease"}},
+		"ttl":                {"90s", []string{"--ttl", "90s"}},
+		"kill-after":         {"4", []string{"--kill-after", "4"}},
+		"min-hold":           {"5m", []string{"--min-hold", "5m"}},
+		"slots":              {"3", []string{"--slots", "3"}},
+		"log-format":         {"json", []string{"--log-format", "json"}},
+	}
+	command := []string{"job", "true"}
+	defaults, err := parseArgs(command)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults.given = nil
+	for _, key := range configKeys() {
+		if key == "dsn" {
+			continue
+		}
+		c, ok := cases[key]
+		if !ok {
+			t.Errorf("config key %q has no case here: add one", key)
+			continue
+		}
+		want, err := parseArgs(append(append([]string{}, c.flags...), command...))
+		if err != nil {
+			t.Fatalf("parseArgs(%q): %v", c.flags, err)
+		}
+		got, _ := parseArgs(command)
+		if err := got.applyConfig(map[string]setting{key: {c.value, "/c:1"}}); err != nil {
+			t.Fatalf("%s = %s: %v", key, c.value, err)
+		}
+		want.given, got.given = nil, nil
+		if !reflect.DeepEqual(got, want) || reflect.DeepEqual(got, defaults) {
+			t.Errorf("%s = %s in a config file gives %+v; want %+v, as %q gives (the defaults are %+v)", key, c.value, *got, *want, c.flags, *defaults)
+		}
+	}
+	for _, f := range flags {
+		if !f.config || f.bool == nil {
+			continue
+		}
+		key := f.long[0]
+		got, _ := parseArgs(command)
+		if err := got.applyConfig(map[string]setting{key: {"false", "/c:1"}}); err != nil {
+			t.Fatal(err)
+		}
+		if got.given = nil; !reflect.DeepEqual(got, defaults) {
+			t.Errorf("%s = false in a config file gives %+v, want the defaults %+v", key, *got, *defaults)
+		}
+	}
+	dsn, from, err := chooseDSN("", func(string) string { return "" }, map[string]setting{"dsn": {"postgres://db/x", "/c:2"}})
+	if err != nil || dsn != "postgres://db/x" || from != "/c:2" {
+		t.Errorf("chooseDSN with only a config file's dsn = %q from %q, %v; want the file's, from /c:2", dsn, from, err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
@@ -396,5 +397,66 @@ func TestSQLiteFileInAMissingDirectorySaysSo(t *testing.T) {
 	code, _, stderr := runBare(t, cronEnv(t.TempDir()), "--log-format", "json", "--dsn", "sqlite:"+missing+"/locks.db", "job", "true")
 	if lines := jsonLines(t, stderr); code != exitConfig || len(lines) != 1 || lines[0]["level"] != "ERROR" {
 		t.Errorf("with --log-format json: exit %d, stderr %q; want one JSON error line", code, stderr)
+	}
+}
+
+// Issue 37, item 3: the settings of a config file take effect in a run,
+// not only in the options: wait = 0.3 gives up behind a holder with the
+// conflict code after 0.3s; min-hold = 3 keeps the name taken after the
+// command, so a second -n run inside the window exits with the conflict
+// code; lease = true with ttl = 7 holds a lease row whose expiry is 7s
+// (not the library's 30s) past its grant or last renewal.
+func TestConfigFileSettingsTakeEffectInARun(t *testing.T) {
+	t.Parallel()
+	env := []string{"XDG_STATE_HOME=" + t.TempDir()}
+	d := newDir(t)
+	conf := func(name, text string) string {
+		writeFile(t, d.path(name), text)
+		return d.path(name)
+	}
+	name := lockName(t)
+	holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+	testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
+	p := startLockrun(t, env, "--config", conf("wait.conf", "wait = 0.3\n"), name, "--", "touch", d.path("waiter-ran"))
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("lockrun with wait = 0.3 in its config file still waits after 20s behind a holder")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 1 || p.ended.Sub(p.start) < 300*time.Millisecond || d.exists("waiter-ran") {
+		t.Errorf("wait = 0.3: exited %d after %v (command ran: %v); want the conflict code 1 after 0.3s, command not run", code, p.ended.Sub(p.start), d.exists("waiter-ran"))
+	}
+	d.touch(t, "go")
+	if code := holder.wait(t); code != 0 {
+		t.Errorf("holder exited %d", code)
+	}
+
+	const window = 3 * time.Second
+	windowConf := conf("window.conf", "min-hold = 3\n")
+	name = lockName(t)
+	start := time.Now()
+	if code, out, errOut := runLockrun(t, env, "--config", windowConf, "-n", name, "true"); code != 0 {
+		t.Fatalf("first run with min-hold = 3 exited %d: %q %q", code, out, errOut)
+	}
+	code, out, errOut := runLockrun(t, env, "--config", windowConf, "-n", name, "true")
+	if time.Since(start) < window && code != 1 {
+		t.Errorf("second run inside the config file's min-hold window exited %d, want the conflict code 1: %q %q", code, out, errOut)
+	}
+
+	name = lockName(t)
+	leaseConf := conf("lease.conf", "lease = true\nttl = 7\n")
+	holder = startLockrun(t, env, append([]string{"--config", leaseConf, name, "--"}, d.holdUntil("go-lease")...)...)
+	testdb.WaitFor(t, 0, func() bool { return strings.Count(d.read("ran"), "\n") == 2 }, "the lease holder did not start")
+	db, _ := openStore(t, env)
+	var ahead int64 // the row's expiry past its grant, in milliseconds
+	if err := db.QueryRowContext(ctxT(t), "SELECT expires_at - acquired_at FROM advisorylock_leases WHERE name = ?", name).Scan(&ahead); err != nil {
+		t.Fatalf("reading the lease row: %v", err)
+	}
+	if held := time.Since(start).Milliseconds(); ahead < 7000 || ahead > 7000+held {
+		t.Errorf("lease = true, ttl = 7: the row expires %dms past its grant, want 7000ms plus at most the time held", ahead)
+	}
+	d.touch(t, "go-lease")
+	if code := holder.wait(t); code != 0 {
+		t.Errorf("lease holder exited %d", code)
 	}
 }

@@ -1,0 +1,95 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// TestKeepAliveReportsALockGoneFromItsLiveSession: a holder whose session
+// lives on but no longer holds the lock is told it lost it
+// (LossNotHeld), whether nobody holds the lock now (MySQL's IS_USED_LOCK
+// answers NULL) or another session took it (IS_USED_LOCK names another
+// connection; pg_locks shows another pid). The lock is freed on the
+// holder's own session, in a transaction on Guard.Conn, during which the
+// keep-alive steps aside: the other session's grant comes before the next
+// check. Releasing the lost Guard then leaves the other session's lock
+// alone.
+func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
+	type backend struct {
+		name      string
+		open      func(t *testing.T) *sql.DB
+		unlockAll string // frees every lock of the session
+	}
+	var backends []backend
+	for _, drv := range testdb.Drivers {
+		backends = append(backends, backend{"postgres/" + drv, func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, drv) }, "SELECT pg_advisory_unlock_all()"})
+	}
+	backends = append(backends, backend{"mysql", func(t *testing.T) *sql.DB { return testdb.OpenMySQL(t) }, "DO RELEASE_ALL_LOCKS()"})
+	for _, b := range backends {
+		for _, taken := range []bool{false, true} {
+			sub := b.name + "/freed"
+			if taken {
+				sub = b.name + "/taken-by-another-session"
+			}
+			t.Run(sub, func(t *testing.T) {
+				checkGoroutines(t)
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				defer cancel()
+				name := testdb.UniqueName(t)
+				rec := &observetest.Recorder{}
+				l := newLock(t, b.open(t), name, advisorylock.WithKeepAlive(50*time.Millisecond), advisorylock.WithObserver(rec))
+				g, err := l.TryLock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = g.Release(context.Background()) }() // on a failure; releasing twice is harmless
+				tx, err := g.Conn().BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tx.ExecContext(ctx, b.unlockAll); err != nil {
+					t.Fatalf("freeing the lock on its own session: %v", err)
+				}
+				other := newLock(t, b.open(t), name)
+				var og *advisorylock.Guard
+				if taken {
+					if og, err = other.TryLock(ctx); err != nil {
+						t.Fatalf("TryLock from another session after the holder's session freed the lock: %v", err)
+					}
+					defer mustRelease(t, og)
+				}
+				if err := tx.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-g.Lost():
+				case <-time.After(wait):
+					t.Fatalf("the keep-alive (every 50ms) never reported the lock lost after its session freed it (taken by another session: %v)", taken)
+				}
+				testdb.WaitFor(t, wait, func() bool { return len(rec.Events("Lost")) > 0 }, "no loss event after Lost closed")
+				_ = g.Release(ctx) // lost: its error says so
+				if n := rec.Count("Lost", string(advisorylock.LossNotHeld)); n != 1 {
+					t.Fatalf("loss events %+v, want one with cause %s", rec.Events("Lost"), advisorylock.LossNotHeld)
+				}
+				if !taken {
+					return
+				}
+				select {
+				case <-og.Lost():
+					t.Fatal("the other session's lock was lost after the first holder's release")
+				default:
+				}
+				if _, err := newLock(t, b.open(t), name).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+					t.Fatalf("TryLock after the lost Guard's release = %v, want ErrNotAcquired (the other session holds it)", err)
+				}
+			})
+		}
+	}
+}

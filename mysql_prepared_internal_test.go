@@ -3,6 +3,9 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/advisorylock/advisorylock/internal/testdb"
@@ -53,4 +56,100 @@ func TestMySQLTryAndUnlockRunPrepared(t *testing.T) {
 	step("first", -1) // a try as text first creates the table of shared holders, if missing
 	step("warm", 2)
 	step("again", 2)
+}
+
+// TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain: a
+// session that lost the statements prepared on it (as a
+// COM_RESET_CONNECTION or a proxy that moved the session would make it;
+// here they are closed on the server behind the cache's back) answers the
+// next execution with 1243. The try and the unlock still do their work, as
+// text, and the statements are prepared again for the step after.
+func TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.OpenMySQL(t)
+	m := MySQL().(DriverTuner).ForDB(db).(mysqlBackend)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	name := testdb.UniqueName(t)
+	key := Key(name)
+	step := func(what string, wantPrepared int64) {
+		t.Helper()
+		before := stmtExecutions(t, conn)
+		r, err := m.TryLockSession(ctx, conn, key)
+		if err != nil || !r.OK {
+			t.Fatalf("%s: TryLockSession = %+v, %v", what, r, err)
+		}
+		if used := usedBy(t, db, key); used != r.Session {
+			t.Fatalf("%s: after the try the lock is held by session %d, want %d", what, used, r.Session)
+		}
+		if r, err = m.UnlockSession(ctx, conn, key); err != nil || !r.OK {
+			t.Fatalf("%s: UnlockSession = %+v, %v", what, r, err)
+		}
+		if used := usedBy(t, db, key); used != 0 {
+			t.Fatalf("%s: after the unlock the lock is held by session %d", what, used)
+		}
+		if got := stmtExecutions(t, conn) - before; wantPrepared >= 0 && got != wantPrepared {
+			t.Fatalf("%s: %d prepared executions, want %d", what, got, wantPrepared)
+		}
+	}
+	step("first", -1)
+	step("warm", 2)
+
+	// Close the session's statements on the server, keeping the cache's
+	// handles: a copy of each handle sends COM_STMT_CLOSE for its id.
+	closed := 0
+	if err := conn.Raw(func(dc any) error {
+		m.prepared.mu.Lock()
+		defer m.prepared.mu.Unlock()
+		cs := m.prepared.conns[dc]
+		if cs == nil {
+			return errors.New("no statements cached for the connection")
+		}
+		for _, st := range cs.byText {
+			v := reflect.ValueOf(st).Elem()
+			cp := reflect.New(v.Type())
+			cp.Elem().Set(v)
+			if err := cp.Interface().(driver.Stmt).Close(); err != nil {
+				return err
+			}
+			closed++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if closed != 2 {
+		t.Fatalf("closed %d statements on the server, want the try's and the unlock's", closed)
+	}
+	var errno1243 bool
+	if err := conn.Raw(func(dc any) error {
+		m.prepared.mu.Lock()
+		st := m.prepared.conns[dc].byText[myUnlockPrepared]
+		m.prepared.mu.Unlock()
+		_, err := st.(driver.StmtQueryContext).QueryContext(ctx, []driver.NamedValue{{Ordinal: 1, Value: "x"}, {Ordinal: 2, Value: "x"}})
+		errno1243 = mysqlErrno(err) == mysqlUnknownStatement
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !errno1243 {
+		t.Fatal("the server still knows the closed statement: the test did not make the session lose it")
+	}
+
+	step("after the loss", -1)
+	step("prepared again", 2)
+}
+
+// usedBy is the connection id holding key's MySQL lock, 0 if free, read
+// on a connection of its own.
+func usedBy(t *testing.T, db *sql.DB, key int64) int64 {
+	t.Helper()
+	var id sql.NullInt64
+	if err := db.QueryRowContext(context.Background(), "SELECT IS_USED_LOCK("+mysqlLockName(key)+")").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id.Int64
 }

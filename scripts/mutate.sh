@@ -9,6 +9,7 @@
 #   scripts/mutate.sh 'slice|55P03' # those whose name matches a regexp
 #   scripts/mutate.sh -l            # list them
 #   scripts/mutate.sh -n [regexp]   # only check that each still applies
+#   MUTATE_FROM=45 scripts/mutate.sh # resume: skip the first 44 (as -l numbers them)
 #
 # Needs what the test suite needs (PostgreSQL on 127.0.0.1:5432). Extra
 # flags for go test in MUTATE_GOFLAGS (say, -race). Exits non-zero if a
@@ -152,6 +153,12 @@ mutation "lib/pq's prepared statements outgrow the pool" backend_postgres.go \
 mutation "a session that lost its prepared statements fails its steps" backend_postgres.go \
 	's/if sqlState\(err\) == "26000" \{/if false \&\& sqlState(err) == "26000" {/' \
 	'^TestLibPQLockAfterTheSessionLostItsPreparedStatements$'
+mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" backend_mysql.go \
+	's/if mysqlErrno\(err\) == mysqlUnknownStatement \{/if mysqlErrno(err) == mysqlUnknownStatement \&\& false {/' \
+	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'
+mutation "MySQL: statements a session lost are never prepared again" backend_mysql.go \
+	's/(if mysqlErrno\(err\) == mysqlUnknownStatement \{\n\t\t\t)ps\.forget\(dc\)/$1_ = dc/' \
+	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'
 mutation "a resign leaves its term's row naming its session" election.go \
 	's/\te\.endTerm\(ctx, t\)\n/\t_ = t\n/' \
 	'^TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock$'
@@ -404,7 +411,7 @@ mutation "key domain changed" advisorylock.go \
 	'^TestKeyIsStableAcrossVersionsAndLanguages$'
 
 if [ "${1:-}" = "-l" ]; then
-	for i in "${!names[@]}"; do printf '%s\t%s\t%s\n' "${names[$i]}" "${files[$i]}" "${tests[$i]}"; done
+	for i in "${!names[@]}"; do printf '%d\t%s\t%s\t%s\n' $((i + 1)) "${names[$i]}" "${files[$i]}" "${tests[$i]}"; done
 	exit 0
 fi
 dry=0
@@ -420,6 +427,7 @@ caught=0 missed=0 broken=0
 for i in "${!names[@]}"; do
 	name=${names[$i]}
 	[[ "$name" =~ $filter ]] || continue
+	[ $((i + 1)) -ge "${MUTATE_FROM:-1}" ] || continue
 	tree="$scratch/tree"
 	rm -rf "$tree"
 	mkdir "$tree"

@@ -149,8 +149,8 @@ func setLogFormat(o *options, v string) error {
 	return nil
 }
 
-// subcommands are the words that are subcommands as the first argument
-// (SPEC 9.10); anywhere else, or followed by "--", such a word is a NAME.
+// subcommands are the words that are subcommands as the first argument;
+// anywhere else, or followed by "--", such a word is a NAME.
 var subcommands = []string{"status", "completion", "elect"}
 
 // parseArgs reads the command line:

@@ -217,7 +217,7 @@ func holdersOf(ctx context.Context, db *database, kind, name string, say *report
 }
 
 // allHolders lists, with no names given, what the database can tell:
-// the held lease rows by name (the tables of SPEC 4.4a); on SQLite the
+// the held lease rows by name (the lease tables operators may query); on SQLite the
 // lock rows by name (exclusive and shared holders, semaphore slots, and
 // windows); on PostgreSQL and MySQL the open min-hold windows by name;
 // on PostgreSQL the session advisory locks by key, shared ones marked; on

@@ -37,14 +37,18 @@ func handoffRawLiteral(b *testing.B, drv string) (func(i int) contender, *int64)
 type pingPong struct {
 	cs     [2]contender
 	holder int
-	queued func(ctx context.Context) (int, error)
+	queued func(ctx context.Context) (int, error) // nil: hold instead
+	hold   time.Duration                          // if set, the holder releases this long after the waiter started, instead of once it is queued
 }
 
 // newPingPong builds two contenders with setup and lets the first take
 // the lock.
 func newPingPong(b *testing.B, drv string, setup func(b *testing.B, drv string) (func(i int) contender, *int64)) *pingPong {
 	mk, key := setup(b, drv)
-	p := &pingPong{cs: [2]contender{mk(0), mk(1)}, queued: queuedOn(b, *key)}
+	p := &pingPong{cs: [2]contender{mk(0), mk(1)}}
+	if key != nil {
+		p.queued = queuedOn(b, *key)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	must(b, p.cs[0].acquire(ctx), "first acquire")
@@ -70,7 +74,9 @@ func (p *pingPong) handoff(ctx context.Context) (time.Duration, error) {
 		err := waiter.acquire(ctx)
 		got <- grant{time.Now(), err}
 	}()
-	if err := p.awaitQueued(ctx); err != nil {
+	if p.hold > 0 || p.queued == nil {
+		time.Sleep(p.hold) // the same idle time on both sides of a pair, not a synchronization: a late waiter is still woken
+	} else if err := p.awaitQueued(ctx); err != nil {
 		return 0, err
 	}
 	start := time.Now()

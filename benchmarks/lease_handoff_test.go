@@ -1,0 +1,111 @@
+package benchmarks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// leaseHold is how long a holder holds, once the waiter has entered its
+// acquire, before it releases, in the lease handoff pairs. A LeaseLock
+// waiter leaves no trace in pg_locks to wait for, so both sides of a pair
+// hold this long instead: the same idle time before each release, so
+// that the wake-ups each handoff needs start equally cold.
+const leaseHold = 5 * time.Millisecond
+
+// leaseHandoffPairs are measured side by side by BenchmarkLeaseHandoffPaired:
+// advisorylock's LeaseLock against its session Lock (the gate), and the
+// bare statements of each (the floor of the design: a release that
+// notifies, then a durable upsert by the woken waiter, against
+// pg_advisory_unlock waking a pg_advisory_lock).
+var leaseHandoffPairs = []struct {
+	op, base         string
+	drivers          []string
+	opSetup, baseSet func(b *testing.B, drv string) (func(i int) contender, *int64)
+}{
+	{"leaselock", "advisorylock", pgDrivers, handoffLeaseLock, handoffAdvisoryLock},
+	{"raw_lease", "raw_literal", []string{"pgx"}, handoffRawLease, handoffRawLiteral},
+}
+
+// BenchmarkLeaseHandoffPaired alternates, as BenchmarkHandoffPaired does,
+// a LeaseLock handoff with a session Lock handoff, each holder releasing
+// leaseHold after the waiter entered its acquire, and reports their
+// medians and ratio (x-base).
+func BenchmarkLeaseHandoffPaired(b *testing.B) {
+	for _, pair := range leaseHandoffPairs {
+		for _, drv := range pair.drivers {
+			b.Run(pair.op+"_vs_"+pair.base+"/"+drv, func(b *testing.B) {
+				op, base := newPingPong(b, drv, pair.opSetup), newPingPong(b, drv, pair.baseSet)
+				op.hold, base.hold = leaseHold, leaseHold
+				runHandoffPair(b, op, base)
+			})
+		}
+	}
+}
+
+// handoffRawLease is the bare form of a woken LeaseLock handoff, with
+// pgx's own connections: the holder's release is the library's release
+// statement (asynchronous commit, NOTIFY on commit); a waiter tries the
+// library's upsert and, while it misses, waits for a notification on a
+// connection of its own that LISTENs, then tries again.
+func handoffRawLease(b *testing.B, drv string) (func(i int) contender, *int64) {
+	if drv != "pgx" {
+		b.Fatalf("the bare lease handoff needs pgx's notifications, not %s", drv)
+	}
+	name := lockName(b, "handoff_raw_lease")
+	forgetLease(b, name)
+	channel := tableName("lease_wake")
+	const acquire = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
+VALUES ($1::text, $2::text, nextval('advisorylock_token_seq'), now(), now() + interval '30 seconds')
+ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = greatest(l.generation + 1, EXCLUDED.generation),
+	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+WHERE l.owner IS NULL OR l.expires_at <= now()
+RETURNING generation`
+	release := `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL
+RETURNING pg_notify('` + channel + `', '1')`
+	return func(i int) contender {
+		conn, listener := pgxConn(b), pgxConn(b)
+		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+		defer cancel()
+		if _, err := listener.Exec(ctx, "LISTEN "+channel); err != nil {
+			b.Fatalf("LISTEN: %v", err)
+		}
+		owner := fmt.Sprintf("raw-%d", i)
+		var gen int64
+		return contender{
+			acquire: func(ctx context.Context) error {
+				for {
+					err := conn.QueryRow(ctx, acquire, name, owner).Scan(&gen)
+					if !errors.Is(err, pgx.ErrNoRows) {
+						return err
+					}
+					if _, err := listener.WaitForNotification(ctx); err != nil {
+						return err
+					}
+				}
+			},
+			release: func(ctx context.Context) error {
+				_, err := conn.Exec(ctx, release, name, gen)
+				return err
+			},
+		}
+	}, nil
+}
+
+// pgxConn opens a pgx connection of its own, closed at cleanup.
+func pgxConn(b *testing.B) *pgx.Conn {
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, postgresDSN())
+	if err != nil {
+		b.Fatalf("pgx connect: %v", err)
+	}
+	b.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}

@@ -48,7 +48,7 @@ type group struct {
 // name; any other Benchmark function of the package runs in the group
 // "other benchmarks" (see otherGroup).
 var knownBenchmarks = []string{"BenchmarkPG", "BenchmarkSQLite", "BenchmarkPaired", "BenchmarkRoundTrips",
-	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired"}
+	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkLeaseHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired"}
 
 // groups returns the suite; other, when not "", is the -bench expression
 // of the benchmarks no group names (see otherGroup). The full run takes
@@ -59,6 +59,7 @@ func groups(quick bool, count int, other string) []group {
 		{"paired ratios", `^BenchmarkPaired$`, "300x", count, true},
 		{"round trips", `^BenchmarkRoundTrips$`, "200x", 1, false},
 		{"handoff, paired with the bare handoff", `^BenchmarkHandoffPaired$`, "300x", count, true},
+		{"lease handoff, paired with the Lock's", `^BenchmarkLeaseHandoffPaired$`, "200x", count, true},
 		{"handoff, server-side waits", `^BenchmarkHandoff$/^(advisorylock|raw_blocking|raw_literal|migrate)$`, "300x", count, false},
 		{"handoff, 20ms pollers", `^BenchmarkHandoff$/^(leaselock|leaselock_held50ms|leaselock_held200ms|goose_table|sqlite_raw|sqlite_lock|sqlite_leaselock)$`, "40x", count, false},
 		{"handoff, goose session locker (1s)", `^BenchmarkHandoff$/^goose_session$`, "6x", min(count, 3), false},

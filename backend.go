@@ -228,8 +228,8 @@ type ElectingSessionLocker interface {
 // tries again when the lease is released instead of at its next poll.
 // While LeaseLock waiters wait on a *sql.DB, the library runs one
 // listener for it on a connection of the pool that holds no lock and is
-// discarded afterwards, and none on a pool limited to fewer than four
-// connections. The signal is an optimisation: waiters still poll (less
+// discarded afterwards (or through the handle, where it is a Notifier),
+// and none from a pool limited to fewer than four connections. The signal is an optimisation: waiters still poll (less
 // often), so a signal lost costs latency, never safety. Without it, or
 // where ListenReleases returns an error matching ErrUnsupported (the
 // driver delivers no notifications, a transaction-mode pooler), waiters
@@ -240,7 +240,8 @@ type ReleaseListener interface {
 	LeaseStore
 	// ListenReleases listens on conn, given to it alone, until ctx ends or
 	// conn fails. It calls ready once it listens (releases before that may
-	// go unheard), then released(r.Key) for each release it hears.
+	// go unheard), then released(r.Key) for each release it hears. Where
+	// db is a Notifier, conn is nil: the store listens through db.
 	ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error
 }
 

@@ -1297,16 +1297,17 @@ func (p *postgres) CheckTables(ctx context.Context, db DB, tables ...string) err
 // share wakes, which only makes a waiter look early.
 const pgReleaseChannel = "advisorylock_leases"
 
-// ListenReleases listens for lease releases on conn (see
-// ReleaseListener). It needs a driver that delivers notifications to a
-// connection of database/sql's pool, which pgx's stdlib does (its
-// Conn().WaitForNotification); lib/pq hands them only to a pq.Listener,
-// so there, and behind a transaction-mode pooler (where a LISTEN stays
-// on whichever server session ran it), it returns ErrUnsupported and
-// waiters poll. The pooler is told by the probe New uses, once per
-// *sql.DB.
+// ListenReleases listens for lease releases (see ReleaseListener):
+// through db's Listen where db is a Notifier, else on conn, which needs a
+// driver that delivers notifications to a connection of database/sql's
+// pool, as pgx's stdlib does (its Conn().WaitForNotification). lib/pq
+// hands them only to a pq.Listener, so on a plain lib/pq handle, and
+// behind a transaction-mode pooler (where a LISTEN stays on whichever
+// server session ran it), it returns ErrUnsupported and waiters poll.
+// The pooler is told by the probe New uses, once per *sql.DB.
 func (p *postgres) ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error {
-	if !p.params {
+	n, own := db.(Notifier)
+	if !p.params && !own {
 		return fmt.Errorf("%w: the driver delivers no notifications to a pooled connection", ErrUnsupported)
 	}
 	if err := checkPooler(ctx, db, p); err != nil {
@@ -1314,6 +1315,14 @@ func (p *postgres) ListenReleases(ctx context.Context, db DB, conn *sql.Conn, re
 			return fmt.Errorf("%w: %w", ErrUnsupported, err)
 		}
 		return err
+	}
+	heard := func(payload string) {
+		if key, err := strconv.ParseInt(payload, 10, 64); err == nil {
+			released(key)
+		}
+	}
+	if own {
+		return n.Listen(ctx, pgReleaseChannel, ready, heard)
 	}
 	if _, err := conn.ExecContext(ctx, "LISTEN "+pgReleaseChannel); err != nil {
 		return err
@@ -1329,9 +1338,7 @@ func (p *postgres) ListenReleases(ctx context.Context, db DB, conn *sql.Conn, re
 			if err != nil {
 				return err
 			}
-			if key, err := strconv.ParseInt(payload, 10, 64); err == nil {
-				released(key)
-			}
+			heard(payload)
 		}
 	})
 }

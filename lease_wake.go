@@ -7,6 +7,26 @@ import (
 	"time"
 )
 
+// Notifier is a DB that delivers PostgreSQL notifications to the library
+// on a connection of its own, for a driver that hands them to no
+// connection of database/sql's pool: lib/pq gives them only to a
+// pq.Listener, which extra/advisorylockpq's DB runs. Where a DB is a
+// Notifier, PostgreSQL LeaseLock waiters on it are woken by the releases
+// they wait for through Listen, whatever the driver, and the listener
+// takes no connection from the pool.
+//
+// Listen LISTENs on channel until ctx ends or its connection fails
+// (then it returns an error, and the library calls it again while
+// waiters wait). It calls ready once it listens, and again whenever it
+// listens anew after a reconnect (notifications sent meanwhile are lost,
+// so every waiter then looks again), and notify with the payload of each
+// notification it receives. A notification lost costs a waiter latency,
+// never safety: it still polls, less often.
+type Notifier interface {
+	DB
+	Listen(ctx context.Context, channel string, ready func(), notify func(payload string)) error
+}
+
 // releaseWatch fans out the lease releases that one listener hears (see
 // ReleaseListener) to the LeaseLock waiters of one *sql.DB, each woken
 // when a release of its key is heard, and every waiter when the listener
@@ -63,8 +83,10 @@ func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64) *leas
 	if !ok {
 		return nil
 	}
-	if n := maxOpenConns(db); n != 0 && n < listenMinPool {
-		return nil
+	if _, own := db.(Notifier); !own {
+		if n := maxOpenConns(db); n != 0 && n < listenMinPool {
+			return nil
+		}
 	}
 	w, err := cachedVerdict(ctx, db, "release watch", func(context.Context) (*releaseWatch, error) {
 		return &releaseWatch{store: rl, db: db, waiters: map[*leaseWaiter]struct{}{}}, nil
@@ -145,8 +167,15 @@ func (w *releaseWatch) run() {
 }
 
 // listen runs one listener on a connection of its own, which it discards
-// afterwards: it never goes back to the pool in the listening state.
+// afterwards: it never goes back to the pool in the listening state. A
+// Notifier listens on a connection it keeps itself: the store is given
+// no connection then.
 func (w *releaseWatch) listen(ctx context.Context) error {
+	wake := func() { w.wake(nil) }
+	released := func(key int64) { w.wake(&key) }
+	if _, ok := w.db.(Notifier); ok {
+		return w.store.ListenReleases(ctx, w.db, nil, wake, released)
+	}
 	checkout, cancel := context.WithTimeout(ctx, listenCheckout)
 	conn, err := w.db.Conn(checkout)
 	cancel()
@@ -154,7 +183,7 @@ func (w *releaseWatch) listen(ctx context.Context) error {
 		return err
 	}
 	defer discard(conn)
-	return w.store.ListenReleases(ctx, w.db, conn, func() { w.wake(nil) }, func(key int64) { w.wake(&key) })
+	return w.store.ListenReleases(ctx, w.db, conn, wake, released)
 }
 
 // wake signals the waiters for *key, or every waiter when key is nil.

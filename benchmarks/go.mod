@@ -8,9 +8,12 @@ replace github.com/advisorylock/advisorylock/extra/advisorylockotel => ../extra/
 
 replace github.com/advisorylock/advisorylock/extra/advisorylockprom => ../extra/advisorylockprom
 
+replace github.com/advisorylock/advisorylock/extra/advisorylockpq => ../extra/advisorylockpq
+
 require (
 	github.com/advisorylock/advisorylock v0.0.0-00010101000000-000000000000
 	github.com/advisorylock/advisorylock/extra/advisorylockotel v0.0.0-00010101000000-000000000000
+	github.com/advisorylock/advisorylock/extra/advisorylockpq v0.0.0-00010101000000-000000000000
 	github.com/advisorylock/advisorylock/extra/advisorylockprom v0.0.0-00010101000000-000000000000
 	github.com/glebarez/go-sqlite v1.23.0
 	github.com/go-sql-driver/mysql v1.10.1

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/advisorylock/advisorylock/extra/advisorylockpq"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -28,6 +29,7 @@ var leaseHandoffPairs = []struct {
 	opSetup, baseSet func(b *testing.B, drv string) (func(i int) contender, *int64)
 }{
 	{"leaselock", "advisorylock", pgDrivers, handoffLeaseLock, handoffAdvisoryLock},
+	{"leaselock_pqlistener", "advisorylock", []string{"pq"}, handoffLeaseLockPQListener, handoffAdvisoryLock},
 	{"raw_lease", "raw_literal", []string{"pgx"}, handoffRawLease, handoffRawLiteral},
 }
 
@@ -45,6 +47,17 @@ func BenchmarkLeaseHandoffPaired(b *testing.B) {
 			})
 		}
 	}
+}
+
+// handoffLeaseLockPQListener is handoffLeaseLock on lib/pq handles wrapped
+// by extra/advisorylockpq, whose waiters a pq.Listener wakes.
+func handoffLeaseLockPQListener(b *testing.B, drv string) (func(i int) contender, *int64) {
+	name := lockName(b, "handoff")
+	forgetLease(b, name)
+	return func(int) contender {
+		db := advisorylockpq.Wrap(openPG(b, drv, postgresDSN(), 4), postgresDSN())
+		return guardContender(newLeaseLock(b, db, name).Lock)
+	}, nil
 }
 
 // handoffRawLease is the bare form of a woken LeaseLock handoff, with

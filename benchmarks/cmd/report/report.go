@@ -223,6 +223,7 @@ func (r *report) checkTargets() []target {
 	for _, d := range pgDrivers {
 		paired(leaseHand, d.label, "BenchmarkLeaseHandoffPaired/leaselock_vs_advisorylock/"+d.id)
 	}
+	paired(leaseHand, "lib/pq wrapped by advisorylockpq", "BenchmarkLeaseHandoffPaired/leaselock_pqlistener_vs_advisorylock/pq")
 	for _, d := range pgDrivers {
 		paired(leaseGate, d.label, "BenchmarkPaired/goose_table_vs_leaselock/"+d.id)
 	}
@@ -443,7 +444,7 @@ func (r *report) missWhy(what, drv string) string {
 		return "each statement commits a write transaction bound by the disk's sync on a shared machine; the library's release also runs on a bounded context of its own."
 	case leaseHand.what:
 		if drv != "pgx" {
-			return "lib/pq hands notifications only to a `pq.Listener`, a connection of its own that the library cannot open from a `*sql.DB`, so a LeaseLock waiter on lib/pq polls (backing off to 500 ms)."
+			return "lib/pq hands notifications only to a `pq.Listener`, a connection of its own that the library cannot open from a `*sql.DB`, so a LeaseLock waiter on a plain lib/pq handle polls (backing off to 500 ms); on a handle wrapped by extra/advisorylockpq a pq.Listener wakes it, and what remains is the design's floor (see pgx's row) and lib/pq's two round trips for a statement with arguments (Parse, then Bind and Execute)."
 		}
 		return "a woken lease handoff is a release that notifies, then the woken waiter's upsert, whose commit waits for the WAL flush (a grant must survive a crash, or its token could be issued twice); a session handoff is one unlock that wakes a waiter inside the server. " +
 			"The same statements run bare on pgx's own connections (`raw_lease_vs_raw_literal`) measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/raw_lease_vs_raw_literal/pgx") + " the bare session handoff: the design's floor is about the gate."

@@ -321,7 +321,7 @@ func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
 		kinds := map[string]int{}
 		for _, e := range rec.Events(advisorylock.EventAcquireEnd) {
 			if e.Value != "acquired" {
-				t.Errorf("AcquireEnd %+v, want acquired", e)
+				t.Errorf("acquire_end %+v, want acquired", e)
 			}
 			kinds[e.Kind]++
 		}

@@ -73,9 +73,10 @@ const (
 )
 
 // Event is one thing a lock did, as an Observer sees it. Fields that
-// its Type does not set are zero.
+// its Type does not set are zero. Events are passed by value, so that an
+// Observer that keeps nothing costs no allocation.
 type Event struct {
-	Type EventType
+	Type EventType // what happened; which of the fields below it sets
 	// Backend is the backend's Name(): "postgres", "mysql", "sqlite", …;
 	// "unknown" in the EventAcquireStart of the first acquire on a
 	// wrapped driver, which that acquire identifies by asking the

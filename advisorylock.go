@@ -151,7 +151,7 @@ type Lock struct {
 	cfg   config
 	setup firstUse[lockBackend]
 	obs   atomic.Pointer[observed] // see observed
-	kind  LockKind                 // what its events say it is: LockKindLock, or LockKindElection
+	kind  string                   // what its events say it is: "lock", or "election"
 	sobs  atomic.Pointer[observed] // shared holds' (see observedAs)
 	// A set's (NewSet) keys and names, in key order; nil for one name.
 	set      []int64
@@ -202,14 +202,14 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	if err != nil {
 		return nil, wrapErr(name, "new", err)
 	}
-	return newLock(db, name, cfg, LockKindLock), nil
+	return newLock(db, name, cfg, kindLock), nil
 }
 
 // lockOptions are the options a Lock takes: all of them.
 const lockOptions = optAll
 
 // newLock returns a Lock of kind on name with cfg, checked.
-func newLock(db DB, name string, cfg config, kind LockKind) *Lock {
+func newLock(db DB, name string, cfg config, kind string) *Lock {
 	return &Lock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[lockBackend](), kind: kind}
 }
 
@@ -667,7 +667,7 @@ type hold struct {
 	lostCh    chan struct{} // made on first use: most holds are never asked
 	isGone    bool
 	lostErr   error
-	lostCause LossCause    // why, for the Observer ("" if not told)
+	lostCause lossCause    // why, for the Observer ("" if not told)
 	lostFunc  func(error)  // called by lose (see onLost)
 	obs       holdObserved // set once the acquire has returned; zero without an Observer
 }
@@ -770,7 +770,7 @@ func (h *hold) lost() <-chan struct{} {
 
 // lose marks the hold lost, once, records why, and tells the Observer
 // the cause (unless it is "").
-func (h *hold) lose(cause LossCause, err error) {
+func (h *hold) lose(cause lossCause, err error) {
 	h.lostMu.Lock()
 	if h.isGone {
 		h.lostMu.Unlock()

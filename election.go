@@ -83,13 +83,13 @@ type electionBackend struct {
 // WithKeepAlive bounds how long a leader whose session died goes on
 // leading (see Election); WithDeadHolderTimeout, WithLeaseTTL (SQLite),
 // WithPollInterval (Observe), WithObserver (events of kind
-// LockKindElection) and WithLogger apply as they do to locks.
+// "election") and WithLogger apply as they do to locks.
 func NewElection(db DB, name string, opts ...Option) (*Election, error) {
 	cfg, err := leaseConfig(db, name, "an Election", lockOptions&^(optMinHold|optRunRetention|optMultiplexing), opts)
 	if err != nil {
 		return nil, wrapErr(name, "new election", err)
 	}
-	lock, lease := newLock(db, name, cfg, LockKindElection), newLeaseLock(db, name, cfg, LockKindElection)
+	lock, lease := newLock(db, name, cfg, kindElection), newLeaseLock(db, name, cfg, kindElection)
 	owner := cfg.owner
 	if owner == "" {
 		owner = hostPID()

@@ -595,11 +595,11 @@ func TestElectionEventsHaveKindElection(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ev := range rec.Events() {
-			if ev.Info.Kind != advisorylock.LockKindElection || ev.Info.Name != e.Name() {
+			if ev.Kind != "election" || ev.Name != e.Name() {
 				t.Errorf("event %+v, want kind election", ev)
 			}
 		}
-		if rec.Count("AcquireEnd", "acquired") != 1 || len(rec.Events("Released")) != 1 {
+		if rec.Count(advisorylock.EventAcquireEnd, "acquired") != 1 || len(rec.Events(advisorylock.EventRelease)) != 1 {
 			t.Fatalf("events %+v, want one acquire and one release", rec.Events())
 		}
 	})

@@ -345,7 +345,7 @@ func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time
 	// to keep. Otherwise the keeper starts at the first renewal.
 	left := s.untilDeadline()
 	if left <= 0 {
-		s.lose(LossExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
+		s.lose(lossExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
 		return s
 	}
 	start := min(renewInterval(req.TTL), left)
@@ -448,13 +448,13 @@ func (s *leaseState) keep() {
 				expiry.Reset(left)
 				continue
 			}
-			s.lose(LossExpired, lostErr, errors.New("no renewal before the local deadline"))
+			s.lose(lossExpired, lostErr, errors.New("no renewal before the local deadline"))
 			return
 		case <-renewAt.C:
 			if s.untilDeadline() <= 0 {
 				// Past the deadline (a grant that arrived late): IsLost
 				// reads true already, and a renewal would revive it.
-				s.lose(LossExpired, lostErr, errors.New("no renewal before the local deadline"))
+				s.lose(lossExpired, lostErr, errors.New("no renewal before the local deadline"))
 				return
 			}
 			sent, started = s.clock.Now(), time.Now()
@@ -472,7 +472,7 @@ func (s *leaseState) keep() {
 				expiry.Reset(s.untilDeadline())
 				renewAt.Reset(interval)
 			case errors.Is(err, ErrLeaseLost):
-				s.lose(LossTakenOver, lostErr, err)
+				s.lose(lossTakenOver, lostErr, err)
 				return
 			default: // unknown outcome: try again sooner, until the deadline
 				renewAt.Reset(min(interval/4, max(s.untilDeadline(), 0)))
@@ -501,7 +501,7 @@ func (s *leaseState) renew(sent time.Time, timeout time.Duration) <-chan error {
 	return out
 }
 
-func (s *leaseState) lose(cause LossCause, lostErr, why error) {
+func (s *leaseState) lose(cause lossCause, lostErr, why error) {
 	if gone, _ := s.isLost(); gone {
 		return
 	}
@@ -540,7 +540,7 @@ type LeaseLock struct {
 	cfg   config
 	setup firstUse[LeaseStore]
 	obs   atomic.Pointer[observed] // see observed
-	kind  LockKind                 // what its events say it is: LockKindLease, or LockKindElection
+	kind  string                   // what its events say it is: "lease", or "election"
 }
 
 // NewLeaseLock returns a LeaseLock on name. It does no I/O (see New): it
@@ -555,7 +555,7 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 	if err != nil {
 		return nil, wrapErr(name, "new lease", err)
 	}
-	return newLeaseLock(db, name, cfg, LockKindLease), nil
+	return newLeaseLock(db, name, cfg, kindLease), nil
 }
 
 // leaseOptions are the options a LeaseLock takes: not those of a pinned
@@ -579,7 +579,7 @@ func leaseConfig(db DB, name, what string, takes optionSet, opts []Option) (conf
 }
 
 // newLeaseLock returns a LeaseLock of kind on name with cfg, checked.
-func newLeaseLock(db DB, name string, cfg config, kind LockKind) *LeaseLock {
+func newLeaseLock(db DB, name string, cfg config, kind string) *LeaseLock {
 	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[LeaseStore](), kind: kind}
 }
 

@@ -14,7 +14,7 @@ import (
 
 // TestKeepAliveReportsALockGoneFromItsLiveSession: a holder whose session
 // lives on but no longer holds the lock is told it lost it
-// (LossNotHeld), whether nobody holds the lock now (MySQL's IS_USED_LOCK
+// (not_held), whether nobody holds the lock now (MySQL's IS_USED_LOCK
 // answers NULL) or another session took it (IS_USED_LOCK names another
 // connection; pg_locks shows another pid). The lock is freed on the
 // holder's own session, in a transaction on Guard.Conn, during which the
@@ -73,10 +73,10 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 				case <-time.After(wait):
 					t.Fatalf("the keep-alive (every 50ms) never reported the lock lost after its session freed it (taken by another session: %v)", taken)
 				}
-				testdb.WaitFor(t, wait, func() bool { return len(rec.Events("Lost")) > 0 }, "no loss event after Lost closed")
+				testdb.WaitFor(t, wait, func() bool { return len(rec.Events(advisorylock.EventLoss)) > 0 }, "no loss event after Lost closed")
 				_ = g.Release(ctx) // lost: its error says so
-				if n := rec.Count("Lost", string(advisorylock.LossNotHeld)); n != 1 {
-					t.Fatalf("loss events %+v, want one with cause %s", rec.Events("Lost"), advisorylock.LossNotHeld)
+				if n := rec.Count(advisorylock.EventLoss, "not_held"); n != 1 {
+					t.Fatalf("loss events %+v, want one with cause not_held", rec.Events(advisorylock.EventLoss))
 				}
 				if !taken {
 					return

@@ -305,7 +305,7 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 	}
 	if err != nil {
 		// The session may hold the keys now, or be mid-statement: end it.
-		s.end(LossSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, l.name, err))
+		s.end(lossSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, l.name, err))
 		mp.unreserve(keys)
 		return nil, err
 	}
@@ -373,7 +373,7 @@ func (s *muxSession) retireIfIdle() {
 // end ends s, whose state is unknown: every lock on it is told it is lost
 // (with err, for cause), and then its connection is discarded, which
 // frees them. s.mu is held.
-func (s *muxSession) end(cause LossCause, err error) {
+func (s *muxSession) end(cause lossCause, err error) {
 	mp := s.pool
 	mp.mu.Lock()
 	if s.ended {
@@ -400,7 +400,7 @@ func (s *muxSession) end(cause LossCause, err error) {
 	for _, h := range holds {
 		h.lose(cause, err)
 	}
-	s.p.discard(DiscardLost, err)
+	s.p.discard(discardLost, err)
 	mp.mu.Lock()
 	mp.leaveIfIdle()
 	mp.mu.Unlock()
@@ -412,7 +412,7 @@ func (s *muxSession) end(cause LossCause, err error) {
 func (s *muxSession) unlockLocked(ctx context.Context, name string, keys []int64) error {
 	err := unlockKeys(ctx, s.pool.locker, &s.p, keys, s.pool.key.timeout)
 	if err != nil {
-		s.end(LossSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, name, err))
+		s.end(lossSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, name, err))
 	}
 	return err
 }
@@ -485,9 +485,9 @@ func (s *muxSession) check() {
 		err = fmt.Errorf("advisorylock: HeldKeys answered %d of %d keys", len(held), len(keys))
 	}
 	if err != nil {
-		cause := LossSessionEnded
+		cause := lossSessionEnded
 		if timedOut {
-			cause = LossNoAnswer
+			cause = lossNoAnswer
 		}
 		s.end(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
 		return
@@ -511,7 +511,7 @@ func (s *muxSession) check() {
 	mp.mu.Unlock()
 	for _, h := range gone {
 		h.warn("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", "session no longer holds it")
-		h.lose(LossNotHeld, fmt.Errorf("%w: session no longer holds it", ErrLockLost))
+		h.lose(lossNotHeld, fmt.Errorf("%w: session no longer holds it", ErrLockLost))
 	}
 	if len(rest) > 0 && s.unlockLocked(context.Background(), "a lost set", rest) != nil {
 		return // the session is ended

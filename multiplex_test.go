@@ -596,26 +596,26 @@ func TestMultiplexedLocksTellTheObserver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := rec.Count("AcquireEnd", "acquired"); n != 3 {
+	if n := rec.Count(advisorylock.EventAcquireEnd, "acquired"); n != 3 {
 		t.Errorf("%d acquired events, want 3", n)
 	}
-	if n := rec.Count("AcquireEnd", "not_acquired"); n != 1 {
+	if n := rec.Count(advisorylock.EventAcquireEnd, "not_acquired"); n != 1 {
 		t.Errorf("%d not_acquired events, want 1", n)
 	}
 	lost := map[string]bool{}
-	for _, e := range rec.Events("Lost") {
-		if e.Value != string(advisorylock.LossSessionEnded) {
-			t.Errorf("loss of %s: cause %q, want session_ended", e.Info.Name, e.Value)
+	for _, e := range rec.Events(advisorylock.EventLoss) {
+		if e.Value != "session_ended" {
+			t.Errorf("loss of %s: cause %q, want session_ended", e.Name, e.Value)
 		}
-		lost[e.Info.Name] = true
+		lost[e.Name] = true
 	}
 	if len(lost) != 2 || !lost[names[0]] || !lost[names[1]] {
 		t.Errorf("losses reported for %v, want %s and %s", lost, names[0], names[1])
 	}
-	if n := rec.Count("Discarded", string(advisorylock.DiscardLost)); n != 1 {
+	if n := rec.Count(advisorylock.EventDiscard, "lost"); n != 1 {
 		t.Errorf("%d discards of the killed session, want 1", n)
 	}
-	if n := len(rec.Events("Released")); n != 3 {
+	if n := len(rec.Events(advisorylock.EventRelease)); n != 3 {
 		t.Errorf("%d release events, want 3", n)
 	}
 }

@@ -14,108 +14,129 @@ import (
 // extra/advisorylockotel and extra/advisorylockprom turn its events into
 // the metrics listed in docs/observability.md.
 //
-// Methods are called synchronously on the goroutine doing the work (an
+// Observe is called synchronously on the goroutine doing the work (an
 // acquiring caller, a releasing caller, a keep-alive timer, a lease
-// keeper), possibly from many goroutines at once: they must be safe for
+// keeper), possibly from many goroutines at once: it must be safe for
 // concurrent use, must not block, and must not call back into the lock.
 // A panic in an Observer is not recovered.
-//
-// Embed NoopObserver in an implementation so that events added in later
-// versions do not break it.
 type Observer interface {
-	// AcquireStart is called when TryLock, Lock, LockTimeout (and the Do
-	// family through them) begins. The context it returns is the one the
-	// acquire runs on (its statements see it) and the one AcquireEnd gets:
-	// return ctx itself when there is nothing to add, or ctx with values
-	// (a span) derived from it. It must not be a context that ends sooner.
-	AcquireStart(ctx context.Context, e AcquireStartEvent) context.Context
-	// AcquireEnd is called when that acquire returns. When it granted the
-	// lock (e.Outcome == OutcomeAcquired), the context returned is kept
-	// with the hold and passed to Released and Lost for it (a hold span);
-	// otherwise the returned context is not used.
-	AcquireEnd(ctx context.Context, e AcquireEndEvent) context.Context
-	// Released is called once per granted hold, when it ends: released by
-	// its holder, or cleaned up after its Guard was forgotten. ctx is the
-	// one AcquireEnd returned for the hold.
-	Released(ctx context.Context, e ReleaseEvent)
-	// Lost is called when a held lock is found lost (at most once per
-	// hold, before its Released). ctx is the one AcquireEnd returned for
-	// the hold.
-	Lost(ctx context.Context, e LossEvent)
-	// Discarded is called when a connection is closed instead of returned
-	// to the pool, so that the server frees what it may hold.
-	Discarded(e DiscardEvent)
-	// Renewed is called after every lease renewal statement, with its
-	// latency and outcome.
-	Renewed(e RenewEvent)
+	// Observe is told of one event; e.Type says which, and which of e's
+	// fields it sets. Later versions may add event types: ignore the ones
+	// you do not know, returning ctx.
+	//
+	// The context returned matters for two types. For EventAcquireStart,
+	// ctx is the acquire's and the one returned is the one the acquire
+	// runs on (its statements see it) and the one its EventAcquireEnd
+	// gets: return ctx itself when there is nothing to add, or ctx with
+	// values (a span) derived from it, never a context that ends sooner.
+	// For an EventAcquireEnd that granted the lock (e.Outcome ==
+	// OutcomeAcquired), the one returned is kept with the hold and is the
+	// ctx of its EventRelease and EventLoss. For every other event the
+	// returned context is not used; EventDiscard and EventRenew get
+	// context.Background().
+	Observe(ctx context.Context, e Event) context.Context
 }
 
 // WithObserver sets an Observer for the lock's events [none]. Without one
 // no event is built and no time is read for it.
 func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
 
-// NoopObserver is an Observer that ignores every event. Embed it to
-// implement only the events you need.
-type NoopObserver struct{}
+// EventType says what an Event is about.
+type EventType string
 
-// AcquireStart returns ctx.
-func (NoopObserver) AcquireStart(ctx context.Context, _ AcquireStartEvent) context.Context {
-	return ctx
-}
-
-// AcquireEnd returns ctx.
-func (NoopObserver) AcquireEnd(ctx context.Context, _ AcquireEndEvent) context.Context {
-	return ctx
-}
-
-// Released does nothing.
-func (NoopObserver) Released(context.Context, ReleaseEvent) {}
-
-// Lost does nothing.
-func (NoopObserver) Lost(context.Context, LossEvent) {}
-
-// Discarded does nothing.
-func (NoopObserver) Discarded(DiscardEvent) {}
-
-// Renewed does nothing.
-func (NoopObserver) Renewed(RenewEvent) {}
-
-// LockKind says which kind of lock an event is about. Its value is the
-// "kind" attribute of the metrics.
-type LockKind string
-
-// The kinds of lock.
+// The types of event. Each says which of Event's fields it sets; Type,
+// Backend, Kind and Name are always set.
 const (
-	LockKindLock      LockKind = "lock"      // an exclusive Lock
-	LockKindShared    LockKind = "shared"    // a shared hold of a Lock
-	LockKindLease     LockKind = "lease"     // a LeaseLock
-	LockKindSemaphore LockKind = "semaphore" // a slot of a semaphore
-	LockKindElection  LockKind = "election"  // an election's leadership
-	// LockKindTransaction is a lock taken in a transaction (Lock.LockTx,
-	// Lock.TryLockTx). The transaction's commit or rollback releases it,
-	// which the package does not see: its Released event follows its
-	// AcquireEnd at once, with Held 0, so that gauges of held locks stay
-	// balanced.
-	LockKindTransaction LockKind = "transaction"
+	// EventAcquireStart: TryLock, Lock, LockTimeout (and the Do family
+	// through them) begins. Sets MayWait.
+	EventAcquireStart EventType = "acquire_start"
+	// EventAcquireEnd: that acquire returns. Sets MayWait, Outcome (one of
+	// the acquire outcomes), Wait and Err (the error returned to the
+	// caller; nil if acquired).
+	EventAcquireEnd EventType = "acquire_end"
+	// EventRelease: a granted hold ends, once per hold: released by its
+	// holder, or cleaned up after its Guard was forgotten. Sets Held,
+	// Forgotten and Err (the release's error, if any).
+	EventRelease EventType = "release"
+	// EventLoss: a held lock is found lost, at most once per hold and
+	// before its EventRelease. Sets Cause, Held and Err (what the lock's
+	// Lost error wraps).
+	EventLoss EventType = "loss"
+	// EventDiscard: a connection is closed instead of returned to the
+	// pool, so that the server frees what it may hold. Sets Reason and
+	// Err (the error that made the session's state unknown, if any).
+	EventDiscard EventType = "discard"
+	// EventRenew: a lease renewal statement answered, or failed. Sets
+	// Outcome (one of the renewal outcomes), Latency and Err (nil when
+	// renewed).
+	EventRenew EventType = "renew"
 )
 
-// LockInfo says which lock an event is about.
-type LockInfo struct {
-	// Backend is the backend's Name(): "postgres", "sqlite", …; "unknown"
-	// in the AcquireStart of the first acquire on a wrapped driver, which
-	// that acquire identifies by asking the database.
+// Event is one thing a lock did, as an Observer sees it. Fields that
+// its Type does not set are zero. Events are passed by value, so that an
+// Observer that keeps nothing costs no allocation.
+type Event struct {
+	Type EventType // what happened; which of the fields below it sets
+	// Backend is the backend's Name(): "postgres", "mysql", "sqlite", …;
+	// "unknown" in the EventAcquireStart of the first acquire on a
+	// wrapped driver, which that acquire identifies by asking the
+	// database. It is the "backend" attribute of the metrics.
 	Backend string
-	Kind    LockKind // which kind of lock
+	// Kind is which kind of lock, the "kind" attribute of the metrics:
+	// "lock" (an exclusive Lock), "shared" (a shared hold of a Lock),
+	// "lease" (a LeaseLock), "semaphore" (a slot of a semaphore),
+	// "election" (an election's leadership) or "transaction" (a lock
+	// taken in a transaction by Lock.LockTx or Lock.TryLockTx). A
+	// transaction's commit or rollback releases its lock, which the
+	// package does not see: its EventRelease follows its EventAcquireEnd
+	// at once, with Held 0, so that gauges of held locks stay balanced.
+	Kind string
 	// Name is the lock's name. Names can be many (one per tenant, per
 	// job): adapters do not put them on metrics unless asked.
 	Name string
+
+	// MayWait is false for a single attempt (TryLock), true for an
+	// acquire that may wait.
+	MayWait bool
+	// Outcome says how an acquire or a renewal ended: the "outcome"
+	// attribute of the metrics.
+	Outcome Outcome
+	// Cause says why a held lock was lost, the "cause" attribute of the
+	// metrics:
+	//   - "session_ended": the keep-alive check failed on the session's
+	//     connection (the session was killed, the server restarted);
+	//   - "not_held": the session answered but no longer holds the lock;
+	//   - "no_answer": the keep-alive check got no answer in time (a dead
+	//     network or a stalled server);
+	//   - "expired": a lease reached its local deadline without a renewal;
+	//   - "taken_over": a renewal found the lease row gone or another's.
+	Cause string
+	// Reason says why a connection was discarded, the "reason" attribute
+	// of the metrics:
+	//   - "canceled": an acquire's context ended while it was talking to
+	//     the database (a statement may have been cut short mid-grant);
+	//   - "error": a statement failed, so the session's state is unknown;
+	//   - "lost": the connection of a lost lock was closed at release;
+	//   - "forgotten": a Guard was garbage collected without Release;
+	//   - "no_answer": a statement got no answer in time and was abandoned
+	//     (a dead network). On lib/pq the library closes the connection
+	//     under the statement at once; with a driver it cannot do that
+	//     for (a wrapped one), the connection closes when the driver lets
+	//     go.
+	Reason string
+
+	Wait      time.Duration // EventAcquireEnd: from the acquire's start to its end
+	Held      time.Duration // EventRelease, EventLoss: from the grant to the release, or to the loss being noticed
+	Latency   time.Duration // EventRenew: from sending the renewal to its answer
+	Forgotten bool          // EventRelease: the Guard was cleaned up, not released
+	Err       error         // see the event's type
 }
 
 // Outcome says how an acquire or a lease renewal ended. Its value is the
 // "outcome" attribute of the metrics.
 type Outcome string
 
-// Acquire outcomes: every AcquireEndEvent has one of these.
+// Acquire outcomes: every EventAcquireEnd has one of these.
 const (
 	OutcomeAcquired    Outcome = "acquired"     // the lock is held
 	OutcomeNotAcquired Outcome = "not_acquired" // one attempt found it held elsewhere
@@ -124,7 +145,7 @@ const (
 	OutcomeError       Outcome = "error"        // anything else; see the event's Err
 )
 
-// Renewal outcomes: every RenewEvent has one of these.
+// Renewal outcomes: every EventRenew has one of these.
 const (
 	OutcomeRenewed Outcome = "renewed" // the lease was extended
 	OutcomeLost    Outcome = "lost"    // the lease was no longer this holder's
@@ -132,92 +153,39 @@ const (
 	// tries again sooner, until the local deadline.
 )
 
-// LossCause says why a held lock was lost. Its value is the "cause"
-// attribute of the metrics.
-type LossCause string
-
-// The causes of a loss.
+// The kinds of lock, as Event.Kind names them.
 const (
-	// LossSessionEnded: the keep-alive check failed on the session's
-	// connection (the session was killed, the server restarted).
-	LossSessionEnded LossCause = "session_ended"
-	// LossNotHeld: the session answered but no longer holds the lock.
-	LossNotHeld LossCause = "not_held"
-	// LossNoAnswer: the keep-alive check got no answer in time (a dead
-	// network or a stalled server).
-	LossNoAnswer LossCause = "no_answer"
-	// LossExpired: a lease reached its local deadline without a renewal.
-	LossExpired LossCause = "expired"
-	// LossTakenOver: a renewal found the lease row gone or another's.
-	LossTakenOver LossCause = "taken_over"
+	kindLock        = "lock"
+	kindShared      = "shared"
+	kindLease       = "lease"
+	kindSemaphore   = "semaphore"
+	kindElection    = "election"
+	kindTransaction = "transaction"
 )
 
-// DiscardReason says why a connection was discarded. Its value is the
-// "reason" attribute of the metrics.
-type DiscardReason string
+// lossCause is an Event.Cause: why a held lock was lost.
+type lossCause string
 
-// The reasons for a discard.
+// The causes of a loss; Event.Cause says what each means.
 const (
-	// DiscardCanceled: an acquire's context ended while it was talking to
-	// the database (a statement may have been cut short mid-grant).
-	DiscardCanceled DiscardReason = "canceled"
-	// DiscardError: a statement failed, so the session's state is unknown.
-	DiscardError DiscardReason = "error"
-	// DiscardLost: the connection of a lost lock was closed at release.
-	DiscardLost DiscardReason = "lost"
-	// DiscardForgotten: a Guard was garbage collected without Release.
-	DiscardForgotten DiscardReason = "forgotten"
-	// DiscardNoAnswer: a statement got no answer in time and was abandoned
-	// (a dead network). On lib/pq the library closes the connection under
-	// the statement at once; with a driver it cannot do that for (a
-	// wrapped one), the connection closes when the driver lets go.
-	DiscardNoAnswer DiscardReason = "no_answer"
+	lossSessionEnded lossCause = "session_ended"
+	lossNotHeld      lossCause = "not_held"
+	lossNoAnswer     lossCause = "no_answer"
+	lossExpired      lossCause = "expired"
+	lossTakenOver    lossCause = "taken_over"
 )
 
-// AcquireStartEvent is an acquire beginning.
-type AcquireStartEvent struct {
-	LockInfo
-	Wait bool // false for a single attempt (TryLock), true when it may wait
-}
+// discardReason is an Event.Reason: why a connection was discarded.
+type discardReason string
 
-// AcquireEndEvent is an acquire ending.
-type AcquireEndEvent struct {
-	LockInfo
-	Outcome Outcome
-	Wait    time.Duration // from AcquireStart to now
-	Err     error         // the error returned to the caller; nil if acquired
-}
-
-// ReleaseEvent is a hold ending.
-type ReleaseEvent struct {
-	LockInfo
-	Held      time.Duration // from the grant to the release
-	Forgotten bool          // the Guard was cleaned up, not released
-	Err       error         // the release's error, if any
-}
-
-// LossEvent is a held lock found lost.
-type LossEvent struct {
-	LockInfo
-	Cause LossCause
-	Held  time.Duration // from the grant to the loss being noticed
-	Err   error         // what the lock's Lost error wraps
-}
-
-// DiscardEvent is a connection closed instead of pooled.
-type DiscardEvent struct {
-	LockInfo
-	Reason DiscardReason
-	Err    error // the error that made the session's state unknown, if any
-}
-
-// RenewEvent is one lease renewal statement's outcome.
-type RenewEvent struct {
-	LockInfo
-	Outcome Outcome
-	Latency time.Duration // from sending the renewal to its answer
-	Err     error         // nil when renewed
-}
+// The reasons for a discard; Event.Reason says what each means.
+const (
+	discardCanceled  discardReason = "canceled"
+	discardError     discardReason = "error"
+	discardLost      discardReason = "lost"
+	discardForgotten discardReason = "forgotten"
+	discardNoAnswer  discardReason = "no_answer"
+)
 
 // acquireOutcome classifies an acquire's error.
 func acquireOutcome(err error) Outcome {
@@ -236,27 +204,37 @@ func acquireOutcome(err error) Outcome {
 
 // observed is a lock's Observer with the description its events carry.
 // Locks without an Observer have none (a nil *observed), so that every
-// call site costs one nil check and nothing else.
+// call site costs one nil check and nothing else: no Event is built and
+// no time is read.
 //
 // How a kind of lock reports (Lock and LeaseLock do; shared locks,
 // semaphores and elections follow them): its public acquires wrap the
 // work in startAcquire and acquiring.end (after wrapErr, so a
 // *TimeoutError is seen); a keeper that finds a hold gone calls
-// hold.lose with a LossCause; release and cleanup report through the
+// hold.lose with a lossCause; release and cleanup report through the
 // hold (doRelease, forgotten); a pinned connection carries the observed,
-// and pinned.discard names a DiscardReason; a lease keeper reports each
-// renewal with observed.renewed.
+// and pinned.discard names a discardReason; a lease keeper reports each
+// renewal with observed.renewed. Every one of them hands its Event to
+// emit.
 type observed struct {
-	o    Observer
-	info LockInfo
+	o                   Observer
+	backend, kind, name string
 }
 
 // newObserved returns the observed for a lock, or nil without an Observer.
-func newObserved(o Observer, backend string, kind LockKind, name string) *observed {
+func newObserved(o Observer, backend, kind, name string) *observed {
 	if o == nil {
 		return nil
 	}
-	return &observed{o: o, info: LockInfo{Backend: backend, Kind: kind, Name: name}}
+	return &observed{o: o, backend: backend, kind: kind, name: name}
+}
+
+// emit names ob's lock in e and hands e to the Observer: the one place
+// events leave the package. Event is passed by value, so an Observer
+// that keeps nothing costs no allocation.
+func (ob *observed) emit(ctx context.Context, e Event) context.Context {
+	e.Backend, e.Kind, e.Name = ob.backend, ob.kind, ob.name
+	return ob.o.Observe(ctx, e)
 }
 
 // observable is a lock whose events an Observer may see.
@@ -264,40 +242,41 @@ type observable interface {
 	observed() *observed // nil without an Observer
 }
 
-// acquiring is an acquire in progress, as AcquireStart saw it.
+// acquiring is an acquire in progress, as EventAcquireStart saw it.
 type acquiring struct {
-	l     observable
-	ob    *observed
-	ctx   context.Context
-	start time.Time
+	l       observable
+	ob      *observed
+	ctx     context.Context
+	start   time.Time
+	mayWait bool
 }
 
 // startAcquire reports the start of an acquire of l and returns the
 // context the acquire runs on. With no Observer it returns ctx and a zero
 // acquiring, at the cost of one nil check.
-func startAcquire(ctx context.Context, l observable, wait bool) (context.Context, acquiring) {
+func startAcquire(ctx context.Context, l observable, mayWait bool) (context.Context, acquiring) {
 	ob := l.observed()
 	if ob == nil {
 		return ctx, acquiring{}
 	}
 	start := time.Now()
-	ctx = ob.o.AcquireStart(ctx, AcquireStartEvent{LockInfo: ob.info, Wait: wait})
-	return ctx, acquiring{l: l, ob: ob, ctx: ctx, start: start}
+	ctx = ob.emit(ctx, Event{Type: EventAcquireStart, MayWait: mayWait})
+	return ctx, acquiring{l: l, ob: ob, ctx: ctx, start: start, mayWait: mayWait}
 }
 
 // end reports the acquire's end; for a grant (h not nil, err nil) it
-// keeps the context AcquireEnd returns with the hold, and reports a loss
-// that came before it.
+// keeps the context the Observer returns with the hold, and reports a
+// loss that came before it.
 func (a acquiring) end(h *hold, err error) {
 	if a.ob == nil {
 		return
 	}
 	now := time.Now()
-	if a.ob.info.Backend == unknownBackend {
+	if a.ob.backend == unknownBackend {
 		a.ob = a.l.observed() // the acquire's first use may have learnt it
 	}
 	outcome := acquireOutcome(err)
-	ctx := a.ob.o.AcquireEnd(a.ctx, AcquireEndEvent{LockInfo: a.ob.info, Outcome: outcome, Wait: now.Sub(a.start), Err: err})
+	ctx := a.ob.emit(a.ctx, Event{Type: EventAcquireEnd, MayWait: a.mayWait, Outcome: outcome, Wait: now.Sub(a.start), Err: err})
 	if h == nil || outcome != OutcomeAcquired {
 		return
 	}
@@ -324,23 +303,23 @@ func (w holdObserved) released(forgotten bool, err error) {
 	if w.ob == nil {
 		return
 	}
-	w.ob.o.Released(w.ctx, ReleaseEvent{LockInfo: w.ob.info, Held: time.Since(w.granted), Forgotten: forgotten, Err: err})
+	w.ob.emit(w.ctx, Event{Type: EventRelease, Held: time.Since(w.granted), Forgotten: forgotten, Err: err})
 }
 
 // lost reports a loss of the hold.
-func (w holdObserved) lost(cause LossCause, err error) {
+func (w holdObserved) lost(cause lossCause, err error) {
 	if w.ob == nil {
 		return
 	}
-	w.ob.o.Lost(w.ctx, LossEvent{LockInfo: w.ob.info, Cause: cause, Held: time.Since(w.granted), Err: err})
+	w.ob.emit(w.ctx, Event{Type: EventLoss, Cause: string(cause), Held: time.Since(w.granted), Err: err})
 }
 
 // discarded reports a discarded connection.
-func (ob *observed) discarded(reason DiscardReason, err error) {
+func (ob *observed) discarded(reason discardReason, err error) {
 	if ob == nil {
 		return
 	}
-	ob.o.Discarded(DiscardEvent{LockInfo: ob.info, Reason: reason, Err: err})
+	ob.emit(context.Background(), Event{Type: EventDiscard, Reason: string(reason), Err: err})
 }
 
 // renewed reports a lease renewal's outcome.
@@ -355,22 +334,7 @@ func (ob *observed) renewed(latency time.Duration, err error) {
 	case err != nil:
 		outcome = OutcomeError
 	}
-	ob.o.Renewed(RenewEvent{LockInfo: ob.info, Outcome: outcome, Latency: latency, Err: err})
-}
-
-// DurationBuckets returns the bucket boundaries, in seconds, of the
-// duration histograms that the adapters export: from 100µs to 60s, for
-// waits and holds from a local round trip to a minute. (OpenTelemetry's
-// default boundaries are sized for milliseconds.) Each call returns a new
-// slice.
-func DurationBuckets() []float64 {
-	return []float64{
-		0.0001, 0.00025, 0.0005,
-		0.001, 0.0025, 0.005,
-		0.01, 0.025, 0.05,
-		0.1, 0.25, 0.5,
-		1, 2.5, 5, 10, 30, 60,
-	}
+	ob.emit(context.Background(), Event{Type: EventRenew, Outcome: outcome, Latency: latency, Err: err})
 }
 
 // unknownBackend is the backend events name before a lock knows its own.
@@ -380,10 +344,10 @@ const unknownBackend = "unknown"
 // name, and caches it once the backend's name is known: from WithBackend
 // or the driver's type (no I/O), else from the lock's first use
 // (resolved returns nil until it succeeded). Until then, events say
-// backend "unknown": the AcquireStart of a wrapped driver's first acquire,
-// whose first use identifies the backend by asking the database (its
-// AcquireEnd names the backend when that succeeded).
-func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind LockKind, name string, resolved func() Backend) *observed {
+// backend "unknown": the EventAcquireStart of a wrapped driver's first
+// acquire, whose first use identifies the backend by asking the database
+// (its EventAcquireEnd names the backend when that succeeded).
+func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind, name string, resolved func() Backend) *observed {
 	b := localBackend(db, cfg)
 	if b == nil {
 		b = resolved()

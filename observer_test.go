@@ -18,7 +18,7 @@ import (
 // TestObserverSeesEveryEventOnPostgres runs the shared scenario (acquire,
 // conflict, timeout, cancelled wait, release, killed session, lease
 // renewal) and checks each event, its attributes, and that a hold's
-// events carry the context its acquire's AcquireEnd returned.
+// events carry the context its acquire's EventAcquireEnd returned.
 func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 	for _, driver := range []string{"pgx", "postgres"} {
 		t.Run(driver, func(t *testing.T) {
@@ -26,37 +26,37 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 			rec := &observetest.Recorder{}
 			observetest.PostgresScenario(t, db, rec, observetest.Hooks{
 				WhileHeld: func(t *testing.T) {
-					if n, r := len(rec.Events("AcquireEnd")), len(rec.Events("Released")); n != 1 || r != 0 {
+					if n, r := len(rec.Events(advisorylock.EventAcquireEnd)), len(rec.Events(advisorylock.EventRelease)); n != 1 || r != 0 {
 						t.Errorf("while A is held: %d acquires ended, %d releases; want 1, 0", n, r)
 					}
 				},
-				Renewed: func() bool { return rec.Count("Renewed", "renewed") > 0 },
+				Renewed: func() bool { return rec.Count(advisorylock.EventRenew, "renewed") > 0 },
 			})
 
 			for _, e := range rec.Events() {
-				if e.Info.Backend != "postgres" || e.Info.Name == "" {
-					t.Errorf("%s event describes %+v, want backend postgres and the lock's name", e.Method, e.Info)
+				if e.Backend != "postgres" || e.Name == "" {
+					t.Errorf("%s event describes backend %q, name %q; want backend postgres and the lock's name", e.Type, e.Backend, e.Name)
 				}
 			}
-			wantOutcomes := map[advisorylock.LockKind]map[string]int{
-				advisorylock.LockKindLock:  {"acquired": 2, "not_acquired": 1, "timeout": 1, "canceled": 1},
-				advisorylock.LockKindLease: {"acquired": 1},
+			wantOutcomes := map[string]map[string]int{
+				"lock":  {"acquired": 2, "not_acquired": 1, "timeout": 1, "canceled": 1},
+				"lease": {"acquired": 1},
 			}
-			got := map[advisorylock.LockKind]map[string]int{}
+			got := map[string]map[string]int{}
 			starts := map[int]bool{}
-			for _, e := range rec.Events("AcquireStart") {
+			for _, e := range rec.Events(advisorylock.EventAcquireStart) {
 				starts[e.Span] = true
 			}
-			for _, e := range rec.Events("AcquireEnd") {
-				if got[e.Info.Kind] == nil {
-					got[e.Info.Kind] = map[string]int{}
+			for _, e := range rec.Events(advisorylock.EventAcquireEnd) {
+				if got[e.Kind] == nil {
+					got[e.Kind] = map[string]int{}
 				}
-				got[e.Info.Kind][e.Value]++
+				got[e.Kind][e.Value]++
 				if !starts[e.Span] {
-					t.Errorf("AcquireEnd %s did not get AcquireStart's context", e.Value)
+					t.Errorf("acquire_end %s did not get its acquire_start's context", e.Value)
 				}
 				if (e.Err == nil) != (e.Value == "acquired") {
-					t.Errorf("AcquireEnd %s with err %v", e.Value, e.Err)
+					t.Errorf("acquire_end %s with err %v", e.Value, e.Err)
 				}
 			}
 			for kind, want := range wantOutcomes {
@@ -67,12 +67,12 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				}
 			}
 
-			released := rec.Events("Released")
+			released := rec.Events(advisorylock.EventRelease)
 			if len(released) != 3 {
 				t.Fatalf("%d Released events, want 3: %+v", len(released), released)
 			}
 			granted := map[int]bool{}
-			for _, e := range rec.Events("AcquireEnd") {
+			for _, e := range rec.Events(advisorylock.EventAcquireEnd) {
 				if e.Value == "acquired" {
 					granted[e.Span] = true
 				}
@@ -82,29 +82,29 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 					t.Errorf("Released %+v: want a granted acquire's context, not forgotten, no error, a hold time", e)
 				}
 			}
-			if k := released[2].Info.Kind; k != advisorylock.LockKindLease {
+			if k := released[2].Kind; k != "lease" {
 				t.Errorf("last release is of kind %s, want lease", k)
 			}
 
-			lost := rec.Events("Lost")
-			if len(lost) != 1 || lost[0].Value != string(advisorylock.LossSessionEnded) || !errors.Is(lost[0].Err, advisorylock.ErrLockLost) {
+			lost := rec.Events(advisorylock.EventLoss)
+			if len(lost) != 1 || lost[0].Value != "session_ended" || !errors.Is(lost[0].Err, advisorylock.ErrLockLost) {
 				t.Fatalf("Lost events %+v, want one session_ended with ErrLockLost", lost)
 			}
 			if lost[0].Span != released[1].Span {
 				t.Errorf("Lost came with acquire %d's context, the lost lock's release with %d", lost[0].Span, released[1].Span)
 			}
 
-			c, l, n := rec.Count("Discarded", "canceled"), rec.Count("Discarded", "lost"), len(rec.Events("Discarded"))
+			c, l, n := rec.Count(advisorylock.EventDiscard, "canceled"), rec.Count(advisorylock.EventDiscard, "lost"), len(rec.Events(advisorylock.EventDiscard))
 			if driver == "postgres" {
 				// lib/pq's cancel request may miss answerGrace on a loaded
 				// machine: the statement is then abandoned, not answered.
-				c += rec.Count("Discarded", "no_answer")
+				c += rec.Count(advisorylock.EventDiscard, "no_answer")
 			}
 			if c != 1 || l != 1 || n != 2 {
-				t.Errorf("discards: %d canceled, %d lost, %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events("Discarded"))
+				t.Errorf("discards: %d canceled, %d lost, %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events(advisorylock.EventDiscard))
 			}
-			for _, e := range rec.Events("Renewed") {
-				if e.Info.Kind != advisorylock.LockKindLease || e.Value != "renewed" || e.Took <= 0 || e.Err != nil {
+			for _, e := range rec.Events(advisorylock.EventRenew) {
+				if e.Kind != "lease" || e.Value != "renewed" || e.Took <= 0 || e.Err != nil {
 					t.Errorf("Renewed %+v: want a lease renewed, with its latency", e)
 				}
 			}
@@ -127,27 +127,27 @@ func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
 	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 		t.Fatalf("second TryLock: %v, want ErrNotAcquired", err)
 	}
-	testdb.WaitFor(t, 0, func() bool { return rec.Count("Renewed", "renewed") > 0 }, "no renewal of the lock row observed")
+	testdb.WaitFor(t, 0, func() bool { return rec.Count(advisorylock.EventRenew, "renewed") > 0 }, "no renewal of the lock row observed")
 	mustRelease(t, g)
 
-	if a, n := rec.Count("AcquireEnd", "acquired"), rec.Count("AcquireEnd", "not_acquired"); a != 1 || n != 1 {
+	if a, n := rec.Count(advisorylock.EventAcquireEnd, "acquired"), rec.Count(advisorylock.EventAcquireEnd, "not_acquired"); a != 1 || n != 1 {
 		t.Errorf("acquires: %d acquired, %d not_acquired; want 1, 1", a, n)
 	}
-	if r := rec.Events("Released"); len(r) != 1 || r[0].Took <= 0 {
+	if r := rec.Events(advisorylock.EventRelease); len(r) != 1 || r[0].Took <= 0 {
 		t.Errorf("Released events %+v, want one with a hold time", r)
 	}
-	if d := rec.Events("Discarded"); len(d) != 0 {
+	if d := rec.Events(advisorylock.EventDiscard); len(d) != 0 {
 		t.Errorf("discards on SQLite: %+v, want none", d)
 	}
 	for _, e := range rec.Events() {
-		if e.Info.Backend != "sqlite" || e.Info.Kind != advisorylock.LockKindLock {
-			t.Errorf("%s event describes %+v, want backend sqlite, kind lock", e.Method, e.Info)
+		if e.Backend != "sqlite" || e.Kind != "lock" {
+			t.Errorf("%s event describes backend %q, kind %q; want backend sqlite, kind lock", e.Type, e.Backend, e.Kind)
 		}
 	}
 }
 
 // TestObserverSeesAForgottenGuard checks that a Guard collected without
-// Release ends its hold for the Observer (Released, forgotten) and
+// Release ends its hold for the Observer (EventRelease, forgotten) and
 // discards its connection.
 func TestObserverSeesAForgottenGuard(t *testing.T) {
 	db := testdb.OpenPostgres(t, "pgx")
@@ -160,19 +160,19 @@ func TestObserverSeesAForgottenGuard(t *testing.T) {
 	}()
 	testdb.WaitFor(t, 0, func() bool {
 		runtime.GC()
-		return rec.Count("Released", "forgotten") == 1
+		return rec.Count(advisorylock.EventRelease, "forgotten") == 1
 	}, "forgotten guard's hold never ended for the observer")
 	// The discard follows, from the goroutine the cleanup starts (it must
 	// not wait on I/O in the runtime's cleanup goroutine): soon, not at once.
-	testdb.WaitFor(t, 0, func() bool { return rec.Count("Discarded", "forgotten") > 0 },
+	testdb.WaitFor(t, 0, func() bool { return rec.Count(advisorylock.EventDiscard, "forgotten") > 0 },
 		"no discard for a forgotten guard")
-	if n := rec.Count("Discarded", "forgotten"); n != 1 {
+	if n := rec.Count(advisorylock.EventDiscard, "forgotten"); n != 1 {
 		t.Errorf("%d discards for a forgotten guard, want 1", n)
 	}
 }
 
 // TestObserverAddsNoAllocation checks that an Observer that keeps nothing
-// costs TryLock+Release no allocation: the events are built on the stack.
+// costs TryLock+Release no allocation: events are passed by value.
 func TestObserverAddsNoAllocation(t *testing.T) {
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	ctx := context.Background()
@@ -187,11 +187,16 @@ func TestObserverAddsNoAllocation(t *testing.T) {
 		})
 	}
 	allocs() // warm the pool and the schema
-	bare, observed := allocs(), allocs(advisorylock.WithObserver(advisorylock.NoopObserver{}))
+	bare, observed := allocs(), allocs(advisorylock.WithObserver(nopObserver{}))
 	if observed > bare {
 		t.Errorf("TryLock+Release: %.0f allocations with a no-op Observer, %.0f without", observed, bare)
 	}
 }
+
+// nopObserver is an Observer that keeps nothing.
+type nopObserver struct{}
+
+func (nopObserver) Observe(ctx context.Context, _ advisorylock.Event) context.Context { return ctx }
 
 // TestObserverSeesALeaseLoss expires a lease by its clock and lets another
 // holder take it over: the first holder's keeper reports the loss, with
@@ -220,26 +225,26 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	}
 	releaseLease(t, g)
 
-	lost := rec.Events("Lost")
-	if len(lost) != 1 || lost[0].Info.Kind != advisorylock.LockKindLease || lost[0].Info.Backend != "sqlite" ||
-		(lost[0].Value != string(advisorylock.LossExpired) && lost[0].Value != string(advisorylock.LossTakenOver)) ||
+	lost := rec.Events(advisorylock.EventLoss)
+	if len(lost) != 1 || lost[0].Kind != "lease" || lost[0].Backend != "sqlite" ||
+		(lost[0].Value != "expired" && lost[0].Value != "taken_over") ||
 		!errors.Is(lost[0].Err, advisorylock.ErrLeaseLost) {
 		t.Fatalf("Lost events %+v, want one for the lease, expired or taken_over, with ErrLeaseLost", lost)
 	}
-	if lost[0].Value == string(advisorylock.LossTakenOver) && rec.Count("Renewed", "lost") != 1 {
-		t.Errorf("taken over, but renewals say %+v", rec.Events("Renewed"))
+	if lost[0].Value == "taken_over" && rec.Count(advisorylock.EventRenew, "lost") != 1 {
+		t.Errorf("taken over, but renewals say %+v", rec.Events(advisorylock.EventRenew))
 	}
-	if a := rec.Count("AcquireEnd", "acquired"); a != 2 {
+	if a := rec.Count(advisorylock.EventAcquireEnd, "acquired"); a != 2 {
 		t.Errorf("%d grants observed, want 2", a)
 	}
-	if r := rec.Events("Released"); len(r) != 1 || r[0].Span != lost[0].Span {
+	if r := rec.Events(advisorylock.EventRelease); len(r) != 1 || r[0].Span != lost[0].Span {
 		t.Errorf("Released %+v: want the lost lease's release, with its acquire's context", r)
 	}
 }
 
 // TestObserverLearnsTheBackendOfAWrappedDriver checks the one case where
 // a lock does not know its backend before its first use (a driver wrapped
-// by instrumentation): the first AcquireStart says "unknown", and every
+// by instrumentation): the first EventAcquireStart says "unknown", and every
 // later event names the backend the first use found.
 func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 	registerWrapped.Do(func() { sql.Register("wrapped-pq", wrappedDriver{&pq.Driver{}}) })
@@ -259,10 +264,10 @@ func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 	}
 	var backends []string
 	for _, e := range rec.Events() {
-		backends = append(backends, e.Method+":"+e.Info.Backend)
+		backends = append(backends, string(e.Type)+":"+e.Backend)
 	}
-	want := []string{"AcquireStart:unknown", "AcquireEnd:postgres", "Released:postgres",
-		"AcquireStart:postgres", "AcquireEnd:postgres", "Released:postgres"}
+	want := []string{"acquire_start:unknown", "acquire_end:postgres", "release:postgres",
+		"acquire_start:postgres", "acquire_end:postgres", "release:postgres"}
 	if !slices.Equal(backends, want) {
 		t.Errorf("events %v, want %v", backends, want)
 	}
@@ -292,17 +297,17 @@ func TestObserverSeesANetworkCut(t *testing.T) {
 				t.Fatal("the cut was not reported as a loss")
 			}
 			_ = g.Release(context.Background())
-			if lost := rec.Events("Lost"); len(lost) != 1 || lost[0].Value != string(advisorylock.LossNoAnswer) {
+			if lost := rec.Events(advisorylock.EventLoss); len(lost) != 1 || lost[0].Value != "no_answer" {
 				t.Fatalf("Lost events %+v, want one no_answer", lost)
 			}
 			want := "lost"
 			if driver == "postgres" {
 				want = "no_answer"
 			}
-			if d := rec.Events("Discarded"); len(d) != 1 || d[0].Value != want {
+			if d := rec.Events(advisorylock.EventDiscard); len(d) != 1 || d[0].Value != want {
 				t.Errorf("discards %+v, want one %s", d, want)
 			}
-			if r := rec.Events("Released"); len(r) != 1 {
+			if r := rec.Events(advisorylock.EventRelease); len(r) != 1 {
 				t.Errorf("Released events %+v, want one", r)
 			}
 		})

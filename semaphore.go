@@ -88,7 +88,7 @@ func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, er
 	if err != nil {
 		return nil, wrapErr(name, "new semaphore", err)
 	}
-	l := newLock(db, name, cfg, LockKindLock)
+	l := newLock(db, name, cfg, kindLock)
 	keys := make([]int64, slots)
 	for i := range keys {
 		keys[i] = SlotKey(name, i)
@@ -225,7 +225,7 @@ func (s *Semaphore) observed() *observed {
 	if ob := s.obs.Load(); ob != nil || s.lock.cfg.observer == nil {
 		return ob
 	}
-	return observedOf(&s.obs, s.db, &s.lock.cfg, LockKindSemaphore, s.name, func() Backend {
+	return observedOf(&s.obs, s.db, &s.lock.cfg, kindSemaphore, s.name, func() Backend {
 		if b := s.lock.setup.v.Load(); b != nil {
 			return b.backend()
 		}

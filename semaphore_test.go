@@ -494,11 +494,11 @@ func TestSemaphoreReportsItsEventsAsSemaphore(t *testing.T) {
 			t.Fatalf("events = %+v, want start, end, start, end, released", events)
 		}
 		for _, e := range events {
-			if e.Info.Kind != advisorylock.LockKindSemaphore || e.Info.Backend != backend || e.Info.Name != s.Name() {
+			if e.Kind != "semaphore" || e.Backend != backend || e.Name != s.Name() {
 				t.Fatalf("event %+v: want kind semaphore, backend %s", e, backend)
 			}
 		}
-		if rec.Count("AcquireEnd", string(advisorylock.OutcomeAcquired)) != 1 || rec.Count("AcquireEnd", string(advisorylock.OutcomeNotAcquired)) != 1 || rec.Count("Released", "") != 1 {
+		if rec.Count(advisorylock.EventAcquireEnd, string(advisorylock.OutcomeAcquired)) != 1 || rec.Count(advisorylock.EventAcquireEnd, string(advisorylock.OutcomeNotAcquired)) != 1 || rec.Count(advisorylock.EventRelease, "") != 1 {
 			t.Fatalf("events = %+v", events)
 		}
 	})

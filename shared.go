@@ -10,7 +10,7 @@ import (
 // the lock shared. Shared holders of a name coexist; an exclusive holder
 // (Lock, TryLock) excludes them all and is excluded by any, on every
 // backend. A shared hold is a *Guard like any other: the same Release,
-// Lost, keep-alive and Observer events (kind LockKindShared).
+// Lost, keep-alive and Observer events (kind "shared").
 //
 // Waiting writers are not starved: on every backend a writer that waits
 // keeps new shared holders out until it has had its turn (PostgreSQL
@@ -202,7 +202,7 @@ func (l *Lock) observedAs(shared bool) *observed {
 	if ob := l.sobs.Load(); ob != nil || l.cfg.observer == nil {
 		return ob
 	}
-	return observedOf(&l.sobs, l.db, &l.cfg, LockKindShared, l.name, func() Backend {
+	return observedOf(&l.sobs, l.db, &l.cfg, kindShared, l.name, func() Backend {
 		if b := l.setup.v.Load(); b != nil {
 			return b.backend()
 		}

@@ -318,17 +318,17 @@ func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
 			t.Fatal(err)
 		}
 		mustRelease(t, g)
-		kinds := map[advisorylock.LockKind]int{}
-		for _, e := range rec.Events("AcquireEnd") {
+		kinds := map[string]int{}
+		for _, e := range rec.Events(advisorylock.EventAcquireEnd) {
 			if e.Value != "acquired" {
-				t.Errorf("AcquireEnd %+v, want acquired", e)
+				t.Errorf("acquire_end %+v, want acquired", e)
 			}
-			kinds[e.Info.Kind]++
+			kinds[e.Kind]++
 		}
-		for _, e := range rec.Events("Released") {
-			kinds[e.Info.Kind] += 10
+		for _, e := range rec.Events(advisorylock.EventRelease) {
+			kinds[e.Kind] += 10
 		}
-		if kinds[advisorylock.LockKindShared] != 11 || kinds[advisorylock.LockKindLock] != 11 {
+		if kinds["shared"] != 11 || kinds["lock"] != 11 {
 			t.Fatalf("acquires (1 each) and releases (10 each) by kind: %v; want one shared and one exclusive hold", kinds)
 		}
 	})

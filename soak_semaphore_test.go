@@ -78,12 +78,16 @@ type semHolderKey struct{}
 
 // semTeller is the soak semaphores' Observer: a loss the library noticed
 // tells the holder it was found for.
-type semTeller struct{ advisorylock.NoopObserver }
+type semTeller struct{}
 
-func (semTeller) Lost(ctx context.Context, _ advisorylock.LossEvent) {
+func (semTeller) Observe(ctx context.Context, e advisorylock.Event) context.Context {
+	if e.Type != advisorylock.EventLoss {
+		return ctx
+	}
 	if h, ok := ctx.Value(semHolderKey{}).(*semHolder); ok {
 		h.tell()
 	}
+	return ctx
 }
 
 // String describes h relative to a fault at fault, for a violation's log.

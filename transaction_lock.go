@@ -138,7 +138,7 @@ func (l *Lock) txBackend(ctx context.Context) (TxLocker, error) {
 }
 
 // txObserved is a Lock as its transaction locks report to an Observer:
-// kind LockKindTransaction.
+// kind "transaction".
 type txObserved struct{ l *Lock }
 
 func (t txObserved) observed() *observed {
@@ -150,11 +150,11 @@ func (t txObserved) observed() *observed {
 	if b := localBackend(t.l.db, cfg); b != nil {
 		backend = b.Name()
 	}
-	return newObserved(cfg.observer, backend, LockKindTransaction, t.l.name)
+	return newObserved(cfg.observer, backend, kindTransaction, t.l.name)
 }
 
 // txAcquired reports the end of a transaction lock's acquire, and for a
-// grant its release at once (see LockKindTransaction).
+// grant its release at once (see Event.Kind).
 func txAcquired(a acquiring, l *Lock, err error) {
 	if a.ob == nil {
 		return

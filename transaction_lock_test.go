@@ -354,12 +354,12 @@ func TestLockTxReportsToTheObserver(t *testing.T) {
 	}
 	var got []string
 	for _, e := range rec.Events() {
-		if e.Info.Kind != advisorylock.LockKindTransaction || e.Info.Backend != "postgres" || e.Info.Name != name {
+		if e.Kind != "transaction" || e.Backend != "postgres" || e.Name != name {
 			t.Fatalf("event %+v: want kind transaction, backend postgres, name %q", e, name)
 		}
-		got = append(got, e.Method+":"+e.Value)
+		got = append(got, string(e.Type)+":"+e.Value)
 	}
-	want := []string{"AcquireStart:", "AcquireEnd:acquired", "Released:", "AcquireStart:", "AcquireEnd:not_acquired"}
+	want := []string{"acquire_start:", "acquire_end:acquired", "release:", "acquire_start:", "acquire_end:not_acquired"}
 	if len(got) != len(want) {
 		t.Fatalf("events %v, want %v", got, want)
 	}

@@ -34,11 +34,17 @@ func observers(tb testing.TB) map[string]advisorylock.Observer {
 		tb.Fatal(err)
 	}
 	return map[string]advisorylock.Observer{
-		"noop": advisorylock.NoopObserver{},
+		"noop": noopObserver{},
 		"otel": advisorylockotel.NewObserver(advisorylockotel.WithMeterProvider(mp), advisorylockotel.WithTracerProvider(tp)),
 		"prom": prom,
 	}
 }
+
+// noopObserver is an Observer that ignores every event: the cost of the
+// library's calls alone.
+type noopObserver struct{}
+
+func (noopObserver) Observe(ctx context.Context, _ advisorylock.Event) context.Context { return ctx }
 
 // setupObservedTryLock is TryLock+Release with the named observer.
 func setupObservedTryLock(name string) func(b *testing.B, e pgEnv) func(ctx context.Context) error {
@@ -67,26 +73,33 @@ func setupTracedTryLock(b *testing.B, e pgEnv) func(ctx context.Context) error {
 // uncontended TryLock+Release (acquire start and end, release).
 var observerEvents = []struct {
 	name string
-	run  func(ctx context.Context, o advisorylock.Observer, info advisorylock.LockInfo)
+	run  func(ctx context.Context, o advisorylock.Observer)
 }{
-	{"trylock_release", func(ctx context.Context, o advisorylock.Observer, info advisorylock.LockInfo) {
-		ctx = o.AcquireStart(ctx, advisorylock.AcquireStartEvent{LockInfo: info})
-		ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired, Wait: 50 * time.Microsecond})
-		o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info, Held: time.Millisecond})
+	{"trylock_release", func(ctx context.Context, o advisorylock.Observer) {
+		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired, Wait: 50 * time.Microsecond}))
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventRelease, Held: time.Millisecond}))
 	}},
-	{"not_acquired", func(ctx context.Context, o advisorylock.Observer, info advisorylock.LockInfo) {
-		ctx = o.AcquireStart(ctx, advisorylock.AcquireStartEvent{LockInfo: info})
-		o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeNotAcquired, Wait: 50 * time.Microsecond, Err: advisorylock.ErrNotAcquired})
+	{"not_acquired", func(ctx context.Context, o advisorylock.Observer) {
+		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeNotAcquired, Wait: 50 * time.Microsecond, Err: advisorylock.ErrNotAcquired}))
 	}},
-	{"lost", func(ctx context.Context, o advisorylock.Observer, info advisorylock.LockInfo) {
-		o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossSessionEnded, Held: time.Second, Err: errBenchLoss})
+	{"lost", func(ctx context.Context, o advisorylock.Observer) {
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventLoss, Cause: "session_ended", Held: time.Second, Err: errBenchLoss}))
 	}},
-	{"discarded", func(_ context.Context, o advisorylock.Observer, info advisorylock.LockInfo) {
-		o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardCanceled})
+	{"discarded", func(_ context.Context, o advisorylock.Observer) {
+		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: advisorylock.EventDiscard, Reason: "canceled"}))
 	}},
-	{"renewed", func(_ context.Context, o advisorylock.Observer, info advisorylock.LockInfo) {
-		o.Renewed(advisorylock.RenewEvent{LockInfo: info, Outcome: advisorylock.OutcomeRenewed, Latency: time.Millisecond})
+	{"renewed", func(_ context.Context, o advisorylock.Observer) {
+		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed, Latency: time.Millisecond}))
 	}},
+}
+
+// benchEvent is e about the benchmarked lock, as the library names it in
+// every event.
+func benchEvent(e advisorylock.Event) advisorylock.Event {
+	e.Backend, e.Kind, e.Name = "postgres", "lock", "bench"
+	return e
 }
 
 // BenchmarkObserverEvents measures what an Observer costs per event, with
@@ -96,7 +109,6 @@ var observerEvents = []struct {
 // Pin "trylock_release" against BenchmarkPG/trylock_release (the library
 // adds no cost of its own without an Observer: one nil check).
 func BenchmarkObserverEvents(b *testing.B) {
-	info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "bench"}
 	for _, ev := range observerEvents {
 		for _, name := range []string{"noop", "otel", "otel_traced", "prom"} {
 			name, traced := strings.CutSuffix(name, "_traced")
@@ -114,11 +126,11 @@ func BenchmarkObserverEvents(b *testing.B) {
 					ctx, request = tp.Tracer("benchmark").Start(ctx, "request")
 					defer request.End()
 				}
-				ev.run(ctx, o, info) // first use builds the attribute sets
+				ev.run(ctx, o) // first use builds the attribute sets
 				b.ReportAllocs()
 				b.ResetTimer()
 				for range b.N {
-					ev.run(ctx, o, info)
+					ev.run(ctx, o)
 				}
 			})
 		}

@@ -39,7 +39,7 @@ mutation "a shared session that ends tells none of its locks" multiplex.go \
 	's/for _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}/_ = holds/' \
 	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours|TestMultiplexedSessionKilledUnderContention|TestMultiplexedAndSetRowsUnderFaults)$'
 mutation "a forgotten guard on a shared session discards the session" multiplex.go \
-	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(LossSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
+	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(lossSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
 	'^TestForgottenMultiplexedGuardIsCleanedUp$'
 mutation "a set's try keeps the names it got when one is held" backend_postgres.go \
 	's/WHERE t\.ok AND NOT a\.ok\)/WHERE t.ok AND NOT a.ok AND false)/' \
@@ -230,7 +230,7 @@ mutation "a waiting writer's later attempts are not marked as retries" lease_fen
 	's/\n\t\treq\.Retry = true \/\/[^\n]*\n/\n/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
 mutation "a grant that arrived past its deadline is lost only when the keeper runs" lease_fencing.go \
-	's/if left <= 0 \{\n(\t+)s\.lose\(LossExpired/if false \&\& left <= 0 {\n$1s.lose(LossExpired/' \
+	's/if left <= 0 \{\n(\t+)s\.lose\(lossExpired/if false \&\& left <= 0 {\n$1s.lose(lossExpired/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "Do runs its function under a grant already lost" advisorylock.go \
 	's/if _, why := g\.h\.isLost\(\); why != nil \{/if _, why := g.h.isLost(); why != nil \&\& false {/' \

@@ -4,8 +4,8 @@
 //	obs := advisorylockotel.NewObserver()
 //	lock, err := advisorylock.New(db, "nightly", advisorylock.WithObserver(obs))
 //
-// Metrics (all durations in seconds, bucket boundaries from
-// advisorylock.DurationBuckets) and their attributes, each key written
+// Metrics (all durations in seconds, in buckets from 100µs to 60s) and
+// their attributes, each key written
 // here without its "advisorylock." prefix (backend is
 // "advisorylock.backend", the constant AttrBackend):
 //
@@ -38,6 +38,7 @@ import (
 	"sync/atomic"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/buckets"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -64,16 +65,16 @@ const (
 const (
 	// AttrBackend is the backend's name ("postgres", "sqlite", ...).
 	AttrBackend attribute.Key = "advisorylock.backend"
-	// AttrKind is the advisorylock.LockKind of the lock.
+	// AttrKind is the kind of lock (advisorylock.Event.Kind).
 	AttrKind attribute.Key = "advisorylock.kind"
 	// AttrName is the lock's name; only with WithLockNames(true).
 	AttrName attribute.Key = "advisorylock.name"
 	// AttrOutcome is the advisorylock.Outcome of an acquire or a renewal.
 	AttrOutcome attribute.Key = "advisorylock.outcome"
-	// AttrCause is the advisorylock.LossCause of a loss.
+	// AttrCause is why a lock was lost (advisorylock.Event.Cause).
 	AttrCause attribute.Key = "advisorylock.cause"
-	// AttrReason is the advisorylock.DiscardReason of a discarded
-	// connection.
+	// AttrReason is why a connection was discarded
+	// (advisorylock.Event.Reason).
 	AttrReason attribute.Key = "advisorylock.reason"
 	// AttrWait is on acquire spans: false for a single attempt (TryLock),
 	// true for an acquire that may wait.
@@ -129,7 +130,7 @@ func NewObserver(opts ...Option) advisorylock.Observer {
 		c.tracers = otel.GetTracerProvider()
 	}
 	m := c.meters.Meter(ScopeName)
-	buckets := metric.WithExplicitBucketBoundaries(advisorylock.DurationBuckets()...)
+	buckets := metric.WithExplicitBucketBoundaries(buckets.Durations()...)
 	o := &observer{
 		tracer:    c.tracers.Tracer(ScopeName),
 		lockNames: c.lockNames,
@@ -170,8 +171,6 @@ func handle(err error) {
 }
 
 type observer struct {
-	advisorylock.NoopObserver // events added later are ignored until handled here
-
 	tracer    trace.Tracer
 	lockNames bool
 	rootSpans bool
@@ -205,15 +204,15 @@ type attrs struct {
 	held atomic.Int64            // grants minus releases, for the held counter
 }
 
-// attrsFor returns the attribute set of info plus label=value (if label
+// attrsFor returns the attribute set of e's lock plus label=value (if label
 // is not empty).
-func (o *observer) attrsFor(info advisorylock.LockInfo, withKind bool, label attribute.Key, value string) *attrs {
-	k := setKey{backend: info.Backend, label: label, value: value}
+func (o *observer) attrsFor(e advisorylock.Event, withKind bool, label attribute.Key, value string) *attrs {
+	k := setKey{backend: e.Backend, label: label, value: value}
 	if withKind {
-		k.kind = string(info.Kind)
+		k.kind = e.Kind
 	}
 	if o.lockNames {
-		k.name = info.Name
+		k.name = e.Name
 	}
 	o.mu.RLock()
 	a := o.sets[k]
@@ -267,7 +266,7 @@ func (o *observer) observeHeld(_ context.Context, obs metric.Int64Observer) erro
 type spans struct {
 	parent  trace.Span // current before the acquire: the parent of both
 	acquire trace.Span
-	hold    trace.Span // set by AcquireEnd for a grant
+	hold    trace.Span // set at the acquire's end, for a grant
 }
 
 type spansKey struct{}
@@ -287,14 +286,36 @@ func (c *spanContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-func (o *observer) AcquireStart(ctx context.Context, e advisorylock.AcquireStartEvent) context.Context {
+// Observe records e, and returns ctx with the acquire's spans (if any)
+// for EventAcquireStart; ctx otherwise.
+func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Context {
+	switch e.Type {
+	case advisorylock.EventAcquireStart:
+		return o.acquireStart(ctx, e)
+	case advisorylock.EventAcquireEnd:
+		o.acquireEnd(ctx, e)
+	case advisorylock.EventRelease:
+		o.released(ctx, e)
+	case advisorylock.EventLoss:
+		o.lose(ctx, e)
+	case advisorylock.EventDiscard:
+		a := o.attrsFor(e, false, AttrReason, e.Reason)
+		o.discarded.Add(ctx, 1, a.add...)
+	case advisorylock.EventRenew:
+		a := o.attrsFor(e, false, AttrOutcome, string(e.Outcome))
+		o.renew.Record(ctx, e.Latency.Seconds(), a.rec...)
+	}
+	return ctx
+}
+
+func (o *observer) acquireStart(ctx context.Context, e advisorylock.Event) context.Context {
 	parent := trace.SpanFromContext(ctx)
 	if !o.rootSpans && !parent.SpanContext().IsValid() {
 		return ctx
 	}
-	a := o.attrsFor(e.LockInfo, true, "", "")
+	a := o.attrsFor(e, true, "", "")
 	opts := a.try
-	if e.Wait {
+	if e.MayWait {
 		opts = a.wait
 	}
 	ctx, span := o.tracer.Start(ctx, "advisorylock.acquire", opts...)
@@ -304,8 +325,8 @@ func (o *observer) AcquireStart(ctx context.Context, e advisorylock.AcquireStart
 	return &spanContext{Context: ctx, spans: spans{parent: parent, acquire: span}}
 }
 
-func (o *observer) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEvent) context.Context {
-	a := o.attrsFor(e.LockInfo, true, AttrOutcome, string(e.Outcome))
+func (o *observer) acquireEnd(ctx context.Context, e advisorylock.Event) {
+	a := o.attrsFor(e, true, AttrOutcome, string(e.Outcome))
 	o.acquire.Record(ctx, e.Wait.Seconds(), a.rec...)
 	s, traced := ctx.Value(spansKey{}).(*spans)
 	if traced {
@@ -316,14 +337,13 @@ func (o *observer) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEven
 		s.acquire.End()
 	}
 	if e.Outcome != advisorylock.OutcomeAcquired {
-		return ctx
+		return
 	}
-	h := o.attrsFor(e.LockInfo, true, "", "")
+	h := o.attrsFor(e, true, "", "")
 	h.held.Add(1)
 	if traced {
 		_, s.hold = o.tracer.Start(trace.ContextWithSpan(ctx, s.parent), "advisorylock.hold", h.span...)
 	}
-	return ctx
 }
 
 // holdSpan returns the hold span that ctx carries, or nil.
@@ -334,8 +354,8 @@ func holdSpan(ctx context.Context) trace.Span {
 	return nil
 }
 
-func (o *observer) Released(ctx context.Context, e advisorylock.ReleaseEvent) {
-	a := o.attrsFor(e.LockInfo, true, "", "")
+func (o *observer) released(ctx context.Context, e advisorylock.Event) {
+	a := o.attrsFor(e, true, "", "")
 	o.hold.Record(ctx, e.Held.Seconds(), a.rec...)
 	a.held.Add(-1)
 	if span := holdSpan(ctx); span != nil {
@@ -349,25 +369,15 @@ func (o *observer) Released(ctx context.Context, e advisorylock.ReleaseEvent) {
 	}
 }
 
-func (o *observer) Lost(ctx context.Context, e advisorylock.LossEvent) {
-	a := o.attrsFor(e.LockInfo, true, AttrCause, string(e.Cause))
+func (o *observer) lose(ctx context.Context, e advisorylock.Event) {
+	a := o.attrsFor(e, true, AttrCause, e.Cause)
 	o.lost.Add(ctx, 1, a.add...)
 	if span := holdSpan(ctx); span != nil {
-		span.AddEvent("advisorylock.lost", trace.WithAttributes(AttrCause.String(string(e.Cause))))
-		msg := string(e.Cause)
+		span.AddEvent("advisorylock.lost", trace.WithAttributes(AttrCause.String(e.Cause)))
+		msg := e.Cause
 		if e.Err != nil {
 			msg = e.Err.Error()
 		}
 		span.SetStatus(codes.Error, msg)
 	}
-}
-
-func (o *observer) Discarded(e advisorylock.DiscardEvent) {
-	a := o.attrsFor(e.LockInfo, false, AttrReason, string(e.Reason))
-	o.discarded.Add(context.Background(), 1, a.add...)
-}
-
-func (o *observer) Renewed(e advisorylock.RenewEvent) {
-	a := o.attrsFor(e.LockInfo, false, AttrOutcome, string(e.Outcome))
-	o.renew.Record(context.Background(), e.Latency.Seconds(), a.rec...)
 }

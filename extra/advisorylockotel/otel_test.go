@@ -9,6 +9,7 @@ import (
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/extra/advisorylockotel"
+	"github.com/advisorylock/advisorylock/internal/buckets"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -84,8 +85,8 @@ func counts(t *testing.T, data metricdata.Aggregation) map[string]int64 {
 	case metricdata.Histogram[float64]:
 		for _, dp := range d.DataPoints {
 			out[attrs(dp.Attributes)] = int64(dp.Count)
-			if !slices.Equal(dp.Bounds, advisorylock.DurationBuckets()) {
-				t.Errorf("histogram %s has bounds %v, want advisorylock.DurationBuckets()", attrs(dp.Attributes), dp.Bounds)
+			if !slices.Equal(dp.Bounds, buckets.Durations()) {
+				t.Errorf("histogram %s has bounds %v, want buckets.Durations()", attrs(dp.Attributes), dp.Bounds)
 			}
 		}
 	case metricdata.Sum[int64]:
@@ -187,6 +188,13 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 	}
 }
 
+// with returns e describing the lock that lock describes, as the
+// library's events do.
+func with(lock, e advisorylock.Event) advisorylock.Event {
+	e.Backend, e.Kind, e.Name = lock.Backend, lock.Kind, lock.Name
+	return e
+}
+
 // TestAttributeKeysAreNamespacedAndNamesOptIn feeds one event of each
 // kind to an observer with and without WithLockNames(true), and checks
 // the exact attributes of every metric, span and span event: every key is
@@ -195,13 +203,13 @@ func TestAttributeKeysAreNamespacedAndNamesOptIn(t *testing.T) {
 	for _, named := range []bool{false, true} {
 		p := newProviders(t)
 		o := p.observer(advisorylockotel.WithLockNames(named), advisorylockotel.WithRootSpans(true))
-		info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "nightly"}
-		ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
-		ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired, Wait: time.Millisecond})
-		o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
-		o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info, Held: time.Second, Forgotten: true})
-		o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardForgotten})
-		o.Renewed(advisorylock.RenewEvent{LockInfo: info, Outcome: advisorylock.OutcomeRenewed})
+		nightly := advisorylock.Event{Backend: "postgres", Kind: "lock", Name: "nightly"}
+		ctx := o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+		ctx = o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired, Wait: time.Millisecond}))
+		o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventLoss, Cause: "not_held"}))
+		o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventRelease, Held: time.Second, Forgotten: true}))
+		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventDiscard, Reason: "forgotten"}))
+		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed}))
 
 		name := ""
 		if named {
@@ -269,10 +277,10 @@ func TestObserverParentsSpansOnTheCallersSpan(t *testing.T) {
 	p := newProviders(t)
 	o := p.observer()
 	ctx, root := p.tp.Tracer("test").Start(context.Background(), "job")
-	info := advisorylock.LockInfo{Backend: "sqlite", Kind: advisorylock.LockKindLease, Name: "x"}
-	ctx = o.AcquireStart(ctx, advisorylock.AcquireStartEvent{LockInfo: info, Wait: true})
-	ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
-	o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
+	lease := advisorylock.Event{Backend: "sqlite", Kind: "lease", Name: "x"}
+	ctx = o.Observe(ctx, with(lease, advisorylock.Event{Type: advisorylock.EventAcquireStart, MayWait: true}))
+	ctx = o.Observe(ctx, with(lease, advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired}))
+	o.Observe(ctx, with(lease, advisorylock.Event{Type: advisorylock.EventRelease}))
 	if !root.IsRecording() {
 		t.Fatal("the observer ended the caller's span")
 	}
@@ -297,11 +305,11 @@ func TestNoSpansOutsideATraceUnlessAsked(t *testing.T) {
 	for _, root := range []bool{false, true} {
 		p := newProviders(t)
 		o := p.observer(advisorylockotel.WithRootSpans(root))
-		info := advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "x"}
-		ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
-		ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
-		o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
-		o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
+		lock := advisorylock.Event{Backend: "postgres", Kind: "lock", Name: "x"}
+		ctx := o.Observe(context.Background(), with(lock, advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+		ctx = o.Observe(ctx, with(lock, advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired}))
+		o.Observe(ctx, with(lock, advisorylock.Event{Type: advisorylock.EventLoss, Cause: "not_held"}))
+		o.Observe(ctx, with(lock, advisorylock.Event{Type: advisorylock.EventRelease}))
 		want := 0
 		if root {
 			want = 2

@@ -5,7 +5,7 @@
 //	if err != nil { return err }
 //	lock, err := advisorylock.New(db, "nightly", advisorylock.WithObserver(obs))
 //
-// Metrics (durations in seconds, buckets from advisorylock.DurationBuckets):
+// Metrics (durations in seconds, in buckets from 100µs to 60s):
 //
 //	advisorylock_acquire_duration_seconds        histogram backend, kind, outcome
 //	advisorylock_hold_duration_seconds           histogram backend, kind
@@ -28,6 +28,7 @@ import (
 	"sync"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/buckets"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -109,17 +110,17 @@ func collectors(lockNames bool) []prometheus.Collector {
 		}
 		return names
 	}
-	buckets := advisorylock.DurationBuckets()
+	durations := buckets.Durations()
 	return []prometheus.Collector{
 		prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    MetricAcquireDuration,
 			Help:    "How long acquires took, by outcome (including the wait for a held lock).",
-			Buckets: buckets,
+			Buckets: durations,
 		}, labels("backend", "kind", "outcome")),
 		prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    MetricHoldDuration,
 			Help:    "How long locks were held, from the grant to the release.",
-			Buckets: buckets,
+			Buckets: durations,
 		}, labels("backend", "kind")),
 		prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: MetricHeld,
@@ -136,14 +137,12 @@ func collectors(lockNames bool) []prometheus.Collector {
 		prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    MetricLeaseRenewDuration,
 			Help:    "How long lease renewals took, by outcome.",
-			Buckets: buckets,
+			Buckets: durations,
 		}, labels("backend", "outcome")),
 	}
 }
 
 type observer struct {
-	advisorylock.NoopObserver // events added later are ignored until handled here
-
 	lockNames bool
 
 	acquireVec, holdVec, renewVec *prometheus.HistogramVec
@@ -217,10 +216,10 @@ type seriesKey struct {
 	backend, kind, outcome, name string
 }
 
-// keyName is the name field of info's series keys.
-func (o *observer) keyName(info advisorylock.LockInfo) string {
+// keyName is the name field of the series keys of e's lock.
+func (o *observer) keyName(e advisorylock.Event) string {
 	if o.lockNames {
-		return info.Name
+		return e.Name
 	}
 	return ""
 }
@@ -260,51 +259,47 @@ func (o *observer) seriesFor(k seriesKey, mk func() *series) *series {
 	return s
 }
 
-func (o *observer) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEvent) context.Context {
-	k := seriesKey{event: "acquire", backend: e.Backend, kind: string(e.Kind), outcome: string(e.Outcome), name: o.keyName(e.LockInfo)}
-	o.seriesFor(k, func() *series {
-		return &series{duration: o.acquireVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
-	}).duration.Observe(e.Wait.Seconds())
-	if e.Outcome == advisorylock.OutcomeAcquired {
-		o.holdSeries(e.LockInfo).gauge.Inc()
+// Observe records e; it returns ctx.
+func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Context {
+	switch e.Type {
+	case advisorylock.EventAcquireEnd:
+		k := seriesKey{event: "acquire", backend: e.Backend, kind: e.Kind, outcome: string(e.Outcome), name: o.keyName(e)}
+		o.seriesFor(k, func() *series {
+			return &series{duration: o.acquireVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
+		}).duration.Observe(e.Wait.Seconds())
+		if e.Outcome == advisorylock.OutcomeAcquired {
+			o.holdSeries(e).gauge.Inc()
+		}
+	case advisorylock.EventRelease:
+		s := o.holdSeries(e)
+		s.duration.Observe(e.Held.Seconds())
+		s.gauge.Dec()
+	case advisorylock.EventLoss:
+		k := seriesKey{event: "lost", backend: e.Backend, kind: e.Kind, outcome: e.Cause, name: o.keyName(e)}
+		o.seriesFor(k, func() *series {
+			return &series{counter: o.lostVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
+		}).counter.Inc()
+	case advisorylock.EventDiscard:
+		k := seriesKey{event: "discarded", backend: e.Backend, outcome: e.Reason, name: o.keyName(e)}
+		o.seriesFor(k, func() *series {
+			return &series{counter: o.discardedVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
+		}).counter.Inc()
+	case advisorylock.EventRenew:
+		k := seriesKey{event: "renew", backend: e.Backend, outcome: string(e.Outcome), name: o.keyName(e)}
+		o.seriesFor(k, func() *series {
+			return &series{duration: o.renewVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
+		}).duration.Observe(e.Latency.Seconds())
 	}
 	return ctx
 }
 
-// holdSeries is the hold histogram and held gauge of a kind of lock.
-func (o *observer) holdSeries(info advisorylock.LockInfo) *series {
-	k := seriesKey{event: "hold", backend: info.Backend, kind: string(info.Kind), name: o.keyName(info)}
+// holdSeries is the hold histogram and held gauge of the kind of e's lock.
+func (o *observer) holdSeries(e advisorylock.Event) *series {
+	k := seriesKey{event: "hold", backend: e.Backend, kind: e.Kind, name: o.keyName(e)}
 	return o.seriesFor(k, func() *series {
 		return &series{
 			duration: o.holdVec.WithLabelValues(o.labels(k, k.backend, k.kind)...),
 			gauge:    o.heldVec.WithLabelValues(o.labels(k, k.backend, k.kind)...),
 		}
 	})
-}
-
-func (o *observer) Released(_ context.Context, e advisorylock.ReleaseEvent) {
-	s := o.holdSeries(e.LockInfo)
-	s.duration.Observe(e.Held.Seconds())
-	s.gauge.Dec()
-}
-
-func (o *observer) Lost(_ context.Context, e advisorylock.LossEvent) {
-	k := seriesKey{event: "lost", backend: e.Backend, kind: string(e.Kind), outcome: string(e.Cause), name: o.keyName(e.LockInfo)}
-	o.seriesFor(k, func() *series {
-		return &series{counter: o.lostVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
-	}).counter.Inc()
-}
-
-func (o *observer) Discarded(e advisorylock.DiscardEvent) {
-	k := seriesKey{event: "discarded", backend: e.Backend, outcome: string(e.Reason), name: o.keyName(e.LockInfo)}
-	o.seriesFor(k, func() *series {
-		return &series{counter: o.discardedVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
-	}).counter.Inc()
-}
-
-func (o *observer) Renewed(e advisorylock.RenewEvent) {
-	k := seriesKey{event: "renew", backend: e.Backend, outcome: string(e.Outcome), name: o.keyName(e.LockInfo)}
-	o.seriesFor(k, func() *series {
-		return &series{duration: o.renewVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
-	}).duration.Observe(e.Latency.Seconds())
 }

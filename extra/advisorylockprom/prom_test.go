@@ -14,6 +14,7 @@ import (
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/extra/advisorylockprom"
+	"github.com/advisorylock/advisorylock/internal/buckets"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -43,8 +44,8 @@ func series(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 			switch f.GetType() {
 			case dto.MetricType_HISTOGRAM:
 				out[key] = float64(m.GetHistogram().GetSampleCount())
-				if !bucketsAre(m.GetHistogram(), advisorylock.DurationBuckets()) {
-					t.Errorf("%s: buckets are not advisorylock.DurationBuckets()", key)
+				if !bucketsAre(m.GetHistogram(), buckets.Durations()) {
+					t.Errorf("%s: buckets are not buckets.Durations()", key)
 				}
 			case dto.MetricType_GAUGE:
 				out[key] = m.GetGauge().GetValue()
@@ -120,13 +121,12 @@ func render(m map[string]float64) string {
 func TestObserversShareARegistry(t *testing.T) {
 	for _, named := range []bool{false, true} {
 		reg := prometheus.NewRegistry()
-		info := advisorylock.LockInfo{Backend: "sqlite", Kind: advisorylock.LockKindLock, Name: "x"}
 		for range 2 {
 			o, err := advisorylockprom.NewObserver(reg, advisorylockprom.WithLockNames(named))
 			if err != nil {
 				t.Fatalf("WithLockNames(%v): %v", named, err)
 			}
-			o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardError})
+			o.Observe(context.Background(), advisorylock.Event{Type: advisorylock.EventDiscard, Backend: "sqlite", Kind: "lock", Name: "x", Reason: "error"})
 		}
 		key := "advisorylock_connections_discarded_total{backend=sqlite,reason=error}"
 		if named {
@@ -165,7 +165,7 @@ func TestLockNamesAreALabelOnlyWhenAsked(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		feedOneOfEach(o, advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "nightly"})
+		feedOneOfEach(o, advisorylock.Event{Backend: "postgres", Kind: "lock", Name: "nightly"})
 		if got := series(t, reg); !maps.Equal(got, want) {
 			t.Errorf("WithLockNames(%v): series:\n%s\nwant:\n%s", named, render(got), render(want))
 		}
@@ -186,7 +186,7 @@ func TestObserversDisagreeingOnLockNamesFail(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "WithLockNames") {
 			t.Fatalf("WithLockNames(%v) after WithLockNames(%v) on one registry: error %v, want one naming WithLockNames", !firstNamed, firstNamed, err)
 		}
-		first.Discarded(advisorylock.DiscardEvent{LockInfo: advisorylock.LockInfo{Backend: "sqlite", Name: "x"}, Reason: advisorylock.DiscardError})
+		first.Observe(context.Background(), advisorylock.Event{Type: advisorylock.EventDiscard, Backend: "sqlite", Name: "x", Reason: "error"})
 		key := "advisorylock_connections_discarded_total{backend=sqlite,reason=error}"
 		if firstNamed {
 			key = "advisorylock_connections_discarded_total{backend=sqlite,name=x,reason=error}"
@@ -207,15 +207,20 @@ func TestObserverRefusesAClashingMetric(t *testing.T) {
 	}
 }
 
-// feedOneOfEach gives o one event of each kind for info: an acquire that
-// is granted, a loss, the release, a discard and a renewal.
-func feedOneOfEach(o advisorylock.Observer, info advisorylock.LockInfo) {
-	ctx := o.AcquireStart(context.Background(), advisorylock.AcquireStartEvent{LockInfo: info})
-	ctx = o.AcquireEnd(ctx, advisorylock.AcquireEndEvent{LockInfo: info, Outcome: advisorylock.OutcomeAcquired})
-	o.Lost(ctx, advisorylock.LossEvent{LockInfo: info, Cause: advisorylock.LossNotHeld})
-	o.Released(ctx, advisorylock.ReleaseEvent{LockInfo: info})
-	o.Discarded(advisorylock.DiscardEvent{LockInfo: info, Reason: advisorylock.DiscardLost})
-	o.Renewed(advisorylock.RenewEvent{LockInfo: info, Outcome: advisorylock.OutcomeRenewed})
+// feedOneOfEach gives o one event of each type for the lock that lock
+// describes (its Backend, Kind and Name): an acquire that is granted, a
+// loss, the release, a discard and a renewal.
+func feedOneOfEach(o advisorylock.Observer, lock advisorylock.Event) {
+	with := func(e advisorylock.Event) advisorylock.Event {
+		e.Backend, e.Kind, e.Name = lock.Backend, lock.Kind, lock.Name
+		return e
+	}
+	ctx := o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+	ctx = o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired}))
+	o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventLoss, Cause: "not_held"}))
+	o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventRelease}))
+	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventDiscard, Reason: "lost"}))
+	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed}))
 }
 
 // exported feeds one event of each kind to a fresh observer and returns
@@ -227,7 +232,7 @@ func exported(t *testing.T) map[string][]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	feedOneOfEach(o, advisorylock.LockInfo{Backend: "postgres", Kind: advisorylock.LockKindLock, Name: "x"})
+	feedOneOfEach(o, advisorylock.Event{Backend: "postgres", Kind: "lock", Name: "x"})
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

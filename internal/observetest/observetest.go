@@ -143,18 +143,16 @@ func must[T any](v T, err error) func(t *testing.T) T {
 	}
 }
 
-// Event is one recorded event: which method, and its argument.
+// Event is one recorded event, with what a test compares most often.
 type Event struct {
-	Method string // "AcquireStart", "AcquireEnd", "Released", "Lost", "Discarded", "Renewed"
-	Info   advisorylock.LockInfo
-	Value  string        // outcome, cause or reason; "" for AcquireStart and Released
-	Span   int           // AcquireStart's number, as the hold's context carries it
-	Took   time.Duration // wait, hold time or latency
-	Err    error
+	advisorylock.Event
+	Value string        // Outcome, Cause or Reason; "forgotten" for a forgotten Guard's release; "" otherwise
+	Span  int           // the acquire's number, as the context the event came with carries it
+	Took  time.Duration // Wait, Held or Latency
 }
 
 // Recorder is an Observer that records every event, and checks that each
-// hold's events get the context AcquireEnd returned for it.
+// hold's events get the context its EventAcquireEnd returned.
 type Recorder struct {
 	mu     sync.Mutex
 	events []Event
@@ -163,49 +161,31 @@ type Recorder struct {
 
 type spanKey struct{}
 
-// AcquireStart records e and returns ctx numbered with the acquire.
-func (r *Recorder) AcquireStart(ctx context.Context, e advisorylock.AcquireStartEvent) context.Context {
+// Observe records e. For EventAcquireStart it returns ctx numbered with
+// the acquire; otherwise ctx.
+func (r *Recorder) Observe(ctx context.Context, e advisorylock.Event) context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.starts++
-	r.events = append(r.events, Event{Method: "AcquireStart", Info: e.LockInfo, Span: r.starts})
-	return context.WithValue(ctx, spanKey{}, r.starts)
-}
-
-// AcquireEnd records e with the number ctx carries, and returns ctx.
-func (r *Recorder) AcquireEnd(ctx context.Context, e advisorylock.AcquireEndEvent) context.Context {
-	r.add(Event{Method: "AcquireEnd", Info: e.LockInfo, Value: string(e.Outcome), Span: span(ctx), Took: e.Wait, Err: e.Err})
-	return ctx
-}
-
-// Released records e.
-func (r *Recorder) Released(ctx context.Context, e advisorylock.ReleaseEvent) {
-	v := ""
-	if e.Forgotten {
-		v = "forgotten"
+	ev := Event{Event: e, Span: span(ctx)}
+	switch e.Type {
+	case advisorylock.EventAcquireStart:
+		r.starts++
+		ev.Span = r.starts
+		ctx = context.WithValue(ctx, spanKey{}, r.starts)
+	case advisorylock.EventAcquireEnd, advisorylock.EventRenew:
+		ev.Value, ev.Took = string(e.Outcome), e.Wait+e.Latency
+	case advisorylock.EventRelease:
+		if e.Forgotten {
+			ev.Value = "forgotten"
+		}
+		ev.Took = e.Held
+	case advisorylock.EventLoss:
+		ev.Value, ev.Took = e.Cause, e.Held
+	case advisorylock.EventDiscard:
+		ev.Value = e.Reason
 	}
-	r.add(Event{Method: "Released", Info: e.LockInfo, Value: v, Span: span(ctx), Took: e.Held, Err: e.Err})
-}
-
-// Lost records e.
-func (r *Recorder) Lost(ctx context.Context, e advisorylock.LossEvent) {
-	r.add(Event{Method: "Lost", Info: e.LockInfo, Value: string(e.Cause), Span: span(ctx), Took: e.Held, Err: e.Err})
-}
-
-// Discarded records e.
-func (r *Recorder) Discarded(e advisorylock.DiscardEvent) {
-	r.add(Event{Method: "Discarded", Info: e.LockInfo, Value: string(e.Reason), Err: e.Err})
-}
-
-// Renewed records e.
-func (r *Recorder) Renewed(e advisorylock.RenewEvent) {
-	r.add(Event{Method: "Renewed", Info: e.LockInfo, Value: string(e.Outcome), Took: e.Latency, Err: e.Err})
-}
-
-func (r *Recorder) add(e Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events = append(r.events, e)
+	r.events = append(r.events, ev)
+	return ctx
 }
 
 func span(ctx context.Context) int {
@@ -214,23 +194,23 @@ func span(ctx context.Context) int {
 }
 
 // Events returns the events so far, optionally only those of the given
-// methods.
-func (r *Recorder) Events(methods ...string) []Event {
+// types.
+func (r *Recorder) Events(types ...advisorylock.EventType) []Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []Event
 	for _, e := range r.events {
-		if len(methods) == 0 || slices.Contains(methods, e.Method) {
+		if len(types) == 0 || slices.Contains(types, e.Type) {
 			out = append(out, e)
 		}
 	}
 	return out
 }
 
-// Count counts the events of method with value v.
-func (r *Recorder) Count(method, v string) int {
+// Count counts the events of type typ with value v.
+func (r *Recorder) Count(typ advisorylock.EventType, v string) int {
 	n := 0
-	for _, e := range r.Events(method) {
+	for _, e := range r.Events(typ) {
 		if e.Value == v {
 			n++
 		}

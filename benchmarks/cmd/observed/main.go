@@ -282,7 +282,7 @@ func chart(title string, series []buckets) string {
 		}
 		w(`<text x="%.1f" y="%d" text-anchor="middle" font-size="10">%s</text>`+"\n", x, height-bottom+16, html.EscapeString(name))
 	}
-	w(`<text x="%d" y="%d" text-anchor="middle">acquire duration (bucket upper bounds, from advisorylock.DurationBuckets); bars: share of that outcome's acquires</text>`+"\n", left+int(plotW/2), height-bottom+44)
+	w(`<text x="%d" y="%d" text-anchor="middle">acquire duration (bucket upper bounds, as the adapters export them); bars: share of that outcome's acquires</text>`+"\n", left+int(plotW/2), height-bottom+44)
 	w("</svg>\n")
 	return s.String()
 }

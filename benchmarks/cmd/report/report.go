@@ -36,7 +36,7 @@ var pgRows = []opRow{
 	{"trylock_release", "**advisorylock `TryLock` + `Release`** (pool checkout included)", "session"},
 	{"tryrlock_release", "advisorylock shared `TryRLock` + `Release` (pool checkout included)", "session"},
 	{"trylock_release_nokeepalive", "advisorylock `TryLock` + `Release`, `WithKeepAlive(0)`", "session"},
-	{"trylock_release_noop", "advisorylock `TryLock` + `Release`, `WithObserver(NoopObserver{})`", "session"},
+	{"trylock_release_noop", "advisorylock `TryLock` + `Release`, `WithObserver` of a no-op `Observer`", "session"},
 	{"trylock_release_prom", "advisorylock `TryLock` + `Release`, observed by `advisorylockprom`", "session"},
 	{"trylock_release_otel", "advisorylock `TryLock` + `Release`, observed by `advisorylockotel` (SDK, metrics)", "session"},
 	{"trylock_release_otel_traced", "advisorylock `TryLock` + `Release`, observed by `advisorylockotel` in a trace (metrics and two spans)", "session"},

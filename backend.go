@@ -28,9 +28,9 @@ type Backend interface {
 	// *sql.DB; skipped with WithServerChecks(false)) and refuses a handle
 	// the backend cannot lock safely (wrap ErrUnsupported).
 	Validate(ctx context.Context, db DB) error
-	// Traits reports what the library may rely on beyond the methods. It
-	// is read from the Backend that Configure returned, so it may depend
-	// on the driver.
+	// Traits reports what the library may rely on beyond the methods. The
+	// library reads it from the Backend it uses (what Configure returned,
+	// on a Configurer), so it may depend on the driver.
 	Traits() Traits
 }
 

@@ -44,19 +44,21 @@
 // # Writing a backend
 //
 // PostgreSQL, MySQL and SQLite are built in (Postgres, MySQL, SQLite). Another database
-// plugs in through WithBackend with a value that implements Backend and
-// one or both of its capability interfaces: SessionLocker, for locks tied
-// to a pinned connection's session (its statements return a
-// SessionResult), and LeaseStore, for locks and leases kept as rows (its
-// statements take a LeaseRequest, whose LeaseKind names the table, and
-// return a LeaseGrant). Every method is one round trip; the package owns
+// plugs in through WithBackend with a value that implements Backend (a
+// name, a Validate, and its Traits: facts such as whether its driver ends
+// statements with their context) and one or both of its capability
+// interfaces: SessionLocker, for locks tied to a pinned connection's
+// session (its statements return a SessionResult), and LeaseStore, for
+// locks and leases kept as rows (its statements take a LeaseRequest, whose
+// LeaseKind names the table, and return a LeaseGrant; it also keeps and
+// checks the tables). Every method is one round trip; the package owns
 // connections, retries, keep-alives and the lease schedule. Users of the
 // built-in backends need none of these types.
 //
 // WithMinHold (once per window) needs more of a backend. A LeaseStore
 // honours LeaseRequest.MinHold (its rows stay taken until the grant plus
 // MinHold, through renewals, releases and the holder's death) and says so
-// by implementing WindowedLeaseStore. A SessionLocker, whose locks end
+// in its Traits (KeepsWindows). A SessionLocker, whose locks end
 // with their session, keeps windows elsewhere and implements
 // WindowedSessionLocker: a try that checks and records the window in the
 // statement that takes the lock, a claim that records it after a wait's
@@ -65,21 +67,20 @@
 //
 // An Election on a LeaseStore needs nothing more (its lease's token is the
 // term); on a SessionLocker it needs ElectingSessionLocker, which records
-// each term in a row beside the lock. Shared locks (RLock) need
-// SharedSessionLocker, or a LeaseStore that keeps them as KindShared rows
-// (SharedLeaseStore); without either RLock returns ErrUnsupported.
+// each term in a row beside the lock and ends it when the leader resigns.
+// Shared locks (RLock) need SharedSessionLocker, or a LeaseStore that
+// keeps them as KindShared rows (SharedLeaseStore); without either RLock
+// returns ErrUnsupported.
 //
 // The rest is optional, each an interface in backend.go that the library
 // looks for and the built-in backends implement (they use nothing else):
-// DriverTuner (statement forms per driver), SessionConfigurer and
-// IdleSessionEnder (WithDeadHolderTimeout on the server), MultiKeyLocker
-// (a Semaphore's slots in one statement), WaitEnder (state a wait leaves
-// on a session), TxLocker (LockTx), TermEnder (a resigning leader's term
-// record), PromptCanceler (a driver that ends statements with their
-// context), TableChecker (Check proves the grants), RunRecorder
-// (TryDoOnce's records of runs done) and ReleaseListener (a LeaseLock
-// waiter woken by the release, not its poll). The package's own
-// tests run a backend of a third party's making through each.
+// Configurer (statement forms per driver, WithDeadHolderTimeout on the
+// server), MultiKeyLocker (many keys on one session: a Semaphore's slots,
+// a set's keys and multiplexed locks, each in one statement), TxLocker
+// (LockTx), RunRecorder (TryDoOnce's records of runs done) and
+// ReleaseListener (a LeaseLock waiter woken by the release, not its
+// poll). The package's own tests run a backend of a third party's making
+// through each.
 package advisorylock
 
 import (
@@ -253,13 +254,17 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		switch b := b.(type) {
 		case SessionLocker:
 			var settings SessionSettings
-			if c, ok := b.(SessionConfigurer); ok {
+			if c, ok := b.(Configurer); ok {
 				d := l.cfg.deadHolder
-				if e, ok := b.(IdleSessionEnder); ok && e.EndsIdleSessions() && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
-					d = 0 // see IdleSessionEnder
+				if b.Traits().EndsIdleSessions && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
+					d = 0 // see Traits.EndsIdleSessions
 				}
 				settings = SessionSettings{DeadHolder: d, ServerChecks: l.cfg.serverChecks}
-				b = c.ForLock(settings)
+				s, ok := c.Configure(l.db, settings).(SessionLocker)
+				if !ok {
+					return nil, fmt.Errorf("%w: backend %q configured for a Lock is no SessionLocker", ErrUnsupported, b.Name())
+				}
+				b = s
 			}
 			if l.cfg.poolerCheck && l.cfg.serverChecks {
 				if err := checkPooler(ctx, l.db, b); err != nil {
@@ -272,7 +277,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			}
 			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
 			if l.cfg.multiplex > 0 {
-				if _, ok := b.(MultiplexingLocker); !ok {
+				if _, ok := b.(MultiKeyLocker); !ok {
 					return nil, fmt.Errorf("%w: backend %q cannot hold many locks on one session (WithMultiplexing)", ErrUnsupported, b.Name())
 				}
 				lb.muxed = true

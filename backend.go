@@ -15,11 +15,12 @@ import (
 	"weak"
 )
 
-// Backend is a database dialect. PostgreSQL and SQLite are the two built
+// Backend is a database dialect. PostgreSQL, MySQL and SQLite are built
 // in; another can be plugged in with WithBackend. A Backend is used through
 // the capability interfaces SessionLocker (locks tied to a pinned
 // connection) and LeaseStore (locks and leases kept as rows); it implements
-// at least one of them. Its methods may be called concurrently.
+// at least one of them, and any of the optional interfaces below. Its
+// methods may be called concurrently.
 type Backend interface {
 	// Name is a short label, such as "postgres"; it shows in Holder.Backend.
 	Name() string
@@ -27,6 +28,34 @@ type Backend interface {
 	// *sql.DB; skipped with WithServerChecks(false)) and refuses a handle
 	// the backend cannot lock safely (wrap ErrUnsupported).
 	Validate(ctx context.Context, db DB) error
+	// Traits reports what the library may rely on beyond the methods. The
+	// library reads it from the Backend it uses (what Configure returned,
+	// on a Configurer), so it may depend on the driver.
+	Traits() Traits
+}
+
+// Traits are facts about a backend that change how the library drives it.
+// The zero Traits is always safe: each field, where true, allows the
+// library something that is wrong for a backend without the fact.
+type Traits struct {
+	// CancelsPromptly: the driver ends a statement promptly when the
+	// statement's context ends, also on a dead network (pgx and
+	// go-sql-driver/mysql close the socket). Where false, the library
+	// bounds each statement on a held lock's connection itself, closing
+	// the driver connection under a statement that overstays: always
+	// safe, one goroutine more per step.
+	CancelsPromptly bool
+	// EndsIdleSessions: SessionSettings.DeadHolder may also end a live
+	// holder's session after that long without a statement (MySQL's
+	// wait_timeout). The library then passes a DeadHolder only to a Lock
+	// with a keep-alive and an explicit WithDeadHolderTimeout: the
+	// setting stays on the pooled session, whose server closes it when
+	// idle.
+	EndsIdleSessions bool
+	// KeepsWindows: the LeaseStore honours LeaseRequest.MinHold. Where
+	// false, a Lock or LeaseLock with WithMinHold on the store fails at
+	// its first operation with ErrUnsupported.
+	KeepsWindows bool
 }
 
 // SessionLocker is a Backend whose locks live as long as a database
@@ -61,8 +90,9 @@ type SessionResult struct {
 	Session int64 // the server session that ran it (PostgreSQL backend pid); 0 if unknown
 }
 
-// LeaseStore is a Backend that keeps leases as rows. Every method is one
-// statement (one round trip), committed on its own.
+// LeaseStore is a Backend that keeps leases as rows, and the tables of
+// whatever else it records (windows, terms, runs). Every statement method
+// is one statement (one round trip), committed on its own.
 //
 // For backend authors: see "Writing a backend" in the package doc.
 type LeaseStore interface {
@@ -83,6 +113,13 @@ type LeaseStore interface {
 	AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error
 	// Schema returns the DDL of the backend's tables, for migration tools.
 	Schema() string
+	// CheckTables creates the named tables (names from Schema) if they
+	// are missing and proves, writing nothing, that the role may read and
+	// write them, so that Check refuses a missing grant at start-up as
+	// the first operation would refuse it. The library calls it from
+	// every Check, also for the tables of a session backend's windows and
+	// terms; a backend without grants to prove returns nil.
+	CheckTables(ctx context.Context, db DB, tables ...string) error
 }
 
 // LeaseKind says which table a lease row lives in.
@@ -116,7 +153,7 @@ type LeaseRequest struct {
 	// MinHold is the window of WithMinHold (0: none): the row stays taken
 	// until the grant's time plus MinHold, through renewals, a release
 	// (which keeps the owner until then) and the holder's death. Only a
-	// WindowedLeaseStore is given a non-zero MinHold.
+	// store whose Traits keep windows is given a non-zero MinHold.
 	MinHold time.Duration
 	// Wait marks a KindLock acquire made by a waiting Lock (not a try): on
 	// a SharedLeaseStore, finding only shared holders it claims the row
@@ -143,6 +180,50 @@ type LeaseGrant struct {
 // library uses nothing else of theirs, so a third party's backend can do
 // all that they do.
 
+// Configurer is a Backend that adjusts itself to the handle it is given
+// (its driver's statement forms) and to the settings of a Lock's
+// sessions. The library calls Configure once it knows the handle, with
+// SessionSettings whose DeadHolder is 0, and uses the Backend it returns
+// for that handle; at a Lock's first operation it calls Configure again,
+// on that Backend, with the Lock's settings, and uses what it returns for
+// the Lock. Configure does no I/O and returns a Backend with the same
+// capabilities. Without it, WithDeadHolderTimeout changes nothing on the
+// server.
+type Configurer interface {
+	Backend
+	Configure(db DB, s SessionSettings) Backend
+}
+
+// SessionSettings are a Lock's settings for the sessions it pins (see
+// Configurer).
+type SessionSettings struct {
+	// DeadHolder is how long the server may take to free the lock of a
+	// holder that vanished (WithDeadHolderTimeout); 0 leaves the server's
+	// own settings.
+	DeadHolder time.Duration
+	// ServerChecks is WithServerChecks: false asks for no per-session
+	// checks (such as PostgreSQL's hot-standby check).
+	ServerChecks bool
+}
+
+// SharedSessionLocker is a SessionLocker that also takes shared locks
+// (RLock). Without it, RLock on the backend returns ErrUnsupported.
+type SharedSessionLocker interface {
+	SessionLocker
+	// Shared returns the same backend whose statements take, wait for,
+	// check and release keys in shared mode.
+	Shared() SessionLocker
+	// SessionHolders lists every holder of key, shared and exclusive.
+	SessionHolders(ctx context.Context, db DB, key int64) ([]*Holder, error)
+	// EndWait lets go of what an exclusive wait that ended without the
+	// lock, between slices, may have left on the session (MySQL: a writer
+	// keeps the GET_LOCK that holds new shared holders off while shared
+	// holders drain). The library calls it before the connection goes
+	// back to the pool, and discards the connection if it fails. A
+	// backend whose waits leave nothing returns nil.
+	EndWait(ctx context.Context, conn *sql.Conn, key int64) error
+}
+
 // SharedLeaseStore is a LeaseStore that keeps shared holds (RLock on a
 // Lock kept as rows): KindShared requests are one row per shared holder,
 // and its KindLock rows and shared rows exclude each other. A KindLock
@@ -160,10 +241,49 @@ type SharedLeaseStore interface {
 	LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error)
 }
 
+// MultiKeyLocker is a SessionLocker whose sessions hold many keys at once
+// and which reads or takes several keys in one statement: a Semaphore's
+// slots (TryLockAny, KeyHolders), a set's keys (TryLockAll, UnlockAll,
+// see NewSet) and the locks of Locks that share a session
+// (WithMultiplexing; HeldKeys, in the session's keep-alive). Its
+// TryLockSession and UnlockSession must touch no key but their own, and a
+// session's locks must be reentrant or refused locally: the library never
+// asks one session for a key it holds.
+//
+// TryLockAny, KeyHolders, TryLockAll and UnlockAll may return an error
+// matching ErrUnsupported, before they send anything: the library then
+// makes one statement per key, as it does for a backend without the
+// interface (a set's try letting go of those it took on a miss). Without
+// the interface WithMultiplexing fails at the first operation with
+// ErrUnsupported.
+type MultiKeyLocker interface {
+	SessionLocker
+	// TryLockAny tries keys in order and takes the first it gets, and no
+	// other: it returns that key's index with OK true, or OK false when
+	// every key is held elsewhere.
+	TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error)
+	// KeyHolders returns holders[i] for keys[i], nil when free, read in
+	// one snapshot.
+	KeyHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error)
+	// TryLockAll takes every one of keys on conn's session, or none: OK
+	// false is a definite miss that leaves the session holding none of
+	// them.
+	TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error)
+	// UnlockAll releases every one of keys on conn's session; OK false
+	// means the session did not hold one of them.
+	UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error)
+	// HeldKeys returns held[i] for keys[i]: whether conn's session still
+	// holds it, in one statement (or a few, for many keys). An error,
+	// or a server that can no longer grant (a standby, a read-only
+	// server), means the session can be trusted with none of them.
+	HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error)
+}
+
 // WindowedSessionLocker is a SessionLocker that can keep a name taken for
 // a window after each grant (WithMinHold), on the database's clock. A Lock
 // with WithMinHold on a SessionLocker that does not implement it fails at
-// its first operation with ErrUnsupported.
+// its first operation with ErrUnsupported. (A LeaseStore keeps windows in
+// its rows instead: see Traits.KeepsWindows.)
 //
 // For backend authors: see "Writing a backend" in the package doc.
 type WindowedSessionLocker interface {
@@ -190,17 +310,6 @@ type WindowedSessionLocker interface {
 	WindowHolder(ctx context.Context, db DB, key int64) (*Holder, error)
 }
 
-// WindowedLeaseStore is a LeaseStore that honours LeaseRequest.MinHold.
-// A Lock or LeaseLock with WithMinHold on a LeaseStore that does not
-// implement it fails at its first operation with ErrUnsupported.
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type WindowedLeaseStore interface {
-	LeaseStore
-	// KeepsWindows marks the store as honouring LeaseRequest.MinHold.
-	KeepsWindows()
-}
-
 // ElectingSessionLocker is a SessionLocker that can hold elections
 // (NewElection): beside the lock its leader holds, it records each term
 // in a row. An Election on a SessionLocker that does not implement it
@@ -219,8 +328,46 @@ type ElectingSessionLocker interface {
 	// election or by a lease. One statement.
 	BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error)
 	// TermHolder reports the leader of name: its latest term, if the
-	// session that began it still holds key's lock; nil otherwise.
+	// session that began it still holds key's lock and EndTerm has not
+	// ended it; nil otherwise.
 	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
+	// EndTerm marks term of name ended in its record when the leader
+	// resigns, on the leader's conn, so that TermHolder no longer reports
+	// it while the session lives on in the pool. Failing, it costs only
+	// that: TermHolder then tells by the session's lock.
+	EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
+}
+
+// TxLocker is a Backend with transaction-scoped locks (Lock.LockTx): a
+// lock taken in the caller's transaction, which ends with it. No method
+// may leave tx aborted when it returns a nil error. Without it, LockTx
+// returns ErrUnsupported.
+type TxLocker interface {
+	Backend
+	// TryLockTx makes one attempt in tx; false is a definite miss.
+	TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
+	// TxSettings reads, by name, the settings of tx that WaitLockTx
+	// changes (PostgreSQL: statement_timeout and lock_timeout).
+	TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error)
+	// WaitLockTx waits server-side in tx for at most slice; false means
+	// the slice ended without the lock and tx is as it was. After a grant
+	// it puts back the settings it changed, to prev (from TxSettings).
+	WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error)
+}
+
+// RunRecorder is a Backend that records which runs of a name are done,
+// for Lock.TryDoOnce, in a table of its own (advisorylock_runs). Both
+// methods are called while the Lock named name is held; run is the run
+// key given to TryDoOnce. Without it TryDoOnce returns ErrUnsupported.
+type RunRecorder interface {
+	Backend
+	// RunDone reports whether run of name is recorded done.
+	RunDone(ctx context.Context, db DB, name, run string) (bool, error)
+	// RecordRun records run of name done, durably, before it returns, and
+	// deletes name's other records older than keep (WithRunRetention)
+	// before now (the Clock's time, for backends that keep time in the
+	// application); a record already there is kept.
+	RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error
 }
 
 // ReleaseListener is a LeaseStore whose ReleaseLease (of a KindLease
@@ -245,184 +392,6 @@ type ReleaseListener interface {
 	ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error
 }
 
-// DriverTuner is a Backend that picks its statement forms per driver: the
-// library calls ForDB once it knows the handle a lock is given, and uses
-// the Backend it returns for that handle.
-type DriverTuner interface {
-	Backend
-	ForDB(db DB) Backend
-}
-
-// SessionSettings are a Lock's settings for the sessions it pins (see
-// SessionConfigurer).
-type SessionSettings struct {
-	// DeadHolder is how long the server may take to free the lock of a
-	// holder that vanished (WithDeadHolderTimeout); 0 leaves the server's
-	// own settings.
-	DeadHolder time.Duration
-	// ServerChecks is WithServerChecks: false asks for no per-session
-	// checks (such as PostgreSQL's hot-standby check).
-	ServerChecks bool
-}
-
-// SessionConfigurer is a SessionLocker that applies a Lock's settings to
-// the sessions it pins: at a Lock's first operation the library calls
-// ForLock and uses the SessionLocker it returns for that Lock. Without
-// it, WithDeadHolderTimeout changes nothing on the server.
-type SessionConfigurer interface {
-	SessionLocker
-	ForLock(s SessionSettings) SessionLocker
-}
-
-// IdleSessionEnder is a SessionConfigurer whose dead-holder bound may also
-// end a live holder's session after that long without a statement
-// (MySQL's wait_timeout): EndsIdleSessions says whether it does. Where it
-// does, the library passes a DeadHolder only to a Lock with a keep-alive
-// and an explicit WithDeadHolderTimeout: the setting stays on the pooled
-// session, whose server closes it when idle.
-type IdleSessionEnder interface {
-	SessionConfigurer
-	EndsIdleSessions() bool
-}
-
-// MultiKeyLocker is a SessionLocker that tries several keys, and reads
-// their holders, in one statement each (a Semaphore's slots). Without it
-// the library makes one statement per key.
-type MultiKeyLocker interface {
-	SessionLocker
-	// TryLockAny tries keys in order and takes the first it gets, and no
-	// other: it returns that key's index with OK true, or OK false when
-	// every key is held elsewhere.
-	TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error)
-	// KeyHolders returns holders[i] for keys[i], nil when free, read in
-	// one snapshot.
-	KeyHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error)
-}
-
-// MultiplexingLocker is a SessionLocker whose sessions each hold many
-// locks at once (WithMultiplexing). Its TryLockSession and UnlockSession
-// must touch no key but their own, and a session's locks must be
-// reentrant or refused locally: the library never asks one session for a
-// key it holds. Without it WithMultiplexing fails at the first operation
-// with ErrUnsupported.
-type MultiplexingLocker interface {
-	SessionLocker
-	// HeldKeys returns held[i] for keys[i]: whether conn's session still
-	// holds it, in one statement (or a few, for many keys). An error,
-	// or a server that can no longer grant (a standby, a read-only
-	// server), means the session can be trusted with none of them.
-	HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error)
-}
-
-// SetLocker is a SessionLocker that takes several keys all or none in one
-// statement (a set's try, see NewSet), and releases them in one. Without
-// it a set's try and release make one statement per key (the try letting
-// go of those it took on a miss).
-type SetLocker interface {
-	SessionLocker
-	// TryLockAll takes every one of keys on conn's session, or none: OK
-	// false is a definite miss that leaves the session holding none of
-	// them.
-	TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error)
-	// UnlockAll releases every one of keys on conn's session; OK false
-	// means the session did not hold one of them.
-	UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error)
-}
-
-// SharedSessionLocker is a SessionLocker that also takes shared locks
-// (RLock). Without it, RLock on the backend returns ErrUnsupported.
-type SharedSessionLocker interface {
-	SessionLocker
-	// Shared returns the same backend whose statements take, wait for,
-	// check and release keys in shared mode.
-	Shared() SessionLocker
-	// SessionHolders lists every holder of key, shared and exclusive.
-	SessionHolders(ctx context.Context, db DB, key int64) ([]*Holder, error)
-}
-
-// WaitEnder is a SessionLocker whose exclusive wait may leave state on
-// the session when its budget ends between slices (MySQL: a writer keeps
-// the GET_LOCK while shared holders drain): the library calls EndWait
-// before the connection goes back to the pool, and discards the
-// connection if it fails.
-type WaitEnder interface {
-	SessionLocker
-	EndWait(ctx context.Context, conn *sql.Conn, key int64) error
-}
-
-// TxLocker is a Backend with transaction-scoped locks (Lock.LockTx): a
-// lock taken in the caller's transaction, which ends with it. No method
-// may leave tx aborted when it returns a nil error. Without it, LockTx
-// returns ErrUnsupported.
-type TxLocker interface {
-	Backend
-	// TryLockTx makes one attempt in tx; false is a definite miss.
-	TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
-	// TxSettings reads the settings of tx that WaitLockTx changes.
-	TxSettings(ctx context.Context, tx *sql.Tx) (TxSettings, error)
-	// WaitLockTx waits server-side in tx for at most slice; false means
-	// the slice ended without the lock and tx is as it was. After a grant
-	// it puts back the settings it changed, to prev.
-	WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev TxSettings) (bool, error)
-}
-
-// TxSettings are the settings of a transaction that a wait for a
-// transaction lock changes and puts back, by name (PostgreSQL:
-// statement_timeout and lock_timeout).
-type TxSettings map[string]string
-
-// TermEnder is an ElectingSessionLocker that marks a term ended in its
-// record when the leader resigns, so that TermHolder no longer reports
-// the session that led it. Without it the record stays until the next
-// term; TermHolder must then tell by the session's lock.
-type TermEnder interface {
-	ElectingSessionLocker
-	EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
-}
-
-// PromptCanceler is a Backend whose driver ends a statement promptly when
-// the statement's context ends, also on a dead network (pgx and
-// go-sql-driver/mysql close the socket). Where CancelsPromptly is false,
-// or the interface is missing, the library bounds each statement on a
-// held lock's connection itself, closing the driver connection under a
-// statement that overstays: always safe, one goroutine more per step.
-type PromptCanceler interface {
-	Backend
-	CancelsPromptly() bool
-}
-
-// RunRecorder is a Backend that records which runs of a name are done,
-// for Lock.TryDoOnce, in a table of its own (advisorylock_runs). Both
-// methods are called while the Lock is held. Without it TryDoOnce returns
-// ErrUnsupported.
-type RunRecorder interface {
-	Backend
-	// RunDone reports whether r.Run of r.Name is recorded done.
-	RunDone(ctx context.Context, db DB, r RunRequest) (bool, error)
-	// RecordRun records r.Run of r.Name done, durably, before it returns,
-	// and deletes r.Name's other records older than r.Keep; a record
-	// already there is kept.
-	RecordRun(ctx context.Context, db DB, r RunRequest) error
-}
-
-// RunRequest names one run of a Lock (see RunRecorder).
-type RunRequest struct {
-	Name string        // the Lock's name
-	Run  string        // the run key given to TryDoOnce
-	Now  time.Time     // the Clock's time, for backends that keep time in the application
-	Keep time.Duration // WithRunRetention
-}
-
-// TableChecker is a Backend that keeps tables: Check calls CheckTables,
-// which creates the tables if they are missing and proves, writing
-// nothing, that the role may read and write tables (names from Schema),
-// so that a missing grant is refused at start-up as the first operation
-// would refuse it.
-type TableChecker interface {
-	Backend
-	CheckTables(ctx context.Context, db DB, tables ...string) error
-}
-
 // localBackend returns the backend that needs no I/O to pick: the
 // configured one, else the one the driver's type names; nil when neither
 // tells (a wrapped driver: firstUse asks the database).
@@ -431,8 +400,13 @@ func localBackend(db DB, c *config) Backend {
 	if b == nil {
 		b = backendForDriver(db)
 	}
-	if d, ok := b.(DriverTuner); ok {
-		b = d.ForDB(db)
+	return configured(b, db, c)
+}
+
+// configured returns b adjusted to db (see Configurer), or b itself.
+func configured(b Backend, db DB, c *config) Backend {
+	if cf, ok := b.(Configurer); ok {
+		return cf.Configure(db, SessionSettings{ServerChecks: c.serverChecks})
 	}
 	return b
 }
@@ -469,9 +443,7 @@ func resolveBackend(ctx context.Context, db DB, c *config) (Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		if d, ok := b.(DriverTuner); ok {
-			b = d.ForDB(db)
-		}
+		b = configured(b, db, c)
 	}
 	if !c.serverChecks {
 		return b, nil

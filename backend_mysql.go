@@ -56,7 +56,7 @@ import (
 // through it; LeaseLock works through any proxy. A proxy's own timeouts
 // must exceed the keep-alive interval. On the server, a Lock sets its
 // session's wait_timeout to the dead-holder timeout (WithDeadHolderTimeout,
-// see ForLock), which exceeds the keep-alive interval: an idle lock holder
+// see forLock), which exceeds the keep-alive interval: an idle lock holder
 // is not idle, the keep-alive is its only traffic.
 //
 // WithMinHold: a Lock's windows are rows of advisorylock_windows, written
@@ -66,30 +66,34 @@ func MySQL() Backend { return mysqlBackend{} }
 
 type mysqlBackend struct {
 	// waitTimeout is the wait_timeout, in seconds, a Lock's sessions get
-	// at their first grant (WithDeadHolderTimeout; see ForLock); 0 leaves
+	// at their first grant (WithDeadHolderTimeout; see forLock); 0 leaves
 	// the server's.
 	waitTimeout int64
 	// shared takes keys shared (RLock; see backend_mysql_shared.go).
 	shared bool
 	// prepared keeps the exclusive try and the unlock prepared per
-	// connection (go-sql-driver/mysql; see ForDB); nil: text.
+	// connection (go-sql-driver/mysql; see forDB); nil: text.
 	prepared *preparedStatements
 }
 
-// ForDB returns m with the statement forms of db's driver: on
+// Configure returns m with the statement forms of db's driver (see forDB)
+// and s's settings for the sessions a Lock pins (see forLock).
+func (m mysqlBackend) Configure(db DB, s SessionSettings) Backend { return m.forDB(db).forLock(s) }
+
+// forDB returns m with the statement forms of db's driver: on
 // go-sql-driver/mysql the exclusive try and the unlock are server-side
 // prepared statements, prepared once per connection and run by their
 // handle (one round trip, and the server skips parsing them), with the
 // name as an argument. Where preparing is refused (a proxy) or a session
 // lost them, they go as text.
-func (m mysqlBackend) ForDB(db DB) Backend {
+func (m mysqlBackend) forDB(db DB) mysqlBackend {
 	if driverPkg(db) == "github.com/go-sql-driver/mysql" {
 		m.prepared = preparedStatementsOf(db)
 	}
 	return m
 }
 
-// ForLock returns the backend for one Lock whose sessions get a
+// forLock returns the backend for one Lock whose sessions get a
 // wait_timeout of d (WithDeadHolderTimeout, in whole seconds, rounded up):
 // the server then ends the session of a holder that vanished without
 // closing its socket (a host powered off) after d without a statement,
@@ -104,7 +108,7 @@ func (m mysqlBackend) ForDB(db DB) Backend {
 //
 // A Lock without a keep-alive (WithKeepAlive(0)) gets none of this: its
 // idle holder would lose the lock unnoticed.
-func (m mysqlBackend) ForLock(s SessionSettings) SessionLocker {
+func (m mysqlBackend) forLock(s SessionSettings) mysqlBackend {
 	d := s.DeadHolder
 	m.waitTimeout = 0
 	if d > 0 {
@@ -116,25 +120,24 @@ func (m mysqlBackend) ForLock(s SessionSettings) SessionLocker {
 // The capabilities the MySQL backend has, each an interface of
 // backend.go that a third party's backend may implement too.
 var (
-	_ DriverTuner           = mysqlBackend{}
-	_ IdleSessionEnder      = mysqlBackend{}
+	_ Configurer            = mysqlBackend{}
 	_ MultiKeyLocker        = mysqlBackend{}
-	_ MultiplexingLocker    = mysqlBackend{}
 	_ SharedSessionLocker   = mysqlBackend{}
-	_ WaitEnder             = mysqlBackend{}
-	_ TermEnder             = mysqlBackend{}
-	_ TableChecker          = mysqlBackend{}
+	_ ElectingSessionLocker = mysqlBackend{}
 	_ RunRecorder           = mysqlBackend{}
-	_ PromptCanceler        = mysqlBackend{}
 	_ WindowedSessionLocker = mysqlBackend{}
 	_ LeaseStore            = mysqlBackend{}
 )
 
 func (mysqlBackend) Name() string { return "mysql" }
 
-// CancelsPromptly: go-sql-driver closes its socket when a statement's
-// context ends, also on a dead network.
-func (mysqlBackend) CancelsPromptly() bool { return true }
+// Traits: go-sql-driver closes its socket when a statement's context
+// ends, also on a dead network; wait_timeout ends a live session too once
+// it is idle that long (see forLock); a LeaseLock's rows keep
+// WithMinHold's window (see backend_mysql_minhold.go).
+func (mysqlBackend) Traits() Traits {
+	return Traits{CancelsPromptly: true, EndsIdleSessions: true, KeepsWindows: true}
+}
 
 func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 	var id int64
@@ -259,17 +262,13 @@ func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key i
 	return m.waitForReaders(ctx, conn, key, r, end)
 }
 
-// EndsIdleSessions: wait_timeout ends a live session too once it is idle
-// that long (see ForLock).
-func (mysqlBackend) EndsIdleSessions() bool { return true }
-
 // getLock runs getLock, a SELECT of GET_LOCK (1: granted, 0: missed,
 // NULL: an error). It also reads the session,
 // read_only and the session's wait_timeout, in the same round trip:
 // behind a VIP or DNS a new connection can reach a replica, whose locks
 // exclude nothing on the primary; the error makes the acquire discard the
 // connection, which frees a lock granted there. A grant on a session
-// whose wait_timeout is longer than the Lock's sets it (see ForLock).
+// whose wait_timeout is longer than the Lock's sets it (see forLock).
 func (m mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
 	r, _, err := m.lockStatement(ctx, conn, getLock)
 	return r, err
@@ -878,7 +877,7 @@ func (mysqlBackend) CheckTables(ctx context.Context, db DB, tables ...string) er
 	return nil
 }
 
-// The exclusive try and the unlock as prepared statements (see ForDB):
+// The exclusive try and the unlock as prepared statements (see forDB):
 // the text of grabExclusive's try and of UnlockSession, with the lock's
 // name (and its shared holders' prefix) as arguments.
 const (

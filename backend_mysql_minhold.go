@@ -54,7 +54,7 @@ const (
 // The statement reports through LAST_INSERT_ID: 0 when it recorded no
 // window, 1 when it inserted the key's first (ended) window, else the
 // session's connection id (at least 1) times two, plus one when the
-// session's wait_timeout is longer than the Lock's (see ForLock; read by
+// session's wait_timeout is longer than the Lock's (see forLock; read by
 // windowGrant).
 func (m mysqlBackend) mysqlWindowUpsert(key int64, name string, window time.Duration, try bool) string {
 	k := strconv.FormatInt(key, 10)
@@ -83,9 +83,6 @@ ON DUPLICATE KEY UPDATE
 	` + set("host", mysqlHost) + `,
 	` + set("taken_until", until)
 }
-
-// KeepsWindows marks the MySQL backend as a WindowedLeaseStore.
-func (mysqlBackend) KeepsWindows() {}
 
 // PrepareWindows creates the tables (advisorylock_windows among them)
 // unless advisorylock_windows exists, once per *sql.DB. Where it exists

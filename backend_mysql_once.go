@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"strconv"
+	"time"
 )
 
 // Runs done on MySQL (Lock.TryDoOnce): one row per (name, run) in
@@ -20,30 +21,30 @@ const mysqlRunsTable = `CREATE TABLE IF NOT EXISTS advisorylock_runs (
 	PRIMARY KEY (name_hash, run_hash)
 ) ENGINE=InnoDB`
 
-// RunDone reads r's record, one round trip.
-func (m mysqlBackend) RunDone(ctx context.Context, db DB, r RunRequest) (bool, error) {
+// RunDone reads the record of run, one round trip.
+func (m mysqlBackend) RunDone(ctx context.Context, db DB, name, run string) (bool, error) {
 	var n int
 	err := mysqlLeaseRun(ctx, db, func(q querier) error {
-		return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM advisorylock_runs WHERE name_hash = "+mysqlHash(r.Name)+" AND run_hash = "+mysqlHash(r.Run)).Scan(&n)
+		return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM advisorylock_runs WHERE name_hash = "+mysqlHash(name)+" AND run_hash = "+mysqlHash(run)).Scan(&n)
 	})
 	return n > 0, err
 }
 
-// RecordRun writes r's record (committed when the statement returns),
+// RecordRun writes the record of run (committed when the statement returns),
 // then deletes the name's other records past the retention: two round
 // trips.
-func (m mysqlBackend) RecordRun(ctx context.Context, db DB, r RunRequest) error {
+func (m mysqlBackend) RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error {
 	err := mysqlLeaseRun(ctx, db, func(q querier) error {
 		_, err := q.ExecContext(ctx, "INSERT IGNORE INTO advisorylock_runs (name_hash, run_hash, name, run, done_at) VALUES ("+
-			mysqlHash(r.Name)+", "+mysqlHash(r.Run)+", "+mysqlHex(r.Name)+", "+mysqlHex(r.Run)+", UTC_TIMESTAMP(6))")
+			mysqlHash(name)+", "+mysqlHash(run)+", "+mysqlHex(name)+", "+mysqlHex(run)+", UTC_TIMESTAMP(6))")
 		return err
 	})
 	if err != nil {
 		return err
 	}
 	return mysqlLeaseRun(ctx, db, func(q querier) error {
-		_, err := q.ExecContext(ctx, "DELETE FROM advisorylock_runs WHERE name_hash = "+mysqlHash(r.Name)+" AND run_hash <> "+mysqlHash(r.Run)+
-			" AND done_at < UTC_TIMESTAMP(6) - INTERVAL "+strconv.FormatInt(r.Keep.Microseconds(), 10)+" MICROSECOND")
+		_, err := q.ExecContext(ctx, "DELETE FROM advisorylock_runs WHERE name_hash = "+mysqlHash(name)+" AND run_hash <> "+mysqlHash(run)+
+			" AND done_at < UTC_TIMESTAMP(6) - INTERVAL "+strconv.FormatInt(keep.Microseconds(), 10)+" MICROSECOND")
 		return err
 	})
 }

@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -38,6 +39,23 @@ func (m mysqlBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int
 	}
 	return int(got), r, nil
 }
+
+// TryLockAll is unsupported: an exclusive try is more than a GET_LOCK
+// where the key may have shared holders (see backend_mysql_shared.go), so
+// a set's try takes its keys one TryLockSession each.
+func (mysqlBackend) TryLockAll(context.Context, *sql.Conn, []int64) (SessionResult, error) {
+	return SessionResult{}, errOneKeyAtATime
+}
+
+// UnlockAll is unsupported, as TryLockAll: a set's release lets go of its
+// keys one UnlockSession each.
+func (mysqlBackend) UnlockAll(context.Context, *sql.Conn, []int64) (SessionResult, error) {
+	return SessionResult{}, errOneKeyAtATime
+}
+
+// errOneKeyAtATime makes a set's try and release fall back to one
+// statement per key (see MultiKeyLocker).
+var errOneKeyAtATime = fmt.Errorf("%w: one key at a time", ErrUnsupported)
 
 // KeyHolders reports, in one statement, the holders of a semaphore's
 // slot keys: holders[i] holds keys[i], nil when free; the connection id

@@ -35,7 +35,11 @@ func newMapBackend() *mapBackend {
 
 func (m *mapBackend) Name() string                                    { return "map" }
 func (m *mapBackend) Validate(context.Context, advisorylock.DB) error { return nil }
+func (m *mapBackend) Traits() advisorylock.Traits                     { return advisorylock.Traits{} }
 func (m *mapBackend) Schema() string                                  { return "" }
+func (m *mapBackend) CheckTables(context.Context, advisorylock.DB, ...string) error {
+	return nil
+}
 
 func (m *mapBackend) row(r advisorylock.LeaseRequest) *mapRow {
 	id := r.Name

@@ -39,7 +39,7 @@ type postgres struct {
 	// for other drivers.
 	prepared *preparedStatements
 	// tryLock is the try statement: pgTryLock, or pgTryLockMarked with
-	// the marker of a Lock's dead-holder settings (see ForLock); whyMissed
+	// the marker of a Lock's dead-holder settings (see forLock); whyMissed
 	// is the question a try that returned no row asks.
 	tryLock, whyMissed string
 	// deadHolder is the statement that applies those settings to a
@@ -54,17 +54,12 @@ type postgres struct {
 // The capabilities the PostgreSQL backend has, each an interface of
 // backend.go that a third party's backend may implement too.
 var (
-	_ DriverTuner           = (*postgres)(nil)
-	_ SessionConfigurer     = (*postgres)(nil)
+	_ Configurer            = (*postgres)(nil)
 	_ MultiKeyLocker        = (*postgres)(nil)
-	_ MultiplexingLocker    = (*postgres)(nil)
-	_ SetLocker             = (*postgres)(nil)
 	_ SharedSessionLocker   = (*postgres)(nil)
 	_ TxLocker              = (*postgres)(nil)
-	_ TermEnder             = (*postgres)(nil)
-	_ TableChecker          = (*postgres)(nil)
+	_ ElectingSessionLocker = (*postgres)(nil)
 	_ RunRecorder           = (*postgres)(nil)
-	_ PromptCanceler        = (*postgres)(nil)
 	_ WindowedSessionLocker = (*postgres)(nil)
 	_ LeaseStore            = (*postgres)(nil)
 	_ ReleaseListener       = (*postgres)(nil)
@@ -72,10 +67,15 @@ var (
 
 func (p *postgres) Name() string { return "postgres" }
 
-// ForDB returns a copy of p with the statement forms of db's driver:
+// Configure returns a copy of p with the statement forms of db's driver
+// (see forDB) and s's settings for the sessions a Lock pins (see
+// forLock).
+func (p *postgres) Configure(db DB, s SessionSettings) Backend { return p.forDB(db).forLock(s) }
+
+// forDB returns a copy of p with the statement forms of db's driver:
 // bound parameters on pgx, statements prepared once per session on
 // lib/pq.
-func (p *postgres) ForDB(db DB) Backend {
+func (p *postgres) forDB(db DB) *postgres {
 	c := *p
 	pkg := driverPkg(db)
 	c.params = strings.HasPrefix(pkg, "github.com/jackc/pgx/")
@@ -92,12 +92,16 @@ func (p *postgres) ForDB(db DB) Backend {
 func (p *postgres) Shared() SessionLocker {
 	c := *p
 	c.shared = true
-	if c.tryLock == "" { // not made by ForLock: a backend used outside a Lock
+	if c.tryLock == "" { // not configured: a backend used outside a Lock
 		c.tryLock, c.whyMissed = pgTryLock, pgWhyMissed
 	}
 	c.tryLock = strings.Replace(c.tryLock, "pg_try_advisory_lock(", "pg_try_advisory_lock_shared(", 1)
 	return &c
 }
+
+// EndWait has nothing to let go of: an advisory lock wait that ends
+// without the lock leaves nothing on the session.
+func (p *postgres) EndWait(context.Context, *sql.Conn, int64) error { return nil }
 
 // lockMode is the pg_locks mode of p's locks.
 func (p *postgres) lockMode() string {
@@ -107,7 +111,7 @@ func (p *postgres) lockMode() string {
 	return "ExclusiveLock"
 }
 
-// ForLock returns a copy of p for one Lock whose sessions get the
+// forLock returns a copy of p for one Lock whose sessions get the
 // dead-holder settings of d (WithDeadHolderTimeout): TCP keepalives and a
 // TCP user timeout that make the server end a session within about d once
 // its client has vanished without closing the socket (a host powered off,
@@ -131,7 +135,7 @@ func (p *postgres) lockMode() string {
 // operator who knows the topology) a missed try asks nothing, so the
 // settings go with every try instead (pgTryLockInline), and a standby is
 // not refused.
-func (p *postgres) ForLock(s SessionSettings) SessionLocker {
+func (p *postgres) forLock(s SessionSettings) *postgres {
 	d, serverChecks := s.DeadHolder, s.ServerChecks
 	c := *p
 	c.tryLock, c.whyMissed, c.deadHolder = pgTryLock, pgWhyMissed, ""
@@ -183,9 +187,17 @@ func (p *postgres) Validate(ctx context.Context, db DB) error {
 // errStandby is the refusal of a server in recovery.
 var errStandby = fmt.Errorf("%w: the server is a hot standby (read-only, in recovery): a lock taken there excludes nothing on the primary; point the connection at the primary", ErrUnsupported)
 
-// CancelsPromptly: pgx closes its socket when a statement's context ends,
-// so its statements need no bounding (see within in conn_guard.go).
-func (p *postgres) CancelsPromptly() bool { return p.params }
+// Traits: pgx closes its socket when a statement's context ends, so its
+// statements need no bounding (see within in conn_guard.go); lib/pq's
+// need it. A LeaseLock's rows keep WithMinHold's window in expires_at
+// (see backend_postgres_minhold.go).
+func (p *postgres) Traits() Traits {
+	return Traits{CancelsPromptly: p.cancelsPromptly(), KeepsWindows: true}
+}
+
+// cancelsPromptly reports whether p's driver ends a statement when its
+// context ends: pgx.
+func (p *postgres) cancelsPromptly() bool { return p.params }
 
 func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 	var v string
@@ -225,7 +237,7 @@ const (
 	pgWhyMissedMarked = `SELECT pg_is_in_recovery(), CASE WHEN current_setting('advisorylock.dead_holder', true) = '%d' THEN false
 	ELSE EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
 		AND l.classid = (($1::bigint >> 32) & 4294967295)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1) END`
-	// The dead-holder settings (see ForLock), values in order: keepalive
+	// The dead-holder settings (see forLock), values in order: keepalive
 	// idle, interval and count, and the user timeout in milliseconds, which
 	// is also the marker. idle_session_timeout exists from PostgreSQL 14.
 	pgDeadHolder = `SELECT set_config('tcp_keepalives_idle', '%d', false), set_config('tcp_keepalives_interval', '%d', false),
@@ -457,7 +469,7 @@ func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st
 
 // preparesOn reports whether dc is a connection of a driver the cache
 // prepares on (lib/pq's, or go-sql-driver/mysql's, whose statements
-// MySQL's ForDB prepares), and not a wrapper's.
+// MySQL's forDB prepares), and not a wrapper's.
 func preparesOn(dc any) bool {
 	t := reflect.TypeOf(dc)
 	return isLibPQConn(dc) || t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/go-sql-driver/mysql"
@@ -518,7 +530,7 @@ func (ps *preparedStatements) size() int {
 // function: the bare statement a user would write.
 func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
 	text, why := p.tryLock, p.whyMissed
-	if text == "" { // not made by ForLock: a backend used outside a Lock
+	if text == "" { // not configured: a backend used outside a Lock
 		text, why = pgTryLock, pgWhyMissed
 	}
 	fact := p.checkedSession()
@@ -562,7 +574,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 // dead-holder settings, if p has any. It is named by the try statement,
 // whose text holds the settings' marker.
 func (p *postgres) checkedSession() string {
-	if p.tryLock == "" { // not made by ForLock: a backend used outside a Lock
+	if p.tryLock == "" { // not configured: a backend used outside a Lock
 		return pgTryLock
 	}
 	return p.tryLock
@@ -1184,7 +1196,7 @@ func (p *postgres) onStandby(ctx context.Context, on querier, err error) error {
 // where the driver ends a statement when its context ends (pgx), else
 // through within (lib/pq).
 func (p *postgres) bound(ctx context.Context, f func() error) error {
-	if p.CancelsPromptly() {
+	if p.cancelsPromptly() {
 		return f()
 	}
 	_, err := within(ctx, func() (struct{}, error) { return struct{}{}, f() }, nil, nil)

@@ -49,7 +49,7 @@ const (
 	// while a window is open; a grant records its window; and a grant
 	// whose window cannot be recorded (a window committed meanwhile) is
 	// unlocked again before the statement returns. A row means acquired;
-	// it holds the session's dead-holder marker (see ForLock).
+	// it holds the session's dead-holder marker (see forLock).
 	pgTryLockWindow = `WITH win AS (
 	SELECT EXISTS (SELECT FROM advisorylock_windows WHERE key = $1::bigint AND taken_until > now()) AS open
 ), taken AS (
@@ -87,9 +87,6 @@ FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL`
 )
 
-// KeepsWindows marks the PostgreSQL backend as a WindowedLeaseStore.
-func (p *postgres) KeepsWindows() {}
-
 // PrepareWindows creates the tables (advisorylock_windows among them)
 // unless advisorylock_windows exists, once per *sql.DB. Where it exists
 // (say, created by an administrator from Schema) it writes nothing.
@@ -115,7 +112,7 @@ func (p *postgres) PrepareWindows(ctx context.Context, db DB) error {
 
 // TryLockSessionFor takes key unless a window is open, and records the
 // grant's window, in one statement (see pgTryLockWindow). A grant on a
-// session that lacks the Lock's dead-holder settings (see ForLock) sends
+// session that lacks the Lock's dead-holder settings (see forLock) sends
 // them, one more round trip, once per session. On a hot standby the
 // window's write fails: that is an error matching ErrUnsupported.
 func (p *postgres) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {

@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"context"
+	"time"
 )
 
 // Runs done on PostgreSQL (Lock.TryDoOnce): one row per (name, run) in
@@ -25,15 +26,15 @@ const (
 INSERT INTO advisorylock_runs (name, run, done_at) VALUES ($1::text, $2::text, now()) ON CONFLICT (name, run) DO NOTHING`
 )
 
-// RunDone reads r's record, one round trip.
-func (p *postgres) RunDone(ctx context.Context, db DB, r RunRequest) (bool, error) {
+// RunDone reads the record of run, one round trip.
+func (p *postgres) RunDone(ctx context.Context, db DB, name, run string) (bool, error) {
 	var done bool
-	_, err := p.queryRow(ctx, db, pgRunDone, []any{r.Name, r.Run}, &done)
+	_, err := p.queryRow(ctx, db, pgRunDone, []any{name, run}, &done)
 	return done, err
 }
 
-// RecordRun writes r's record and prunes the name's old ones, one round
+// RecordRun writes the record of run and prunes the name's old ones, one round
 // trip, committed when it returns.
-func (p *postgres) RecordRun(ctx context.Context, db DB, r RunRequest) error {
-	return p.exec(ctx, db, pgRecordRun, r.Name, r.Run, r.Keep.Milliseconds())
+func (p *postgres) RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error {
+	return p.exec(ctx, db, pgRecordRun, name, run, keep.Milliseconds())
 }

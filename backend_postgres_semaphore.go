@@ -3,7 +3,6 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -91,8 +90,8 @@ type rowsQuerier interface {
 }
 
 // errNoRowsQuerier makes KeyHolders fall back to one statement per slot
-// on a handle that cannot return rows.
-var errNoRowsQuerier = errors.New("advisorylock: the handle cannot return rows")
+// on a handle that cannot return rows (see MultiKeyLocker).
+var errNoRowsQuerier = fmt.Errorf("%w: the handle cannot return rows", ErrUnsupported)
 
 // KeyHolders reports, in one statement (one snapshot), the holders of a
 // semaphore's slot keys: holders[i] holds keys[i], nil when free. It reads

@@ -64,12 +64,12 @@ func (p *postgres) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, 
 
 // TxSettings reads tx's statement_timeout and lock_timeout, one round
 // trip (a wait's, after its try missed).
-func (p *postgres) TxSettings(ctx context.Context, tx *sql.Tx) (TxSettings, error) {
+func (p *postgres) TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error) {
 	var stmt, lock string
 	err := p.bound(ctx, func() error {
 		return tx.QueryRowContext(p.quiet(ctx), pgTxSettings).Scan(&stmt, &lock)
 	})
-	return TxSettings{"statement_timeout": stmt, "lock_timeout": lock}, err
+	return map[string]string{"statement_timeout": stmt, "lock_timeout": lock}, err
 }
 
 // WaitLockTx waits in pg_advisory_xact_lock for at most slice, inside a
@@ -82,7 +82,7 @@ func (p *postgres) TxSettings(ctx context.Context, tx *sql.Tx) (TxSettings, erro
 // a ctx that ends a grace after the slice. The driver gets it only where
 // it ends a statement by itself (pgx); lib/pq's statements are bounded by
 // bound, and get ctx without its end (see quiet).
-func (p *postgres) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev TxSettings) (bool, error) {
+func (p *postgres) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error) {
 	stmt, err := quoteLiteral(prev["statement_timeout"])
 	if err != nil {
 		return false, err
@@ -112,7 +112,7 @@ func (p *postgres) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice 
 // goroutine of its own per statement to send a cancel request (see
 // pinned.quiet).
 func (p *postgres) quiet(ctx context.Context) context.Context {
-	if p.CancelsPromptly() {
+	if p.cancelsPromptly() {
 		return ctx
 	}
 	return context.WithoutCancel(ctx)

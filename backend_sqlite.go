@@ -33,9 +33,8 @@ type sqliteBackend struct{}
 // The capabilities the SQLite backend has beyond LeaseStore, each an
 // interface of backend.go that a third party's backend may implement too.
 var (
-	_ SharedLeaseStore   = sqliteBackend{}
-	_ WindowedLeaseStore = sqliteBackend{}
-	_ RunRecorder        = sqliteBackend{}
+	_ SharedLeaseStore = sqliteBackend{}
+	_ RunRecorder      = sqliteBackend{}
 )
 
 // sqliteSteps are the schema's upgrade steps, one statement each, every
@@ -272,8 +271,12 @@ const sqliteBusySnapshot = 5 | 2<<8
 
 func (sqliteBackend) Name() string { return "sqlite" }
 
-// KeepsWindows marks the SQLite backend as a WindowedLeaseStore.
-func (sqliteBackend) KeepsWindows() {}
+// Traits: a lease row keeps WithMinHold's window in its expiry.
+func (sqliteBackend) Traits() Traits { return Traits{KeepsWindows: true} }
+
+// CheckTables has no grants to prove: a SQLite database is a file, and
+// Validate, at the first operation, creates the tables.
+func (sqliteBackend) CheckTables(context.Context, DB, ...string) error { return nil }
 
 // Schema returns the DDL of advisorylock_locks, advisorylock_leases,
 // advisorylock_fences, the token counter and the schema version table,

@@ -18,33 +18,32 @@ const sqliteRunsTable = `CREATE TABLE IF NOT EXISTS advisorylock_runs (
 	PRIMARY KEY (name, run)
 )`
 
-// RunDone reads r's record, one statement.
-func (s sqliteBackend) RunDone(ctx context.Context, db DB, r RunRequest) (bool, error) {
+// RunDone reads the record of run, one statement.
+func (s sqliteBackend) RunDone(ctx context.Context, db DB, name, run string) (bool, error) {
 	var n int
 	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
-		return q.QueryRowContext(ctx, "SELECT count(*) FROM advisorylock_runs WHERE name = ? AND run = ?", r.Name, r.Run).Scan(&n)
+		return q.QueryRowContext(ctx, "SELECT count(*) FROM advisorylock_runs WHERE name = ? AND run = ?", name, run).Scan(&n)
 	})
 	return n > 0, err
 }
 
-// RecordRun writes r's record, then deletes the name's other records past
+// RecordRun writes the record of run, then deletes the name's other records past
 // the retention: two statements, each committed on its own (the record
 // first, so that a prune that fails loses nothing).
-func (s sqliteBackend) RecordRun(ctx context.Context, db DB, r RunRequest) error {
-	now := r.Now
+func (s sqliteBackend) RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error {
 	if now.IsZero() {
 		now = time.Now()
 	}
 	err := s.run(ctx, db, busyHolder, func(q querier) error {
 		_, err := q.ExecContext(ctx, "INSERT INTO advisorylock_runs (name, run, done_at) VALUES (?, ?, ?) ON CONFLICT (name, run) DO NOTHING",
-			r.Name, r.Run, now.UnixMilli())
+			name, run, now.UnixMilli())
 		return err
 	})
 	if err != nil {
 		return err
 	}
 	return s.run(ctx, db, busyHolder, func(q querier) error {
-		_, err := q.ExecContext(ctx, "DELETE FROM advisorylock_runs WHERE name = ? AND run <> ? AND done_at < ?", r.Name, r.Run, now.Add(-r.Keep).UnixMilli())
+		_, err := q.ExecContext(ctx, "DELETE FROM advisorylock_runs WHERE name = ? AND run <> ? AND done_at < ?", name, run, now.Add(-keep).UnixMilli())
 		return err
 	})
 }

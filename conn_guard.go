@@ -436,13 +436,10 @@ type pinned struct {
 }
 
 // endsWithContext reports whether b's driver ends a statement promptly
-// when its context ends (see PromptCanceler). Statements of other drivers
-// go through within: lib/pq, for one, waits for a cancel request that a
-// dead network never delivers (lib/pq#620).
-func endsWithContext(b Backend) bool {
-	e, ok := b.(PromptCanceler)
-	return ok && e.CancelsPromptly()
-}
+// when its context ends (see Traits.CancelsPromptly). Statements of other
+// drivers go through within: lib/pq, for one, waits for a cancel request
+// that a dead network never delivers (lib/pq#620).
+func endsWithContext(b Backend) bool { return b.Traits().CancelsPromptly }
 
 // discard discards the connection, for reason, unless ask already does.
 func (p *pinned) discard(reason discardReason, err error) {

@@ -438,12 +438,11 @@ func (e *Election) endTerm(ctx context.Context, t term) {
 	if b == nil {
 		return
 	}
-	ender, ok := b.terms.(TermEnder)
-	if gone, _ := t.g.h.isLost(); !ok || gone {
+	if gone, _ := t.g.h.isLost(); b.terms == nil || gone {
 		return
 	}
 	_, _ = onLeaderConn(context.WithoutCancel(ctx), t.g, e.cfg.releaseTimeout, func(ctx context.Context, conn *sql.Conn) (struct{}, error) {
-		return struct{}{}, ender.EndTerm(ctx, conn, e.name, t.token)
+		return struct{}{}, b.terms.EndTerm(ctx, conn, e.name, t.token)
 	})
 }
 

@@ -866,8 +866,8 @@ func (f *Fence) store(ctx context.Context) (LeaseStore, error) {
 // proves the role may read and write tables (names of the library's own),
 // so that Check refuses a missing grant as the first operation would.
 func checkTables(ctx context.Context, db DB, b Backend, tables ...string) error {
-	if c, ok := b.(TableChecker); ok {
-		return c.CheckTables(ctx, db, tables...)
+	if s, ok := b.(LeaseStore); ok {
+		return s.CheckTables(ctx, db, tables...)
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ func TestLeaseStepsAreOneRoundTrip(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			db.SetMaxOpenConns(1) // one connection: the warm-up warms the measured one
-			store := Postgres().(DriverTuner).ForDB(db).(LeaseStore)
+			store := LeaseStore(Postgres().(*postgres).forDB(db))
 			ctx := context.Background()
 			req := LeaseRequest{Kind: KindLease, Name: testdb.UniqueName(t), Key: 1, Owner: "roundtrip", TTL: time.Minute}
 			resource := testdb.UniqueName(t)

@@ -38,7 +38,7 @@ func (l *Lock) windowsFor(ctx context.Context, b SessionLocker) (WindowedSession
 
 // checkRowWindows refuses WithMinHold on a row backend that ignores it.
 func checkRowWindows(cfg *config, s LeaseStore) error {
-	if _, ok := s.(WindowedLeaseStore); cfg.minHold > 0 && !ok {
+	if cfg.minHold > 0 && !s.Traits().KeepsWindows {
 		return errNoWindows(s)
 	}
 	return nil

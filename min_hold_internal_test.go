@@ -16,7 +16,7 @@ func windowSession(t *testing.T, drv string) (*sql.DB, *postgres, *sql.Conn, str
 	t.Helper()
 	ctx := context.Background()
 	db := testdb.OpenPostgres(t, drv)
-	p := Postgres().(DriverTuner).ForDB(db).(*postgres)
+	p := Postgres().(*postgres).forDB(db)
 	if err := p.PrepareWindows(ctx, db); err != nil {
 		t.Fatal(err)
 	}

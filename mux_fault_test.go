@@ -288,22 +288,40 @@ type keyDropper struct {
 	dropped chan int64    // each key let go of
 }
 
+var _ interface {
+	advisorylock.Configurer
+	advisorylock.MultiKeyLocker
+} = keyDropper{}
+
 func newKeyDropper() keyDropper {
 	return keyDropper{SessionLocker: advisorylock.Postgres().(advisorylock.SessionLocker), drop: new(atomic.Int64), dropped: make(chan int64, 1)}
 }
 
-// ForLock keeps the fault on the backend configured for a Lock.
-func (d keyDropper) ForLock(s advisorylock.SessionSettings) advisorylock.SessionLocker {
-	d.SessionLocker = d.SessionLocker.(advisorylock.SessionConfigurer).ForLock(s)
+// Configure keeps the fault on the backend configured for the handle and
+// for a Lock.
+func (d keyDropper) Configure(db advisorylock.DB, s advisorylock.SessionSettings) advisorylock.Backend {
+	d.SessionLocker = d.SessionLocker.(advisorylock.Configurer).Configure(db, s).(advisorylock.SessionLocker)
 	return d
 }
 
-func (d keyDropper) CancelsPromptly() bool {
-	return d.SessionLocker.(advisorylock.PromptCanceler).CancelsPromptly()
+func (d keyDropper) multi() advisorylock.MultiKeyLocker {
+	return d.SessionLocker.(advisorylock.MultiKeyLocker)
+}
+
+func (d keyDropper) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
+	return d.multi().TryLockAny(ctx, conn, keys)
+}
+
+func (d keyDropper) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64) ([]*advisorylock.Holder, error) {
+	return d.multi().KeyHolders(ctx, db, keys)
 }
 
 func (d keyDropper) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	return d.SessionLocker.(advisorylock.SetLocker).TryLockAll(ctx, conn, keys)
+	return d.multi().TryLockAll(ctx, conn, keys)
+}
+
+func (d keyDropper) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
+	return d.multi().UnlockAll(ctx, conn, keys)
 }
 
 func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
@@ -314,7 +332,7 @@ func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) 
 		}
 		d.dropped <- k
 	}
-	return d.SessionLocker.(advisorylock.MultiplexingLocker).HeldKeys(ctx, conn, keys)
+	return d.multi().HeldKeys(ctx, conn, keys)
 }
 
 // TestMultiplexedKeepAliveLosesOnlyTheMissingKeys: when a live shared

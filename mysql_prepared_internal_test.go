@@ -29,7 +29,7 @@ func stmtExecutions(t *testing.T, conn *sql.Conn) int64 {
 func TestMySQLTryAndUnlockRunPrepared(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.OpenMySQL(t)
-	m := MySQL().(DriverTuner).ForDB(db).(mysqlBackend)
+	m := MySQL().(mysqlBackend).forDB(db)
 	if m.prepared == nil {
 		t.Fatal("no prepared statements for go-sql-driver")
 	}
@@ -67,7 +67,7 @@ func TestMySQLTryAndUnlockRunPrepared(t *testing.T) {
 func TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.OpenMySQL(t)
-	m := MySQL().(DriverTuner).ForDB(db).(mysqlBackend)
+	m := MySQL().(mysqlBackend).forDB(db)
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)

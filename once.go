@@ -44,9 +44,8 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 	}
 	done := false
 	ran, err = tryDo(ctx, l.name, l.TryLock, func(ctx context.Context) error {
-		r := RunRequest{Name: l.name, Run: run, Now: l.cfg.clock.Now(), Keep: l.cfg.runRetention}
 		var err error
-		if done, err = rec.RunDone(ctx, l.db, r); err != nil {
+		if done, err = rec.RunDone(ctx, l.db, l.name, run); err != nil {
 			return wrapErr(l.name, "try do once", err)
 		}
 		if done {
@@ -59,8 +58,7 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 		// returned (fn's work is done either way), bounded as a release.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
 		defer cancel()
-		r.Now = l.cfg.clock.Now()
-		if err := rec.RecordRun(rctx, l.db, r); err != nil {
+		if err := rec.RecordRun(rctx, l.db, l.name, run, l.cfg.clock.Now(), l.cfg.runRetention); err != nil {
 			return wrapErr(l.name, "try do once", fmt.Errorf("advisorylock: run %q ran but was not recorded done, so it may run again: %w", run, err))
 		}
 		return nil

@@ -271,7 +271,7 @@ func WithRunRetention(d time.Duration) Option {
 // sessions below 1 is refused. It applies to New and NewSet, and not
 // with WithMinHold; RLock on a Lock with it returns ErrUnsupported, and
 // on SQLite, whose Locks are rows, it changes nothing. A backend must
-// implement MultiplexingLocker.
+// implement MultiKeyLocker.
 func WithMultiplexing(sessions int) Option {
 	return func(c *config) { c.multiplex = sessions; c.set(optMultiplexing) }
 }

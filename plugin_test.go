@@ -20,13 +20,13 @@ import (
 // party is a backend as a third party writes one: a type of its own that
 // implements the optional interfaces of backend.go by forwarding to a
 // built-in backend through those same interfaces only (it cannot see the
-// built-in's unexported methods), counting the calls of each interface.
-// pgParty and myParty add what the PostgreSQL and MySQL backends have
-// beyond it.
+// built-in's unexported methods), counting the calls of each interface
+// (and, where an interface has several jobs, of each job). pgParty adds
+// what the PostgreSQL backend has beyond it.
 type party struct {
 	inner advisorylock.Backend
 	calls *calls
-	kind  func(party) advisorylock.SessionLocker // pgParty or myParty around a party
+	kind  func(party) advisorylock.SessionLocker // pgParty or party around a party
 }
 
 // wrap returns b as a party of p's kind, counting into p's calls.
@@ -34,10 +34,10 @@ func (p party) wrap(b advisorylock.Backend) advisorylock.SessionLocker {
 	return p.kind(party{inner: b, calls: p.calls, kind: p.kind})
 }
 
-// SessionConfigurer
-func (p party) ForLock(s advisorylock.SessionSettings) advisorylock.SessionLocker {
-	p.calls.forLock(s)
-	return p.wrap(p.inner.(advisorylock.SessionConfigurer).ForLock(s))
+// Configurer
+func (p party) Configure(db advisorylock.DB, s advisorylock.SessionSettings) advisorylock.Backend {
+	p.calls.configure(s)
+	return p.wrap(p.inner.(advisorylock.Configurer).Configure(db, s))
 }
 
 // SharedSessionLocker
@@ -47,21 +47,21 @@ func (p party) Shared() advisorylock.SessionLocker {
 }
 
 // calls counts the calls of each optional interface, by its name, and
-// keeps every SessionSettings that ForLock was given.
+// keeps every SessionSettings that Configure was given.
 type calls struct {
 	mu       sync.Mutex
 	n        map[string]int
 	settings []advisorylock.SessionSettings
 }
 
-func (c *calls) forLock(s advisorylock.SessionSettings) {
-	c.add("SessionConfigurer")
+func (c *calls) configure(s advisorylock.SessionSettings) {
+	c.add("Configurer")
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.settings = append(c.settings, s)
 }
 
-// gave reports whether ForLock was given s.
+// gave reports whether Configure was given s.
 func (c *calls) gave(s advisorylock.SessionSettings) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -74,7 +74,7 @@ func (c *calls) add(iface string) {
 	c.n[iface]++
 }
 
-func (p party) heldKeysCalls() int { return p.calls.count("MultiplexingLocker") }
+func (p party) heldKeysCalls() int { return p.calls.count("MultiKeyLocker.HeldKeys") }
 
 func (c *calls) count(iface string) int {
 	c.mu.Lock()
@@ -83,10 +83,15 @@ func (c *calls) count(iface string) int {
 }
 
 func (p party) session() advisorylock.SessionLocker { return p.inner.(advisorylock.SessionLocker) }
+func (p party) store() advisorylock.LeaseStore      { return p.inner.(advisorylock.LeaseStore) }
 
 func (p party) Name() string { return "party-" + p.inner.Name() }
 func (p party) Validate(ctx context.Context, db advisorylock.DB) error {
 	return p.inner.Validate(ctx, db)
+}
+func (p party) Traits() advisorylock.Traits {
+	p.calls.add("Traits")
+	return p.inner.Traits()
 }
 func (p party) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
 	return p.session().TryLockSession(ctx, conn, key)
@@ -107,7 +112,30 @@ func (p party) SessionHolder(ctx context.Context, db advisorylock.DB, key int64)
 	return p.session().SessionHolder(ctx, db, key)
 }
 
-// MultiKeyLocker
+// LeaseStore: the tables of the session backend's terms and windows are
+// checked through it.
+func (p party) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+	return p.store().AcquireLease(ctx, db, r)
+}
+func (p party) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+	return p.store().RenewLease(ctx, db, r)
+}
+func (p party) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {
+	return p.store().ReleaseLease(ctx, db, r)
+}
+func (p party) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
+	return p.store().LeaseHolder(ctx, db, r)
+}
+func (p party) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token advisorylock.FencingToken) error {
+	return p.store().AdmitToken(ctx, tx, resource, token)
+}
+func (p party) Schema() string { return p.store().Schema() }
+func (p party) CheckTables(ctx context.Context, db advisorylock.DB, tables ...string) error {
+	p.calls.add("LeaseStore.CheckTables")
+	return p.store().CheckTables(ctx, db, tables...)
+}
+
+// MultiKeyLocker: a semaphore's slots, a set's keys, multiplexed locks.
 func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
 	p.calls.add("MultiKeyLocker")
 	return p.inner.(advisorylock.MultiKeyLocker).TryLockAny(ctx, conn, keys)
@@ -116,11 +144,17 @@ func (p party) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64)
 	p.calls.add("MultiKeyLocker")
 	return p.inner.(advisorylock.MultiKeyLocker).KeyHolders(ctx, db, keys)
 }
-
-// MultiplexingLocker
+func (p party) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
+	p.calls.add("MultiKeyLocker.TryLockAll")
+	return p.inner.(advisorylock.MultiKeyLocker).TryLockAll(ctx, conn, keys)
+}
+func (p party) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
+	p.calls.add("MultiKeyLocker.TryLockAll")
+	return p.inner.(advisorylock.MultiKeyLocker).UnlockAll(ctx, conn, keys)
+}
 func (p party) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
-	p.calls.add("MultiplexingLocker")
-	return p.inner.(advisorylock.MultiplexingLocker).HeldKeys(ctx, conn, keys)
+	p.calls.add("MultiKeyLocker.HeldKeys")
+	return p.inner.(advisorylock.MultiKeyLocker).HeldKeys(ctx, conn, keys)
 }
 
 // SharedSessionLocker
@@ -128,8 +162,12 @@ func (p party) SessionHolders(ctx context.Context, db advisorylock.DB, key int64
 	p.calls.add("SharedSessionLocker")
 	return p.inner.(advisorylock.SharedSessionLocker).SessionHolders(ctx, db, key)
 }
+func (p party) EndWait(ctx context.Context, conn *sql.Conn, key int64) error {
+	p.calls.add("SharedSessionLocker.EndWait")
+	return p.inner.(advisorylock.SharedSessionLocker).EndWait(ctx, conn, key)
+}
 
-// ElectingSessionLocker and TermEnder
+// ElectingSessionLocker
 func (p party) PrepareElections(ctx context.Context, db advisorylock.DB) error {
 	return p.inner.(advisorylock.ElectingSessionLocker).PrepareElections(ctx, db)
 }
@@ -140,96 +178,45 @@ func (p party) TermHolder(ctx context.Context, db advisorylock.DB, key int64, na
 	return p.inner.(advisorylock.ElectingSessionLocker).TermHolder(ctx, db, key, name)
 }
 func (p party) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
-	p.calls.add("TermEnder")
-	return p.inner.(advisorylock.TermEnder).EndTerm(ctx, conn, name, term)
+	p.calls.add("ElectingSessionLocker.EndTerm")
+	return p.inner.(advisorylock.ElectingSessionLocker).EndTerm(ctx, conn, name, term)
 }
 
-// TableChecker
-func (p party) CheckTables(ctx context.Context, db advisorylock.DB, tables ...string) error {
-	p.calls.add("TableChecker")
-	return p.inner.(advisorylock.TableChecker).CheckTables(ctx, db, tables...)
-}
-
-// PromptCanceler
-func (p party) CancelsPromptly() bool {
-	p.calls.add("PromptCanceler")
-	return p.inner.(advisorylock.PromptCanceler).CancelsPromptly()
-}
-
-// pgParty is party over the PostgreSQL backend: it also tunes itself per
-// driver and takes transaction locks.
+// pgParty is party over the PostgreSQL backend: it also takes
+// transaction locks.
 type pgParty struct{ party }
-
-// DriverTuner
-func (p pgParty) ForDB(db advisorylock.DB) advisorylock.Backend {
-	p.calls.add("DriverTuner")
-	return p.wrap(p.inner.(advisorylock.DriverTuner).ForDB(db))
-}
-
-// SetLocker
-func (p pgParty) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	p.calls.add("SetLocker")
-	return p.inner.(advisorylock.SetLocker).TryLockAll(ctx, conn, keys)
-}
-func (p pgParty) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	p.calls.add("SetLocker")
-	return p.inner.(advisorylock.SetLocker).UnlockAll(ctx, conn, keys)
-}
 
 // TxLocker
 func (p pgParty) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
 	p.calls.add("TxLocker")
 	return p.inner.(advisorylock.TxLocker).TryLockTx(ctx, tx, key)
 }
-func (p pgParty) TxSettings(ctx context.Context, tx *sql.Tx) (advisorylock.TxSettings, error) {
+func (p pgParty) TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error) {
 	p.calls.add("TxLocker.wait")
 	return p.inner.(advisorylock.TxLocker).TxSettings(ctx, tx)
 }
-func (p pgParty) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev advisorylock.TxSettings) (bool, error) {
+func (p pgParty) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error) {
 	p.calls.add("TxLocker.wait")
 	return p.inner.(advisorylock.TxLocker).WaitLockTx(ctx, tx, key, slice, prev)
-}
-
-// myParty is party over the MySQL backend: its dead-holder setting also
-// ends idle sessions, and an exclusive wait may leave a GET_LOCK behind.
-type myParty struct{ party }
-
-// IdleSessionEnder
-func (p myParty) EndsIdleSessions() bool {
-	p.calls.add("IdleSessionEnder")
-	return p.inner.(advisorylock.IdleSessionEnder).EndsIdleSessions()
-}
-
-// WaitEnder
-func (p myParty) EndWait(ctx context.Context, conn *sql.Conn, key int64) error {
-	p.calls.add("WaitEnder")
-	return p.inner.(advisorylock.WaitEnder).EndWait(ctx, conn, key)
 }
 
 // The interfaces each party implements, checked by the compiler.
 var (
 	_ interface {
-		advisorylock.DriverTuner
-		advisorylock.SessionConfigurer
+		advisorylock.Configurer
+		advisorylock.LeaseStore
 		advisorylock.MultiKeyLocker
-		advisorylock.MultiplexingLocker
-		advisorylock.SetLocker
 		advisorylock.SharedSessionLocker
+		advisorylock.ElectingSessionLocker
 		advisorylock.TxLocker
-		advisorylock.TermEnder
-		advisorylock.TableChecker
-		advisorylock.PromptCanceler
 	} = pgParty{}
 	_ interface {
-		advisorylock.IdleSessionEnder
+		advisorylock.Configurer
+		advisorylock.LeaseStore
 		advisorylock.MultiKeyLocker
-		advisorylock.MultiplexingLocker
 		advisorylock.SharedSessionLocker
-		advisorylock.WaitEnder
-		advisorylock.TermEnder
-		advisorylock.TableChecker
-		advisorylock.PromptCanceler
-	} = myParty{}
+		advisorylock.ElectingSessionLocker
+	} = party{}
 )
 
 // partyOps runs, through a third party's backend, an operation of each
@@ -282,8 +269,9 @@ func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
 	mustRelease(t, r2)
 
 	// Many locks on one shared session, checked by one keep-alive
-	// statement; a set of two names (one statement where the backend is a
-	// SetLocker), excluding the built-in backend from each.
+	// statement; a set of two names (one statement where the backend's
+	// TryLockAll can, else one per key), excluding the built-in backend
+	// from each.
 	muxed := []advisorylock.Option{advisorylock.WithBackend(b), advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(20 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second), advisorylock.WithDeadHolderTimeout(10 * time.Second)}
 	m1, err := newLock(t, db, testdb.UniqueName(t), muxed...).TryLock(ctx)
 	if err != nil {
@@ -368,9 +356,12 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				t.Fatalf("LockTx through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "DriverTuner", "SessionConfigurer", "MultiKeyLocker", "MultiplexingLocker", "SetLocker", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "TermEnder", "TableChecker", "PromptCanceler")
+			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables")
+			if want := (advisorylock.SessionSettings{ServerChecks: true}); !c.gave(want) {
+				t.Errorf("Configure was given %+v, never %+v (the handle, before any Lock's settings)", c.settings, want)
+			}
 			if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
-				t.Errorf("ForLock was given %+v, never %+v (the Lock's WithDeadHolderTimeout, server checks on)", c.settings, want)
+				t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout, server checks on)", c.settings, want)
 			}
 		})
 	}
@@ -380,11 +371,12 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 // built-in MySQL backend, whose sessions end when idle (the dead-holder
 // setting is passed only with a keep-alive and an explicit timeout) and
 // whose exclusive wait that runs out while shared holders drain lets go
-// of what it took.
+// of what it took (EndWait); its TryLockAll answers ErrUnsupported, so a
+// set's keys go one statement each.
 func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 	db := testdb.OpenMySQL(t)
 	c := &calls{n: map[string]int{}}
-	b := myParty{party{inner: advisorylock.MySQL(), calls: c, kind: func(p party) advisorylock.SessionLocker { return myParty{p} }}}
+	b := party{inner: advisorylock.MySQL(), calls: c, kind: func(p party) advisorylock.SessionLocker { return p }}
 	partyOps(t, db, b)
 
 	// An exclusive wait that runs out behind a shared holder.
@@ -400,11 +392,11 @@ func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 		t.Fatalf("LockTimeout behind a shared holder = %v, want ErrTimeout", err)
 	}
 
-	wantCalls(t, c, "SessionConfigurer", "IdleSessionEnder", "MultiKeyLocker", "MultiplexingLocker", "SharedSessionLocker", "WaitEnder", "TermEnder", "TableChecker", "PromptCanceler")
+	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SharedSessionLocker.EndWait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables")
 	if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
-		t.Errorf("ForLock was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
+		t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
 	}
 	if c.gave(advisorylock.SessionSettings{DeadHolder: 20 * time.Second, ServerChecks: true}) {
-		t.Errorf("ForLock was given the default dead-holder timeout on a backend whose sessions then end when idle: %+v", c.settings)
+		t.Errorf("Configure was given the default dead-holder timeout on a backend whose sessions then end when idle: %+v", c.settings)
 	}
 }

@@ -66,7 +66,7 @@ func bouncerDSN(drv, dsn string) string {
 // multiplexing.
 func roundsSeeing(t *testing.T, db *sql.DB, drv string, paired bool, n int) int {
 	t.Helper()
-	s := Postgres().(DriverTuner).ForDB(db).(SessionLocker)
+	s := SessionLocker(Postgres().(*postgres).forDB(db))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	seen := 0

@@ -200,7 +200,7 @@ func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
 func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder, error) {
 	if l, ok := b.session.(MultiKeyLocker); ok {
 		hs, err := l.KeyHolders(ctx, s.db, s.keys)
-		if !errors.Is(err, errNoRowsQuerier) {
+		if !errors.Is(err, ErrUnsupported) {
 			return hs, err
 		}
 	}
@@ -330,7 +330,10 @@ func (s *Semaphore) trySlots(ctx context.Context, locker SessionLocker, p *pinne
 // statement where the backend can, else one TryLockSession per key.
 func tryAny(ctx context.Context, locker SessionLocker, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
 	if a, ok := locker.(MultiKeyLocker); ok {
-		return a.TryLockAny(ctx, conn, keys)
+		i, res, err := a.TryLockAny(ctx, conn, keys)
+		if !errors.Is(err, ErrUnsupported) {
+			return i, res, err
+		}
 	}
 	for i, key := range keys {
 		res, err := locker.TryLockSession(ctx, conn, key)

@@ -14,8 +14,8 @@ import (
 // order, and every acquire takes them in that order, so two sets that
 // share names never wait for each other in a cycle. On a session backend a
 // grant holds every key on one session: a try takes all or none (one
-// statement where the backend is a SetLocker, else one per key, letting
-// go of what it took on a miss), a wait takes them one after another,
+// statement where the backend is a MultiKeyLocker, else one per key,
+// letting go of what it took on a miss), a wait takes them one after another,
 // each waited for server-side. On a row backend each name is a row of its
 // own, taken in key order; the set is held while all its rows are.
 
@@ -80,8 +80,11 @@ func (l *Lock) keysOf() []int64 {
 
 // trySet makes a set's one attempt on p's session: all or none.
 func (l *Lock) trySet(ctx context.Context, locker SessionLocker, p *pinned) (SessionResult, error) {
-	if sl, ok := locker.(SetLocker); ok {
-		return ask(ctx, p, func() (SessionResult, error) { return sl.TryLockAll(p.quiet(ctx), p.conn, l.set) })
+	if m, ok := locker.(MultiKeyLocker); ok {
+		res, err := ask(ctx, p, func() (SessionResult, error) { return m.TryLockAll(p.quiet(ctx), p.conn, l.set) })
+		if !errors.Is(err, ErrUnsupported) {
+			return res, err
+		}
 	}
 	for i, k := range l.set {
 		res, err := ask(ctx, p, func() (SessionResult, error) { return locker.TryLockSession(p.quiet(ctx), p.conn, k) })
@@ -118,14 +121,16 @@ func (l *Lock) waitSet(ctx, budget context.Context, locker SessionLocker, p *pin
 // unlockKeys releases keys on p's session, within timeout each; an error
 // means the session may still hold some and must be discarded.
 func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int64, timeout time.Duration) error {
-	if sl, ok := locker.(SetLocker); ok && len(keys) > 1 {
+	if m, ok := locker.(MultiKeyLocker); ok && len(keys) > 1 {
 		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (SessionResult, error) {
-			return sl.UnlockAll(ctx, p.conn, keys)
+			return m.UnlockAll(ctx, p.conn, keys)
 		})
 		if err == nil && !res.OK {
 			err = errors.New("advisorylock: the session did not hold every key of the set")
 		}
-		return err
+		if !errors.Is(err, ErrUnsupported) {
+			return err
+		}
 	}
 	for _, k := range keys {
 		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (SessionResult, error) {
@@ -142,9 +147,9 @@ func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int
 }
 
 // heldOn reports whether p's session still holds every one of keys: one
-// statement where the backend is a MultiplexingLocker, else one per key.
+// statement where the backend is a MultiKeyLocker, else one per key.
 func heldOn(ctx context.Context, locker SessionLocker, p *pinned, keys []int64) (bool, error) {
-	if m, ok := locker.(MultiplexingLocker); ok && len(keys) > 1 {
+	if m, ok := locker.(MultiKeyLocker); ok && len(keys) > 1 {
 		held, err := ask(ctx, p, func() ([]bool, error) { return m.HeldKeys(p.quiet(ctx), p.conn, keys) })
 		return err == nil && len(held) == len(keys) && !slices.Contains(held, false), err
 	}

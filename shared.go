@@ -150,10 +150,10 @@ func (l *Lock) sharedOf(b *lockBackend) (*lockBackend, error) {
 }
 
 // endWait lets go of what a wait that ended without the lock may have
-// left on the session (see WaitEnder), within the release timeout; an
-// error means the connection must be discarded.
+// left on the session (see SharedSessionLocker.EndWait), within the
+// release timeout; an error means the connection must be discarded.
 func endWait(ctx context.Context, s SessionLocker, p *pinned, key int64, timeout time.Duration) error {
-	w, ok := s.(WaitEnder)
+	w, ok := s.(SharedSessionLocker)
 	if !ok {
 		return nil
 	}

@@ -97,7 +97,7 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 
 // waitTx waits in slices until the lock is granted in tx or ctx ends;
 // prev are tx's settings, which a slice puts back.
-func (l *Lock) waitTx(ctx context.Context, b TxLocker, tx *sql.Tx, prev TxSettings) error {
+func (l *Lock) waitTx(ctx context.Context, b TxLocker, tx *sql.Tx, prev map[string]string) error {
 	for {
 		slice := maxSlice
 		if dl, ok := ctx.Deadline(); ok {

@@ -156,12 +156,12 @@ func BenchmarkMuxHeld(b *testing.B) {
 			lockB, heldB, usedB := perName(start, made), perName(released, held), perName(made, released)
 
 			conn := pin(b, db)
-			var locker advisorylock.MultiplexingLocker
+			var locker advisorylock.MultiKeyLocker
 			if engine == "mysql" {
-				locker = advisorylock.MySQL().(advisorylock.MultiplexingLocker)
+				locker = advisorylock.MySQL().(advisorylock.MultiKeyLocker)
 				takeMySQL(b, conn, keys)
 			} else {
-				locker = advisorylock.Postgres().(advisorylock.MultiplexingLocker)
+				locker = advisorylock.Postgres().(advisorylock.MultiKeyLocker)
 				takePG(b, conn, keys)
 			}
 			lat := make([]time.Duration, b.N)

@@ -309,19 +309,19 @@ mutation "robfig/cron OnOneReplica drops the caller's options (no window)" extra
 
 # --- Once per run and Check's grant probe --------------------------------------
 mutation "TryDoOnce never records a run" once.go \
-	's/rec\.RecordRun\(rctx, l\.db, r\)/func() error { _ = rctx; return nil }()/' \
+	's/rec\.RecordRun\(rctx, l\.db, l\.name, run, l\.cfg\.clock\.Now\(\), l\.cfg\.runRetention\)/func() error { _ = rctx; return nil }()/' \
 	'^TestTryDoOnceRunsARunOnceAcrossReplicas$'
 mutation "TryDoOnce does not read the record" once.go \
-	's/if done, err = rec\.RunDone\(ctx, l\.db, r\); err != nil \{/if done, err = false, nil; err != nil {/' \
+	's/if done, err = rec\.RunDone\(ctx, l\.db, l\.name, run\); err != nil \{/if done, err = false, nil; err != nil {/' \
 	'^TestTryDoOnceRunsARunOnceAcrossReplicas$'
 mutation "TryDoOnce records a failed run" once.go \
 	's/if err := fn\(ctx\); err != nil \{\n\t\t\treturn err\n\t\t\}/_ = fn(ctx)/' \
 	'^TestTryDoOnceRunsAFailedRunAgain$'
 mutation "SQLite prunes run records regardless of the retention" backend_sqlite_once.go \
-	's/now\.Add\(-r\.Keep\)\.UnixMilli\(\)/now.UnixMilli()/' \
+	's/now\.Add\(-keep\)\.UnixMilli\(\)/now.UnixMilli()/' \
 	'^TestTryDoOncePrunesRecordsPastTheRetention$'
 mutation "Check proves no grants" lease_fencing.go \
-	's/return c\.CheckTables\(ctx, db, tables\.\.\.\)/_ = c; return nil/' \
+	's/return s\.CheckTables\(ctx, db, tables\.\.\.\)/_ = s; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'
 mutation "robfig/cron OncePerTick keys the run by the firing time" extra/advisorylockcron/cron.go \
 	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \

@@ -98,9 +98,15 @@ func (m *Memory) Validate(ctx context.Context, db advisorylock.DB) error { retur
 // Schema returns "": m keeps no tables.
 func (m *Memory) Schema() string { return "" }
 
-// KeepsWindows marks m as a WindowedLeaseStore: it honours
-// LeaseRequest.MinHold (advisorylock.WithMinHold).
-func (m *Memory) KeepsWindows() {}
+// CheckTables returns nil: m keeps no tables, so there are no grants to
+// prove.
+func (m *Memory) CheckTables(ctx context.Context, db advisorylock.DB, tables ...string) error {
+	return nil
+}
+
+// Traits reports that m honours LeaseRequest.MinHold
+// (advisorylock.WithMinHold).
+func (m *Memory) Traits() advisorylock.Traits { return advisorylock.Traits{KeepsWindows: true} }
 
 // now is r.Now, or the system clock's time where it is zero.
 func now(r advisorylock.LeaseRequest) time.Time {
@@ -377,8 +383,6 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
-// Memory is every kind of LeaseStore the library knows.
-var (
-	_ advisorylock.SharedLeaseStore   = (*Memory)(nil)
-	_ advisorylock.WindowedLeaseStore = (*Memory)(nil)
-)
+// Memory is every kind of LeaseStore the library knows (and its Traits
+// say it keeps windows).
+var _ advisorylock.SharedLeaseStore = (*Memory)(nil)

@@ -50,7 +50,7 @@
 // interfaces: SessionLocker, for locks tied to a pinned connection's
 // session (its statements return a SessionResult), and LeaseStore, for
 // locks and leases kept as rows (its statements take a LeaseRequest, whose
-// LeaseKind names the table, and return a LeaseGrant; it also keeps and
+// Kind names the row, and return a LeaseGrant; it also keeps and
 // checks the tables). Every method is one round trip; the package owns
 // connections, retries, keep-alives and the lease schedule. Users of the
 // built-in backends need none of these types.
@@ -69,7 +69,7 @@
 // term); on a SessionLocker it needs ElectingSessionLocker, which records
 // each term in a row beside the lock and ends it when the leader resigns.
 // Shared locks (RLock) need SharedSessionLocker, or a LeaseStore that
-// keeps them as KindShared rows (SharedLeaseStore); without either RLock
+// keeps them as "shared" rows (SharedLeaseStore); without either RLock
 // returns ErrUnsupported.
 //
 // The rest is optional, each an interface in backend.go that the library

@@ -122,28 +122,18 @@ type LeaseStore interface {
 	CheckTables(ctx context.Context, db DB, tables ...string) error
 }
 
-// LeaseKind says which table a lease row lives in.
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type LeaseKind int
-
-const (
-	// KindLock is the row behind a Lock on a backend without session locks
-	// (advisorylock_locks, keyed by Key).
-	KindLock LeaseKind = iota
-	// KindLease is the row of a LeaseLock (advisorylock_leases, keyed by
-	// name, with a generation that is the fencing token).
-	KindLease
-	// KindShared is a shared holder's row of a Lock kept as rows (RLock;
-	// see SharedLeaseStore), one per holder, keyed by Key and Owner.
-	KindShared
-)
-
 // LeaseRequest describes one lease statement.
 //
 // For backend authors: see "Writing a backend" in the package doc.
 type LeaseRequest struct {
-	Kind  LeaseKind
+	// Kind says which row the request is about:
+	//   - "lock": the row behind a Lock on a backend without session
+	//     locks (advisorylock_locks, keyed by Key);
+	//   - "shared": a shared holder's row of a Lock kept as rows (RLock;
+	//     see SharedLeaseStore), one per holder, keyed by Key and Owner;
+	//   - "lease": the row of a LeaseLock (advisorylock_leases, keyed by
+	//     Name, with a generation that is the fencing token).
+	Kind  string
 	Name  string
 	Key   int64
 	Owner string        // unique per acquire
@@ -155,7 +145,7 @@ type LeaseRequest struct {
 	// (which keeps the owner until then) and the holder's death. Only a
 	// store whose Traits keep windows is given a non-zero MinHold.
 	MinHold time.Duration
-	// Wait marks a KindLock acquire made by a waiting Lock (not a try): on
+	// Wait marks a "lock" acquire made by a waiting Lock (not a try): on
 	// a SharedLeaseStore, finding only shared holders it claims the row
 	// for its owner (see SharedLeaseStore).
 	Wait bool
@@ -169,7 +159,7 @@ type LeaseRequest struct {
 //
 // For backend authors: see "Writing a backend" in the package doc.
 type LeaseGrant struct {
-	Token     FencingToken // the generation; for KindLock any value >= 1
+	Token     FencingToken // the generation; for "lock" any value >= 1
 	ExpiresAt time.Time    // r.Now + r.TTL; where the database's clock decides (PostgreSQL), an estimate
 }
 
@@ -225,13 +215,13 @@ type SharedSessionLocker interface {
 }
 
 // SharedLeaseStore is a LeaseStore that keeps shared holds (RLock on a
-// Lock kept as rows): KindShared requests are one row per shared holder,
-// and its KindLock rows and shared rows exclude each other. A KindLock
+// Lock kept as rows): "shared" requests are one row per shared holder,
+// and its "lock" rows and shared rows exclude each other. A "lock"
 // acquire with LeaseRequest.Wait that finds only shared holders claims the
 // row for the waiter, which keeps new shared holders out until the claim
 // expires, is taken, or is released; the waiter's grant after a miss
-// (LeaseRequest.Retry) ends its own claim. LeaseHolder of a KindLock request
-// reports any live holder, of a KindShared request the exclusive one (or
+// (LeaseRequest.Retry) ends its own claim. LeaseHolder of a "lock" request
+// reports any live holder, of a "shared" request the exclusive one (or
 // a waiting writer's claim). Without it RLock returns ErrUnsupported.
 //
 // For backend authors: see "Writing a backend" in the package doc.
@@ -370,7 +360,7 @@ type RunRecorder interface {
 	RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error
 }
 
-// ReleaseListener is a LeaseStore whose ReleaseLease (of a KindLease
+// ReleaseListener is a LeaseStore whose ReleaseLease (of a "lease"
 // row) signals the release to listeners, so that a waiting LeaseLock
 // tries again when the lease is released instead of at its next poll.
 // While LeaseLock waiters wait on a *sql.DB, the library runs one

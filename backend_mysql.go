@@ -518,7 +518,7 @@ var errMySQLNoLockRows = fmt.Errorf("%w: a MySQL Lock is a session lock, not a l
 
 // checkLeaseName refuses requests the tables cannot serve.
 func checkLeaseName(r LeaseRequest) error {
-	if r.Kind != KindLease {
+	if r.Kind != kindLease {
 		return errMySQLNoLockRows
 	}
 	return nil

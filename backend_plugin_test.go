@@ -43,7 +43,7 @@ func (m *mapBackend) CheckTables(context.Context, advisorylock.DB, ...string) er
 
 func (m *mapBackend) row(r advisorylock.LeaseRequest) *mapRow {
 	id := r.Name
-	if r.Kind == advisorylock.KindLock {
+	if r.Kind == "lock" {
 		id = "lock:" + r.Name
 	}
 	if m.rows[id] == nil {

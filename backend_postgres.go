@@ -984,7 +984,7 @@ func quoteLiteral(s string) (string, error) {
 // ttlMillis is a lease's TTL as whole milliseconds, at least 1.
 func ttlMillis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
-// errNoLockRows refuses KindLock requests: a Lock on PostgreSQL is a
+// errNoLockRows refuses kindLock requests: a Lock on PostgreSQL is a
 // session lock and keeps no row.
 var errNoLockRows = fmt.Errorf("%w: a PostgreSQL Lock is a session lock, not a lease row", ErrUnsupported)
 
@@ -992,7 +992,7 @@ var errNoLockRows = fmt.Errorf("%w: a PostgreSQL Lock is a session lock, not a l
 // new generation; ErrNotAcquired if it is held. The grant commits
 // durably: a lost grant could hand one token out twice after a crash.
 func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
-	if r.Kind != KindLease {
+	if r.Kind != kindLease {
 		return LeaseGrant{}, errNoLockRows
 	}
 	var gen int64
@@ -1009,7 +1009,7 @@ func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (Lea
 // RenewLease extends the lease by its TTL from the database's now, if
 // r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
 func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
-	if r.Kind != KindLease {
+	if r.Kind != kindLease {
 		return LeaseGrant{}, errNoLockRows
 	}
 	var gen int64
@@ -1041,7 +1041,7 @@ func (p *postgres) granted(r LeaseRequest, gen int64) LeaseGrant {
 // goes down. With r.MinHold it stays taken by its owner until the window's
 // end.
 func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
-	if r.Kind != KindLease {
+	if r.Kind != kindLease {
 		return errNoLockRows
 	}
 	key := strconv.FormatInt(r.Key, 10)
@@ -1057,7 +1057,7 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 // LeaseHolder reports the lease's holder, or nil when it is free or
 // expired by the database clock.
 func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
-	if r.Kind != KindLease {
+	if r.Kind != kindLease {
 		return nil, errNoLockRows
 	}
 	h := &Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}

@@ -383,7 +383,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	token := int64(1) // a lock row's grant; a lease row returns its generation
 	acquired := false
 	err := s.acquireInTurn(ctx, db, busyNewcomer, func(q querier) error {
-		if r.Kind != KindLease {
+		if r.Kind != kindLease {
 			var err error
 			acquired, err = s.acquireRow(ctx, q, r, now, exp)
 			return err
@@ -402,7 +402,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	if !acquired {
 		return LeaseGrant{}, ErrNotAcquired
 	}
-	if r.Wait && r.Retry && r.Kind == KindLock {
+	if r.Wait && r.Retry && r.Kind == kindLock {
 		s.withdrawClaim(ctx, db, r)
 	}
 	return LeaseGrant{Token: FencingToken(token), ExpiresAt: time.UnixMilli(exp)}, nil
@@ -422,12 +422,12 @@ func (s sqliteBackend) withdrawClaim(ctx context.Context, db DB, r LeaseRequest)
 	})
 }
 
-// acquireRow takes a lock row (KindLock) or a shared holder's row
-// (KindShared) in one statement; a waiting writer that missed claims the
+// acquireRow takes a lock row (kindLock) or a shared holder's row
+// (kindShared) in one statement; a waiting writer that missed claims the
 // key in a second (see SharedLeaseStore).
 func (sqliteBackend) acquireRow(ctx context.Context, q querier, r LeaseRequest, now, exp int64) (bool, error) {
 	stmt := sqliteAcquireLock
-	if r.Kind == KindShared {
+	if r.Kind == kindShared {
 		stmt = sqliteAcquireShared
 	}
 	res, err := q.ExecContext(ctx, stmt, r.Key, r.Name, r.Owner, now, exp)
@@ -435,7 +435,7 @@ func (sqliteBackend) acquireRow(ctx context.Context, q querier, r LeaseRequest, 
 		return false, err
 	}
 	n, err := res.RowsAffected()
-	if n == 1 || err != nil || !r.Wait || r.Kind != KindLock {
+	if n == 1 || err != nil || !r.Wait || r.Kind != kindLock {
 		return n == 1, err
 	}
 	_, err = q.ExecContext(ctx, sqliteClaimWriter, r.Key, r.Owner, exp)
@@ -452,11 +452,11 @@ func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (L
 		var err error
 		win := r.MinHold.Milliseconds()
 		switch {
-		case r.Kind == KindShared:
+		case r.Kind == kindShared:
 			res, err = q.ExecContext(ctx, sqliteRenewShared, r.Key, r.Owner, exp, now)
-		case r.Kind == KindLock && win > 0:
+		case r.Kind == kindLock && win > 0:
 			res, err = q.ExecContext(ctx, sqliteRenewLockWindow, r.Key, r.Owner, exp, now, win)
-		case r.Kind == KindLock:
+		case r.Kind == kindLock:
 			res, err = q.ExecContext(ctx, sqliteRenewLock, r.Key, r.Owner, exp, now)
 		case win > 0:
 			res, err = q.ExecContext(ctx, sqliteRenewLeaseWindow, r.Name, r.Owner, int64(r.Token), exp, now, win)
@@ -492,15 +492,15 @@ func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) 
 		var err error
 		win := r.MinHold.Milliseconds()
 		switch {
-		case r.Kind == KindShared:
+		case r.Kind == kindShared:
 			_, err = q.ExecContext(ctx, sqliteReleaseShared, r.Key, r.Owner, now)
-		case r.Kind == KindLock && win > 0 && r.Token != 0:
+		case r.Kind == kindLock && win > 0 && r.Token != 0:
 			_, err = q.ExecContext(ctx, sqliteReleaseLockWindow, r.Key, r.Owner, now, win)
-		case r.Kind == KindLock && r.Token == 0: // an abandoned acquire: its claim too
+		case r.Kind == kindLock && r.Token == 0: // an abandoned acquire: its claim too
 			if _, err = q.ExecContext(ctx, sqliteReleaseLock, r.Key, r.Owner); err == nil {
 				_, err = q.ExecContext(ctx, sqliteWithdrawClaim, r.Key, r.Owner)
 			}
-		case r.Kind == KindLock:
+		case r.Kind == kindLock:
 			_, err = q.ExecContext(ctx, sqliteReleaseLock, r.Key, r.Owner)
 		case r.Token == 0:
 			_, err = q.ExecContext(ctx, sqliteAbandonLease, r.Name, r.Owner, now)
@@ -514,14 +514,14 @@ func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) 
 }
 
 // LeaseHolder reads the row; nil when it is absent, free or expired as of
-// r.Now. For a Lock (KindLock) that is its exclusive row, else one of its
-// shared holders; for a shared holder (KindShared), what keeps it out: the
+// r.Now. For a Lock (kindLock) that is its exclusive row, else one of its
+// shared holders; for a shared holder (kindShared), what keeps it out: the
 // exclusive row, else a waiting writer's claim (Owner the writer's).
 func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
 	switch r.Kind {
-	case KindShared:
+	case kindShared:
 		return s.sharedBlocker(ctx, db, r)
-	case KindLock:
+	case kindLock:
 		hs, err := s.LeaseHolders(ctx, db, r)
 		if len(hs) == 0 || err != nil {
 			return nil, err

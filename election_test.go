@@ -599,7 +599,7 @@ func TestElectionEventsHaveKindElection(t *testing.T) {
 				t.Errorf("event %+v, want kind election", ev)
 			}
 		}
-		if rec.Count(advisorylock.EventAcquireEnd, "acquired") != 1 || len(rec.Events(advisorylock.EventRelease)) != 1 {
+		if rec.Count("acquire_end", "acquired") != 1 || len(rec.Events("release")) != 1 {
 			t.Fatalf("events %+v, want one acquire and one release", rec.Events())
 		}
 	})

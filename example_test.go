@@ -218,8 +218,13 @@ func ExampleDetectPooler() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(mode)
-	// Output: not seen
+	switch mode {
+	case advisorylock.PoolerTransaction:
+		fmt.Println("sessions are multiplexed: use LeaseLock")
+	case advisorylock.PoolerNotSeen:
+		fmt.Println("no pooler seen")
+	}
+	// Output: no pooler seen
 }
 
 // The DDL of the lease and fence tables, for a migration tool.

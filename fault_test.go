@@ -1208,7 +1208,7 @@ func TestReleaseDuringACutGivesBackItsPoolSlot(t *testing.T) {
 			if drv == "pgx" {
 				want = "error" // pgx ends it, with an error
 			}
-			if d := rec.Events(advisorylock.EventDiscard); len(d) != 1 || d[0].Value != want {
+			if d := rec.Events("discard"); len(d) != 1 || d[0].Value != want {
 				t.Errorf("discards %+v, want one %s", d, want)
 			}
 		})

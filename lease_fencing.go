@@ -149,11 +149,11 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if _, ok := store.(SharedLeaseStore); ok && wait && req.Kind == KindLock {
+	if _, ok := store.(SharedLeaseStore); ok && wait && req.Kind == kindLock {
 		return claimLease(ctx, budget, store, db, cfg, req)
 	}
 	var wake <-chan struct{} // nil: releases are not heard, and waiting is polling
-	if wait && req.Kind == KindLease {
+	if wait && req.Kind == kindLease {
 		// Joined before the first attempt, so that a release after it
 		// misses is heard (see releaseWatch).
 		if lw := joinReleases(ctx, store, db, req.Key); lw != nil {
@@ -274,7 +274,7 @@ func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config,
 // queries a second; a Lock kept as a row (SQLite) polls every interval.
 func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wake <-chan struct{}) error {
 	longest := cfg.poll
-	if req.Kind == KindLease {
+	if req.Kind == kindLease {
 		longest = max(cfg.poll, leaseWaitCap)
 	}
 	poll := time.NewTimer(pollPause(cfg.poll, longest, 0))
@@ -401,7 +401,7 @@ func (s *leaseState) forget() {
 
 // lostErr is the error a lost grant reports.
 func (s *leaseState) lostErr() error {
-	if s.req.Kind == KindLease {
+	if s.req.Kind == kindLease {
 		return &LeaseLostError{Name: s.req.Name, Token: s.req.Token}
 	}
 	return ErrLockLost
@@ -514,7 +514,7 @@ func (s *leaseState) lose(cause lossCause, lostErr, why error) {
 func (l *Lock) acquireRow(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
 	req := l.rowRequest("")
 	if b.isShared {
-		req.Kind = KindShared
+		req.Kind = kindShared
 	}
 	s, err := acquireLease(ctx, budget, b.rows, l.db, &l.cfg, req, wait)
 	if err != nil {
@@ -524,7 +524,7 @@ func (l *Lock) acquireRow(ctx, budget context.Context, b *lockBackend, wait bool
 }
 
 func (l *Lock) rowRequest(owner string) LeaseRequest {
-	return LeaseRequest{Kind: KindLock, Name: l.name, Key: l.key, Owner: owner, TTL: l.cfg.ttl, Now: l.cfg.clock.Now()}
+	return LeaseRequest{Kind: kindLock, Name: l.name, Key: l.key, Owner: owner, TTL: l.cfg.ttl, Now: l.cfg.clock.Now()}
 }
 
 // LeaseLock is a named lease with fencing tokens, kept as a row that holds
@@ -692,7 +692,7 @@ func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard
 	if err != nil {
 		return nil, err
 	}
-	req := LeaseRequest{Kind: KindLease, Name: l.name, Key: l.key}
+	req := LeaseRequest{Kind: kindLease, Name: l.name, Key: l.key}
 	s, err := acquireLease(ctx, budget, store, l.db, &l.cfg, req, wait)
 	if err != nil {
 		return nil, err
@@ -711,7 +711,7 @@ func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 	if err != nil {
 		return nil, wrapErr(l.name, "holder", err)
 	}
-	h, err := store.LeaseHolder(ctx, l.db, LeaseRequest{Kind: KindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
+	h, err := store.LeaseHolder(ctx, l.db, LeaseRequest{Kind: kindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
 	}

@@ -44,7 +44,7 @@ const propTTL = 10 * time.Second
 func (m *leaseModel) valid(h *propHolder) bool { return h.held && m.now.Before(h.until) }
 
 func (m *leaseModel) request(h *propHolder) advisorylock.LeaseRequest {
-	return advisorylock.LeaseRequest{Kind: advisorylock.KindLease, Name: h.name, Owner: h.owner, Token: h.token, TTL: m.ttl, Now: m.now}
+	return advisorylock.LeaseRequest{Kind: "lease", Name: h.name, Owner: h.owner, Token: h.token, TTL: m.ttl, Now: m.now}
 }
 
 func (m *leaseModel) acquire(t *rapid.T) {
@@ -61,7 +61,7 @@ func (m *leaseModel) acquire(t *rapid.T) {
 	}
 	m.acquires++
 	owner := fmt.Sprintf("owner-%d", m.acquires)
-	grant, err := m.store.AcquireLease(m.ctx, m.db, advisorylock.LeaseRequest{Kind: advisorylock.KindLease, Name: name, Owner: owner, TTL: m.ttl, Now: m.now})
+	grant, err := m.store.AcquireLease(m.ctx, m.db, advisorylock.LeaseRequest{Kind: "lease", Name: name, Owner: owner, TTL: m.ttl, Now: m.now})
 	switch {
 	case errors.Is(err, advisorylock.ErrNotAcquired):
 		if free {
@@ -171,7 +171,7 @@ func (m *leaseModel) check(t *rapid.T) {
 		if len(inForce) > 1 {
 			t.Fatalf("%d leases of %q in force at once", len(inForce), name)
 		}
-		got, err := m.store.LeaseHolder(m.ctx, m.db, advisorylock.LeaseRequest{Kind: advisorylock.KindLease, Name: name, Now: m.now})
+		got, err := m.store.LeaseHolder(m.ctx, m.db, advisorylock.LeaseRequest{Kind: "lease", Name: name, Now: m.now})
 		if err != nil {
 			t.Fatal(err)
 		}

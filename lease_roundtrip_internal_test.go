@@ -26,7 +26,7 @@ func TestLeaseStepsAreOneRoundTrip(t *testing.T) {
 			db.SetMaxOpenConns(1) // one connection: the warm-up warms the measured one
 			store := LeaseStore(Postgres().(*postgres).forDB(db))
 			ctx := context.Background()
-			req := LeaseRequest{Kind: KindLease, Name: testdb.UniqueName(t), Key: 1, Owner: "roundtrip", TTL: time.Minute}
+			req := LeaseRequest{Kind: kindLease, Name: testdb.UniqueName(t), Key: 1, Owner: "roundtrip", TTL: time.Minute}
 			resource := testdb.UniqueName(t)
 			var token FencingToken
 

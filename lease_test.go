@@ -390,7 +390,7 @@ func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {
 		// A holder that stops renewing: its lease ends TTL after the
 		// database granted it, whatever the application clock said.
 		store := advisorylock.Postgres().(advisorylock.LeaseStore)
-		dead := advisorylock.LeaseRequest{Kind: advisorylock.KindLease, Name: name, Owner: "dead holder", TTL: ttl, Now: behind.Now()}
+		dead := advisorylock.LeaseRequest{Kind: "lease", Name: name, Owner: "dead holder", TTL: ttl, Now: behind.Now()}
 		grant, err := store.AcquireLease(ctx, db, dead)
 		if err != nil {
 			t.Fatalf("AcquireLease: %v", err)
@@ -790,9 +790,9 @@ FROM information_schema.columns WHERE table_name IN ('advisorylock_leases', 'adv
 func TestPostgresKeepsNoLockRows(t *testing.T) {
 	db := testdb.OpenPostgres(t, "postgres")
 	store := advisorylock.Postgres().(advisorylock.LeaseStore)
-	req := advisorylock.LeaseRequest{Kind: advisorylock.KindLock, Name: testdb.UniqueName(t), Owner: "x", TTL: time.Second}
+	req := advisorylock.LeaseRequest{Kind: "lock", Name: testdb.UniqueName(t), Owner: "x", TTL: time.Second}
 	if _, err := store.AcquireLease(context.Background(), db, req); !errors.Is(err, advisorylock.ErrUnsupported) {
-		t.Fatalf("AcquireLease(KindLock) on PostgreSQL = %v, want ErrUnsupported", err)
+		t.Fatalf("AcquireLease of a \"lock\" row on PostgreSQL = %v, want ErrUnsupported", err)
 	}
 	if _, ok := advisorylock.Postgres().(advisorylock.SessionLocker); !ok {
 		t.Fatal("Postgres() is no longer a SessionLocker")

@@ -73,10 +73,10 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 				case <-time.After(wait):
 					t.Fatalf("the keep-alive (every 50ms) never reported the lock lost after its session freed it (taken by another session: %v)", taken)
 				}
-				testdb.WaitFor(t, wait, func() bool { return len(rec.Events(advisorylock.EventLoss)) > 0 }, "no loss event after Lost closed")
+				testdb.WaitFor(t, wait, func() bool { return len(rec.Events("loss")) > 0 }, "no loss event after Lost closed")
 				_ = g.Release(ctx) // lost: its error says so
-				if n := rec.Count(advisorylock.EventLoss, "not_held"); n != 1 {
-					t.Fatalf("loss events %+v, want one with cause not_held", rec.Events(advisorylock.EventLoss))
+				if n := rec.Count("loss", "not_held"); n != 1 {
+					t.Fatalf("loss events %+v, want one with cause not_held", rec.Events("loss"))
 				}
 				if !taken {
 					return

@@ -986,7 +986,7 @@ func TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow(t *testing.T) {
 					t.Fatal(err)
 				}
 				if c.renewed {
-					testdb.WaitFor(t, wait, func() bool { return rec.Count(advisorylock.EventRenew, string(advisorylock.OutcomeRenewed)) > 0 }, "the keep-alive never renewed")
+					testdb.WaitFor(t, wait, func() bool { return rec.Count("renew", "renewed") > 0 }, "the keep-alive never renewed")
 				}
 				clock.Add(c.releaseAfter)
 				if err := release(); err != nil {

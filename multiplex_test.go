@@ -596,14 +596,14 @@ func TestMultiplexedLocksTellTheObserver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := rec.Count(advisorylock.EventAcquireEnd, "acquired"); n != 3 {
+	if n := rec.Count("acquire_end", "acquired"); n != 3 {
 		t.Errorf("%d acquired events, want 3", n)
 	}
-	if n := rec.Count(advisorylock.EventAcquireEnd, "not_acquired"); n != 1 {
+	if n := rec.Count("acquire_end", "not_acquired"); n != 1 {
 		t.Errorf("%d not_acquired events, want 1", n)
 	}
 	lost := map[string]bool{}
-	for _, e := range rec.Events(advisorylock.EventLoss) {
+	for _, e := range rec.Events("loss") {
 		if e.Value != "session_ended" {
 			t.Errorf("loss of %s: cause %q, want session_ended", e.Name, e.Value)
 		}
@@ -612,10 +612,10 @@ func TestMultiplexedLocksTellTheObserver(t *testing.T) {
 	if len(lost) != 2 || !lost[names[0]] || !lost[names[1]] {
 		t.Errorf("losses reported for %v, want %s and %s", lost, names[0], names[1])
 	}
-	if n := rec.Count(advisorylock.EventDiscard, "lost"); n != 1 {
+	if n := rec.Count("discard", "lost"); n != 1 {
 		t.Errorf("%d discards of the killed session, want 1", n)
 	}
-	if n := len(rec.Events(advisorylock.EventRelease)); n != 3 {
+	if n := len(rec.Events("release")); n != 3 {
 		t.Errorf("%d release events, want 3", n)
 	}
 }

@@ -85,7 +85,7 @@ func TestMySQLLeaseTokensGrowAndSurviveRowDeletion(t *testing.T) {
 func renewOnce(db *sql.DB, name, owner string, token advisorylock.FencingToken) error {
 	store := advisorylock.MySQL().(advisorylock.LeaseStore)
 	_, err := store.RenewLease(context.Background(), db, advisorylock.LeaseRequest{
-		Kind: advisorylock.KindLease, Name: name, Owner: owner, Token: token, TTL: time.Minute})
+		Kind: "lease", Name: name, Owner: owner, Token: token, TTL: time.Minute})
 	return err
 }
 

@@ -21,19 +21,18 @@ import (
 // A panic in an Observer is not recovered.
 type Observer interface {
 	// Observe is told of one event; e.Type says which, and which of e's
-	// fields it sets. Later versions may add event types: ignore the ones
-	// you do not know, returning ctx.
+	// fields it sets. Later versions may add event types and outcomes:
+	// ignore the ones you do not know, returning ctx.
 	//
-	// The context returned matters for two types. For EventAcquireStart,
+	// The context returned matters for two types. For "acquire_start",
 	// ctx is the acquire's and the one returned is the one the acquire
-	// runs on (its statements see it) and the one its EventAcquireEnd
-	// gets: return ctx itself when there is nothing to add, or ctx with
-	// values (a span) derived from it, never a context that ends sooner.
-	// For an EventAcquireEnd that granted the lock (e.Outcome ==
-	// OutcomeAcquired), the one returned is kept with the hold and is the
-	// ctx of its EventRelease and EventLoss. For every other event the
-	// returned context is not used; EventDiscard and EventRenew get
-	// context.Background().
+	// runs on (its statements see it) and the one its "acquire_end" gets:
+	// return ctx itself when there is nothing to add, or ctx with values
+	// (a span) derived from it, never a context that ends sooner. For an
+	// "acquire_end" that granted the lock (e.Outcome == "acquired"), the
+	// one returned is kept with the hold and is the ctx of its "release"
+	// and "loss". For every other event the returned context is not used;
+	// "discard" and "renew" get context.Background().
 	Observe(ctx context.Context, e Event) context.Context
 }
 
@@ -41,44 +40,32 @@ type Observer interface {
 // no event is built and no time is read for it.
 func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
 
-// EventType says what an Event is about.
-type EventType string
-
-// The types of event. Each says which of Event's fields it sets; Type,
-// Backend, Kind and Name are always set.
-const (
-	// EventAcquireStart: TryLock, Lock, LockTimeout (and the Do family
-	// through them) begins. Sets MayWait.
-	EventAcquireStart EventType = "acquire_start"
-	// EventAcquireEnd: that acquire returns. Sets MayWait, Outcome (one of
-	// the acquire outcomes), Wait and Err (the error returned to the
-	// caller; nil if acquired).
-	EventAcquireEnd EventType = "acquire_end"
-	// EventRelease: a granted hold ends, once per hold: released by its
-	// holder, or cleaned up after its Guard was forgotten. Sets Held,
-	// Forgotten and Err (the release's error, if any).
-	EventRelease EventType = "release"
-	// EventLoss: a held lock is found lost, at most once per hold and
-	// before its EventRelease. Sets Cause, Held and Err (what the lock's
-	// Lost error wraps).
-	EventLoss EventType = "loss"
-	// EventDiscard: a connection is closed instead of returned to the
-	// pool, so that the server frees what it may hold. Sets Reason and
-	// Err (the error that made the session's state unknown, if any).
-	EventDiscard EventType = "discard"
-	// EventRenew: a lease renewal statement answered, or failed. Sets
-	// Outcome (one of the renewal outcomes), Latency and Err (nil when
-	// renewed).
-	EventRenew EventType = "renew"
-)
-
 // Event is one thing a lock did, as an Observer sees it. Fields that
 // its Type does not set are zero. Events are passed by value, so that an
 // Observer that keeps nothing costs no allocation.
 type Event struct {
-	Type EventType // what happened; which of the fields below it sets
+	// Type says what happened, and which of the fields below it sets;
+	// Backend, Kind and Name are always set. One of:
+	//   - "acquire_start": TryLock, Lock, LockTimeout (and the Do family
+	//     through them) begins. Sets MayWait.
+	//   - "acquire_end": that acquire returns. Sets MayWait, Outcome (an
+	//     acquire's), Wait and Err (the error returned to the caller; nil
+	//     if acquired).
+	//   - "release": a granted hold ends, once per hold: released by its
+	//     holder, or cleaned up after its Guard was forgotten. Sets Held,
+	//     Forgotten and Err (the release's error, if any).
+	//   - "loss": a held lock is found lost, at most once per hold and
+	//     before its "release". Sets Cause, Held and Err (what the lock's
+	//     Lost error wraps).
+	//   - "discard": a connection is closed instead of returned to the
+	//     pool, so that the server frees what it may hold. Sets Reason
+	//     and Err (the error that made the session's state unknown, if
+	//     any).
+	//   - "renew": a lease renewal statement answered, or failed. Sets
+	//     Outcome (a renewal's), Latency and Err (nil when renewed).
+	Type string
 	// Backend is the backend's Name(): "postgres", "mysql", "sqlite", …;
-	// "unknown" in the EventAcquireStart of the first acquire on a
+	// "unknown" in the "acquire_start" of the first acquire on a
 	// wrapped driver, which that acquire identifies by asking the
 	// database. It is the "backend" attribute of the metrics.
 	Backend string
@@ -88,8 +75,8 @@ type Event struct {
 	// "election" (an election's leadership) or "transaction" (a lock
 	// taken in a transaction by Lock.LockTx or Lock.TryLockTx). A
 	// transaction's commit or rollback releases its lock, which the
-	// package does not see: its EventRelease follows its EventAcquireEnd
-	// at once, with Held 0, so that gauges of held locks stay balanced.
+	// package does not see: its "release" follows its "acquire_end" at
+	// once, with Held 0, so that gauges of held locks stay balanced.
 	Kind string
 	// Name is the lock's name. Names can be many (one per tenant, per
 	// job): adapters do not put them on metrics unless asked.
@@ -98,9 +85,19 @@ type Event struct {
 	// MayWait is false for a single attempt (TryLock), true for an
 	// acquire that may wait.
 	MayWait bool
-	// Outcome says how an acquire or a renewal ended: the "outcome"
-	// attribute of the metrics.
-	Outcome Outcome
+	// Outcome says how an acquire or a renewal ended, the "outcome"
+	// attribute of the metrics. An "acquire_end" has one of:
+	//   - "acquired": the lock is held;
+	//   - "not_acquired": one attempt found it held elsewhere;
+	//   - "timeout": LockTimeout's budget or ctx's deadline ran out;
+	//   - "canceled": ctx was cancelled;
+	//   - "error": anything else; see Err.
+	// A "renew" has one of:
+	//   - "renewed": the lease was extended;
+	//   - "lost": the lease was no longer this holder's;
+	//   - "error": the renewal's outcome is unknown; the keeper tries
+	//     again sooner, until the local deadline.
+	Outcome string
 	// Cause says why a held lock was lost, the "cause" attribute of the
 	// metrics:
 	//   - "session_ended": the keep-alive check failed on the session's
@@ -125,35 +122,36 @@ type Event struct {
 	//     go.
 	Reason string
 
-	Wait      time.Duration // EventAcquireEnd: from the acquire's start to its end
-	Held      time.Duration // EventRelease, EventLoss: from the grant to the release, or to the loss being noticed
-	Latency   time.Duration // EventRenew: from sending the renewal to its answer
-	Forgotten bool          // EventRelease: the Guard was cleaned up, not released
-	Err       error         // see the event's type
+	Wait      time.Duration // "acquire_end": from the acquire's start to its end
+	Held      time.Duration // "release", "loss": from the grant to the release, or to the loss being noticed
+	Latency   time.Duration // "renew": from sending the renewal to its answer
+	Forgotten bool          // "release": the Guard was cleaned up, not released
+	Err       error         // see Type
 }
 
-// Outcome says how an acquire or a lease renewal ended. Its value is the
-// "outcome" attribute of the metrics.
-type Outcome string
-
-// Acquire outcomes: every EventAcquireEnd has one of these.
+// The types of event, as Event.Type names them.
 const (
-	OutcomeAcquired    Outcome = "acquired"     // the lock is held
-	OutcomeNotAcquired Outcome = "not_acquired" // one attempt found it held elsewhere
-	OutcomeTimeout     Outcome = "timeout"      // LockTimeout's budget or ctx's deadline ran out
-	OutcomeCanceled    Outcome = "canceled"     // ctx was cancelled
-	OutcomeError       Outcome = "error"        // anything else; see the event's Err
+	eventAcquireStart = "acquire_start"
+	eventAcquireEnd   = "acquire_end"
+	eventRelease      = "release"
+	eventLoss         = "loss"
+	eventDiscard      = "discard"
+	eventRenew        = "renew"
 )
 
-// Renewal outcomes: every EventRenew has one of these.
+// The outcomes of an acquire or a renewal, as Event.Outcome names them.
 const (
-	OutcomeRenewed Outcome = "renewed" // the lease was extended
-	OutcomeLost    Outcome = "lost"    // the lease was no longer this holder's
-	// OutcomeError (above): the renewal's outcome is unknown; the keeper
-	// tries again sooner, until the local deadline.
+	outcomeAcquired    = "acquired"
+	outcomeNotAcquired = "not_acquired"
+	outcomeTimeout     = "timeout"
+	outcomeCanceled    = "canceled"
+	outcomeError       = "error"
+	outcomeRenewed     = "renewed"
+	outcomeLost        = "lost"
 )
 
-// The kinds of lock, as Event.Kind names them.
+// The kinds of lock, as Event.Kind names them; the first three are also
+// the kinds of LeaseRequest.
 const (
 	kindLock        = "lock"
 	kindShared      = "shared"
@@ -188,18 +186,18 @@ const (
 )
 
 // acquireOutcome classifies an acquire's error.
-func acquireOutcome(err error) Outcome {
+func acquireOutcome(err error) string {
 	switch {
 	case err == nil:
-		return OutcomeAcquired
+		return outcomeAcquired
 	case errors.Is(err, ErrNotAcquired):
-		return OutcomeNotAcquired
+		return outcomeNotAcquired
 	case errors.Is(err, ErrTimeout), errors.Is(err, context.DeadlineExceeded), errors.Is(err, errBudget):
-		return OutcomeTimeout
+		return outcomeTimeout
 	case errors.Is(err, context.Canceled):
-		return OutcomeCanceled
+		return outcomeCanceled
 	}
-	return OutcomeError
+	return outcomeError
 }
 
 // observed is a lock's Observer with the description its events carry.
@@ -242,7 +240,7 @@ type observable interface {
 	observed() *observed // nil without an Observer
 }
 
-// acquiring is an acquire in progress, as EventAcquireStart saw it.
+// acquiring is an acquire in progress, as its "acquire_start" saw it.
 type acquiring struct {
 	l       observable
 	ob      *observed
@@ -260,7 +258,7 @@ func startAcquire(ctx context.Context, l observable, mayWait bool) (context.Cont
 		return ctx, acquiring{}
 	}
 	start := time.Now()
-	ctx = ob.emit(ctx, Event{Type: EventAcquireStart, MayWait: mayWait})
+	ctx = ob.emit(ctx, Event{Type: eventAcquireStart, MayWait: mayWait})
 	return ctx, acquiring{l: l, ob: ob, ctx: ctx, start: start, mayWait: mayWait}
 }
 
@@ -276,8 +274,8 @@ func (a acquiring) end(h *hold, err error) {
 		a.ob = a.l.observed() // the acquire's first use may have learnt it
 	}
 	outcome := acquireOutcome(err)
-	ctx := a.ob.emit(a.ctx, Event{Type: EventAcquireEnd, MayWait: a.mayWait, Outcome: outcome, Wait: now.Sub(a.start), Err: err})
-	if h == nil || outcome != OutcomeAcquired {
+	ctx := a.ob.emit(a.ctx, Event{Type: eventAcquireEnd, MayWait: a.mayWait, Outcome: outcome, Wait: now.Sub(a.start), Err: err})
+	if h == nil || outcome != outcomeAcquired {
 		return
 	}
 	w := holdObserved{ob: a.ob, ctx: ctx, granted: now}
@@ -303,7 +301,7 @@ func (w holdObserved) released(forgotten bool, err error) {
 	if w.ob == nil {
 		return
 	}
-	w.ob.emit(w.ctx, Event{Type: EventRelease, Held: time.Since(w.granted), Forgotten: forgotten, Err: err})
+	w.ob.emit(w.ctx, Event{Type: eventRelease, Held: time.Since(w.granted), Forgotten: forgotten, Err: err})
 }
 
 // lost reports a loss of the hold.
@@ -311,7 +309,7 @@ func (w holdObserved) lost(cause lossCause, err error) {
 	if w.ob == nil {
 		return
 	}
-	w.ob.emit(w.ctx, Event{Type: EventLoss, Cause: string(cause), Held: time.Since(w.granted), Err: err})
+	w.ob.emit(w.ctx, Event{Type: eventLoss, Cause: string(cause), Held: time.Since(w.granted), Err: err})
 }
 
 // discarded reports a discarded connection.
@@ -319,7 +317,7 @@ func (ob *observed) discarded(reason discardReason, err error) {
 	if ob == nil {
 		return
 	}
-	ob.emit(context.Background(), Event{Type: EventDiscard, Reason: string(reason), Err: err})
+	ob.emit(context.Background(), Event{Type: eventDiscard, Reason: string(reason), Err: err})
 }
 
 // renewed reports a lease renewal's outcome.
@@ -327,14 +325,14 @@ func (ob *observed) renewed(latency time.Duration, err error) {
 	if ob == nil {
 		return
 	}
-	outcome := OutcomeRenewed
+	outcome := outcomeRenewed
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		outcome = OutcomeLost
+		outcome = outcomeLost
 	case err != nil:
-		outcome = OutcomeError
+		outcome = outcomeError
 	}
-	ob.emit(context.Background(), Event{Type: EventRenew, Outcome: outcome, Latency: latency, Err: err})
+	ob.emit(context.Background(), Event{Type: eventRenew, Outcome: outcome, Latency: latency, Err: err})
 }
 
 // unknownBackend is the backend events name before a lock knows its own.
@@ -344,9 +342,9 @@ const unknownBackend = "unknown"
 // name, and caches it once the backend's name is known: from WithBackend
 // or the driver's type (no I/O), else from the lock's first use
 // (resolved returns nil until it succeeded). Until then, events say
-// backend "unknown": the EventAcquireStart of a wrapped driver's first
+// backend "unknown": the "acquire_start" of a wrapped driver's first
 // acquire, whose first use identifies the backend by asking the database
-// (its EventAcquireEnd names the backend when that succeeded).
+// (its "acquire_end" names the backend when that succeeded).
 func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind, name string, resolved func() Backend) *observed {
 	b := localBackend(db, cfg)
 	if b == nil {

@@ -18,7 +18,7 @@ import (
 // TestObserverSeesEveryEventOnPostgres runs the shared scenario (acquire,
 // conflict, timeout, cancelled wait, release, killed session, lease
 // renewal) and checks each event, its attributes, and that a hold's
-// events carry the context its acquire's EventAcquireEnd returned.
+// events carry the context its acquire's "acquire_end" returned.
 func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 	for _, driver := range []string{"pgx", "postgres"} {
 		t.Run(driver, func(t *testing.T) {
@@ -26,11 +26,11 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 			rec := &observetest.Recorder{}
 			observetest.PostgresScenario(t, db, rec, observetest.Hooks{
 				WhileHeld: func(t *testing.T) {
-					if n, r := len(rec.Events(advisorylock.EventAcquireEnd)), len(rec.Events(advisorylock.EventRelease)); n != 1 || r != 0 {
+					if n, r := len(rec.Events("acquire_end")), len(rec.Events("release")); n != 1 || r != 0 {
 						t.Errorf("while A is held: %d acquires ended, %d releases; want 1, 0", n, r)
 					}
 				},
-				Renewed: func() bool { return rec.Count(advisorylock.EventRenew, "renewed") > 0 },
+				Renewed: func() bool { return rec.Count("renew", "renewed") > 0 },
 			})
 
 			for _, e := range rec.Events() {
@@ -44,10 +44,10 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 			}
 			got := map[string]map[string]int{}
 			starts := map[int]bool{}
-			for _, e := range rec.Events(advisorylock.EventAcquireStart) {
+			for _, e := range rec.Events("acquire_start") {
 				starts[e.Span] = true
 			}
-			for _, e := range rec.Events(advisorylock.EventAcquireEnd) {
+			for _, e := range rec.Events("acquire_end") {
 				if got[e.Kind] == nil {
 					got[e.Kind] = map[string]int{}
 				}
@@ -67,12 +67,12 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				}
 			}
 
-			released := rec.Events(advisorylock.EventRelease)
+			released := rec.Events("release")
 			if len(released) != 3 {
 				t.Fatalf("%d Released events, want 3: %+v", len(released), released)
 			}
 			granted := map[int]bool{}
-			for _, e := range rec.Events(advisorylock.EventAcquireEnd) {
+			for _, e := range rec.Events("acquire_end") {
 				if e.Value == "acquired" {
 					granted[e.Span] = true
 				}
@@ -86,7 +86,7 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				t.Errorf("last release is of kind %s, want lease", k)
 			}
 
-			lost := rec.Events(advisorylock.EventLoss)
+			lost := rec.Events("loss")
 			if len(lost) != 1 || lost[0].Value != "session_ended" || !errors.Is(lost[0].Err, advisorylock.ErrLockLost) {
 				t.Fatalf("Lost events %+v, want one session_ended with ErrLockLost", lost)
 			}
@@ -94,16 +94,16 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				t.Errorf("Lost came with acquire %d's context, the lost lock's release with %d", lost[0].Span, released[1].Span)
 			}
 
-			c, l, n := rec.Count(advisorylock.EventDiscard, "canceled"), rec.Count(advisorylock.EventDiscard, "lost"), len(rec.Events(advisorylock.EventDiscard))
+			c, l, n := rec.Count("discard", "canceled"), rec.Count("discard", "lost"), len(rec.Events("discard"))
 			if driver == "postgres" {
 				// lib/pq's cancel request may miss answerGrace on a loaded
 				// machine: the statement is then abandoned, not answered.
-				c += rec.Count(advisorylock.EventDiscard, "no_answer")
+				c += rec.Count("discard", "no_answer")
 			}
 			if c != 1 || l != 1 || n != 2 {
-				t.Errorf("discards: %d canceled, %d lost, %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events(advisorylock.EventDiscard))
+				t.Errorf("discards: %d canceled, %d lost, %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events("discard"))
 			}
-			for _, e := range rec.Events(advisorylock.EventRenew) {
+			for _, e := range rec.Events("renew") {
 				if e.Kind != "lease" || e.Value != "renewed" || e.Took <= 0 || e.Err != nil {
 					t.Errorf("Renewed %+v: want a lease renewed, with its latency", e)
 				}
@@ -127,16 +127,16 @@ func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
 	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 		t.Fatalf("second TryLock: %v, want ErrNotAcquired", err)
 	}
-	testdb.WaitFor(t, 0, func() bool { return rec.Count(advisorylock.EventRenew, "renewed") > 0 }, "no renewal of the lock row observed")
+	testdb.WaitFor(t, 0, func() bool { return rec.Count("renew", "renewed") > 0 }, "no renewal of the lock row observed")
 	mustRelease(t, g)
 
-	if a, n := rec.Count(advisorylock.EventAcquireEnd, "acquired"), rec.Count(advisorylock.EventAcquireEnd, "not_acquired"); a != 1 || n != 1 {
+	if a, n := rec.Count("acquire_end", "acquired"), rec.Count("acquire_end", "not_acquired"); a != 1 || n != 1 {
 		t.Errorf("acquires: %d acquired, %d not_acquired; want 1, 1", a, n)
 	}
-	if r := rec.Events(advisorylock.EventRelease); len(r) != 1 || r[0].Took <= 0 {
+	if r := rec.Events("release"); len(r) != 1 || r[0].Took <= 0 {
 		t.Errorf("Released events %+v, want one with a hold time", r)
 	}
-	if d := rec.Events(advisorylock.EventDiscard); len(d) != 0 {
+	if d := rec.Events("discard"); len(d) != 0 {
 		t.Errorf("discards on SQLite: %+v, want none", d)
 	}
 	for _, e := range rec.Events() {
@@ -147,7 +147,7 @@ func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
 }
 
 // TestObserverSeesAForgottenGuard checks that a Guard collected without
-// Release ends its hold for the Observer (EventRelease, forgotten) and
+// Release ends its hold for the Observer ("release", forgotten) and
 // discards its connection.
 func TestObserverSeesAForgottenGuard(t *testing.T) {
 	db := testdb.OpenPostgres(t, "pgx")
@@ -160,13 +160,13 @@ func TestObserverSeesAForgottenGuard(t *testing.T) {
 	}()
 	testdb.WaitFor(t, 0, func() bool {
 		runtime.GC()
-		return rec.Count(advisorylock.EventRelease, "forgotten") == 1
+		return rec.Count("release", "forgotten") == 1
 	}, "forgotten guard's hold never ended for the observer")
 	// The discard follows, from the goroutine the cleanup starts (it must
 	// not wait on I/O in the runtime's cleanup goroutine): soon, not at once.
-	testdb.WaitFor(t, 0, func() bool { return rec.Count(advisorylock.EventDiscard, "forgotten") > 0 },
+	testdb.WaitFor(t, 0, func() bool { return rec.Count("discard", "forgotten") > 0 },
 		"no discard for a forgotten guard")
-	if n := rec.Count(advisorylock.EventDiscard, "forgotten"); n != 1 {
+	if n := rec.Count("discard", "forgotten"); n != 1 {
 		t.Errorf("%d discards for a forgotten guard, want 1", n)
 	}
 }
@@ -225,26 +225,26 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	}
 	releaseLease(t, g)
 
-	lost := rec.Events(advisorylock.EventLoss)
+	lost := rec.Events("loss")
 	if len(lost) != 1 || lost[0].Kind != "lease" || lost[0].Backend != "sqlite" ||
 		(lost[0].Value != "expired" && lost[0].Value != "taken_over") ||
 		!errors.Is(lost[0].Err, advisorylock.ErrLeaseLost) {
 		t.Fatalf("Lost events %+v, want one for the lease, expired or taken_over, with ErrLeaseLost", lost)
 	}
-	if lost[0].Value == "taken_over" && rec.Count(advisorylock.EventRenew, "lost") != 1 {
-		t.Errorf("taken over, but renewals say %+v", rec.Events(advisorylock.EventRenew))
+	if lost[0].Value == "taken_over" && rec.Count("renew", "lost") != 1 {
+		t.Errorf("taken over, but renewals say %+v", rec.Events("renew"))
 	}
-	if a := rec.Count(advisorylock.EventAcquireEnd, "acquired"); a != 2 {
+	if a := rec.Count("acquire_end", "acquired"); a != 2 {
 		t.Errorf("%d grants observed, want 2", a)
 	}
-	if r := rec.Events(advisorylock.EventRelease); len(r) != 1 || r[0].Span != lost[0].Span {
+	if r := rec.Events("release"); len(r) != 1 || r[0].Span != lost[0].Span {
 		t.Errorf("Released %+v: want the lost lease's release, with its acquire's context", r)
 	}
 }
 
 // TestObserverLearnsTheBackendOfAWrappedDriver checks the one case where
 // a lock does not know its backend before its first use (a driver wrapped
-// by instrumentation): the first EventAcquireStart says "unknown", and every
+// by instrumentation): the first "acquire_start" says "unknown", and every
 // later event names the backend the first use found.
 func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 	registerWrapped.Do(func() { sql.Register("wrapped-pq", wrappedDriver{&pq.Driver{}}) })
@@ -264,7 +264,7 @@ func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 	}
 	var backends []string
 	for _, e := range rec.Events() {
-		backends = append(backends, string(e.Type)+":"+e.Backend)
+		backends = append(backends, e.Type+":"+e.Backend)
 	}
 	want := []string{"acquire_start:unknown", "acquire_end:postgres", "release:postgres",
 		"acquire_start:postgres", "acquire_end:postgres", "release:postgres"}
@@ -297,17 +297,17 @@ func TestObserverSeesANetworkCut(t *testing.T) {
 				t.Fatal("the cut was not reported as a loss")
 			}
 			_ = g.Release(context.Background())
-			if lost := rec.Events(advisorylock.EventLoss); len(lost) != 1 || lost[0].Value != "no_answer" {
+			if lost := rec.Events("loss"); len(lost) != 1 || lost[0].Value != "no_answer" {
 				t.Fatalf("Lost events %+v, want one no_answer", lost)
 			}
 			want := "lost"
 			if driver == "postgres" {
 				want = "no_answer"
 			}
-			if d := rec.Events(advisorylock.EventDiscard); len(d) != 1 || d[0].Value != want {
+			if d := rec.Events("discard"); len(d) != 1 || d[0].Value != want {
 				t.Errorf("discards %+v, want one %s", d, want)
 			}
-			if r := rec.Events(advisorylock.EventRelease); len(r) != 1 {
+			if r := rec.Events("release"); len(r) != 1 {
 				t.Errorf("Released events %+v, want one", r)
 			}
 		})

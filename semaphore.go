@@ -369,7 +369,7 @@ func (s *Semaphore) waitSession(ctx, budget context.Context, locker SessionLocke
 // rowRequest is the lease request of slot i where slots are rows.
 func (s *Semaphore) rowRequest(i int) LeaseRequest {
 	cfg := &s.lock.cfg
-	return LeaseRequest{Kind: KindLock, Name: s.name, Key: s.keys[i], TTL: cfg.ttl, Now: cfg.clock.Now()}
+	return LeaseRequest{Kind: kindLock, Name: s.name, Key: s.keys[i], TTL: cfg.ttl, Now: cfg.clock.Now()}
 }
 
 // acquireRows takes a slot kept as a lease row (SQLite): tries every slot

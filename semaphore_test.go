@@ -498,7 +498,7 @@ func TestSemaphoreReportsItsEventsAsSemaphore(t *testing.T) {
 				t.Fatalf("event %+v: want kind semaphore, backend %s", e, backend)
 			}
 		}
-		if rec.Count(advisorylock.EventAcquireEnd, string(advisorylock.OutcomeAcquired)) != 1 || rec.Count(advisorylock.EventAcquireEnd, string(advisorylock.OutcomeNotAcquired)) != 1 || rec.Count(advisorylock.EventRelease, "") != 1 {
+		if rec.Count("acquire_end", "acquired") != 1 || rec.Count("acquire_end", "not_acquired") != 1 || rec.Count("release", "") != 1 {
 			t.Fatalf("events = %+v", events)
 		}
 	})

@@ -319,13 +319,13 @@ func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
 		}
 		mustRelease(t, g)
 		kinds := map[string]int{}
-		for _, e := range rec.Events(advisorylock.EventAcquireEnd) {
+		for _, e := range rec.Events("acquire_end") {
 			if e.Value != "acquired" {
 				t.Errorf("acquire_end %+v, want acquired", e)
 			}
 			kinds[e.Kind]++
 		}
-		for _, e := range rec.Events(advisorylock.EventRelease) {
+		for _, e := range rec.Events("release") {
 			kinds[e.Kind] += 10
 		}
 		if kinds["shared"] != 11 || kinds["lock"] != 11 {

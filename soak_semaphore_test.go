@@ -81,7 +81,7 @@ type semHolderKey struct{}
 type semTeller struct{}
 
 func (semTeller) Observe(ctx context.Context, e advisorylock.Event) context.Context {
-	if e.Type != advisorylock.EventLoss {
+	if e.Type != "loss" {
 		return ctx
 	}
 	if h, ok := ctx.Value(semHolderKey{}).(*semHolder); ok {

@@ -224,7 +224,7 @@ mutation "SQLite upgrade leaves live shared rows without a summary" backend_sqli
 	's/FROM advisorylock_shared WHERE true GROUP BY key/FROM advisorylock_shared WHERE false GROUP BY key/' \
 	'^TestSQLiteSchemaUpgradesAStepThreeFileLive$'
 mutation "SQLite waiting writer keeps its claim after its grant" backend_sqlite.go \
-	's/if r\.Wait && r\.Retry && r\.Kind == KindLock \{/if false \&\& r.Wait \&\& r.Kind == KindLock {/' \
+	's/if r\.Wait && r\.Retry && r\.Kind == kindLock \{/if false \&\& r.Wait \&\& r.Kind == kindLock {/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
 mutation "a waiting writer's later attempts are not marked as retries" lease_fencing.go \
 	's/\n\t\treq\.Retry = true \/\/[^\n]*\n/\n/' \
@@ -236,7 +236,7 @@ mutation "Do runs its function under a grant already lost" advisorylock.go \
 	's/if _, why := g\.h\.isLost\(\); why != nil \{/if _, why := g.h.isLost(); why != nil \&\& false {/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "SQLite withdraws a claim its first attempt never made" backend_sqlite.go \
-	's/if r\.Wait && r\.Retry && r\.Kind == KindLock \{/if r.Wait \&\& r.Kind == KindLock {/' \
+	's/if r\.Wait && r\.Retry && r\.Kind == kindLock \{/if r.Wait \&\& r.Kind == kindLock {/' \
 	'^TestSQLiteUncontendedLockWritesOnce$'
 mutation "SQLite waiting writer does not claim the name" backend_sqlite.go \
 	's/if n == 1 \|\| err != nil \|\| !r\.Wait/if true || n == 1 || err != nil || !r.Wait/' \

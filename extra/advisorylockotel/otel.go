@@ -69,7 +69,8 @@ const (
 	AttrKind attribute.Key = "advisorylock.kind"
 	// AttrName is the lock's name; only with WithLockNames(true).
 	AttrName attribute.Key = "advisorylock.name"
-	// AttrOutcome is the advisorylock.Outcome of an acquire or a renewal.
+	// AttrOutcome is how an acquire or a renewal ended
+	// (advisorylock.Event.Outcome).
 	AttrOutcome attribute.Key = "advisorylock.outcome"
 	// AttrCause is why a lock was lost (advisorylock.Event.Cause).
 	AttrCause attribute.Key = "advisorylock.cause"
@@ -287,22 +288,22 @@ func (c *spanContext) Value(key any) any {
 }
 
 // Observe records e, and returns ctx with the acquire's spans (if any)
-// for EventAcquireStart; ctx otherwise.
+// for "acquire_start"; ctx otherwise.
 func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Context {
 	switch e.Type {
-	case advisorylock.EventAcquireStart:
+	case "acquire_start":
 		return o.acquireStart(ctx, e)
-	case advisorylock.EventAcquireEnd:
+	case "acquire_end":
 		o.acquireEnd(ctx, e)
-	case advisorylock.EventRelease:
+	case "release":
 		o.released(ctx, e)
-	case advisorylock.EventLoss:
+	case "loss":
 		o.lose(ctx, e)
-	case advisorylock.EventDiscard:
+	case "discard":
 		a := o.attrsFor(e, false, AttrReason, e.Reason)
 		o.discarded.Add(ctx, 1, a.add...)
-	case advisorylock.EventRenew:
-		a := o.attrsFor(e, false, AttrOutcome, string(e.Outcome))
+	case "renew":
+		a := o.attrsFor(e, false, AttrOutcome, e.Outcome)
 		o.renew.Record(ctx, e.Latency.Seconds(), a.rec...)
 	}
 	return ctx
@@ -326,17 +327,17 @@ func (o *observer) acquireStart(ctx context.Context, e advisorylock.Event) conte
 }
 
 func (o *observer) acquireEnd(ctx context.Context, e advisorylock.Event) {
-	a := o.attrsFor(e, true, AttrOutcome, string(e.Outcome))
+	a := o.attrsFor(e, true, AttrOutcome, e.Outcome)
 	o.acquire.Record(ctx, e.Wait.Seconds(), a.rec...)
 	s, traced := ctx.Value(spansKey{}).(*spans)
 	if traced {
-		s.acquire.SetAttributes(AttrOutcome.String(string(e.Outcome)))
-		if e.Outcome == advisorylock.OutcomeError {
+		s.acquire.SetAttributes(AttrOutcome.String(e.Outcome))
+		if e.Outcome == "error" {
 			s.acquire.SetStatus(codes.Error, e.Err.Error())
 		}
 		s.acquire.End()
 	}
-	if e.Outcome != advisorylock.OutcomeAcquired {
+	if e.Outcome != "acquired" {
 		return
 	}
 	h := o.attrsFor(e, true, "", "")

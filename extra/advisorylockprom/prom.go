@@ -262,30 +262,30 @@ func (o *observer) seriesFor(k seriesKey, mk func() *series) *series {
 // Observe records e; it returns ctx.
 func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Context {
 	switch e.Type {
-	case advisorylock.EventAcquireEnd:
-		k := seriesKey{event: "acquire", backend: e.Backend, kind: e.Kind, outcome: string(e.Outcome), name: o.keyName(e)}
+	case "acquire_end":
+		k := seriesKey{event: "acquire", backend: e.Backend, kind: e.Kind, outcome: e.Outcome, name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{duration: o.acquireVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
 		}).duration.Observe(e.Wait.Seconds())
-		if e.Outcome == advisorylock.OutcomeAcquired {
+		if e.Outcome == "acquired" {
 			o.holdSeries(e).gauge.Inc()
 		}
-	case advisorylock.EventRelease:
+	case "release":
 		s := o.holdSeries(e)
 		s.duration.Observe(e.Held.Seconds())
 		s.gauge.Dec()
-	case advisorylock.EventLoss:
+	case "loss":
 		k := seriesKey{event: "lost", backend: e.Backend, kind: e.Kind, outcome: e.Cause, name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{counter: o.lostVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
 		}).counter.Inc()
-	case advisorylock.EventDiscard:
+	case "discard":
 		k := seriesKey{event: "discarded", backend: e.Backend, outcome: e.Reason, name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{counter: o.discardedVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
 		}).counter.Inc()
-	case advisorylock.EventRenew:
-		k := seriesKey{event: "renew", backend: e.Backend, outcome: string(e.Outcome), name: o.keyName(e)}
+	case "renew":
+		k := seriesKey{event: "renew", backend: e.Backend, outcome: e.Outcome, name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{duration: o.renewVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
 		}).duration.Observe(e.Latency.Seconds())

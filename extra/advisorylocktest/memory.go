@@ -134,17 +134,17 @@ func (m *Memory) begin(ctx context.Context) error {
 }
 
 // errKind refuses a request of a kind m does not know.
-func errKind(k advisorylock.LeaseKind) error {
-	return fmt.Errorf("%w: advisorylocktest: Memory has no rows of kind %d", advisorylock.ErrUnsupported, k)
+func errKind(k string) error {
+	return fmt.Errorf("%w: advisorylocktest: Memory has no rows of kind %q", advisorylock.ErrUnsupported, k)
 }
 
 // AcquireLease takes the row of r if it is free or expired and returns
 // the grant, whose token is higher than any m granted before; an error
 // matching advisorylock.ErrNotAcquired if it is held. A Lock's row
-// (KindLock) is held by a live exclusive row or a live shared holder; a
+// ("lock") is held by a live exclusive row or a live shared holder; a
 // waiting writer (r.Wait) that misses claims the key, which keeps new
 // shared holders out until its grant, its release or its claim's expiry.
-// A shared holder's row (KindShared) is held by a live exclusive row or a
+// A shared holder's row ("shared") is held by a live exclusive row or a
 // live claim. A done ctx returns its cause.
 func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
 	if err := m.begin(ctx); err != nil {
@@ -154,7 +154,7 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 	t := now(r)
 	row := &memRow{name: r.Name, owner: r.Owner, acquired: t, expires: t.Add(max(r.TTL, r.MinHold))}
 	switch r.Kind {
-	case advisorylock.KindLock:
+	case "lock":
 		if m.locks[r.Key].live(t) || m.sharedIn(r.Key, t) {
 			if r.Wait {
 				m.claims[r.Key] = row
@@ -165,7 +165,7 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 		if c := m.claims[r.Key]; c != nil && c.owner == r.Owner {
 			delete(m.claims, r.Key)
 		}
-	case advisorylock.KindShared:
+	case "shared":
 		if m.locks[r.Key].live(t) || m.claims[r.Key].live(t) {
 			return advisorylock.LeaseGrant{}, advisorylock.ErrNotAcquired
 		}
@@ -173,7 +173,7 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 			m.shared[r.Key] = map[string]*memRow{}
 		}
 		m.shared[r.Key][r.Owner] = row
-	case advisorylock.KindLease:
+	case "lease":
 		if l := m.leases[r.Name]; l != nil && l.held && l.live(t) {
 			return advisorylock.LeaseGrant{}, advisorylock.ErrNotAcquired
 		}
@@ -207,11 +207,11 @@ func (m *Memory) RenewLease(ctx context.Context, db advisorylock.DB, r advisoryl
 	t := now(r)
 	var row *memRow
 	switch r.Kind {
-	case advisorylock.KindLock:
+	case "lock":
 		row = m.locks[r.Key]
-	case advisorylock.KindShared:
+	case "shared":
 		row = m.shared[r.Key][r.Owner]
-	case advisorylock.KindLease:
+	case "lease":
 		if l := m.leases[r.Name]; l != nil && l.held && l.token == r.Token {
 			row = &l.memRow
 		}
@@ -240,7 +240,7 @@ func (m *Memory) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisor
 		return earlier(row.expires, later(t, row.acquired.Add(r.MinHold)))
 	}
 	switch r.Kind {
-	case advisorylock.KindLock:
+	case "lock":
 		row := m.locks[r.Key]
 		switch {
 		case row == nil || row.owner != r.Owner:
@@ -252,7 +252,7 @@ func (m *Memory) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisor
 		if c := m.claims[r.Key]; r.Token == 0 && c != nil && c.owner == r.Owner {
 			delete(m.claims, r.Key)
 		}
-	case advisorylock.KindShared:
+	case "shared":
 		for owner, s := range m.shared[r.Key] {
 			if owner == r.Owner || !s.live(t) {
 				delete(m.shared[r.Key], owner)
@@ -261,7 +261,7 @@ func (m *Memory) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisor
 		if len(m.shared[r.Key]) == 0 {
 			delete(m.shared, r.Key)
 		}
-	case advisorylock.KindLease:
+	case "lease":
 		l := m.leases[r.Name]
 		switch {
 		case l == nil || !l.held:
@@ -278,8 +278,8 @@ func (m *Memory) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisor
 }
 
 // LeaseHolder reports the live holder of r's row as of r.Now, or nil: for
-// a Lock (KindLock) its exclusive holder, else one of its shared holders;
-// for a shared holder (KindShared) what keeps it out, the exclusive
+// a Lock ("lock") its exclusive holder, else one of its shared holders;
+// for a shared holder ("shared") what keeps it out, the exclusive
 // holder or else a waiting writer's claim (Name ""); for a lease its
 // holder and token. A done ctx returns its cause.
 func (m *Memory) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
@@ -289,11 +289,11 @@ func (m *Memory) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisory
 	defer m.mu.Unlock()
 	t := now(r)
 	switch r.Kind {
-	case advisorylock.KindLock:
+	case "lock":
 		if hs := m.holders(r.Key, t); len(hs) > 0 {
 			return hs[0], nil
 		}
-	case advisorylock.KindShared:
+	case "shared":
 		if row := m.locks[r.Key]; row.live(t) {
 			return m.holder(r.Key, row, false), nil
 		}
@@ -302,7 +302,7 @@ func (m *Memory) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisory
 			h.Name = ""
 			return h, nil
 		}
-	case advisorylock.KindLease:
+	case "lease":
 		if l := m.leases[r.Name]; l != nil && l.held && l.live(t) {
 			h := m.holder(r.Key, &l.memRow, false)
 			h.Token = l.token

@@ -436,7 +436,7 @@ func TestMemorySemaphoreAdmitsItsSlots(t *testing.T) {
 func TestMemoryOnlyTheHolderRenewsAndReleases(t *testing.T) {
 	ctx := context.Background()
 	start := newTestClock().Now()
-	for _, kind := range []advisorylock.LeaseKind{advisorylock.KindLock, advisorylock.KindShared, advisorylock.KindLease} {
+	for _, kind := range []string{"lock", "shared", "lease"} {
 		mem := advisorylocktest.NewMemory()
 		req := advisorylock.LeaseRequest{Kind: kind, Name: "x", Key: advisorylock.Key("x"), Owner: "a/1", TTL: time.Minute, Now: start}
 		grant, err := mem.AcquireLease(ctx, nil, req)
@@ -447,21 +447,21 @@ func TestMemoryOnlyTheHolderRenewsAndReleases(t *testing.T) {
 		other := req
 		other.Owner, other.Token = "b/2", grant.Token+1
 		if _, err := mem.RenewLease(ctx, nil, other); !errors.Is(err, advisorylock.ErrLeaseLost) {
-			t.Errorf("kind %d: a renewal by another owner = %v, want ErrLeaseLost", kind, err)
+			t.Errorf("kind %s: a renewal by another owner = %v, want ErrLeaseLost", kind, err)
 		}
 		if err := mem.ReleaseLease(ctx, nil, other); err != nil {
 			t.Fatal(err)
 		}
 		if h, err := holderOf(mem, req); err != nil || h == nil || h.Owner != "a/1" {
-			t.Errorf("kind %d: after another owner's release, holder %+v, %v; want a/1", kind, h, err)
+			t.Errorf("kind %s: after another owner's release, holder %+v, %v; want a/1", kind, h, err)
 		}
 		late := req
 		late.Now = start.Add(2 * time.Minute)
 		if _, err := mem.RenewLease(ctx, nil, late); !errors.Is(err, advisorylock.ErrLeaseLost) {
-			t.Errorf("kind %d: a renewal after the TTL = %v, want ErrLeaseLost", kind, err)
+			t.Errorf("kind %s: a renewal after the TTL = %v, want ErrLeaseLost", kind, err)
 		}
 		if _, err := mem.RenewLease(ctx, nil, req); err != nil {
-			t.Errorf("kind %d: the holder's renewal = %v", kind, err)
+			t.Errorf("kind %s: the holder's renewal = %v", kind, err)
 		}
 	}
 }
@@ -469,7 +469,7 @@ func TestMemoryOnlyTheHolderRenewsAndReleases(t *testing.T) {
 // holderOf reads r's holder as the library would for r's kind: a lease's
 // holder, or the first of a key's holders.
 func holderOf(mem *advisorylocktest.Memory, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
-	if r.Kind == advisorylock.KindLease {
+	if r.Kind == "lease" {
 		return mem.LeaseHolder(context.Background(), nil, r)
 	}
 	hs, err := mem.LeaseHolders(context.Background(), nil, r)

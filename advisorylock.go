@@ -50,7 +50,7 @@
 // interfaces: SessionLocker, for locks tied to a pinned connection's
 // session (its statements return a SessionResult), and LeaseStore, for
 // locks and leases kept as rows (its statements take a LeaseRequest, whose
-// Kind names the row, and return a LeaseGrant; it also keeps and
+// Kind names the row, and a grant returns its FencingToken; it also keeps and
 // checks the tables). Every method is one round trip; the package owns
 // connections, retries, keep-alives and the lease schedule. Users of the
 // built-in backends need none of these types.

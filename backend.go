@@ -98,11 +98,12 @@ type SessionResult struct {
 type LeaseStore interface {
 	Backend
 	// AcquireLease takes the row if it is free or expired, in one atomic
-	// statement, and returns the new grant; ErrNotAcquired if held.
-	AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error)
+	// statement, and returns the grant's token (the row's new generation;
+	// any value >= 1 for a "lock" row); ErrNotAcquired if held.
+	AcquireLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error)
 	// RenewLease extends the lease if r.Owner and r.Token still hold it and
-	// it has not expired; ErrLeaseLost otherwise.
-	RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error)
+	// it has not expired, and returns its token; ErrLeaseLost otherwise.
+	RenewLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error)
 	// ReleaseLease frees the lease if r.Owner and r.Token still hold it;
 	// a lease held by someone else is left alone and nil returned.
 	ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error
@@ -153,14 +154,6 @@ type LeaseRequest struct {
 	// first: an earlier attempt with this Owner missed and may have left a
 	// claim, which a grant then ends. A first attempt has none to end.
 	Retry bool
-}
-
-// LeaseGrant is what an acquire or renew granted.
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type LeaseGrant struct {
-	Token     FencingToken // the generation; for "lock" any value >= 1
-	ExpiresAt time.Time    // r.Now + r.TTL; where the database's clock decides (PostgreSQL), an estimate
 }
 
 // Optional capabilities. The library looks for each of these interfaces

@@ -532,9 +532,9 @@ func checkLeaseName(r LeaseRequest) error {
 // result. The VALUES row is evaluated even when the name exists, so the
 // update path always sets LAST_INSERT_ID again: to the new token, or to 0
 // when the row is held. The grant commits durably (InnoDB).
-func (m mysqlBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+func (m mysqlBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
 	if err := checkLeaseName(r); err != nil {
-		return LeaseGrant{}, err
+		return 0, err
 	}
 	owner, expires := mysqlHex(r.Owner), mysqlExpires(max(r.TTL, r.MinHold)) // the row stays taken for the window too
 	stmt := `INSERT INTO advisorylock_leases (name_hash, name, owner, generation, acquired_at, expires_at)
@@ -548,15 +548,15 @@ ON DUPLICATE KEY UPDATE
 	if err == nil && token == 0 {
 		err = ErrNotAcquired
 	}
-	return m.grant(r, token, err)
+	return m.grant(token, err)
 }
 
 // RenewLease extends the lease by its TTL from the database's now (with
 // r.MinHold, never before the window's end) if r.Owner and r.Token still
 // hold it unexpired; ErrLeaseLost otherwise.
-func (m mysqlBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+func (m mysqlBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
 	if err := checkLeaseName(r); err != nil {
-		return LeaseGrant{}, err
+		return 0, err
 	}
 	expires := mysqlExpires(r.TTL)
 	if r.MinHold > 0 { // never before the window's end
@@ -568,15 +568,14 @@ WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner = ` + mysqlHex(r.Owner) + 
 	if err == nil && FencingToken(token) != r.Token {
 		err = fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
 	}
-	return m.grant(r, token, err)
+	return m.grant(token, err)
 }
 
-func (mysqlBackend) grant(r LeaseRequest, token int64, err error) (LeaseGrant, error) {
+func (mysqlBackend) grant(token int64, err error) (FencingToken, error) {
 	if err != nil {
-		return LeaseGrant{}, err
+		return 0, err
 	}
-	_, expires := leaseTimes(r) // the database's clock decides; this is the local estimate
-	return LeaseGrant{Token: FencingToken(token), ExpiresAt: time.UnixMilli(expires)}, nil
+	return FencingToken(token), nil
 }
 
 // execToken runs stmt and returns the value it passed to LAST_INSERT_ID,

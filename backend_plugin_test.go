@@ -52,26 +52,26 @@ func (m *mapBackend) row(r advisorylock.LeaseRequest) *mapRow {
 	return m.rows[id]
 }
 
-func (m *mapBackend) AcquireLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+func (m *mapBackend) AcquireLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	row := m.row(r)
 	if row.owner != "" && r.Now.Before(row.expires) {
-		return advisorylock.LeaseGrant{}, advisorylock.ErrNotAcquired
+		return 0, advisorylock.ErrNotAcquired
 	}
 	row.owner, row.gen, row.expires = r.Owner, row.gen+1, r.Now.Add(r.TTL)
-	return advisorylock.LeaseGrant{Token: row.gen, ExpiresAt: row.expires}, nil
+	return row.gen, nil
 }
 
-func (m *mapBackend) RenewLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+func (m *mapBackend) RenewLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	row := m.row(r)
 	if row.owner != r.Owner || !r.Now.Before(row.expires) {
-		return advisorylock.LeaseGrant{}, advisorylock.ErrLeaseLost
+		return 0, advisorylock.ErrLeaseLost
 	}
 	row.expires = r.Now.Add(r.TTL)
-	return advisorylock.LeaseGrant{Token: row.gen, ExpiresAt: row.expires}, nil
+	return row.gen, nil
 }
 
 func (m *mapBackend) ReleaseLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) error {

@@ -21,7 +21,7 @@ type listeningMapBackend struct {
 	misses   *atomic.Int32 // acquires that found the lease held
 }
 
-func (m listeningMapBackend) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+func (m listeningMapBackend) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	g, err := m.mapBackend.AcquireLease(ctx, db, r)
 	if errors.Is(err, advisorylock.ErrNotAcquired) {
 		m.misses.Add(1)

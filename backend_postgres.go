@@ -991,26 +991,26 @@ var errNoLockRows = fmt.Errorf("%w: a PostgreSQL Lock is a session lock, not a l
 // AcquireLease takes the lease if it is free or expired and returns the
 // new generation; ErrNotAcquired if it is held. The grant commits
 // durably: a lost grant could hand one token out twice after a crash.
-func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
 	if r.Kind != kindLease {
-		return LeaseGrant{}, errNoLockRows
+		return 0, errNoLockRows
 	}
 	var gen int64
 	found, err := p.queryRow(ctx, db, pgAcquireLease, []any{r.Name, r.Owner, ttlMillis(max(r.TTL, r.MinHold))}, &gen)
 	if err != nil {
-		return LeaseGrant{}, err
+		return 0, err
 	}
 	if !found {
-		return LeaseGrant{}, ErrNotAcquired
+		return 0, ErrNotAcquired
 	}
-	return p.granted(r, gen), nil
+	return FencingToken(gen), nil
 }
 
 // RenewLease extends the lease by its TTL from the database's now, if
 // r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
-func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
 	if r.Kind != kindLease {
-		return LeaseGrant{}, errNoLockRows
+		return 0, errNoLockRows
 	}
 	var gen int64
 	var found bool
@@ -1021,20 +1021,14 @@ func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Lease
 		found, err = p.queryRow(ctx, db, pgRenewLease, []any{ttlMillis(r.TTL), r.Name, r.Owner, r.Token.Int64()}, &gen)
 	}
 	if err != nil {
-		return LeaseGrant{}, err
+		return 0, err
 	}
 	if !found {
-		return LeaseGrant{}, fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
+		return 0, fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
 	}
-	return p.granted(r, gen), nil
+	return FencingToken(gen), nil
 }
 
-// granted is the grant of generation gen. The database's clock decides
-// the expiry; ExpiresAt is the local estimate.
-func (p *postgres) granted(r LeaseRequest, gen int64) LeaseGrant {
-	_, expires := leaseTimes(r)
-	return LeaseGrant{Token: FencingToken(gen), ExpiresAt: time.UnixMilli(expires)}
-}
 
 // ReleaseLease frees the lease if grant r.Token still holds it (with
 // Token 0, whatever r.Owner holds); the row stays, so the generation never

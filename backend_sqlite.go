@@ -377,7 +377,7 @@ func (sqliteBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 
 // AcquireLease takes the row if it is absent, free or expired, in one
 // upsert.
-func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
 	r.TTL = max(r.TTL, r.MinHold) // the row stays taken for the window too
 	now, exp := leaseTimes(r)
 	token := int64(1) // a lock row's grant; a lease row returns its generation
@@ -397,15 +397,15 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 		return err
 	})
 	if err != nil {
-		return LeaseGrant{}, err
+		return 0, err
 	}
 	if !acquired {
-		return LeaseGrant{}, ErrNotAcquired
+		return 0, ErrNotAcquired
 	}
 	if r.Wait && r.Retry && r.Kind == kindLock {
 		s.withdrawClaim(ctx, db, r)
 	}
-	return LeaseGrant{Token: FencingToken(token), ExpiresAt: time.UnixMilli(exp)}, nil
+	return FencingToken(token), nil
 }
 
 // withdrawClaim ends the claim a waiting writer may have left while it
@@ -444,7 +444,7 @@ func (sqliteBackend) acquireRow(ctx context.Context, q querier, r LeaseRequest, 
 
 // RenewLease extends the row if r.Owner (and, for a lease, r.Token) still
 // holds it unexpired; ErrLeaseLost otherwise.
-func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (LeaseGrant, error) {
+func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
 	now, exp := leaseTimes(r)
 	var n int64
 	err := s.run(ctx, db, busyHolder, func(q querier) error {
@@ -470,12 +470,12 @@ func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (L
 		return err
 	})
 	if err != nil {
-		return LeaseGrant{}, err
+		return 0, err
 	}
 	if n == 0 {
-		return LeaseGrant{}, fmt.Errorf("%w: its row expired or was taken over", ErrLeaseLost)
+		return 0, fmt.Errorf("%w: its row expired or was taken over", ErrLeaseLost)
 	}
-	return LeaseGrant{Token: max(r.Token, 1), ExpiresAt: time.UnixMilli(exp)}, nil
+	return max(r.Token, 1), nil
 }
 
 // ReleaseLease deletes a lock row if r.Owner holds it, or frees a lease

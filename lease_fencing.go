@@ -243,10 +243,10 @@ func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config,
 	req.MinHold = cfg.minHold
 	sent := cfg.clock.Now()
 	req.Now = sent
-	grant, err := store.AcquireLease(budget, db, req)
+	token, err := store.AcquireLease(budget, db, req)
 	switch {
 	case err == nil:
-		req.Token = grant.Token
+		req.Token = token
 		return keepLease(store, db, cfg, req, sent), nil
 	case errors.Is(err, ErrNotAcquired):
 		return nil, err

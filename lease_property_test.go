@@ -61,7 +61,7 @@ func (m *leaseModel) acquire(t *rapid.T) {
 	}
 	m.acquires++
 	owner := fmt.Sprintf("owner-%d", m.acquires)
-	grant, err := m.store.AcquireLease(m.ctx, m.db, advisorylock.LeaseRequest{Kind: "lease", Name: name, Owner: owner, TTL: m.ttl, Now: m.now})
+	token, err := m.store.AcquireLease(m.ctx, m.db, advisorylock.LeaseRequest{Kind: "lease", Name: name, Owner: owner, TTL: m.ttl, Now: m.now})
 	switch {
 	case errors.Is(err, advisorylock.ErrNotAcquired):
 		if free {
@@ -69,13 +69,13 @@ func (m *leaseModel) acquire(t *rapid.T) {
 		}
 	case err != nil:
 		t.Fatalf("acquire: %v", err)
-	case grant.Token <= m.issued[name]:
-		t.Fatalf("token %d granted after %d: tokens must strictly increase", grant.Token, m.issued[name])
+	case token <= m.issued[name]:
+		t.Fatalf("token %d granted after %d: tokens must strictly increase", token, m.issued[name])
 	default:
 		// A grant of a lease the model thinks held is recorded as the
 		// database made it: check then finds two leases in force.
-		m.issued[name] = grant.Token
-		*h = propHolder{name: name, owner: owner, token: grant.Token, until: m.now.Add(m.ttl), held: true}
+		m.issued[name] = token
+		*h = propHolder{name: name, owner: owner, token: token, until: m.now.Add(m.ttl), held: true}
 	}
 }
 

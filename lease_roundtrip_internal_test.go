@@ -36,8 +36,8 @@ func TestLeaseStepsAreOneRoundTrip(t *testing.T) {
 			}{
 				{"acquire", func() (int64, error) {
 					return counted(proxy, func() error {
-						g, err := store.AcquireLease(ctx, db, req)
-						token = g.Token
+						var err error
+						token, err = store.AcquireLease(ctx, db, req)
 						return err
 					})
 				}},

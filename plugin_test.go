@@ -114,10 +114,10 @@ func (p party) SessionHolder(ctx context.Context, db advisorylock.DB, key int64)
 
 // LeaseStore: the tables of the session backend's terms and windows are
 // checked through it.
-func (p party) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+func (p party) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	return p.store().AcquireLease(ctx, db, r)
 }
-func (p party) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+func (p party) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	return p.store().RenewLease(ctx, db, r)
 }
 func (p party) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {

@@ -146,9 +146,9 @@ func errKind(k string) error {
 // shared holders out until its grant, its release or its claim's expiry.
 // A shared holder's row ("shared") is held by a live exclusive row or a
 // live claim. A done ctx returns its cause.
-func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	if err := m.begin(ctx); err != nil {
-		return advisorylock.LeaseGrant{}, err
+		return 0, err
 	}
 	defer m.mu.Unlock()
 	t := now(r)
@@ -159,7 +159,7 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 			if r.Wait {
 				m.claims[r.Key] = row
 			}
-			return advisorylock.LeaseGrant{}, advisorylock.ErrNotAcquired
+			return 0, advisorylock.ErrNotAcquired
 		}
 		m.locks[r.Key] = row
 		if c := m.claims[r.Key]; c != nil && c.owner == r.Owner {
@@ -167,7 +167,7 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 		}
 	case "shared":
 		if m.locks[r.Key].live(t) || m.claims[r.Key].live(t) {
-			return advisorylock.LeaseGrant{}, advisorylock.ErrNotAcquired
+			return 0, advisorylock.ErrNotAcquired
 		}
 		if m.shared[r.Key] == nil {
 			m.shared[r.Key] = map[string]*memRow{}
@@ -175,14 +175,14 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 		m.shared[r.Key][r.Owner] = row
 	case "lease":
 		if l := m.leases[r.Name]; l != nil && l.held && l.live(t) {
-			return advisorylock.LeaseGrant{}, advisorylock.ErrNotAcquired
+			return 0, advisorylock.ErrNotAcquired
 		}
 		m.leases[r.Name] = &memLease{memRow: *row, held: true, token: m.last + 1}
 	default:
-		return advisorylock.LeaseGrant{}, errKind(r.Kind)
+		return 0, errKind(r.Kind)
 	}
 	m.last++
-	return advisorylock.LeaseGrant{Token: m.last, ExpiresAt: row.expires}, nil
+	return m.last, nil
 }
 
 // sharedIn reports whether a live shared holder of key is in.
@@ -199,9 +199,9 @@ func (m *Memory) sharedIn(key int64, t time.Time) bool {
 // before the window's end) if r.Owner, and for a lease r.Token, still
 // hold it unexpired; an error matching advisorylock.ErrLeaseLost
 // otherwise. A done ctx returns its cause.
-func (m *Memory) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.LeaseGrant, error) {
+func (m *Memory) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	if err := m.begin(ctx); err != nil {
-		return advisorylock.LeaseGrant{}, err
+		return 0, err
 	}
 	defer m.mu.Unlock()
 	t := now(r)
@@ -216,13 +216,13 @@ func (m *Memory) RenewLease(ctx context.Context, db advisorylock.DB, r advisoryl
 			row = &l.memRow
 		}
 	default:
-		return advisorylock.LeaseGrant{}, errKind(r.Kind)
+		return 0, errKind(r.Kind)
 	}
 	if !row.live(t) || row.owner != r.Owner {
-		return advisorylock.LeaseGrant{}, fmt.Errorf("%w: advisorylocktest: its row expired or was taken over", advisorylock.ErrLeaseLost)
+		return 0, fmt.Errorf("%w: advisorylocktest: its row expired or was taken over", advisorylock.ErrLeaseLost)
 	}
 	row.expires = later(t.Add(r.TTL), row.acquired.Add(r.MinHold))
-	return advisorylock.LeaseGrant{Token: max(r.Token, 1), ExpiresAt: row.expires}, nil
+	return max(r.Token, 1), nil
 }
 
 // ReleaseLease frees the row if r still holds it: a Lock's or a shared

@@ -439,13 +439,13 @@ func TestMemoryOnlyTheHolderRenewsAndReleases(t *testing.T) {
 	for _, kind := range []string{"lock", "shared", "lease"} {
 		mem := advisorylocktest.NewMemory()
 		req := advisorylock.LeaseRequest{Kind: kind, Name: "x", Key: advisorylock.Key("x"), Owner: "a/1", TTL: time.Minute, Now: start}
-		grant, err := mem.AcquireLease(ctx, nil, req)
+		token, err := mem.AcquireLease(ctx, nil, req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Token = grant.Token
+		req.Token = token
 		other := req
-		other.Owner, other.Token = "b/2", grant.Token+1
+		other.Owner, other.Token = "b/2", token+1
 		if _, err := mem.RenewLease(ctx, nil, other); !errors.Is(err, advisorylock.ErrLeaseLost) {
 			t.Errorf("kind %s: a renewal by another owner = %v, want ErrLeaseLost", kind, err)
 		}

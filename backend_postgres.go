@@ -1029,7 +1029,6 @@ func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Fenci
 	return FencingToken(gen), nil
 }
 
-
 // ReleaseLease frees the lease if grant r.Token still holds it (with
 // Token 0, whatever r.Owner holds); the row stays, so the generation never
 // goes down. With r.MinHold it stays taken by its owner until the window's

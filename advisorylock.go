@@ -2,7 +2,7 @@
 // cluster-wide locks on the database it already has (PostgreSQL, MySQL or
 // MariaDB, SQLite): run this exactly once across all replicas right now
 // (TryDo), or serialize this section across the fleet (Do); readers
-// beside each other and apart from writers (RDo, RLock: shared locks,
+// beside each other and apart from writers (RLock: shared locks,
 // as sync.RWMutex spells them). For a job
 // that every replica's scheduler fires, a little apart, TryDoOnce runs it
 // once per run key (the scheduled tick), recorded done in the database;

@@ -175,7 +175,6 @@ func TestDoRefusesANilFunctionWithoutTakingTheLock(t *testing.T) {
 		"LeaseLock.DoTimeout": func() error { return ll.DoTimeout(ctx, time.Second, nil) },
 		"LeaseLock.TryDo":     func() error { _, err := ll.TryDo(ctx, nil); return err },
 		"Semaphore.Do":        func() error { return s.Do(ctx, nil) },
-		"Semaphore.DoTimeout": func() error { return s.DoTimeout(ctx, time.Second, nil) },
 		"Semaphore.TryDo":     func() error { _, err := s.TryDo(ctx, nil); return err },
 	}
 	for what, call := range calls {

@@ -22,17 +22,6 @@ const (
 	PoolerTransaction
 )
 
-// String returns "not seen" or "transaction".
-func (m PoolerMode) String() string {
-	switch m {
-	case PoolerNotSeen:
-		return "not seen"
-	case PoolerTransaction:
-		return "transaction"
-	}
-	return fmt.Sprintf("PoolerMode(%d)", int(m))
-}
-
 // PoolerHint reads a PostgreSQL DSN, in URL form
 // (postgres://user@host:port/db?opts) or key=value form (host=… port=…),
 // for signs of a well-known connection pooler, and returns its short name:

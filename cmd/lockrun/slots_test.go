@@ -98,7 +98,7 @@ func TestSlotsFromTheConfigFile(t *testing.T) {
 
 // status with no names lists a name held shared and a semaphore's slot
 // wherever the database can tell: on SQLite by name (kinds "shared" and
-// "slot N"), on PostgreSQL by key (the slot as a lock on its SlotKey),
+// "slot N"), on PostgreSQL by key (the slot as a lock on its slotKey),
 // on MySQL the shared holder by key (GET_LOCK's locks are listed nowhere).
 func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
@@ -125,11 +125,11 @@ func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
 			}
 			return false
 		}
-		slotKeys := []int64{advisorylock.SlotKey(sem, 0), advisorylock.SlotKey(sem, 1)}
+		slotKeys := []int64{slotKey(sem, 0), slotKey(sem, 1)}
 		switch dsn := envValue(env, "LOCKRUN_DSN"); {
 		case strings.HasPrefix(dsn, "postgres"):
 			if !has("", "shared", advisorylock.Key(shared)) || !has("", "lock", slotKeys...) {
-				t.Errorf("status on PostgreSQL lacks the shared holder (kind shared) or the slot (a lock on its SlotKey):\n%s", stdout)
+				t.Errorf("status on PostgreSQL lacks the shared holder (kind shared) or the slot (a lock on its slotKey):\n%s", stdout)
 			}
 		case strings.HasPrefix(dsn, "mysql"):
 			if !has("", "shared", advisorylock.Key(shared)) {

@@ -218,8 +218,12 @@ func ExampleDetectPooler() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(mode)
-	// Output: not seen
+	if mode == advisorylock.PoolerTransaction {
+		fmt.Println("sessions are multiplexed: use LeaseLock")
+	} else {
+		fmt.Println("no multiplexing seen: session locks work")
+	}
+	// Output: no multiplexing seen: session locks work
 }
 
 // The DDL of the lease and fence tables, for a migration tool.

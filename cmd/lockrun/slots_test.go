@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"database/sql"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -141,4 +144,46 @@ func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
 			}
 		}
 	})
+}
+
+// slotKey and maxSlots are the library's: every held slot's key, as
+// Semaphore.Holders reports it, is slotKey of its slot, and NewSemaphore
+// takes maxSlots slots but not one more.
+func TestSlotKeyAndMaxSlotsAreTheLibrarys(t *testing.T) {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "locks.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	name := "slot-keys"
+	s, err := advisorylock.NewSemaphore(db, name, 3, advisorylock.WithPoolerCheck(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		g, err := s.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Release(ctx)
+		if g.Key() != slotKey(name, g.Slot()) {
+			t.Errorf("slot %d's key is %d, slotKey says %d", g.Slot(), g.Key(), slotKey(name, g.Slot()))
+		}
+	}
+	hs, err := s.Holders(ctx)
+	if err != nil || len(hs) != 3 {
+		t.Fatalf("Holders = %v, %v; want three", hs, err)
+	}
+	for _, h := range hs {
+		if h.Key != slotKey(name, h.Slot) {
+			t.Errorf("Holders: slot %d's key is %d, slotKey says %d", h.Slot, h.Key, slotKey(name, h.Slot))
+		}
+	}
+	if _, err := advisorylock.NewSemaphore(db, name, maxSlots); err != nil {
+		t.Errorf("NewSemaphore with maxSlots: %v", err)
+	}
+	if _, err := advisorylock.NewSemaphore(db, name, maxSlots+1); err == nil {
+		t.Errorf("NewSemaphore with maxSlots+1 slots succeeded")
+	}
 }

@@ -643,9 +643,9 @@ func isNilFunc[F any](fn F) bool {
 }
 
 // Guard is a held lock (a Lock's, exclusive or shared, or a Semaphore's
-// slot). Release it when done; Release is idempotent and
-// safe for concurrent use. A Guard that becomes unreachable without
-// Release is cleaned up by the garbage collector (its connection closed,
+// slot). Release it when done; Release is idempotent and safe for
+// concurrent use. A Guard that becomes unreachable without Release is
+// cleaned up by the garbage collector (its connection closed,
 // which frees the lock, and a warning logged), but that may take long:
 // always Release.
 type Guard struct {

@@ -2,7 +2,7 @@
 // cluster-wide locks on the database it already has (PostgreSQL, MySQL or
 // MariaDB, SQLite): run this exactly once across all replicas right now
 // (TryDo), or serialize this section across the fleet (Do); readers
-// beside each other and apart from writers (RDo, RLock: shared locks,
+// beside each other and apart from writers (RLock: shared locks,
 // as sync.RWMutex spells them). For a job
 // that every replica's scheduler fires, a little apart, TryDoOnce runs it
 // once per run key (the scheduled tick), recorded done in the database;
@@ -105,21 +105,21 @@ type DB interface {
 	Driver() driver.Driver
 }
 
-// KeyDomain separates the keys this package derives from keys that other
+// keyDomain separates the keys this package derives from keys that other
 // tools pick by hand. It is part of the key derivation and never changes
 // within v1.
-const KeyDomain = "advisorylock:v1"
+const keyDomain = "advisorylock:v1"
 
 // Key returns the 64-bit lock key for name: the first 8 bytes, read as a
-// big-endian two's-complement integer, of SHA-256 over KeyDomain, one zero
-// byte, and the name's bytes. It is pure and stable, so any language can
+// big-endian two's-complement integer, of SHA-256 over the domain
+// "advisorylock:v1", one zero byte, and the name's bytes. It is pure and stable, so any language can
 // compute the same key, for example in Python:
 //
 //	int.from_bytes(hashlib.sha256(b"advisorylock:v1\x00" + name.encode())
 //	    .digest()[:8], "big", signed=True)
 func Key(name string) int64 {
 	h := sha256.New()
-	h.Write([]byte(KeyDomain))
+	h.Write([]byte(keyDomain))
 	h.Write([]byte{0})
 	h.Write([]byte(name))
 	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8]))
@@ -647,13 +647,15 @@ func isNilFunc[F any](fn F) bool {
 	return v.Kind() == reflect.Func && v.IsNil()
 }
 
-// Guard is a held lock. Release it when done; Release is idempotent and
-// safe for concurrent use. A Guard that becomes unreachable without
-// Release is cleaned up by the garbage collector (its connection closed,
+// Guard is a held lock (a Lock's, exclusive or shared, or a Semaphore's
+// slot). Release it when done; Release is idempotent and safe for
+// concurrent use. A Guard that becomes unreachable without Release is
+// cleaned up by the garbage collector (its connection closed,
 // which frees the lock, and a warning logged), but that may take long:
 // always Release.
 type Guard struct {
-	h *hold
+	h    *hold
+	slot int // a Semaphore's slot; 0 for every other lock
 }
 
 // hold is a Guard's state. It never points back at its Guard, so the
@@ -699,11 +701,17 @@ func (g *Guard) hold() *hold {
 	return g.h
 }
 
-// Name returns the lock's name.
+// Name returns the lock's name (a Semaphore's for its guards).
 func (g *Guard) Name() string { return g.h.name }
 
-// Key returns the lock's key.
+// Key returns the lock's key; a Semaphore's guard returns its slot's key
+// (see Semaphore).
 func (g *Guard) Key() int64 { return g.h.key }
+
+// Slot returns the slot that a Semaphore's guard holds, from 0 to
+// Slots()-1, held by no other holder of the semaphore at the same time.
+// It returns 0 for every other guard (a Lock's, a shared hold's).
+func (g *Guard) Slot() int { return g.slot }
 
 // Lost returns a channel that is closed when the guard no longer protects
 // anything: the lock is known lost (its session is gone, or its lease row

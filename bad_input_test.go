@@ -171,13 +171,10 @@ func TestDoRefusesANilFunctionWithoutTakingTheLock(t *testing.T) {
 		"Lock.Do":             func() error { return l.Do(ctx, nil) },
 		"Lock.DoTimeout":      func() error { return l.DoTimeout(ctx, time.Second, nil) },
 		"Lock.TryDo":          func() error { _, err := l.TryDo(ctx, nil); return err },
-		"Lock.RDo":            func() error { return l.RDo(ctx, nil) },
-		"Lock.TryRDo":         func() error { _, err := l.TryRDo(ctx, nil); return err },
 		"LeaseLock.Do":        func() error { return ll.Do(ctx, nil) },
 		"LeaseLock.DoTimeout": func() error { return ll.DoTimeout(ctx, time.Second, nil) },
 		"LeaseLock.TryDo":     func() error { _, err := ll.TryDo(ctx, nil); return err },
 		"Semaphore.Do":        func() error { return s.Do(ctx, nil) },
-		"Semaphore.DoTimeout": func() error { return s.DoTimeout(ctx, time.Second, nil) },
 		"Semaphore.TryDo":     func() error { _, err := s.TryDo(ctx, nil); return err },
 	}
 	for what, call := range calls {

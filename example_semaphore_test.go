@@ -46,7 +46,7 @@ func ExampleSemaphore_Do() {
 
 // Which slot: a holder's slot is its own until it releases it, so it can
 // pick one of several resources, such as one of three scratch directories.
-func ExampleSemaphoreGuard_Slot() {
+func ExampleGuard_Slot() {
 	db := exampleDB()
 	defer db.Close()
 	sem, err := advisorylock.NewSemaphore(db, fmt.Sprintf("example-scratch-%d", time.Now().UnixNano()), 3)
@@ -64,9 +64,10 @@ func ExampleSemaphoreGuard_Slot() {
 	// Output: true
 }
 
-// Which slot, inside Do: fn reads its slot from its context, so Do's
-// handling of loss and release is kept while fn picks its resource.
-func ExampleSlotFromContext() {
+// Which slot, inside Do: fn reads its slot from the guard in its context,
+// so Do's handling of loss and release is kept while fn picks its
+// resource.
+func ExampleSemaphore_Do_slot() {
 	db := exampleDB()
 	defer db.Close()
 	sem, err := advisorylock.NewSemaphore(db, fmt.Sprintf("example-workdirs-%d", time.Now().UnixNano()), 3)
@@ -74,8 +75,8 @@ func ExampleSlotFromContext() {
 		log.Fatal(err)
 	}
 	err = sem.Do(context.Background(), func(ctx context.Context) error {
-		slot, ok := advisorylock.SlotFromContext(ctx)
-		fmt.Println("holding a slot:", ok, slot >= 0 && slot < sem.Slots())
+		g := advisorylock.GuardFromContext(ctx)
+		fmt.Println("holding a slot:", g != nil, g.Slot() >= 0 && g.Slot() < sem.Slots())
 		return nil
 	})
 	if err != nil {

@@ -80,9 +80,11 @@ func (lockConn) Raw(func(any) error) error {
 // guardKey is the context key of the Guard that Do's fn runs under.
 type guardKey struct{}
 
-// GuardFromContext returns the Guard that Do, DoTimeout or TryDo holds
-// while it runs fn with ctx (or a context derived from it), or nil. Its
-// Conn runs the section's statements on the lock's own connection.
+// GuardFromContext returns the Guard that Do, DoTimeout or TryDo (of a
+// Lock or a Semaphore) holds while it runs fn with ctx (or a context
+// derived from it), or nil. Its Conn runs the section's statements on the
+// lock's own connection; a Semaphore's guard's Slot says which slot fn
+// holds.
 func GuardFromContext(ctx context.Context) *Guard {
 	g, _ := ctx.Value(guardKey{}).(*Guard)
 	return g

@@ -17,7 +17,12 @@ import (
 // across every process that uses the name with the same slot count. Each
 // holder has a slot, a number from 0 to Slots()-1 that no other holder
 // has at the same time, and slot i is an exclusive lock of its own, on
-// the key SlotKey(name, i):
+// a key of its own: the first 8 bytes, read as a big-endian
+// two's-complement integer, of SHA-256 over "advisorylock:v1:slot", one
+// zero byte, the name's bytes, one zero byte and i in decimal. No slot
+// key is the Key of a Lock but by a 64-bit hash collision (Key's input
+// has a zero byte where this one has a colon). On MySQL the slot's lock
+// name is derived from its key as a Lock's is from Key. A slot is held:
 //
 //   - on PostgreSQL a session advisory lock, on MySQL and MariaDB a
 //     GET_LOCK named lock, each on a connection pinned for the hold, as a
@@ -43,30 +48,23 @@ import (
 type Semaphore struct {
 	db   DB
 	name string
-	keys []int64 // SlotKey(name, i)
+	keys []int64 // slotKey(name, i)
 	lock *Lock   // the configuration and the first-use work; never locked itself
 	obs  atomic.Pointer[observed]
 }
 
-// MaxSlots is the most slots a Semaphore may have: a try names every
+// maxSlots is the most slots a Semaphore may have: a try names every
 // slot in one statement.
-const MaxSlots = 1000
+const maxSlots = 1000
 
 // semaphoreSlice bounds the server-side wait on one slot, after which a
 // waiter tries every slot again.
 const semaphoreSlice = 250 * time.Millisecond
 
-// SlotKey returns the key of a semaphore's slot: the first 8 bytes, read
-// as a big-endian two's-complement integer, of SHA-256 over
-// "advisorylock:v1:slot", one zero byte, the name's bytes, one zero byte
-// and the slot number in decimal. Its input differs from every input of
-// Key (whose domain is followed by a zero byte, not a colon), so no slot
-// key is the key of a Lock but by a 64-bit hash collision. On PostgreSQL
-// it is the slot's advisory lock key; on MySQL the slot's lock name is
-// derived from it as a Lock's name is from Key.
-func SlotKey(name string, slot int) int64 {
+// slotKey returns the key of a semaphore's slot (see Semaphore).
+func slotKey(name string, slot int) int64 {
 	h := sha256.New()
-	h.Write([]byte(KeyDomain + ":slot"))
+	h.Write([]byte(keyDomain + ":slot"))
 	h.Write([]byte{0})
 	h.Write([]byte(name))
 	h.Write([]byte{0})
@@ -76,13 +74,14 @@ func SlotKey(name string, slot int) int64 {
 
 // NewSemaphore returns a Semaphore on name with slots slots. Any string
 // but "" is a valid name. It does no I/O (see New): it fails only for a
-// nil db, slots below 1 or above MaxSlots, or an invalid option set. The
-// first operation picks the backend and runs the first-use checks (on
-// PostgreSQL the pooler probe: a transaction-mode pooler is refused with
-// ErrTransactionPooler, as for a Lock).
+// nil db, slots below 1 or above 1000 (a try names every slot in one
+// statement), or an invalid option set. The first operation picks the
+// backend and runs the first-use checks (on PostgreSQL the pooler probe:
+// a transaction-mode pooler is refused with ErrTransactionPooler, as for
+// a Lock).
 func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, error) {
-	if slots < 1 || slots > MaxSlots {
-		return nil, wrapErr(name, "new semaphore", fmt.Errorf("advisorylock: a semaphore has from 1 to %d slots, not %d", MaxSlots, slots))
+	if slots < 1 || slots > maxSlots {
+		return nil, wrapErr(name, "new semaphore", fmt.Errorf("advisorylock: a semaphore has from 1 to %d slots, not %d", maxSlots, slots))
 	}
 	cfg, err := constructed(db, name, "a Semaphore", lockOptions&^(optMinHold|optRunRetention|optMultiplexing), opts)
 	if err != nil {
@@ -91,7 +90,7 @@ func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, er
 	l := newLock(db, name, cfg, kindLock)
 	keys := make([]int64, slots)
 	for i := range keys {
-		keys[i] = SlotKey(name, i)
+		keys[i] = slotKey(name, i)
 	}
 	return &Semaphore{db: db, name: name, keys: keys, lock: l}, nil
 }
@@ -109,13 +108,15 @@ func (s *Semaphore) Check(ctx context.Context) error {
 	return wrapErr(s.name, "check", err)
 }
 
-// TryAcquire makes one attempt and returns a guard on a free slot, or an
-// error matching ErrNotAcquired when every slot is held. As Lock's
+// TryAcquire makes one attempt and returns a Guard on a free slot (its
+// Slot says which, its Key is the slot's key, and on PostgreSQL and
+// MySQL its Conn is the slot's pinned connection), or an error matching
+// ErrNotAcquired when every slot is held. As Lock's
 // TryLock, a done ctx returns its error without touching the pool, the
 // pool checkout waits at most WithPoolWait (then ErrPoolUnavailable), and
 // an acquire cancelled even as it is granted closes its connection, which
 // frees the slot.
-func (s *Semaphore) TryAcquire(ctx context.Context) (*SemaphoreGuard, error) {
+func (s *Semaphore) TryAcquire(ctx context.Context) (*Guard, error) {
 	ctx, a := startAcquire(ctx, s, false)
 	g, err := s.acquire(ctx, ctx, false)
 	err = wrapErr(s.name, "try acquire", err)
@@ -125,7 +126,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*SemaphoreGuard, error) {
 
 // Acquire waits until it holds a slot or ctx ends (see Semaphore for how
 // it waits).
-func (s *Semaphore) Acquire(ctx context.Context) (*SemaphoreGuard, error) {
+func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
 	ctx, a := startAcquire(ctx, s, true)
 	g, err := s.acquire(ctx, ctx, true)
 	err = wrapErr(s.name, "acquire", err)
@@ -137,9 +138,9 @@ func (s *Semaphore) Acquire(ctx context.Context) (*SemaphoreGuard, error) {
 // and the wait: when d runs out it returns a *TimeoutError (errors.Is
 // ErrTimeout) about a round trip later at most, and the connection goes
 // back to the pool. With d <= 0 it makes exactly one attempt.
-func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*SemaphoreGuard, error) {
+func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
 	ctx, a := startAcquire(ctx, s, d > 0)
-	g, err := withinBudget(ctx, s.name, d, func(budget context.Context, wait bool) (*SemaphoreGuard, error) {
+	g, err := withinBudget(ctx, s.name, d, func(budget context.Context, wait bool) (*Guard, error) {
 		return s.acquire(ctx, budget, wait)
 	})
 	a.end(g.hold(), err)
@@ -148,18 +149,13 @@ func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*Semap
 
 // Do waits for a slot (as Acquire does), runs fn, and releases the slot
 // when fn returns, fails or panics: at most Slots() calls of fn run at
-// once across the fleet. fn learns its slot with SlotFromContext. fn's
-// context is cancelled, with cause ErrLockLost, if the slot is lost while
-// fn runs; Do then returns an
+// once across the fleet. fn learns its slot from its guard:
+// GuardFromContext(ctx).Slot(). fn's context is cancelled, with cause
+// ErrLockLost, if the slot is lost while fn runs; Do then returns an
 // error matching ErrLockLost unless fn returned an error of its own.
 // Otherwise Do returns fn's error, or the release's.
 func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	return do(ctx, s.name, s.Acquire, fn)
-}
-
-// DoTimeout is Do with the wait bounded as in AcquireTimeout.
-func (s *Semaphore) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx context.Context) error) error {
-	return do(ctx, s.name, func(ctx context.Context) (*SemaphoreGuard, error) { return s.AcquireTimeout(ctx, d) }, fn)
 }
 
 // TryDo runs fn only if a slot is free now. It returns (false, nil) when
@@ -234,7 +230,7 @@ func (s *Semaphore) observed() *observed {
 }
 
 // acquire takes a slot; ctx and budget are as in Lock.acquire.
-func (s *Semaphore) acquire(ctx, budget context.Context, wait bool) (*SemaphoreGuard, error) {
+func (s *Semaphore) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
 	if err := budget.Err(); err != nil {
 		return nil, context.Cause(budget)
 	}
@@ -260,7 +256,7 @@ func (s *Semaphore) slot(i int) *Lock {
 // acquireSession takes a slot as a session lock on a connection pinned
 // for the hold, as Lock.acquireSession takes a lock: the connection guard
 // discards the connection unless the outcome is definite.
-func (s *Semaphore) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*SemaphoreGuard, error) {
+func (s *Semaphore) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
 	h := &sessionHold{locker: b.session, p: pinned{bounded: b.bounded, obs: s.observed()}}
 	poolWait := s.lock.cfg.poolWait
 	if wait {
@@ -290,7 +286,9 @@ func (s *Semaphore) acquireSession(ctx, budget context.Context, b *lockBackend, 
 	}
 	cg.take()
 	h.l = s.slot(slot)
-	return &SemaphoreGuard{g: h.grant(res.Session), slot: slot}, nil
+	g := h.grant(res.Session)
+	g.slot = slot
+	return g, nil
 }
 
 // firstTry is an attempt of an acquire, bounded as Lock.firstTry: under
@@ -374,7 +372,7 @@ func (s *Semaphore) rowRequest(i int) LeaseRequest {
 
 // acquireRows takes a slot kept as a lease row (SQLite): tries every slot
 // from a random start, and while waiting polls until a slot reads free.
-func (s *Semaphore) acquireRows(ctx, budget context.Context, rows LeaseStore, wait bool) (*SemaphoreGuard, error) {
+func (s *Semaphore) acquireRows(ctx, budget context.Context, rows LeaseStore, wait bool) (*Guard, error) {
 	for {
 		g, err := s.tryRows(ctx, budget, rows)
 		if !wait || !errors.Is(err, ErrNotAcquired) {
@@ -388,13 +386,15 @@ func (s *Semaphore) acquireRows(ctx, budget context.Context, rows LeaseStore, wa
 
 // tryRows makes one attempt on every slot, from a random start, and
 // stops at the first it gets.
-func (s *Semaphore) tryRows(ctx, budget context.Context, rows LeaseStore) (*SemaphoreGuard, error) {
+func (s *Semaphore) tryRows(ctx, budget context.Context, rows LeaseStore) (*Guard, error) {
 	start := rand.N(len(s.keys))
 	for n := range s.keys {
 		slot := (start + n) % len(s.keys)
 		st, err := tryLease(ctx, budget, rows, s.db, &s.lock.cfg, s.rowRequest(slot))
 		if err == nil {
-			return &SemaphoreGuard{g: newGuard(&st.hold), slot: slot}, nil
+			g := newGuard(&st.hold)
+			g.slot = slot
+			return g, nil
 		}
 		if !errors.Is(err, ErrNotAcquired) {
 			return nil, err
@@ -436,59 +436,4 @@ func (s *Semaphore) anyRowFree(ctx context.Context, rows LeaseStore) (bool, erro
 		}
 	}
 	return false, nil
-}
-
-// SemaphoreGuard is a held slot of a Semaphore. Release it when done;
-// Release is idempotent and safe for concurrent use. A guard that becomes
-// unreachable without Release is cleaned up as a Guard is (its slot
-// freed, a warning logged), but that may take long: always Release.
-type SemaphoreGuard struct {
-	g    *Guard
-	slot int
-}
-
-// hold returns g's hold, nil for a nil g.
-func (g *SemaphoreGuard) hold() *hold {
-	if g == nil {
-		return nil
-	}
-	return g.g.h
-}
-
-// Name returns the semaphore's name.
-func (g *SemaphoreGuard) Name() string { return g.g.Name() }
-
-// Slot returns the held slot, from 0 to Slots()-1: no other holder of
-// the semaphore holds it at the same time.
-func (g *SemaphoreGuard) Slot() int { return g.slot }
-
-// Lost returns a channel that is closed when the slot no longer protects
-// anything: it is known lost (its session is gone, or its lease row
-// expired or was taken over), or it was released. As for Guard, a release
-// is not a loss.
-func (g *SemaphoreGuard) Lost() <-chan struct{} { return g.g.Lost() }
-
-// Release frees the slot, as Guard.Release frees a lock: on its own
-// context bounded by WithReleaseTimeout; a failed release discards the
-// connection, which frees a session's slot anyway, and returns the error;
-// a slot already known lost releases with nil (check Lost first to learn
-// of a loss). Second and later calls return nil.
-func (g *SemaphoreGuard) Release(ctx context.Context) error { return g.g.Release(ctx) }
-
-// run runs fn under the guard and releases it afterwards (see Guard.run),
-// with the slot in fn's context (see SlotFromContext).
-func (g *SemaphoreGuard) run(ctx context.Context, fn func(ctx context.Context) error) (bool, error) {
-	return g.g.run(context.WithValue(ctx, slotKey{}, g.slot), fn)
-}
-
-// slotKey is the context key of the slot a Semaphore's Do holds.
-type slotKey struct{}
-
-// SlotFromContext returns the slot that a Semaphore's Do, DoTimeout or
-// TryDo holds while it runs fn with ctx (or a context derived from it),
-// and ok false outside such a call. The slot is as SemaphoreGuard.Slot's:
-// from 0 to Slots()-1, held by no other holder at the same time.
-func SlotFromContext(ctx context.Context) (slot int, ok bool) {
-	slot, ok = ctx.Value(slotKey{}).(int)
-	return slot, ok
 }

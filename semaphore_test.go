@@ -242,7 +242,7 @@ func TestSemaphoreTryTakesExactlyOneSlot(t *testing.T) {
 		admin := open()
 		name := testdb.UniqueName(t)
 		s := newSemaphore(t, open(), name, 5)
-		var guards []*advisorylock.SemaphoreGuard
+		var guards []*advisorylock.Guard
 		for range 5 {
 			g, err := s.TryAcquire(ctx)
 			if err != nil {
@@ -343,7 +343,7 @@ func TestSemaphoreWaiterGetsTheReleasedSlot(t *testing.T) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		s := newSemaphore(t, open(), name, 3, advisorylock.WithPollInterval(5*time.Millisecond))
-		var guards []*advisorylock.SemaphoreGuard
+		var guards []*advisorylock.Guard
 		for range 3 {
 			g, err := s.TryAcquire(ctx)
 			if err != nil {
@@ -354,7 +354,7 @@ func TestSemaphoreWaiterGetsTheReleasedSlot(t *testing.T) {
 		if g, err := s.AcquireTimeout(ctx, 300*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
 			t.Fatalf("AcquireTimeout on a full semaphore = %v, %v; want ErrTimeout", g, err)
 		}
-		got := make(chan *advisorylock.SemaphoreGuard, 1)
+		got := make(chan *advisorylock.Guard, 1)
 		waiterErr := make(chan error, 1)
 		go func() {
 			g, err := newSemaphore(t, open(), name, 3).Acquire(ctx)
@@ -375,7 +375,7 @@ func TestSemaphoreWaiterGetsTheReleasedSlot(t *testing.T) {
 		if g.Slot() != freed {
 			t.Fatalf("the waiter got slot %d, want the freed slot %d", g.Slot(), freed)
 		}
-		for _, g := range []*advisorylock.SemaphoreGuard{guards[0], guards[2], g} {
+		for _, g := range []*advisorylock.Guard{guards[0], guards[2], g} {
 			mustRelease(t, g)
 		}
 	})
@@ -410,7 +410,7 @@ func TestSemaphoreCancelledWaitLeavesNoSlotHeld(t *testing.T) {
 	})
 }
 
-func mustAcquire(t testing.TB, s *advisorylock.Semaphore) *advisorylock.SemaphoreGuard {
+func mustAcquire(t testing.TB, s *advisorylock.Semaphore) *advisorylock.Guard {
 	t.Helper()
 	g, err := s.TryAcquire(context.Background())
 	if err != nil {
@@ -447,7 +447,7 @@ func TestSemaphoreKilledHolderFreesItsSlot(t *testing.T) {
 		if backend == "mysql" {
 			kill = fmt.Sprintf("KILL %d", victim.PID)
 		}
-		waiter := make(chan *advisorylock.SemaphoreGuard, 1)
+		waiter := make(chan *advisorylock.Guard, 1)
 		go func() {
 			g, err := newSemaphore(t, open(), name, 2).AcquireTimeout(ctx, wait)
 			if err != nil {
@@ -667,7 +667,7 @@ func TestSemaphoreOnAPluggedInSessionLocker(t *testing.T) {
 	admin := testdb.OpenMySQL(t)
 	name := testdb.UniqueName(t)
 	s := newSemaphore(t, testdb.OpenMySQL(t), name, 3, advisorylock.WithBackend(b))
-	var guards []*advisorylock.SemaphoreGuard
+	var guards []*advisorylock.Guard
 	tries := func() int {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -701,7 +701,7 @@ func TestSemaphoreOnAPluggedInSessionLocker(t *testing.T) {
 	}
 }
 
-// TestForgottenSemaphoreGuardIsCleanedUp drops a SemaphoreGuard without
+// TestForgottenSemaphoreGuardIsCleanedUp drops a semaphore's Guard without
 // Release: the garbage collector's cleanup frees its slot (a session's
 // connection discarded, a SQLite row deleted) and a warning names it.
 func TestForgottenSemaphoreGuardIsCleanedUp(t *testing.T) {
@@ -712,7 +712,7 @@ func TestForgottenSemaphoreGuardIsCleanedUp(t *testing.T) {
 		s := newSemaphore(t, open(), name, 1, advisorylock.WithLogger(logger), advisorylock.WithLeaseTTL(time.Hour))
 		other := newSemaphore(t, open(), name, 1)
 		dropGuard(t, func() any { return mustAcquire(t, s) })
-		var g *advisorylock.SemaphoreGuard
+		var g *advisorylock.Guard
 		testdb.WaitFor(t, wait, func() bool {
 			runtime.GC()
 			var err error
@@ -835,28 +835,31 @@ func TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks(t *testing.T) {
 	}
 }
 
-// Issue 35 item 6: Do's fn learns its slot from its context, on every
-// backend: two holders at once see two different slots, each the one
-// Holders lists; a context not from Do has none, nor does a Lock's Do.
+// Issue 35 item 6: Do's fn learns its slot from its guard in its
+// context, on every backend: two holders at once see two different slots,
+// each the one Holders lists; a context not from Do has no guard, and a
+// Lock's Do's guard has slot 0.
 func TestSemaphoreDoTellsFnItsSlot(t *testing.T) {
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		s := newSemaphore(t, open(), name, 3)
 		other := newSemaphore(t, open(), name, 3)
-		if slot, ok := advisorylock.SlotFromContext(ctx); ok {
-			t.Errorf("SlotFromContext of a plain context = %d, true", slot)
+		if g := advisorylock.GuardFromContext(ctx); g != nil {
+			t.Errorf("GuardFromContext of a plain context = %v", g)
 		}
 		err := s.Do(ctx, func(ctx context.Context) error {
-			outer, ok := advisorylock.SlotFromContext(ctx)
-			if !ok {
-				return errors.New("the outer fn has no slot")
+			og := advisorylock.GuardFromContext(ctx)
+			if og == nil {
+				return errors.New("the outer fn has no guard")
 			}
+			outer := og.Slot()
 			return other.Do(ctx, func(ctx context.Context) error {
-				inner, ok := advisorylock.SlotFromContext(ctx)
-				if !ok || inner == outer {
-					return fmt.Errorf("the inner fn's slot is %d, %v; the outer's is %d", inner, ok, outer)
+				ig := advisorylock.GuardFromContext(ctx)
+				if ig == nil || ig == og || ig.Slot() == outer {
+					return fmt.Errorf("the inner fn's guard is %v; the outer's slot is %d", ig, outer)
 				}
+				inner := ig.Slot()
 				hs, err := s.Holders(ctx)
 				if err != nil {
 					return err
@@ -876,8 +879,8 @@ func TestSemaphoreDoTellsFnItsSlot(t *testing.T) {
 			t.Fatal(err)
 		}
 		err = newLock(t, open(), name).Do(ctx, func(ctx context.Context) error {
-			if slot, ok := advisorylock.SlotFromContext(ctx); ok {
-				return fmt.Errorf("a Lock's fn has slot %d", slot)
+			if g := advisorylock.GuardFromContext(ctx); g == nil || g.Slot() != 0 {
+				return fmt.Errorf("a Lock's fn has guard %v, want one with slot 0", g)
 			}
 			return nil
 		})

@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// Shared holds, as sync.RWMutex spells them: RLock and its helpers take
-// the lock shared. Shared holders of a name coexist; an exclusive holder
+// Shared holds, as sync.RWMutex spells them: RLock, TryRLock and
+// RLockTimeout take the lock shared. Shared holders of a name coexist; an exclusive holder
 // (Lock, TryLock) excludes them all and is excluded by any, on every
 // backend. A shared hold is a *Guard like any other: the same Release,
 // Lost, keep-alive and Observer events (kind "shared").
@@ -55,20 +55,6 @@ func (l *Lock) RLockTimeout(ctx context.Context, d time.Duration) (*Guard, error
 	})
 	a.end(g.hold(), err)
 	return g, err
-}
-
-// RDo is Do with the lock held shared: fn runs while no exclusive holder
-// has the lock, alongside other shared holders. As with Do, fn's context
-// is cancelled with cause ErrLockLost if the hold is lost, and RDo returns
-// fn's error, else the loss or the release's error.
-func (l *Lock) RDo(ctx context.Context, fn func(ctx context.Context) error) error {
-	return do(ctx, l.name, l.RLock, fn)
-}
-
-// TryRDo is TryDo with the lock taken shared: (false, nil) when an
-// exclusive holder has it (or a writer waits for it, see TryRLock).
-func (l *Lock) TryRDo(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
-	return tryDo(ctx, l.name, l.TryRLock, fn)
 }
 
 // Holders lists every holder of the lock now, shared (Holder.Shared) and

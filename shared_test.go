@@ -157,12 +157,15 @@ func TestWaitingReadersGetInWhenTheWriterLeaves(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := r.RDo(ctx, func(context.Context) error {
-					in.Add(1)
-					<-release
-					return nil
-				}); err != nil {
-					t.Errorf("RDo: %v", err)
+				g, err := r.RLock(ctx)
+				if err != nil {
+					t.Errorf("RLock: %v", err)
+					return
+				}
+				in.Add(1)
+				<-release
+				if err := g.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
 				}
 			}()
 		}
@@ -280,7 +283,7 @@ func TestKilledSharedHolderFreesTheLock(t *testing.T) {
 
 // TestSharedAndExclusiveHoldersNeverOverlap runs the soak's shared row
 // (see sharedLoad: readers and writers of one name, each on its own
-// *sql.DB, through RDo, Do, TryRDo and TryDo) until it has made a few
+// *sql.DB, through RLock, Do, TryRLock and TryDo) until it has made a few
 // hundred grants with readers inside together, and counts a writer beside
 // anyone as a violation.
 func TestSharedAndExclusiveHoldersNeverOverlap(t *testing.T) {

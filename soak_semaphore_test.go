@@ -150,7 +150,7 @@ func (r *semRow) work(ctx context.Context, s *advisorylock.Semaphore) {
 		case 1:
 			_, err = s.TryDo(hctx, func(fctx context.Context) error { return r.section(fctx, nil, h, start) })
 		default:
-			var g *advisorylock.SemaphoreGuard
+			var g *advisorylock.Guard
 			if g, err = s.Acquire(hctx); err == nil {
 				h.slot = g.Slot()
 				err = r.section(hctx, g.Lost(), h, start)

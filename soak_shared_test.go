@@ -3,6 +3,7 @@ package advisorylock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -13,8 +14,8 @@ import (
 	"github.com/advisorylock/advisorylock"
 )
 
-// sharedLoad is the soak's shared row, on one backend: readers (RDo,
-// TryRDo) and writers (Do, TryDo) of one name, each on its own pool,
+// sharedLoad is the soak's shared row, on one backend: readers (RLock,
+// TryRLock) and writers (Do, TryDo) of one name, each on its own pool,
 // beside the other rows' faults on the same servers. Every section
 // records who is inside; a writer beside a reader or another writer is a
 // violation (checked on entry and again before leaving).
@@ -63,9 +64,9 @@ func (l *sharedLoad) worker(ctx context.Context, lock *advisorylock.Lock, shared
 		ran := true
 		switch {
 		case shared && try:
-			ran, err = lock.TryRDo(ctx, fn)
+			ran, err = readSection(ctx, lock.TryRLock, fn)
 		case shared:
-			err = lock.RDo(ctx, fn)
+			_, err = readSection(ctx, lock.RLock, fn)
 		case try:
 			ran, err = lock.TryDo(ctx, fn)
 		default:
@@ -76,6 +77,29 @@ func (l *sharedLoad) worker(ctx context.Context, lock *advisorylock.Lock, shared
 			time.Sleep(time.Millisecond) // a try that missed does not spin on a shared server
 		}
 	}
+}
+
+// readSection takes the lock shared with acquire, runs fn and releases:
+// (false, nil) when a try finds it held, an error matching ErrLockLost
+// when the hold was lost before fn returned.
+func readSection(ctx context.Context, acquire func(context.Context) (*advisorylock.Guard, error), fn func(context.Context) error) (bool, error) {
+	g, err := acquire(ctx)
+	if errors.Is(err, advisorylock.ErrNotAcquired) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	err = fn(ctx)
+	select {
+	case <-g.Lost():
+		err = advisorylock.ErrLockLost
+	default:
+	}
+	if relErr := g.Release(ctx); err == nil {
+		err = relErr
+	}
+	return true, err
 }
 
 // section is one holder's stay inside, a few milliseconds long.

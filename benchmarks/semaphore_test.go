@@ -43,7 +43,8 @@ func setupSemaphore(b *testing.B, e pgEnv) func(ctx context.Context) error {
 }
 
 // setupSemaphoreRaw is the floor: the slots tried in one CASE statement,
-// then the granted slot unlocked, literals, on a pinned connection.
+// then the granted slot unlocked, literals, on a pinned connection (its
+// keys are keys of their own, one per slot, as the library's are).
 func setupSemaphoreRaw(b *testing.B, e pgEnv) func(ctx context.Context) error {
 	conn := pin(b, e.db)
 	name := lockName(b, "semaphore")
@@ -51,7 +52,7 @@ func setupSemaphoreRaw(b *testing.B, e pgEnv) func(ctx context.Context) error {
 	try.WriteString("SELECT CASE")
 	unlock := make([]string, semaphoreSlots)
 	for i := range semaphoreSlots {
-		key := strconv.FormatInt(advisorylock.SlotKey(name, i), 10)
+		key := strconv.FormatInt(advisorylock.Key(name+"/slot/"+strconv.Itoa(i)), 10)
 		try.WriteString(" WHEN pg_try_advisory_lock(" + key + ") THEN " + strconv.Itoa(i))
 		unlock[i] = "SELECT pg_advisory_unlock(" + key + ")"
 	}

@@ -413,7 +413,7 @@ mutation "lockrun: the config file's dsn is ignored" cmd/lockrun/dsn.go \
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \
-	's/(const KeyDomain = ")advisorylock:v1"/$1advisorylock:v2"/' \
+	's/(const keyDomain = ")advisorylock:v1"/$1advisorylock:v2"/' \
 	'^TestKeyIsStableAcrossVersionsAndLanguages$'
 
 if [ "${1:-}" = "-l" ]; then

@@ -134,8 +134,8 @@ func setTTL(o *options, v string) (err error) {
 
 func setSlots(o *options, v string) error {
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > advisorylock.MaxSlots {
-		return fmt.Errorf("want a number of slots from 1 to %d", advisorylock.MaxSlots)
+	if err != nil || n < 1 || n > maxSlots {
+		return fmt.Errorf("want a number of slots from 1 to %d", maxSlots)
 	}
 	o.slots = n
 	return nil

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"database/sql"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,7 +101,7 @@ func TestSlotsFromTheConfigFile(t *testing.T) {
 
 // status with no names lists a name held shared and a semaphore's slot
 // wherever the database can tell: on SQLite by name (kinds "shared" and
-// "slot N"), on PostgreSQL by key (the slot as a lock on its SlotKey),
+// "slot N"), on PostgreSQL by key (the slot as a lock on its slotKey),
 // on MySQL the shared holder by key (GET_LOCK's locks are listed nowhere).
 func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
@@ -125,11 +128,11 @@ func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
 			}
 			return false
 		}
-		slotKeys := []int64{advisorylock.SlotKey(sem, 0), advisorylock.SlotKey(sem, 1)}
+		slotKeys := []int64{slotKey(sem, 0), slotKey(sem, 1)}
 		switch dsn := envValue(env, "LOCKRUN_DSN"); {
 		case strings.HasPrefix(dsn, "postgres"):
 			if !has("", "shared", advisorylock.Key(shared)) || !has("", "lock", slotKeys...) {
-				t.Errorf("status on PostgreSQL lacks the shared holder (kind shared) or the slot (a lock on its SlotKey):\n%s", stdout)
+				t.Errorf("status on PostgreSQL lacks the shared holder (kind shared) or the slot (a lock on its slotKey):\n%s", stdout)
 			}
 		case strings.HasPrefix(dsn, "mysql"):
 			if !has("", "shared", advisorylock.Key(shared)) {
@@ -141,4 +144,46 @@ func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
 			}
 		}
 	})
+}
+
+// slotKey and maxSlots are the library's: every held slot's key, as
+// Semaphore.Holders reports it, is slotKey of its slot, and NewSemaphore
+// takes maxSlots slots but not one more.
+func TestSlotKeyAndMaxSlotsAreTheLibrarys(t *testing.T) {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "locks.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	name := "slot-keys"
+	s, err := advisorylock.NewSemaphore(db, name, 3, advisorylock.WithPoolerCheck(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		g, err := s.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Release(ctx)
+		if g.Key() != slotKey(name, g.Slot()) {
+			t.Errorf("slot %d's key is %d, slotKey says %d", g.Slot(), g.Key(), slotKey(name, g.Slot()))
+		}
+	}
+	hs, err := s.Holders(ctx)
+	if err != nil || len(hs) != 3 {
+		t.Fatalf("Holders = %v, %v; want three", hs, err)
+	}
+	for _, h := range hs {
+		if h.Key != slotKey(name, h.Slot) {
+			t.Errorf("Holders: slot %d's key is %d, slotKey says %d", h.Slot, h.Key, slotKey(name, h.Slot))
+		}
+	}
+	if _, err := advisorylock.NewSemaphore(db, name, maxSlots); err != nil {
+		t.Errorf("NewSemaphore with maxSlots: %v", err)
+	}
+	if _, err := advisorylock.NewSemaphore(db, name, maxSlots+1); err == nil {
+		t.Errorf("NewSemaphore with maxSlots+1 slots succeeded")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -330,14 +331,27 @@ func sqliteSlots(ctx context.Context, db *database, name string) (int, error) {
 		if err := rs.Scan(&key); err != nil {
 			return 0, fmt.Errorf("listing advisorylock_locks: %w", err)
 		}
-		for i := slots; i < advisorylock.MaxSlots; i++ {
-			if advisorylock.SlotKey(name, i) == key {
+		for i := slots; i < maxSlots; i++ {
+			if slotKey(name, i) == key {
 				slots = i + 1
 				break
 			}
 		}
 	}
 	return slots, rs.Err()
+}
+
+// maxSlots is the most slots advisorylock.NewSemaphore takes.
+const maxSlots = 1000
+
+// slotKey is the key of slot i of the semaphore name, derived as the
+// library documents it (see advisorylock.Semaphore): the first 8 bytes,
+// big-endian and signed, of SHA-256 over "advisorylock:v1:slot", a zero
+// byte, the name, a zero byte and i in decimal.
+func slotKey(name string, i int) int64 {
+	h := sha256.New()
+	h.Write([]byte("advisorylock:v1:slot\x00" + name + "\x00" + strconv.Itoa(i)))
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8]))
 }
 
 // kindOf is the KIND of a lock's holder: "lock", or "shared".
@@ -382,7 +396,7 @@ func missingTable(err error) bool {
 // current database (pg_locks shows a key as classid = high 32 bits, objid
 // = low 32 bits, objsubid = 1), with who holds them, shared ones (mode
 // ShareLock) as kind "shared". A semaphore's slot is a lock on its
-// SlotKey. Since is the session's start: an earlier bound of when the
+// slotKey. Since is the session's start: an earlier bound of when the
 // lock was taken.
 func sessionLocks(ctx context.Context, db *database) ([]holding, error) {
 	rs, err := db.QueryContext(ctx, `SELECT l.classid::bigint, l.objid::bigint, l.mode = 'ShareLock', l.pid,

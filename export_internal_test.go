@@ -1,0 +1,7 @@
+package advisorylock
+
+// Unexported values the external tests check against their documented
+// definitions.
+var SlotKey = slotKey
+
+const MaxSlots = maxSlots

@@ -709,7 +709,7 @@ func (g *Guard) Name() string { return g.h.name }
 func (g *Guard) Key() int64 { return g.h.key }
 
 // Slot returns the slot that a Semaphore's guard holds, from 0 to
-// Slots()-1, held by no other holder of the semaphore at the same time.
+// its slots-1, held by no other holder of the semaphore at the same time.
 // It returns 0 for every other guard (a Lock's, a shared hold's).
 func (g *Guard) Slot() int { return g.slot }
 

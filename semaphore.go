@@ -15,7 +15,7 @@ import (
 
 // Semaphore is a named counting semaphore: at most Slots holders at once,
 // across every process that uses the name with the same slot count. Each
-// holder has a slot, a number from 0 to Slots()-1 that no other holder
+// holder has a slot, a number from 0 to slots-1 that no other holder
 // has at the same time, and slot i is an exclusive lock of its own, on
 // a key of its own: the first 8 bytes, read as a big-endian
 // two's-complement integer, of SHA-256 over "advisorylock:v1:slot", one
@@ -98,9 +98,6 @@ func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, er
 // Name returns the semaphore's name.
 func (s *Semaphore) Name() string { return s.name }
 
-// Slots returns how many holders the semaphore admits at once.
-func (s *Semaphore) Slots() int { return len(s.keys) }
-
 // Check runs the first-use work now (see NewSemaphore), for a service
 // that wants to fail at start-up; later operations skip it.
 func (s *Semaphore) Check(ctx context.Context) error {
@@ -148,7 +145,7 @@ func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*Guard
 }
 
 // Do waits for a slot (as Acquire does), runs fn, and releases the slot
-// when fn returns, fails or panics: at most Slots() calls of fn run at
+// when fn returns, fails or panics: at most slots calls of fn run at
 // once across the fleet. fn learns its slot from its guard:
 // GuardFromContext(ctx).Slot(). fn's context is cancelled, with cause
 // ErrLockLost, if the slot is lost while fn runs; Do then returns an

@@ -65,7 +65,7 @@ func TestNewSemaphoreRefusesBadArgumentsWithoutIO(t *testing.T) {
 		}
 	}
 	s, err := advisorylock.NewSemaphore(db, "n", 3)
-	if err != nil || s.Name() != "n" || s.Slots() != 3 {
+	if err != nil || s.Name() != "n" {
 		t.Fatalf("NewSemaphore = %v, %v", s, err)
 	}
 	if st := db.Stats(); st.OpenConnections != 0 {
@@ -133,7 +133,7 @@ func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 		watcher := newSemaphore(t, open(), name, slots)
 		admin := open()
 		go func() {
-			err := watchHolders(ctx, watcher, admin, backend, done)
+			err := watchHolders(ctx, watcher, slots, admin, backend, done)
 			if err != nil {
 				cancel() // the workers stop at once
 			}
@@ -190,7 +190,7 @@ func semaphoreRound(ctx context.Context, s *advisorylock.Semaphore, how int, ent
 // watchHolders reads Holders until done: every holder on a distinct slot
 // in range, no session (PID) on two slots; and, asked of the server
 // directly in one statement, no session holding two slots.
-func watchHolders(ctx context.Context, s *advisorylock.Semaphore, admin *sql.DB, backend string, done <-chan struct{}) error {
+func watchHolders(ctx context.Context, s *advisorylock.Semaphore, slots int, admin *sql.DB, backend string, done <-chan struct{}) error {
 	seen := 0
 	for {
 		select {
@@ -205,22 +205,22 @@ func watchHolders(ctx context.Context, s *advisorylock.Semaphore, admin *sql.DB,
 		if err != nil {
 			return err
 		}
-		slots, pids := map[int]bool{}, map[int]bool{}
+		taken, pids := map[int]bool{}, map[int]bool{}
 		for _, h := range hs {
-			if h.Slot < 0 || h.Slot >= s.Slots() || slots[h.Slot] || h.Name != s.Name() || h.Key != advisorylock.SlotKey(s.Name(), h.Slot) {
+			if h.Slot < 0 || h.Slot >= slots || taken[h.Slot] || h.Name != s.Name() || h.Key != advisorylock.SlotKey(s.Name(), h.Slot) {
 				return fmt.Errorf("Holders = %+v: bad or repeated slot", hs)
 			}
 			if h.PID != 0 && pids[h.PID] { // one snapshot on PostgreSQL and MySQL
 				return fmt.Errorf("Holders: session %d holds two slots", h.PID)
 			}
-			slots[h.Slot], pids[h.PID] = true, true
+			taken[h.Slot], pids[h.PID] = true, true
 		}
-		per, err := slotSnapshot(admin, backend, s.Name(), s.Slots())
+		per, err := slotSnapshot(admin, backend, s.Name(), slots)
 		if err != nil {
 			return err
 		}
 		for id, n := range per {
-			if n != 1 || len(per) > s.Slots() {
+			if n != 1 || len(per) > slots {
 				return fmt.Errorf("slot locks held per session: %v (session %d)", per, id)
 			}
 		}

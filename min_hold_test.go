@@ -137,8 +137,8 @@ func waitWindowOver(t *testing.T, l windowLock) {
 }
 
 // checkWindowHolder asserts that Holder shows a grant whose window ends
-// between notBefore and notAfter.
-func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAfter time.Time) {
+// between notBefore and notAfter, and returns it.
+func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAfter time.Time) *advisorylock.Holder {
 	t.Helper()
 	h, err := l.holder(context.Background())
 	if err != nil || h == nil {
@@ -147,6 +147,7 @@ func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAf
 	if h.Name != name || h.ExpiresAt.Before(notBefore) || h.ExpiresAt.After(notAfter) {
 		t.Fatalf("Holder during the window = %+v; want name %q and ExpiresAt in [%v, %v]", h, name, notBefore, notAfter)
 	}
+	return h
 }
 
 // TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL fires five replicas
@@ -404,6 +405,7 @@ type minHoldTask struct {
 	Delay  time.Duration // after the gun
 	Dir    string        // markers: ready-N, gun, runs, held
 	ID     int
+	Renew  bool // "hold": mark held only once a renewal has kept the lease
 }
 
 func (j minHoldTask) open(t testing.TB) *sql.DB {
@@ -416,8 +418,21 @@ func (j minHoldTask) open(t testing.TB) *sql.DB {
 	return testdb.OpenPostgres(t, j.Driver)
 }
 
-func (j minHoldTask) lock(t testing.TB, db *sql.DB) windowLock {
-	return newWindowLock(t, j.Kind, db, j.Name, advisorylock.WithMinHold(j.Window), advisorylock.WithLeaseTTL(j.TTL))
+func (j minHoldTask) lock(t testing.TB, db *sql.DB, opts ...advisorylock.Option) windowLock {
+	return newWindowLock(t, j.Kind, db, j.Name, append([]advisorylock.Option{advisorylock.WithMinHold(j.Window), advisorylock.WithLeaseTTL(j.TTL)}, opts...)...)
+}
+
+// renewTeller closes renewed at the first renewal that kept the lease.
+type renewTeller struct {
+	advisorylock.NoopObserver
+	once    sync.Once
+	renewed chan struct{}
+}
+
+func (r *renewTeller) Renewed(e advisorylock.RenewEvent) {
+	if e.Outcome == advisorylock.OutcomeRenewed {
+		r.once.Do(func() { close(r.renewed) })
+	}
 }
 
 // startMinHoldHelper starts a helper process running job.
@@ -446,7 +461,8 @@ func TestMinHoldHelperProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l := job.lock(t, job.open(t))
+	renewals := &renewTeller{renewed: make(chan struct{})}
+	l := job.lock(t, job.open(t), advisorylock.WithObserver(renewals))
 	if err := l.check(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -474,6 +490,13 @@ func TestMinHoldHelperProcess(t *testing.T) {
 		release, err := l.lock(ctx)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if job.Renew {
+			select {
+			case <-renewals.renewed:
+			case <-ctx.Done():
+				t.Fatal("the lease was never renewed")
+			}
 		}
 		touch(t, filepath.Join(job.Dir, "held"), "")
 		<-ctx.Done()               // until killed
@@ -568,19 +591,33 @@ func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
 // TestMinHoldWindowOutlivesAKilledHolder: a holder process killed right
 // after its grant keeps the name until the window's end, also when the
 // window is longer than the lease TTL (1 s here, window 3 s), on every
-// backend and kind.
+// backend and kind; a LeaseLock's holder also when killed after it
+// renewed the lease (a renewal never ends the window early). The window is kept on the database's clock, so the
+// next grant is measured on it too: Holder's Since is a grant's time as
+// the database recorded it, read for the dead holder's grant and for the
+// test's own while it holds the name.
 func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
 	const window = 3 * time.Second
-	type setup struct{ kind, driver string }
+	type setup struct {
+		kind, driver string
+		renew        bool
+	}
 	var setups []setup
 	for _, kind := range windowKinds {
 		for _, drv := range append([]string{"sqlite", "mysql"}, testdb.Drivers...) {
-			setups = append(setups, setup{kind, drv})
+			setups = append(setups, setup{kind, drv, false})
+			if kind == "lease" {
+				setups = append(setups, setup{kind, drv, true})
+			}
 		}
 	}
 	for _, s := range setups {
-		t.Run(s.kind+"/"+s.driver, func(t *testing.T) {
-			job := minHoldTask{Do: "hold", Kind: s.kind, Driver: s.driver, Name: testdb.UniqueName(t), Window: window, TTL: time.Second, Dir: t.TempDir()}
+		name := s.kind + "/" + s.driver
+		if s.renew {
+			name += "/renewed"
+		}
+		t.Run(name, func(t *testing.T) {
+			job := minHoldTask{Do: "hold", Kind: s.kind, Driver: s.driver, Name: testdb.UniqueName(t), Window: window, TTL: time.Second, Dir: t.TempDir(), Renew: s.renew}
 			switch s.driver {
 			case "sqlite":
 				job.Path = testdb.SQLitePath(t)
@@ -599,8 +636,11 @@ func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
 				t.Fatal(err)
 			}
 			_ = cmd.Wait()
-			checkWindowHolder(t, l, job.Name, started.Add(window-time.Second), held.Add(window+time.Second))
-			var got time.Time
+			dead := checkWindowHolder(t, l, job.Name, started.Add(window-time.Second), held.Add(window+time.Second))
+			if end := dead.Since.Add(window); dead.ExpiresAt.Before(end) {
+				t.Fatalf("the dead holder's grant at %v keeps the name until %v, before its %v window ends at %v", dead.Since, dead.ExpiresAt, window, end)
+			}
+			var next *advisorylock.Holder // the test's grant, as the database recorded it
 			testdb.WaitFor(t, wait, func() bool {
 				release, err := l.try(context.Background())
 				if errors.Is(err, advisorylock.ErrNotAcquired) {
@@ -609,14 +649,17 @@ func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got = time.Now()
+				next, err = l.holder(context.Background())
+				if err != nil || next == nil {
+					t.Fatalf("Holder while the test holds the name = %+v, %v", next, err)
+				}
 				if err := release(); err != nil {
 					t.Fatal(err)
 				}
 				return true
 			}, "never acquired after the window")
-			if got.Before(started.Add(window)) {
-				t.Fatalf("acquired %v after the dead holder started, before its %v window ended", got.Sub(started), window)
+			if next.Since.Before(dead.Since.Add(window)) {
+				t.Fatalf("granted again %v after the dead holder's grant (by the database's clock), before its %v window ended", next.Since.Sub(dead.Since), window)
 			}
 		})
 	}

@@ -38,21 +38,7 @@ func TestMySQLTryAndUnlockRunPrepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	key := Key(testdb.UniqueName(t))
-	step := func(what string, wantPrepared int64) {
-		t.Helper()
-		before := stmtExecutions(t, conn)
-		r, err := m.TryLockSession(ctx, conn, key)
-		if err != nil || !r.OK {
-			t.Fatalf("%s: TryLockSession = %+v, %v", what, r, err)
-		}
-		if r, err = m.UnlockSession(ctx, conn, key); err != nil || !r.OK {
-			t.Fatalf("%s: UnlockSession = %+v, %v", what, r, err)
-		}
-		if got := stmtExecutions(t, conn) - before; wantPrepared >= 0 && got != wantPrepared {
-			t.Fatalf("%s: %d prepared executions, want %d", what, got, wantPrepared)
-		}
-	}
+	step := tryAndUnlockStep(t, m, db, conn, Key(testdb.UniqueName(t)))
 	step("first", -1) // a try as text first creates the table of shared holders, if missing
 	step("warm", 2)
 	step("again", 2)
@@ -73,28 +59,7 @@ func TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain(t *testing.T
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	name := testdb.UniqueName(t)
-	key := Key(name)
-	step := func(what string, wantPrepared int64) {
-		t.Helper()
-		before := stmtExecutions(t, conn)
-		r, err := m.TryLockSession(ctx, conn, key)
-		if err != nil || !r.OK {
-			t.Fatalf("%s: TryLockSession = %+v, %v", what, r, err)
-		}
-		if used := usedBy(t, db, key); used != r.Session {
-			t.Fatalf("%s: after the try the lock is held by session %d, want %d", what, used, r.Session)
-		}
-		if r, err = m.UnlockSession(ctx, conn, key); err != nil || !r.OK {
-			t.Fatalf("%s: UnlockSession = %+v, %v", what, r, err)
-		}
-		if used := usedBy(t, db, key); used != 0 {
-			t.Fatalf("%s: after the unlock the lock is held by session %d", what, used)
-		}
-		if got := stmtExecutions(t, conn) - before; wantPrepared >= 0 && got != wantPrepared {
-			t.Fatalf("%s: %d prepared executions, want %d", what, got, wantPrepared)
-		}
-	}
+	step := tryAndUnlockStep(t, m, db, conn, Key(testdb.UniqueName(t)))
 	step("first", -1)
 	step("warm", 2)
 
@@ -152,4 +117,32 @@ func usedBy(t *testing.T, db *sql.DB, key int64) int64 {
 		t.Fatal(err)
 	}
 	return id.Int64
+}
+
+// tryAndUnlockStep returns a step that takes key on conn's session and
+// lets it go (each read back from another session of db), failing t
+// unless conn's session ran wantPrepared prepared executions in it (any
+// number if wantPrepared is negative).
+func tryAndUnlockStep(t *testing.T, m mysqlBackend, db *sql.DB, conn *sql.Conn, key int64) func(what string, wantPrepared int64) {
+	ctx := context.Background()
+	return func(what string, wantPrepared int64) {
+		t.Helper()
+		before := stmtExecutions(t, conn)
+		r, err := m.TryLockSession(ctx, conn, key)
+		if err != nil || !r.OK {
+			t.Fatalf("%s: TryLockSession = %+v, %v", what, r, err)
+		}
+		if used := usedBy(t, db, key); used != r.Session {
+			t.Fatalf("%s: after the try the lock is held by session %d, want %d", what, used, r.Session)
+		}
+		if r, err = m.UnlockSession(ctx, conn, key); err != nil || !r.OK {
+			t.Fatalf("%s: UnlockSession = %+v, %v", what, r, err)
+		}
+		if used := usedBy(t, db, key); used != 0 {
+			t.Fatalf("%s: after the unlock the lock is held by session %d", what, used)
+		}
+		if got := stmtExecutions(t, conn) - before; wantPrepared >= 0 && got != wantPrepared {
+			t.Fatalf("%s: %d prepared executions, want %d", what, got, wantPrepared)
+		}
+	}
 }

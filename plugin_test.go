@@ -35,9 +35,9 @@ func (p party) wrap(b advisorylock.Backend) advisorylock.SessionLocker {
 }
 
 // Configurer
-func (p party) Configure(db advisorylock.DB, s advisorylock.SessionSettings) advisorylock.Backend {
-	p.calls.configure(s)
-	return p.wrap(p.inner.(advisorylock.Configurer).Configure(db, s))
+func (p party) Configure(db advisorylock.DB, deadHolder time.Duration, serverChecks bool) advisorylock.Backend {
+	p.calls.configure(settings{deadHolder, serverChecks})
+	return p.wrap(p.inner.(advisorylock.Configurer).Configure(db, deadHolder, serverChecks))
 }
 
 // SharedSessionLocker
@@ -47,14 +47,20 @@ func (p party) Shared() advisorylock.SessionLocker {
 }
 
 // calls counts the calls of each optional interface, by its name, and
-// keeps every SessionSettings that Configure was given.
+// keeps every pair of settings that Configure was given.
 type calls struct {
 	mu       sync.Mutex
 	n        map[string]int
-	settings []advisorylock.SessionSettings
+	settings []settings
 }
 
-func (c *calls) configure(s advisorylock.SessionSettings) {
+// settings are Configure's arguments for a Lock's sessions.
+type settings struct {
+	deadHolder   time.Duration
+	serverChecks bool
+}
+
+func (c *calls) configure(s settings) {
 	c.add("Configurer")
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -62,7 +68,7 @@ func (c *calls) configure(s advisorylock.SessionSettings) {
 }
 
 // gave reports whether Configure was given s.
-func (c *calls) gave(s advisorylock.SessionSettings) bool {
+func (c *calls) gave(s settings) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Contains(c.settings, s)
@@ -133,6 +139,24 @@ func (p party) Schema() string { return p.store().Schema() }
 func (p party) CheckTables(ctx context.Context, db advisorylock.DB, tables ...string) error {
 	p.calls.add("LeaseStore.CheckTables")
 	return p.store().CheckTables(ctx, db, tables...)
+}
+func (p party) LeaseHolders(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
+	return p.store().LeaseHolders(ctx, db, r)
+}
+
+// LeaseStore: TryDoOnce's records of runs, and a LeaseLock waiter's
+// listener.
+func (p party) RunDone(ctx context.Context, db advisorylock.DB, name, run string) (bool, error) {
+	p.calls.add("LeaseStore.RunDone")
+	return p.store().RunDone(ctx, db, name, run)
+}
+func (p party) RecordRun(ctx context.Context, db advisorylock.DB, name, run string, now time.Time, keep time.Duration) error {
+	p.calls.add("LeaseStore.RecordRun")
+	return p.store().RecordRun(ctx, db, name, run, now, keep)
+}
+func (p party) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
+	p.calls.add("LeaseStore.ListenReleases")
+	return p.store().ListenReleases(ctx, db, conn, ready, released)
 }
 
 // MultiKeyLocker: a semaphore's slots, a set's keys, multiplexed locks.
@@ -222,7 +246,8 @@ var (
 // partyOps runs, through a third party's backend, an operation of each
 // kind that looks for an optional interface, and checks that each did
 // its work: exclusion against the built-in backend on the same name, a
-// semaphore's slot, a shared hold, a term that ends on resign.
+// semaphore's slot, a shared hold, a term that ends on resign, a run
+// recorded done.
 func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -308,6 +333,18 @@ func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
 	if err := e.Run(ctx, func(context.Context, advisorylock.FencingToken) error { return stop }); !errors.Is(err, stop) {
 		t.Fatalf("Election.Run through %s = %v, want the lead's error", b.Name(), err)
 	}
+
+	// A run recorded done through the third party's store, seen done by
+	// the built-in backend.
+	once := testdb.UniqueName(t)
+	runs := 0
+	count := func(context.Context) error { runs++; return nil }
+	if ran, err := newLock(t, db, once, advisorylock.WithBackend(b)).TryDoOnce(ctx, "r", count); !ran || err != nil {
+		t.Fatalf("TryDoOnce through %s = %v, %v; want it run", b.Name(), ran, err)
+	}
+	if ran, err := newLock(t, db, once).TryDoOnce(ctx, "r", count); ran || err != nil || runs != 1 {
+		t.Fatalf("the built-in backend's TryDoOnce after %s's = %v, %v (%d runs); want the run seen done", b.Name(), ran, err, runs)
+	}
 }
 
 // wantCalls fails the test for each interface in ifaces that c saw no
@@ -325,8 +362,9 @@ func wantCalls(t *testing.T, c *calls, ifaces ...string) {
 // built-in PostgreSQL backend only through the exported interfaces locks,
 // excludes, tunes itself per driver, configures its sessions, takes a
 // semaphore's slots in one statement, shared holds, transaction locks
-// (waiting for one too), checks its tables and ends its terms: every
-// optional interface is called.
+// (waiting for one too), checks its tables, ends its terms, records runs
+// and listens for a LeaseLock waiter: every optional interface, and
+// every optional job of LeaseStore, is called.
 func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -356,11 +394,35 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				t.Fatalf("LockTx through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables")
-			if want := (advisorylock.SessionSettings{ServerChecks: true}); !c.gave(want) {
+			// A LeaseLock waiter, whose listener listens through the third
+			// party (the store signals releases).
+			lname := testdb.UniqueName(t)
+			lg, err := newLeaseLock(t, db, lname, advisorylock.WithBackend(b)).TryLock(ctx)
+			if err != nil {
+				t.Fatalf("LeaseLock.TryLock through the third party: %v", err)
+			}
+			lwaiter := newLeaseLock(t, db, lname, advisorylock.WithBackend(b))
+			lgot := make(chan error, 1)
+			go func() {
+				wg, err := lwaiter.Lock(ctx)
+				if err == nil {
+					err = wg.Release(context.Background())
+				}
+				lgot <- err
+			}()
+			testdb.WaitFor(t, wait, func() bool { return c.count("LeaseStore.ListenReleases") > 0 }, "a LeaseLock waiter never listened through the third party's ListenReleases")
+			if err := lg.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-lgot; err != nil {
+				t.Fatalf("LeaseLock.Lock through the third party: %v", err)
+			}
+
+			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.ListenReleases")
+			if want := (settings{serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the handle, before any Lock's settings)", c.settings, want)
 			}
-			if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
+			if want := (settings{deadHolder: 10 * time.Second, serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout, server checks on)", c.settings, want)
 			}
 		})
@@ -392,11 +454,11 @@ func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 		t.Fatalf("LockTimeout behind a shared holder = %v, want ErrTimeout", err)
 	}
 
-	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SharedSessionLocker.EndWait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables")
-	if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
+	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SharedSessionLocker.EndWait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
+	if want := (settings{deadHolder: 10 * time.Second, serverChecks: true}); !c.gave(want) {
 		t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
 	}
-	if c.gave(advisorylock.SessionSettings{DeadHolder: 20 * time.Second, ServerChecks: true}) {
+	if c.gave(settings{deadHolder: 20 * time.Second, serverChecks: true}) {
 		t.Errorf("Configure was given the default dead-holder timeout on a backend whose sessions then end when idle: %+v", c.settings)
 	}
 }

@@ -66,24 +66,29 @@
 // option is refused with ErrUnsupported at the first operation.
 //
 // An Election on a LeaseStore needs nothing more (its lease's token is the
-// term); on a SessionLocker it needs ElectingSessionLocker, which records
-// each term in a row beside the lock and ends it when the leader resigns.
-// Shared locks (RLock) need SharedSessionLocker, or a LeaseStore that
-// keeps them as "shared" rows (Traits.SharedRows, and LeaseHolders);
-// without either RLock returns ErrUnsupported. A LeaseStore also keeps
-// TryDoOnce's records of runs done (RunDone, RecordRun), for the Locks of
-// its Backend, and may signal a lease's release to a listener
+// term); a SessionLocker records each term in a row beside the lock and
+// ends it when the leader resigns (PrepareElections, BeginTerm,
+// TermHolder, EndTerm). A SessionLocker also takes its locks in the
+// caller's transaction (TryLockTx, WaitLockTx: Lock.LockTx). Shared locks
+// (RLock) need SharedSessionLocker, or a LeaseStore that keeps them as
+// "shared" rows (Traits.SharedRows, and LeaseHolders); without either
+// RLock returns ErrUnsupported. A LeaseStore also keeps TryDoOnce's
+// records of runs done (RunDone, RecordRun), for the Locks of its
+// Backend, and may signal a lease's release to a listener
 // (Traits.SignalsReleases, and ListenReleases), so that a LeaseLock waiter
-// is woken by the release, not its poll; a store without runs returns
-// ErrUnsupported from their methods.
+// is woken by the release, not its poll. A backend that cannot do one of
+// these returns an error matching ErrUnsupported from its methods (a
+// SessionLocker without terms from PrepareElections, without transaction
+// locks from TryLockTx, a LeaseStore without runs from RunDone and
+// RecordRun), and the operation that needs it fails with that error.
 //
 // The rest is optional, each an interface in backend.go that the library
 // looks for and the built-in backends implement (they use nothing else):
 // Configurer (statement forms per driver, WithDeadHolderTimeout on the
-// server), MultiKeyLocker (many keys on one session: a Semaphore's slots,
-// a set's keys and multiplexed locks, each in one statement) and TxLocker
-// (LockTx). The package's own tests run a backend of a third party's
-// making through each.
+// server) and MultiKeyLocker (many keys on one session: a Semaphore's
+// slots, a set's keys and multiplexed locks, each in one statement). The
+// package's own tests run a backend of a third party's making through
+// each.
 package advisorylock
 
 import (

@@ -76,8 +76,10 @@ type Traits struct {
 
 // SessionLocker is a Backend whose locks live as long as a database
 // session: the lock is taken on a pinned connection and ends with it.
-// Every method is one round trip and must leave conn usable when it
-// returns a nil error.
+// It also keeps an Election's terms beside the lock, and takes the same
+// locks in a transaction, where it can (without, those methods return an
+// error matching ErrUnsupported). Every method is one round trip and
+// must leave conn usable when it returns a nil error.
 //
 // For backend authors: see "Writing a backend" in the package doc.
 type SessionLocker interface {
@@ -96,6 +98,46 @@ type SessionLocker interface {
 	SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error)
 	// SessionHolder reports who holds key, or nil when it is free.
 	SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error)
+
+	// Elections (NewElection): beside the lock its leader holds, the
+	// backend records each term in a row. (On a LeaseStore an Election
+	// needs nothing more: the lease's token is the term.)
+
+	// PrepareElections makes ready what terms need (a table), at an
+	// Election's first operation. A backend that records no terms
+	// returns an error matching ErrUnsupported, and the Election fails
+	// with it.
+	PrepareElections(ctx context.Context, db DB) error
+	// BeginTerm records, on conn, whose session was just granted key's
+	// lock, a new term of the election name led by owner, and returns it:
+	// a FencingToken larger than every token issued before it, by this
+	// election or by a lease. One statement.
+	BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error)
+	// TermHolder reports the leader of name: its latest term, if the
+	// session that began it still holds key's lock and EndTerm has not
+	// ended it; nil otherwise.
+	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
+	// EndTerm marks term of name ended in its record when the leader
+	// resigns, on the leader's conn, so that TermHolder no longer reports
+	// it while the session lives on in the pool. Failing, it costs only
+	// that: TermHolder then tells by the session's lock.
+	EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
+
+	// Transaction-scoped locks (Lock.LockTx): a lock taken in the
+	// caller's transaction, which ends with it. No method may leave tx
+	// aborted when it returns a nil error.
+
+	// TryLockTx makes one attempt in tx; false is a definite miss. A
+	// backend without transaction-scoped locks returns an error matching
+	// ErrUnsupported, before it sends anything, and LockTx fails with it.
+	TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
+	// TxSettings reads, by name, the settings of tx that WaitLockTx
+	// changes (PostgreSQL: statement_timeout and lock_timeout).
+	TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error)
+	// WaitLockTx waits server-side in tx for at most slice; false means
+	// the slice ended without the lock and tx is as it was. After a grant
+	// it puts back the settings it changed, to prev (from TxSettings).
+	WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error)
 }
 
 // SessionResult is the outcome of one session-lock statement.
@@ -318,51 +360,6 @@ type WindowedSessionLocker interface {
 	// WindowHolder reports the grant whose window on key is open (its
 	// ExpiresAt the window's end), or nil.
 	WindowHolder(ctx context.Context, db DB, key int64) (*Holder, error)
-}
-
-// ElectingSessionLocker is a SessionLocker that can hold elections
-// (NewElection): beside the lock its leader holds, it records each term
-// in a row. An Election on a SessionLocker that does not implement it
-// fails at its first operation with ErrUnsupported; on a LeaseStore an
-// Election needs nothing more (the lease's token is the term).
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type ElectingSessionLocker interface {
-	SessionLocker
-	// PrepareElections makes ready what terms need (a table), at an
-	// Election's first operation.
-	PrepareElections(ctx context.Context, db DB) error
-	// BeginTerm records, on conn, whose session was just granted key's
-	// lock, a new term of the election name led by owner, and returns it:
-	// a FencingToken larger than every token issued before it, by this
-	// election or by a lease. One statement.
-	BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error)
-	// TermHolder reports the leader of name: its latest term, if the
-	// session that began it still holds key's lock and EndTerm has not
-	// ended it; nil otherwise.
-	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
-	// EndTerm marks term of name ended in its record when the leader
-	// resigns, on the leader's conn, so that TermHolder no longer reports
-	// it while the session lives on in the pool. Failing, it costs only
-	// that: TermHolder then tells by the session's lock.
-	EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
-}
-
-// TxLocker is a Backend with transaction-scoped locks (Lock.LockTx): a
-// lock taken in the caller's transaction, which ends with it. No method
-// may leave tx aborted when it returns a nil error. Without it, LockTx
-// returns ErrUnsupported.
-type TxLocker interface {
-	Backend
-	// TryLockTx makes one attempt in tx; false is a definite miss.
-	TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
-	// TxSettings reads, by name, the settings of tx that WaitLockTx
-	// changes (PostgreSQL: statement_timeout and lock_timeout).
-	TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error)
-	// WaitLockTx waits server-side in tx for at most slice; false means
-	// the slice ended without the lock and tx is as it was. After a grant
-	// it puts back the settings it changed, to prev (from TxSettings).
-	WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error)
 }
 
 // localBackend returns the backend that needs no I/O to pick: the

@@ -125,7 +125,6 @@ var (
 	_ Configurer            = mysqlBackend{}
 	_ MultiKeyLocker        = mysqlBackend{}
 	_ SharedSessionLocker   = mysqlBackend{}
-	_ ElectingSessionLocker = mysqlBackend{}
 	_ WindowedSessionLocker = mysqlBackend{}
 	_ LeaseStore            = mysqlBackend{}
 )

@@ -57,8 +57,6 @@ var (
 	_ Configurer            = (*postgres)(nil)
 	_ MultiKeyLocker        = (*postgres)(nil)
 	_ SharedSessionLocker   = (*postgres)(nil)
-	_ TxLocker              = (*postgres)(nil)
-	_ ElectingSessionLocker = (*postgres)(nil)
 	_ WindowedSessionLocker = (*postgres)(nil)
 	_ LeaseStore            = (*postgres)(nil)
 )

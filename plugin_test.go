@@ -21,17 +21,15 @@ import (
 // implements the optional interfaces of backend.go by forwarding to a
 // built-in backend through those same interfaces only (it cannot see the
 // built-in's unexported methods), counting the calls of each interface
-// (and, where an interface has several jobs, of each job). pgParty adds
-// what the PostgreSQL backend has beyond it.
+// (and, where an interface has several jobs, of each job).
 type party struct {
 	inner advisorylock.Backend
 	calls *calls
-	kind  func(party) advisorylock.SessionLocker // pgParty or party around a party
 }
 
-// wrap returns b as a party of p's kind, counting into p's calls.
+// wrap returns b as a party, counting into p's calls.
 func (p party) wrap(b advisorylock.Backend) advisorylock.SessionLocker {
-	return p.kind(party{inner: b, calls: p.calls, kind: p.kind})
+	return party{inner: b, calls: p.calls}
 }
 
 // Configurer
@@ -191,57 +189,42 @@ func (p party) EndWait(ctx context.Context, conn *sql.Conn, key int64) error {
 	return p.inner.(advisorylock.SharedSessionLocker).EndWait(ctx, conn, key)
 }
 
-// ElectingSessionLocker
+// SessionLocker: an Election's terms.
 func (p party) PrepareElections(ctx context.Context, db advisorylock.DB) error {
-	return p.inner.(advisorylock.ElectingSessionLocker).PrepareElections(ctx, db)
+	return p.session().PrepareElections(ctx, db)
 }
 func (p party) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (advisorylock.FencingToken, error) {
-	return p.inner.(advisorylock.ElectingSessionLocker).BeginTerm(ctx, conn, key, name, owner)
+	return p.session().BeginTerm(ctx, conn, key, name, owner)
 }
 func (p party) TermHolder(ctx context.Context, db advisorylock.DB, key int64, name string) (*advisorylock.Holder, error) {
-	return p.inner.(advisorylock.ElectingSessionLocker).TermHolder(ctx, db, key, name)
+	return p.session().TermHolder(ctx, db, key, name)
 }
 func (p party) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
-	p.calls.add("ElectingSessionLocker.EndTerm")
-	return p.inner.(advisorylock.ElectingSessionLocker).EndTerm(ctx, conn, name, term)
+	p.calls.add("SessionLocker.EndTerm")
+	return p.session().EndTerm(ctx, conn, name, term)
 }
 
-// pgParty is party over the PostgreSQL backend: it also takes
-// transaction locks.
-type pgParty struct{ party }
-
-// TxLocker
-func (p pgParty) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
-	p.calls.add("TxLocker")
-	return p.inner.(advisorylock.TxLocker).TryLockTx(ctx, tx, key)
+// SessionLocker: transaction locks (ErrUnsupported over MySQL).
+func (p party) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
+	p.calls.add("SessionLocker.TryLockTx")
+	return p.session().TryLockTx(ctx, tx, key)
 }
-func (p pgParty) TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error) {
-	p.calls.add("TxLocker.wait")
-	return p.inner.(advisorylock.TxLocker).TxSettings(ctx, tx)
+func (p party) TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error) {
+	p.calls.add("SessionLocker.WaitLockTx")
+	return p.session().TxSettings(ctx, tx)
 }
-func (p pgParty) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error) {
-	p.calls.add("TxLocker.wait")
-	return p.inner.(advisorylock.TxLocker).WaitLockTx(ctx, tx, key, slice, prev)
+func (p party) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error) {
+	p.calls.add("SessionLocker.WaitLockTx")
+	return p.session().WaitLockTx(ctx, tx, key, slice, prev)
 }
 
-// The interfaces each party implements, checked by the compiler.
-var (
-	_ interface {
-		advisorylock.Configurer
-		advisorylock.LeaseStore
-		advisorylock.MultiKeyLocker
-		advisorylock.SharedSessionLocker
-		advisorylock.ElectingSessionLocker
-		advisorylock.TxLocker
-	} = pgParty{}
-	_ interface {
-		advisorylock.Configurer
-		advisorylock.LeaseStore
-		advisorylock.MultiKeyLocker
-		advisorylock.SharedSessionLocker
-		advisorylock.ElectingSessionLocker
-	} = party{}
-)
+// The interfaces a party implements, checked by the compiler.
+var _ interface {
+	advisorylock.Configurer
+	advisorylock.LeaseStore
+	advisorylock.MultiKeyLocker
+	advisorylock.SharedSessionLocker
+} = party{}
 
 // partyOps runs, through a third party's backend, an operation of each
 // kind that looks for an optional interface, and checks that each did
@@ -370,7 +353,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
 			c := &calls{n: map[string]int{}}
-			b := pgParty{party{inner: advisorylock.Postgres(), calls: c, kind: func(p party) advisorylock.SessionLocker { return pgParty{p} }}}
+			b := party{inner: advisorylock.Postgres(), calls: c}
 			partyOps(t, db, b)
 
 			// A transaction lock, held elsewhere, then waited for.
@@ -388,7 +371,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 			defer func() { _ = tx.Rollback() }()
 			done := make(chan error, 1)
 			go func() { done <- newLock(t, db, name, advisorylock.WithBackend(b)).LockTx(ctx, tx) }()
-			testdb.WaitFor(t, wait, func() bool { return c.count("TxLocker.wait") > 0 }, "LockTx never waited through the third party's TxLocker")
+			testdb.WaitFor(t, wait, func() bool { return c.count("SessionLocker.WaitLockTx") > 0 }, "LockTx never waited through the third party's WaitLockTx")
 			mustRelease(t, holder)
 			if err := <-done; err != nil {
 				t.Fatalf("LockTx through the third party: %v", err)
@@ -418,7 +401,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				t.Fatalf("LeaseLock.Lock through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.ListenReleases")
+			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.ListenReleases")
 			if want := (settings{serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the handle, before any Lock's settings)", c.settings, want)
 			}
@@ -434,11 +417,12 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 // setting is passed only with a keep-alive and an explicit timeout) and
 // whose exclusive wait that runs out while shared holders drain lets go
 // of what it took (EndWait); its TryLockAll answers ErrUnsupported, so a
-// set's keys go one statement each.
+// set's keys go one statement each, and its TryLockTx, so LockTx is
+// refused.
 func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 	db := testdb.OpenMySQL(t)
 	c := &calls{n: map[string]int{}}
-	b := party{inner: advisorylock.MySQL(), calls: c, kind: func(p party) advisorylock.SessionLocker { return p }}
+	b := party{inner: advisorylock.MySQL(), calls: c}
 	partyOps(t, db, b)
 
 	// An exclusive wait that runs out behind a shared holder.
@@ -454,7 +438,20 @@ func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 		t.Fatalf("LockTimeout behind a shared holder = %v, want ErrTimeout", err)
 	}
 
-	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SharedSessionLocker.EndWait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
+	// A transaction lock, which the backend refuses (ErrUnsupported from
+	// TryLockTx), leaving the transaction usable.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newLock(t, db, name, advisorylock.WithBackend(b)).LockTx(ctx, tx); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Fatalf("LockTx through %s = %v, want ErrUnsupported", b.Name(), err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("Commit after the refused LockTx: %v", err)
+	}
+
+	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SharedSessionLocker.EndWait", "SessionLocker.EndTerm", "SessionLocker.TryLockTx", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
 	if want := (settings{deadHolder: 10 * time.Second, serverChecks: true}); !c.gave(want) {
 		t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
 	}

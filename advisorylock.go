@@ -66,21 +66,29 @@
 // option is refused with ErrUnsupported at the first operation.
 //
 // An Election on a LeaseStore needs nothing more (its lease's token is the
-// term); on a SessionLocker it needs ElectingSessionLocker, which records
-// each term in a row beside the lock and ends it when the leader resigns.
-// Shared locks (RLock) need SharedSessionLocker, or a LeaseStore that
-// keeps them as "shared" rows (SharedLeaseStore); without either RLock
-// returns ErrUnsupported.
+// term); a SessionLocker records each term in a row beside the lock and
+// ends it when the leader resigns (PrepareElections, BeginTerm,
+// TermHolder, EndTerm). A SessionLocker also takes its locks in the
+// caller's transaction (TryLockTx, WaitLockTx: Lock.LockTx). Shared locks
+// (RLock) need SharedSessionLocker, or a LeaseStore that keeps them as
+// "shared" rows (Traits.SharedRows, and LeaseHolders); without either
+// RLock returns ErrUnsupported. A LeaseStore also keeps TryDoOnce's
+// records of runs done (RunDone, RecordRun), for the Locks of its
+// Backend, and may signal a lease's release to a listener
+// (Traits.SignalsReleases, and ListenReleases), so that a LeaseLock waiter
+// is woken by the release, not its poll. A backend that cannot do one of
+// these returns an error matching ErrUnsupported from its methods (a
+// SessionLocker without terms from PrepareElections, without transaction
+// locks from TryLockTx, a LeaseStore without runs from RunDone and
+// RecordRun), and the operation that needs it fails with that error.
 //
 // The rest is optional, each an interface in backend.go that the library
 // looks for and the built-in backends implement (they use nothing else):
 // Configurer (statement forms per driver, WithDeadHolderTimeout on the
-// server), MultiKeyLocker (many keys on one session: a Semaphore's slots,
-// a set's keys and multiplexed locks, each in one statement), TxLocker
-// (LockTx), RunRecorder (TryDoOnce's records of runs done) and
-// ReleaseListener (a LeaseLock waiter woken by the release, not its
-// poll). The package's own tests run a backend of a third party's making
-// through each.
+// server) and MultiKeyLocker (many keys on one session: a Semaphore's
+// slots, a set's keys and multiplexed locks, each in one statement). The
+// package's own tests run a backend of a third party's making through
+// each.
 package advisorylock
 
 import (
@@ -175,8 +183,15 @@ type lockBackend struct {
 	// given (part of what Locks that share sessions have in common), and
 	// the pool of a handle that cannot be shared (see newMuxPool).
 	muxed      bool
-	settings   SessionSettings
+	settings   sessionSettings
 	privateMux *muxPool
+}
+
+// sessionSettings are what a Lock gave Configure for the sessions it
+// pins (see Configurer).
+type sessionSettings struct {
+	deadHolder   time.Duration
+	serverChecks bool
 }
 
 // backend returns the Backend that b locks with.
@@ -253,14 +268,14 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		}
 		switch b := b.(type) {
 		case SessionLocker:
-			var settings SessionSettings
+			var settings sessionSettings
 			if c, ok := b.(Configurer); ok {
 				d := l.cfg.deadHolder
 				if b.Traits().EndsIdleSessions && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
 					d = 0 // see Traits.EndsIdleSessions
 				}
-				settings = SessionSettings{DeadHolder: d, ServerChecks: l.cfg.serverChecks}
-				s, ok := c.Configure(l.db, settings).(SessionLocker)
+				settings = sessionSettings{deadHolder: d, serverChecks: l.cfg.serverChecks}
+				s, ok := c.Configure(l.db, d, l.cfg.serverChecks).(SessionLocker)
 				if !ok {
 					return nil, fmt.Errorf("%w: backend %q configured for a Lock is no SessionLocker", ErrUnsupported, b.Name())
 				}

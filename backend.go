@@ -45,7 +45,7 @@ type Traits struct {
 	// the driver connection under a statement that overstays: always
 	// safe, one goroutine more per step.
 	CancelsPromptly bool
-	// EndsIdleSessions: SessionSettings.DeadHolder may also end a live
+	// EndsIdleSessions: Configure's deadHolder may also end a live
 	// holder's session after that long without a statement (MySQL's
 	// wait_timeout). The library then passes a DeadHolder only to a Lock
 	// with a keep-alive and an explicit WithDeadHolderTimeout: the
@@ -56,12 +56,30 @@ type Traits struct {
 	// false, a Lock or LeaseLock with WithMinHold on the store fails at
 	// its first operation with ErrUnsupported.
 	KeepsWindows bool
+	// SharedRows: the LeaseStore keeps shared holds (RLock on a Lock kept
+	// as rows): "shared" requests are one row per shared holder, and its
+	// "lock" rows and shared rows exclude each other. A "lock" acquire
+	// with LeaseRequest.Wait that finds only shared holders claims the
+	// row for the waiter, which keeps new shared holders out until the
+	// claim expires, is taken, or is released; the waiter's grant after a
+	// miss (LeaseRequest.Retry) ends its own claim. LeaseHolder of a
+	// "lock" request reports any live holder, of a "shared" request the
+	// exclusive one (or a waiting writer's claim), and LeaseHolders lists
+	// them all. Where false, RLock on a Lock kept as rows returns
+	// ErrUnsupported, and the library never calls LeaseHolders.
+	SharedRows bool
+	// SignalsReleases: the LeaseStore's ReleaseLease of a "lease" row
+	// signals the release to ListenReleases. Where false, the library
+	// never calls ListenReleases, and LeaseLock waiters poll.
+	SignalsReleases bool
 }
 
 // SessionLocker is a Backend whose locks live as long as a database
 // session: the lock is taken on a pinned connection and ends with it.
-// Every method is one round trip and must leave conn usable when it
-// returns a nil error.
+// It also keeps an Election's terms beside the lock, and takes the same
+// locks in a transaction, where it can (without, those methods return an
+// error matching ErrUnsupported). Every method is one round trip and
+// must leave conn usable when it returns a nil error.
 //
 // For backend authors: see "Writing a backend" in the package doc.
 type SessionLocker interface {
@@ -80,6 +98,46 @@ type SessionLocker interface {
 	SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error)
 	// SessionHolder reports who holds key, or nil when it is free.
 	SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error)
+
+	// Elections (NewElection): beside the lock its leader holds, the
+	// backend records each term in a row. (On a LeaseStore an Election
+	// needs nothing more: the lease's token is the term.)
+
+	// PrepareElections makes ready what terms need (a table), at an
+	// Election's first operation. A backend that records no terms
+	// returns an error matching ErrUnsupported, and the Election fails
+	// with it.
+	PrepareElections(ctx context.Context, db DB) error
+	// BeginTerm records, on conn, whose session was just granted key's
+	// lock, a new term of the election name led by owner, and returns it:
+	// a FencingToken larger than every token issued before it, by this
+	// election or by a lease. One statement.
+	BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error)
+	// TermHolder reports the leader of name: its latest term, if the
+	// session that began it still holds key's lock and EndTerm has not
+	// ended it; nil otherwise.
+	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
+	// EndTerm marks term of name ended in its record when the leader
+	// resigns, on the leader's conn, so that TermHolder no longer reports
+	// it while the session lives on in the pool. Failing, it costs only
+	// that: TermHolder then tells by the session's lock.
+	EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
+
+	// Transaction-scoped locks (Lock.LockTx): a lock taken in the
+	// caller's transaction, which ends with it. No method may leave tx
+	// aborted when it returns a nil error.
+
+	// TryLockTx makes one attempt in tx; false is a definite miss. A
+	// backend without transaction-scoped locks returns an error matching
+	// ErrUnsupported, before it sends anything, and LockTx fails with it.
+	TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
+	// TxSettings reads, by name, the settings of tx that WaitLockTx
+	// changes (PostgreSQL: statement_timeout and lock_timeout).
+	TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error)
+	// WaitLockTx waits server-side in tx for at most slice; false means
+	// the slice ended without the lock and tx is as it was. After a grant
+	// it puts back the settings it changed, to prev (from TxSettings).
+	WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error)
 }
 
 // SessionResult is the outcome of one session-lock statement.
@@ -92,7 +150,11 @@ type SessionResult struct {
 
 // LeaseStore is a Backend that keeps leases as rows, and the tables of
 // whatever else it records (windows, terms, runs). Every statement method
-// is one statement (one round trip), committed on its own.
+// is one statement (one round trip), committed on its own. A store
+// without shared rows or release signals says so in its Traits (and the
+// library never calls LeaseHolders or ListenReleases); one that keeps no
+// runs returns an error matching ErrUnsupported from RunDone and
+// RecordRun, before it sends anything.
 //
 // For backend authors: see "Writing a backend" in the package doc.
 type LeaseStore interface {
@@ -121,6 +183,39 @@ type LeaseStore interface {
 	// every Check, also for the tables of a session backend's windows and
 	// terms; a backend without grants to prove returns nil.
 	CheckTables(ctx context.Context, db DB, tables ...string) error
+	// LeaseHolders lists every live holder of r.Key, exclusive and shared
+	// (see Traits.SharedRows).
+	LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error)
+	// RunDone reports whether run of name is recorded done, for
+	// Lock.TryDoOnce (advisorylock_runs). It and RecordRun are called
+	// while the Lock named name is held (by this store's rows, or by a
+	// session lock of the same Backend); run is the run key given to
+	// TryDoOnce. A store that keeps no runs returns ErrUnsupported, and
+	// TryDoOnce fails with it.
+	RunDone(ctx context.Context, db DB, name, run string) (bool, error)
+	// RecordRun records run of name done, durably, before it returns, and
+	// deletes name's other records older than keep (WithRunRetention)
+	// before now (the Clock's time, for backends that keep time in the
+	// application); a record already there is kept.
+	RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error
+	// ListenReleases listens for the releases ReleaseLease signals (see
+	// Traits.SignalsReleases), so that a waiting LeaseLock tries again
+	// when the lease is released instead of at its next poll. It listens
+	// on conn, given to it alone, until ctx ends or conn fails. It calls
+	// ready once it listens (releases before that may go unheard), then
+	// released(r.Key) for each release it hears. Where db is a Notifier,
+	// conn is nil: the store listens through db.
+	//
+	// While LeaseLock waiters wait on a *sql.DB, the library runs one
+	// listener for it on a connection of the pool that holds no lock and
+	// is discarded afterwards (or through the handle, where it is a
+	// Notifier), and none from a pool limited to fewer than four
+	// connections. The signal is an optimisation: waiters still poll
+	// (less often), so a signal lost costs latency, never safety. Where
+	// it returns an error matching ErrUnsupported (the driver delivers no
+	// notifications, a transaction-mode pooler), waiters on db poll; after
+	// another error the library listens again while waiters wait.
+	ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error
 }
 
 // LeaseRequest describes one lease statement.
@@ -131,7 +226,7 @@ type LeaseRequest struct {
 	//   - "lock": the row behind a Lock on a backend without session
 	//     locks (advisorylock_locks, keyed by Key);
 	//   - "shared": a shared holder's row of a Lock kept as rows (RLock;
-	//     see SharedLeaseStore), one per holder, keyed by Key and Owner;
+	//     see Traits.SharedRows), one per holder, keyed by Key and Owner;
 	//   - "lease": the row of a LeaseLock (advisorylock_leases, keyed by
 	//     Name, with a generation that is the fencing token).
 	Kind  string
@@ -147,8 +242,8 @@ type LeaseRequest struct {
 	// store whose Traits keep windows is given a non-zero MinHold.
 	MinHold time.Duration
 	// Wait marks a "lock" acquire made by a waiting Lock (not a try): on
-	// a SharedLeaseStore, finding only shared holders it claims the row
-	// for its owner (see SharedLeaseStore).
+	// a store with shared rows, finding only shared holders it claims the
+	// row for its owner (see Traits.SharedRows).
 	Wait bool
 	// Retry marks the attempts of a waiting acquire (Wait) after its
 	// first: an earlier attempt with this Owner missed and may have left a
@@ -166,27 +261,18 @@ type LeaseRequest struct {
 // Configurer is a Backend that adjusts itself to the handle it is given
 // (its driver's statement forms) and to the settings of a Lock's
 // sessions. The library calls Configure once it knows the handle, with
-// SessionSettings whose DeadHolder is 0, and uses the Backend it returns
-// for that handle; at a Lock's first operation it calls Configure again,
-// on that Backend, with the Lock's settings, and uses what it returns for
-// the Lock. Configure does no I/O and returns a Backend with the same
-// capabilities. Without it, WithDeadHolderTimeout changes nothing on the
-// server.
+// deadHolder 0, and uses the Backend it returns for that handle; at a
+// Lock's first operation it calls Configure again, on that Backend, with
+// the Lock's settings, and uses what it returns for the Lock. deadHolder
+// is how long the server may take to free the lock of a holder that
+// vanished (WithDeadHolderTimeout; 0 leaves the server's own settings);
+// serverChecks is WithServerChecks (false asks for no per-session checks,
+// such as PostgreSQL's hot-standby check). Configure does no I/O and
+// returns a Backend with the same capabilities. Without it,
+// WithDeadHolderTimeout changes nothing on the server.
 type Configurer interface {
 	Backend
-	Configure(db DB, s SessionSettings) Backend
-}
-
-// SessionSettings are a Lock's settings for the sessions it pins (see
-// Configurer).
-type SessionSettings struct {
-	// DeadHolder is how long the server may take to free the lock of a
-	// holder that vanished (WithDeadHolderTimeout); 0 leaves the server's
-	// own settings.
-	DeadHolder time.Duration
-	// ServerChecks is WithServerChecks: false asks for no per-session
-	// checks (such as PostgreSQL's hot-standby check).
-	ServerChecks bool
+	Configure(db DB, deadHolder time.Duration, serverChecks bool) Backend
 }
 
 // SharedSessionLocker is a SessionLocker that also takes shared locks
@@ -205,23 +291,6 @@ type SharedSessionLocker interface {
 	// back to the pool, and discards the connection if it fails. A
 	// backend whose waits leave nothing returns nil.
 	EndWait(ctx context.Context, conn *sql.Conn, key int64) error
-}
-
-// SharedLeaseStore is a LeaseStore that keeps shared holds (RLock on a
-// Lock kept as rows): "shared" requests are one row per shared holder,
-// and its "lock" rows and shared rows exclude each other. A "lock"
-// acquire with LeaseRequest.Wait that finds only shared holders claims the
-// row for the waiter, which keeps new shared holders out until the claim
-// expires, is taken, or is released; the waiter's grant after a miss
-// (LeaseRequest.Retry) ends its own claim. LeaseHolder of a "lock" request
-// reports any live holder, of a "shared" request the exclusive one (or
-// a waiting writer's claim). Without it RLock returns ErrUnsupported.
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type SharedLeaseStore interface {
-	LeaseStore
-	// LeaseHolders lists every live holder of r.Key, exclusive and shared.
-	LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error)
 }
 
 // MultiKeyLocker is a SessionLocker whose sessions hold many keys at once
@@ -293,88 +362,6 @@ type WindowedSessionLocker interface {
 	WindowHolder(ctx context.Context, db DB, key int64) (*Holder, error)
 }
 
-// ElectingSessionLocker is a SessionLocker that can hold elections
-// (NewElection): beside the lock its leader holds, it records each term
-// in a row. An Election on a SessionLocker that does not implement it
-// fails at its first operation with ErrUnsupported; on a LeaseStore an
-// Election needs nothing more (the lease's token is the term).
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type ElectingSessionLocker interface {
-	SessionLocker
-	// PrepareElections makes ready what terms need (a table), at an
-	// Election's first operation.
-	PrepareElections(ctx context.Context, db DB) error
-	// BeginTerm records, on conn, whose session was just granted key's
-	// lock, a new term of the election name led by owner, and returns it:
-	// a FencingToken larger than every token issued before it, by this
-	// election or by a lease. One statement.
-	BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error)
-	// TermHolder reports the leader of name: its latest term, if the
-	// session that began it still holds key's lock and EndTerm has not
-	// ended it; nil otherwise.
-	TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error)
-	// EndTerm marks term of name ended in its record when the leader
-	// resigns, on the leader's conn, so that TermHolder no longer reports
-	// it while the session lives on in the pool. Failing, it costs only
-	// that: TermHolder then tells by the session's lock.
-	EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error
-}
-
-// TxLocker is a Backend with transaction-scoped locks (Lock.LockTx): a
-// lock taken in the caller's transaction, which ends with it. No method
-// may leave tx aborted when it returns a nil error. Without it, LockTx
-// returns ErrUnsupported.
-type TxLocker interface {
-	Backend
-	// TryLockTx makes one attempt in tx; false is a definite miss.
-	TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error)
-	// TxSettings reads, by name, the settings of tx that WaitLockTx
-	// changes (PostgreSQL: statement_timeout and lock_timeout).
-	TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error)
-	// WaitLockTx waits server-side in tx for at most slice; false means
-	// the slice ended without the lock and tx is as it was. After a grant
-	// it puts back the settings it changed, to prev (from TxSettings).
-	WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error)
-}
-
-// RunRecorder is a Backend that records which runs of a name are done,
-// for Lock.TryDoOnce, in a table of its own (advisorylock_runs). Both
-// methods are called while the Lock named name is held; run is the run
-// key given to TryDoOnce. Without it TryDoOnce returns ErrUnsupported.
-type RunRecorder interface {
-	Backend
-	// RunDone reports whether run of name is recorded done.
-	RunDone(ctx context.Context, db DB, name, run string) (bool, error)
-	// RecordRun records run of name done, durably, before it returns, and
-	// deletes name's other records older than keep (WithRunRetention)
-	// before now (the Clock's time, for backends that keep time in the
-	// application); a record already there is kept.
-	RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error
-}
-
-// ReleaseListener is a LeaseStore whose ReleaseLease (of a "lease"
-// row) signals the release to listeners, so that a waiting LeaseLock
-// tries again when the lease is released instead of at its next poll.
-// While LeaseLock waiters wait on a *sql.DB, the library runs one
-// listener for it on a connection of the pool that holds no lock and is
-// discarded afterwards (or through the handle, where it is a Notifier),
-// and none from a pool limited to fewer than four connections. The signal is an optimisation: waiters still poll (less
-// often), so a signal lost costs latency, never safety. Without it, or
-// where ListenReleases returns an error matching ErrUnsupported (the
-// driver delivers no notifications, a transaction-mode pooler), waiters
-// poll; after another error the library listens again while waiters wait.
-//
-// For backend authors: see "Writing a backend" in the package doc.
-type ReleaseListener interface {
-	LeaseStore
-	// ListenReleases listens on conn, given to it alone, until ctx ends or
-	// conn fails. It calls ready once it listens (releases before that may
-	// go unheard), then released(r.Key) for each release it hears. Where
-	// db is a Notifier, conn is nil: the store listens through db.
-	ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error
-}
-
 // localBackend returns the backend that needs no I/O to pick: the
 // configured one, else the one the driver's type names; nil when neither
 // tells (a wrapped driver: firstUse asks the database).
@@ -389,7 +376,7 @@ func localBackend(db DB, c *config) Backend {
 // configured returns b adjusted to db (see Configurer), or b itself.
 func configured(b Backend, db DB, c *config) Backend {
 	if cf, ok := b.(Configurer); ok {
-		return cf.Configure(db, SessionSettings{ServerChecks: c.serverChecks})
+		return cf.Configure(db, 0, c.serverChecks)
 	}
 	return b
 }

@@ -77,8 +77,11 @@ type mysqlBackend struct {
 }
 
 // Configure returns m with the statement forms of db's driver (see forDB)
-// and s's settings for the sessions a Lock pins (see forLock).
-func (m mysqlBackend) Configure(db DB, s SessionSettings) Backend { return m.forDB(db).forLock(s) }
+// and the dead-holder setting for the sessions a Lock pins (see forLock);
+// it has no per-session server checks to leave out.
+func (m mysqlBackend) Configure(db DB, deadHolder time.Duration, _ bool) Backend {
+	return m.forDB(db).forLock(deadHolder)
+}
 
 // forDB returns m with the statement forms of db's driver: on
 // go-sql-driver/mysql the exclusive try and the unlock are server-side
@@ -108,8 +111,7 @@ func (m mysqlBackend) forDB(db DB) mysqlBackend {
 //
 // A Lock without a keep-alive (WithKeepAlive(0)) gets none of this: its
 // idle holder would lose the lock unnoticed.
-func (m mysqlBackend) forLock(s SessionSettings) mysqlBackend {
-	d := s.DeadHolder
+func (m mysqlBackend) forLock(d time.Duration) mysqlBackend {
 	m.waitTimeout = 0
 	if d > 0 {
 		m.waitTimeout = int64((d + time.Second - 1) / time.Second)
@@ -123,8 +125,6 @@ var (
 	_ Configurer            = mysqlBackend{}
 	_ MultiKeyLocker        = mysqlBackend{}
 	_ SharedSessionLocker   = mysqlBackend{}
-	_ ElectingSessionLocker = mysqlBackend{}
-	_ RunRecorder           = mysqlBackend{}
 	_ WindowedSessionLocker = mysqlBackend{}
 	_ LeaseStore            = mysqlBackend{}
 )
@@ -614,6 +614,17 @@ func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) err
 		_, err := q.ExecContext(ctx, stmt)
 		return err
 	})
+}
+
+// LeaseHolders lists the one live holder of r: the store keeps no shared
+// rows (a Lock's shared holds are session locks).
+func (m mysqlBackend) LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error) {
+	return oneHolder(m.LeaseHolder(ctx, db, r))
+}
+
+// ListenReleases returns ErrUnsupported: MySQL has no notifications.
+func (mysqlBackend) ListenReleases(context.Context, DB, *sql.Conn, func(), func(int64)) error {
+	return errNoReleaseSignals
 }
 
 // LeaseHolder reports the lease's holder, or nil when it is free or

@@ -103,6 +103,26 @@ func (m *mapBackend) AdmitToken(_ context.Context, _ *sql.Tx, resource string, t
 	return nil
 }
 
+// LeaseHolders is never called: the map keeps no shared rows (its Traits
+// are zero).
+func (m *mapBackend) LeaseHolders(context.Context, advisorylock.DB, advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
+	return nil, errors.New("map: LeaseHolders called on a store without shared rows")
+}
+
+// RunDone and RecordRun: the map keeps no runs.
+func (m *mapBackend) RunDone(context.Context, advisorylock.DB, string, string) (bool, error) {
+	return false, fmt.Errorf("%w: the map keeps no runs", advisorylock.ErrUnsupported)
+}
+func (m *mapBackend) RecordRun(context.Context, advisorylock.DB, string, string, time.Time, time.Duration) error {
+	return fmt.Errorf("%w: the map keeps no runs", advisorylock.ErrUnsupported)
+}
+
+// ListenReleases is never called: the map signals no releases (see
+// listeningMapBackend for one that does).
+func (m *mapBackend) ListenReleases(context.Context, advisorylock.DB, *sql.Conn, func(), func(int64)) error {
+	return errors.New("map: ListenReleases called on a store that signals no releases")
+}
+
 // noDB is a handle the map backend never uses.
 type noDB struct{}
 
@@ -126,7 +146,30 @@ func TestThirdBackendPlugsIn(t *testing.T) {
 	if h, err := l.Holder(ctx); err != nil || h == nil || h.Backend != "map" {
 		t.Fatalf("Holder = %+v, %v", h, err)
 	}
+	// A store without shared rows (zero Traits) lists its one holder
+	// through LeaseHolder, and refuses shared holds.
+	if hs, err := l.Holders(ctx); err != nil || len(hs) != 1 || hs[0].Backend != "map" {
+		t.Fatalf("Holders = %+v, %v; want the one holder", hs, err)
+	}
+	if _, err := l.TryRLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Fatalf("TryRLock on a store without shared rows = %v, want ErrUnsupported", err)
+	}
 	mustRelease(t, g)
+
+	// A store that keeps no runs: TryDoOnce fails with ErrUnsupported and
+	// runs nothing.
+	ran, err := l.TryDoOnce(ctx, "r", func(context.Context) error {
+		t.Error("TryDoOnce ran fn on a store that keeps no runs")
+		return nil
+	})
+	if ran || !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Fatalf("TryDoOnce on a store without runs = %v, %v; want false, ErrUnsupported", ran, err)
+	}
+	if g, err := l.TryLock(ctx); err != nil {
+		t.Fatalf("TryLock after the refused TryDoOnce = %v, want the lock free", err)
+	} else {
+		mustRelease(t, g)
+	}
 
 	ll, err := advisorylock.NewLeaseLock(noDB{}, "plugged", advisorylock.WithBackend(b))
 	if err != nil {

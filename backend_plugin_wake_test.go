@@ -12,8 +12,9 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// listeningMapBackend is a third party's ReleaseListener: the map
-// backend, whose releases it tells its listener of through a channel.
+// listeningMapBackend is a third party's LeaseStore that signals
+// releases (Traits.SignalsReleases): the map backend, whose releases it
+// tells its listener of through a channel.
 type listeningMapBackend struct {
 	*mapBackend
 	releases chan int64
@@ -29,7 +30,12 @@ func (m listeningMapBackend) AcquireLease(ctx context.Context, db advisorylock.D
 	return g, err
 }
 
-var _ advisorylock.ReleaseListener = listeningMapBackend{}
+var _ advisorylock.LeaseStore = listeningMapBackend{}
+
+// Traits says the store signals releases, so that the library listens.
+func (m listeningMapBackend) Traits() advisorylock.Traits {
+	return advisorylock.Traits{SignalsReleases: true}
+}
 
 func (m listeningMapBackend) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {
 	err := m.mapBackend.ReleaseLease(ctx, db, r)
@@ -58,9 +64,9 @@ func (m listeningMapBackend) ListenReleases(ctx context.Context, _ advisorylock.
 }
 
 // TestThirdBackendWakesLeaseWaiters: a LeaseLock waiter on a third
-// party's ReleaseListener is woken by the release it hears, long before
-// its first poll (5s at the earliest). The handle only lends the
-// listener a connection.
+// party's store that signals releases is woken by the release it hears,
+// long before its first poll (5s at the earliest). The handle only lends
+// the listener a connection.
 func TestThirdBackendWakesLeaseWaiters(t *testing.T) {
 	const farPoll, promptly = 10 * time.Second, 2 * time.Second
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)

@@ -57,20 +57,18 @@ var (
 	_ Configurer            = (*postgres)(nil)
 	_ MultiKeyLocker        = (*postgres)(nil)
 	_ SharedSessionLocker   = (*postgres)(nil)
-	_ TxLocker              = (*postgres)(nil)
-	_ ElectingSessionLocker = (*postgres)(nil)
-	_ RunRecorder           = (*postgres)(nil)
 	_ WindowedSessionLocker = (*postgres)(nil)
 	_ LeaseStore            = (*postgres)(nil)
-	_ ReleaseListener       = (*postgres)(nil)
 )
 
 func (p *postgres) Name() string { return "postgres" }
 
 // Configure returns a copy of p with the statement forms of db's driver
-// (see forDB) and s's settings for the sessions a Lock pins (see
+// (see forDB) and the settings for the sessions a Lock pins (see
 // forLock).
-func (p *postgres) Configure(db DB, s SessionSettings) Backend { return p.forDB(db).forLock(s) }
+func (p *postgres) Configure(db DB, deadHolder time.Duration, serverChecks bool) Backend {
+	return p.forDB(db).forLock(deadHolder, serverChecks)
+}
 
 // forDB returns a copy of p with the statement forms of db's driver:
 // bound parameters on pgx, statements prepared once per session on
@@ -135,8 +133,7 @@ func (p *postgres) lockMode() string {
 // operator who knows the topology) a missed try asks nothing, so the
 // settings go with every try instead (pgTryLockInline), and a standby is
 // not refused.
-func (p *postgres) forLock(s SessionSettings) *postgres {
-	d, serverChecks := s.DeadHolder, s.ServerChecks
+func (p *postgres) forLock(d time.Duration, serverChecks bool) *postgres {
 	c := *p
 	c.tryLock, c.whyMissed, c.deadHolder = pgTryLock, pgWhyMissed, ""
 	secs := func(f time.Duration) int64 { return max(int64(f/time.Second), 1) }
@@ -190,9 +187,10 @@ var errStandby = fmt.Errorf("%w: the server is a hot standby (read-only, in reco
 // Traits: pgx closes its socket when a statement's context ends, so its
 // statements need no bounding (see within in conn_guard.go); lib/pq's
 // need it. A LeaseLock's rows keep WithMinHold's window in expires_at
-// (see backend_postgres_minhold.go).
+// (see backend_postgres_minhold.go). A lease's release notifies its
+// listeners (see ListenReleases).
 func (p *postgres) Traits() Traits {
-	return Traits{CancelsPromptly: p.cancelsPromptly(), KeepsWindows: true}
+	return Traits{CancelsPromptly: p.cancelsPromptly(), KeepsWindows: true, SignalsReleases: true}
 }
 
 // cancelsPromptly reports whether p's driver ends a statement when its
@@ -1047,6 +1045,12 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 	return p.exec(ctx, db, pgReleaseLease, r.Name, r.Token.Int64(), key)
 }
 
+// LeaseHolders lists the one live holder of r: the store keeps no shared
+// rows (a Lock's shared holds are session locks).
+func (p *postgres) LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error) {
+	return oneHolder(p.LeaseHolder(ctx, db, r))
+}
+
 // LeaseHolder reports the lease's holder, or nil when it is free or
 // expired by the database clock.
 func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
@@ -1302,7 +1306,7 @@ func (p *postgres) CheckTables(ctx context.Context, db DB, tables ...string) err
 // share wakes, which only makes a waiter look early.
 const pgReleaseChannel = "advisorylock_leases"
 
-// ListenReleases listens for lease releases (see ReleaseListener):
+// ListenReleases listens for lease releases (see LeaseStore):
 // through db's Listen where db is a Notifier, else on conn, which needs a
 // driver that delivers notifications to a connection of database/sql's
 // pool, as pgx's stdlib does (its Conn().WaitForNotification). lib/pq

@@ -30,12 +30,9 @@ func SQLite() Backend { return sqliteBackend{} }
 
 type sqliteBackend struct{}
 
-// The capabilities the SQLite backend has beyond LeaseStore, each an
-// interface of backend.go that a third party's backend may implement too.
-var (
-	_ SharedLeaseStore = sqliteBackend{}
-	_ RunRecorder      = sqliteBackend{}
-)
+// The SQLite backend is a LeaseStore with shared rows (see Traits) and
+// runs, and no more.
+var _ LeaseStore = sqliteBackend{}
 
 // sqliteSteps are the schema's upgrade steps, one statement each, every
 // one idempotent (processes sharing the file may run them at once).
@@ -163,7 +160,7 @@ WHERE advisorylock_locks.expires_at <= excluded.acquired_at`
 	sqliteRenewLock   = `UPDATE advisorylock_locks SET expires_at = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4`
 	sqliteReleaseLock = `DELETE FROM advisorylock_locks WHERE key = ?1 AND owner = ?2`
 
-	// Shared holds (see SharedLeaseStore). A shared holder's row goes in
+	// Shared holds (see Traits.SharedRows). A shared holder's row goes in
 	// only while no exclusive row (owner not '', the summary's) and no
 	// waiting writer's claim is live; a waiting writer claims the key
 	// (any writer may take a claim over) while shared holders keep it
@@ -271,8 +268,15 @@ const sqliteBusySnapshot = 5 | 2<<8
 
 func (sqliteBackend) Name() string { return "sqlite" }
 
-// Traits: a lease row keeps WithMinHold's window in its expiry.
-func (sqliteBackend) Traits() Traits { return Traits{KeepsWindows: true} }
+// Traits: a lease row keeps WithMinHold's window in its expiry; a Lock's
+// shared holds are rows of advisorylock_shared (see LeaseHolders); a
+// release is heard by no one (waiters poll).
+func (sqliteBackend) Traits() Traits { return Traits{KeepsWindows: true, SharedRows: true} }
+
+// ListenReleases returns ErrUnsupported: SQLite has no notifications.
+func (sqliteBackend) ListenReleases(context.Context, DB, *sql.Conn, func(), func(int64)) error {
+	return errNoReleaseSignals
+}
 
 // CheckTables has no grants to prove: a SQLite database is a file, and
 // Validate, at the first operation, creates the tables.
@@ -424,7 +428,7 @@ func (s sqliteBackend) withdrawClaim(ctx context.Context, db DB, r LeaseRequest)
 
 // acquireRow takes a lock row (kindLock) or a shared holder's row
 // (kindShared) in one statement; a waiting writer that missed claims the
-// key in a second (see SharedLeaseStore).
+// key in a second (see Traits.SharedRows).
 func (sqliteBackend) acquireRow(ctx context.Context, q querier, r LeaseRequest, now, exp int64) (bool, error) {
 	stmt := sqliteAcquireLock
 	if r.Kind == kindShared {

@@ -69,7 +69,7 @@ var errResigned = errors.New("advisorylock: leadership resigned")
 // electionBackend is how an Election elects, learnt at its first
 // operation: terms recorded beside a session lock, or a lease.
 type electionBackend struct {
-	terms ElectingSessionLocker // nil on a row backend
+	terms SessionLocker // nil on a row backend
 }
 
 // NewElection returns an Election on name. It does no I/O (see New): it
@@ -127,13 +127,10 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, ok := b.(SessionLocker); !ok {
+		terms, ok := b.(SessionLocker)
+		if !ok {
 			_, err := e.lease.store(ctx)
 			return &electionBackend{}, err
-		}
-		terms, ok := b.(ElectingSessionLocker)
-		if !ok {
-			return nil, fmt.Errorf("%w: backend %q cannot hold elections (it records no terms)", ErrUnsupported, b.Name())
 		}
 		if _, err := e.lock.backend(ctx); err != nil {
 			return nil, err

@@ -149,7 +149,7 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if _, ok := store.(SharedLeaseStore); ok && wait && req.Kind == kindLock {
+	if wait && req.Kind == kindLock && store.Traits().SharedRows {
 		return claimLease(ctx, budget, store, db, cfg, req)
 	}
 	var wake <-chan struct{} // nil: releases are not heard, and waiting is polling
@@ -174,7 +174,7 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 
 // claimLease is acquireLease for a waiting writer of a Lock that can be
 // held shared: each attempt, with one owner label for the whole wait,
-// claims the row while shared holders have it (see SharedLeaseStore), so
+// claims the row while shared holders have it (see Traits.SharedRows), so
 // that no new shared holder enters. While shared holders are in, the
 // waiter tries again every poll interval, which keeps its claim fresh;
 // while an exclusive holder is, it waits as acquireLease does, reading

@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -28,7 +29,7 @@ type Notifier interface {
 }
 
 // releaseWatch fans out the lease releases that one listener hears (see
-// ReleaseListener) to the LeaseLock waiters of one *sql.DB, each woken
+// LeaseStore.ListenReleases) to the LeaseLock waiters of one *sql.DB, each woken
 // when a release of its key is heard, and every waiter when the listener
 // (re)starts or stops, since a release may have gone unheard meanwhile.
 // A wake only makes a waiter try again at once: the row and the
@@ -42,7 +43,7 @@ type Notifier interface {
 // remain. Where the store says it cannot listen on db (an error matching
 // ErrUnsupported), the watch is off for good and waiters poll.
 type releaseWatch struct {
-	store ReleaseListener
+	store LeaseStore
 	db    DB
 
 	mu      sync.Mutex
@@ -75,12 +76,15 @@ const (
 	listenMinPool = 4
 )
 
+// errNoReleaseSignals is what ListenReleases returns on a store whose
+// releases signal nothing.
+var errNoReleaseSignals = fmt.Errorf("%w: the store signals no lease releases", ErrUnsupported)
+
 // joinReleases registers a waiter for key on db's watch, starting its
 // listener if none runs; nil when releases cannot be heard (the store is
-// no ReleaseListener, or the watch is off), and the waiter polls.
+// signals no releases, or the watch is off), and the waiter polls.
 func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64) *leaseWaiter {
-	rl, ok := store.(ReleaseListener)
-	if !ok {
+	if !store.Traits().SignalsReleases {
 		return nil
 	}
 	if _, own := db.(Notifier); !own {
@@ -89,7 +93,7 @@ func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64) *leas
 		}
 	}
 	w, err := cachedVerdict(ctx, db, "release watch", func(context.Context) (*releaseWatch, error) {
-		return &releaseWatch{store: rl, db: db, waiters: map[*leaseWaiter]struct{}{}}, nil
+		return &releaseWatch{store: store, db: db, waiters: map[*leaseWaiter]struct{}{}}, nil
 	})
 	if err != nil {
 		return nil

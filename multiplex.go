@@ -45,7 +45,7 @@ import (
 type muxKey struct {
 	db        DB
 	backend   string
-	settings  SessionSettings
+	settings  sessionSettings
 	keepAlive time.Duration
 	timeout   time.Duration
 	size      int

@@ -299,8 +299,8 @@ func newKeyDropper() keyDropper {
 
 // Configure keeps the fault on the backend configured for the handle and
 // for a Lock.
-func (d keyDropper) Configure(db advisorylock.DB, s advisorylock.SessionSettings) advisorylock.Backend {
-	d.SessionLocker = d.SessionLocker.(advisorylock.Configurer).Configure(db, s).(advisorylock.SessionLocker)
+func (d keyDropper) Configure(db advisorylock.DB, deadHolder time.Duration, serverChecks bool) advisorylock.Backend {
+	d.SessionLocker = d.SessionLocker.(advisorylock.Configurer).Configure(db, deadHolder, serverChecks).(advisorylock.SessionLocker)
 	return d
 }
 

@@ -42,10 +42,11 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 	if err != nil {
 		return false, wrapErr(l.name, "try do once", err)
 	}
-	done := false
+	done, unsupported := false, false
 	ran, err = tryDo(ctx, l.name, l.TryLock, func(ctx context.Context) error {
 		var err error
 		if done, err = rec.RunDone(ctx, l.db, l.name, run); err != nil {
+			unsupported = errors.Is(err, ErrUnsupported) // the store keeps no runs: nothing ran
 			return wrapErr(l.name, "try do once", err)
 		}
 		if done {
@@ -63,19 +64,19 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 		}
 		return nil
 	})
-	return ran && !done, err
+	return ran && !done && !unsupported, err
 }
 
-// runRecorder returns l's backend as a RunRecorder, after the first-use
-// work (see Lock.backend).
-func (l *Lock) runRecorder(ctx context.Context) (RunRecorder, error) {
+// runRecorder returns the LeaseStore that keeps l's runs: l's backend,
+// after the first-use work (see Lock.backend).
+func (l *Lock) runRecorder(ctx context.Context) (LeaseStore, error) {
 	lb, err := l.backend(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rec, ok := lb.backend().(RunRecorder)
+	rec, ok := lb.backend().(LeaseStore)
 	if !ok {
-		return nil, fmt.Errorf("%w: backend %q records no runs (TryDoOnce needs a RunRecorder)", ErrUnsupported, lb.backend().Name())
+		return nil, fmt.Errorf("%w: backend %q records no runs (TryDoOnce needs a LeaseStore)", ErrUnsupported, lb.backend().Name())
 	}
 	return rec, nil
 }

@@ -21,23 +21,21 @@ import (
 // implements the optional interfaces of backend.go by forwarding to a
 // built-in backend through those same interfaces only (it cannot see the
 // built-in's unexported methods), counting the calls of each interface
-// (and, where an interface has several jobs, of each job). pgParty adds
-// what the PostgreSQL backend has beyond it.
+// (and, where an interface has several jobs, of each job).
 type party struct {
 	inner advisorylock.Backend
 	calls *calls
-	kind  func(party) advisorylock.SessionLocker // pgParty or party around a party
 }
 
-// wrap returns b as a party of p's kind, counting into p's calls.
+// wrap returns b as a party, counting into p's calls.
 func (p party) wrap(b advisorylock.Backend) advisorylock.SessionLocker {
-	return p.kind(party{inner: b, calls: p.calls, kind: p.kind})
+	return party{inner: b, calls: p.calls}
 }
 
 // Configurer
-func (p party) Configure(db advisorylock.DB, s advisorylock.SessionSettings) advisorylock.Backend {
-	p.calls.configure(s)
-	return p.wrap(p.inner.(advisorylock.Configurer).Configure(db, s))
+func (p party) Configure(db advisorylock.DB, deadHolder time.Duration, serverChecks bool) advisorylock.Backend {
+	p.calls.configure(settings{deadHolder, serverChecks})
+	return p.wrap(p.inner.(advisorylock.Configurer).Configure(db, deadHolder, serverChecks))
 }
 
 // SharedSessionLocker
@@ -47,14 +45,20 @@ func (p party) Shared() advisorylock.SessionLocker {
 }
 
 // calls counts the calls of each optional interface, by its name, and
-// keeps every SessionSettings that Configure was given.
+// keeps every pair of settings that Configure was given.
 type calls struct {
 	mu       sync.Mutex
 	n        map[string]int
-	settings []advisorylock.SessionSettings
+	settings []settings
 }
 
-func (c *calls) configure(s advisorylock.SessionSettings) {
+// settings are Configure's arguments for a Lock's sessions.
+type settings struct {
+	deadHolder   time.Duration
+	serverChecks bool
+}
+
+func (c *calls) configure(s settings) {
 	c.add("Configurer")
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -62,7 +66,7 @@ func (c *calls) configure(s advisorylock.SessionSettings) {
 }
 
 // gave reports whether Configure was given s.
-func (c *calls) gave(s advisorylock.SessionSettings) bool {
+func (c *calls) gave(s settings) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Contains(c.settings, s)
@@ -134,6 +138,24 @@ func (p party) CheckTables(ctx context.Context, db advisorylock.DB, tables ...st
 	p.calls.add("LeaseStore.CheckTables")
 	return p.store().CheckTables(ctx, db, tables...)
 }
+func (p party) LeaseHolders(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
+	return p.store().LeaseHolders(ctx, db, r)
+}
+
+// LeaseStore: TryDoOnce's records of runs, and a LeaseLock waiter's
+// listener.
+func (p party) RunDone(ctx context.Context, db advisorylock.DB, name, run string) (bool, error) {
+	p.calls.add("LeaseStore.RunDone")
+	return p.store().RunDone(ctx, db, name, run)
+}
+func (p party) RecordRun(ctx context.Context, db advisorylock.DB, name, run string, now time.Time, keep time.Duration) error {
+	p.calls.add("LeaseStore.RecordRun")
+	return p.store().RecordRun(ctx, db, name, run, now, keep)
+}
+func (p party) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
+	p.calls.add("LeaseStore.ListenReleases")
+	return p.store().ListenReleases(ctx, db, conn, ready, released)
+}
 
 // MultiKeyLocker: a semaphore's slots, a set's keys, multiplexed locks.
 func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
@@ -167,62 +189,48 @@ func (p party) EndWait(ctx context.Context, conn *sql.Conn, key int64) error {
 	return p.inner.(advisorylock.SharedSessionLocker).EndWait(ctx, conn, key)
 }
 
-// ElectingSessionLocker
+// SessionLocker: an Election's terms.
 func (p party) PrepareElections(ctx context.Context, db advisorylock.DB) error {
-	return p.inner.(advisorylock.ElectingSessionLocker).PrepareElections(ctx, db)
+	return p.session().PrepareElections(ctx, db)
 }
 func (p party) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (advisorylock.FencingToken, error) {
-	return p.inner.(advisorylock.ElectingSessionLocker).BeginTerm(ctx, conn, key, name, owner)
+	return p.session().BeginTerm(ctx, conn, key, name, owner)
 }
 func (p party) TermHolder(ctx context.Context, db advisorylock.DB, key int64, name string) (*advisorylock.Holder, error) {
-	return p.inner.(advisorylock.ElectingSessionLocker).TermHolder(ctx, db, key, name)
+	return p.session().TermHolder(ctx, db, key, name)
 }
 func (p party) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
-	p.calls.add("ElectingSessionLocker.EndTerm")
-	return p.inner.(advisorylock.ElectingSessionLocker).EndTerm(ctx, conn, name, term)
+	p.calls.add("SessionLocker.EndTerm")
+	return p.session().EndTerm(ctx, conn, name, term)
 }
 
-// pgParty is party over the PostgreSQL backend: it also takes
-// transaction locks.
-type pgParty struct{ party }
-
-// TxLocker
-func (p pgParty) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
-	p.calls.add("TxLocker")
-	return p.inner.(advisorylock.TxLocker).TryLockTx(ctx, tx, key)
+// SessionLocker: transaction locks (ErrUnsupported over MySQL).
+func (p party) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
+	p.calls.add("SessionLocker.TryLockTx")
+	return p.session().TryLockTx(ctx, tx, key)
 }
-func (p pgParty) TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error) {
-	p.calls.add("TxLocker.wait")
-	return p.inner.(advisorylock.TxLocker).TxSettings(ctx, tx)
+func (p party) TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error) {
+	p.calls.add("SessionLocker.WaitLockTx")
+	return p.session().TxSettings(ctx, tx)
 }
-func (p pgParty) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error) {
-	p.calls.add("TxLocker.wait")
-	return p.inner.(advisorylock.TxLocker).WaitLockTx(ctx, tx, key, slice, prev)
+func (p party) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error) {
+	p.calls.add("SessionLocker.WaitLockTx")
+	return p.session().WaitLockTx(ctx, tx, key, slice, prev)
 }
 
-// The interfaces each party implements, checked by the compiler.
-var (
-	_ interface {
-		advisorylock.Configurer
-		advisorylock.LeaseStore
-		advisorylock.MultiKeyLocker
-		advisorylock.SharedSessionLocker
-		advisorylock.ElectingSessionLocker
-		advisorylock.TxLocker
-	} = pgParty{}
-	_ interface {
-		advisorylock.Configurer
-		advisorylock.LeaseStore
-		advisorylock.MultiKeyLocker
-		advisorylock.SharedSessionLocker
-		advisorylock.ElectingSessionLocker
-	} = party{}
-)
+// The interfaces a party implements, checked by the compiler.
+var _ interface {
+	advisorylock.Configurer
+	advisorylock.LeaseStore
+	advisorylock.MultiKeyLocker
+	advisorylock.SharedSessionLocker
+} = party{}
 
 // partyOps runs, through a third party's backend, an operation of each
 // kind that looks for an optional interface, and checks that each did
 // its work: exclusion against the built-in backend on the same name, a
-// semaphore's slot, a shared hold, a term that ends on resign.
+// semaphore's slot, a shared hold, a term that ends on resign, a run
+// recorded done.
 func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -308,6 +316,18 @@ func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
 	if err := e.Run(ctx, func(context.Context, advisorylock.FencingToken) error { return stop }); !errors.Is(err, stop) {
 		t.Fatalf("Election.Run through %s = %v, want the lead's error", b.Name(), err)
 	}
+
+	// A run recorded done through the third party's store, seen done by
+	// the built-in backend.
+	once := testdb.UniqueName(t)
+	runs := 0
+	count := func(context.Context) error { runs++; return nil }
+	if ran, err := newLock(t, db, once, advisorylock.WithBackend(b)).TryDoOnce(ctx, "r", count); !ran || err != nil {
+		t.Fatalf("TryDoOnce through %s = %v, %v; want it run", b.Name(), ran, err)
+	}
+	if ran, err := newLock(t, db, once).TryDoOnce(ctx, "r", count); ran || err != nil || runs != 1 {
+		t.Fatalf("the built-in backend's TryDoOnce after %s's = %v, %v (%d runs); want the run seen done", b.Name(), ran, err, runs)
+	}
 }
 
 // wantCalls fails the test for each interface in ifaces that c saw no
@@ -325,14 +345,15 @@ func wantCalls(t *testing.T, c *calls, ifaces ...string) {
 // built-in PostgreSQL backend only through the exported interfaces locks,
 // excludes, tunes itself per driver, configures its sessions, takes a
 // semaphore's slots in one statement, shared holds, transaction locks
-// (waiting for one too), checks its tables and ends its terms: every
-// optional interface is called.
+// (waiting for one too), checks its tables, ends its terms, records runs
+// and listens for a LeaseLock waiter: every optional interface, and
+// every optional job of LeaseStore, is called.
 func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
 			c := &calls{n: map[string]int{}}
-			b := pgParty{party{inner: advisorylock.Postgres(), calls: c, kind: func(p party) advisorylock.SessionLocker { return pgParty{p} }}}
+			b := party{inner: advisorylock.Postgres(), calls: c}
 			partyOps(t, db, b)
 
 			// A transaction lock, held elsewhere, then waited for.
@@ -350,17 +371,41 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 			defer func() { _ = tx.Rollback() }()
 			done := make(chan error, 1)
 			go func() { done <- newLock(t, db, name, advisorylock.WithBackend(b)).LockTx(ctx, tx) }()
-			testdb.WaitFor(t, wait, func() bool { return c.count("TxLocker.wait") > 0 }, "LockTx never waited through the third party's TxLocker")
+			testdb.WaitFor(t, wait, func() bool { return c.count("SessionLocker.WaitLockTx") > 0 }, "LockTx never waited through the third party's WaitLockTx")
 			mustRelease(t, holder)
 			if err := <-done; err != nil {
 				t.Fatalf("LockTx through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "TxLocker", "TxLocker.wait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables")
-			if want := (advisorylock.SessionSettings{ServerChecks: true}); !c.gave(want) {
+			// A LeaseLock waiter, whose listener listens through the third
+			// party (the store signals releases).
+			lname := testdb.UniqueName(t)
+			lg, err := newLeaseLock(t, db, lname, advisorylock.WithBackend(b)).TryLock(ctx)
+			if err != nil {
+				t.Fatalf("LeaseLock.TryLock through the third party: %v", err)
+			}
+			lwaiter := newLeaseLock(t, db, lname, advisorylock.WithBackend(b))
+			lgot := make(chan error, 1)
+			go func() {
+				wg, err := lwaiter.Lock(ctx)
+				if err == nil {
+					err = wg.Release(context.Background())
+				}
+				lgot <- err
+			}()
+			testdb.WaitFor(t, wait, func() bool { return c.count("LeaseStore.ListenReleases") > 0 }, "a LeaseLock waiter never listened through the third party's ListenReleases")
+			if err := lg.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-lgot; err != nil {
+				t.Fatalf("LeaseLock.Lock through the third party: %v", err)
+			}
+
+			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.ListenReleases")
+			if want := (settings{serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the handle, before any Lock's settings)", c.settings, want)
 			}
-			if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
+			if want := (settings{deadHolder: 10 * time.Second, serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout, server checks on)", c.settings, want)
 			}
 		})
@@ -372,11 +417,12 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 // setting is passed only with a keep-alive and an explicit timeout) and
 // whose exclusive wait that runs out while shared holders drain lets go
 // of what it took (EndWait); its TryLockAll answers ErrUnsupported, so a
-// set's keys go one statement each.
+// set's keys go one statement each, and its TryLockTx, so LockTx is
+// refused.
 func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 	db := testdb.OpenMySQL(t)
 	c := &calls{n: map[string]int{}}
-	b := party{inner: advisorylock.MySQL(), calls: c, kind: func(p party) advisorylock.SessionLocker { return p }}
+	b := party{inner: advisorylock.MySQL(), calls: c}
 	partyOps(t, db, b)
 
 	// An exclusive wait that runs out behind a shared holder.
@@ -392,11 +438,24 @@ func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 		t.Fatalf("LockTimeout behind a shared holder = %v, want ErrTimeout", err)
 	}
 
-	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SharedSessionLocker.EndWait", "ElectingSessionLocker.EndTerm", "LeaseStore.CheckTables")
-	if want := (advisorylock.SessionSettings{DeadHolder: 10 * time.Second, ServerChecks: true}); !c.gave(want) {
+	// A transaction lock, which the backend refuses (ErrUnsupported from
+	// TryLockTx), leaving the transaction usable.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newLock(t, db, name, advisorylock.WithBackend(b)).LockTx(ctx, tx); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Fatalf("LockTx through %s = %v, want ErrUnsupported", b.Name(), err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatalf("Commit after the refused LockTx: %v", err)
+	}
+
+	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SharedSessionLocker.EndWait", "SessionLocker.EndTerm", "SessionLocker.TryLockTx", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
+	if want := (settings{deadHolder: 10 * time.Second, serverChecks: true}); !c.gave(want) {
 		t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
 	}
-	if c.gave(advisorylock.SessionSettings{DeadHolder: 20 * time.Second, ServerChecks: true}) {
+	if c.gave(settings{deadHolder: 20 * time.Second, serverChecks: true}) {
 		t.Errorf("Configure was given the default dead-holder timeout on a backend whose sessions then end when idle: %+v", c.settings)
 	}
 }

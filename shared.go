@@ -118,7 +118,7 @@ func (l *Lock) sharedView(b *lockBackend) *lockBackend {
 	if s, ok := b.session.(SharedSessionLocker); ok {
 		return &lockBackend{session: s.Shared(), bounded: b.bounded, isShared: true}
 	}
-	if _, ok := b.rows.(SharedLeaseStore); ok {
+	if b.rows != nil && b.rows.Traits().SharedRows {
 		return &lockBackend{rows: b.rows, isShared: true}
 	}
 	return nil
@@ -160,8 +160,8 @@ func sessionHolders(ctx context.Context, db DB, s SessionLocker, key int64) ([]*
 
 // rowHolders lists the holders of a Lock kept as rows.
 func rowHolders(ctx context.Context, db DB, s LeaseStore, r LeaseRequest) ([]*Holder, error) {
-	if l, ok := s.(SharedLeaseStore); ok {
-		return l.LeaseHolders(ctx, db, r)
+	if s.Traits().SharedRows {
+		return s.LeaseHolders(ctx, db, r)
 	}
 	return oneHolder(s.LeaseHolder(ctx, db, r))
 }

@@ -97,7 +97,7 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 
 // waitTx waits in slices until the lock is granted in tx or ctx ends;
 // prev are tx's settings, which a slice puts back.
-func (l *Lock) waitTx(ctx context.Context, b TxLocker, tx *sql.Tx, prev map[string]string) error {
+func (l *Lock) waitTx(ctx context.Context, b SessionLocker, tx *sql.Tx, prev map[string]string) error {
 	for {
 		slice := maxSlice
 		if dl, ok := ctx.Deadline(); ok {
@@ -122,14 +122,14 @@ func (l *Lock) waitTx(ctx context.Context, b TxLocker, tx *sql.Tx, prev map[stri
 // txBackend returns l's backend for transaction locks. It runs the
 // first-use checks a Lock's other operations do, except the pooler probe:
 // a transaction lock needs no session of its own.
-func (l *Lock) txBackend(ctx context.Context) (TxLocker, error) {
+func (l *Lock) txBackend(ctx context.Context) (SessionLocker, error) {
 	b, err := resolveBackend(ctx, l.db, &l.cfg)
 	if err != nil {
 		return nil, err
 	}
-	t, ok := b.(TxLocker)
+	t, ok := b.(SessionLocker)
 	if !ok {
-		return nil, fmt.Errorf("%w: backend %q has no transaction-scoped locks (LockTx needs PostgreSQL's pg_advisory_xact_lock); use Lock or LeaseLock", ErrUnsupported, b.Name())
+		return nil, errNoTxLocks(b)
 	}
 	if l.cfg.minHold > 0 {
 		return nil, fmt.Errorf("%w: WithMinHold does not apply to a lock taken in a transaction (the window would end with it); use TryLock or TryDo", ErrUnsupported)
@@ -164,4 +164,10 @@ func txAcquired(a acquiring, l *Lock, err error) {
 	if err == nil {
 		h.observer().released(false, nil)
 	}
+}
+
+// errNoTxLocks refuses LockTx on b, a backend without transaction-scoped
+// locks.
+func errNoTxLocks(b Backend) error {
+	return fmt.Errorf("%w: backend %q has no transaction-scoped locks (LockTx needs PostgreSQL's pg_advisory_xact_lock); use Lock or LeaseLock", ErrUnsupported, b.Name())
 }

@@ -22,8 +22,8 @@ import (
 // Every Lock is kept as a lease row, as on SQLite: it is renewed every
 // third of its TTL (advisorylock.WithLeaseTTL) and lost when a renewal
 // finds it gone. Lock, LeaseLock (with fencing tokens), shared holds
-// (RLock), once-per-window locks (advisorylock.WithMinHold), Semaphore,
-// Election and Fence work. Times are each request's Now, the lock's Clock
+// (RLock), once-per-window locks (advisorylock.WithMinHold), runs done
+// once (Lock.TryDoOnce), Semaphore, Election and Fence work. Times are each request's Now, the lock's Clock
 // (advisorylock.WithClock), so a test clock drives expiry.
 //
 // It is safe for concurrent use. The zero Memory is empty and ready to
@@ -35,7 +35,8 @@ type Memory struct {
 	claims map[int64]*memRow            // a waiting writer's claim, by key
 	leases map[string]*memLease         // a LeaseLock's row, by name
 	fences map[string]advisorylock.FencingToken
-	last   advisorylock.FencingToken // the highest token granted
+	last   advisorylock.FencingToken       // the highest token granted
+	runs   map[string]map[string]time.Time // runs recorded done, by name and run
 }
 
 // memRow is a holder's row: live until expires.
@@ -105,8 +106,52 @@ func (m *Memory) CheckTables(ctx context.Context, db advisorylock.DB, tables ...
 }
 
 // Traits reports that m honours LeaseRequest.MinHold
-// (advisorylock.WithMinHold).
-func (m *Memory) Traits() advisorylock.Traits { return advisorylock.Traits{KeepsWindows: true} }
+// (advisorylock.WithMinHold) and keeps shared rows (RLock); it signals no
+// releases, so LeaseLock waiters poll.
+func (m *Memory) Traits() advisorylock.Traits {
+	return advisorylock.Traits{KeepsWindows: true, SharedRows: true}
+}
+
+// RunDone reports whether run of name is recorded done. A done ctx
+// returns its cause.
+func (m *Memory) RunDone(ctx context.Context, db advisorylock.DB, name, run string) (bool, error) {
+	if err := m.begin(ctx); err != nil {
+		return false, err
+	}
+	defer m.mu.Unlock()
+	_, done := m.runs[name][run]
+	return done, nil
+}
+
+// RecordRun records run of name done at now (a record already there is
+// kept), and deletes name's other records older than keep before now. A
+// done ctx returns its cause.
+func (m *Memory) RecordRun(ctx context.Context, db advisorylock.DB, name, run string, now time.Time, keep time.Duration) error {
+	if err := m.begin(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	byRun := m.runs[name]
+	if byRun == nil {
+		byRun = map[string]time.Time{}
+		m.runs[name] = byRun
+	}
+	if _, ok := byRun[run]; !ok {
+		byRun[run] = now
+	}
+	for r, at := range byRun {
+		if r != run && at.Before(now.Add(-keep)) {
+			delete(byRun, r)
+		}
+	}
+	return nil
+}
+
+// ListenReleases returns an error matching advisorylock.ErrUnsupported:
+// m signals no releases (see Traits), so the library never calls it.
+func (m *Memory) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
+	return fmt.Errorf("%w: advisorylocktest.Memory signals no lease releases", advisorylock.ErrUnsupported)
+}
 
 // now is r.Now, or the system clock's time where it is zero.
 func now(r advisorylock.LeaseRequest) time.Time {
@@ -129,6 +174,7 @@ func (m *Memory) begin(ctx context.Context) error {
 		m.claims = map[int64]*memRow{}
 		m.leases = map[string]*memLease{}
 		m.fences = map[string]advisorylock.FencingToken{}
+		m.runs = map[string]map[string]time.Time{}
 	}
 	return nil
 }
@@ -315,8 +361,8 @@ func (m *Memory) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisory
 }
 
 // LeaseHolders lists every live holder of r.Key as of r.Now, the
-// exclusive one first, then the shared ones in the order they came (a
-// SharedLeaseStore's list, for Lock.Holders). A done ctx returns its
+// exclusive one first, then the shared ones in the order they came (the
+// list of a store with shared rows, for Lock.Holders). A done ctx returns its
 // cause.
 func (m *Memory) LeaseHolders(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
 	if err := m.begin(ctx); err != nil {
@@ -383,6 +429,6 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
-// Memory is every kind of LeaseStore the library knows (and its Traits
-// say it keeps windows).
-var _ advisorylock.SharedLeaseStore = (*Memory)(nil)
+// Memory is a LeaseStore whose Traits say it keeps windows and shared
+// rows, and which keeps runs.
+var _ advisorylock.LeaseStore = (*Memory)(nil)

@@ -364,6 +364,44 @@ func TestMemoryMinHoldKeepsTheWindow(t *testing.T) {
 	}
 }
 
+// TestMemoryTryDoOnceRunsEachRunOnce: a run recorded done is not run
+// again, by any Lock on the Memory; a run that failed is; records older
+// than the retention go as others are recorded.
+func TestMemoryTryDoOnceRunsEachRunOnce(t *testing.T) {
+	mem := advisorylocktest.NewMemory()
+	clock := newTestClock()
+	ctx := context.Background()
+	runs := 0
+	once := func(run string, fail bool) bool {
+		t.Helper()
+		ran, err := memLock(t, mem, "daily", advisorylock.WithClock(clock), advisorylock.WithRunRetention(time.Hour)).TryDoOnce(ctx, run, func(context.Context) error {
+			runs++
+			if fail {
+				return errors.New("failed")
+			}
+			return nil
+		})
+		if err != nil && !fail {
+			t.Fatal(err)
+		}
+		return ran
+	}
+	once("a", true)
+	if !once("a", false) || runs != 2 {
+		t.Fatalf("a run whose first try failed: %d runs, want 2", runs)
+	}
+	if once("a", false) || runs != 2 {
+		t.Fatalf("a run recorded done ran again: %d runs", runs)
+	}
+	clock.Advance(2 * time.Hour)
+	if !once("b", false) || runs != 3 {
+		t.Fatalf("another run: %d runs, want 3", runs)
+	}
+	if !once("a", false) || runs != 4 {
+		t.Fatalf("a run whose record passed the retention: %d runs, want it run again", runs)
+	}
+}
+
 func TestMemoryFenceRefusesAStaleToken(t *testing.T) {
 	mem := advisorylocktest.NewMemory()
 	db := openMemoryDB(t, mem)

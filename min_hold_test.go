@@ -424,15 +424,15 @@ func (j minHoldTask) lock(t testing.TB, db *sql.DB, opts ...advisorylock.Option)
 
 // renewTeller closes renewed at the first renewal that kept the lease.
 type renewTeller struct {
-	advisorylock.NoopObserver
 	once    sync.Once
 	renewed chan struct{}
 }
 
-func (r *renewTeller) Renewed(e advisorylock.RenewEvent) {
-	if e.Outcome == advisorylock.OutcomeRenewed {
+func (r *renewTeller) Observe(ctx context.Context, e advisorylock.Event) context.Context {
+	if e.Type == "renew" && e.Outcome == "renewed" {
 		r.once.Do(func() { close(r.renewed) })
 	}
+	return ctx
 }
 
 // startMinHoldHelper starts a helper process running job.

@@ -75,16 +75,7 @@ func TestThirdBackendWakesLeaseWaiters(t *testing.T) {
 	holder := newLeaseLock(t, db, name, advisorylock.WithBackend(b))
 	waiter := newLeaseLock(t, db, name, advisorylock.WithBackend(b), advisorylock.WithPollInterval(farPoll))
 	g := tryLease(t, holder)
-	got := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), leaseWait)
-		defer cancel()
-		wg, err := waiter.Lock(ctx)
-		if err == nil {
-			err = wg.Release(context.Background())
-		}
-		got <- err
-	}()
+	got := testdb.Waiting(waiter.Lock)
 	// The waiter misses and waits; its listener then gets ready, which
 	// wakes it to try again (a release may have gone unheard before), and
 	// that miss leaves it waiting for its poll, or for a release heard.
@@ -93,15 +84,7 @@ func TestThirdBackendWakesLeaseWaiters(t *testing.T) {
 	testdb.WaitFor(t, leaseWait, func() bool { return b.misses.Load() >= 2 }, "the listener's readiness did not wake the waiter")
 	released := time.Now()
 	releaseLease(t, g)
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("waiter: %v", err)
-		}
-		if d := time.Since(released); d > promptly {
-			t.Fatalf("the waiter got the lease %v after the release; woken, it takes a moment", d)
-		}
-	case <-time.After(leaseWait):
-		t.Fatal("the waiter never got the lease")
+	if d := testdb.HandedOff(t, got, released); d > promptly {
+		t.Fatalf("the waiter got the lease %v after the release; woken, it takes a moment", d)
 	}
 }

@@ -81,7 +81,7 @@ const (
 var errNoReleaseSignals = fmt.Errorf("%w: the store signals no lease releases", ErrUnsupported)
 
 // joinReleases registers a waiter for key on db's watch, starting its
-// listener if none runs; nil when releases cannot be heard (the store is
+// listener if none runs; nil when releases cannot be heard (the store
 // signals no releases, or the watch is off), and the waiter polls.
 func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64) *leaseWaiter {
 	if !store.Traits().SignalsReleases {

@@ -2,6 +2,9 @@ package advisorylock_test
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,4 +187,78 @@ func TestModuleGraphStaysSmall(t *testing.T) {
 	if len(required) > 23 {
 		t.Fatalf("go.mod requires %d modules, so a lib/pq program's graph has %d (README: 25 at most): %v", len(required), len(required)+2, required)
 	}
+}
+
+// TestExportedSurfaceStaysSmall keeps the package's surface at most 140
+// names, so that go doc reads in one sitting: exported top-level functions, types,
+// variables and constants, and the exported methods of exported types
+// (interface methods and struct fields are part of their type, not
+// counted). A new name should replace one, or the count be argued anew.
+func TestExportedSurfaceStaysSmall(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, decl := range f.Decls {
+			names = append(names, exportedNames(decl)...)
+		}
+	}
+	if len(names) < 50 {
+		t.Fatalf("counted only %d exported names; the walk is broken: %v", len(names), names)
+	}
+	if len(names) > 140 {
+		slices.Sort(names)
+		t.Fatalf("the package exports %d names, more than 140:\n%s", len(names), strings.Join(names, "\n"))
+	}
+}
+
+// exportedNames returns the exported names decl declares: a method as
+// Type.Method when its receiver's type is exported.
+func exportedNames(decl ast.Decl) []string {
+	var names []string
+	switch d := decl.(type) {
+	case *ast.FuncDecl:
+		if !d.Name.IsExported() {
+			return nil
+		}
+		if d.Recv == nil {
+			return []string{d.Name.Name}
+		}
+		recv := d.Recv.List[0].Type
+		if star, ok := recv.(*ast.StarExpr); ok {
+			recv = star.X
+		}
+		if index, ok := recv.(*ast.IndexExpr); ok {
+			recv = index.X
+		}
+		if id, ok := recv.(*ast.Ident); ok && id.IsExported() {
+			return []string{id.Name + "." + d.Name.Name}
+		}
+	case *ast.GenDecl:
+		for _, spec := range d.Specs {
+			switch s := spec.(type) {
+			case *ast.TypeSpec:
+				if s.Name.IsExported() {
+					names = append(names, s.Name.Name)
+				}
+			case *ast.ValueSpec:
+				for _, n := range s.Names {
+					if n.IsExported() {
+						names = append(names, n.Name)
+					}
+				}
+			}
+		}
+	}
+	return names
 }

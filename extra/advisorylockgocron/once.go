@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/extra/advisorylockcron"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/robfig/cron/v3"
 )
@@ -65,18 +66,9 @@ func oncePerTick(now func() time.Time, db advisorylock.DB, name string, schedule
 	}), nil
 }
 
-// Tick returns the tick of schedule that a job fired at fired belongs to,
-// a wall time without a monotonic reading; replicas that fire one tick up
-// to half an interval apart (early or late) get the same time. A
-// cron.Every(d) schedule's ticks are the multiples of d (fired.Round(d):
-// for a d that divides a day, the clock's whole minutes, hours, ...). A
-// crontab schedule's tick is its scheduled time nearest to fired, taking
-// the interval after the next tick as the schedule's.
+// Tick returns the tick of schedule that a job fired at fired belongs to:
+// replicas that fire one tick up to half an interval apart get the same
+// time. It is advisorylockcron.Tick, which says how ticks are found.
 func Tick(schedule cron.Schedule, fired time.Time) time.Time {
-	if every, ok := schedule.(cron.ConstantDelaySchedule); ok {
-		return fired.Round(every.Delay)
-	}
-	next := schedule.Next(fired)
-	interval := schedule.Next(next).Sub(next)
-	return schedule.Next(fired.Add(-interval / 2)).Round(0)
+	return advisorylockcron.Tick(schedule, fired)
 }

@@ -326,11 +326,7 @@ func (l *Lock) Key() int64 { return l.key }
 // acquire returns ctx's error and closes its connection, which frees the
 // lock: a cancelled acquire never leaves a lock held.
 func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
-	ctx, a := startAcquire(ctx, l, false)
-	g, err := l.acquire(ctx, ctx, false, false)
-	err = wrapErr(l.name, "try lock", err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquire(ctx, l, "try lock", false)
 }
 
 // Lock waits until it holds the lock or ctx ends. On PostgreSQL the wait
@@ -339,11 +335,7 @@ func (l *Lock) TryLock(ctx context.Context) (*Guard, error) {
 // vacuum; a release lets a waiter in within about one round trip.
 // Elsewhere it polls (WithPollInterval).
 func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
-	ctx, a := startAcquire(ctx, l, true)
-	g, err := l.acquire(ctx, ctx, true, false)
-	err = wrapErr(l.name, "lock", err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquire(ctx, l, "lock", true)
 }
 
 // LockTimeout is Lock bounded by d, which covers the pool checkout and the
@@ -351,12 +343,7 @@ func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 // no later than about one round trip after d, and the connection goes back
 // to the pool. With d <= 0 it makes exactly one attempt, like TryLock.
 func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
-	ctx, a := startAcquire(ctx, l, d > 0)
-	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
-		return l.acquire(ctx, budget, wait, false)
-	})
-	a.end(g.hold(), err)
-	return g, err
+	return acquireWithin(ctx, l, "lock", d)
 }
 
 // observed returns what l's events need, nil without an Observer; see
@@ -373,40 +360,90 @@ func (l *Lock) observed() *observed {
 	})
 }
 
-// withinBudget runs an acquire bounded by d (one attempt when d <= 0) and
-// turns running out of d into a *TimeoutError.
-func withinBudget[G any](ctx context.Context, name string, d time.Duration, acquire func(budget context.Context, wait bool) (G, error)) (G, error) {
+// A front end is a kind of lock as the acquire core sees it: a Lock (and
+// its shared side, sharedSide), a Semaphore, a LeaseLock. Every TryLock,
+// Lock and LockTimeout of each (and RLock..., Acquire...) is one call of
+// acquire or acquireWithin, which observe the acquire, check the budget,
+// bound a try's pool checkout and name the lock in the error; the front
+// end's take does the rest.
+type frontEnd[G guarded] interface {
+	observable
+	// settings returns the lock's name and configuration.
+	settings() (name string, cfg *config)
+	// take acquires, once or (wait) until budget ends. ctx is the
+	// caller's context; budget is ctx or a context bounded by a
+	// LockTimeout's d, which bounds the checkout and the wait but is
+	// never left to cancel a statement in flight (a cancelled statement
+	// costs the connection; a bounded wait does not).
+	take(ctx, budget context.Context, wait bool) (G, error)
+}
+
+// guarded is a held lock as the acquire core returns it.
+type guarded interface{ hold() *hold }
+
+// acquire is a front end's try (wait false) or wait until ctx ends; op
+// names the operation in its error ("try lock", "rlock", ...).
+func acquire[G guarded](ctx context.Context, f frontEnd[G], op string, wait bool) (G, error) {
+	ctx, a := startAcquire(ctx, f, wait)
+	name, _ := f.settings()
+	g, err := take(ctx, ctx, f, wait)
+	err = wrapErr(name, op, err)
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// acquireWithin is a front end's wait bounded by d (one attempt when d <=
+// 0): running out of d is a *TimeoutError.
+func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d time.Duration) (G, error) {
+	ctx, a := startAcquire(ctx, f, d > 0)
+	name, _ := f.settings()
 	start := time.Now()
 	var g G
 	var err error
 	if d <= 0 {
-		g, err = acquire(ctx, false)
+		g, err = take(ctx, ctx, f, false)
 	} else {
 		budget, cancel := context.WithTimeoutCause(ctx, d, errBudget)
-		defer cancel()
-		g, err = acquire(budget, true)
+		g, err = take(ctx, budget, f, true)
+		cancel()
 	}
 	if err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
-		return g, &TimeoutError{Name: name, Waited: time.Since(start), Budget: d}
+		err = &TimeoutError{Name: name, Waited: time.Since(start), Budget: d}
+	} else {
+		err = wrapErr(name, op, err)
 	}
-	return g, wrapErr(name, "lock", err)
+	a.end(g.hold(), err)
+	return g, err
+}
+
+// take runs f's take unless budget has ended; a try's pool checkout
+// waits at most WithPoolWait.
+func take[G guarded](ctx, budget context.Context, f frontEnd[G], wait bool) (G, error) {
+	if err := budget.Err(); err != nil {
+		var none G
+		return none, context.Cause(budget)
+	}
+	if !wait {
+		_, cfg := f.settings()
+		budget = withPoolWait(budget, cfg.poolWait)
+	}
+	return f.take(ctx, budget, wait)
 }
 
 // errBudget is the cause of a LockTimeout budget running out.
 var errBudget = errors.New("advisorylock: wait budget spent")
 
-// acquire takes the lock, exclusive or (shared) shared. ctx is the
-// caller's context; budget is ctx or a context bounded by LockTimeout's
-// d, which bounds the checkout and the wait but is never left to cancel a
-// statement in flight (a cancelled statement costs the connection; a
-// bounded wait does not).
+// settings returns l's name and configuration (see frontEnd).
+func (l *Lock) settings() (string, *config) { return l.name, &l.cfg }
+
+// take takes l exclusive (see frontEnd).
+func (l *Lock) take(ctx, budget context.Context, wait bool) (*Guard, error) {
+	return l.acquire(ctx, budget, wait, false)
+}
+
+// acquire takes the lock, exclusive or (shared) shared; ctx and budget
+// are as in frontEnd's take.
 func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, error) {
-	if err := budget.Err(); err != nil {
-		return nil, context.Cause(budget)
-	}
-	if !wait {
-		budget = withPoolWait(budget, l.cfg.poolWait)
-	}
 	b, err := l.backend(budget)
 	if err != nil {
 		return nil, err
@@ -436,14 +473,32 @@ func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, 
 			return g, err
 		}
 	}
-	return l.acquireSession(ctx, budget, b, wait)
+	return acquireSession(ctx, budget, l, b, l.observedAs(b.isShared), lockClaim{l, b}, wait)
 }
 
-// acquireSession takes a session lock on a connection pinned for the hold;
-// the connection guard discards the connection unless the outcome is
-// definite (see connGuard).
-func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
-	s := &sessionHold{l: l, locker: b.session, p: pinned{bounded: b.bounded, obs: l.observedAs(b.isShared)}}
+// A claim is what a session acquire takes on its pinned connection: a
+// Lock's key (with its window, or every key of its set; see lockClaim),
+// or any one of a Semaphore's slots (see slotClaim). slot is the slot
+// taken, 0 for a Lock.
+type claim interface {
+	// try makes one attempt; OK false is a definite miss.
+	try(ctx context.Context, p *pinned) (slot int, res SessionResult, err error)
+	// wait waits until it holds the claim or budget ends (OK false with
+	// a nil error: a definite miss).
+	wait(ctx, budget context.Context, p *pinned) (slot int, res SessionResult, err error)
+	// leave lets go of what a wait that missed may have left on the
+	// session; an error means the connection must be discarded.
+	leave(ctx context.Context, p *pinned) error
+	// held returns the Lock that a hold of slot stands for.
+	held(slot int) *Lock
+}
+
+// acquireSession takes c on a connection of l's handle pinned for the
+// hold, where b locks with sessions; obs sees the hold. The connection
+// guard discards the connection unless the outcome is definite (see
+// connGuard).
+func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *observed, c claim, wait bool) (*Guard, error) {
+	s := &sessionHold{locker: b.session, p: pinned{bounded: b.bounded, obs: obs}}
 	poolWait := l.cfg.poolWait
 	if wait {
 		poolWait = 0 // a wait's checkout is bounded by its budget (LockTimeout) or ctx
@@ -453,23 +508,27 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 		return nil, err
 	}
 	defer cg.settle()
-	// Lock tries first too: a free lock costs the one cheap statement, and
-	// only a held one starts the server-side wait.
-	res, err := l.firstTry(ctx, budget, b, &s.p)
-	switch {
-	case !wait || err != nil || res.OK:
-	case b.windows != nil:
-		res, err = l.waitWindowed(ctx, budget, b.windows, &s.p)
-	case l.set != nil:
-		res, err = l.waitSet(ctx, budget, s.locker, &s.p)
-	default:
-		res, err = l.waitSession(ctx, budget, s.locker, &s.p, l.key)
+	// A wait tries first too: a free lock costs the one cheap statement,
+	// and only a held one starts the server-side wait.
+	slot, res, err := tryWithin(ctx, budget, c, &s.p, 0)
+	if wait && err == nil && !res.OK {
+		slot, res, err = c.wait(ctx, budget, &s.p)
 	}
 	if err != nil {
 		return nil, whyFailed(ctx, budget, err)
 	}
 	if !res.OK {
-		return nil, l.missed(ctx, budget, b, &cg, wait)
+		// A definite miss: the connection goes back to the pool, after a
+		// wait once c has let go of what the wait may have left on the
+		// session (if it cannot, the still armed guard discards it).
+		if !wait {
+			cg.recycle()
+			return nil, ErrNotAcquired
+		}
+		if c.leave(ctx, &s.p) == nil {
+			cg.recycle()
+		}
+		return nil, context.Cause(budget)
 	}
 	if ctx.Err() != nil {
 		// Cancelled as it was granted: the caller has gone, and a driver
@@ -478,39 +537,63 @@ func (l *Lock) acquireSession(ctx, budget context.Context, b *lockBackend, wait 
 		return nil, context.Cause(ctx)
 	}
 	cg.take()
-	return s.grant(res.Session), nil
+	s.l = c.held(slot)
+	g := s.grant(res.Session)
+	g.slot = slot
+	return g, nil
 }
 
-// missed ends an acquire that did not get the lock, a definite miss: the
-// connection goes back to the pool, after a wait once the backend has let
-// go of what the wait may have left on the session (see waitEnding; if it
-// cannot, the still armed guard discards the connection).
-func (l *Lock) missed(ctx, budget context.Context, b *lockBackend, cg *connGuard, wait bool) error {
-	if !wait {
-		cg.recycle()
-		return ErrNotAcquired
-	}
-	if l.set != nil { // waitSet let go of what it took
-		cg.recycle()
-		return context.Cause(budget)
-	}
-	if endWait(ctx, b.session, cg.p, l.key, l.cfg.releaseTimeout) == nil {
-		cg.recycle()
-	}
-	return context.Cause(budget)
-}
-
-// firstTry makes an acquire's first attempt. Under a budget it is bounded
+// tryWithin makes an attempt of an acquire. Under a budget it is bounded
 // as a wait slice is: on a dead network (a connection taken warm from the
-// pool is not pinged) it gives up a grace after the budget's end.
-func (l *Lock) firstTry(ctx, budget context.Context, b *lockBackend, p *pinned) (SessionResult, error) {
+// pool is not pinged) it gives up a grace after the budget's end; without
+// one, after bound where bound is not 0 (a try between a wait's slices,
+// which must not hang either).
+func tryWithin(ctx, budget context.Context, c claim, p *pinned, bound time.Duration) (int, SessionResult, error) {
 	if dl, ok := budget.Deadline(); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
 		defer cancel()
+	} else if bound > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, bound)
+		defer cancel()
 	}
-	return l.trySession(ctx, b, p)
+	return c.try(ctx, p)
 }
+
+// lockClaim is a Lock's claim (see claim) where b locks with sessions.
+type lockClaim struct {
+	l *Lock
+	b *lockBackend
+}
+
+func (c lockClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
+	res, err := c.l.trySession(ctx, c.b, p)
+	return 0, res, err
+}
+
+func (c lockClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+	var res SessionResult
+	var err error
+	switch {
+	case c.b.windows != nil:
+		res, err = c.l.waitWindowed(ctx, budget, c.b.windows, p)
+	case c.l.set != nil:
+		res, err = c.l.waitSet(ctx, budget, c.b.session, p)
+	default:
+		res, err = c.l.waitSession(ctx, budget, c.b.session, p, c.l.key)
+	}
+	return 0, res, err
+}
+
+func (c lockClaim) leave(ctx context.Context, p *pinned) error {
+	if c.l.set != nil {
+		return nil // waitSet let go of what it took
+	}
+	return endWait(ctx, c.b.session, p, c.l.key, c.l.cfg.releaseTimeout)
+}
+
+func (c lockClaim) held(int) *Lock { return c.l }
 
 // whyFailed says first why a statement of an acquire failed when a
 // context ended, keeping the driver's error reachable.

@@ -640,31 +640,18 @@ func (l *LeaseLock) Name() string { return l.name }
 
 // TryLock makes one attempt; ErrNotAcquired if the lease is held.
 func (l *LeaseLock) TryLock(ctx context.Context) (*LeaseGuard, error) {
-	ctx, a := startAcquire(ctx, l, false)
-	g, err := l.acquire(ctx, ctx, false)
-	err = wrapErr(l.name, "try lock", err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquire(ctx, l, "try lock", false)
 }
 
 // Lock polls (WithPollInterval) until it holds the lease or ctx ends.
 func (l *LeaseLock) Lock(ctx context.Context) (*LeaseGuard, error) {
-	ctx, a := startAcquire(ctx, l, true)
-	g, err := l.acquire(ctx, ctx, true)
-	err = wrapErr(l.name, "lock", err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquire(ctx, l, "lock", true)
 }
 
 // LockTimeout is Lock bounded by d; it returns a *TimeoutError when d runs
 // out. With d <= 0 it makes exactly one attempt.
 func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGuard, error) {
-	ctx, a := startAcquire(ctx, l, d > 0)
-	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*LeaseGuard, error) {
-		return l.acquire(ctx, budget, wait)
-	})
-	a.end(g.hold(), err)
-	return g, err
+	return acquireWithin(ctx, l, "lock", d)
 }
 
 // observed returns what l's events need, nil without an Observer; see
@@ -681,13 +668,11 @@ func (l *LeaseLock) observed() *observed {
 	})
 }
 
-func (l *LeaseLock) acquire(ctx, budget context.Context, wait bool) (*LeaseGuard, error) {
-	if err := budget.Err(); err != nil {
-		return nil, context.Cause(budget)
-	}
-	if !wait {
-		budget = withPoolWait(budget, l.cfg.poolWait)
-	}
+// settings returns l's name and configuration (see frontEnd).
+func (l *LeaseLock) settings() (string, *config) { return l.name, &l.cfg }
+
+// take takes the lease (see frontEnd).
+func (l *LeaseLock) take(ctx, budget context.Context, wait bool) (*LeaseGuard, error) {
 	store, err := l.store(budget)
 	if err != nil {
 		return nil, err

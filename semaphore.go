@@ -114,21 +114,13 @@ func (s *Semaphore) Check(ctx context.Context) error {
 // an acquire cancelled even as it is granted closes its connection, which
 // frees the slot.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Guard, error) {
-	ctx, a := startAcquire(ctx, s, false)
-	g, err := s.acquire(ctx, ctx, false)
-	err = wrapErr(s.name, "try acquire", err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquire(ctx, s, "try acquire", false)
 }
 
 // Acquire waits until it holds a slot or ctx ends (see Semaphore for how
 // it waits).
 func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
-	ctx, a := startAcquire(ctx, s, true)
-	g, err := s.acquire(ctx, ctx, true)
-	err = wrapErr(s.name, "acquire", err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquire(ctx, s, "acquire", true)
 }
 
 // AcquireTimeout is Acquire bounded by d, which covers the pool checkout
@@ -136,12 +128,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
 // ErrTimeout) about a round trip later at most, and the connection goes
 // back to the pool. With d <= 0 it makes exactly one attempt.
 func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
-	ctx, a := startAcquire(ctx, s, d > 0)
-	g, err := withinBudget(ctx, s.name, d, func(budget context.Context, wait bool) (*Guard, error) {
-		return s.acquire(ctx, budget, wait)
-	})
-	a.end(g.hold(), err)
-	return g, err
+	return acquireWithin(ctx, s, "acquire", d)
 }
 
 // Do waits for a slot (as Acquire does), runs fn, and releases the slot
@@ -226,14 +213,11 @@ func (s *Semaphore) observed() *observed {
 	})
 }
 
-// acquire takes a slot; ctx and budget are as in Lock.acquire.
-func (s *Semaphore) acquire(ctx, budget context.Context, wait bool) (*Guard, error) {
-	if err := budget.Err(); err != nil {
-		return nil, context.Cause(budget)
-	}
-	if !wait {
-		budget = withPoolWait(budget, s.lock.cfg.poolWait)
-	}
+// settings returns the semaphore's name and configuration (see frontEnd).
+func (s *Semaphore) settings() (string, *config) { return s.name, &s.lock.cfg }
+
+// take takes a slot (see frontEnd).
+func (s *Semaphore) take(ctx, budget context.Context, wait bool) (*Guard, error) {
 	b, err := s.lock.backend(budget)
 	if err != nil {
 		return nil, err
@@ -241,7 +225,7 @@ func (s *Semaphore) acquire(ctx, budget context.Context, wait bool) (*Guard, err
 	if b.rows != nil {
 		return s.acquireRows(ctx, budget, b.rows, wait)
 	}
-	return s.acquireSession(ctx, budget, b, wait)
+	return acquireSession(ctx, budget, s.lock, b, s.observed(), slotClaim{s, b.session}, wait)
 }
 
 // slot returns the Lock that stands for slot i in a hold: the
@@ -250,57 +234,44 @@ func (s *Semaphore) slot(i int) *Lock {
 	return &Lock{db: s.db, name: s.name, key: s.keys[i], cfg: s.lock.cfg}
 }
 
-// acquireSession takes a slot as a session lock on a connection pinned
-// for the hold, as Lock.acquireSession takes a lock: the connection guard
-// discards the connection unless the outcome is definite.
-func (s *Semaphore) acquireSession(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
-	h := &sessionHold{locker: b.session, p: pinned{bounded: b.bounded, obs: s.observed()}}
-	poolWait := s.lock.cfg.poolWait
-	if wait {
-		poolWait = 0 // bounded by the budget or ctx, as Lock's
-	}
-	cg, err := checkout(budget, s.db, &h.p, poolWait)
-	if err != nil {
-		return nil, err
-	}
-	defer cg.settle()
-	slot, res, err := s.firstTry(ctx, budget, b.session, &h.p, 0)
-	if wait && err == nil && !res.OK {
-		slot, res, err = s.waitSession(ctx, budget, b.session, &h.p)
-	}
-	if err != nil {
-		return nil, whyFailed(ctx, budget, err)
-	}
-	if !res.OK {
-		cg.recycle()
-		if wait {
-			return nil, context.Cause(budget)
-		}
-		return nil, ErrNotAcquired
-	}
-	if ctx.Err() != nil {
-		return nil, context.Cause(ctx) // the armed guard discards the connection
-	}
-	cg.take()
-	h.l = s.slot(slot)
-	g := h.grant(res.Session)
-	g.slot = slot
-	return g, nil
+// slotClaim is a Semaphore's claim (see claim): any one of its slots,
+// each a session lock.
+type slotClaim struct {
+	s      *Semaphore
+	locker SessionLocker
 }
 
-// firstTry is an attempt of an acquire, bounded as Lock.firstTry: under
-// a budget a grace after its end, else by bound where it is not 0 (a try
-// between a wait's slices, which must not hang on a dead network).
-func (s *Semaphore) firstTry(ctx, budget context.Context, locker SessionLocker, p *pinned, bound time.Duration) (int, SessionResult, error) {
-	var cancel context.CancelFunc = func() {}
-	if dl, ok := budget.Deadline(); ok {
-		ctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
-	} else if bound > 0 {
-		ctx, cancel = context.WithTimeout(ctx, bound)
-	}
-	defer cancel()
-	return s.trySlots(ctx, locker, p)
+func (c slotClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
+	return c.s.trySlots(ctx, c.locker, p)
 }
+
+// wait waits server-side on one slot, chosen at random, for a slice,
+// then tries every slot, until it holds one or budget ends.
+func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+	s := c.s
+	for {
+		slot := rand.N(len(s.keys))
+		slice, cancel := context.WithTimeout(budget, semaphoreSlice)
+		res, err := s.slot(slot).waitSession(ctx, slice, c.locker, p, s.keys[slot])
+		cancel()
+		if err != nil || res.OK {
+			return slot, res, err
+		}
+		if budget.Err() != nil {
+			return 0, SessionResult{}, nil
+		}
+		slot, res, err = tryWithin(ctx, budget, c, p, sliceGrace)
+		if err != nil || res.OK {
+			return slot, res, err
+		}
+	}
+}
+
+// leave: a slot's wait leaves nothing on the session once it has missed
+// (waitSession's slices end with the wait).
+func (c slotClaim) leave(context.Context, *pinned) error { return nil }
+
+func (c slotClaim) held(slot int) *Lock { return c.s.slot(slot) }
 
 // trySlots tries every slot, from a random start, and takes at most one;
 // OK false is a definite miss.
@@ -337,28 +308,6 @@ func tryAny(ctx context.Context, locker SessionLocker, conn *sql.Conn, keys []in
 		}
 	}
 	return 0, SessionResult{}, nil
-}
-
-// waitSession waits server-side on one slot, chosen at random, for a
-// slice, then tries every slot, until it holds one or budget ends (OK
-// false with a nil error: a definite miss).
-func (s *Semaphore) waitSession(ctx, budget context.Context, locker SessionLocker, p *pinned) (int, SessionResult, error) {
-	for {
-		slot := rand.N(len(s.keys))
-		slice, cancel := context.WithTimeout(budget, semaphoreSlice)
-		res, err := s.slot(slot).waitSession(ctx, slice, locker, p, s.keys[slot])
-		cancel()
-		if err != nil || res.OK {
-			return slot, res, err
-		}
-		if budget.Err() != nil {
-			return 0, SessionResult{}, nil
-		}
-		slot, res, err = s.firstTry(ctx, budget, locker, p, sliceGrace)
-		if err != nil || res.OK {
-			return slot, res, err
-		}
-	}
 }
 
 // rowRequest is the lease request of slot i where slots are rows.

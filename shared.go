@@ -26,11 +26,7 @@ import (
 // cancellation behave as in TryLock. A Lock with WithMinHold, or on a
 // backend without shared locks, returns ErrUnsupported.
 func (l *Lock) TryRLock(ctx context.Context) (*Guard, error) {
-	ctx, a := startAcquire(ctx, sharedSide{l}, false)
-	g, err := l.acquire(ctx, ctx, false, true)
-	err = wrapErr(l.name, "try rlock", err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquire(ctx, sharedSide{l}, "try rlock", false)
 }
 
 // RLock waits until it holds the lock shared or ctx ends, as Lock waits:
@@ -39,22 +35,13 @@ func (l *Lock) TryRLock(ctx context.Context) (*Guard, error) {
 // nothing held), ErrUnsupported as TryRLock does, and the first-use
 // errors of Lock.
 func (l *Lock) RLock(ctx context.Context) (*Guard, error) {
-	ctx, a := startAcquire(ctx, sharedSide{l}, true)
-	g, err := l.acquire(ctx, ctx, true, true)
-	err = wrapErr(l.name, "rlock", err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquire(ctx, sharedSide{l}, "rlock", true)
 }
 
 // RLockTimeout is RLock bounded by d, as LockTimeout is: a *TimeoutError
 // (errors.Is ErrTimeout) when d runs out, one attempt when d <= 0.
 func (l *Lock) RLockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
-	ctx, a := startAcquire(ctx, sharedSide{l}, d > 0)
-	g, err := withinBudget(ctx, l.name, d, func(budget context.Context, wait bool) (*Guard, error) {
-		return l.acquire(ctx, budget, wait, true)
-	})
-	a.end(g.hold(), err)
-	return g, err
+	return acquireWithin(ctx, sharedSide{l}, "rlock", d)
 }
 
 // Holders lists every holder of the lock now, shared (Holder.Shared) and
@@ -178,6 +165,13 @@ func oneHolder(h *Holder, err error) ([]*Holder, error) {
 type sharedSide struct{ l *Lock }
 
 func (s sharedSide) observed() *observed { return s.l.observedAs(true) }
+
+func (s sharedSide) settings() (string, *config) { return s.l.settings() }
+
+// take takes the lock shared (see frontEnd).
+func (s sharedSide) take(ctx, budget context.Context, wait bool) (*Guard, error) {
+	return s.l.acquire(ctx, budget, wait, true)
+}
 
 // observedAs returns what l's events need for an exclusive or a shared
 // hold, nil without an Observer.

@@ -332,7 +332,8 @@ mutation "robfig/cron Tick truncates an interval's firing instead of rounding it
 mutation "gocron OncePerTick keys the run by the firing time" extra/advisorylockgocron/once.go \
 	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
 	'^(TestOncePerTickRunsEachTickOnceAcrossReplicaProcesses|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockgocron
-mutation "gocron Tick truncates an interval's firing instead of rounding it" extra/advisorylockgocron/once.go \
+# gocron's Tick is advisorylockcron's: the same mutation, caught by gocron's test.
+mutation "gocron Tick truncates an interval's firing instead of rounding it" extra/advisorylockcron/cron.go \
 	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
 	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockgocron
 mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocron/once.go \

@@ -346,13 +346,21 @@ func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error)
 	return acquireWithin(ctx, l, "lock", d)
 }
 
-// observed returns what l's events need, nil without an Observer; see
-// observedOf.
-func (l *Lock) observed() *observed {
-	if ob := l.obs.Load(); ob != nil || l.cfg.observer == nil {
+// observed returns what the events of l's exclusive holds need, nil
+// without an Observer.
+func (l *Lock) observed() *observed { return l.observedAs(false) }
+
+// observedAs returns what l's events need for an exclusive or a shared
+// hold, nil without an Observer; see observedOf.
+func (l *Lock) observedAs(shared bool) *observed {
+	p, kind := &l.obs, l.kind
+	if shared {
+		p, kind = &l.sobs, kindShared
+	}
+	if ob := p.Load(); ob != nil || l.cfg.observer == nil {
 		return ob
 	}
-	return observedOf(&l.obs, l.db, &l.cfg, l.kind, l.name, func() Backend {
+	return observedOf(p, l.db, &l.cfg, kind, l.name, func() Backend {
 		if b := l.setup.v.Load(); b != nil {
 			return b.backend()
 		}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"sync/atomic"
 	"time"
 )
 
@@ -49,8 +48,7 @@ type Semaphore struct {
 	db   DB
 	name string
 	keys []int64 // slotKey(name, i)
-	lock *Lock   // the configuration and the first-use work; never locked itself
-	obs  atomic.Pointer[observed]
+	lock *Lock   // the configuration, the first-use work, the Observer's view; never locked itself
 }
 
 // maxSlots is the most slots a Semaphore may have: a try names every
@@ -87,7 +85,7 @@ func NewSemaphore(db DB, name string, slots int, opts ...Option) (*Semaphore, er
 	if err != nil {
 		return nil, wrapErr(name, "new semaphore", err)
 	}
-	l := newLock(db, name, cfg, kindLock)
+	l := newLock(db, name, cfg, kindSemaphore)
 	keys := make([]int64, slots)
 	for i := range keys {
 		keys[i] = slotKey(name, i)
@@ -100,10 +98,7 @@ func (s *Semaphore) Name() string { return s.name }
 
 // Check runs the first-use work now (see NewSemaphore), for a service
 // that wants to fail at start-up; later operations skip it.
-func (s *Semaphore) Check(ctx context.Context) error {
-	_, err := s.lock.backend(ctx)
-	return wrapErr(s.name, "check", err)
-}
+func (s *Semaphore) Check(ctx context.Context) error { return s.lock.Check(ctx) }
 
 // TryAcquire makes one attempt and returns a Guard on a free slot (its
 // Slot says which, its Key is the slot's key, and on PostgreSQL and
@@ -200,18 +195,8 @@ func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder,
 }
 
 // observed returns what the semaphore's events need, nil without an
-// Observer; see observedOf.
-func (s *Semaphore) observed() *observed {
-	if ob := s.obs.Load(); ob != nil || s.lock.cfg.observer == nil {
-		return ob
-	}
-	return observedOf(&s.obs, s.db, &s.lock.cfg, kindSemaphore, s.name, func() Backend {
-		if b := s.lock.setup.v.Load(); b != nil {
-			return b.backend()
-		}
-		return nil
-	})
-}
+// Observer: its Lock's, whose kind is "semaphore".
+func (s *Semaphore) observed() *observed { return s.lock.observed() }
 
 // settings returns the semaphore's name and configuration (see frontEnd).
 func (s *Semaphore) settings() (string, *config) { return s.name, &s.lock.cfg }

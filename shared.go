@@ -172,20 +172,3 @@ func (s sharedSide) settings() (string, *config) { return s.l.settings() }
 func (s sharedSide) take(ctx, budget context.Context, wait bool) (*Guard, error) {
 	return s.l.acquire(ctx, budget, wait, true)
 }
-
-// observedAs returns what l's events need for an exclusive or a shared
-// hold, nil without an Observer.
-func (l *Lock) observedAs(shared bool) *observed {
-	if !shared {
-		return l.observed()
-	}
-	if ob := l.sobs.Load(); ob != nil || l.cfg.observer == nil {
-		return ob
-	}
-	return observedOf(&l.sobs, l.db, &l.cfg, kindShared, l.name, func() Backend {
-		if b := l.setup.v.Load(); b != nil {
-			return b.backend()
-		}
-		return nil
-	})
-}

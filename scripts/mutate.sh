@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # mutate.sh applies each mutation of the library to a scratch copy of the
 # tree, runs the tests that should catch it, and reports caught or missed.
-# It is for a reviewer (TESTING.md lists the results); CI runs the ordinary
+# It is for a reviewer (TESTING.md maps each to its promise and test;
+# scripts/mutate-results.txt holds the last run); CI runs the ordinary
 # suite only. A mutation whose anchor no longer matches the code fails the
 # run loudly: rewrite it for the code as it is now.
 #
@@ -44,7 +45,7 @@ mutation "a forgotten guard on a shared session discards the session" multiplex.
 mutation "a set's try keeps the names it got when one is held" backend_postgres.go \
 	's/WHERE t\.ok AND NOT a\.ok\)/WHERE t.ok AND NOT a.ok AND false)/' \
 	'^TestSetTakesAllOrNone$'
-# Under load and faults (mux_fault_test.go, soak_mux_test.go; issue 37):
+# Under load and faults (mux_fault_test.go, soak_mux_test.go):
 mutation "a shared session's keep-alive is never started" multiplex.go \
 	's/if s\.timer == nil && mp\.key\.keepAlive > 0 \{/if s.timer == nil \&\& mp.key.keepAlive > 0 \&\& false {/' \
 	'^TestMultiplexedSessionKilledUnderContention$'
@@ -186,7 +187,7 @@ mutation "a missing privilege is campaigned for forever" election.go \
 mutation "MySQL: a refused CREATE is not a missing privilege" backend_mysql.go \
 	's/case mysqlDenied, mysqlColumnDenied, mysqlDBDenied:/case mysqlColumnDenied, mysqlDBDenied:/' \
 	'^TestMySQLElectionRunReturnsAMissingPrivilege$'
-# --- Shared locks (issue 18) -----------------------------------------------------
+# --- Shared locks -----------------------------------------------------------------
 mutation "MySQL exclusive statement ignores shared rows" backend_mysql_shared.go \
 	's/WHEN 1 THEN IF\(" \+ mysqlReadersIn\(key\) \+ ", 2, 1\)/WHEN 1 THEN IF(false, 2, 1)/' \
 	'^TestSharedAndExclusiveHoldersNeverOverlap$'
@@ -340,7 +341,7 @@ mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocro
 	's/return fn\(ctx, tick\)/_ = fn(ctx, tick); return nil/' \
 	'^TestOncePerTickRunsAFailedTickAgain$' extra/advisorylockgocron
 
-# --- What the audit of 2026-12-02 slipped past (issue 37, item 3) -------------
+# --- Elections, lost locks, min-hold windows, config files --------------------
 # The MySQL election: who leads, and the term it records.
 mutation "MySQL: Leader trusts a term while any connection holds the lock" backend_mysql_election.go \
 	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND IS_USED_LOCK(` + mysqlLockName(key) + `) IS NOT NULL`/' \

@@ -22,11 +22,12 @@ func ExampleWithMinHold() {
 		runs.Add(1)
 		return nil
 	}
+	name := "example-hourly-report/" + exampleID() // a window outlives the run: a name of its own
 	var wg sync.WaitGroup
 	for replica := range 3 {
 		db := exampleDB() // each replica has its own pool
 		defer db.Close()
-		lock, err := advisorylock.New(db, "example-hourly-report", advisorylock.WithMinHold(time.Second))
+		lock, err := advisorylock.New(db, name, advisorylock.WithMinHold(time.Second))
 		if err != nil {
 			log.Fatal(err)
 		}

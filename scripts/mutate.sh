@@ -133,17 +133,17 @@ mutation "lease renew revives an expired lease (SQLite)" backend_sqlite.go \
 mutation "a Lock on SQLite is taken over before it expires" backend_sqlite.go \
 	's/WHERE advisorylock_locks\.expires_at <= excluded\.acquired_at/WHERE advisorylock_locks.expires_at <= excluded.acquired_at + 1000/' \
 	'^(TestSoak|TestSQLiteLockIsExclusiveAcrossProcesses|TestSQLiteKilledHolderFreesTheLockAtExpiry|TestSQLiteLiveHolderKeepsTheLockAcrossTTLs)$'
-mutation "local deadline counts from the answer (acquire and renew)" lease_fencing.go \
+mutation "local deadline counts from the answer (acquire and renew)" lease.go \
 	's/return keepLease\(store, db, cfg, req, sent\), nil/return keepLease(store, db, cfg, req, cfg.clock.Now()), nil/; s/s\.deadline = localDeadline\(sent, s\.req\.TTL\)/s.deadline = localDeadline(s.clock.Now(), s.req.TTL)/' \
 	'^(TestSoak|TestSlowGrantIsLostBeforeItsDatabaseExpiry|TestLeaseDeadlineCountsFromTheSentAcquire)$'
-mutation "local deadline is the full TTL" lease_fencing.go \
+mutation "local deadline is the full TTL" lease.go \
 	's/return sent\.Add\(ttl - renewInterval\(ttl\)\)/return sent.Add(ttl)/' \
 	'^(TestSoak|TestNetworkCutsUnderLoad|TestNetworkCutLosesLocksBeforeExpiry|TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine)$'
 
 mutation "lease release waits for the WAL flush" backend_postgres.go \
 	"s/set_config\\('synchronous_commit', 'off', true\\)\\) AS relaxed(\\nWHERE name = \\S+ AND generation)/set_config('synchronous_commit', 'on', true)) AS relaxed\$1/" \
 	'^TestLeaseReleaseCommitsWithoutWaitingForTheWAL$'
-mutation "a forgotten LeaseGuard is never cleaned up" lease_fencing.go \
+mutation "a forgotten LeaseGuard is never cleaned up" lease.go \
 	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
 	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
 
@@ -227,10 +227,10 @@ mutation "SQLite upgrade leaves live shared rows without a summary" backend_sqli
 mutation "SQLite waiting writer keeps its claim after its grant" backend_sqlite.go \
 	's/if r\.Wait && r\.Retry && r\.Kind == kindLock \{/if false \&\& r.Wait \&\& r.Kind == kindLock {/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
-mutation "a waiting writer's later attempts are not marked as retries" lease_fencing.go \
+mutation "a waiting writer's later attempts are not marked as retries" lease.go \
 	's/\n\t\treq\.Retry = true \/\/[^\n]*\n/\n/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
-mutation "a grant that arrived past its deadline is lost only when the keeper runs" lease_fencing.go \
+mutation "a grant that arrived past its deadline is lost only when the keeper runs" lease.go \
 	's/if left <= 0 \{\n(\t+)s\.lose\(lossExpired/if false \&\& left <= 0 {\n$1s.lose(lossExpired/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "Do runs its function under a grant already lost" advisorylock.go \
@@ -321,7 +321,7 @@ mutation "TryDoOnce records a failed run" once.go \
 mutation "SQLite prunes run records regardless of the retention" backend_sqlite_once.go \
 	's/now\.Add\(-keep\)\.UnixMilli\(\)/now.UnixMilli()/' \
 	'^TestTryDoOncePrunesRecordsPastTheRetention$'
-mutation "Check proves no grants" lease_fencing.go \
+mutation "Check proves no grants" lease.go \
 	's/return s\.CheckTables\(ctx, db, tables\.\.\.\)/_ = s; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'
 mutation "robfig/cron OncePerTick keys the run by the firing time" extra/advisorylockcron/cron.go \

@@ -1,0 +1,153 @@
+package advisorylock
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// FencingToken identifies a lease grant: it is at least 1 and strictly
+// increases with every grant of one name, also when lease rows are
+// deleted and, on PostgreSQL, across a failover to a standby that lacked
+// the last grants (the server's WAL timeline is in its bits 40 to 62; the
+// "How tokens are made" in docs/fencing.md gives the bounds). Tokens are not
+// consecutive. A resource that remembers the highest token it accepted
+// (see Fence) can refuse writes from a holder that has since lost its
+// lease. It is stored as a BIGINT (the generation column).
+type FencingToken uint64
+
+// ParseFencingToken converts a stored BIGINT to a token; v <= 0 is an error.
+func ParseFencingToken(v int64) (FencingToken, error) {
+	if v <= 0 {
+		return 0, fmt.Errorf("advisorylock: invalid fencing token %d (tokens start at 1)", v)
+	}
+	return FencingToken(v), nil
+}
+
+// Int64 returns the token as a BIGINT value.
+func (t FencingToken) Int64() int64 { return int64(t) }
+
+// Admits reports whether a resource that last accepted t may accept
+// incoming: equal tokens are admitted (one holder writes many times).
+func (t FencingToken) Admits(incoming FencingToken) bool { return incoming >= t }
+
+// String returns the token in decimal.
+func (t FencingToken) String() string { return strconv.FormatUint(uint64(t), 10) }
+
+// Value implements driver.Valuer: the token is sent as an int64. A token
+// above math.MaxInt64, which no database grants, is an error.
+func (t FencingToken) Value() (driver.Value, error) {
+	if t > math.MaxInt64 {
+		return nil, fmt.Errorf("advisorylock: fencing token %d does not fit a BIGINT", uint64(t))
+	}
+	return int64(t), nil
+}
+
+// Scan implements sql.Scanner for BIGINT columns; it refuses NULL and
+// values <= 0.
+func (t *FencingToken) Scan(src any) error {
+	var v int64
+	var err error
+	switch s := src.(type) {
+	case int64:
+		v = s
+	case []byte:
+		v, err = strconv.ParseInt(string(s), 10, 64)
+	case string:
+		v, err = strconv.ParseInt(s, 10, 64)
+	default:
+		return fmt.Errorf("advisorylock: cannot scan %T into a FencingToken", src)
+	}
+	if err != nil {
+		return fmt.Errorf("advisorylock: cannot scan fencing token: %w", err)
+	}
+	tok, err := ParseFencingToken(v)
+	*t = tok
+	return err
+}
+
+// Fence guards a resource against writes from holders that lost their
+// lease: it keeps the highest token admitted per resource (in
+// advisorylock_fences), and Admit refuses lower ones.
+type Fence struct {
+	db       DB
+	resource string
+	cfg      config
+	setup    firstUse[LeaseStore]
+}
+
+// NewFence returns a Fence for resource. It does no I/O (see New): it
+// fails only for a nil db, an empty resource name or one the database
+// cannot store, or an option other than WithBackend, WithServerChecks and
+// WithLogger.
+// The first Admit (or Check) picks the backend, which must keep leases,
+// and creates the table if needed, on a connection of its own: Admit runs
+// in the caller's transaction, where a missing table could not be created.
+func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
+	cfg, err := leaseConfig(db, resource, "a Fence", fenceOptions, opts)
+	if err != nil {
+		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
+	}
+	return &Fence{db: db, resource: resource, cfg: cfg, setup: newFirstUse[LeaseStore]()}, nil
+}
+
+// fenceOptions are the options a Fence takes: how to find the backend,
+// and the logger every constructor takes.
+const fenceOptions = optBackend | optServerChecks | optLogger
+
+// Check runs the first-use work now (see NewFence), which creates the
+// tables if they are missing and proves the role may read and write the
+// fence table, so that a hot standby or a missing grant is refused here
+// rather than in the caller's transaction; later Admits skip it. With a
+// pool of one connection (SetMaxOpenConns(1)), call it before the first
+// Admit: Admit's transaction holds the only connection.
+func (f *Fence) Check(ctx context.Context) error {
+	_, err := f.store(ctx)
+	if err != nil {
+		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
+	}
+	return nil
+}
+
+// store returns f's backend, doing the first-use work once.
+func (f *Fence) store(ctx context.Context) (LeaseStore, error) {
+	s, err := f.setup.get(ctx, func(ctx context.Context) (*LeaseStore, error) {
+		s, err := leaseStoreOf(ctx, f.db, &f.cfg)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkTables(ctx, f.db, *s, "advisorylock_fences"); err != nil {
+			return nil, err
+		}
+		return s, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return *s, nil
+}
+
+// Admit records token as the resource's highest in tx if it is not lower
+// than the highest admitted so far, and returns nil; a lower token gets a
+// *StaleTokenError (errors.Is ErrStaleToken), and the caller must roll tx
+// back. Because the check and the caller's write commit together, a stale
+// holder's write can never land after a newer holder's.
+func (f *Fence) Admit(ctx context.Context, tx *sql.Tx, token FencingToken) error {
+	if token == 0 || token > math.MaxInt64 {
+		return fmt.Errorf("advisorylock: fence %s: invalid fencing token %d", quoteName(f.resource), uint64(token))
+	}
+	store, err := f.store(ctx)
+	if err != nil {
+		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
+	}
+	err = store.AdmitToken(ctx, tx, f.resource, token)
+	var stale *StaleTokenError
+	if err != nil && !errors.As(err, &stale) {
+		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
+	}
+	return err
+}

@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -292,7 +293,9 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 	if l.set != nil {
 		res, err = l.trySet(sctx, mp.locker, &s.p)
 	} else {
-		res, err = ask(sctx, &s.p, func() (SessionResult, error) { return mp.locker.TryLockSession(s.p.quiet(sctx), s.p.conn, l.key) })
+		res, err = ask(sctx, &s.p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return mp.locker.TryLockSession(ctx, conn, l.key)
+		})
 	}
 	cancel()
 	if err != nil && sqlState(err) == pgOutOfSharedMemory && l.set == nil && !s.p.abandoned.Load() {
@@ -478,7 +481,9 @@ func (s *muxSession) check() {
 	}
 	mp.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), mp.key.timeout)
-	held, err := ask(ctx, &s.p, func() ([]bool, error) { return mp.locker.HeldKeys(s.p.quiet(ctx), s.p.conn, keys) })
+	held, err := ask(ctx, &s.p, func(ctx context.Context, conn *sql.Conn) ([]bool, error) {
+		return mp.locker.HeldKeys(ctx, conn, keys)
+	})
 	timedOut := ctx.Err() != nil
 	cancel()
 	if err == nil && len(held) != len(keys) {

@@ -80,7 +80,7 @@ mutation "a discarded connection goes back to the pool" conn_guard.go \
 	's/_ = conn\.Raw\(func\(any\) error \{ return driver\.ErrBadConn \}\)/_ = conn.Raw(func(any) error { _ = driver.ErrBadConn; return nil })/' \
 	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection)$'
 mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
-	's/case !p\.bounded:\n\t\treturn stmt\(\)/case true:\n\t\treturn stmt()/' \
+	's/case !p\.bounded:\n\t\treturn stmt\(driverCtx, p\.conn\)/case true:\n\t\treturn stmt(driverCtx, p.conn)/' \
 	'^TestNetworkCutLosesLocksBeforeExpiry$'
 mutation "an unanswered lib/pq statement is left reading and keeps its pool slot" conn_guard.go \
 	's/p\.closer = interruptible\(conn\)/p.closer = nil/' \

@@ -486,10 +486,11 @@ func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx con
 }
 
 // askUntil runs stmt as ask does, bounded by deadline as well as ctx: the
-// statements that no caller's context ends (a release's, an unlock's).
-// Where ctx never ends and the connection can be cut (lib/pq), a timer
-// makes the bound (see watchedUntil) and stmt gets ctx, which is then
-// already what quiet would give it.
+// statements that no caller's context ends (a release's, an unlock's) and
+// those a wait makes between its slices (see waitBound). Where ctx never
+// ends and the connection can be cut (lib/pq), a timer makes the bound
+// (see watchedUntil) and stmt gets ctx, which is then already what quiet
+// would give it.
 func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
 	if p.closer != nil && ctx.Done() == nil {
 		return watchedUntil(deadline, p, func() (T, error) { return stmt(ctx, p.conn) })

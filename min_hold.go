@@ -70,7 +70,7 @@ func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (Sessi
 // lock.
 func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker, p *pinned) (SessionResult, error) {
 	for {
-		left, err := askWithin(ctx, budget, p, func(ctx context.Context, conn *sql.Conn) (time.Duration, error) {
+		left, err := askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (time.Duration, error) {
 			return w.WindowLeft(ctx, conn, l.key)
 		})
 		if err != nil {
@@ -87,7 +87,7 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 			if left > maxSlice {
 				continue
 			}
-			res, err = askWithin(ctx, budget, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			res, err = askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
 				return w.TryLockSessionFor(ctx, conn, l.key, l.name, l.cfg.minHold)
 			})
 		} else {
@@ -98,7 +98,7 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 				return SessionResult{}, nil
 			}
 			if err == nil && res.OK {
-				res, err = askWithin(ctx, budget, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+				res, err = askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
 					return w.ClaimWindow(ctx, conn, l.key, l.name, l.cfg.minHold)
 				})
 			}
@@ -109,20 +109,15 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 	}
 }
 
-// askWithin runs a statement of a wait on p's connection, bounded as a
-// wait slice is (a dead network must not hold the wait): until budget's
-// deadline and budgetGrace more, or sliceGrace without one. It is never
-// cut short by budget itself.
-func askWithin[T any](ctx, budget context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
-	var sctx context.Context
-	var cancel context.CancelFunc
+// waitBound is the deadline of a statement that a wait makes between its
+// server-side slices, bounded as a slice is (a dead network must not hold
+// the wait): budget's deadline and budgetGrace more, or sliceGrace from
+// now without one. budget itself never cuts the statement short.
+func waitBound(budget context.Context) time.Time {
 	if dl, ok := budget.Deadline(); ok {
-		sctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
-	} else {
-		sctx, cancel = context.WithTimeout(ctx, sliceGrace)
+		return dl.Add(budgetGrace)
 	}
-	defer cancel()
-	return ask(sctx, p, stmt)
+	return time.Now().Add(sliceGrace)
 }
 
 // sleepWithin sleeps for d, or until budget ends (then false).

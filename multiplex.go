@@ -271,12 +271,6 @@ func (mp *muxPool) leaveIfIdle() {
 	muxPools.mu.Unlock()
 }
 
-// statementContext is the context of a statement on a shared session: the
-// caller's values, never its end, bounded by the pool's timeout.
-func (mp *muxPool) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), mp.key.timeout)
-}
-
 // try makes l's attempt on s, whose inflight counts the caller.
 func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 	mp := s.pool
@@ -287,7 +281,9 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 		return nil, errSessionEnded
 	}
 	keys := l.keysOf()
-	sctx, cancel := mp.statementContext(ctx)
+	// The statement has the caller's values, never its end (see the rules
+	// above), and is bounded by the pool's timeout.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mp.key.timeout)
 	var res SessionResult
 	var err error
 	if l.set != nil {

@@ -30,7 +30,7 @@ mutation() {
 
 # --- Multiplexed sessions and sets -------------------------------------------
 mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
-	's/return context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/return context.WithTimeout(ctx, mp.key.timeout)/' \
+	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/sctx, cancel := context.WithTimeout(ctx, mp.key.timeout)/' \
 	'^TestMultiplexingCancelledTriesSpareTheirNeighbours$'
 mutation "a name held in the process is tried again on its shared session" multiplex.go \
 	's/if _, ok := mp\.held\[k\]; ok \{/if _, ok := mp.held[k]; ok \&\& false {/' \

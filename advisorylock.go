@@ -643,7 +643,9 @@ func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p
 			return SessionResult{}, nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, slice+grace)
-		res, err := ask(sctx, p, func() (SessionResult, error) { return session.WaitLockSession(sctx, p.conn, key, slice) })
+		res, err := askWaiting(sctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return session.WaitLockSession(ctx, conn, key, slice)
+		})
 		cancel()
 		if err != nil || res.OK {
 			return res, err

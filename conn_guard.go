@@ -242,8 +242,8 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		recycle(s.p.conn)
 		return nil
 	}
-	res, err := askUntil(ctx, deadline, &s.p, func(ctx context.Context) (SessionResult, error) {
-		return s.locker.UnlockSession(ctx, s.p.conn, s.key)
+	res, err := askUntil(ctx, deadline, &s.p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		return s.locker.UnlockSession(ctx, conn, s.key)
 	})
 	switch {
 	case err != nil:
@@ -408,7 +408,7 @@ func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Contex
 	if s.stopped {
 		return zero, fmt.Errorf("%w: released", ErrLockLost)
 	}
-	return ask(ctx, &s.p, func() (T, error) { return stmt(s.p.quiet(ctx), s.p.conn) })
+	return ask(ctx, &s.p, stmt)
 }
 
 // stopWatch ends the keep-alive. A check in flight is answered or
@@ -449,34 +449,55 @@ func (p *pinned) discard(reason discardReason, err error) {
 	}
 }
 
-// ask runs stmt, a statement on p's connection. Where the driver may not
-// end it with ctx, the answer is awaited only until ctx ends (and
-// answerGrace more): then the driver connection is closed under the
-// statement (see watched), or, for a driver not known to allow that, the
-// statement is left to finish in a goroutine of its own (see within). An
-// abandoned statement's connection is discarded.
-func ask[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, error) {
+// ask runs stmt, a statement on p's connection that never waits in the
+// server (a try, an unlock, a keep-alive check), under ctx. stmt gets the
+// connection and p.quiet(ctx), the context to hand the driver. Where the
+// driver may not end the statement with ctx (p.bounded), ask bounds it
+// itself: the answer is awaited only until ctx ends (and answerGrace
+// more); then the driver connection is closed under the statement (see
+// watched), or, for a driver not known to allow that, the statement is
+// left to finish in a goroutine of its own (see within). An abandoned
+// statement's connection is discarded.
+func ask[T any](ctx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
+	return askWith(ctx, p.quiet(ctx), p, stmt)
+}
+
+// askWaiting runs stmt, a statement that waits in the server's lock
+// queue, as ask does, but hands the driver ctx itself, end included: a
+// cancelled wait must leave the queue at once, which takes the driver
+// seeing ctx end (see quiet), not ask abandoning the statement later.
+func askWaiting[T any](ctx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
+	return askWith(ctx, ctx, p, stmt)
+}
+
+// askWith runs stmt on p's connection, bounded by ctx as ask describes,
+// handing it driverCtx.
+func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
 	switch {
 	case !p.bounded:
-		return stmt()
+		return stmt(driverCtx, p.conn)
 	case p.closer != nil:
-		return watched(ctx, p, stmt)
+		return watched(ctx, p, func() (T, error) { return stmt(driverCtx, p.conn) })
 	}
-	return within(ctx, stmt, func() {
+	return within(ctx, func() (T, error) { return stmt(driverCtx, p.conn) }, func() {
 		p.abandoned.Store(true)
 		p.obs.discarded(discardNoAnswer, context.Cause(ctx))
 	}, func(T) { discard(p.conn) })
 }
 
-// askUntil runs stmt as ask does, bounded by deadline as well as ctx,
-// giving it the context to hand the driver (see quiet).
-func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt func(ctx context.Context) (T, error)) (T, error) {
+// askUntil runs stmt as ask does, bounded by deadline as well as ctx: the
+// statements that no caller's context ends (a release's, an unlock's) and
+// those a wait makes between its slices (see waitBound). Where ctx never
+// ends and the connection can be cut (lib/pq), a timer makes the bound
+// (see watchedUntil) and stmt gets ctx, which is then already what quiet
+// would give it.
+func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
 	if p.closer != nil && ctx.Done() == nil {
-		return watchedUntil(deadline, p, func() (T, error) { return stmt(ctx) })
+		return watchedUntil(deadline, p, func() (T, error) { return stmt(ctx, p.conn) })
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	return ask(ctx, p, func() (T, error) { return stmt(p.quiet(ctx)) })
+	return ask(ctx, p, stmt)
 }
 
 // watched runs stmt on the caller's goroutine. Should ctx end, and
@@ -597,8 +618,9 @@ func isLibPQConn(dc any) bool {
 // context can end, to send a cancel request that a dead network does not
 // deliver, and on a loaded machine that goroutine costs as much as a
 // quarter of a round trip. ask still ends the statement when ctx ends
-// (and answerGrace more), and discards the connection. Waits keep ctx, so
-// that a cancelled wait leaves the server's lock queue at once.
+// (and answerGrace more), and discards the connection. Waits keep ctx
+// (askWaiting), so that a cancelled wait leaves the server's lock queue at
+// once.
 func (p *pinned) quiet(ctx context.Context) context.Context {
 	if p.bounded {
 		return context.WithoutCancel(ctx)

@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 )
@@ -48,14 +49,16 @@ func checkRowWindows(cfg *config, s LeaseStore) error {
 // a window the try that checks and records it.
 func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (SessionResult, error) {
 	if b.windows != nil {
-		return ask(ctx, p, func() (SessionResult, error) {
-			return b.windows.TryLockSessionFor(p.quiet(ctx), p.conn, l.key, l.name, l.cfg.minHold)
+		return ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return b.windows.TryLockSessionFor(ctx, conn, l.key, l.name, l.cfg.minHold)
 		})
 	}
 	if l.set != nil {
 		return l.trySet(ctx, b.session, p)
 	}
-	return ask(ctx, p, func() (SessionResult, error) { return b.session.TryLockSession(p.quiet(ctx), p.conn, l.key) })
+	return ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		return b.session.TryLockSession(ctx, conn, l.key)
+	})
 }
 
 // waitWindowed is waitSession for a Lock with a window: while a window is
@@ -67,8 +70,8 @@ func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (Sessi
 // lock.
 func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker, p *pinned) (SessionResult, error) {
 	for {
-		left, err := askWithin(ctx, budget, p, func(ctx context.Context) (time.Duration, error) {
-			return w.WindowLeft(ctx, p.conn, l.key)
+		left, err := askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (time.Duration, error) {
+			return w.WindowLeft(ctx, conn, l.key)
 		})
 		if err != nil {
 			return SessionResult{}, err
@@ -84,8 +87,8 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 			if left > maxSlice {
 				continue
 			}
-			res, err = askWithin(ctx, budget, p, func(ctx context.Context) (SessionResult, error) {
-				return w.TryLockSessionFor(ctx, p.conn, l.key, l.name, l.cfg.minHold)
+			res, err = askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+				return w.TryLockSessionFor(ctx, conn, l.key, l.name, l.cfg.minHold)
 			})
 		} else {
 			slice, cancel := context.WithTimeout(budget, maxSlice) // one server-side slice
@@ -95,8 +98,8 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 				return SessionResult{}, nil
 			}
 			if err == nil && res.OK {
-				res, err = askWithin(ctx, budget, p, func(ctx context.Context) (SessionResult, error) {
-					return w.ClaimWindow(ctx, p.conn, l.key, l.name, l.cfg.minHold)
+				res, err = askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+					return w.ClaimWindow(ctx, conn, l.key, l.name, l.cfg.minHold)
 				})
 			}
 		}
@@ -106,20 +109,15 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 	}
 }
 
-// askWithin runs a statement of a wait on p's connection, bounded as a
-// wait slice is (a dead network must not hold the wait): until budget's
-// deadline and budgetGrace more, or sliceGrace without one. It is never
-// cut short by budget itself.
-func askWithin[T any](ctx, budget context.Context, p *pinned, stmt func(ctx context.Context) (T, error)) (T, error) {
-	var sctx context.Context
-	var cancel context.CancelFunc
+// waitBound is the deadline of a statement that a wait makes between its
+// server-side slices, bounded as a slice is (a dead network must not hold
+// the wait): budget's deadline and budgetGrace more, or sliceGrace from
+// now without one. budget itself never cuts the statement short.
+func waitBound(budget context.Context) time.Time {
 	if dl, ok := budget.Deadline(); ok {
-		sctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
-	} else {
-		sctx, cancel = context.WithTimeout(ctx, sliceGrace)
+		return dl.Add(budgetGrace)
 	}
-	defer cancel()
-	return ask(sctx, p, func() (T, error) { return stmt(p.quiet(sctx)) })
+	return time.Now().Add(sliceGrace)
 }
 
 // sleepWithin sleeps for d, or until budget ends (then false).

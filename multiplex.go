@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -270,12 +271,6 @@ func (mp *muxPool) leaveIfIdle() {
 	muxPools.mu.Unlock()
 }
 
-// statementContext is the context of a statement on a shared session: the
-// caller's values, never its end, bounded by the pool's timeout.
-func (mp *muxPool) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), mp.key.timeout)
-}
-
 // try makes l's attempt on s, whose inflight counts the caller.
 func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 	mp := s.pool
@@ -286,13 +281,17 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 		return nil, errSessionEnded
 	}
 	keys := l.keysOf()
-	sctx, cancel := mp.statementContext(ctx)
+	// The statement has the caller's values, never its end (see the rules
+	// above), and is bounded by the pool's timeout.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mp.key.timeout)
 	var res SessionResult
 	var err error
 	if l.set != nil {
 		res, err = l.trySet(sctx, mp.locker, &s.p)
 	} else {
-		res, err = ask(sctx, &s.p, func() (SessionResult, error) { return mp.locker.TryLockSession(s.p.quiet(sctx), s.p.conn, l.key) })
+		res, err = ask(sctx, &s.p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return mp.locker.TryLockSession(ctx, conn, l.key)
+		})
 	}
 	cancel()
 	if err != nil && sqlState(err) == pgOutOfSharedMemory && l.set == nil && !s.p.abandoned.Load() {
@@ -478,7 +477,9 @@ func (s *muxSession) check() {
 	}
 	mp.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), mp.key.timeout)
-	held, err := ask(ctx, &s.p, func() ([]bool, error) { return mp.locker.HeldKeys(s.p.quiet(ctx), s.p.conn, keys) })
+	held, err := ask(ctx, &s.p, func(ctx context.Context, conn *sql.Conn) ([]bool, error) {
+		return mp.locker.HeldKeys(ctx, conn, keys)
+	})
 	timedOut := ctx.Err() != nil
 	cancel()
 	if err == nil && len(held) != len(keys) {

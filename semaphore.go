@@ -267,8 +267,8 @@ func (s *Semaphore) trySlots(ctx context.Context, locker SessionLocker, p *pinne
 		i   int
 		res SessionResult
 	}
-	a, err := ask(ctx, p, func() (answer, error) {
-		i, res, err := tryAny(p.quiet(ctx), locker, p.conn, keys)
+	a, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (answer, error) {
+		i, res, err := tryAny(ctx, locker, conn, keys)
 		return answer{i, res}, err
 	})
 	if err != nil || !a.res.OK {

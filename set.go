@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -81,13 +82,17 @@ func (l *Lock) keysOf() []int64 {
 // trySet makes a set's one attempt on p's session: all or none.
 func (l *Lock) trySet(ctx context.Context, locker SessionLocker, p *pinned) (SessionResult, error) {
 	if m, ok := locker.(MultiKeyLocker); ok {
-		res, err := ask(ctx, p, func() (SessionResult, error) { return m.TryLockAll(p.quiet(ctx), p.conn, l.set) })
+		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return m.TryLockAll(ctx, conn, l.set)
+		})
 		if !errors.Is(err, ErrUnsupported) {
 			return res, err
 		}
 	}
 	for i, k := range l.set {
-		res, err := ask(ctx, p, func() (SessionResult, error) { return locker.TryLockSession(p.quiet(ctx), p.conn, k) })
+		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return locker.TryLockSession(ctx, conn, k)
+		})
 		if err != nil || !res.OK {
 			if uerr := unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout); uerr != nil {
 				return SessionResult{}, errors.Join(err, uerr)
@@ -103,7 +108,9 @@ func (l *Lock) trySet(ctx context.Context, locker SessionLocker, p *pinned) (Ses
 // them (OK false, nil error: a definite miss).
 func (l *Lock) waitSet(ctx, budget context.Context, locker SessionLocker, p *pinned) (SessionResult, error) {
 	for i, k := range l.set {
-		res, err := ask(ctx, p, func() (SessionResult, error) { return locker.TryLockSession(p.quiet(ctx), p.conn, k) })
+		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return locker.TryLockSession(ctx, conn, k)
+		})
 		if err == nil && !res.OK {
 			res, err = l.waitSession(ctx, budget, locker, p, k)
 		}
@@ -122,8 +129,8 @@ func (l *Lock) waitSet(ctx, budget context.Context, locker SessionLocker, p *pin
 // means the session may still hold some and must be discarded.
 func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int64, timeout time.Duration) error {
 	if m, ok := locker.(MultiKeyLocker); ok && len(keys) > 1 {
-		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (SessionResult, error) {
-			return m.UnlockAll(ctx, p.conn, keys)
+		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return m.UnlockAll(ctx, conn, keys)
 		})
 		if err == nil && !res.OK {
 			err = errors.New("advisorylock: the session did not hold every key of the set")
@@ -133,8 +140,8 @@ func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int
 		}
 	}
 	for _, k := range keys {
-		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (SessionResult, error) {
-			return locker.UnlockSession(ctx, p.conn, k)
+		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			return locker.UnlockSession(ctx, conn, k)
 		})
 		if err != nil {
 			return err
@@ -150,11 +157,15 @@ func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int
 // statement where the backend is a MultiKeyLocker, else one per key.
 func heldOn(ctx context.Context, locker SessionLocker, p *pinned, keys []int64) (bool, error) {
 	if m, ok := locker.(MultiKeyLocker); ok && len(keys) > 1 {
-		held, err := ask(ctx, p, func() ([]bool, error) { return m.HeldKeys(p.quiet(ctx), p.conn, keys) })
+		held, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) ([]bool, error) {
+			return m.HeldKeys(ctx, conn, keys)
+		})
 		return err == nil && len(held) == len(keys) && !slices.Contains(held, false), err
 	}
 	for _, k := range keys {
-		held, err := ask(ctx, p, func() (bool, error) { return locker.HoldsSession(p.quiet(ctx), p.conn, k) })
+		held, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (bool, error) {
+			return locker.HoldsSession(ctx, conn, k)
+		})
 		if err != nil || !held {
 			return false, err
 		}

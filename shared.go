@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 )
@@ -130,8 +131,8 @@ func endWait(ctx context.Context, s SessionLocker, p *pinned, key int64, timeout
 	if !ok {
 		return nil
 	}
-	_, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, w.EndWait(ctx, p.conn, key)
+	_, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context, conn *sql.Conn) (struct{}, error) {
+		return struct{}{}, w.EndWait(ctx, conn, key)
 	})
 	return err
 }

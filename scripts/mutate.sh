@@ -31,7 +31,7 @@ mutation() {
 
 # --- Multiplexed sessions and sets -------------------------------------------
 mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
-	's/return context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/return context.WithTimeout(ctx, mp.key.timeout)/' \
+	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/sctx, cancel := context.WithTimeout(ctx, mp.key.timeout)/' \
 	'^TestMultiplexingCancelledTriesSpareTheirNeighbours$'
 mutation "a name held in the process is tried again on its shared session" multiplex.go \
 	's/if _, ok := mp\.held\[k\]; ok \{/if _, ok := mp.held[k]; ok \&\& false {/' \
@@ -81,7 +81,7 @@ mutation "a discarded connection goes back to the pool" conn_guard.go \
 	's/_ = conn\.Raw\(func\(any\) error \{ return driver\.ErrBadConn \}\)/_ = conn.Raw(func(any) error { _ = driver.ErrBadConn; return nil })/' \
 	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection)$'
 mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
-	's/case !p\.bounded:\n\t\treturn stmt\(\)/case true:\n\t\treturn stmt()/' \
+	's/case !p\.bounded:\n\t\treturn stmt\(driverCtx, p\.conn\)/case true:\n\t\treturn stmt(driverCtx, p.conn)/' \
 	'^TestNetworkCutLosesLocksBeforeExpiry$'
 mutation "an unanswered lib/pq statement is left reading and keeps its pool slot" conn_guard.go \
 	's/p\.closer = interruptible\(conn\)/p.closer = nil/' \

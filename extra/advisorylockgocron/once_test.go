@@ -17,10 +17,11 @@ import (
 	"github.com/robfig/cron/v3"
 )
 
-// Three replica processes, each its own gocron scheduler on an
-// every-second schedule, their firings of a tick 0, 200 and 450 ms apart:
-// OncePerTick runs every tick of eleven exactly once, on PostgreSQL and on
-// a SQLite file.
+// Three groups of three replica processes, each its own gocron scheduler
+// on an every-second schedule, each group's firings of a tick spread over
+// 0, 200 or 450 ms around it (see schedtest.CheckProcesses): OncePerTick
+// runs every tick of eleven exactly once per group, on PostgreSQL and on a
+// SQLite file.
 func TestOncePerTickRunsEachTickOnceAcrossReplicaProcesses(t *testing.T) {
 	for _, backend := range schedtest.ProcessBackends {
 		t.Run(backend, func(t *testing.T) {

@@ -18,9 +18,9 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// The figures of issue 33's acceptance test: Replicas processes on an
-// every-second schedule, their firings of one tick spread over each of
-// ProcessSkews, for ProcessTicks ticks (at least ten seconds) on each of
+// What CheckProcesses runs: for each of ProcessSkews, Replicas processes
+// on an every-second schedule, their firings of one tick spread over that
+// skew, for ProcessTicks ticks (at least ten seconds), on each of
 // ProcessBackends.
 var (
 	ProcessSkews    = []time.Duration{0, 200 * time.Millisecond, 450 * time.Millisecond}

@@ -60,7 +60,8 @@ var sqliteSteps = [][]string{
 )`,
 	},
 	2: { // tokens that survive deleted rows: the highest ever granted, kept
-		// by triggers (so that grants by round-one code count too)
+		// by triggers (so that grants by an older release, which knows only
+		// the first schema, count too)
 		`CREATE TABLE IF NOT EXISTS advisorylock_tokens (
 	id   INTEGER PRIMARY KEY CHECK (id = 1),
 	last INTEGER NOT NULL            -- the highest token granted so far

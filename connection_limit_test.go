@@ -44,7 +44,7 @@ func checkLimitError(t *testing.T, err error, limit string, reachable func(error
 	}
 }
 
-// Issue 35 item 8: at the server's connection limit an acquire fails with
+// At the server's connection limit an acquire fails with
 // ErrPoolUnavailable that says which limit was hit and keeps the server's
 // refusal (SQLSTATE 53300) reachable, on lib/pq and pgx, for a Lock (a
 // pinned connection) and a LeaseLock (a statement on the pool).

@@ -133,7 +133,7 @@ func isDone(ch <-chan struct{}) bool {
 }
 
 // TestLeaseTokensOnlyGrow: tokens strictly increase per name, are not
-// consecutive (the first need not be 1, see SPEC 9.10), and the row's
+// consecutive (the first need not be 1), and the row's
 // generation column stores the full token.
 func TestLeaseTokensOnlyGrow(t *testing.T) {
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {

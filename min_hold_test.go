@@ -23,7 +23,7 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// The once-per-window tests (WithMinHold, SPEC 9.3): replicas whose cron
+// The once-per-window tests (WithMinHold): replicas whose cron
 // fires a little apart run a short job once per window.
 
 const (

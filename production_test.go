@@ -1,7 +1,7 @@
 package advisorylock_test
 
-// Tests for PostgreSQL in production (SPEC 9.2, issue 13) and fencing
-// tokens across a failover (SPEC 9.9, issue 21), against the real thing:
+// Tests for PostgreSQL in production and fencing tokens across a
+// failover, against the real thing:
 // a streaming hot standby, an iptables blackhole, a short
 // statement_timeout, an exhausted pool.
 

@@ -10,9 +10,9 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// Every lock step is one round trip on both drivers (SPEC 4.6a), shared
-// ones too (issue 18): counted on the wire, as ReadyForQuery messages
-// through a proxy.
+// Every lock step is one round trip on both drivers, a shared lock's
+// steps too: counted on the wire, as ReadyForQuery messages through a
+// proxy.
 func TestEachLockStepIsOneRoundTrip(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {

@@ -1,6 +1,6 @@
 package advisorylock_test
 
-// Schema versions, least privilege and look-alike servers (SPEC 9.10).
+// Schema versions, least privilege and look-alike servers.
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// roundOnePostgres is the PostgreSQL schema the first round of the package
-// created, before schema versions: what a database upgraded in place holds.
+// roundOnePostgres is the first PostgreSQL schema, which releases before
+// schema versions created: what a database upgraded in place holds.
 var roundOnePostgres = []string{
 	`CREATE TABLE advisorylock_leases (name text PRIMARY KEY, owner text, generation bigint NOT NULL, acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL)`,
 	`CREATE TABLE advisorylock_fences (resource text PRIMARY KEY, token bigint NOT NULL)`,
@@ -28,8 +28,8 @@ var roundOnePostgres = []string{
 	`INSERT INTO advisorylock_fences VALUES ('report-file', 41)`,
 }
 
-// roundOneAcquire is round one's acquire statement, as a process still
-// running the old code sends it during a rolling upgrade.
+// roundOneAcquire is the first schema's acquire statement, as an older
+// release still running beside this one sends it during a rolling upgrade.
 const roundOneAcquire = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
 VALUES ('report', 'old-host:1/fedcba9876543210', 1, now(), now() + interval '30 seconds')
 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = l.generation + 1,

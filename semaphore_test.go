@@ -399,7 +399,8 @@ func TestSemaphoreCancelledWaitLeavesNoSlotHeld(t *testing.T) {
 		}
 		mustRelease(t, a)
 		// A cancelled pgx wait's backend can stay in the lock queue for a
-		// few milliseconds after its connection is discarded (SPEC 4.6a).
+		// few milliseconds after its connection is discarded (long enough
+		// to be granted a slot briefly): wait that window out.
 		var hs []*advisorylock.Holder
 		testdb.WaitFor(t, wait, func() bool {
 			var err error
@@ -835,7 +836,7 @@ func TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks(t *testing.T) {
 	}
 }
 
-// Issue 35 item 6: Do's fn learns its slot from its guard in its
+// Do's fn learns its slot from its guard in its
 // context, on every backend: two holders at once see two different slots,
 // each the one Holders lists; a context not from Do has no guard, and a
 // Lock's Do's guard has slot 0.

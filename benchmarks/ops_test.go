@@ -134,7 +134,7 @@ func median(d []time.Duration) time.Duration {
 	return d[len(d)/2]
 }
 
-// pgPairs are measured side by side by BenchmarkPaired: the SPEC targets
+// pgPairs are measured side by side by BenchmarkPaired: the targets
 // that compare two operations. ratio = p50(op) / p50(base).
 var pgPairs = []struct{ base, op string }{
 	{"select1_pinned", "raw_literal"},

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// Issue 16, item 6: lockrun completion bash|zsh prints a script the shell
+// lockrun completion bash|zsh prints a script the shell
 // accepts (zsh is checked where it is installed).
 func TestCompletionScriptsParse(t *testing.T) {
 	t.Parallel()

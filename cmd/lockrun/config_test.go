@@ -39,7 +39,7 @@ log-format = 'json'
 	}
 }
 
-// Issue 16, item 1: an unknown key or a malformed line is an error that
+// An unknown key or a malformed line is an error that
 // names the file and line, never skipped (and never shows a password).
 func TestParseConfigRefusesWhatItDoesNotKnow(t *testing.T) {
 	for text, say := range map[string]string{
@@ -63,7 +63,7 @@ func TestParseConfigRefusesWhatItDoesNotKnow(t *testing.T) {
 	}
 }
 
-// Issue 16, item 1: the user's file wins over the system's; --config
+// The user's file wins over the system's; --config
 // reads only its file; a file that is not there is skipped unless it was
 // named; one that cannot be read is an error.
 func TestLoadConfigMergesUserOverSystem(t *testing.T) {
@@ -163,7 +163,7 @@ func between(t *testing.T, s, start, end string) string {
 	return inside
 }
 
-// Issue 37, item 3: every key a config file may set acts as its flag
+// Every key a config file may set acts as its flag
 // does: the options a file's value gives equal those of the flag with
 // that value, and differ from the defaults (so a key read but dropped
 // fails here). A key without a case below fails too. A false boolean

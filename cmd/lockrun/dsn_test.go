@@ -126,7 +126,7 @@ func TestDefaultPathFollowsXDG(t *testing.T) {
 	}
 }
 
-// Issue 16, item 1: --dsn > LOCKRUN_DSN > DATABASE_URL > config files >
+// --dsn > LOCKRUN_DSN > DATABASE_URL > config files >
 // the default (the files' own order is loadConfig's; see config_test.go).
 func TestChooseDSNPrecedence(t *testing.T) {
 	all := map[string]string{"LOCKRUN_DSN": "a", "DATABASE_URL": "b", "HOME": t.TempDir()}
@@ -157,7 +157,7 @@ func TestChooseDSNPrecedence(t *testing.T) {
 	}
 }
 
-// Issue 16, item 4: SQLite in a missing directory says so (SQLite itself
+// SQLite in a missing directory says so (SQLite itself
 // says "out of memory (14)").
 func TestSQLiteInAMissingDirectorySaysSo(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no", "such")
@@ -176,7 +176,7 @@ func TestSQLiteInAMissingDirectorySaysSo(t *testing.T) {
 	}
 }
 
-// Issue 16, item 2: which database, in words, never with a password.
+// Which database, in words, never with a password.
 func TestDatabaseSaysWhichWithoutPassword(t *testing.T) {
 	dir := t.TempDir()
 	const pgbouncer = "; the DSN looks like pgbouncer, a pooler (in transaction mode a session lock is refused: use --lease there)"

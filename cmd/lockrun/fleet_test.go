@@ -16,11 +16,11 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// Issue 16: lockrun for fleets. These tests run the built binary in the
+// lockrun for fleets. These tests run the built binary in the
 // bare environment cron gives a job (env -i, then HOME, LOGNAME, SHELL and
 // PATH=/usr/bin:/bin), where LOCKRUN_DSN and DATABASE_URL are not set.
 
-// Issue 16, item 1 (and the "done when"): from cron, a config file in the
+// The fleet setup end to end: from cron, a config file in the
 // user's home reaches PostgreSQL, and the lock is the cluster's: a second
 // lockrun with the same config, and the library on the same database,
 // find it held.
@@ -70,7 +70,7 @@ func TestCronJobWithConfigFileTakesTheClusterLock(t *testing.T) {
 	_ = g.Release(ctxT(t))
 }
 
-// Issue 16, item 1: --dsn > LOCKRUN_DSN > DATABASE_URL > the user's file
+// --dsn > LOCKRUN_DSN > DATABASE_URL > the user's file
 // ($XDG_CONFIG_HOME, else ~/.config) > /etc/lockrun.conf > the default,
 // and --config FILE replaces the search. Not parallel: it writes the
 // system config file every lockrun of this test binary reads.
@@ -112,7 +112,7 @@ func TestConfigPrecedence(t *testing.T) {
 	}
 }
 
-// Issue 16, item 1: the config file's keys are the flags' defaults; a
+// The config file's keys are the flags' defaults; a
 // flag on the command line wins.
 func TestConfigSetsTheFlagsDefaults(t *testing.T) {
 	t.Parallel()
@@ -138,7 +138,7 @@ func TestConfigSetsTheFlagsDefaults(t *testing.T) {
 	}
 }
 
-// Issue 16, item 1: a config file the user cannot read is exit 78 with
+// A config file the user cannot read is exit 78 with
 // one line, never a silent fallback to the default SQLite file.
 func TestUnreadableConfigFileIsAConfigError(t *testing.T) {
 	t.Parallel()
@@ -196,7 +196,7 @@ func startAsNobody(t *testing.T, env []string, home string, args ...string) *pro
 	return p
 }
 
-// Issue 16, item 1: an unknown key, or a bad value, is exit 78 naming the
+// An unknown key, or a bad value, is exit 78 naming the
 // file and line.
 func TestUnknownConfigKeyIsAConfigError(t *testing.T) {
 	t.Parallel()
@@ -217,9 +217,9 @@ func TestUnknownConfigKeyIsAConfigError(t *testing.T) {
 	}
 }
 
-// Issue 16, item 3: flock's forms: NAME COMMAND [ARG...] without --, and
-// NAME -c 'COMMAND' run by sh -c; both hold the lock while they run. A
-// subcommand word is a NAME after a flag or -- (SPEC 9.10).
+// flock's forms: NAME COMMAND [ARG...] without --, and NAME -c 'COMMAND'
+// run by sh -c; both hold the lock while they run. A subcommand word is a
+// subcommand only as the first argument: after a flag or -- it is a NAME.
 func TestFlockFormsRunTheCommand(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
@@ -250,7 +250,7 @@ func TestFlockFormsRunTheCommand(t *testing.T) {
 	})
 }
 
-// Issue 16, item 3: a conflict prints nothing, -n or -w, like flock; the
+// A conflict prints nothing, -n or -w, like flock; the
 // waiting and giving up are said only with -v.
 func TestConflictsAreSilentUnlessVerbose(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
@@ -281,7 +281,7 @@ func TestConflictsAreSilentUnlessVerbose(t *testing.T) {
 	})
 }
 
-// Issue 16, item 4: --version prints one line on stdout.
+// --version prints one line on stdout.
 func TestVersionPrintsOneLine(t *testing.T) {
 	t.Parallel()
 	for _, flag := range []string{"--version", "-V"} {
@@ -292,7 +292,7 @@ func TestVersionPrintsOneLine(t *testing.T) {
 	}
 }
 
-// Issue 16, item 4: status shows the pid of a SQLite holder (the lockrun
+// status shows the pid of a SQLite holder (the lockrun
 // holding it), in the table and in -v's waiting line.
 func TestStatusShowsThePIDOfSQLiteHolders(t *testing.T) {
 	t.Parallel()
@@ -330,7 +330,7 @@ func TestStatusShowsThePIDOfSQLiteHolders(t *testing.T) {
 	}
 }
 
-// Issue 20: --log-format json makes every line of lockrun's own one JSON
+// --log-format json makes every line of lockrun's own one JSON
 // object (time, level, msg, lock), -v's lines and the lost-lock line.
 func TestJSONLogFormat(t *testing.T) {
 	t.Parallel()
@@ -382,7 +382,7 @@ func expireSQLiteLock(t *testing.T, env []string, name string) {
 	}
 }
 
-// Issue 16, item 4: a SQLite file in a missing directory is exit 78
+// A SQLite file in a missing directory is exit 78
 // saying so (SQLite itself says "out of memory (14)").
 func TestSQLiteFileInAMissingDirectorySaysSo(t *testing.T) {
 	t.Parallel()
@@ -400,7 +400,7 @@ func TestSQLiteFileInAMissingDirectorySaysSo(t *testing.T) {
 	}
 }
 
-// Issue 37, item 3: the settings of a config file take effect in a run,
+// The settings of a config file take effect in a run,
 // not only in the options: wait = 0.3 gives up behind a holder with the
 // conflict code after 0.3s; min-hold = 3 keeps the name taken after the
 // command, so a second -n run inside the window exits with the conflict

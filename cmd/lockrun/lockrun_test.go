@@ -15,7 +15,9 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// Issue 6, item 1.
+// lockrun -n runs the command exactly once among lockruns started
+// together; the others exit at once, silent, with the conflict code
+// (-E's where given).
 func TestNonblockRunsTheCommandExactlyOnce(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
@@ -59,7 +61,7 @@ func TestNonblockRunsTheCommandExactlyOnce(t *testing.T) {
 	})
 }
 
-// Issue 6, item 2: without -n, lockruns take turns.
+// Without -n, lockruns take turns.
 func TestWaitersTakeTurns(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
@@ -90,7 +92,7 @@ func TestWaitersTakeTurns(t *testing.T) {
 	})
 }
 
-// Issue 6, item 2: -w gives up on time with the conflict code, and a
+// -w gives up on time with the conflict code, and a
 // waiter whose lock comes free within -w runs.
 func TestWaitGivesUpOnTime(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
@@ -126,7 +128,8 @@ func TestWaitGivesUpOnTime(t *testing.T) {
 	})
 }
 
-// Issue 6, item 3.
+// lockrun exits with the command's status (128+N for a signal) and
+// passes its output through.
 func TestExitStatusIsTheCommands(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name := lockName(t)
@@ -152,7 +155,7 @@ func TestExitStatusIsTheCommands(t *testing.T) {
 	})
 }
 
-// Issue 6, item 3: SIGTERM (SIGHUP, SIGINT) to lockrun reaches the command, lockrun exits
+// SIGTERM (SIGHUP, SIGINT) to lockrun reaches the command, lockrun exits
 // with the command's status, and the lock is free afterwards.
 func TestSignalReachesCommandThenLockIsReleased(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
@@ -208,7 +211,7 @@ func TestSignalWhileWaitingEndsLockrun(t *testing.T) {
 	})
 }
 
-// Issue 6, item 4: the command sees its lease's name and token, tokens
+// The command sees its lease's name and token, tokens
 // grow from run to run.
 func TestLeaseGivesTheCommandItsToken(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
@@ -233,7 +236,7 @@ func TestLeaseGivesTheCommandItsToken(t *testing.T) {
 	})
 }
 
-// Issue 6, item 4: a lost lease stops the command, SIGTERM first, SIGKILL
+// A lost lease stops the command, SIGTERM first, SIGKILL
 // after --kill-after (the command ignores SIGTERM), and lockrun exits 75.
 // On SQLite the same is proven for the default lock (a lease row too).
 func TestLostLockStopsTheCommand(t *testing.T) {
@@ -355,8 +358,8 @@ func TestLateGrantDoesNotRunTheCommand(t *testing.T) {
 	}
 }
 
-// Issue 6, item 5, as SPEC 9.10 changed it: a waiter is silent, as
-// flock; with -v it says at once what it waits for and who holds it.
+// A waiter is silent, as flock; with -v it says at once what it waits
+// for and who holds it.
 func TestVerboseWaitingSaysWhoHolds(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
@@ -416,7 +419,7 @@ func hostname(t *testing.T) string {
 	return h
 }
 
-// Issue 6, item 6: status prints holders as an aligned table.
+// status prints holders as an aligned table.
 func TestStatusPrintsAlignedTable(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		d := newDir(t)
@@ -525,7 +528,7 @@ func checkAligned(t *testing.T, table string) [][]string {
 	return rows
 }
 
-// Issue 6, items 6 and 7: a DSN's password never shows, whatever fails.
+// A DSN's password never shows, whatever fails.
 func TestNoPasswordInAnyOutput(t *testing.T) {
 	t.Parallel()
 	const secret = "Sup3r-s3cret.pw"
@@ -591,7 +594,7 @@ func checkOneLineError(t *testing.T, stdout, stderr string) {
 	}
 }
 
-// Issue 6, item 7: bad input gets one line and its documented exit code.
+// Bad input gets one line and its documented exit code.
 func TestBadInputGetsOneLineAndItsExitCode(t *testing.T) {
 	t.Parallel()
 	state := []string{"XDG_STATE_HOME=" + t.TempDir()}
@@ -644,7 +647,8 @@ func TestBadInputGetsOneLineAndItsExitCode(t *testing.T) {
 	}
 }
 
-// Issue 6, item 8.
+// --help (and -h) prints a man page: its sections, every form, flag and
+// environment variable, and every exit code.
 func TestHelpReadsLikeAManPage(t *testing.T) {
 	t.Parallel()
 	for _, flag := range []string{"--help", "-h"} {
@@ -729,7 +733,7 @@ func TestVerboseSaysAcquiredAndReleased(t *testing.T) {
 	})
 }
 
-// Issue 15/16: --min-hold keeps the name taken after the command ends,
+// --min-hold keeps the name taken after the command ends,
 // until the window (counted from the grant) is over: a second host's cron
 // job that starts a little later does not run it again; after the window
 // it runs again.
@@ -761,7 +765,7 @@ func TestMinHoldRunsOncePerWindow(t *testing.T) {
 	})
 }
 
-// Issue 18: -s takes the lock shared, as flock -s: shared lockruns run
+// -s takes the lock shared, as flock -s: shared lockruns run
 // their commands side by side, and an exclusive lockrun -n beside them
 // exits with the conflict code; once they end it runs.
 func TestSharedRunsSideBySideAndExcludesExclusive(t *testing.T) {

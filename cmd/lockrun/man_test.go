@@ -10,7 +10,7 @@ import (
 
 var updateMan = flag.Bool("update-man", false, "rewrite lockrun.1 from the help text (go generate does)")
 
-// Issue 16, item 6: lockrun.1 is what lockrun --help prints, as a man
+// lockrun.1 is what lockrun --help prints, as a man
 // page, and roff reads it without a warning.
 func TestManPageIsTheHelp(t *testing.T) {
 	t.Parallel()

@@ -11,7 +11,7 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// Issue 32, item 3: lockrun -l NAME -l NAME takes a set. These tests run
+// lockrun -l NAME -l NAME takes a set. These tests run
 // lockrun processes against each backend.
 
 // setArgs is -l NAME for each of names.

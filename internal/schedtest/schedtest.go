@@ -20,7 +20,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers driver "pgx"
 )
 
-// The figures of issue 19's acceptance test: three schedulers 120 ms
+// The figures the adapters' tests share: three schedulers 120 ms
 // apart, a 50 ms job, and a one-second tick, with a min-hold of half the
 // tick (longer than the 240 ms between the first and last replica,
 // shorter than the tick minus it).

@@ -898,8 +898,8 @@ func (p *postgres) Schema() string {
 // token of the old primary, including those whose rows (and sequence
 // values) never reached the standby. The timeline is the first 8 hex
 // digits of the current WAL file's name, which an ordinary role may read.
-// Tokens of earlier versions were generations counted from 1, far below
-// 2^40: new tokens exceed them all. docs/fencing.md gives the bounds.
+// A row written by an older release holds a generation counted from 1,
+// far below 2^40: new tokens exceed them all. docs/fencing.md gives the bounds.
 const pgNextToken = `(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint << 40) + nextval('advisorylock_token_seq')`
 
 // The lease statements; see statement for how their arguments are sent.

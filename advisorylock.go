@@ -86,7 +86,8 @@
 // looks for and the built-in backends implement (they use nothing else):
 // Configurer (statement forms per driver, WithDeadHolderTimeout on the
 // server) and MultiKeyLocker (many keys on one session: a Semaphore's
-// slots, a set's keys and multiplexed locks, each in one statement). The
+// slots, a set's keys and multiplexed locks, each in one statement, and
+// a slot's release that signals the semaphore's waiters). The
 // package's own tests run a backend of a third party's making through
 // each.
 package advisorylock

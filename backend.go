@@ -295,9 +295,9 @@ type SharedSessionLocker interface {
 
 // MultiKeyLocker is a SessionLocker whose sessions hold many keys at once
 // and which reads or takes several keys in one statement: a Semaphore's
-// slots (TryLockAny, KeyHolders), a set's keys (TryLockAll, UnlockAll,
-// see NewSet) and the locks of Locks that share a session
-// (WithMultiplexing; HeldKeys, in the session's keep-alive). Its
+// slots (TryLockAny, KeyHolders, UnlockAndSignal), a set's keys
+// (TryLockAll, UnlockAll, see NewSet) and the locks of Locks that share a
+// session (WithMultiplexing; HeldKeys, in the session's keep-alive). Its
 // TryLockSession and UnlockSession must touch no key but their own, and a
 // session's locks must be reentrant or refused locally: the library never
 // asks one session for a key it holds.
@@ -329,6 +329,16 @@ type MultiKeyLocker interface {
 	// or a server that can no longer grant (a standby, a read-only
 	// server), means the session can be trusted with none of them.
 	HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error)
+	// UnlockAndSignal releases key as UnlockSession does and, if it
+	// freed it, signals signal to the ListenReleases of the same backend
+	// (as ReleaseLease signals a lease's key), once the release is
+	// visible: a Semaphore's slot release, so that its waiters try every
+	// slot at once. A backend that is a LeaseStore with
+	// Traits.SignalsReleases must signal here too: a Semaphore's waiters
+	// on it wait for the signal, and without one they look again only at
+	// their next poll. It may return an error matching ErrUnsupported
+	// before it sends anything; the library then calls UnlockSession.
+	UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (SessionResult, error)
 }
 
 // WindowedSessionLocker is a SessionLocker that can keep a name taken for

@@ -53,6 +53,13 @@ func (mysqlBackend) UnlockAll(context.Context, *sql.Conn, []int64) (SessionResul
 	return SessionResult{}, errOneKeyAtATime
 }
 
+// UnlockAndSignal is unsupported: MySQL has no notifications, so a
+// semaphore's waiters wait server-side on a slot, in slices, and a slot's
+// release is an UnlockSession.
+func (mysqlBackend) UnlockAndSignal(context.Context, *sql.Conn, int64, int64) (SessionResult, error) {
+	return SessionResult{}, errNoReleaseSignals
+}
+
 // errOneKeyAtATime makes a set's try and release fall back to one
 // statement per key (see MultiKeyLocker).
 var errOneKeyAtATime = fmt.Errorf("%w: one key at a time", ErrUnsupported)

@@ -632,11 +632,17 @@ func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64)
 	if ok || err != nil {
 		return SessionResult{OK: ok}, err
 	}
+	return p.unlockMissed(ctx, conn, key)
+}
+
+// unlockMissed finds out why an unlock of key found it not held (see
+// UnlockSession).
+func (p *postgres) unlockMissed(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
 	// Rare, so written with literals for every driver.
 	where := advisoryWhere(key) + " AND l.mode = '" + p.lockMode() + "'"
 	var here, anywhere bool
 	var r SessionResult
-	err = conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND "+where+
+	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND "+where+
 		"), EXISTS (SELECT FROM pg_locks l WHERE "+where+"), pg_backend_pid()").Scan(&here, &anywhere, &r.Session)
 	switch {
 	case err != nil:

@@ -149,3 +149,33 @@ func eachRow(ctx context.Context, on querier, q string, f func(rows *sql.Rows) e
 	}
 	return rows.Err()
 }
+
+// pgUnlockAndSignal releases $1 and, only if that freed it, notifies
+// pgReleaseChannel with $2 (a CASE evaluates no branch it does not
+// need); delivered to listeners when it commits, right after the unlock.
+// It returns a row when it freed the key, as pgUnlock does.
+const pgUnlockAndSignal = `SELECT WHERE CASE WHEN pg_advisory_unlock($1::bigint)
+	THEN (SELECT true FROM pg_notify('` + pgReleaseChannel + `', $2::text)) ELSE false END`
+
+// UnlockAndSignal releases a semaphore's slot key and notifies
+// pgReleaseChannel with signal, the semaphore's wake key, which its
+// waiters' listener hears as it hears a lease's release (see
+// ListenReleases). A key found not held is looked into as UnlockSession
+// does, and notifies nothing.
+func (p *postgres) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (SessionResult, error) {
+	if p.shared {
+		return SessionResult{}, fmt.Errorf("%w: a shared hold is no semaphore slot", ErrUnsupported)
+	}
+	q, args, err := p.statement(pgUnlockAndSignal, key, strconv.FormatInt(signal, 10))
+	if err != nil {
+		return SessionResult{}, err
+	}
+	res, err := conn.ExecContext(ctx, q, args...)
+	if err != nil {
+		return SessionResult{}, err
+	}
+	if n, err := res.RowsAffected(); n == 1 || err != nil {
+		return SessionResult{OK: n == 1}, err
+	}
+	return p.unlockMissed(ctx, conn, key)
+}

@@ -243,7 +243,7 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		return nil
 	}
 	res, err := askUntil(ctx, deadline, &s.p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
-		return s.locker.UnlockSession(ctx, conn, s.key)
+		return unlockHeld(ctx, s.locker, conn, s.l)
 	})
 	switch {
 	case err != nil:

@@ -151,18 +151,20 @@ func (w *releaseWatch) run() {
 		err := w.listen(ctx)
 		stopped := ctx.Err() != nil // by the linger
 		cancel()
-		w.wake(nil) // it heard nothing from here on
 		w.mu.Lock()
 		w.stop = nil
 		if errors.Is(err, ErrUnsupported) {
 			w.off = true
 		}
-		if w.off {
+		off := w.off
+		if off {
 			w.running = false
-			w.mu.Unlock()
-			return
 		}
 		w.mu.Unlock()
+		w.wake(nil) // it heard nothing from here on (and, off, never will: a woken waiter sees it so)
+		if off {
+			return
+		}
 		if stopped {
 			continue // the loop's check ends it, unless a waiter came back
 		}
@@ -188,6 +190,14 @@ func (w *releaseWatch) listen(ctx context.Context) error {
 	}
 	defer discard(conn)
 	return w.store.ListenReleases(ctx, w.db, conn, wake, released)
+}
+
+// isOff reports whether the watch is off for good: nobody's releases
+// will be heard on its handle.
+func (w *releaseWatch) isOff() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.off
 }
 
 // wake signals the waiters for *key, or every waiter when key is nil.

@@ -50,12 +50,6 @@ func waitWatchOff(t *testing.T, db *sql.DB) {
 	}
 }
 
-func (w *releaseWatch) isOff() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.off
-}
-
 // holdAndWait makes a holder take name on db and a waiter, polling every
 // poll, wait for it there (see testdb.HoldAndWait).
 func holdAndWait(t *testing.T, db DB, name string, poll time.Duration) (release func() error, got <-chan error) {
@@ -144,4 +138,90 @@ func TestLeaseWaiterThroughTransactionPoolPolls(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 	testdb.HandedOff(t, got, time.Now())
+}
+
+// holdSlots takes every slot of an n-slot semaphore on name, and starts a
+// waiter on it, polling every poll, in a goroutine (see testdb.Waiting);
+// it returns the holders' guards and where the waiter's outcome arrives.
+func holdSlots(t *testing.T, db DB, name string, n int, poll time.Duration) ([]*Guard, <-chan error) {
+	t.Helper()
+	holder, err := NewSemaphore(db, name, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := NewSemaphore(db, name, n, WithPollInterval(poll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := make([]*Guard, n)
+	for i := range gs {
+		if gs[i], err = holder.TryAcquire(context.Background()); err != nil {
+			t.Fatalf("TryAcquire %d of %d: %v", i+1, n, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, g := range gs {
+			_ = g.Release(context.Background())
+		}
+	})
+	return gs, testdb.Waiting(waiter.Acquire)
+}
+
+// TestSemaphoreWaiterWakesOnRelease: with pgx, a semaphore's waiter gets
+// the slot a holder releases within a few round trips of the release,
+// whichever slot it is, long before its first poll could come: the
+// slot's release notified it. (A waiter on one slot server-side would
+// see another slot's release only at its slice's end.)
+func TestSemaphoreWaiterWakesOnRelease(t *testing.T) {
+	db, app := openNamed(t, "pgx")
+	admin := testdb.OpenPostgres(t, "pgx")
+	gs, got := holdSlots(t, db, testdb.UniqueName(t), 3, farPoll)
+	testdb.ListenerPID(t, admin, app, 0)
+	testdb.WokenBy(t, got, func() error { return gs[1].Release(context.Background()) }, "the semaphore's waiter")
+}
+
+// TestSemaphoreWaiterSurvivesAKilledListener: the listener's session is
+// terminated while a semaphore's waiter waits; the library listens again,
+// and the next slot's release still wakes the waiter.
+func TestSemaphoreWaiterSurvivesAKilledListener(t *testing.T) {
+	db, app := openNamed(t, "pgx")
+	admin := testdb.OpenPostgres(t, "pgx")
+	gs, got := holdSlots(t, db, testdb.UniqueName(t), 2, farPoll)
+	testdb.KillListener(t, admin, app, got)
+	testdb.WokenBy(t, got, func() error { return gs[0].Release(context.Background()) }, "after its listener was killed, the semaphore's waiter")
+}
+
+// TestSemaphoreSlotFreedSilentlyStillHandsOff: a slot freed with no
+// notification, by its holder's session ending (terminated by the
+// server), still goes to a listening waiter, by its poll.
+func TestSemaphoreSlotFreedSilentlyStillHandsOff(t *testing.T) {
+	db, app := openNamed(t, "pgx")
+	admin := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	_, got := holdSlots(t, db, name, 2, 50*time.Millisecond)
+	testdb.ListenerPID(t, admin, app, 0)
+	s, err := NewSemaphore(db, name, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := s.Holders(context.Background())
+	if err != nil || len(hs) != 2 || hs[0].PID == 0 {
+		t.Fatalf("Holders = %v, %v; want two, with their sessions", hs, err)
+	}
+	var killed bool
+	if err := admin.QueryRow("SELECT pg_terminate_backend($1)", hs[0].PID).Scan(&killed); err != nil || !killed {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", hs[0].PID, killed, err)
+	}
+	testdb.HandedOff(t, got, time.Now())
+}
+
+// TestSemaphoreWaiterWithoutNotificationsWaitsInSlices: lib/pq delivers
+// no notifications to the pool, so the watch goes off and the waiter,
+// whose polls come too late to matter, waits server-side in slices and
+// still gets a released slot promptly.
+func TestSemaphoreWaiterWithoutNotificationsWaitsInSlices(t *testing.T) {
+	db, _ := openNamed(t, "postgres")
+	gs, got := holdSlots(t, db, testdb.UniqueName(t), 2, farPoll)
+	waitWatchOff(t, db)
+	testdb.WokenBy(t, got, func() error { return gs[1].Release(context.Background()) }, "the semaphore's waiter in slices")
 }

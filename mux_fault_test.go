@@ -324,6 +324,10 @@ func (d keyDropper) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64)
 	return d.multi().UnlockAll(ctx, conn, keys)
 }
 
+func (d keyDropper) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (advisorylock.SessionResult, error) {
+	return d.multi().UnlockAndSignal(ctx, conn, key, signal)
+}
+
 func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
 	if k := d.drop.Load(); k != 0 && slices.Contains(keys, k) && d.drop.CompareAndSwap(k, 0) {
 		var ok bool

@@ -174,6 +174,10 @@ func (p party) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (adv
 	p.calls.add("MultiKeyLocker.TryLockAll")
 	return p.inner.(advisorylock.MultiKeyLocker).UnlockAll(ctx, conn, keys)
 }
+func (p party) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (advisorylock.SessionResult, error) {
+	p.calls.add("MultiKeyLocker.UnlockAndSignal")
+	return p.inner.(advisorylock.MultiKeyLocker).UnlockAndSignal(ctx, conn, key, signal)
+}
 func (p party) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
 	p.calls.add("MultiKeyLocker.HeldKeys")
 	return p.inner.(advisorylock.MultiKeyLocker).HeldKeys(ctx, conn, keys)
@@ -401,7 +405,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				t.Fatalf("LeaseLock.Lock through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.ListenReleases")
+			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "MultiKeyLocker.UnlockAndSignal", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.ListenReleases")
 			if want := (settings{serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the handle, before any Lock's settings)", c.settings, want)
 			}
@@ -451,7 +455,7 @@ func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 		t.Fatalf("Commit after the refused LockTx: %v", err)
 	}
 
-	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "SharedSessionLocker", "SharedSessionLocker.EndWait", "SessionLocker.EndTerm", "SessionLocker.TryLockTx", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
+	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "MultiKeyLocker.UnlockAndSignal", "SharedSessionLocker", "SharedSessionLocker.EndWait", "SessionLocker.EndTerm", "SessionLocker.TryLockTx", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
 	if want := (settings{deadHolder: 10 * time.Second, serverChecks: true}); !c.gave(want) {
 		t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
 	}

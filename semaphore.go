@@ -34,7 +34,13 @@ import (
 //
 // A try takes one free slot, chosen from a random start so that
 // concurrent tries spread over the slots: on PostgreSQL and MySQL in one
-// statement that stops at the first slot it gets. A wait waits
+// statement that stops at the first slot it gets. On PostgreSQL, where
+// the handle's notifications can be heard (pgx, or a handle wrapped by
+// extra/advisorylockpq; see LeaseStore.ListenReleases for the listener's
+// connection), a slot's release notifies, and a waiter tries
+// every slot when it hears one, else at each poll (WithPollInterval,
+// backing off to half a second: a slot freed by a holder whose session
+// died sends nothing). Elsewhere (lib/pq unwrapped, MySQL) a wait waits
 // server-side on one slot at a time, in slices of a quarter second, and
 // tries every slot between slices: a slot freed elsewhere is seen within
 // about a slice. On SQLite a wait polls (WithPollInterval).
@@ -216,7 +222,31 @@ func (s *Semaphore) take(ctx, budget context.Context, wait bool) (*Guard, error)
 // slot returns the Lock that stands for slot i in a hold: the
 // semaphore's name and configuration with the slot's key.
 func (s *Semaphore) slot(i int) *Lock {
-	return &Lock{db: s.db, name: s.name, key: s.keys[i], cfg: s.lock.cfg}
+	return &Lock{db: s.db, name: s.name, key: s.keys[i], cfg: s.lock.cfg, kind: kindSemaphore}
+}
+
+// unlockHeld releases l's key on conn, whose session holds it: a
+// Semaphore's slot with a signal to the semaphore's waiters, where the
+// backend sends one (see MultiKeyLocker.UnlockAndSignal).
+func unlockHeld(ctx context.Context, locker SessionLocker, conn *sql.Conn, l *Lock) (SessionResult, error) {
+	if m, ok := locker.(MultiKeyLocker); ok && l.kind == kindSemaphore {
+		res, err := m.UnlockAndSignal(ctx, conn, l.key, Key(l.name))
+		if !errors.Is(err, ErrUnsupported) {
+			return res, err
+		}
+	}
+	return locker.UnlockSession(ctx, conn, l.key)
+}
+
+// hearReleases registers a waiter for the signals of the semaphore's slot
+// releases (see UnlockAndSignal), under the semaphore's Key; nil where
+// they cannot be heard.
+func (s *Semaphore) hearReleases(ctx context.Context, locker SessionLocker) *leaseWaiter {
+	store, ok := locker.(LeaseStore)
+	if _, multi := locker.(MultiKeyLocker); !ok || !multi {
+		return nil
+	}
+	return joinReleases(ctx, store, s.db, s.lock.key)
 }
 
 // slotClaim is a Semaphore's claim (see claim): any one of its slots,
@@ -230,10 +260,18 @@ func (c slotClaim) try(ctx context.Context, p *pinned) (int, SessionResult, erro
 	return c.s.trySlots(ctx, c.locker, p)
 }
 
-// wait waits server-side on one slot, chosen at random, for a slice,
-// then tries every slot, until it holds one or budget ends.
+// wait waits until it holds a slot or budget ends: woken by the slots'
+// releases where they are heard (see waitWoken), else server-side on one
+// slot, chosen at random, for a slice, then trying every slot.
 func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
 	s := c.s
+	if lw := s.hearReleases(ctx, c.locker); lw != nil {
+		slot, res, deaf, err := c.waitWoken(ctx, budget, p, lw)
+		lw.leave()
+		if !deaf {
+			return slot, res, err
+		}
+	}
 	for {
 		slot := rand.N(len(s.keys))
 		slice, cancel := context.WithTimeout(budget, semaphoreSlice)
@@ -248,6 +286,39 @@ func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionRes
 		slot, res, err = tryWithin(ctx, budget, c, p, sliceGrace)
 		if err != nil || res.OK {
 			return slot, res, err
+		}
+	}
+}
+
+// waitWoken tries every slot each time a slot's release is heard, and
+// otherwise at each poll (WithPollInterval, backing off to half a second,
+// as a LeaseLock waiter polls: a slot freed by a session that died sends
+// no signal), until it holds one or budget ends. It waits on no slot
+// server-side: one slot's wait could not be cut short by another slot's
+// release without losing the connection. deaf is true, with nothing
+// held, once nobody can be heard (the store said it cannot listen on
+// the handle): the wait goes on in slices.
+func (c slotClaim) waitWoken(ctx, budget context.Context, p *pinned, lw *leaseWaiter) (slot int, res SessionResult, deaf bool, err error) {
+	cfg := &c.s.lock.cfg
+	longest := max(cfg.poll, leaseWaitCap)
+	poll := time.NewTimer(pollPause(cfg.poll, longest, 0))
+	defer poll.Stop()
+	for n := 1; ; n++ {
+		// A try first: a release between the acquire's first try and the
+		// join went unheard.
+		slot, res, err = tryWithin(ctx, budget, c, p, sliceGrace)
+		if err != nil || res.OK {
+			return slot, res, false, err
+		}
+		if lw.w.isOff() {
+			return 0, SessionResult{}, true, nil
+		}
+		select {
+		case <-budget.Done():
+			return 0, SessionResult{}, false, nil
+		case <-lw.wake:
+		case <-poll.C:
+			poll.Reset(pollPause(cfg.poll, longest, n))
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/extra/advisorylockpq"
 	"github.com/jackc/pgx/v5"
 )
@@ -31,6 +32,7 @@ var leaseHandoffPairs = []struct {
 	{"leaselock", "advisorylock", pgDrivers, handoffLeaseLock, handoffAdvisoryLock},
 	{"leaselock_pqlistener", "advisorylock", []string{"pq"}, handoffLeaseLockPQListener, handoffAdvisoryLock},
 	{"raw_lease", "raw_literal", []string{"pgx"}, handoffRawLease, handoffRawLiteral},
+	{"semaphore", "advisorylock", pgDrivers, handoffSemaphore, handoffAdvisoryLock},
 }
 
 // BenchmarkLeaseHandoffPaired alternates, as BenchmarkHandoffPaired does,
@@ -47,6 +49,27 @@ func BenchmarkLeaseHandoffPaired(b *testing.B) {
 			})
 		}
 	}
+}
+
+// handoffSemaphore is a Semaphore of two slots, one held throughout by a
+// third holder, so that every handoff is of the other slot: where slot
+// releases are heard (pgx) the waiter is woken by the release, and
+// elsewhere (lib/pq) it waits server-side on a slot chosen at random, in
+// slices, and sees a release of the other slot at its slice's end.
+func handoffSemaphore(b *testing.B, drv string) (func(i int) contender, *int64) {
+	name := lockName(b, "handoff_semaphore")
+	third, err := advisorylock.NewSemaphore(openPG(b, drv, postgresDSN(), 4), name, 2)
+	must(b, err, "advisorylock.NewSemaphore")
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	g, err := third.TryAcquire(ctx)
+	must(b, err, "the third holder's TryAcquire")
+	b.Cleanup(func() { _ = g.Release(context.Background()) })
+	return func(int) contender {
+		s, err := advisorylock.NewSemaphore(openPG(b, drv, postgresDSN(), 4), name, 2)
+		must(b, err, "advisorylock.NewSemaphore")
+		return guardContender(s.Acquire)
+	}, nil
 }
 
 // handoffLeaseLockPQListener is handoffLeaseLock on lib/pq handles wrapped

@@ -43,7 +43,8 @@ func setupSemaphore(b *testing.B, e pgEnv) func(ctx context.Context) error {
 }
 
 // setupSemaphoreRaw is the floor: the slots tried in one CASE statement,
-// then the granted slot unlocked, literals, on a pinned connection (its
+// then the granted slot unlocked with a notification for its waiters, as
+// the library's release sends one, literals, on a pinned connection (its
 // keys are keys of their own, one per slot, as the library's are).
 func setupSemaphoreRaw(b *testing.B, e pgEnv) func(ctx context.Context) error {
 	conn := pin(b, e.db)
@@ -54,7 +55,7 @@ func setupSemaphoreRaw(b *testing.B, e pgEnv) func(ctx context.Context) error {
 	for i := range semaphoreSlots {
 		key := strconv.FormatInt(advisorylock.Key(name+"/slot/"+strconv.Itoa(i)), 10)
 		try.WriteString(" WHEN pg_try_advisory_lock(" + key + ") THEN " + strconv.Itoa(i))
-		unlock[i] = "SELECT pg_advisory_unlock(" + key + ")"
+		unlock[i] = "SELECT CASE WHEN pg_advisory_unlock(" + key + ") THEN (SELECT true FROM pg_notify('" + tableName("slot_wake") + "', '1')) ELSE false END"
 	}
 	try.WriteString(" ELSE -1 END")
 	return func(ctx context.Context) error {

@@ -69,6 +69,18 @@ mutation "a Notifier's notifications are not listened to (lib/pq waiters poll)" 
 mutation "a Notifier's listener takes a connection of the pool" lease_wake.go \
 	's/if _, ok := w\.db\.\(Notifier\); ok \{/if _, ok := w.db.(Notifier); ok \&\& false {/' \
 	'^TestListenerTakesNoPoolConnection$' extra/advisorylockpq
+mutation "a semaphore slot's release notifies nobody" backend_postgres_semaphore.go \
+	"s/pg_notify\('\\\` \\+ pgReleaseChannel \\+ \\\`', \\\$2::text\)/pg_notify('nobody', \\\$2::text)/" \
+	'^(TestSemaphoreWaiterWakesOnRelease|TestSemaphoreWaiterSurvivesAKilledListener)$'
+mutation "a semaphore's slot is released without its signal" semaphore.go \
+	's/ok && l\.kind == kindSemaphore \{/ok \&\& l.kind == "none" {/' \
+	'^(TestSemaphoreWaiterWakesOnRelease|TestAThirdPartysBackendGetsEveryCapability)$'
+mutation "a semaphore's waiter ignores the releases it hears" semaphore.go \
+	's/\t\tcase <-lw\.wake:/\t\tcase <-make(chan struct{}):/' \
+	'^(TestSemaphoreWaiterWakesOnRelease|TestSemaphoreWaiterSurvivesAKilledListener)$'
+mutation "a semaphore's waiter that cannot hear never goes back to slices" semaphore.go \
+	's/\t\tif lw\.w\.isOff\(\) \{/\t\tif false \&\& lw.w.isOff() {/' \
+	'^TestSemaphoreWaiterWithoutNotificationsWaitsInSlices$'
 
 # --- Locks (session advisory locks on PostgreSQL) ---------------------------
 mutation "keep-alive never reports a loss" conn_guard.go \

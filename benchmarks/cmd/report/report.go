@@ -53,7 +53,7 @@ var pgRows = []opRow{
 	{"lease_raw_literal_async_release", "raw lease, literals, release with `synchronous_commit = off`", "lease"},
 	{"goose_table", "peer: goose v3 table (lease-row) locker, `Lock` + `Unlock`", "lease"},
 	{"semaphore_tryacquire", "advisorylock `Semaphore` (3 slots) `TryAcquire` + `Release`", "session"},
-	{"semaphore_raw", "raw semaphore: the slots tried in one `CASE` + unlock, literals, pinned (its floor)", "session"},
+	{"semaphore_raw", "raw semaphore: the slots tried in one `CASE` + unlock that notifies, literals, pinned (its floor)", "session"},
 }
 
 var peersOf = map[string][]string{
@@ -447,7 +447,8 @@ func (r *report) missWhy(what, drv string) string {
 			return "lib/pq hands notifications only to a `pq.Listener`, a connection of its own that the library cannot open from a `*sql.DB`, so a LeaseLock waiter on a plain lib/pq handle polls (backing off to 500 ms); on a handle wrapped by extra/advisorylockpq a pq.Listener wakes it, and what remains is the design's floor (see pgx's row) and lib/pq's two round trips for a statement with arguments (Parse, then Bind and Execute)."
 		}
 		return "a woken lease handoff is a release that notifies, then the woken waiter's upsert, whose commit waits for the WAL flush (a grant must survive a crash, or its token could be issued twice); a session handoff is one unlock that wakes a waiter inside the server. " +
-			"The same statements run bare on pgx's own connections (`raw_lease_vs_raw_literal`) measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/raw_lease_vs_raw_literal/pgx") + " the bare session handoff: the design's floor is about the gate."
+			"The same statements run bare on pgx's own connections (`raw_lease_vs_raw_literal`) measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/raw_lease_vs_raw_literal/pgx") + " the bare session handoff: the design's floor is about the gate. " +
+			"A `Semaphore` waiter woken the same way, whose grant is a session lock with no write to commit, measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/semaphore_vs_advisorylock/pgx") + " the session handoff (`semaphore_vs_advisorylock`): the wake costs little, the durable grant the rest."
 	case leaseGate.what:
 		return "both are bound by the WAL flush of the acquire's commit; the release already commits without waiting for it."
 	}
@@ -592,7 +593,7 @@ var pairedRows = []struct{ op, base, label string }{
 	{"goose_table", "leaselock", "goose table locker vs **`LeaseLock`**"},
 	{"trydo_minhold", "trydo", "`TryDo` with `WithMinHold` vs without"},
 	{"leaselock_minhold", "leaselock", "`LeaseLock` with `WithMinHold` vs without"},
-	{"semaphore_tryacquire", "semaphore_raw", "**`Semaphore` `TryAcquire`+`Release`** (3 slots) vs its bare statements (one `CASE` try over the slots + unlock, literal keys, pinned)"},
+	{"semaphore_tryacquire", "semaphore_raw", "**`Semaphore` `TryAcquire`+`Release`** (3 slots) vs its bare statements (one `CASE` try over the slots + unlock that notifies, literal keys, pinned)"},
 	{"semaphore_tryacquire", "trylock_release", "`Semaphore` `TryAcquire`+`Release` vs a `Lock`'s `TryLock`+`Release`"},
 	{"semaphore_raw", "raw_literal", "context: the semaphore's bare statements vs a lock's"},
 	{"tryrlock_release", "raw_literal_shared", "shared `TryRLock`+`Release` vs the bare shared statements (literal keys, pinned connection)"},

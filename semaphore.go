@@ -242,8 +242,9 @@ func unlockHeld(ctx context.Context, locker SessionLocker, conn *sql.Conn, l *Lo
 // releases (see UnlockAndSignal), under the semaphore's Key; nil where
 // they cannot be heard.
 func (s *Semaphore) hearReleases(ctx context.Context, locker SessionLocker) *leaseWaiter {
-	store, ok := locker.(LeaseStore)
-	if _, multi := locker.(MultiKeyLocker); !ok || !multi {
+	store, isStore := locker.(LeaseStore)
+	_, isMulti := locker.(MultiKeyLocker)
+	if !isStore || !isMulti {
 		return nil
 	}
 	return joinReleases(ctx, store, s.db, s.lock.key)

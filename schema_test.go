@@ -83,7 +83,7 @@ func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
 	report := newLeaseLock(t, db, "report")
 	g := tryLease(t, report)
 	if g.Token() <= 41 {
-		t.Fatalf("first new-code token %d, not above round one's 41", g.Token())
+		t.Fatalf("first new-code token %d, not above the older release's 41", g.Token())
 	}
 	releaseLease(t, g)
 	fence, err := advisorylock.NewFence(db, "report-file")
@@ -91,7 +91,7 @@ func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := fenceAdmit(t, db, fence, g.Token()); err != nil {
-		t.Fatalf("the fence that admitted round one's 41 refuses the new token %d: %v", g.Token(), err)
+		t.Fatalf("the fence that admitted the older release's 41 refuses the new token %d: %v", g.Token(), err)
 	}
 	// A process still on the old code keeps tokens increasing, and so
 	// does the new code after it.
@@ -128,7 +128,7 @@ func TestSQLiteSchemaUpgradesARoundOneFile(t *testing.T) {
 	g := tryLease(t, l)
 	releaseLease(t, g)
 	if g.Token() <= 41 {
-		t.Fatalf("first token after the upgrade %d, not above round one's 41 (for any name: the counter starts at the highest)", g.Token())
+		t.Fatalf("first token after the upgrade %d, not above the older release's 41 (for any name: the counter starts at the highest)", g.Token())
 	}
 	if _, err := db.ExecContext(ctx, "DELETE FROM advisorylock_leases"); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package advisorylockpq_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -58,6 +59,32 @@ func TestWaiterWakesAfterItsListenerWasKilled(t *testing.T) {
 	release, got := holdAndWait(t, db, testdb.UniqueName(t), testdb.FarPoll)
 	testdb.KillListener(t, admin, app, got)
 	testdb.WokenBy(t, got, release, "after its listener was killed, the waiter")
+}
+
+// TestSemaphoreWaiterWakesOnRelease: on lib/pq, wrapped, a semaphore's
+// waiter is woken by the release of a slot, whichever it is, through the
+// pq.Listener (unwrapped, it would wait server-side on one slot in
+// slices, polling every FarPoll).
+func TestSemaphoreWaiterWakesOnRelease(t *testing.T) {
+	db, app := wrapped(t)
+	admin := testdb.OpenPostgres(t, "postgres")
+	name := testdb.UniqueName(t)
+	holder, err := advisorylock.NewSemaphore(db, name, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := advisorylock.NewSemaphore(db, name, 2, advisorylock.WithPollInterval(testdb.FarPoll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	third, err := holder.TryAcquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = third.Release(context.Background()) }()
+	release, got := testdb.HoldAndWait(t, holder.TryAcquire, waiter.Acquire)
+	testdb.ListenerPID(t, admin, app, 0)
+	testdb.WokenBy(t, got, release, "the semaphore's waiter")
 }
 
 // TestListenerTakesNoPoolConnection: the listener is a connection of its

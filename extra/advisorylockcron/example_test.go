@@ -60,7 +60,11 @@ func ExampleOnOneReplica() {
 // Three replicas' crons fire the hourly report, up to 400 ms apart: it
 // runs once for the hour's tick, and the job knows which tick it runs.
 func ExampleOncePerTick() {
-	schedule, err := cron.ParseStandard("@hourly")
+	// The report runs hourly at this minute past the hour, so that the
+	// example can fire the tick it is in rather than wait for one: the
+	// tick's nearest neighbours are half an hour away.
+	minute := time.Now().Minute()
+	schedule, err := cron.ParseStandard(fmt.Sprintf("%d * * * *", minute))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -68,7 +72,7 @@ func ExampleOncePerTick() {
 	var runs atomic.Int32
 	report := advisorylockcron.TickFunc(func(tick time.Time) {
 		runs.Add(1)
-		fmt.Println("report for the tick on the hour:", tick.Minute() == 0 && tick.Second() == 0)
+		fmt.Println("report for this hour's tick:", tick.Minute() == minute && tick.Second() == 0)
 	})
 	var wg sync.WaitGroup
 	for replica := range 3 {
@@ -78,8 +82,7 @@ func ExampleOncePerTick() {
 			cron.Recover(cron.DefaultLogger),
 			advisorylockcron.OncePerTick(cron.DefaultLogger, db, name, schedule),
 		).Then(report)
-		// Rather than wait for the hour, fire this replica's tick now,
-		// replica*200 ms late.
+		// Fire this replica's tick now, replica*200 ms late.
 		wg.Go(func() {
 			time.Sleep(time.Duration(replica) * 200 * time.Millisecond)
 			job.Run() // what cron does every hour
@@ -88,6 +91,6 @@ func ExampleOncePerTick() {
 	wg.Wait()
 	fmt.Println("runs this tick:", runs.Load())
 	// Output:
-	// report for the tick on the hour: true
+	// report for this hour's tick: true
 	// runs this tick: 1
 }

@@ -34,18 +34,28 @@ func exampleDB() *sql.DB {
 // Three replicas' schedulers fire the hourly report, up to 400 ms apart:
 // it runs once for the hour's tick, and the job knows which tick it runs.
 func ExampleOncePerTick() {
+	// The report runs hourly at this minute past the hour, so that the
+	// example can fire the tick it is in rather than wait for one: the
+	// schedulers' own next run is an hour away, and the tick's nearest
+	// neighbours half an hour.
+	minute := time.Now().Minute()
+	crontab := fmt.Sprintf("%d * * * *", minute)
+	schedule, err := cron.ParseStandard(crontab)
+	if err != nil {
+		log.Fatal(err)
+	}
 	name := fmt.Sprintf("example-gocron-hourly-report-%d", time.Now().UnixNano()) // a fresh lock for the example
 	var runs atomic.Int32
 	report := func(ctx context.Context, tick time.Time) error {
 		runs.Add(1)
-		fmt.Println("report for the tick on the hour:", tick.Minute() == 0 && tick.Second() == 0)
+		fmt.Println("report for this hour's tick:", tick.Minute() == minute && tick.Second() == 0)
 		return nil
 	}
 	var fired sync.WaitGroup // every replica's job returned
 	for replica := range 3 {
 		db := exampleDB() // each replica has its own pool
 		defer db.Close()
-		task, err := advisorylockgocron.OncePerTick(db, name, cron.Every(time.Hour), report)
+		task, err := advisorylockgocron.OncePerTick(db, name, schedule, report)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -54,8 +64,7 @@ func ExampleOncePerTick() {
 			log.Fatal(err)
 		}
 		defer s.Shutdown()
-		job, err := s.NewJob(gocron.DurationJob(time.Hour), task,
-			gocron.WithStartAt(gocron.WithStartDateTime(time.Now().Truncate(time.Hour).Add(time.Hour))),
+		job, err := s.NewJob(gocron.CronJob(crontab, false), task,
 			gocron.WithEventListeners(
 				gocron.AfterJobRuns(func(uuid.UUID, string) { fired.Done() }),
 				gocron.AfterJobRunsWithError(func(_ uuid.UUID, _ string, err error) { log.Print(err); fired.Done() })))
@@ -63,8 +72,7 @@ func ExampleOncePerTick() {
 			log.Fatal(err)
 		}
 		s.Start()
-		// Rather than wait for the hour, fire this replica's tick now,
-		// replica*200 ms late.
+		// Fire this replica's tick now, replica*200 ms late.
 		fired.Add(1)
 		time.Sleep(time.Duration(replica) * 200 * time.Millisecond)
 		if err := job.RunNow(); err != nil {
@@ -74,7 +82,7 @@ func ExampleOncePerTick() {
 	fired.Wait()
 	fmt.Println("runs this tick:", runs.Load())
 	// Output:
-	// report for the tick on the hour: true
+	// report for this hour's tick: true
 	// runs this tick: 1
 }
 

@@ -182,6 +182,8 @@ var (
 	tryGate     = gate{tryGateWhat, "1.10×", true, 1.10}
 	handoffGate = gate{handoffGateWhat, "1.25×", true, 1.25}
 	leaseHand   = gate{"`LeaseLock` handoff p50 ≤ 3× the session `Lock` handoff (both held 5 ms, paired)", "3×", true, 3}
+	leaseGoose  = gate{"`LeaseLock` handoff p50 ≥ 20× faster than goose's table locker (polling every 20 ms)", "20×", false, 20}
+	leaseGrowth = gate{"`LeaseLock` handoff p99 after a 200 ms wait ≤ 1.25× its p99 after a 50 ms wait (a handoff does not grow with the wait)", "1.25×", true, 1.25}
 	leaseGate   = gate{"`LeaseLock` acquire+release ≥ 1.5× faster than goose's table locker", "1.5×", false, 1.5}
 	sqliteLock  = gate{"SQLite: `TryLock`+`Release` ≤ 1.10× its bare statements (upsert + delete)", "1.10×", true, 1.10}
 	sqliteLease = gate{"SQLite: `LeaseLock` `TryLock`+`Release` ≤ 1.10× its bare statements", "1.10×", true, 1.10}
@@ -225,11 +227,17 @@ func (r *report) checkTargets() []target {
 	}
 	paired(leaseHand, "lib/pq wrapped by advisorylockpq", "BenchmarkLeaseHandoffPaired/leaselock_pqlistener_vs_advisorylock/pq")
 	for _, d := range pgDrivers {
+		ts = append(ts, r.sequentialTarget(leaseGoose, d.label, "p50-us", "BenchmarkHandoff/goose_table/"+d.id, "BenchmarkHandoff/leaselock/"+d.id))
+	}
+	for _, d := range pgDrivers {
+		ts = append(ts, r.sequentialTarget(leaseGrowth, d.label, "p99-us", "BenchmarkHandoff/leaselock_held200ms/"+d.id, "BenchmarkHandoff/leaselock_held50ms/"+d.id))
+	}
+	for _, d := range pgDrivers {
 		paired(leaseGate, d.label, "BenchmarkPaired/goose_table_vs_leaselock/"+d.id)
 	}
 	paired(sqliteLock, "sqlite", "BenchmarkPaired/lock_vs_raw_lock/sqlite")
 	paired(sqliteLease, "sqlite", "BenchmarkPaired/leaselock_vs_raw_lease/sqlite")
-	ts = append(ts, r.sqliteHandoff())
+	ts = append(ts, r.sequentialTarget(sqliteHand, "sqlite", "p50-us", "BenchmarkHandoff/sqlite_lock/sqlite", "BenchmarkHandoff/sqlite_raw/sqlite"))
 	ts = append(ts, r.mysqlTargets()...)
 	return ts
 }
@@ -251,16 +259,17 @@ func (r *report) pairedTarget(g gate, driver, name, unit string) target {
 	return t
 }
 
-// sqliteHandoff compares the library's SQLite handoff with the bare
-// upsert polled at the same interval (measured one after the other: a
+// sequentialTarget checks g on the ratio of the medians of unit of two
+// BenchmarkHandoff rows, num over den, measured one after the other (a
 // polled handoff is too slow to pair iteration by iteration).
-func (r *report) sqliteHandoff() target {
-	t := target{what: sqliteHand.what, driver: "sqlite", limit: sqliteHand.limit, measured: "not measured", unpinned: "–"}
-	ours, ok := r.res.median("BenchmarkHandoff/sqlite_lock/sqlite", "p50-us")
-	bare, bok := r.res.median("BenchmarkHandoff/sqlite_raw/sqlite", "p50-us")
-	if ok && bok {
-		met := sqliteHand.met(ours / bare)
-		t.met, t.measured = &met, fine(ours/bare, sqliteHand.bound)+" sequential"
+func (r *report) sequentialTarget(g gate, driver, unit, num, den string) target {
+	t := target{what: g.what, driver: driver, limit: g.limit, measured: "not measured", unpinned: "–"}
+	t.drv = num[strings.LastIndexByte(num, '/')+1:]
+	n, nok := r.res.median(num, unit)
+	d, dok := r.res.median(den, unit)
+	if nok && dok {
+		met := g.met(n / d)
+		t.met, t.measured = &met, fine(n/d, g.bound)+" sequential"
 	}
 	return t
 }
@@ -449,6 +458,16 @@ func (r *report) missWhy(what, drv string) string {
 		return "a woken lease handoff is a release that notifies, then the woken waiter's upsert, whose commit waits for the WAL flush (a grant must survive a crash, or its token could be issued twice); a session handoff is one unlock that wakes a waiter inside the server. " +
 			"The same statements run bare on pgx's own connections (`raw_lease_vs_raw_literal`) measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/raw_lease_vs_raw_literal/pgx") + " the bare session handoff: the design's floor is about the gate. " +
 			"A `Semaphore` waiter woken the same way, whose grant is a session lock with no write to commit, measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/semaphore_vs_advisorylock/pgx") + " the session handoff (`semaphore_vs_advisorylock`): the wake costs little, the durable grant the rest."
+	case leaseGoose.what:
+		if drv != "pgx" {
+			return "a LeaseLock waiter on a plain lib/pq handle polls, as goose's table locker does (see the handoff gate above); wrapped by extra/advisorylockpq it is woken, as on pgx."
+		}
+		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll; being 20× faster would take a lease handoff of under half a millisecond, less than the bare statements of a woken lease handoff take (see the handoff gate above: a release, a notification, and a grant whose commit waits for the WAL flush). goose's default poll is 5 s."
+	case leaseGrowth.what:
+		if drv != "pgx" {
+			return "a plain lib/pq handle hears no releases, so its waiter polls, backing off from 20 ms to half a second so that a hundred waiting replicas do not send thousands of queries a second: the longer it waits, the later it sees a release. Wrap the handle with extra/advisorylockpq and its waiter is woken, as on pgx."
+		}
+		return "the p99 of a run's handoffs is close to its slowest; a woken waiter does not back off, but a handoff whose notification came late is caught by the poll, which does."
 	case leaseGate.what:
 		return "both are bound by the WAL flush of the acquire's commit; the release already commits without waiting for it."
 	}
@@ -819,6 +838,7 @@ func (r *report) writeHandoff(w func(string, ...any)) {
 	w("The holder releases only once every other contender waits (for server-side waits: once their sessions are queued in `pg_locks`; ")
 	w("for pollers: 5 ms plus a random part of the poll period after they started, so releases fall at random points of their cycle), ")
 	w("and a contender that released queues again only after someone else got the lock (no barging). ")
+	w("The first %d handoffs of a run are not measured: by then every contender has waited once, so its pool has opened its sessions and a LeaseLock waiter's handle its listener. ", 3)
 	w("Right before each release the holder times a `SELECT 1` on a connection of its own (same driver): the `SELECT 1` column is the median of those, so the ratio compares times taken under the same load.\n\n")
 	w("| library | driver | waits | p50 | p99 | `SELECT 1` p50 | p50 × `SELECT 1` | p50 × best peer |\n|---|---|---|---:|---:|---:|---:|---:|\n")
 	for _, row := range handoffRows {

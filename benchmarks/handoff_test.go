@@ -142,10 +142,8 @@ type handoffState struct {
 
 	mu      sync.Mutex
 	cond    *sync.Cond
-	gen     int // acquisitions so far
-	relAt   time.Time
-	haveRel bool
-	warmups int // handoffs not measured so far (see handoffContenders)
+	gen     int       // acquisitions so far
+	relAt   time.Time // the last release's call
 	done    bool
 	doneAt  time.Time
 	samples []time.Duration
@@ -221,11 +219,9 @@ func (s *handoffState) contend(ctx context.Context, c contender) {
 			s.releaseOrFail(c)
 			return
 		}
-		switch {
-		case !s.haveRel: // the first acquire: no handoff
-		case s.warmups < handoffContenders:
-			s.warmups++
-		default:
+		// Acquisition gen follows gen releases: the first is no handoff,
+		// and the next handoffContenders warm up.
+		if s.gen > handoffContenders {
 			s.samples = append(s.samples, now.Sub(s.relAt))
 		}
 		s.gen++
@@ -256,7 +252,7 @@ func (s *handoffState) contend(ctx context.Context, c contender) {
 		ud := time.Since(ut)
 		s.mu.Lock()
 		s.units = append(s.units, ud)
-		s.relAt, s.haveRel = time.Now(), true
+		s.relAt = time.Now()
 		s.mu.Unlock()
 		if !s.releaseOrFail(c) {
 			return

@@ -85,9 +85,12 @@
 // The rest is optional, each an interface in backend.go that the library
 // looks for and the built-in backends implement (they use nothing else):
 // Configurer (statement forms per driver, WithDeadHolderTimeout on the
-// server) and MultiKeyLocker (many keys on one session: a Semaphore's
+// server), MultiKeyLocker (many keys on one session: a Semaphore's
 // slots, a set's keys and multiplexed locks, each in one statement, and
-// a slot's release that signals the semaphore's waiters). The
+// a slot's release that signals the semaphore's waiters); and a
+// LeaseStore may keep a LeaseLock waiter's place in line, to which the
+// holder's release hands the lease (QueueLease, ListenGrants: "Waiters in
+// line" in LeaseStore's documentation). The
 // package's own tests run a backend of a third party's making through
 // each.
 package advisorylock

@@ -156,6 +156,39 @@ type SessionResult struct {
 // runs returns an error matching ErrUnsupported from RunDone and
 // RecordRun, before it sends anything.
 //
+// Waiters in line (optional). A LeaseStore that also has the methods
+//
+//	QueueLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error)
+//	ListenGrants(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error
+//
+// lets a LeaseLock waiter take the place next in line for a held lease,
+// and the holder's release hand the lease to it in the release's own
+// statement, so that the waiter, told by the release's signal, holds the
+// lease without a statement (and a durable commit) of its own. The
+// library queues a waiter only where it hears releases (see
+// ListenReleases), and not for a LeaseLock with WithMinHold. The
+// contract, beside the rest of LeaseStore's:
+//   - QueueLease gives r.Owner the place for r.TTL from the database's
+//     now, or renews its place, and returns the token its grant will
+//     carry, above every token issued before. It commits durably. It
+//     returns ErrNotAcquired when the lease is free, expired or r.Owner's,
+//     or another waiter's place is live; ErrUnsupported, before it sends
+//     anything, where the store keeps no places (its waiters then wait as
+//     they would without the methods).
+//   - While a place is live, AcquireLease grants the lease to no one but
+//     its waiter, also after the lease expired.
+//   - ReleaseLease (of a grant, or with Token 0 of whatever r.Owner has)
+//     hands the lease to the waiter whose place is live: its owner, the
+//     place's token, expiring when the place ends. The waiter counts its
+//     lease from when it sent the place, so the handover may commit
+//     without waiting for durability: lost in a crash, the live place
+//     still keeps everyone else out. With Token 0 it also withdraws
+//     r.Owner's place.
+//   - ListenGrants is ListenReleases whose released also names the owner
+//     a release handed the lease to ("" for a release that freed it, or
+//     where the store cannot tell: the waiter then reads the row); the
+//     library calls it instead of ListenReleases.
+//
 // For backend authors: see "Writing a backend" in the package doc.
 type LeaseStore interface {
 	Backend
@@ -216,6 +249,14 @@ type LeaseStore interface {
 	// notifications, a transaction-mode pooler), waiters on db poll; after
 	// another error the library listens again while waiters wait.
 	ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error
+}
+
+// leaseQueuer is a LeaseStore whose LeaseLock waiters queue: see "Waiters
+// in line" in LeaseStore's documentation.
+type leaseQueuer interface {
+	LeaseStore
+	QueueLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error)
+	ListenGrants(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error
 }
 
 // LeaseRequest describes one lease statement.

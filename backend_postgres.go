@@ -849,6 +849,15 @@ var postgresSteps = [][]string{
 	5: { // runs done (Lock.TryDoOnce; see backend_postgres_once.go)
 		postgresRunsTable,
 	},
+	6: { // a LeaseLock waiter's place in line (see QueueLease)
+		// next_owner: the queued waiter, NULL when none; next_generation:
+		// the token its grant will carry; next_expires_at: when its
+		// place, and a grant handed over to it, ends.
+		`ALTER TABLE advisorylock_leases
+	ADD COLUMN IF NOT EXISTS next_owner      text,
+	ADD COLUMN IF NOT EXISTS next_generation bigint,
+	ADD COLUMN IF NOT EXISTS next_expires_at timestamptz`,
+	},
 }
 
 // pgSchemaVersions is the table of applied upgrade steps.
@@ -916,12 +925,31 @@ const (
 	// restart (pg_upgrade). A conflicting concurrent acquire waits for the
 	// row lock and then sees the winner's row, so one name is never granted
 	// twice.
+	//
+	// A queued waiter's live place (see pgQueueLease) keeps everyone else
+	// out, also once the lease has expired: only that waiter may take it.
 	pgAcquireLease = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
 VALUES ($1::text, $2::text, ` + pgNextToken + `, now(), now() + $3::bigint * interval '1 millisecond')
 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = greatest(l.generation + 1, EXCLUDED.generation),
-	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
-WHERE l.owner IS NULL OR l.expires_at <= now()
+	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
+	next_owner = NULL, next_generation = NULL, next_expires_at = NULL
+WHERE (l.owner IS NULL OR l.expires_at <= now())
+	AND (l.next_owner IS NULL OR l.next_expires_at <= now() OR l.next_owner = EXCLUDED.owner)
 RETURNING generation`
+	// pgQueueLease gives a waiter the place next in line for a held
+	// lease, or renews its place: the release hands the lease to it (see
+	// pgReleaseLease). The place takes its token now and commits durably,
+	// so that a handover needs no durable commit of its own: should the
+	// server crash and lose the handover, the place, live until
+	// next_expires_at, still keeps everyone but its waiter out until the
+	// waiter's local deadline has passed. No row: the lease is free,
+	// expired, the waiter's own, or another waiter has the place.
+	pgQueueLease = `UPDATE advisorylock_leases
+SET next_generation = CASE WHEN next_owner = $2::text THEN next_generation ELSE ` + pgNextToken + ` END,
+	next_owner = $2::text, next_expires_at = now() + $3::bigint * interval '1 millisecond'
+WHERE name = $1::text AND owner IS NOT NULL AND owner <> $2::text AND expires_at > now()
+	AND (next_owner IS NULL OR next_owner = $2::text OR next_expires_at <= now())
+RETURNING next_generation`
 	pgRenewLease = `UPDATE advisorylock_leases SET expires_at = now() + $1::bigint * interval '1 millisecond'
 WHERE name = $2::text AND owner = $3::text AND generation = $4::bigint AND expires_at > now()
 RETURNING generation`
@@ -932,17 +960,33 @@ RETURNING generation`
 	// release names it alone; an acquire whose outcome was unknown has none
 	// and frees whatever its owner label, unique per acquire, holds.
 	//
-	// A release that freed the row notifies pgReleaseChannel with the
-	// lease's key, delivered to listeners when it commits (see
-	// ListenReleases).
-	pgReleaseLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
+	//
+	// A release hands the lease over to the queued waiter whose place is
+	// live (pgHandOver): the place's owner, token and end become the
+	// grant's. The handover, too, commits without waiting for the flush:
+	// the place it consumed was durable (see pgQueueLease).
+	//
+	// A release notifies pgReleaseChannel when it commits (see
+	// ListenReleases), with the lease's key and, after a handover, a
+	// space and the new owner.
+	pgReleaseLease = `UPDATE advisorylock_leases SET ` + pgReleaseSet + `
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL
-RETURNING pg_notify('` + pgReleaseChannel + `', $3::text)`
-	pgAbandonLease = `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
+RETURNING pg_notify('` + pgReleaseChannel + `', ` + pgReleasePayload + `)`
+	// pgAbandonLease frees whatever an owner label ($2) has: the lease,
+	// handed over as a release hands it, or its place in line. A place
+	// withdrawn notifies too, so that other waiters may queue.
+	pgAbandonLease = `UPDATE advisorylock_leases SET
+	owner = CASE WHEN owner IS DISTINCT FROM $2::text THEN owner WHEN ` + pgHandOver + ` THEN next_owner END,
+	generation = CASE WHEN owner = $2::text AND ` + pgHandOver + ` THEN next_generation ELSE generation END,
+	acquired_at = CASE WHEN owner = $2::text AND ` + pgHandOver + ` THEN now() ELSE acquired_at END,
+	expires_at = CASE WHEN owner IS DISTINCT FROM $2::text THEN expires_at WHEN ` + pgHandOver + ` THEN next_expires_at ELSE least(expires_at, now()) END,
+	next_owner = CASE WHEN owner = $2::text OR next_owner = $2::text THEN NULL ELSE next_owner END,
+	next_generation = CASE WHEN owner = $2::text OR next_owner = $2::text THEN NULL ELSE next_generation END,
+	next_expires_at = CASE WHEN owner = $2::text OR next_owner = $2::text THEN NULL ELSE next_expires_at END
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-WHERE name = $1::text AND owner = $2::text
-RETURNING pg_notify('` + pgReleaseChannel + `', $3::text)`
+WHERE name = $1::text AND (owner = $2::text OR next_owner = $2::text)
+RETURNING pg_notify('` + pgReleaseChannel + `', ` + pgReleasePayload + `)`
 	pgLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
 WHERE name = $1::text AND owner IS NOT NULL AND expires_at > now()`
 	// The upsert stores the token only if it is not lower than the stored
@@ -953,6 +997,24 @@ ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXC
 RETURNING token`
 	pgHighestToken = `SELECT token FROM advisorylock_fences WHERE resource = $1::text`
 )
+
+// pgHandOver is true, in a release of a lease row, when the row's
+// queued waiter gets the lease: its place is live and its token above the
+// grant's (it is, unless the timeline restarted; see pgNextToken).
+const pgHandOver = `(next_owner IS NOT NULL AND next_expires_at > now() AND next_generation > generation)`
+
+// pgReleasePayload is a lease release's notification: its key ($3) and,
+// after a handover, a space and the new owner, unless the label is too
+// long to send (its waiter then reads the row to learn it was granted).
+const pgReleasePayload = `$3::text || coalesce(' ' || CASE WHEN octet_length(owner) <= 1000 THEN owner END, '')`
+
+// pgReleaseSet is the SET list of pgReleaseLease: the lease handed over
+// (pgHandOver) or freed, and the place emptied either way.
+const pgReleaseSet = `owner = CASE WHEN ` + pgHandOver + ` THEN next_owner END,
+	generation = CASE WHEN ` + pgHandOver + ` THEN next_generation ELSE generation END,
+	acquired_at = CASE WHEN ` + pgHandOver + ` THEN now() ELSE acquired_at END,
+	expires_at = CASE WHEN ` + pgHandOver + ` THEN next_expires_at ELSE least(expires_at, now()) END,
+	next_owner = NULL, next_generation = NULL, next_expires_at = NULL`
 
 // quoteLiteral returns s as a PostgreSQL string constant that reads back
 // as exactly s whatever standard_conforming_strings says: an escape string
@@ -1049,6 +1111,26 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 		return p.releaseLeaseWindow(ctx, db, r)
 	}
 	return p.exec(ctx, db, pgReleaseLease, r.Name, r.Token.Int64(), key)
+}
+
+// QueueLease gives r.Owner the place next in line for the held lease, or
+// renews its place, and returns the token of the grant the holder's
+// release will hand it; ErrNotAcquired when the lease is free, expired or
+// r.Owner's, or another waiter's place is live. The place lasts r.TTL and
+// commits durably (see pgQueueLease).
+func (p *postgres) QueueLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
+	if r.Kind != kindLease {
+		return 0, errNoLockRows
+	}
+	var gen int64
+	found, err := p.queryRow(ctx, db, pgQueueLease, []any{r.Name, r.Owner, ttlMillis(r.TTL)}, &gen)
+	if err != nil {
+		return 0, err
+	}
+	if !found {
+		return 0, ErrNotAcquired
+	}
+	return FencingToken(gen), nil
 }
 
 // LeaseHolders lists the one live holder of r: the store keeps no shared
@@ -1306,9 +1388,10 @@ func (p *postgres) CheckTables(ctx context.Context, db DB, tables ...string) err
 }
 
 // pgReleaseChannel is the channel lease releases notify, one for the
-// table, with the lease's key as the payload: a listener per *sql.DB
-// hears every name with one LISTEN, and a payload never reaches the
-// server's limit, whatever the name's length. Two names of one key
+// table, with the lease's key as the payload (and, after a handover, its
+// new owner; see pgReleasePayload): a listener per *sql.DB hears every
+// name with one LISTEN, and a payload never reaches the server's limit,
+// whatever the name's length. Two names of one key
 // share wakes, which only makes a waiter look early.
 const pgReleaseChannel = "advisorylock_leases"
 
@@ -1321,6 +1404,12 @@ const pgReleaseChannel = "advisorylock_leases"
 // server session ran it), it returns ErrUnsupported and waiters poll.
 // The pooler is told by the probe New uses, once per *sql.DB.
 func (p *postgres) ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error {
+	return p.ListenGrants(ctx, db, conn, ready, func(key int64, _ string) { released(key) })
+}
+
+// ListenGrants is ListenReleases that also names the owner a release
+// handed the lease to (see leaseQueuer).
+func (p *postgres) ListenGrants(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
 	n, own := db.(Notifier)
 	if !p.params && !own {
 		return fmt.Errorf("%w: the driver delivers no notifications to a pooled connection", ErrUnsupported)
@@ -1332,8 +1421,9 @@ func (p *postgres) ListenReleases(ctx context.Context, db DB, conn *sql.Conn, re
 		return err
 	}
 	heard := func(payload string) {
-		if key, err := strconv.ParseInt(payload, 10, 64); err == nil {
-			released(key)
+		k, grantee, _ := strings.Cut(payload, " ")
+		if key, err := strconv.ParseInt(k, 10, 64); err == nil {
+			released(key, grantee)
 		}
 	}
 	if own {

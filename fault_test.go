@@ -1350,8 +1350,10 @@ func newPGLoadLock(t testing.TB, db *sql.DB, name string) *advisorylock.Lock {
 // startPGLoad starts sessionWorkers Lock workers and leaseWorkers lease
 // workers per driver, each holding its lock for hold() (or until lost).
 // Session guards check their session every 200ms. Lease workers on lib/pq
-// wait with Do; on pgx they try with TryDo, again and again, as a job
-// that skips a run while another holds the lease.
+// wait with Do (polling: plain lib/pq hears no releases); on pgx the first
+// tries with TryDo, again and again, as a job that skips a run while
+// another holds the lease, and the others wait with Do, in line for the
+// lease (a release hands it to them; see waitInLine).
 func startPGLoad(t *testing.T, sessionWorkers, leaseWorkers int, hold func() time.Duration) *pgLoad {
 	t.Helper()
 	return startPGLoadOn(t, testdb.PostgresDSN(t), sessionWorkers, leaseWorkers, hold)
@@ -1378,7 +1380,7 @@ func startPGLoadOn(t *testing.T, dsn string, sessionWorkers, leaseWorkers int, h
 	app := appName()
 	for _, drv := range testdb.Drivers {
 		for i := range sessionWorkers + leaseWorkers {
-			w := &pgWorker{lease: i >= sessionWorkers, try: i >= sessionWorkers && drv == "pgx", app: fmt.Sprintf("%s-%s-%d", app, drv, i), proxy: testdb.NewProxy(t, testdb.HostPort(t, dsn))}
+			w := &pgWorker{lease: i >= sessionWorkers, try: i == sessionWorkers && drv == "pgx", app: fmt.Sprintf("%s-%s-%d", app, drv, i), proxy: testdb.NewProxy(t, testdb.HostPort(t, dsn))}
 			w.db = testdb.OpenPostgresDSN(t, drv, testdb.WithParam(w.proxy.DSN(dsn), "application_name", w.app))
 			l.workers = append(l.workers, w)
 			if !w.lease {

@@ -101,10 +101,20 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 	}
 	var wake <-chan struct{} // nil: releases are not heard, and waiting is polling
 	if wait && req.Kind == kindLease {
+		queue, queues := store.(leaseQueuer)
+		queues = queues && cfg.minHold == 0
+		owner := ""
+		if queues {
+			owner = ownerLabel(cfg.owner)
+		}
 		// Joined before the first attempt, so that a release after it
 		// misses is heard (see releaseWatch).
-		if lw := joinReleases(ctx, store, db, req.Key); lw != nil {
+		if lw := joinReleases(ctx, store, db, req.Key, owner); lw != nil {
 			defer lw.leave()
+			if queues {
+				req.Owner = owner
+				return waitInLine(ctx, budget, queue, db, cfg, req, lw)
+			}
 			wake = lw.wake
 		}
 	}
@@ -117,6 +127,147 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 			return nil, err
 		}
 	}
+}
+
+// inLine is a LeaseLock waiter that queues (see waitInLine).
+type inLine struct {
+	store  leaseQueuer
+	db     DB
+	cfg    *config
+	req    LeaseRequest // Owner set for the whole wait
+	placed time.Time    // when the last place the store confirmed was sent; zero before one
+	queued bool         // that place is believed live
+	token  FencingToken // the token of its grant
+	cannot bool         // the store said it keeps no places (ErrUnsupported): wait as acquireLease does
+}
+
+// waitInLine is acquireLease for a LeaseLock waiter that hears releases
+// on a store whose waiters queue (leaseQueuer). After a miss it takes the
+// place next in line, renewing it every renew interval while it waits,
+// and the holder's release hands it the lease: told so by the release's
+// signal, or else by reading the row at its next wake or poll, it holds
+// the lease without a statement of its own. Its local deadline counts
+// from when it sent the place the release consumed, the last one the
+// store confirmed (a renewal after a handover finds the lease its own and
+// fails): the grant expires when that place does, on the database's
+// clock. Between wakes it polls as waitUntilFree does, reading before it
+// writes. A wait that ends without the lease withdraws the place, and
+// frees a lease handed over meanwhile.
+func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *config, req LeaseRequest, lw *leaseWaiter) (*leaseState, error) {
+	l := &inLine{store: store, db: db, cfg: cfg, req: req}
+	longest := max(cfg.poll, leaseWaitCap)
+	poll := time.NewTimer(time.Hour)
+	defer poll.Stop()
+	woken := true // the first pass tries at once
+	for n := 0; ; n++ {
+		s, h, err := l.pass(ctx, budget, woken, lw.wasGranted())
+		if !errors.Is(err, ErrNotAcquired) {
+			if err != nil {
+				l.withdraw(ctx)
+			}
+			return s, err
+		}
+		poll.Reset(l.pause(h, pollPause(cfg.poll, longest, n)))
+		select {
+		case <-budget.Done():
+			l.withdraw(ctx)
+			return nil, context.Cause(budget)
+		case <-lw.wake:
+			woken = true
+		case <-poll.C:
+			woken = false
+		}
+	}
+}
+
+// pass makes one pass of waitInLine: it takes a lease a release was heard
+// handing over; else, holding a place or not woken, it reads the row
+// (taking the lease if it was handed over unheard) and, free, tries to
+// take it; woken without a place it tries at once. A miss queues, or
+// renews the place when due. It returns the holder it read, if any.
+func (l *inLine) pass(ctx, budget context.Context, woken, granted bool) (*leaseState, *Holder, error) {
+	if granted && l.queued {
+		return l.handedOver(l.token), nil, nil
+	}
+	var h *Holder
+	if !l.placed.IsZero() || !woken {
+		var err error
+		if h, err = holderNow(budget, l.store, l.db, l.cfg, l.req); err != nil {
+			return nil, nil, err
+		}
+		if h != nil && h.Owner == l.req.Owner {
+			return l.handedOver(h.Token), nil, nil
+		}
+	}
+	if h == nil {
+		s, err := tryLease(ctx, budget, l.store, l.db, l.cfg, l.req)
+		if !errors.Is(err, ErrNotAcquired) {
+			return s, nil, err
+		}
+	}
+	return nil, h, l.queue(budget)
+}
+
+// queue takes the place next in line, or renews it when a renew interval
+// has passed since it was sent; ErrNotAcquired unless it fails.
+func (l *inLine) queue(budget context.Context) error {
+	if l.cannot || l.queued && l.cfg.clock.Now().Sub(l.placed) < renewInterval(l.cfg.ttl) {
+		return ErrNotAcquired
+	}
+	req := l.req
+	sent := l.cfg.clock.Now()
+	req.Now, req.TTL = sent, l.cfg.ttl
+	token, err := l.store.QueueLease(budget, l.db, req)
+	switch {
+	case err == nil:
+		l.placed, l.token, l.queued = sent, token, true
+	case errors.Is(err, ErrNotAcquired):
+		l.queued = false // the place went (or was never had); l.placed stays, should it have been handed the lease
+	case errors.Is(err, ErrUnsupported):
+		l.cannot = true
+	case budget.Err() != nil:
+		return context.Cause(budget)
+	default:
+		return err
+	}
+	return ErrNotAcquired
+}
+
+// pause is how long to wait before the next pass: the poll's pause, no
+// longer than until the holder's expiry or the place's renewal.
+func (l *inLine) pause(h *Holder, pause time.Duration) time.Duration {
+	now := l.cfg.clock.Now()
+	if h != nil && !h.ExpiresAt.IsZero() {
+		if left := h.ExpiresAt.Sub(now); left < pause {
+			pause = max(left, minPollInterval)
+		}
+	}
+	if l.queued {
+		pause = min(pause, max(l.placed.Add(renewInterval(l.cfg.ttl)).Sub(now), 0))
+	}
+	return pause
+}
+
+// handedOver holds the lease a release handed over, with token, counting
+// its local deadline from when its place was sent.
+func (l *inLine) handedOver(token FencingToken) *leaseState {
+	req := l.req
+	req.Token, req.TTL = token, l.cfg.ttl
+	return keepLease(l.store, l.db, l.cfg, req, l.placed)
+}
+
+// withdraw gives up the place of a wait that ends without the lease, and
+// frees the lease should a release have handed it over meanwhile: before
+// returning, or in the background if the caller has gone.
+func (l *inLine) withdraw(ctx context.Context) {
+	if l.placed.IsZero() {
+		return
+	}
+	if ctx.Err() != nil {
+		go abandonLease(l.store, l.db, l.cfg.releaseTimeout, l.cfg.clock, l.req)
+		return
+	}
+	abandonLease(l.store, l.db, l.cfg.releaseTimeout, l.cfg.clock, l.req)
 }
 
 // claimLease is acquireLease for a waiting writer of a Lock that can be

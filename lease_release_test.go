@@ -24,7 +24,7 @@ func TestLeaseReleaseCommitsWithoutWaitingForTheWAL(t *testing.T) {
 			var release string
 			var args []any
 			db := testdb.OpenHooked(t, drv, testdb.PostgresDSN(t), testdb.Hooks{Before: func(q string, a []any) {
-				if strings.Contains(q, "SET owner = NULL") {
+				if strings.HasPrefix(q, "UPDATE advisorylock_leases SET owner = CASE") { // the release
 					mu.Lock()
 					release, args = q, a
 					mu.Unlock()

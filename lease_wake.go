@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -55,11 +56,15 @@ type releaseWatch struct {
 }
 
 // leaseWaiter is one waiting acquire: wake holds at most one signal, so a
-// release heard while the waiter was busy is kept for its next wait.
+// release heard while the waiter was busy is kept for its next wait. A
+// waiter in line (owner set; see waitInLine) is also told when a release
+// handed the lease to it.
 type leaseWaiter struct {
-	w    *releaseWatch
-	key  int64
-	wake chan struct{}
+	w       *releaseWatch
+	key     int64
+	owner   string
+	wake    chan struct{}
+	granted bool // guarded by w.mu
 }
 
 const (
@@ -82,8 +87,9 @@ var errNoReleaseSignals = fmt.Errorf("%w: the store signals no lease releases", 
 
 // joinReleases registers a waiter for key on db's watch, starting its
 // listener if none runs; nil when releases cannot be heard (the store
-// signals no releases, or the watch is off), and the waiter polls.
-func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64) *leaseWaiter {
+// signals no releases, or the watch is off), and the waiter polls. owner
+// is the waiter's label where it queues (see waitInLine), else "".
+func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64, owner string) *leaseWaiter {
 	if !store.Traits().SignalsReleases {
 		return nil
 	}
@@ -103,7 +109,7 @@ func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64) *leas
 	if w.off {
 		return nil
 	}
-	lw := &leaseWaiter{w: w, key: key, wake: make(chan struct{}, 1)}
+	lw := &leaseWaiter{w: w, key: key, owner: owner, wake: make(chan struct{}, 1)}
 	w.waiters[lw] = struct{}{}
 	if w.linger != nil {
 		w.linger.Stop()
@@ -161,7 +167,7 @@ func (w *releaseWatch) run() {
 			w.running = false
 		}
 		w.mu.Unlock()
-		w.wake(nil) // it heard nothing from here on (and, off, never will: a woken waiter sees it so)
+		w.wake(nil, "") // it heard nothing from here on (and, off, never will: a woken waiter sees it so)
 		if off {
 			return
 		}
@@ -177,18 +183,23 @@ func (w *releaseWatch) run() {
 // Notifier listens on a connection it keeps itself: the store is given
 // no connection then.
 func (w *releaseWatch) listen(ctx context.Context) error {
-	wake := func() { w.wake(nil) }
-	released := func(key int64) { w.wake(&key) }
-	if _, ok := w.db.(Notifier); ok {
-		return w.store.ListenReleases(ctx, w.db, nil, wake, released)
+	wake := func() { w.wake(nil, "") }
+	granted := func(key int64, grantee string) { w.wake(&key, grantee) }
+	released := func(key int64) { w.wake(&key, "") }
+	var conn *sql.Conn // nil for a Notifier
+	if _, ok := w.db.(Notifier); !ok {
+		checkout, cancel := context.WithTimeout(ctx, listenCheckout)
+		c, err := w.db.Conn(checkout)
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer discard(c)
+		conn = c
 	}
-	checkout, cancel := context.WithTimeout(ctx, listenCheckout)
-	conn, err := w.db.Conn(checkout)
-	cancel()
-	if err != nil {
-		return err
+	if q, ok := w.store.(leaseQueuer); ok {
+		return q.ListenGrants(ctx, w.db, conn, wake, granted)
 	}
-	defer discard(conn)
 	return w.store.ListenReleases(ctx, w.db, conn, wake, released)
 }
 
@@ -200,17 +211,29 @@ func (w *releaseWatch) isOff() bool {
 	return w.off
 }
 
-// wake signals the waiters for *key, or every waiter when key is nil.
-func (w *releaseWatch) wake(key *int64) {
+// wake signals the waiters for *key, or every waiter when key is nil,
+// and marks granted the one whose owner is grantee.
+func (w *releaseWatch) wake(key *int64, grantee string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for lw := range w.waiters {
 		if key != nil && lw.key != *key {
 			continue
 		}
+		if grantee != "" && lw.owner == grantee {
+			lw.granted = true
+		}
 		select {
 		case lw.wake <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// wasGranted reports whether a release was heard handing the lease to
+// the waiter.
+func (lw *leaseWaiter) wasGranted() bool {
+	lw.w.mu.Lock()
+	defer lw.w.mu.Unlock()
+	return lw.granted
 }

@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 	"time"
 	"weak"
@@ -224,4 +225,254 @@ func TestSemaphoreWaiterWithoutNotificationsWaitsInSlices(t *testing.T) {
 	gs, got := holdSlots(t, db, testdb.UniqueName(t), 2, farPoll)
 	waitWatchOff(t, db)
 	testdb.WokenBy(t, got, func() error { return gs[1].Release(context.Background()) }, "the semaphore's waiter in slices")
+}
+
+// queuedWaiter starts a waiter on name in a goroutine and waits until it
+// has its place next in line (the row's next_owner), which it returns
+// with the place's token and where the waiter's guard arrives.
+func queuedWaiter(t *testing.T, admin *sql.DB, waiter *LeaseLock) (place string, token FencingToken, got <-chan *LeaseGuard) {
+	t.Helper()
+	out := make(chan *LeaseGuard, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
+		defer cancel()
+		g, err := waiter.Lock(ctx)
+		if err != nil {
+			t.Errorf("the queued waiter: %v", err)
+		}
+		out <- g
+	}()
+	testdb.WaitFor(t, wakeWait, func() bool {
+		err := admin.QueryRow("SELECT next_owner, next_generation FROM advisorylock_leases WHERE name = $1 AND next_owner IS NOT NULL", waiter.Name()).Scan(&place, &token)
+		return err == nil
+	}, "the waiter never took its place in line")
+	return place, token, out
+}
+
+// leaseRow reads name's row: owner ("" when free), token, place.
+func leaseRow(t *testing.T, admin *sql.DB, name string) (owner string, token FencingToken, next string) {
+	t.Helper()
+	var o, n sql.NullString
+	if err := admin.QueryRow("SELECT owner, generation, next_owner FROM advisorylock_leases WHERE name = $1", name).Scan(&o, &token, &n); err != nil {
+		t.Fatalf("reading the row of %s: %v", name, err)
+	}
+	return o.String, token, n.String
+}
+
+// TestLeaseReleaseHandsOverToTheQueuedWaiter: with pgx, a waiter blocked
+// in Lock takes the place next in line, and the holder's release hands it
+// the lease: it returns within a few round trips, long before its first
+// poll, holding the token its place drew (a lease it took itself would
+// carry a new one), and its lease renews and releases as any other.
+func TestLeaseReleaseHandsOverToTheQueuedWaiter(t *testing.T) {
+	db, app := openNamed(t, "pgx")
+	admin := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	const ttl = 1500 * time.Millisecond // renewals every 500ms
+	holder, err := NewLeaseLock(admin, name, WithLeaseTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := NewLeaseLock(db, name, WithLeaseTTL(ttl), WithPollInterval(farPoll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ga, err := holder.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	place, token, got := queuedWaiter(t, admin, waiter)
+	testdb.ListenerPID(t, admin, app, 0)
+	released := time.Now()
+	if err := ga.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var gb *LeaseGuard
+	select {
+	case gb = <-got:
+	case <-time.After(testdb.Promptly):
+		t.Fatalf("the queued waiter did not have the lease %v after the release", testdb.Promptly)
+	}
+	if gb == nil {
+		t.FailNow()
+	}
+	t.Logf("handed over in %v", time.Since(released))
+	if gb.Token() != token || token <= ga.Token() {
+		t.Fatalf("handed over with token %d; its place drew %d, the holder's was %d", gb.Token(), token, ga.Token())
+	}
+	if owner, rowToken, next := leaseRow(t, admin, name); owner != place || rowToken != token || next != "" {
+		t.Fatalf("row after the handover: owner %q token %d next %q; want %q, %d and no place", owner, rowToken, next, place, token)
+	}
+	var renewed bool
+	testdb.WaitFor(t, wakeWait, func() bool {
+		err := admin.QueryRow("SELECT expires_at > acquired_at + $2::interval FROM advisorylock_leases WHERE name = $1", name, ttl.String()).Scan(&renewed)
+		return err == nil && renewed
+	}, "the handed-over lease was never renewed")
+	if gb.IsLost() {
+		t.Fatal("the handed-over lease reads lost after a renewal")
+	}
+	if err := gb.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if owner, _, _ := leaseRow(t, admin, name); owner != "" {
+		t.Fatalf("the handed-over lease is still held by %q after its release", owner)
+	}
+}
+
+// TestUnheardHandoverIsFoundByThePoll: the lease is handed over to the
+// queued waiter without a notification (the row written directly, as if
+// the notification were lost); the waiter's poll reads that the lease is
+// its own and returns with it.
+func TestUnheardHandoverIsFoundByThePoll(t *testing.T) {
+	db, app := openNamed(t, "pgx")
+	admin := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	if _, err := admin.Exec(`INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
+VALUES ($1, 'gone', nextval('advisorylock_token_seq'), now(), now() + interval '1 minute')`, name); err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := NewLeaseLock(db, name, WithPollInterval(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, token, got := queuedWaiter(t, admin, waiter)
+	testdb.ListenerPID(t, admin, app, 0)
+	if _, err := admin.Exec(`UPDATE advisorylock_leases SET owner = next_owner, generation = next_generation, acquired_at = now(),
+	expires_at = next_expires_at, next_owner = NULL, next_generation = NULL, next_expires_at = NULL WHERE name = $1`, name); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case g := <-got:
+		if g == nil {
+			t.FailNow()
+		}
+		if g.Token() != token {
+			t.Fatalf("found the handover with token %d; its place drew %d", g.Token(), token)
+		}
+		if err := g.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(wakeWait):
+		t.Fatal("the waiter never found the lease handed over to it")
+	}
+}
+
+// TestWaiterThatGivesUpLeavesNoPlace: a waiter whose LockTimeout ends
+// withdraws its place, so the holder's release frees the lease instead of
+// handing it to nobody; and where the release comes just as the waiter
+// gives up (run many times, the two race), either the waiter returns
+// with the lease or the lease ends free: never held or queued for by a
+// waiter that has gone.
+func TestWaiterThatGivesUpLeavesNoPlace(t *testing.T) {
+	db, _ := openNamed(t, "pgx")
+	admin := testdb.OpenPostgres(t, "pgx")
+	type outcome struct {
+		g   *LeaseGuard
+		err error
+	}
+	for i := range 20 {
+		name := testdb.UniqueName(t)
+		holder, err := NewLeaseLock(admin, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter, err := NewLeaseLock(db, name, WithPollInterval(farPoll))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := holder.TryLock(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		gave := make(chan outcome, 1)
+		go func() {
+			g, err := waiter.LockTimeout(context.Background(), 300*time.Millisecond)
+			gave <- outcome{g, err}
+		}()
+		testdb.WaitFor(t, wakeWait, func() bool { _, _, next := leaseRow(t, admin, name); return next != "" }, "the waiter never took its place")
+		var o outcome
+		if i == 0 { // the wait ends first
+			if o = <-gave; o.err == nil {
+				t.Fatal("the waiter got a held lease")
+			}
+		} else {
+			time.Sleep(time.Duration(250+3*i) * time.Millisecond) // placing the release about the timeout, not synchronizing
+		}
+		if err := g.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 {
+			if o = <-gave; o.err == nil {
+				if err := o.g.Release(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		testdb.WaitFor(t, wakeWait, func() bool { owner, _, next := leaseRow(t, admin, name); return owner == "" && next == "" },
+			"after the waiter returned (%v), the lease is still held or queued for", o.err)
+		ng, err := holder.TryLock(context.Background())
+		if err != nil {
+			t.Fatalf("after the waiter returned (%v): %v", o.err, err)
+		}
+		_ = ng.Release(context.Background())
+	}
+}
+
+// TestHandoverLostInACrashStillKeepsOthersOut: a handover commits without
+// waiting for the WAL flush, so a crash right after it can take it back
+// (here it nearly always does: the WAL writer sleeps for 10 s). The
+// waiter it woke holds the lease already; the place it queued with was
+// durable, so once the server is back and the old holder's short lease
+// has expired, no one else is granted the lease while the waiter's local
+// deadline lasts: the place keeps them out (or, where the handover
+// survived, the waiter's lease does).
+func TestHandoverLostInACrashStillKeepsOthersOut(t *testing.T) {
+	c := testdb.OwnCluster(t, "synchronous_commit=on", "wal_writer_delay=10000")
+	open := func() *sql.DB { return testdb.OpenPostgresDSN(t, "pgx", c.DSN) }
+	admin, other := open(), open()
+	admin.SetMaxIdleConns(-1) // a fresh session per query: none is left dead by the crash
+	other.SetMaxIdleConns(-1)
+	name := testdb.UniqueName(t)
+	holder, err := NewLeaseLock(open(), name, WithLeaseTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := NewLeaseLock(open(), name, WithLeaseTTL(time.Minute), WithPollInterval(farPoll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ga, err := holder.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, got := queuedWaiter(t, admin, waiter)
+	if err := ga.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	gb := <-got
+	if gb == nil {
+		t.FailNow()
+	}
+	c.Crash(t)
+	c.Restart(t)
+	owner, _, next := leaseRow(t, admin, name)
+	t.Logf("after the crash: owner %q, place %q (a handover %s)", owner, next, map[bool]string{true: "lost", false: "kept"}[next != ""])
+	var expired bool
+	testdb.WaitFor(t, wakeWait, func() bool {
+		return admin.QueryRow("SELECT expires_at <= now() OR owner = next_owner FROM advisorylock_leases WHERE name = $1", name).Scan(&expired) == nil && expired
+	}, "the old holder's 1s lease never expired")
+	someone, err := NewLeaseLock(other, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := someone.TryLock(context.Background()); !errors.Is(err, ErrNotAcquired) {
+		if err == nil {
+			_ = g.Release(context.Background())
+		}
+		t.Fatalf("after the crash, someone else's TryLock = %v while the waiter believes it holds the lease (lost: %v)", err, gb.IsLost())
+	}
+	if gb.IsLost() {
+		t.Fatal("the waiter's lease reads lost well within its local deadline")
+	}
+	_ = gb.Release(context.Background())
 }

@@ -157,6 +157,25 @@ func (p party) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql
 	return p.store().ListenReleases(ctx, db, conn, ready, released)
 }
 
+// LeaseStore's waiters in line: a LeaseLock waiter's place, and the
+// listener that tells it a release handed it the lease.
+func (p party) QueueLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+	p.calls.add("LeaseStore.QueueLease")
+	q, ok := p.inner.(queuer)
+	if !ok {
+		return 0, advisorylock.ErrUnsupported
+	}
+	return q.QueueLease(ctx, db, r)
+}
+func (p party) ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
+	p.calls.add("LeaseStore.ListenGrants")
+	q, ok := p.inner.(queuer)
+	if !ok {
+		return advisorylock.ErrUnsupported
+	}
+	return q.ListenGrants(ctx, db, conn, ready, released)
+}
+
 // MultiKeyLocker: a semaphore's slots, a set's keys, multiplexed locks.
 func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
 	p.calls.add("MultiKeyLocker")
@@ -222,10 +241,17 @@ func (p party) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time
 	return p.session().WaitLockTx(ctx, tx, key, slice, prev)
 }
 
+// queuer is a LeaseStore with waiters in line (see LeaseStore).
+type queuer interface {
+	advisorylock.LeaseStore
+	QueueLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error)
+	ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error
+}
+
 // The interfaces a party implements, checked by the compiler.
 var _ interface {
 	advisorylock.Configurer
-	advisorylock.LeaseStore
+	queuer
 	advisorylock.MultiKeyLocker
 	advisorylock.SharedSessionLocker
 } = party{}
@@ -397,7 +423,8 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				}
 				lgot <- err
 			}()
-			testdb.WaitFor(t, wait, func() bool { return c.count("LeaseStore.ListenReleases") > 0 }, "a LeaseLock waiter never listened through the third party's ListenReleases")
+			testdb.WaitFor(t, wait, func() bool { return c.count("LeaseStore.ListenGrants") > 0 && c.count("LeaseStore.QueueLease") > 0 },
+				"a LeaseLock waiter never listened through the third party's ListenGrants, or never queued through its QueueLease")
 			if err := lg.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -405,7 +432,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				t.Fatalf("LeaseLock.Lock through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "MultiKeyLocker.UnlockAndSignal", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.ListenReleases")
+			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "MultiKeyLocker.UnlockAndSignal", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.QueueLease", "LeaseStore.ListenGrants")
 			if want := (settings{serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the handle, before any Lock's settings)", c.settings, want)
 			}

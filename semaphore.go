@@ -247,7 +247,7 @@ func (s *Semaphore) hearReleases(ctx context.Context, locker SessionLocker) *lea
 	if !isStore || !isMulti {
 		return nil
 	}
-	return joinReleases(ctx, store, s.db, s.lock.key)
+	return joinReleases(ctx, store, s.db, s.lock.key, "")
 }
 
 // slotClaim is a Semaphore's claim (see claim): any one of its slots,

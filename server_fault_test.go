@@ -58,7 +58,7 @@ func serverFaultHold() time.Duration {
 func TestPostgresServerKilledUnderLoad(t *testing.T) {
 	checkGoroutines(t)
 	c := testdb.OwnCluster(t, "synchronous_commit=on")
-	l := startPGLoadOn(t, c.DSN, 2, 1, serverFaultHold)
+	l := startPGLoadOn(t, c.DSN, 2, 2, serverFaultHold)
 	l.admin.SetMaxIdleConns(-1) // a fresh session per query: none is left dead by the kill
 	held := holdLocks(t, pgHeldPools(t, c.DSN), pgLoadOptions)
 	waitHeld(t, l.session, l.lease, l.secs)

@@ -120,7 +120,7 @@ func soakFaults(t *testing.T) []*faultClass {
 func TestSoak(t *testing.T) {
 	checkGoroutines(t)
 	d := soakDuration(t)
-	pg := startPGLoad(t, 2, 1, func() time.Duration {
+	pg := startPGLoad(t, 2, 2, func() time.Duration {
 		if rand.IntN(5) == 0 {
 			return 1500 * time.Millisecond // long enough for a fault to be noticed while held
 		}

@@ -21,8 +21,8 @@ const leaseHold = 5 * time.Millisecond
 
 // leaseHandoffPairs are measured side by side by BenchmarkLeaseHandoffPaired:
 // advisorylock's LeaseLock against its session Lock (the gate), and the
-// bare statements of each (the floor of the design: a release that
-// notifies, then a durable upsert by the woken waiter, against
+// bare statements of each (the floor of the design: a release that hands
+// the lease to the waiter's place and notifies it, against
 // pg_advisory_unlock waking a pg_advisory_lock).
 var leaseHandoffPairs = []struct {
 	op, base         string
@@ -84,10 +84,13 @@ func handoffLeaseLockPQListener(b *testing.B, drv string) (func(i int) contender
 }
 
 // handoffRawLease is the bare form of a woken LeaseLock handoff, with
-// pgx's own connections: the holder's release is the library's release
-// statement (asynchronous commit, NOTIFY on commit); a waiter tries the
-// library's upsert and, while it misses, waits for a notification on a
-// connection of its own that LISTENs, then tries again.
+// pgx's own connections and the library's table: a waiter tries the
+// upsert and, while it misses, takes the place next in line (a durable
+// write, made while the holder holds) and waits for a notification on a
+// connection of its own that LISTENs; the holder's release hands the
+// lease to the place (asynchronous commit, NOTIFY on commit, the new
+// owner in the payload), and the waiter named returns without a
+// statement of its own.
 func handoffRawLease(b *testing.B, drv string) (func(i int) contender, *int64) {
 	if drv != "pgx" {
 		b.Fatalf("the bare lease handoff needs pgx's notifications, not %s", drv)
@@ -98,13 +101,19 @@ func handoffRawLease(b *testing.B, drv string) (func(i int) contender, *int64) {
 	const acquire = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
 VALUES ($1::text, $2::text, nextval('advisorylock_token_seq'), now(), now() + interval '30 seconds')
 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = greatest(l.generation + 1, EXCLUDED.generation),
-	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
-WHERE l.owner IS NULL OR l.expires_at <= now()
+	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, next_owner = NULL, next_generation = NULL, next_expires_at = NULL
+WHERE (l.owner IS NULL OR l.expires_at <= now()) AND (l.next_owner IS NULL OR l.next_expires_at <= now() OR l.next_owner = EXCLUDED.owner)
 RETURNING generation`
-	release := `UPDATE advisorylock_leases SET owner = NULL, expires_at = least(expires_at, now())
+	const queue = `UPDATE advisorylock_leases SET next_owner = $2::text, next_generation = nextval('advisorylock_token_seq'), next_expires_at = now() + interval '30 seconds'
+WHERE name = $1::text AND owner IS NOT NULL AND expires_at > now() AND (next_owner IS NULL OR next_expires_at <= now())
+RETURNING next_generation`
+	release := `UPDATE advisorylock_leases SET owner = next_owner, generation = coalesce(next_generation, generation), acquired_at = now(),
+	expires_at = CASE WHEN next_owner IS NULL THEN least(expires_at, now()) ELSE next_expires_at END,
+	next_owner = NULL, next_generation = NULL, next_expires_at = NULL
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL
-RETURNING pg_notify('` + channel + `', '1')`
+RETURNING pg_notify('` + channel + `', coalesce(owner, ''))`
+	n := 0
 	return func(i int) contender {
 		conn, listener := pgxConn(b), pgxConn(b)
 		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
@@ -112,17 +121,30 @@ RETURNING pg_notify('` + channel + `', '1')`
 		if _, err := listener.Exec(ctx, "LISTEN "+channel); err != nil {
 			b.Fatalf("LISTEN: %v", err)
 		}
-		owner := fmt.Sprintf("raw-%d", i)
 		var gen int64
 		return contender{
 			acquire: func(ctx context.Context) error {
+				n++
+				owner := fmt.Sprintf("raw-%d-%d", i, n)
 				for {
 					err := conn.QueryRow(ctx, acquire, name, owner).Scan(&gen)
 					if !errors.Is(err, pgx.ErrNoRows) {
 						return err
 					}
-					if _, err := listener.WaitForNotification(ctx); err != nil {
+					if err := conn.QueryRow(ctx, queue, name, owner).Scan(&gen); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 						return err
+					}
+					for {
+						note, err := listener.WaitForNotification(ctx)
+						if err != nil {
+							return err
+						}
+						if note.Payload == owner {
+							return nil
+						}
+						if note.Payload == "" { // freed: try again
+							break
+						}
 					}
 				}
 			},

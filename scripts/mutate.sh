@@ -67,7 +67,7 @@ mutation "a Notifier's notifications are not listened to (lib/pq waiters poll)" 
 	's/\tif own \{\n\t\treturn n\.Listen\(ctx, pgReleaseChannel, ready, heard\)/\tif own {\n\t\t_ = n\n\t\treturn ErrUnsupported/' \
 	'^(TestWaiterWakesOnRelease|TestWaiterWakesAfterItsListenerWasKilled|TestSemaphoreWaiterWakesOnRelease)$' extra/advisorylockpq
 mutation "a Notifier's listener takes a connection of the pool" lease_wake.go \
-	's/if _, ok := w\.db\.\(Notifier\); ok \{/if _, ok := w.db.(Notifier); ok \&\& false {/' \
+	's/if _, ok := w\.db\.\(Notifier\); !ok \{/if _, ok := w.db.(Notifier); !ok || true {/' \
 	'^TestListenerTakesNoPoolConnection$' extra/advisorylockpq
 mutation "a semaphore slot's release notifies nobody" backend_postgres_semaphore.go \
 	"s/pg_notify\('\\\` \\+ pgReleaseChannel \\+ \\\`', \\\$2::text\)/pg_notify('nobody', \\\$2::text)/" \
@@ -125,11 +125,20 @@ mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go 
 
 # --- Leases and fencing -------------------------------------------------------
 mutation "lease re-granted 1.2 s before it expires" backend_postgres.go \
-	"s/WHERE l\\.owner IS NULL OR l\\.expires_at <= now\\(\\)/WHERE l.owner IS NULL OR l.expires_at <= now() + interval '1200 milliseconds'/" \
+	"s/WHERE \\(l\\.owner IS NULL OR l\\.expires_at <= now\\(\\)\\)/WHERE (l.owner IS NULL OR l.expires_at <= now() + interval '1200 milliseconds')/" \
 	'^(TestSoak|TestNetworkCutsUnderLoad)$'
 mutation "lease acquire takes a held lease (PostgreSQL)" backend_postgres.go \
-	's/WHERE l\.owner IS NULL OR l\.expires_at <= now\(\)/WHERE true/' \
+	's/WHERE \(l\.owner IS NULL OR l\.expires_at <= now\(\)\)/WHERE true/' \
 	'^TestPostgresLeaseStoreProperties$'
+mutation "a waiter's live place does not keep others out (PostgreSQL)" backend_postgres.go \
+	's/\tAND \(l\.next_owner IS NULL OR l\.next_expires_at <= now\(\) OR l\.next_owner = EXCLUDED\.owner\)/\tAND true/' \
+	'^TestHandoverLostInACrashStillKeepsOthersOut$'
+mutation "a release frees the lease instead of handing it to the waiter in line" backend_postgres.go \
+	's/const pgHandOver = `\(next_owner IS NOT NULL/const pgHandOver = `(false AND next_owner IS NOT NULL/' \
+	'^TestLeaseReleaseHandsOverToTheQueuedWaiter$'
+mutation "a waiter that gives up keeps its place in line" lease.go \
+	's/\tif l\.placed\.IsZero\(\) \{\n\t\treturn\n\t\}\n\tif ctx\.Err/\tif true {\n\t\treturn\n\t}\n\tif ctx.Err/' \
+	'^TestWaiterThatGivesUpLeavesNoPlace$'
 mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
 	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \
 	'^TestPostgresLeaseStoreProperties$'

@@ -455,16 +455,15 @@ func (r *report) missWhy(what, drv string) string {
 		return "each statement commits a write transaction bound by the disk's sync on a shared machine; the library's release also runs on a bounded context of its own."
 	case leaseHand.what:
 		if drv != "pgx" {
-			return "lib/pq hands notifications only to a `pq.Listener`, a connection of its own that the library cannot open from a `*sql.DB`, so a LeaseLock waiter on a plain lib/pq handle polls (backing off to 500 ms); on a handle wrapped by extra/advisorylockpq a pq.Listener wakes it, and what remains is the design's floor (see pgx's row) and lib/pq's two round trips for a statement with arguments (Parse, then Bind and Execute)."
+			return "lib/pq hands notifications only to a `pq.Listener`, a connection of its own that the library cannot open from a `*sql.DB`, so a LeaseLock waiter on a plain lib/pq handle polls (backing off to 500 ms); on a handle wrapped by extra/advisorylockpq a pq.Listener wakes it, and the release hands it the lease as on pgx."
 		}
-		return "a woken lease handoff is a release that notifies, then the woken waiter's upsert, whose commit waits for the WAL flush (a grant must survive a crash, or its token could be issued twice); a session handoff is one unlock that wakes a waiter inside the server. " +
-			"The same statements run bare on pgx's own connections (`raw_lease_vs_raw_literal`) measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/raw_lease_vs_raw_literal/pgx") + " the bare session handoff: the design's floor is about the gate. " +
-			"A `Semaphore` waiter woken the same way, whose grant is a session lock with no write to commit, measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/semaphore_vs_advisorylock/pgx") + " the session handoff (`semaphore_vs_advisorylock`): the wake costs little, the durable grant the rest."
+		return "a woken lease handoff is a release that hands the lease to the waiter's place in line and notifies it, then the notification's hop to the waiter's listener; a session handoff is one unlock that wakes a waiter inside the server. " +
+			"The same statements run bare on pgx's own connections (`raw_lease_vs_raw_literal`) measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/raw_lease_vs_raw_literal/pgx") + " the bare session handoff."
 	case leaseGoose.what:
 		if drv != "pgx" {
 			return "a LeaseLock waiter on a plain lib/pq handle polls, as goose's table locker does (see the handoff gate above); wrapped by extra/advisorylockpq it is woken, as on pgx."
 		}
-		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll; being 20× faster would take a lease handoff of under half a millisecond, less than the bare statements of a woken lease handoff take (see the handoff gate above: a release, a notification, and a grant whose commit waits for the WAL flush)."
+		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll; being 20× faster takes a lease handoff of under half a millisecond, about what the bare statements of a woken lease handoff take on this machine (see the handoff gate above)."
 	case leaseGrowth.what:
 		if drv != "pgx" {
 			return "a plain lib/pq handle hears no releases, so its waiter polls, backing off from 20 ms to half a second so that a hundred waiting replicas do not send thousands of queries a second: the longer it waits, the later it sees a release. Wrap the handle with extra/advisorylockpq and its waiter is woken, as on pgx."

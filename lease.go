@@ -139,6 +139,7 @@ type inLine struct {
 	queued bool         // that place is believed live
 	token  FencingToken // the token of its grant
 	cannot bool         // the store said it keeps no places (ErrUnsupported): wait as acquireLease does
+	asked  bool         // a place was asked for, so a wait that ends withdraws it
 }
 
 // waitInLine is acquireLease for a LeaseLock waiter that hears releases
@@ -217,6 +218,7 @@ func (l *inLine) queue(budget context.Context) error {
 	req := l.req
 	sent := l.cfg.clock.Now()
 	req.Now, req.TTL = sent, l.cfg.ttl
+	l.asked = true
 	token, err := l.store.QueueLease(budget, l.db, req)
 	switch {
 	case err == nil:
@@ -260,7 +262,7 @@ func (l *inLine) handedOver(token FencingToken) *leaseState {
 // frees the lease should a release have handed it over meanwhile: before
 // returning, or in the background if the caller has gone.
 func (l *inLine) withdraw(ctx context.Context) {
-	if l.placed.IsZero() {
+	if !l.asked {
 		return
 	}
 	if ctx.Err() != nil {

@@ -66,6 +66,11 @@ var handoffLibs = []handoffLib{
 	{"raw_blocking", pgDrivers, 0, 0, handoffRawBlocking},
 	{"raw_literal", pgDrivers, 0, 0, handoffRawLiteral},
 	{"migrate", pgDrivers, 0, 0, handoffMigrate},
+	// The session Lock held 15 ms once the others wait, as long as a
+	// poller's holder holds on average (pollerSettle and a random part of
+	// 20 ms): the same idle server before each release. Run by hand
+	// (benchmarks/README.md); no group of the report's runs it.
+	{"advisorylock_held15ms", pgDrivers, 0, 15 * time.Millisecond, handoffAdvisoryLock},
 	{"leaselock", pgDrivers, libraryPoll, 0, handoffLeaseLock},
 	{"leaselock_held50ms", pgDrivers, libraryPoll, 50 * time.Millisecond, handoffLeaseLock},
 	{"leaselock_held200ms", pgDrivers, libraryPoll, 200 * time.Millisecond, handoffLeaseLock},

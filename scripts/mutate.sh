@@ -137,7 +137,7 @@ mutation "a release frees the lease instead of handing it to the waiter in line"
 	's/const pgHandOver = `\(next_owner IS NOT NULL/const pgHandOver = `(false AND next_owner IS NOT NULL/' \
 	'^TestLeaseReleaseHandsOverToTheQueuedWaiter$'
 mutation "a waiter that gives up keeps its place in line" lease.go \
-	's/\tif l\.placed\.IsZero\(\) \{\n\t\treturn\n\t\}\n\tif ctx\.Err/\tif true {\n\t\treturn\n\t}\n\tif ctx.Err/' \
+	's/\tif !l\.asked \{\n\t\treturn\n\t\}\n\tif ctx\.Err/\tif true {\n\t\treturn\n\t}\n\tif ctx.Err/' \
 	'^TestWaiterThatGivesUpLeavesNoPlace$'
 mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
 	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \

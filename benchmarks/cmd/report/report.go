@@ -463,7 +463,7 @@ func (r *report) missWhy(what, drv string) string {
 		if drv != "pgx" {
 			return "a LeaseLock waiter on a plain lib/pq handle polls, as goose's table locker does (see the handoff gate above); wrapped by extra/advisorylockpq it is woken, as on pgx."
 		}
-		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll; being 20× faster takes a lease handoff of under half a millisecond, about what the bare statements of a woken lease handoff take on this machine (see the handoff gate above)."
+		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll, and 20× faster is a few hundred microseconds. In this group a holder holds 5–25 ms before each release, and a server that idled that long answers slower: the `SELECT 1` timed before each release is several times the one of the server-side group, and the LeaseLock handoff is about two of them (its p50 × `SELECT 1`), as the session `Lock`'s is in its own group. A session `Lock` held 15 ms the same way measured 16–42× faster than goose (\"The lease handoff, handed over\" below)."
 	case leaseGrowth.what:
 		if drv != "pgx" {
 			return "a plain lib/pq handle hears no releases, so its waiter polls, backing off from 20 ms to half a second so that a hundred waiting replicas do not send thousands of queries a second: the longer it waits, the later it sees a release. Wrap the handle with extra/advisorylockpq and its waiter is woken, as on pgx."

@@ -249,6 +249,28 @@ func queuedWaiter(t *testing.T, admin *sql.DB, waiter *LeaseLock) (place string,
 	return place, token, out
 }
 
+// holdThenQueue takes name on holderDB (a lease of holderTTL) and queues
+// a waiter on waiterDB (of waiterTTL, polling every farPoll; see
+// queuedWaiter); it returns the holder's guard and the waiter's place,
+// token and outcome.
+func holdThenQueue(t *testing.T, admin, holderDB, waiterDB *sql.DB, name string, holderTTL, waiterTTL time.Duration) (*LeaseGuard, string, FencingToken, <-chan *LeaseGuard) {
+	t.Helper()
+	holder, err := NewLeaseLock(holderDB, name, WithLeaseTTL(holderTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := NewLeaseLock(waiterDB, name, WithLeaseTTL(waiterTTL), WithPollInterval(farPoll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := holder.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	place, token, got := queuedWaiter(t, admin, waiter)
+	return g, place, token, got
+}
+
 // leaseRow reads name's row: owner ("" when free), token, place.
 func leaseRow(t *testing.T, admin *sql.DB, name string) (owner string, token FencingToken, next string) {
 	t.Helper()
@@ -269,19 +291,7 @@ func TestLeaseReleaseHandsOverToTheQueuedWaiter(t *testing.T) {
 	admin := testdb.OpenPostgres(t, "pgx")
 	name := testdb.UniqueName(t)
 	const ttl = 1500 * time.Millisecond // renewals every 500ms
-	holder, err := NewLeaseLock(admin, name, WithLeaseTTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := NewLeaseLock(db, name, WithLeaseTTL(ttl), WithPollInterval(farPoll))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ga, err := holder.TryLock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	place, token, got := queuedWaiter(t, admin, waiter)
+	ga, place, token, got := holdThenQueue(t, admin, admin, db, name, ttl, ttl)
 	testdb.ListenerPID(t, admin, app, 0)
 	released := time.Now()
 	if err := ga.Release(context.Background()); err != nil {
@@ -433,19 +443,7 @@ func TestHandoverLostInACrashStillKeepsOthersOut(t *testing.T) {
 	admin.SetMaxIdleConns(-1) // a fresh session per query: none is left dead by the crash
 	other.SetMaxIdleConns(-1)
 	name := testdb.UniqueName(t)
-	holder, err := NewLeaseLock(open(), name, WithLeaseTTL(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := NewLeaseLock(open(), name, WithLeaseTTL(time.Minute), WithPollInterval(farPoll))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ga, err := holder.TryLock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _, got := queuedWaiter(t, admin, waiter)
+	ga, _, _, got := holdThenQueue(t, admin, open(), open(), name, time.Second, time.Minute)
 	if err := ga.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}

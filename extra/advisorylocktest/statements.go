@@ -91,7 +91,7 @@ func (postgresStatements) acquireLease(m *Mock, token advisorylock.FencingToken)
 }
 
 func (postgresStatements) releaseLease(m *Mock) {
-	m.mock.ExpectExec(regexp.QuoteMeta("UPDATE advisorylock_leases SET owner = NULL") + pgText(m, "WHERE name = ")).WillReturnResult(rowCount(true))
+	m.mock.ExpectExec(regexp.QuoteMeta("UPDATE advisorylock_leases SET owner = CASE WHEN") + pgText(m, "WHERE name = ")).WillReturnResult(rowCount(true))
 }
 
 // mysqlStatements are the MySQL backend's. Every statement is text with

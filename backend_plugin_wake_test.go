@@ -88,3 +88,71 @@ func TestThirdBackendWakesLeaseWaiters(t *testing.T) {
 		t.Fatalf("the waiter got the lease %v after the release; woken, it takes a moment", d)
 	}
 }
+
+// TestPassedOverWaiterQueuesWithoutTrying: two LeaseLock waiters wait for
+// a held lease, the first in line; the release hands the lease to it, and
+// the second, woken by the same release, takes the place next in line at
+// once without trying to take the lease, which the handover holds again.
+// The second runs through a third party's backend that counts its calls.
+func TestPassedOverWaiterQueuesWithoutTrying(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	g, err := newLeaseLock(t, admin, name).TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testdb.HandoffWait)
+	defer cancel()
+	waitFor := func(l *advisorylock.LeaseLock) <-chan *advisorylock.LeaseGuard {
+		got := make(chan *advisorylock.LeaseGuard, 1)
+		go func() {
+			g, err := l.Lock(ctx)
+			if err != nil {
+				t.Errorf("%s's waiter: %v", l.Name(), err)
+			}
+			got <- g
+		}()
+		return got
+	}
+	placed := func() (next string) {
+		_ = admin.QueryRow("SELECT next_owner FROM advisorylock_leases WHERE name = $1 AND next_owner IS NOT NULL", name).Scan(&next)
+		return next
+	}
+
+	first := newLeaseLock(t, testdb.OpenPostgres(t, "pgx"), name, advisorylock.WithPollInterval(testdb.FarPoll))
+	gotFirst := waitFor(first)
+	testdb.WaitFor(t, testdb.HandoffWait, func() bool { return placed() != "" }, "the first waiter never took its place in line")
+	firstPlace := placed()
+
+	c := &calls{n: map[string]int{}}
+	dsn, app := testdb.AppDSN(t, "alpassed")
+	second := newLeaseLock(t, testdb.OpenPostgresDSN(t, "pgx", dsn), name,
+		advisorylock.WithBackend(party{inner: advisorylock.Postgres(), calls: c}), advisorylock.WithPollInterval(testdb.FarPoll))
+	gotSecond := waitFor(second)
+	testdb.WaitFor(t, testdb.HandoffWait, func() bool { return c.count("LeaseStore.QueueLease") > 0 },
+		"the second waiter never asked for a place in line")
+	testdb.ListenerPID(t, admin, app, 0)
+	tries, queues := c.count("LeaseStore.AcquireLease"), c.count("LeaseStore.QueueLease")
+
+	if err := g.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	gf := <-gotFirst
+	if gf == nil {
+		t.FailNow()
+	}
+	testdb.WaitFor(t, testdb.Promptly, func() bool { next := placed(); return next != "" && next != firstPlace },
+		"the second waiter did not take the place next in line promptly after the handover")
+	if n := c.count("LeaseStore.AcquireLease"); n != tries {
+		t.Errorf("the passed-over waiter tried to take the lease %d times after the handover; want none", n-tries)
+	}
+	if n := c.count("LeaseStore.QueueLease"); n != queues+1 {
+		t.Errorf("the passed-over waiter asked for a place %d times after the handover; want once", n-queues)
+	}
+	if err := gf.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if gs := <-gotSecond; gs != nil {
+		_ = gs.Release(context.Background())
+	}
+}

@@ -161,7 +161,8 @@ func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *conf
 	defer poll.Stop()
 	woken := true // the first pass tries at once
 	for n := 0; ; n++ {
-		s, h, err := l.pass(ctx, budget, woken, lw.wasGranted())
+		granted, passed := lw.heard()
+		s, h, err := l.pass(ctx, budget, woken, granted, woken && passed)
 		if !errors.Is(err, ErrNotAcquired) {
 			if err != nil {
 				l.withdraw(ctx)
@@ -184,9 +185,10 @@ func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *conf
 // pass makes one pass of waitInLine: it takes a lease a release was heard
 // handing over; else, holding a place or not woken, it reads the row
 // (taking the lease if it was handed over unheard) and, free, tries to
-// take it; woken without a place it tries at once. A miss queues, or
+// take it; woken without a place it tries at once, unless the release it
+// heard handed the lease to another waiter (passed). A miss queues, or
 // renews the place when due. It returns the holder it read, if any.
-func (l *inLine) pass(ctx, budget context.Context, woken, granted bool) (*leaseState, *Holder, error) {
+func (l *inLine) pass(ctx, budget context.Context, woken, granted, passed bool) (*leaseState, *Holder, error) {
 	if granted && l.queued {
 		return l.handedOver(l.token), nil, nil
 	}
@@ -199,6 +201,8 @@ func (l *inLine) pass(ctx, budget context.Context, woken, granted bool) (*leaseS
 		if h != nil && h.Owner == l.req.Owner {
 			return l.handedOver(h.Token), nil, nil
 		}
+	} else if passed {
+		return nil, nil, l.queue(budget)
 	}
 	if h == nil {
 		s, err := tryLease(ctx, budget, l.store, l.db, l.cfg, l.req)
@@ -239,11 +243,7 @@ func (l *inLine) queue(budget context.Context) error {
 // longer than until the holder's expiry or the place's renewal.
 func (l *inLine) pause(h *Holder, pause time.Duration) time.Duration {
 	now := l.cfg.clock.Now()
-	if h != nil && !h.ExpiresAt.IsZero() {
-		if left := h.ExpiresAt.Sub(now); left < pause {
-			pause = max(left, minPollInterval)
-		}
-	}
+	pause = untilExpiry(h, now, pause)
 	if l.queued {
 		pause = min(pause, max(l.placed.Add(renewInterval(l.cfg.ttl)).Sub(now), 0))
 	}
@@ -394,12 +394,20 @@ func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config,
 		case h == nil:
 			return nil
 		}
-		pause := pollPause(cfg.poll, longest, n)
-		if left := h.ExpiresAt.Sub(cfg.clock.Now()); !h.ExpiresAt.IsZero() && left < pause {
-			pause = max(left, minPollInterval) // sleep until the known expiry, no longer
-		}
-		poll.Reset(pause)
+		poll.Reset(untilExpiry(h, cfg.clock.Now(), pollPause(cfg.poll, longest, n)))
 	}
+}
+
+// untilExpiry is a waiter's pause, no longer than until h's known expiry
+// (but at least minPollInterval): it looks again once the lease has
+// expired, not a whole pause later.
+func untilExpiry(h *Holder, now time.Time, pause time.Duration) time.Duration {
+	if h != nil && !h.ExpiresAt.IsZero() {
+		if left := h.ExpiresAt.Sub(now); left < pause {
+			return max(left, minPollInterval)
+		}
+	}
+	return pause
 }
 
 // leaseWaitCap is the longest pause between a LeaseLock waiter's polls

@@ -58,13 +58,16 @@ type releaseWatch struct {
 // leaseWaiter is one waiting acquire: wake holds at most one signal, so a
 // release heard while the waiter was busy is kept for its next wait. A
 // waiter in line (owner set; see waitInLine) is also told when a release
-// handed the lease to it.
+// handed the lease to it, and whether the last release of its key heard
+// handed it to another waiter (so the lease is held again, and trying it
+// would miss).
 type leaseWaiter struct {
 	w       *releaseWatch
 	key     int64
 	owner   string
 	wake    chan struct{}
 	granted bool // guarded by w.mu
+	passed  bool // guarded by w.mu
 }
 
 const (
@@ -212,7 +215,9 @@ func (w *releaseWatch) isOff() bool {
 }
 
 // wake signals the waiters for *key, or every waiter when key is nil,
-// and marks granted the one whose owner is grantee.
+// and marks granted the one whose owner is grantee, and passed the others
+// (a release that freed the lease, or a listener that restarted, unmarks
+// them).
 func (w *releaseWatch) wake(key *int64, grantee string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -220,8 +225,13 @@ func (w *releaseWatch) wake(key *int64, grantee string) {
 		if key != nil && lw.key != *key {
 			continue
 		}
-		if grantee != "" && lw.owner == grantee {
+		switch {
+		case grantee == "":
+			lw.passed = false
+		case lw.owner == grantee:
 			lw.granted = true
+		default:
+			lw.passed = true
 		}
 		select {
 		case lw.wake <- struct{}{}:
@@ -230,10 +240,11 @@ func (w *releaseWatch) wake(key *int64, grantee string) {
 	}
 }
 
-// wasGranted reports whether a release was heard handing the lease to
-// the waiter.
-func (lw *leaseWaiter) wasGranted() bool {
+// heard reports whether a release was heard handing the lease to the
+// waiter (granted), and whether the last one heard handed it to another
+// (passed).
+func (lw *leaseWaiter) heard() (granted, passed bool) {
 	lw.w.mu.Lock()
 	defer lw.w.mu.Unlock()
-	return lw.granted
+	return lw.granted, lw.passed
 }

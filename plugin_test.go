@@ -119,6 +119,7 @@ func (p party) SessionHolder(ctx context.Context, db advisorylock.DB, key int64)
 // LeaseStore: the tables of the session backend's terms and windows are
 // checked through it.
 func (p party) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+	p.calls.add("LeaseStore.AcquireLease")
 	return p.store().AcquireLease(ctx, db, r)
 }
 func (p party) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {

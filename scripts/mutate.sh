@@ -139,6 +139,9 @@ mutation "a release frees the lease instead of handing it to the waiter in line"
 mutation "a waiter that gives up keeps its place in line" lease.go \
 	's/\tif !l\.asked \{\n\t\treturn\n\t\}\n\tif ctx\.Err/\tif true {\n\t\treturn\n\t}\n\tif ctx.Err/' \
 	'^TestWaiterThatGivesUpLeavesNoPlace$'
+mutation "a waiter passed over by a handover tries the held lease before it queues" lease.go \
+	's/\} else if passed \{/} else if false {/' \
+	'^TestPassedOverWaiterQueuesWithoutTrying$'
 mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
 	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \
 	'^TestPostgresLeaseStoreProperties$'

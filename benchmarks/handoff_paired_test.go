@@ -13,7 +13,7 @@ import (
 // handoffRawLiteral is the protocol floor of a handoff: pg_advisory_lock
 // waiting server-side on a pinned connection, then pg_advisory_unlock,
 // with the key as a literal (one round trip each on every driver).
-func handoffRawLiteral(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffRawLiteral(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	key := advisorylock.Key(lockName(b, "handoff_raw"))
 	lit := strconv.FormatInt(key, 10)
 	lock, unlock := "SELECT pg_advisory_lock("+lit+")", "SELECT pg_advisory_unlock("+lit+")"
@@ -29,7 +29,7 @@ func handoffRawLiteral(b *testing.B, drv string) (func(i int) contender, *int64)
 				return err
 			},
 		}
-	}, &key
+	}, queuedOn(b, key)
 }
 
 // pingPong is a handoff between two contenders of one library that take
@@ -37,18 +37,15 @@ func handoffRawLiteral(b *testing.B, drv string) (func(i int) contender, *int64)
 type pingPong struct {
 	cs     [2]contender
 	holder int
-	queued func(ctx context.Context) (int, error) // nil: hold instead
-	hold   time.Duration                          // if set, the holder releases this long after the waiter started, instead of once it is queued
+	queued waitProbe     // nil: hold instead
+	hold   time.Duration // if set, the holder releases this long after the waiter started, instead of once it is queued
 }
 
 // newPingPong builds two contenders with setup and lets the first take
 // the lock.
-func newPingPong(b *testing.B, drv string, setup func(b *testing.B, drv string) (func(i int) contender, *int64)) *pingPong {
-	mk, key := setup(b, drv)
-	p := &pingPong{cs: [2]contender{mk(0), mk(1)}}
-	if key != nil {
-		p.queued = queuedOn(b, *key)
-	}
+func newPingPong(b *testing.B, drv string, setup func(b *testing.B, drv string) (func(i int) contender, waitProbe)) *pingPong {
+	mk, waiting := setup(b, drv)
+	p := &pingPong{cs: [2]contender{mk(0), mk(1)}, queued: waiting}
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	must(b, p.cs[0].acquire(ctx), "first acquire")
@@ -91,15 +88,15 @@ func (p *pingPong) handoff(ctx context.Context) (time.Duration, error) {
 	return g.at.Sub(start), nil
 }
 
-// awaitQueued polls pg_locks until the waiter waits for the lock.
+// awaitQueued polls the probe until the waiter waits in the server.
 func (p *pingPong) awaitQueued(ctx context.Context) error {
 	deadline := time.Now().Add(setupTimeout)
 	for {
-		n, err := p.queued(ctx)
+		in, err := p.queued(ctx, 1)
 		if err != nil {
 			return err
 		}
-		if n >= 1 {
+		if in {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -112,7 +109,7 @@ func (p *pingPong) awaitQueued(ctx context.Context) error {
 // handoffPairs are measured side by side by BenchmarkHandoffPaired.
 var handoffPairs = []struct {
 	op, base         string
-	opSetup, baseSet func(b *testing.B, drv string) (func(i int) contender, *int64)
+	opSetup, baseSet func(b *testing.B, drv string) (func(i int) contender, waitProbe)
 }{
 	{"advisorylock", "raw_literal", handoffAdvisoryLock, handoffRawLiteral},
 }

@@ -48,17 +48,16 @@ type contender struct {
 	release func(ctx context.Context) error
 }
 
-// handoffLib builds the contenders of one library. queuedKey, when not
-// nil, is the advisory key that waiters queue on in the server (libraries
-// that wait server-side): the holder then waits until every other
-// contender is queued before it releases. For pollers it waits
-// pollerSettle plus a random part of period instead.
+// handoffLib builds the contenders of one library. Where its waiters wait
+// in the server, setup also returns their probe, and the holder waits
+// until every other contender waits before it releases. For pollers it
+// waits pollerSettle plus a random part of period instead.
 type handoffLib struct {
 	name    string
 	drivers []string
 	period  time.Duration // poll period of a polling library; 0 if it waits server-side
 	hold    time.Duration // if set, how long a holder holds once the others wait, instead of period's random part
-	setup   func(b *testing.B, drv string) (mk func(i int) contender, queuedKey *int64)
+	setup   func(b *testing.B, drv string) (mk func(i int) contender, waiting waitProbe)
 }
 
 var handoffLibs = []handoffLib{
@@ -92,12 +91,8 @@ func BenchmarkHandoff(b *testing.B) {
 	for _, lib := range handoffLibs {
 		for _, drv := range lib.drivers {
 			b.Run(lib.name+"/"+drv, func(b *testing.B) {
-				mk, key := lib.setup(b, drv)
-				var queued func(ctx context.Context) (int, error)
-				if key != nil {
-					queued = queuedOn(b, *key)
-				}
-				runHandoff(b, mk, queued, lib.period, lib.hold, unitProbe(b, drv))
+				mk, waiting := lib.setup(b, drv)
+				runHandoff(b, mk, waiting, lib.period, lib.hold, unitProbe(b, drv))
 			})
 		}
 	}
@@ -122,23 +117,49 @@ func unitProbe(b *testing.B, drv string) func(ctx context.Context) error {
 	}
 }
 
-// queuedOn returns a probe counting the sessions waiting for key.
-func queuedOn(b *testing.B, key int64) func(ctx context.Context) (int, error) {
+// waitProbe reports whether rivals contenders wait for the holder in the
+// server, so that it may release: it is nil for a library whose waiters
+// poll, whose holder holds a while instead (see awaitWaiters).
+type waitProbe func(ctx context.Context, rivals int) (bool, error)
+
+// queuedOn returns a probe of the sessions waiting for key.
+func queuedOn(b *testing.B, key int64) waitProbe {
 	mon := openPG(b, "pq", postgresDSN(), 1)
 	q := "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted" +
 		" AND classid = " + strconv.FormatUint(uint64(key)>>32, 10) +
 		" AND objid = " + strconv.FormatUint(uint64(key)&0xffffffff, 10) + " AND objsubid = 1"
-	return func(ctx context.Context) (int, error) {
+	return countProbe(mon, q)
+}
+
+// countProbe is a waitProbe that counts the waiters with q.
+func countProbe(mon *sql.DB, q string) waitProbe {
+	return func(ctx context.Context, rivals int) (bool, error) {
 		var n int
 		err := mon.QueryRowContext(ctx, q).Scan(&n)
-		return n, err
+		return n >= rivals, err
+	}
+}
+
+// placedIn returns a probe of the place next in line of the lease name:
+// a woken LeaseLock waiter that finds the lease held takes it, and the
+// release hands the lease to it (a waiter in the server, as one queued
+// in pg_locks is). There is one place: the other rivals, woken by each
+// handover, queue for the next one, so the probe reports them all in
+// once the place is taken.
+func placedIn(b *testing.B, name string) waitProbe {
+	mon := openPG(b, "pq", postgresDSN(), 1)
+	return func(ctx context.Context, _ int) (bool, error) {
+		var in bool
+		err := mon.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM advisorylock_leases
+WHERE name = $1 AND next_owner IS NOT NULL AND next_expires_at > now())`, name).Scan(&in)
+		return in, err
 	}
 }
 
 // handoffState is shared by the contenders of one run.
 type handoffState struct {
 	b       *testing.B
-	queued  func(ctx context.Context) (int, error)
+	queued  waitProbe
 	period  time.Duration
 	hold    time.Duration
 	unit    func(ctx context.Context) error
@@ -159,7 +180,7 @@ type handoffState struct {
 // measured. A contender that released waits until someone else has
 // acquired before it queues again, so every release has the other
 // contenders waiting and none barging.
-func runHandoff(b *testing.B, mk func(i int) contender, queued func(ctx context.Context) (int, error), period, hold time.Duration, unit func(ctx context.Context) error) {
+func runHandoff(b *testing.B, mk func(i int) contender, queued waitProbe, period, hold time.Duration, unit func(ctx context.Context) error) {
 	cs := make([]contender, handoffContenders)
 	for i := range cs {
 		cs[i] = mk(i)
@@ -318,11 +339,11 @@ func (s *handoffState) awaitWaiters(ctx context.Context) error {
 		return nil
 	}
 	for {
-		n, err := s.queued(ctx)
+		in, err := s.queued(ctx, handoffContenders-1)
 		if err != nil {
 			return err
 		}
-		if n >= handoffContenders-1 {
+		if in {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -345,18 +366,18 @@ func guardContender[G interface{ Release(context.Context) error }](acquire func(
 	}
 }
 
-func handoffAdvisoryLock(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffAdvisoryLock(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	name := lockName(b, "handoff")
 	key := advisorylock.Key(name)
 	return func(int) contender {
 		l := newLock(b, openPG(b, drv, postgresDSN(), 2), name)
 		return guardContender(l.Lock)
-	}, &key
+	}, queuedOn(b, key)
 }
 
 // handoffRawBlocking is the floor: pg_advisory_lock waiting server-side
 // on a pinned connection, then pg_advisory_unlock, both parameterized.
-func handoffRawBlocking(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffRawBlocking(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	key := advisorylock.Key(lockName(b, "handoff"))
 	return func(int) contender {
 		conn := pin(b, openPG(b, drv, postgresDSN(), 2))
@@ -370,10 +391,10 @@ func handoffRawBlocking(b *testing.B, drv string) (func(i int) contender, *int64
 				return err
 			},
 		}
-	}, &key
+	}, queuedOn(b, key)
 }
 
-func handoffMigrate(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffMigrate(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	table := tableName("migrate_handoff")
 	db := openPG(b, drv, postgresDSN(), 1)
 	var dbName, schema string
@@ -388,20 +409,27 @@ func handoffMigrate(b *testing.B, drv string) (func(i int) contender, *int64) {
 			acquire: func(context.Context) error { return m.Lock() }, // it waits unboundedly, without a context
 			release: func(context.Context) error { return m.Unlock() },
 		}
-	}, &key
+	}, queuedOn(b, key)
 }
 
-func handoffLeaseLock(b *testing.B, drv string) (func(i int) contender, *int64) {
+// handoffLeaseLock contends with LeaseLock. On pgx a waiter hears the
+// releases and waits in line in the lease's row (see placedIn); a plain
+// lib/pq handle hears none, and its waiters poll.
+func handoffLeaseLock(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	name := lockName(b, "handoff")
 	forgetLease(b, name)
+	var waiting waitProbe
+	if drv == "pgx" {
+		waiting = placedIn(b, name)
+	}
 	return func(int) contender {
 		// Four connections: a pool of fewer has no listener (its waiters poll).
 		l := newLeaseLock(b, openPG(b, drv, postgresDSN(), 4), name)
 		return guardContender(l.Lock)
-	}, nil
+	}, waiting
 }
 
-func handoffGooseTable(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffGooseTable(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	table := tableName("goose_handoff")
 	dropAtCleanup(b, table)
 	id := positiveID(lockName(b, "handoff"))
@@ -417,7 +445,7 @@ func handoffGooseTable(b *testing.B, drv string) (func(i int) contender, *int64)
 	}, nil
 }
 
-func handoffGooseSession(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffGooseSession(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	id := advisorylock.Key(lockName(b, "handoff"))
 	return func(int) contender {
 		conn := pin(b, openPG(b, drv, postgresDSN(), 2))
@@ -430,7 +458,7 @@ func handoffGooseSession(b *testing.B, drv string) (func(i int) contender, *int6
 	}, nil
 }
 
-func handoffSQLiteLock(b *testing.B, _ string) (func(i int) contender, *int64) {
+func handoffSQLiteLock(b *testing.B, _ string) (func(i int) contender, waitProbe) {
 	path := sqlitePath(b)
 	name := lockName(b, "handoff")
 	return func(int) contender {
@@ -439,7 +467,7 @@ func handoffSQLiteLock(b *testing.B, _ string) (func(i int) contender, *int64) {
 	}, nil
 }
 
-func handoffSQLiteLeaseLock(b *testing.B, _ string) (func(i int) contender, *int64) {
+func handoffSQLiteLeaseLock(b *testing.B, _ string) (func(i int) contender, waitProbe) {
 	path := sqlitePath(b)
 	name := lockName(b, "handoff")
 	return func(int) contender {
@@ -451,7 +479,7 @@ func handoffSQLiteLeaseLock(b *testing.B, _ string) (func(i int) contender, *int
 // handoffSQLiteRaw is the SQLite floor: the raw upsert polled at
 // advisorylock's default interval (20ms), read before write as the
 // library does.
-func handoffSQLiteRaw(b *testing.B, _ string) (func(i int) contender, *int64) {
+func handoffSQLiteRaw(b *testing.B, _ string) (func(i int) contender, waitProbe) {
 	path := sqlitePath(b)
 	setup := openSQLite(b, path)
 	sqliteExec(b, setup, `CREATE TABLE raw_locks (key INTEGER PRIMARY KEY, owner TEXT NOT NULL, expires_at INTEGER NOT NULL)`)

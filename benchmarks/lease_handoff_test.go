@@ -27,7 +27,7 @@ const leaseHold = 5 * time.Millisecond
 var leaseHandoffPairs = []struct {
 	op, base         string
 	drivers          []string
-	opSetup, baseSet func(b *testing.B, drv string) (func(i int) contender, *int64)
+	opSetup, baseSet func(b *testing.B, drv string) (func(i int) contender, waitProbe)
 }{
 	{"leaselock", "advisorylock", pgDrivers, handoffLeaseLock, handoffAdvisoryLock},
 	{"leaselock_pqlistener", "advisorylock", []string{"pq"}, handoffLeaseLockPQListener, handoffAdvisoryLock},
@@ -56,7 +56,7 @@ func BenchmarkLeaseHandoffPaired(b *testing.B) {
 // releases are heard (pgx) the waiter is woken by the release, and
 // elsewhere (lib/pq) it waits server-side on a slot chosen at random, in
 // slices, and sees a release of the other slot at its slice's end.
-func handoffSemaphore(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffSemaphore(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	name := lockName(b, "handoff_semaphore")
 	third, err := advisorylock.NewSemaphore(openPG(b, drv, postgresDSN(), 4), name, 2)
 	must(b, err, "advisorylock.NewSemaphore")
@@ -74,13 +74,13 @@ func handoffSemaphore(b *testing.B, drv string) (func(i int) contender, *int64) 
 
 // handoffLeaseLockPQListener is handoffLeaseLock on lib/pq handles wrapped
 // by extra/advisorylockpq, whose waiters a pq.Listener wakes.
-func handoffLeaseLockPQListener(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffLeaseLockPQListener(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	name := lockName(b, "handoff")
 	forgetLease(b, name)
 	return func(int) contender {
 		db := advisorylockpq.Wrap(openPG(b, drv, postgresDSN(), 4), postgresDSN())
 		return guardContender(newLeaseLock(b, db, name).Lock)
-	}, nil
+	}, placedIn(b, name)
 }
 
 // handoffRawLease is the bare form of a woken LeaseLock handoff, with
@@ -91,7 +91,7 @@ func handoffLeaseLockPQListener(b *testing.B, drv string) (func(i int) contender
 // lease to the place (asynchronous commit, NOTIFY on commit, the new
 // owner in the payload), and the waiter named returns without a
 // statement of its own.
-func handoffRawLease(b *testing.B, drv string) (func(i int) contender, *int64) {
+func handoffRawLease(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	if drv != "pgx" {
 		b.Fatalf("the bare lease handoff needs pgx's notifications, not %s", drv)
 	}

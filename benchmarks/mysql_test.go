@@ -365,7 +365,7 @@ func BenchmarkMySQLHandoff(b *testing.B) {
 		b.Run(lib.name, func(b *testing.B) {
 			name := lockName(b, "handoff")
 			mysqlReady(b)
-			var queued func(ctx context.Context) (int, error)
+			var queued waitProbe
 			if lib.period == 0 {
 				queued = mysqlQueuedOn(b, name)
 			}
@@ -424,13 +424,8 @@ func BenchmarkMySQLHandoffPaired(b *testing.B) {
 }
 
 // mysqlQueuedOn counts the sessions waiting in GET_LOCK for name's lock.
-func mysqlQueuedOn(b *testing.B, name string) func(ctx context.Context) (int, error) {
-	mon := openMySQL(b, 1)
+func mysqlQueuedOn(b *testing.B, name string) waitProbe {
 	q := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' AND STATE = 'User lock' AND INFO LIKE '%" +
 		mysqlServerName(name)[1:len(mysqlServerName(name))-1] + "%'"
-	return func(ctx context.Context) (int, error) {
-		var n int
-		err := mon.QueryRowContext(ctx, q).Scan(&n)
-		return n, err
-	}
+	return countProbe(openMySQL(b, 1), q)
 }

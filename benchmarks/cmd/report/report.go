@@ -76,7 +76,7 @@ var handoffRows = []struct{ lib, label, kind, wait string }{
 	{"raw_literal", "raw `pg_advisory_lock(<literal>)` — **the floor**", "floor", "server-side, unbounded"},
 	{"raw_blocking", "raw `pg_advisory_lock($1)`", "floor", "server-side, unbounded"},
 	{"migrate", "golang-migrate `Lock`", "peer", "server-side, unbounded"},
-	{"leaselock", "advisorylock `LeaseLock`", "ours", "woken by the release (pgx); polls every 20ms (lib/pq)"},
+	{"leaselock", "advisorylock `LeaseLock`", "ours", "in line, woken by the release (pgx); polls every 20ms (lib/pq)"},
 	{"goose_table", "goose table locker", "peer", "polls every 20ms (±25%); default 5s"},
 	{"goose_session", "goose session locker", "peer", "polls every 1s (its floor); default 5s"},
 	{"sqlite_raw", "raw SQLite upsert, polled", "floor", "polls every 20ms"},
@@ -463,7 +463,7 @@ func (r *report) missWhy(what, drv string) string {
 		if drv != "pgx" {
 			return "a LeaseLock waiter on a plain lib/pq handle polls, as goose's table locker does (see the handoff gate above); wrapped by extra/advisorylockpq it is woken, as on pgx."
 		}
-		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll, and 20× faster is a few hundred microseconds. In this group a holder holds 5–25 ms before each release, and a server that idled that long answers slower: the `SELECT 1` timed before each release is several times the one of the server-side group, and the LeaseLock handoff is about two of them (its p50 × `SELECT 1`), as the session `Lock`'s is in its own group. A session `Lock` held 15 ms the same way measured 16–42× faster than goose (\"The lease handoff, handed over\" below)."
+		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll, and 20× faster is a few hundred microseconds. A woken LeaseLock waiter waits in line in the lease's row, and its holder releases once the place is taken, as a session `Lock`'s releases once the waiters are in `pg_locks`; each release then wakes every contender's listener backend (one per `*sql.DB`) on the server's one CPU, and the waiter passed over queues for the next place, so the handoff costs about two session handoffs here (\"The lease handoff, handed over\" below)."
 	case leaseGrowth.what:
 		if drv != "pgx" {
 			return "a plain lib/pq handle hears no releases, so its waiter polls, backing off from 20 ms to half a second so that a hundred waiting replicas do not send thousands of queries a second: the longer it waits, the later it sees a release. Wrap the handle with extra/advisorylockpq and its waiter is woken, as on pgx."
@@ -836,7 +836,7 @@ func (r *report) writeHandoff(w func(string, ...any)) {
 	w("![handoff latency by library](%s)\n\n", r.svg)
 	w("%d goroutines, each with its own `*sql.DB`, contend for one name. ", 3)
 	w("The time runs from the moment the holder calls its release to the moment a contender that was already waiting returns from its acquire. ")
-	w("The holder releases only once every other contender waits (for server-side waits: once their sessions are queued in `pg_locks`; ")
+	w("The holder releases only once every other contender waits (for server-side waits: once their sessions are queued in `pg_locks`, or a woken `LeaseLock` waiter has its place next in line in the lease's row; ")
 	w("for pollers: 5 ms plus a random part of the poll period after they started, so releases fall at random points of their cycle), ")
 	w("and a contender that released queues again only after someone else got the lock (no barging). ")
 	w("The first %d handoffs of a run are not measured: by then every contender has waited once, so its pool has opened its sessions and a LeaseLock waiter's handle its listener. ", 3)

@@ -89,8 +89,10 @@
 // slots, a set's keys and multiplexed locks, each in one statement, and
 // a slot's release that signals the semaphore's waiters); and a
 // LeaseStore may keep a LeaseLock waiter's place in line, to which the
-// holder's release hands the lease (QueueLease, ListenGrants: "Waiters in
-// line" in LeaseStore's documentation). The
+// holder's release hands the lease, and where releases are not heard
+// wake the waiter sleeping in line on the server (QueueLease,
+// ListenGrants, SleepInLine: "Waiters in line" in LeaseStore's
+// documentation). The
 // package's own tests run a backend of a third party's making through
 // each.
 package advisorylock

@@ -158,16 +158,21 @@ type SessionResult struct {
 //
 // Waiters in line (optional). A LeaseStore that also has the methods
 //
-//	QueueLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error)
+//	QueueLease(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest) (FencingToken, error)
 //	ListenGrants(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error
+//
+// and optionally
+//
+//	SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest, d time.Duration) (granted bool, err error)
 //
 // lets a LeaseLock waiter take the place next in line for a held lease,
 // and the holder's release hand the lease to it in the release's own
 // statement, so that the waiter, told by the release's signal, holds the
 // lease without a statement (and a durable commit) of its own. The
 // library queues a waiter only where it hears releases (see
-// ListenReleases), and not for a LeaseLock with WithMinHold. The
-// contract, beside the rest of LeaseStore's:
+// ListenReleases) or, with SleepInLine, where it can sleep in line, and
+// not for a LeaseLock with WithMinHold. The contract, beside the rest of
+// LeaseStore's:
 //   - QueueLease gives r.Owner the place for r.TTL from the database's
 //     now, or renews its place, and returns the token its grant will
 //     carry, above every token issued before. It commits durably. It
@@ -188,6 +193,16 @@ type SessionResult struct {
 //     a release handed the lease to ("" for a release that freed it, or
 //     where the store cannot tell: the waiter then reads the row); the
 //     library calls it instead of ListenReleases.
+//   - Where releases cannot be heard on db (ListenGrants returned an
+//     error matching ErrUnsupported), a waiter keeps conn, a connection
+//     of db's, for its whole wait: QueueLease takes the place with a
+//     statement on conn (elsewhere conn is nil), and between its passes
+//     the waiter calls SleepInLine, which waits on conn up to d for the
+//     place of token r.Token and returns early, reporting whether the
+//     lease is then r.Owner's, when ReleaseLease hands the lease over.
+//     Its error matching ErrUnsupported (a transaction-mode pooler) makes
+//     the waiter poll instead; after another error the library discards
+//     conn, and the waiter polls.
 //
 // For backend authors: see "Writing a backend" in the package doc.
 type LeaseStore interface {
@@ -255,8 +270,15 @@ type LeaseStore interface {
 // in line" in LeaseStore's documentation.
 type leaseQueuer interface {
 	LeaseStore
-	QueueLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error)
+	QueueLease(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest) (FencingToken, error)
 	ListenGrants(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error
+}
+
+// leaseSleeper is a leaseQueuer whose waiters in line can sleep on the
+// server: see "Waiters in line" in LeaseStore's documentation.
+type leaseSleeper interface {
+	leaseQueuer
+	SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest, d time.Duration) (granted bool, err error)
 }
 
 // LeaseRequest describes one lease statement.
@@ -681,11 +703,14 @@ type querier interface {
 // steps, holders): db itself when it runs statements (*sql.DB, *sqlx.DB),
 // so that database/sql retries a dead pooled connection with another, as
 // it does for any statement; else a connection checked out of db, which
-// done returns.
+// done returns; the kept connection of an onConn.
 //
 // Under a pool wait (see withPoolWait) a pool that can be exhausted gives
 // a connection checked out within that bound instead.
 func statementsOn(ctx context.Context, db DB) (q querier, done func(), err error) {
+	if c, ok := db.(onConn); ok {
+		return c.conn, func() {}, nil
+	}
 	if q, ok := db.(querier); ok && (poolWaitOf(ctx) == 0 || !mayWaitForPool(db)) {
 		return q, func() {}, nil
 	}
@@ -694,6 +719,14 @@ func statementsOn(ctx context.Context, db DB) (q querier, done func(), err error
 		return nil, nil, err
 	}
 	return conn, func() { _ = conn.Close() }, nil
+}
+
+// onConn is a DB whose statements run on conn, a connection of DB's that
+// its caller keeps (a waiter sleeping in line: see leaseSleeper); what
+// needs a connection of its own (a schema upgrade) takes one from DB.
+type onConn struct {
+	conn *sql.Conn
+	DB
 }
 
 // unreachable marks as ErrPoolUnavailable the error of a statement that

@@ -858,6 +858,11 @@ var postgresSteps = [][]string{
 	ADD COLUMN IF NOT EXISTS next_generation bigint,
 	ADD COLUMN IF NOT EXISTS next_expires_at timestamptz`,
 	},
+	7: { // a waiter in line that sleeps on the server (see SleepInLine)
+		// next_pid: the backend of the session that took the place, which
+		// the handover wakes if it sleeps in line there.
+		`ALTER TABLE advisorylock_leases ADD COLUMN IF NOT EXISTS next_pid integer`,
+	},
 }
 
 // pgSchemaVersions is the table of applied upgrade steps.
@@ -932,7 +937,7 @@ const (
 VALUES ($1::text, $2::text, ` + pgNextToken + `, now(), now() + $3::bigint * interval '1 millisecond')
 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = greatest(l.generation + 1, EXCLUDED.generation),
 	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
-	next_owner = NULL, next_generation = NULL, next_expires_at = NULL
+	next_owner = NULL, next_generation = NULL, next_expires_at = NULL, next_pid = NULL
 WHERE (l.owner IS NULL OR l.expires_at <= now())
 	AND (l.next_owner IS NULL OR l.next_expires_at <= now() OR l.next_owner = EXCLUDED.owner)
 RETURNING generation`
@@ -943,10 +948,12 @@ RETURNING generation`
 	// server crash and lose the handover, the place, live until
 	// next_expires_at, still keeps everyone but its waiter out until the
 	// waiter's local deadline has passed. No row: the lease is free,
-	// expired, the waiter's own, or another waiter has the place.
+	// expired, the waiter's own, or another waiter has the place. The
+	// place records the backend it was taken on, which the handover wakes
+	// should the waiter sleep in line there (see pgWakeSleeper).
 	pgQueueLease = `UPDATE advisorylock_leases
 SET next_generation = CASE WHEN next_owner = $2::text THEN next_generation ELSE ` + pgNextToken + ` END,
-	next_owner = $2::text, next_expires_at = now() + $3::bigint * interval '1 millisecond'
+	next_owner = $2::text, next_expires_at = now() + $3::bigint * interval '1 millisecond', next_pid = pg_backend_pid()
 WHERE name = $1::text AND owner IS NOT NULL AND owner <> $2::text AND expires_at > now()
 	AND (next_owner IS NULL OR next_owner = $2::text OR next_expires_at <= now())
 RETURNING next_generation`
@@ -968,11 +975,12 @@ RETURNING generation`
 	//
 	// A release notifies pgReleaseChannel when it commits (see
 	// ListenReleases), with the lease's key and, after a handover, a
-	// space and the new owner.
+	// space and the new owner; and a handover wakes the new owner should
+	// it sleep in line (pgWakeSleeper).
 	pgReleaseLease = `UPDATE advisorylock_leases SET ` + pgReleaseSet + `
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL
-RETURNING pg_notify('` + pgReleaseChannel + `', ` + pgReleasePayload + `)`
+RETURNING pg_notify('` + pgReleaseChannel + `', ` + pgReleasePayload + `), ` + pgWakeSleeper
 	// pgAbandonLease frees whatever an owner label ($2) has: the lease,
 	// handed over as a release hands it, or its place in line. A place
 	// withdrawn notifies too, so that other waiters may queue.
@@ -983,10 +991,11 @@ RETURNING pg_notify('` + pgReleaseChannel + `', ` + pgReleasePayload + `)`
 	expires_at = CASE WHEN owner IS DISTINCT FROM $2::text THEN expires_at WHEN ` + pgHandOver + ` THEN next_expires_at ELSE least(expires_at, now()) END,
 	next_owner = CASE WHEN owner = $2::text OR next_owner = $2::text THEN NULL ELSE next_owner END,
 	next_generation = CASE WHEN owner = $2::text OR next_owner = $2::text THEN NULL ELSE next_generation END,
-	next_expires_at = CASE WHEN owner = $2::text OR next_owner = $2::text THEN NULL ELSE next_expires_at END
+	next_expires_at = CASE WHEN owner = $2::text OR next_owner = $2::text THEN NULL ELSE next_expires_at END,
+	next_pid = CASE WHEN owner = $2::text AND ` + pgHandOver + ` THEN next_pid END
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 WHERE name = $1::text AND (owner = $2::text OR next_owner = $2::text)
-RETURNING pg_notify('` + pgReleaseChannel + `', ` + pgReleasePayload + `)`
+RETURNING pg_notify('` + pgReleaseChannel + `', ` + pgReleasePayload + `), ` + pgWakeSleeper
 	pgLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
 WHERE name = $1::text AND owner IS NOT NULL AND expires_at > now()`
 	// The upsert stores the token only if it is not lower than the stored
@@ -1009,12 +1018,56 @@ const pgHandOver = `(next_owner IS NOT NULL AND next_expires_at > now() AND next
 const pgReleasePayload = `$3::text || coalesce(' ' || CASE WHEN octet_length(owner) <= 1000 THEN owner END, '')`
 
 // pgReleaseSet is the SET list of pgReleaseLease: the lease handed over
-// (pgHandOver) or freed, and the place emptied either way.
+// (pgHandOver) or freed, and the place emptied either way; next_pid stays
+// through a handover only, for pgWakeSleeper.
 const pgReleaseSet = `owner = CASE WHEN ` + pgHandOver + ` THEN next_owner END,
 	generation = CASE WHEN ` + pgHandOver + ` THEN next_generation ELSE generation END,
 	acquired_at = CASE WHEN ` + pgHandOver + ` THEN now() ELSE acquired_at END,
 	expires_at = CASE WHEN ` + pgHandOver + ` THEN next_expires_at ELSE least(expires_at, now()) END,
-	next_owner = NULL, next_generation = NULL, next_expires_at = NULL`
+	next_owner = NULL, next_generation = NULL, next_expires_at = NULL,
+	next_pid = CASE WHEN ` + pgHandOver + ` THEN next_pid END`
+
+// Sleeping in line. A waiter in line that cannot hear releases (plain
+// lib/pq, whose notifications reach only a pq.Listener) sleeps on the
+// server instead, on a connection it keeps for its whole wait and took
+// its place on, and the release that hands it the lease cuts the sleep
+// short by cancelling it (pg_cancel_backend): the waiter's handoff is
+// then a round trip or two, not a poll. The cancel is sent only to a
+// session that holds, at that moment, the transaction lock pgInLineKey of
+// that place, that backend and that role (the three hashed into an
+// advisory key by hashtextextended), which only the sleep statement
+// takes (and its end frees): a pid whose session has gone, or whose
+// sleep has ended and which may serve anyone now, is not signalled, nor
+// one of another role (whose key differs, and which pg_cancel_backend
+// would refuse with an error that failed the release).
+//
+// A cancel can still reach the session in the moment between the
+// release's test of the lock and its signal, should the sleep end just
+// then: the waiter's next statement there is its own (it keeps the
+// connection until it has read the outcome), and it takes the cancel
+// as a wake.
+
+// pgWakeSleeper, in the RETURNING list of a release, cancels the sleep of
+// the waiter the release handed the lease to, if it sleeps in line: after
+// a handover the row's generation is the place's token and next_pid the
+// backend it was taken on (next_pid is NULL after any other release).
+const pgWakeSleeper = `CASE WHEN next_pid IS NULL THEN NULL
+	WHEN pg_try_advisory_xact_lock(hashtextextended('advisorylock in line ' || generation || ' ' || next_pid || ' ' || current_user, 0)) THEN NULL
+	ELSE pg_cancel_backend(next_pid) END`
+
+// pgSleepInLine sleeps up to $2 milliseconds holding the key of the place
+// ($1: its token) that pgWakeSleeper tests, taken first; a handover's
+// cancel ends it early (57014).
+const pgSleepInLine = `SELECT pg_sleep($2::bigint / 1000.0)
+FROM (SELECT pg_advisory_xact_lock(hashtextextended('advisorylock in line ' || $1::bigint || ' ' || pg_backend_pid() || ' ' || session_user, 0))) AS in_line`
+
+// pgWokenInLine reads the lease's owner after a sleeper's wake: the wake
+// comes from inside the release's statement, before it commits, and FOR
+// SHARE waits for the row's writer to commit and reads what it wrote. It
+// commits without waiting for the WAL flush, as the release does.
+const pgWokenInLine = `SELECT l.owner FROM advisorylock_leases AS l, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+WHERE l.name = $1::text AND l.owner IS NOT NULL AND l.expires_at > now()
+FOR SHARE OF l`
 
 // quoteLiteral returns s as a PostgreSQL string constant that reads back
 // as exactly s whatever standard_conforming_strings says: an escape string
@@ -1117,10 +1170,14 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 // renews its place, and returns the token of the grant the holder's
 // release will hand it; ErrNotAcquired when the lease is free, expired or
 // r.Owner's, or another waiter's place is live. The place lasts r.TTL and
-// commits durably (see pgQueueLease).
-func (p *postgres) QueueLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
+// commits durably (see pgQueueLease). It runs on conn, where the waiter
+// sleeps in line (see SleepInLine), else on a connection of db's.
+func (p *postgres) QueueLease(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest) (FencingToken, error) {
 	if r.Kind != kindLease {
 		return 0, errNoLockRows
+	}
+	if conn != nil {
+		db = onConn{conn, db}
 	}
 	var gen int64
 	found, err := p.queryRow(ctx, db, pgQueueLease, []any{r.Name, r.Owner, ttlMillis(r.TTL)}, &gen)
@@ -1131,6 +1188,37 @@ func (p *postgres) QueueLease(ctx context.Context, db DB, r LeaseRequest) (Fenci
 		return 0, ErrNotAcquired
 	}
 	return FencingToken(gen), nil
+}
+
+// SleepInLine sleeps up to d on conn, where r.Owner took the place of
+// token r.Token, unless the release that hands it the lease wakes it
+// first (see pgWakeSleeper); woken, it reads whether the lease is then
+// r.Owner's. Through a transaction-mode pooler it sleeps nowhere
+// (ErrUnsupported): the sleep would keep a server connection, and the
+// place's backend is not the sleeper's.
+func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest, d time.Duration) (granted bool, err error) {
+	if err := checkPooler(ctx, db, p); err != nil {
+		if errors.Is(err, ErrTransactionPooler) {
+			return false, fmt.Errorf("%w: %w", ErrUnsupported, err)
+		}
+		return false, err
+	}
+	on := onConn{conn, db}
+	err = p.exec(ctx, on, pgSleepInLine, r.Token.Int64(), max(d.Milliseconds(), 1))
+	if sqlState(err) != "57014" || ctx.Err() != nil {
+		return false, err // slept its time (nil), or failed
+	}
+	// Woken (or cut by a statement_timeout: the read then finds the lease
+	// as it was). A second cancel of the same wake may end the read.
+	for range 3 {
+		var owner string
+		var found bool
+		found, err = p.queryRow(ctx, on, pgWokenInLine, []any{r.Name}, &owner)
+		if sqlState(err) != "57014" || ctx.Err() != nil {
+			return found && owner == r.Owner, err
+		}
+	}
+	return false, err
 }
 
 // LeaseHolders lists the one live holder of r: the store keeps no shared

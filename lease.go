@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -109,13 +110,14 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 		}
 		// Joined before the first attempt, so that a release after it
 		// misses is heard (see releaseWatch).
-		if lw := joinReleases(ctx, store, db, req.Key, owner); lw != nil {
+		lw := joinReleases(ctx, store, db, req.Key, owner)
+		if lw != nil {
 			defer lw.leave()
-			if queues {
-				req.Owner = owner
-				return waitInLine(ctx, budget, queue, db, cfg, req, lw)
-			}
 			wake = lw.wake
+		}
+		if queues && (lw != nil || sleeper(store, db) != nil) {
+			req.Owner = owner
+			return waitInLine(ctx, budget, queue, db, cfg, req, lw)
 		}
 	}
 	for {
@@ -131,16 +133,59 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 
 // inLine is a LeaseLock waiter that queues (see waitInLine).
 type inLine struct {
-	store  leaseQueuer
-	db     DB
-	cfg    *config
-	req    LeaseRequest // Owner set for the whole wait
-	placed time.Time    // when the last place the store confirmed was sent; zero before one
-	queued bool         // that place is believed live
-	token  FencingToken // the token of its grant
-	cannot bool         // the store said it keeps no places (ErrUnsupported): wait as acquireLease does
-	asked  bool         // a place was asked for, so a wait that ends withdraws it
+	store   leaseQueuer
+	db      DB
+	cfg     *config
+	req     LeaseRequest  // Owner set for the whole wait
+	lw      *leaseWaiter  // where releases are heard; nil where they are not
+	placed  time.Time     // when the last place the store confirmed was sent; zero before one
+	queued  bool          // that place is believed live
+	token   FencingToken  // the token of its grant
+	cannot  bool          // the store said it keeps no places (ErrUnsupported): wait as acquireLease does
+	asked   bool          // a place was asked for, so a wait that ends withdraws it
+	sleeper leaseSleeper  // where it may sleep in line once releases are known unheard; nil once it cannot
+	conn    *sql.Conn     // the connection it sleeps in line on, kept until the wait ends
+	slot    chan struct{} // the sleepers' slot it holds while it keeps conn
+	granted bool          // its sleep was ended by the handover to it
 }
+
+// sleeper returns store as a leaseSleeper where a waiter on db may sleep
+// in line: the store can, and db's pool keeps enough connections beside
+// the one the waiter keeps (the rule of a listener's; see listenMinPool).
+func sleeper(store LeaseStore, db DB) leaseSleeper {
+	s, ok := store.(leaseSleeper)
+	if n := maxOpenConns(db); !ok || n != 0 && n < listenMinPool {
+		return nil
+	}
+	return s
+}
+
+// maxSleepers bounds the waiters that sleep in line at once on one
+// *sql.DB, each on a connection of its own: a quarter of a limited pool,
+// so that holders' releases still find connections, and at most
+// maxSleepersUnlimited, so that a thousand waiting keys do not take a
+// thousand server connections. The waiters beyond it poll.
+func maxSleepers(db DB) int {
+	if n := maxOpenConns(db); n > 0 {
+		return max(n/4, 1)
+	}
+	return maxSleepersUnlimited
+}
+
+const maxSleepersUnlimited = 16
+
+// sleepSlots returns db's sleepers' slots (see maxSleepers): a channel
+// that holds one value per waiter sleeping in line.
+func sleepSlots(ctx context.Context, db DB) chan struct{} {
+	slots, _ := cachedVerdict(ctx, db, "sleepers in line", func(context.Context) (chan struct{}, error) {
+		return make(chan struct{}, maxSleepers(db)), nil
+	})
+	return slots
+}
+
+// sleepGrace is how much longer than its sleep a sleep in line may take
+// before its connection is given up as dead.
+const sleepGrace = time.Second
 
 // waitInLine is acquireLease for a LeaseLock waiter that hears releases
 // on a store whose waiters queue (leaseQueuer). After a miss it takes the
@@ -152,10 +197,14 @@ type inLine struct {
 // store confirmed (a renewal after a handover finds the lease its own and
 // fails): the grant expires when that place does, on the database's
 // clock. Between wakes it polls as waitUntilFree does, reading before it
-// writes. A wait that ends without the lease withdraws the place, and
-// frees a lease handed over meanwhile.
-func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *config, req LeaseRequest, lw *leaseWaiter) (*leaseState, error) {
-	l := &inLine{store: store, db: db, cfg: cfg, req: req}
+// writes. Where releases are not heard (lw is nil, or its watch is off)
+// and the store can (leaseSleeper), it sleeps in line on the server
+// instead, on a connection it keeps for the whole wait, and the release
+// that hands it the lease wakes it. A wait that ends without the lease
+// withdraws the place, and frees a lease handed over meanwhile.
+func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *config, req LeaseRequest, lw *leaseWaiter) (s *leaseState, err error) {
+	l := &inLine{store: store, db: db, cfg: cfg, req: req, lw: lw, sleeper: sleeper(store, db)}
+	defer func() { l.letGo(err == nil) }()
 	longest := max(cfg.poll, leaseWaitCap)
 	poll := time.NewTimer(time.Hour)
 	defer poll.Stop()
@@ -169,16 +218,93 @@ func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *conf
 			}
 			return s, err
 		}
-		poll.Reset(l.pause(h, pollPause(cfg.poll, longest, n)))
-		select {
-		case <-budget.Done():
+		if woken, err = l.wait(budget, l.pause(h, pollPause(cfg.poll, longest, n)), poll); err != nil {
 			l.withdraw(ctx)
-			return nil, context.Cause(budget)
-		case <-lw.wake:
-			woken = true
-		case <-poll.C:
-			woken = false
+			return nil, err
 		}
+	}
+}
+
+// wait waits up to pause for the next pass: asleep in line where the
+// waiter sleeps (see waitInLine), else until a release is heard (woken).
+// A sleep that the handover ends reports the lease granted as woken, with
+// l.granted set; a sleeper whose connection failed polls from then on.
+func (l *inLine) wait(budget context.Context, pause time.Duration, poll *time.Timer) (woken bool, err error) {
+	if l.queued && l.conn != nil && l.sleeps() {
+		req := l.req
+		req.Token = l.token
+		sleep, cancel := context.WithTimeout(budget, pause+sleepGrace)
+		granted, err := l.sleeper.SleepInLine(sleep, l.db, l.conn, req, pause)
+		cancel()
+		switch {
+		case err == nil:
+			l.granted = granted
+			return granted, nil
+		case budget.Err() != nil:
+			return false, context.Cause(budget)
+		}
+		l.stopSleeping()
+		return false, nil
+	}
+	poll.Reset(pause)
+	select {
+	case <-budget.Done():
+		return false, context.Cause(budget)
+	case <-l.lw.wakes():
+		return true, nil
+	case <-poll.C:
+		return false, nil
+	}
+}
+
+// keepConn takes the connection the waiter will sleep in line on, and a
+// sleepers' slot for it; without either it polls.
+func (l *inLine) keepConn(budget context.Context) error {
+	slots := sleepSlots(budget, l.db)
+	select {
+	case slots <- struct{}{}:
+	default:
+		l.sleeper = nil // enough sleep already
+		return nil
+	}
+	c, err := takeConn(budget, l.db)
+	if err != nil {
+		<-slots
+		l.sleeper = nil
+		if budget.Err() != nil {
+			return context.Cause(budget)
+		}
+		return nil
+	}
+	l.conn, l.slot = c, slots
+	return nil
+}
+
+// stopSleeping gives up the kept connection (closed in the background:
+// a sleep cut short may still run on it) and its slot; the waiter polls
+// from then on.
+func (l *inLine) stopSleeping() {
+	go discard(l.conn)
+	<-l.slot
+	l.conn, l.slot, l.sleeper = nil, nil, nil
+}
+
+// sleeps reports whether the waiter sleeps in line: it may, and releases
+// are not heard.
+func (l *inLine) sleeps() bool {
+	return l.sleeper != nil && (l.lw == nil || l.lw.w.isOff())
+}
+
+// letGo returns the connection the waiter slept on, once the wait has
+// ended: to the pool after a clean end, else as stopSleeping does.
+func (l *inLine) letGo(clean bool) {
+	switch {
+	case l.conn == nil:
+	case clean:
+		recycle(l.conn)
+		<-l.slot
+	default:
+		l.stopSleeping()
 	}
 }
 
@@ -189,7 +315,7 @@ func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *conf
 // heard handed the lease to another waiter (passed). A miss queues, or
 // renews the place when due. It returns the holder it read, if any.
 func (l *inLine) pass(ctx, budget context.Context, woken, granted, passed bool) (*leaseState, *Holder, error) {
-	if granted && l.queued {
+	if (granted || l.granted) && l.queued {
 		return l.handedOver(l.token), nil, nil
 	}
 	var h *Holder
@@ -214,16 +340,24 @@ func (l *inLine) pass(ctx, budget context.Context, woken, granted, passed bool) 
 }
 
 // queue takes the place next in line, or renews it when a renew interval
-// has passed since it was sent; ErrNotAcquired unless it fails.
+// has passed since it was sent, or when the waiter is to sleep in line:
+// the place is then taken again on the connection it sleeps on, whose
+// backend the handover wakes. ErrNotAcquired unless it fails.
 func (l *inLine) queue(budget context.Context) error {
-	if l.cannot || l.queued && l.cfg.clock.Now().Sub(l.placed) < renewInterval(l.cfg.ttl) {
+	toSleep := l.conn == nil && l.sleeps()
+	if l.cannot || l.queued && !toSleep && l.cfg.clock.Now().Sub(l.placed) < renewInterval(l.cfg.ttl) {
 		return ErrNotAcquired
+	}
+	if toSleep {
+		if err := l.keepConn(budget); err != nil {
+			return err
+		}
 	}
 	req := l.req
 	sent := l.cfg.clock.Now()
 	req.Now, req.TTL = sent, l.cfg.ttl
 	l.asked = true
-	token, err := l.store.QueueLease(budget, l.db, req)
+	token, err := l.store.QueueLease(budget, l.db, l.conn, req)
 	switch {
 	case err == nil:
 		l.placed, l.token, l.queued = sent, token, true

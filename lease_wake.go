@@ -240,10 +240,21 @@ func (w *releaseWatch) wake(key *int64, grantee string) {
 	}
 }
 
+// wakes is the waiter's wake channel; nil (never ready) for no waiter.
+func (lw *leaseWaiter) wakes() <-chan struct{} {
+	if lw == nil {
+		return nil
+	}
+	return lw.wake
+}
+
 // heard reports whether a release was heard handing the lease to the
 // waiter (granted), and whether the last one heard handed it to another
 // (passed).
 func (lw *leaseWaiter) heard() (granted, passed bool) {
+	if lw == nil {
+		return false, false
+	}
 	lw.w.mu.Lock()
 	defer lw.w.mu.Unlock()
 	return lw.granted, lw.passed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 	"weak"
@@ -132,13 +133,17 @@ func TestLeaseHandoffWithoutNotificationPolls(t *testing.T) {
 // handoff works.
 func TestLeaseWaiterThroughTransactionPoolPolls(t *testing.T) {
 	txDSN, _ := testdb.PgBouncer(t)
-	db := testdb.OpenPostgresDSN(t, "pgx", txDSN+"&default_query_exec_mode=exec")
-	release, got := holdAndWait(t, db, testdb.UniqueName(t), 50*time.Millisecond)
-	waitWatchOff(t, db)
-	if err := release(); err != nil {
-		t.Fatalf("Release: %v", err)
+	for drv, dsn := range map[string]string{"pgx": txDSN + "&default_query_exec_mode=exec", "postgres": txDSN} {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgresDSN(t, drv, dsn)
+			release, got := holdAndWait(t, db, testdb.UniqueName(t), 50*time.Millisecond)
+			waitWatchOff(t, db)
+			if err := release(); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			testdb.HandedOff(t, got, time.Now())
+		})
 	}
-	testdb.HandedOff(t, got, time.Now())
 }
 
 // holdSlots takes every slot of an n-slot semaphore on name, and starts a
@@ -473,4 +478,215 @@ func TestHandoverLostInACrashStillKeepsOthersOut(t *testing.T) {
 		t.Fatal("the waiter's lease reads lost well within its local deadline")
 	}
 	_ = gb.Release(context.Background())
+}
+
+// sleeperPID waits until a session of application app sleeps in line (a
+// LeaseLock waiter's sleep on the server; see leaseSleeper) and returns
+// its pid.
+func sleeperPID(t *testing.T, admin *sql.DB, app string) int {
+	t.Helper()
+	var pid int
+	testdb.WaitFor(t, wakeWait, func() bool {
+		err := admin.QueryRow(`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
+	AND query LIKE 'SELECT pg_sleep(%'`, app).Scan(&pid)
+		return err == nil
+	}, "no session of %s ever slept in line", app)
+	return pid
+}
+
+// TestPlainLibPQWaiterSleepsInLine: a plain lib/pq handle hears no
+// releases, so its LeaseLock waiter sleeps in line on the server, on the
+// connection it took its place on, and the release that hands it the
+// lease wakes it: it returns within a few round trips, long before its
+// first poll, holding its place's token.
+func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
+	db, app := openNamed(t, "postgres")
+	admin := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	ga, place, _, got := holdThenQueue(t, admin, admin, db, name, time.Minute, time.Minute)
+	waitWatchOff(t, db)
+	pid := sleeperPID(t, admin, app)
+	var nextPID int
+	var token FencingToken
+	if err := admin.QueryRow("SELECT next_pid, next_generation FROM advisorylock_leases WHERE name = $1 AND next_owner = $2", name, place).Scan(&nextPID, &token); err != nil || nextPID != pid {
+		t.Fatalf("the place's backend is %d (%v); the waiter sleeps on %d", nextPID, err, pid)
+	}
+	released := time.Now()
+	if err := ga.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var gb *LeaseGuard
+	select {
+	case gb = <-got:
+	case <-time.After(testdb.Promptly):
+		t.Fatalf("the waiter sleeping in line did not have the lease %v after the release", testdb.Promptly)
+	}
+	if gb == nil {
+		t.FailNow()
+	}
+	t.Logf("handed over in %v", time.Since(released))
+	if gb.Token() != token {
+		t.Fatalf("handed over with token %d; its place drew %d", gb.Token(), token)
+	}
+	if err := gb.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHandoverSignalsOnlyASessionSleepingInLine: a place whose recorded
+// backend is not sleeping in line (its waiter gone, the pid now serving
+// someone else's statement) gets the lease handed over, and that
+// backend's statement is not cancelled: it ends by its own
+// statement_timeout, not by a cancel.
+func TestHandoverSignalsOnlyASessionSleepingInLine(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "pgx")
+	ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
+	defer cancel()
+	other, err := testdb.OpenPostgres(t, "pgx").Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var pid int
+	if err := other.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.ExecContext(ctx, "SET statement_timeout = '2s'"); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := other.ExecContext(ctx, "SELECT pg_sleep(30)")
+		ended <- err
+	}()
+	testdb.WaitFor(t, wakeWait, func() bool {
+		var active bool
+		err := admin.QueryRow("SELECT state = 'active' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&active)
+		return err == nil && active
+	}, "the other session's statement never started")
+
+	name := testdb.UniqueName(t)
+	holder, err := NewLeaseLock(admin, name, WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := holder.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(`UPDATE advisorylock_leases SET next_owner = 'gone', next_generation = generation + 1000,
+	next_expires_at = now() + interval '1 minute', next_pid = $2 WHERE name = $1`, name, pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if owner, _, _ := leaseRow(t, admin, name); owner != "gone" {
+		t.Fatalf("the release handed the lease to %q, want the place's owner", owner)
+	}
+	err = <-ended
+	if sqlState(err) != "57014" || !strings.Contains(err.Error(), "statement timeout") {
+		t.Fatalf("the other session's statement ended with %v; want its own statement timeout, not a cancel", err)
+	}
+}
+
+// TestSleeperWhoseConnectionDiesStillGetsTheLease: the backend a waiter
+// sleeps in line on is terminated; the waiter polls from then on, and
+// the release's handover to its place, which wakes no one, is found by
+// its next poll.
+func TestSleeperWhoseConnectionDiesStillGetsTheLease(t *testing.T) {
+	db, app := openNamed(t, "postgres")
+	admin := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	holder, err := NewLeaseLock(admin, name, WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := NewLeaseLock(db, name, WithLeaseTTL(time.Minute), WithPollInterval(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := holder.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, token, got := queuedWaiter(t, admin, waiter)
+	pid := sleeperPID(t, admin, app)
+	if _, err := admin.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case gb := <-got:
+		if gb == nil {
+			t.FailNow()
+		}
+		if gb.Token() < token {
+			t.Fatalf("the waiter got token %d, below its place's %d", gb.Token(), token)
+		}
+		if err := gb.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(wakeWait):
+		t.Fatalf("the waiter whose sleeping connection died never got the lease")
+	}
+	if n := len(sleepSlots(context.Background(), db)); n != 0 {
+		t.Fatalf("%d sleepers' slots still held after the wait ended", n)
+	}
+}
+
+// TestSleepersInLineAreBounded: on a pool of four connections one waiter
+// at a time sleeps in line (a quarter of the pool: holders' releases must
+// still find connections); a second waiter, on another key, polls, and
+// both get their leases. Their slots are returned once they have.
+func TestSleepersInLineAreBounded(t *testing.T) {
+	db, app := openNamed(t, "postgres")
+	db.SetMaxOpenConns(4)
+	admin := testdb.OpenPostgres(t, "pgx")
+	slots := sleepSlots(context.Background(), db)
+	if cap(slots) != 1 {
+		t.Fatalf("a pool of 4 connections lets %d waiters sleep in line; want 1", cap(slots))
+	}
+	var guards []*LeaseGuard
+	var gots []<-chan *LeaseGuard
+	for range 2 {
+		name := testdb.UniqueName(t)
+		holder, err := NewLeaseLock(admin, name, WithLeaseTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter, err := NewLeaseLock(db, name, WithLeaseTTL(time.Minute), WithPollInterval(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := holder.TryLock(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, got := queuedWaiter(t, admin, waiter)
+		guards, gots = append(guards, g), append(gots, got)
+	}
+	sleeperPID(t, admin, app)
+	if n := len(slots); n != 1 {
+		t.Fatalf("%d waiters hold a sleepers' slot; want 1", n)
+	}
+	for i, g := range guards {
+		if err := g.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case gb := <-gots[i]:
+			if gb == nil {
+				t.FailNow()
+			}
+			_ = gb.Release(context.Background())
+		case <-time.After(wakeWait):
+			t.Fatalf("waiter %d never got its lease", i)
+		}
+	}
+	if n := len(slots); n != 0 {
+		t.Fatalf("%d sleepers' slots still held after every wait ended", n)
+	}
 }

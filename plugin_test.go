@@ -158,15 +158,24 @@ func (p party) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql
 	return p.store().ListenReleases(ctx, db, conn, ready, released)
 }
 
-// LeaseStore's waiters in line: a LeaseLock waiter's place, and the
-// listener that tells it a release handed it the lease.
-func (p party) QueueLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+// LeaseStore's waiters in line: a LeaseLock waiter's place, the listener
+// that tells it a release handed it the lease, and its sleep in line
+// where releases are not heard.
+func (p party) QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	p.calls.add("LeaseStore.QueueLease")
 	q, ok := p.inner.(queuer)
 	if !ok {
 		return 0, advisorylock.ErrUnsupported
 	}
-	return q.QueueLease(ctx, db, r)
+	return q.QueueLease(ctx, db, conn, r)
+}
+func (p party) SleepInLine(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest, d time.Duration) (bool, error) {
+	p.calls.add("LeaseStore.SleepInLine")
+	q, ok := p.inner.(queuer)
+	if !ok {
+		return false, advisorylock.ErrUnsupported
+	}
+	return q.SleepInLine(ctx, db, conn, r, d)
 }
 func (p party) ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
 	p.calls.add("LeaseStore.ListenGrants")
@@ -242,11 +251,13 @@ func (p party) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time
 	return p.session().WaitLockTx(ctx, tx, key, slice, prev)
 }
 
-// queuer is a LeaseStore with waiters in line (see LeaseStore).
+// queuer is a LeaseStore with waiters in line that may sleep in line
+// (see LeaseStore).
 type queuer interface {
 	advisorylock.LeaseStore
-	QueueLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error)
+	QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error)
 	ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error
+	SleepInLine(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest, d time.Duration) (bool, error)
 }
 
 // The interfaces a party implements, checked by the compiler.
@@ -409,7 +420,8 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 			}
 
 			// A LeaseLock waiter, whose listener listens through the third
-			// party (the store signals releases).
+			// party (the store signals releases); on lib/pq, which delivers
+			// no notifications, it sleeps in line through it.
 			lname := testdb.UniqueName(t)
 			lg, err := newLeaseLock(t, db, lname, advisorylock.WithBackend(b)).TryLock(ctx)
 			if err != nil {
@@ -426,6 +438,12 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 			}()
 			testdb.WaitFor(t, wait, func() bool { return c.count("LeaseStore.ListenGrants") > 0 && c.count("LeaseStore.QueueLease") > 0 },
 				"a LeaseLock waiter never listened through the third party's ListenGrants, or never queued through its QueueLease")
+			lease := []string{"LeaseStore.QueueLease", "LeaseStore.ListenGrants"}
+			if drv == "postgres" {
+				testdb.WaitFor(t, wait, func() bool { return c.count("LeaseStore.SleepInLine") > 0 },
+					"a LeaseLock waiter on lib/pq never slept in line through the third party's SleepInLine")
+				lease = append(lease, "LeaseStore.SleepInLine")
+			}
 			if err := lg.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -433,7 +451,8 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				t.Fatalf("LeaseLock.Lock through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "MultiKeyLocker.UnlockAndSignal", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun", "LeaseStore.QueueLease", "LeaseStore.ListenGrants")
+			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "MultiKeyLocker.UnlockAndSignal", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
+			wantCalls(t, c, lease...)
 			if want := (settings{serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the handle, before any Lock's settings)", c.settings, want)
 			}

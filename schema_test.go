@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -367,4 +368,57 @@ func (r *versionRows) Next(dest []driver.Value) error {
 	dest[0] = "CockroachDB CCL v23.1.11 (x86_64-pc-linux-gnu, built 2023/09/27 01:53:43, go1.19.13)"
 	dest[1] = false // CockroachDB's pg_is_in_recovery always answers false
 	return nil
+}
+
+// TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver: a LeaseLock
+// waiter sleeps in line (plain lib/pq) as a superuser, whose statements
+// an ordinary role may not cancel (pg_cancel_backend would fail the
+// release with an error). The ordinary role's release hands it the lease
+// without signalling it, and the waiter finds the lease its own at its
+// next poll.
+func TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "postgres")
+	ctx := context.Background()
+	role := ordinaryRole(t, admin)
+	withTables := testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
+	owner := testdb.OpenPostgresDSN(t, "pgx", withTables)
+	for _, s := range []string{advisorylock.Schema(advisorylock.Postgres()),
+		"GRANT SELECT, INSERT, UPDATE ON advisorylock_leases TO " + role,
+		"GRANT USAGE ON SEQUENCE advisorylock_token_seq TO " + role,
+		"GRANT SELECT ON advisorylock_schema TO " + role} {
+		if _, err := owner.ExecContext(ctx, s); err != nil {
+			t.Fatalf("%.60s: %v", s, err)
+		}
+	}
+	name := testdb.UniqueName(t)
+	g := tryLease(t, newLeaseLock(t, testdb.OpenPostgresDSN(t, "pgx", withUser(t, withTables, role)), name))
+
+	app := "alsleeper" + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	waiterDB := testdb.OpenPostgresDSN(t, "postgres", withTables+"&application_name="+app)
+	got := make(chan *advisorylock.LeaseGuard, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, testdb.HandoffWait)
+		defer cancel()
+		wg, err := newLeaseLock(t, waiterDB, name, advisorylock.WithPollInterval(50*time.Millisecond)).Lock(wctx)
+		if err != nil {
+			t.Errorf("the superuser's waiter: %v", err)
+		}
+		got <- wg
+	}()
+	testdb.WaitFor(t, testdb.HandoffWait, func() bool {
+		var n int
+		err := owner.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
+	AND query LIKE 'SELECT pg_sleep(%'`, app).Scan(&n)
+		return err == nil && n > 0
+	}, "the superuser's waiter never slept in line")
+
+	releaseLease(t, g)
+	wg := <-got
+	if wg == nil {
+		t.FailNow()
+	}
+	if wg.Token() <= g.Token() {
+		t.Fatalf("the waiter's token %d is not above the released grant's %d", wg.Token(), g.Token())
+	}
+	releaseLease(t, wg)
 }

@@ -412,21 +412,19 @@ func handoffMigrate(b *testing.B, drv string) (func(i int) contender, waitProbe)
 	}, queuedOn(b, key)
 }
 
-// handoffLeaseLock contends with LeaseLock. On pgx a waiter hears the
-// releases and waits in line in the lease's row (see placedIn); a plain
-// lib/pq handle hears none, and its waiters poll.
+// handoffLeaseLock contends with LeaseLock. A waiter waits in line in
+// the lease's row (see placedIn): on pgx it hears the releases; a plain
+// lib/pq handle hears none, and its waiter in line sleeps on the server,
+// woken by the handover.
 func handoffLeaseLock(b *testing.B, drv string) (func(i int) contender, waitProbe) {
 	name := lockName(b, "handoff")
 	forgetLease(b, name)
-	var waiting waitProbe
-	if drv == "pgx" {
-		waiting = placedIn(b, name)
-	}
 	return func(int) contender {
-		// Four connections: a pool of fewer has no listener (its waiters poll).
+		// Four connections: a pool of fewer has no listener, and its
+		// waiters do not sleep in line (they poll).
 		l := newLeaseLock(b, openPG(b, drv, postgresDSN(), 4), name)
 		return guardContender(l.Lock)
-	}, waiting
+	}, placedIn(b, name)
 }
 
 func handoffGooseTable(b *testing.B, drv string) (func(i int) contender, waitProbe) {

@@ -142,6 +142,24 @@ mutation "a waiter that gives up keeps its place in line" lease.go \
 mutation "a waiter passed over by a handover tries the held lease before it queues" lease.go \
 	's/\} else if passed \{/} else if false {/' \
 	'^TestPassedOverWaiterQueuesWithoutTrying$'
+mutation "a handover does not wake the waiter sleeping in line" backend_postgres.go \
+	's/\tELSE pg_cancel_backend\(next_pid\) END`/\tELSE NULL END`/' \
+	'^TestPlainLibPQWaiterSleepsInLine$'
+mutation "a handover cancels the place's backend whether or not it sleeps in line" backend_postgres.go \
+	's/\tWHEN pg_try_advisory_xact_lock\(hashtextextended\(/\tWHEN false AND pg_try_advisory_xact_lock(hashtextextended(/' \
+	'^TestHandoverSignalsOnlyASessionSleepingInLine$'
+mutation "a handover signals a sleeper of another role" backend_postgres.go \
+	's/ \|\| \x27 \x27 \|\| (current_user|session_user), 0\)/, 0)/g' \
+	'^TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver$'
+mutation "a waiter sleeps on a connection other than the one its place names" lease.go \
+	's/l\.store\.QueueLease\(budget, l\.db, l\.conn, req\)/l.store.QueueLease(budget, l.db, nil, req)/' \
+	'^TestPlainLibPQWaiterSleepsInLine$'
+mutation "every waiter on a pool sleeps in line, each on a connection of its own" lease.go \
+	's/\t\treturn max\(n\/4, 1\)/\t\treturn n/' \
+	'^TestSleepersInLineAreBounded$'
+mutation "a waiter that stops sleeping keeps its sleepers' slot" lease.go \
+	's/\tgo discard\(l\.conn\)\n\t<-l\.slot\n/\tgo discard(l.conn)\n/' \
+	'^TestSleeperWhoseConnectionDiesStillGetsTheLease$'
 mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
 	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \
 	'^TestPostgresLeaseStoreProperties$'

@@ -76,7 +76,7 @@ var handoffRows = []struct{ lib, label, kind, wait string }{
 	{"raw_literal", "raw `pg_advisory_lock(<literal>)` — **the floor**", "floor", "server-side, unbounded"},
 	{"raw_blocking", "raw `pg_advisory_lock($1)`", "floor", "server-side, unbounded"},
 	{"migrate", "golang-migrate `Lock`", "peer", "server-side, unbounded"},
-	{"leaselock", "advisorylock `LeaseLock`", "ours", "in line, woken by the release (pgx); polls every 20ms (lib/pq)"},
+	{"leaselock", "advisorylock `LeaseLock`", "ours", "in line; woken by the release's notification (pgx), or asleep on the server, by the handover (lib/pq)"},
 	{"goose_table", "goose table locker", "peer", "polls every 20ms (±25%); default 5s"},
 	{"goose_session", "goose session locker", "peer", "polls every 1s (its floor); default 5s"},
 	{"sqlite_raw", "raw SQLite upsert, polled", "floor", "polls every 20ms"},
@@ -455,18 +455,18 @@ func (r *report) missWhy(what, drv string) string {
 		return "each statement commits a write transaction bound by the disk's sync on a shared machine; the library's release also runs on a bounded context of its own."
 	case leaseHand.what:
 		if drv != "pgx" {
-			return "lib/pq hands notifications only to a `pq.Listener`, a connection of its own that the library cannot open from a `*sql.DB`, so a LeaseLock waiter on a plain lib/pq handle polls (backing off to 500 ms); on a handle wrapped by extra/advisorylockpq a pq.Listener wakes it, and the release hands it the lease as on pgx."
+			return "lib/pq hands notifications only to a `pq.Listener`, a connection of its own that the library cannot open from a `*sql.DB`, so on a plain lib/pq handle the waiter next in line sleeps on the server, and the release that hands it the lease cancels the sleep: the waiter then reads the row, waiting for the release to commit. The release itself is a text statement on lib/pq, parsed and planned each time (about 100 µs more than prepared, by hand with pgbench), and the waiter's wake is the cancel's error and a read: about two round trips after the release, where pgx's is one notification. On a handle wrapped by extra/advisorylockpq a pq.Listener wakes it, as on pgx."
 		}
 		return "a woken lease handoff is a release that hands the lease to the waiter's place in line and notifies it, then the notification's hop to the waiter's listener; a session handoff is one unlock that wakes a waiter inside the server. " +
 			"The same statements run bare on pgx's own connections (`raw_lease_vs_raw_literal`) measured " + r.pairedRatio("BenchmarkLeaseHandoffPaired/raw_lease_vs_raw_literal/pgx") + " the bare session handoff."
 	case leaseGoose.what:
 		if drv != "pgx" {
-			return "a LeaseLock waiter on a plain lib/pq handle polls, as goose's table locker does (see the handoff gate above); wrapped by extra/advisorylockpq it is woken, as on pgx."
+			return "on a plain lib/pq handle the waiter next in line sleeps on the server and the handover wakes it: its release statement is parsed and planned each time, and its wake is about two round trips (see the handoff gate above); wrapped by extra/advisorylockpq it is woken, as on pgx."
 		}
 		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll, and 20× faster is a few hundred microseconds. A woken LeaseLock waiter waits in line in the lease's row, and its holder releases once the place is taken, as a session `Lock`'s releases once the waiters are in `pg_locks`; each release then wakes every contender's listener backend (one per `*sql.DB`) on the server's one CPU, and the waiter passed over queues for the next place, so the handoff costs about two session handoffs here (\"The lease handoff, handed over\" below)."
 	case leaseGrowth.what:
 		if drv != "pgx" {
-			return "a plain lib/pq handle hears no releases, so its waiter polls, backing off from 20 ms to half a second so that a hundred waiting replicas do not send thousands of queries a second: the longer it waits, the later it sees a release. Wrap the handle with extra/advisorylockpq and its waiter is woken, as on pgx."
+			return "a plain lib/pq handle hears no releases: the waiter next in line sleeps on the server and is woken by the handover, but the one behind it polls, backing off from 20 ms to half a second so that a hundred waiting replicas do not send thousands of queries a second, and takes the place only at its next poll after the handover; the longer it has waited, the later that poll, and a release before it frees the lease to whoever polls first. Wrap the handle with extra/advisorylockpq and every waiter is woken, as on pgx."
 		}
 		return "the p99 of a run's handoffs is close to its slowest; a woken waiter does not back off, but a handoff whose notification came late is caught by the poll, which does."
 	case leaseGate.what:

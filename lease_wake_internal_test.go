@@ -276,6 +276,27 @@ func holdThenQueue(t *testing.T, admin, holderDB, waiterDB *sql.DB, name string,
 	return g, place, token, got
 }
 
+// handedOver releases ga and returns the guard its waiter gets from got,
+// failing unless it arrives within testdb.Promptly of the release.
+func handedOver(t *testing.T, ga *LeaseGuard, got <-chan *LeaseGuard, waiter string) *LeaseGuard {
+	t.Helper()
+	released := time.Now()
+	if err := ga.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case gb := <-got:
+		if gb == nil {
+			t.FailNow()
+		}
+		t.Logf("handed over in %v", time.Since(released))
+		return gb
+	case <-time.After(testdb.Promptly):
+		t.Fatalf("%s did not have the lease %v after the release", waiter, testdb.Promptly)
+	}
+	return nil
+}
+
 // leaseRow reads name's row: owner ("" when free), token, place.
 func leaseRow(t *testing.T, admin *sql.DB, name string) (owner string, token FencingToken, next string) {
 	t.Helper()
@@ -298,20 +319,7 @@ func TestLeaseReleaseHandsOverToTheQueuedWaiter(t *testing.T) {
 	const ttl = 1500 * time.Millisecond // renewals every 500ms
 	ga, place, token, got := holdThenQueue(t, admin, admin, db, name, ttl, ttl)
 	testdb.ListenerPID(t, admin, app, 0)
-	released := time.Now()
-	if err := ga.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	var gb *LeaseGuard
-	select {
-	case gb = <-got:
-	case <-time.After(testdb.Promptly):
-		t.Fatalf("the queued waiter did not have the lease %v after the release", testdb.Promptly)
-	}
-	if gb == nil {
-		t.FailNow()
-	}
-	t.Logf("handed over in %v", time.Since(released))
+	gb := handedOver(t, ga, got, "the queued waiter")
 	if gb.Token() != token || token <= ga.Token() {
 		t.Fatalf("handed over with token %d; its place drew %d, the holder's was %d", gb.Token(), token, ga.Token())
 	}
@@ -511,20 +519,7 @@ func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
 	if err := admin.QueryRow("SELECT next_pid, next_generation FROM advisorylock_leases WHERE name = $1 AND next_owner = $2", name, place).Scan(&nextPID, &token); err != nil || nextPID != pid {
 		t.Fatalf("the place's backend is %d (%v); the waiter sleeps on %d", nextPID, err, pid)
 	}
-	released := time.Now()
-	if err := ga.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	var gb *LeaseGuard
-	select {
-	case gb = <-got:
-	case <-time.After(testdb.Promptly):
-		t.Fatalf("the waiter sleeping in line did not have the lease %v after the release", testdb.Promptly)
-	}
-	if gb == nil {
-		t.FailNow()
-	}
-	t.Logf("handed over in %v", time.Since(released))
+	gb := handedOver(t, ga, got, "the waiter sleeping in line")
 	if gb.Token() != token {
 		t.Fatalf("handed over with token %d; its place drew %d", gb.Token(), token)
 	}

@@ -247,17 +247,25 @@ func checkers(t *testing.T, db *sql.DB) map[string]func(context.Context) error {
 	}
 }
 
+// roleAndDatabase makes an ordinary role (see ordinaryRole) and a fresh
+// database, both dropped when the test ends, and returns the role, the
+// database's DSN and a superuser's handle on it.
+func roleAndDatabase(t *testing.T) (role, dsn string, owner *sql.DB) {
+	t.Helper()
+	admin := testdb.OpenPostgres(t, "postgres")
+	role = ordinaryRole(t, admin)
+	dsn = testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
+	return role, dsn, testdb.OpenPostgresDSN(t, "postgres", dsn)
+}
+
 // TestCheckRefusesAMissingGrant: where an administrator created the
 // tables but granted the role nothing on them, Check returns the server's
 // 42501 (what the first operation would get) for a LeaseLock, a Fence,
 // an Election and a min-hold Lock, with both drivers; once the grants of
 // Schema's comment are given, each Check passes.
 func TestCheckRefusesAMissingGrant(t *testing.T) {
-	admin := testdb.OpenPostgres(t, "postgres")
 	ctx := context.Background()
-	role := ordinaryRole(t, admin)
-	withTables := testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
-	owner := testdb.OpenPostgresDSN(t, "postgres", withTables)
+	role, withTables, owner := roleAndDatabase(t)
 	checkAs := func(grants []string, want func(err error) bool, wanted string) {
 		t.Helper()
 		for _, s := range grants {
@@ -377,11 +385,8 @@ func (r *versionRows) Next(dest []driver.Value) error {
 // without signalling it, and the waiter finds the lease its own at its
 // next poll.
 func TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver(t *testing.T) {
-	admin := testdb.OpenPostgres(t, "postgres")
 	ctx := context.Background()
-	role := ordinaryRole(t, admin)
-	withTables := testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
-	owner := testdb.OpenPostgresDSN(t, "pgx", withTables)
+	role, withTables, owner := roleAndDatabase(t)
 	for _, s := range []string{advisorylock.Schema(advisorylock.Postgres()),
 		"GRANT SELECT, INSERT, UPDATE ON advisorylock_leases TO " + role,
 		"GRANT USAGE ON SEQUENCE advisorylock_token_seq TO " + role,

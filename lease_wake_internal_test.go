@@ -255,16 +255,16 @@ func queuedWaiter(t *testing.T, admin *sql.DB, waiter *LeaseLock) (place string,
 }
 
 // holdThenQueue takes name on holderDB (a lease of holderTTL) and queues
-// a waiter on waiterDB (of waiterTTL, polling every farPoll; see
+// a waiter on waiterDB (of waiterTTL, polling every poll; see
 // queuedWaiter); it returns the holder's guard and the waiter's place,
 // token and outcome.
-func holdThenQueue(t *testing.T, admin, holderDB, waiterDB *sql.DB, name string, holderTTL, waiterTTL time.Duration) (*LeaseGuard, string, FencingToken, <-chan *LeaseGuard) {
+func holdThenQueue(t *testing.T, admin, holderDB, waiterDB *sql.DB, name string, holderTTL, waiterTTL, poll time.Duration) (*LeaseGuard, string, FencingToken, <-chan *LeaseGuard) {
 	t.Helper()
 	holder, err := NewLeaseLock(holderDB, name, WithLeaseTTL(holderTTL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	waiter, err := NewLeaseLock(waiterDB, name, WithLeaseTTL(waiterTTL), WithPollInterval(farPoll))
+	waiter, err := NewLeaseLock(waiterDB, name, WithLeaseTTL(waiterTTL), WithPollInterval(poll))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +317,7 @@ func TestLeaseReleaseHandsOverToTheQueuedWaiter(t *testing.T) {
 	admin := testdb.OpenPostgres(t, "pgx")
 	name := testdb.UniqueName(t)
 	const ttl = 1500 * time.Millisecond // renewals every 500ms
-	ga, place, token, got := holdThenQueue(t, admin, admin, db, name, ttl, ttl)
+	ga, place, token, got := holdThenQueue(t, admin, admin, db, name, ttl, ttl, farPoll)
 	testdb.ListenerPID(t, admin, app, 0)
 	gb := handedOver(t, ga, got, "the queued waiter")
 	if gb.Token() != token || token <= ga.Token() {
@@ -456,7 +456,7 @@ func TestHandoverLostInACrashStillKeepsOthersOut(t *testing.T) {
 	admin.SetMaxIdleConns(-1) // a fresh session per query: none is left dead by the crash
 	other.SetMaxIdleConns(-1)
 	name := testdb.UniqueName(t)
-	ga, _, _, got := holdThenQueue(t, admin, open(), open(), name, time.Second, time.Minute)
+	ga, _, _, got := holdThenQueue(t, admin, open(), open(), name, time.Second, time.Minute, farPoll)
 	if err := ga.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -511,7 +511,7 @@ func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
 	db, app := openNamed(t, "postgres")
 	admin := testdb.OpenPostgres(t, "pgx")
 	name := testdb.UniqueName(t)
-	ga, place, _, got := holdThenQueue(t, admin, admin, db, name, time.Minute, time.Minute)
+	ga, place, _, got := holdThenQueue(t, admin, admin, db, name, time.Minute, time.Minute, farPoll)
 	waitWatchOff(t, db)
 	pid := sleeperPID(t, admin, app)
 	var nextPID int
@@ -592,20 +592,7 @@ func TestHandoverSignalsOnlyASessionSleepingInLine(t *testing.T) {
 func TestSleeperWhoseConnectionDiesStillGetsTheLease(t *testing.T) {
 	db, app := openNamed(t, "postgres")
 	admin := testdb.OpenPostgres(t, "pgx")
-	name := testdb.UniqueName(t)
-	holder, err := NewLeaseLock(admin, name, WithLeaseTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := NewLeaseLock(db, name, WithLeaseTTL(time.Minute), WithPollInterval(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := holder.TryLock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, token, got := queuedWaiter(t, admin, waiter)
+	g, _, token, got := holdThenQueue(t, admin, admin, db, testdb.UniqueName(t), time.Minute, time.Minute, 50*time.Millisecond)
 	pid := sleeperPID(t, admin, app)
 	if _, err := admin.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
 		t.Fatal(err)
@@ -647,20 +634,7 @@ func TestSleepersInLineAreBounded(t *testing.T) {
 	var guards []*LeaseGuard
 	var gots []<-chan *LeaseGuard
 	for range 2 {
-		name := testdb.UniqueName(t)
-		holder, err := NewLeaseLock(admin, name, WithLeaseTTL(time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
-		waiter, err := NewLeaseLock(db, name, WithLeaseTTL(time.Minute), WithPollInterval(50*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := holder.TryLock(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _, got := queuedWaiter(t, admin, waiter)
+		g, _, _, got := holdThenQueue(t, admin, admin, db, testdb.UniqueName(t), time.Minute, time.Minute, 50*time.Millisecond)
 		guards, gots = append(guards, g), append(gots, got)
 	}
 	sleeperPID(t, admin, app)

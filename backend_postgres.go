@@ -1033,10 +1033,10 @@ const pgReleaseSet = `owner = CASE WHEN ` + pgHandOver + ` THEN next_owner END,
 // its place on, and the release that hands it the lease cuts the sleep
 // short by cancelling it (pg_cancel_backend): the waiter's handoff is
 // then a round trip or two, not a poll. The cancel is sent only to a
-// session that holds, at that moment, the transaction lock pgInLineKey of
-// that place, that backend and that role (the three hashed into an
-// advisory key by hashtextextended), which only the sleep statement
-// takes (and its end frees): a pid whose session has gone, or whose
+// session that holds, at that moment, the transaction-scoped advisory
+// lock of that place, that backend and that role (the three hashed into
+// a key by hashtextextended), which only the sleep statement takes (and
+// its end frees): a pid whose session has gone, or whose
 // sleep has ended and which may serve anyone now, is not signalled, nor
 // one of another role (whose key differs, and which pg_cancel_backend
 // would refuse with an error that failed the release).
@@ -1209,7 +1209,8 @@ func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r Lea
 		return false, err // slept its time (nil), or failed
 	}
 	// Woken (or cut by a statement_timeout: the read then finds the lease
-	// as it was). A second cancel of the same wake may end the read.
+	// as it was). A cancel sent late (see "Sleeping in line") may end the
+	// read: it is read again.
 	for range 3 {
 		var owner string
 		var found bool

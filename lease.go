@@ -115,9 +115,9 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 			defer lw.leave()
 			wake = lw.wake
 		}
-		if queues && (lw != nil || sleeper(store, db) != nil) {
+		if s := sleeper(store, db); queues && (lw != nil || s != nil) {
 			req.Owner = owner
-			return waitInLine(ctx, budget, queue, db, cfg, req, lw)
+			return waitInLine(ctx, budget, queue, db, cfg, req, lw, s)
 		}
 	}
 	for {
@@ -146,15 +146,14 @@ type inLine struct {
 	sleeper leaseSleeper  // where it may sleep in line once releases are known unheard; nil once it cannot
 	conn    *sql.Conn     // the connection it sleeps in line on, kept until the wait ends
 	slot    chan struct{} // the sleepers' slot it holds while it keeps conn
-	granted bool          // its sleep was ended by the handover to it
 }
 
 // sleeper returns store as a leaseSleeper where a waiter on db may sleep
-// in line: the store can, and db's pool keeps enough connections beside
-// the one the waiter keeps (the rule of a listener's; see listenMinPool).
+// in line: the store can, and db's pool can spare the connection the
+// waiter keeps (see sparesAConn).
 func sleeper(store LeaseStore, db DB) leaseSleeper {
 	s, ok := store.(leaseSleeper)
-	if n := maxOpenConns(db); !ok || n != 0 && n < listenMinPool {
+	if !ok || !sparesAConn(db) {
 		return nil
 	}
 	return s
@@ -198,27 +197,27 @@ const sleepGrace = time.Second
 // fails): the grant expires when that place does, on the database's
 // clock. Between wakes it polls as waitUntilFree does, reading before it
 // writes. Where releases are not heard (lw is nil, or its watch is off)
-// and the store can (leaseSleeper), it sleeps in line on the server
-// instead, on a connection it keeps for the whole wait, and the release
+// and the store can (s, not nil: see sleeper), it sleeps in line on the
+// server instead, on a connection it keeps for the whole wait, and the release
 // that hands it the lease wakes it. A wait that ends without the lease
 // withdraws the place, and frees a lease handed over meanwhile.
-func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *config, req LeaseRequest, lw *leaseWaiter) (s *leaseState, err error) {
-	l := &inLine{store: store, db: db, cfg: cfg, req: req, lw: lw, sleeper: sleeper(store, db)}
+func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *config, req LeaseRequest, lw *leaseWaiter, s leaseSleeper) (_ *leaseState, err error) {
+	l := &inLine{store: store, db: db, cfg: cfg, req: req, lw: lw, sleeper: s}
 	defer func() { l.letGo(err == nil) }()
 	longest := max(cfg.poll, leaseWaitCap)
 	poll := time.NewTimer(time.Hour)
 	defer poll.Stop()
-	woken := true // the first pass tries at once
+	woken, wokenGranted := true, false // the first pass tries at once
 	for n := 0; ; n++ {
 		granted, passed := lw.heard()
-		s, h, err := l.pass(ctx, budget, woken, granted, woken && passed)
+		s, h, err := l.pass(ctx, budget, woken, granted || wokenGranted, woken && passed)
 		if !errors.Is(err, ErrNotAcquired) {
 			if err != nil {
 				l.withdraw(ctx)
 			}
 			return s, err
 		}
-		if woken, err = l.wait(budget, l.pause(h, pollPause(cfg.poll, longest, n)), poll); err != nil {
+		if woken, wokenGranted, err = l.wait(budget, l.pause(h, pollPause(cfg.poll, longest, n)), poll); err != nil {
 			l.withdraw(ctx)
 			return nil, err
 		}
@@ -227,9 +226,9 @@ func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *conf
 
 // wait waits up to pause for the next pass: asleep in line where the
 // waiter sleeps (see waitInLine), else until a release is heard (woken).
-// A sleep that the handover ends reports the lease granted as woken, with
-// l.granted set; a sleeper whose connection failed polls from then on.
-func (l *inLine) wait(budget context.Context, pause time.Duration, poll *time.Timer) (woken bool, err error) {
+// A sleep that the handover ends reports woken and granted; a sleeper
+// whose connection failed polls from then on.
+func (l *inLine) wait(budget context.Context, pause time.Duration, poll *time.Timer) (woken, granted bool, err error) {
 	if l.queued && l.conn != nil && l.sleeps() {
 		req := l.req
 		req.Token = l.token
@@ -238,22 +237,21 @@ func (l *inLine) wait(budget context.Context, pause time.Duration, poll *time.Ti
 		cancel()
 		switch {
 		case err == nil:
-			l.granted = granted
-			return granted, nil
+			return granted, granted, nil
 		case budget.Err() != nil:
-			return false, context.Cause(budget)
+			return false, false, context.Cause(budget)
 		}
 		l.stopSleeping()
-		return false, nil
+		return false, false, nil
 	}
 	poll.Reset(pause)
 	select {
 	case <-budget.Done():
-		return false, context.Cause(budget)
+		return false, false, context.Cause(budget)
 	case <-l.lw.wakes():
-		return true, nil
+		return true, false, nil
 	case <-poll.C:
-		return false, nil
+		return false, false, nil
 	}
 }
 
@@ -315,7 +313,7 @@ func (l *inLine) letGo(clean bool) {
 // heard handed the lease to another waiter (passed). A miss queues, or
 // renews the place when due. It returns the holder it read, if any.
 func (l *inLine) pass(ctx, budget context.Context, woken, granted, passed bool) (*leaseState, *Holder, error) {
-	if (granted || l.granted) && l.queued {
+	if granted && l.queued {
 		return l.handedOver(l.token), nil, nil
 	}
 	var h *Holder

@@ -84,6 +84,14 @@ const (
 	listenMinPool = 4
 )
 
+// sparesAConn reports whether db's pool can spare a connection for as
+// long as waiters wait (a listener's, or a sleeper's in line): any pool
+// but one limited to fewer than listenMinPool connections.
+func sparesAConn(db DB) bool {
+	n := maxOpenConns(db)
+	return n == 0 || n >= listenMinPool
+}
+
 // errNoReleaseSignals is what ListenReleases returns on a store whose
 // releases signal nothing.
 var errNoReleaseSignals = fmt.Errorf("%w: the store signals no lease releases", ErrUnsupported)
@@ -96,10 +104,8 @@ func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64, owner
 	if !store.Traits().SignalsReleases {
 		return nil
 	}
-	if _, own := db.(Notifier); !own {
-		if n := maxOpenConns(db); n != 0 && n < listenMinPool {
-			return nil
-		}
+	if _, own := db.(Notifier); !own && !sparesAConn(db) {
+		return nil
 	}
 	w, err := cachedVerdict(ctx, db, "release watch", func(context.Context) (*releaseWatch, error) {
 		return &releaseWatch{store: store, db: db, waiters: map[*leaseWaiter]struct{}{}}, nil

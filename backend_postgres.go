@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"reflect"
 	"strconv"
 	"strings"
@@ -28,15 +29,16 @@ import (
 // simple protocol, parsed and planned anew each time). lib/pq sends a query with arguments as two round
 // trips, so keys go into the SQL text as integer literals there (and for
 // unknown drivers), except in lib/pq's try and unlock, which are prepared
-// once per connection (see preparedStatements).
+// once per connection (see preparedStatements), and in a lease's steps,
+// prepared once per session by name (see pgSteps).
 func Postgres() Backend { return &postgres{} }
 
 type postgres struct {
 	// params sends keys as arguments (pgx) instead of literals (lib/pq and
 	// unknown drivers).
 	params bool
-	// prepared keeps lib/pq's try and unlock prepared per connection; nil
-	// for other drivers.
+	// prepared keeps lib/pq's try and unlock prepared per connection, and
+	// knows where its lease steps are (see pgSteps); nil for other drivers.
 	prepared *preparedStatements
 	// tryLock is the try statement: pgTryLock, or pgTryLockMarked with
 	// the marker of a Lock's dead-holder settings (see forLock); whyMissed
@@ -343,7 +345,8 @@ func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string
 
 // preparedStatements keeps the statements of lib/pq's lock steps (the try
 // on a checked session, the unlock) prepared on the server session of each
-// connection of one *sql.DB. lib/pq sends a statement's text each time,
+// connection of one *sql.DB, and knows which sessions have a lease's steps
+// prepared by name (see pgSteps). lib/pq sends a statement's text each time,
 // which the server parses and plans anew; a prepared one goes as Bind and
 // Execute, still one round trip, and skips the parse and plan. Preparing
 // costs one round trip, once per connection and statement, as pgx's
@@ -358,20 +361,23 @@ func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string
 //
 // A session can lose its statements (DEALLOCATE ALL or DISCARD ALL run on
 // it by the application): the step then runs as text, and its next step
-// prepares again.
+// prepares again (a lease's steps stay text: see pgSteps).
 type preparedStatements struct {
 	pool weak.Pointer[sql.DB] // for its count of open connections; weak, so that the cache keeps no pool alive
 
-	refused atomic.Bool // the server refused to prepare: statements go as text (MySQL; see queryRow)
+	refused     atomic.Bool // the server refused to prepare: statements go as text (MySQL; see queryRow)
+	stepsAsText atomic.Bool // a session lost a lease step's statement: steps go as text (see pgSteps)
 
 	mu    sync.Mutex
 	conns map[any]*connStatements // by driver connection
 	clock uint64                  // counts uses, for least recently used
 }
 
-// connStatements are one connection's prepared statements, by text.
+// connStatements are one connection's prepared statements: the driver's,
+// by text, and the names prepared by SQL (see pgSteps).
 type connStatements struct {
 	byText map[string]driver.Stmt
+	named  map[string]bool
 	used   uint64
 }
 
@@ -473,6 +479,40 @@ func preparesOn(dc any) bool {
 	return isLibPQConn(dc) || t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/go-sql-driver/mysql"
 }
 
+// hasNamed reports whether the cache knows name is prepared on dc's
+// session.
+func (ps *preparedStatements) hasNamed(dc any, name string) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.clock++
+	cs := ps.conns[dc]
+	if cs == nil {
+		return false
+	}
+	cs.used = ps.clock
+	return cs.named[name]
+}
+
+// addNamed records that name is prepared on dc's session.
+func (ps *preparedStatements) addNamed(dc any, name string) {
+	ps.mu.Lock()
+	cs := ps.conns[dc]
+	added := cs == nil
+	if added {
+		cs = &connStatements{byText: map[string]driver.Stmt{}}
+		ps.conns[dc] = cs
+	}
+	if cs.named == nil {
+		cs.named = map[string]bool{}
+	}
+	cs.named[name] = true
+	cs.used = ps.clock
+	ps.mu.Unlock()
+	if added {
+		ps.trim()
+	}
+}
+
 // forget drops dc's statements: its session has lost them.
 func (ps *preparedStatements) forget(dc any) {
 	ps.mu.Lock()
@@ -507,6 +547,98 @@ func (ps *preparedStatements) size() int {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	return len(ps.conns)
+}
+
+// Lease steps, prepared by name. lib/pq sends a statement's text every
+// time, which the server parses and plans anew: for a lease's release, a
+// long UPDATE, that was about 40% of the statement's time here. On lib/pq
+// the statements a lease runs at each step (pgSteps) are prepared once per
+// session, by PREPARE under a name that carries a hash of the text, and run
+// as EXECUTE with the arguments written as literals: still one round trip.
+//
+// They are prepared by SQL, not as the driver's statements, for the name:
+// lib/pq numbers its statements per connection ("1", "2", ...), so behind a
+// transaction-mode pooler that the probe did not catch, a statement could
+// run on a server session where another client's statement has its name.
+// An EXECUTE of a step that reaches another session runs the same text (the
+// name is its hash) or fails with 26000 before anything ran. A step whose
+// statement a session lost (a pooler moved the connection, the application
+// ran DISCARD ALL or DEALLOCATE) runs as text, and every step on that
+// *sql.DB from then on.
+var pgSteps = stepNames(map[string]string{
+	pgAcquireLease: "acquire", pgRenewLease: "renew", pgReleaseLease: "release", pgAbandonLease: "abandon",
+	pgQueueLease: "queue", pgSleepInLine: "sleep", pgWokenInLine: "woken",
+})
+
+// stepNames maps each statement text to its name: the step, and a hash of
+// the text.
+func stepNames(steps map[string]string) map[string]string {
+	names := make(map[string]string, len(steps))
+	for text, step := range steps {
+		h := fnv.New64a()
+		h.Write([]byte(text))
+		names[text] = fmt.Sprintf("advisorylock_%s_%016x", step, h.Sum64())
+	}
+	return names
+}
+
+// sendStep runs text, the statement of the step name, by send on a
+// connection of db's: on (taken from db when it is not a connection),
+// prepared there by name first if the session lacks it (see pgSteps).
+func (p *postgres) sendStep(ctx context.Context, db DB, on querier, name, text string, args []any, send func(on querier, q string, args []any) error) error {
+	conn, ok := on.(*sql.Conn)
+	if !ok {
+		var err error
+		if conn, err = takeConn(ctx, db); err != nil {
+			return err
+		}
+		defer conn.Close()
+	}
+	q, err := p.execute(ctx, conn, name, text, args)
+	if err == nil {
+		err = send(conn, q, nil)
+		if sqlState(err) != "26000" {
+			return err
+		}
+		p.prepared.stepsAsText.Store(true) // the session lost it: nothing ran
+	} else if !errors.Is(err, errNotPrepared) {
+		return err
+	}
+	q, args, err = p.statement(text, args...)
+	if err != nil {
+		return err
+	}
+	return send(conn, q, args)
+}
+
+// execute returns the EXECUTE of name with args as literals, having
+// prepared text as name on conn's session unless the cache knows it is
+// there; errNotPrepared for a connection the cache does not keep (a
+// wrapper's).
+func (p *postgres) execute(ctx context.Context, conn *sql.Conn, name, text string, args []any) (string, error) {
+	var dc any
+	_ = conn.Raw(func(c any) error { dc = c; return nil })
+	if !preparesOn(dc) {
+		return "", errNotPrepared
+	}
+	if !p.prepared.hasNamed(dc, name) {
+		// Already there (42P05): prepared by this connection before the
+		// cache dropped it, or, behind a pooler, by another: the same text.
+		if _, err := conn.ExecContext(ctx, "PREPARE "+name+" AS "+text); err != nil && sqlState(err) != "42P05" {
+			return "", err
+		}
+		p.prepared.addNamed(dc, name)
+	}
+	var b strings.Builder
+	b.WriteString("EXECUTE " + name + "(")
+	for i := range args {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "$%d", i+1)
+	}
+	b.WriteString(")")
+	return inline(b.String(), args)
 }
 
 // TryLockSession reports no session: the statement asks only for the
@@ -1278,11 +1410,7 @@ func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, 
 // queryRow runs a statement that returns at most one row into dest, on a
 // connection of db's (see run); found is false when it returned none.
 func (p *postgres) queryRow(ctx context.Context, db DB, text string, args []any, dest ...any) (found bool, err error) {
-	q, args, err := p.statement(text, args...)
-	if err != nil {
-		return false, err
-	}
-	err = p.run(ctx, db, func(on querier) error {
+	err = p.runStatement(ctx, db, text, args, func(on querier, q string, args []any) error {
 		return on.QueryRowContext(ctx, q, args...).Scan(dest...)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
@@ -1293,14 +1421,26 @@ func (p *postgres) queryRow(ctx context.Context, db DB, text string, args []any,
 
 // exec runs a statement that returns no rows, as queryRow does.
 func (p *postgres) exec(ctx context.Context, db DB, text string, args ...any) error {
+	return p.runStatement(ctx, db, text, args, func(on querier, q string, args []any) error {
+		_, err := on.ExecContext(ctx, q, args...)
+		return err
+	})
+}
+
+// runStatement runs text with args by send, in the form statement writes
+// (see run), except a lease's step on lib/pq (see pgSteps), which runs
+// prepared on the connection's session.
+func (p *postgres) runStatement(ctx context.Context, db DB, text string, args []any, send func(on querier, q string, args []any) error) error {
+	if name := pgSteps[text]; name != "" && p.prepared != nil && !p.prepared.stepsAsText.Load() {
+		return p.run(ctx, db, func(on querier) error {
+			return p.sendStep(ctx, db, on, name, text, args, send)
+		})
+	}
 	q, args, err := p.statement(text, args...)
 	if err != nil {
 		return err
 	}
-	return p.run(ctx, db, func(on querier) error {
-		_, err := on.ExecContext(ctx, q, args...)
-		return err
-	})
+	return p.run(ctx, db, func(on querier) error { return send(on, q, args) })
 }
 
 // run runs stmt where statements run (see statementsOn), bounded by ctx

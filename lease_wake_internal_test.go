@@ -496,7 +496,7 @@ func sleeperPID(t *testing.T, admin *sql.DB, app string) int {
 	var pid int
 	testdb.WaitFor(t, wakeWait, func() bool {
 		err := admin.QueryRow(`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
-	AND query LIKE 'SELECT pg_sleep(%'`, app).Scan(&pid)
+	AND wait_event = 'PgSleep'`, app).Scan(&pid)
 		return err == nil
 	}, "no session of %s ever slept in line", app)
 	return pid

@@ -112,3 +112,144 @@ func TestLibPQLockAfterTheSessionLostItsPreparedStatements(t *testing.T) {
 		t.Fatalf("after the steps that followed, the session has %d lock statements prepared, want 2 again", n)
 	}
 }
+
+// leaseStepsPrepared returns the lease steps prepared on the session of
+// db's one connection, by name, with how often each ran.
+func leaseStepsPrepared(t *testing.T, db *sql.DB) map[string]int64 {
+	t.Helper()
+	rows, err := db.Query(`SELECT name, generic_plans + custom_plans FROM pg_prepared_statements WHERE name LIKE 'advisorylock\_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	steps := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var runs int64
+		if err := rows.Scan(&name, &runs); err != nil {
+			t.Fatal(err)
+		}
+		steps[name] = runs
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return steps
+}
+
+// leaseCycles takes and frees l n times with TryLock and Release.
+func leaseCycles(t *testing.T, l *advisorylock.LeaseLock, n int) {
+	t.Helper()
+	for range n {
+		g, err := l.TryLock(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// On lib/pq a lease's acquire and release are prepared once per session
+// (by name, with PREPARE) and then run as EXECUTE: the same two
+// statements however many steps run, each run once per step.
+func TestLibPQPreparesTheLeaseStepsOncePerSession(t *testing.T) {
+	db := testdb.OpenPostgres(t, "postgres")
+	db.SetMaxOpenConns(1)
+	l := newLeaseLock(t, db, testdb.UniqueName(t))
+	var runs int64
+	for _, cycles := range []int64{3, 20} {
+		leaseCycles(t, l, int(cycles))
+		runs += cycles
+		steps := leaseStepsPrepared(t, db)
+		if len(steps) != 2 {
+			t.Fatalf("the session has the lease steps %v prepared, want two (acquire, release)", steps)
+		}
+		for name, n := range steps {
+			if n != runs {
+				t.Fatalf("after %d cycles %s ran %d times prepared, want %d (steps: %v)", runs, name, n, runs, steps)
+			}
+		}
+	}
+}
+
+// A session that lost the lease steps' statements (DEALLOCATE ALL run on
+// it by the application, or a pooler that moved the connection) still
+// takes and frees the lease: the step runs as text, and the pool's steps
+// stay text from then on, one round trip each.
+func TestLibPQLeaseAfterTheSessionLostItsPreparedSteps(t *testing.T) {
+	db, proxy := testdb.OpenPostgresProxied(t, "postgres")
+	db.SetMaxOpenConns(1)
+	name := testdb.UniqueName(t)
+	l, rival := newLeaseLock(t, db, name), newLeaseLock(t, testdb.OpenPostgres(t, "postgres"), name)
+	leaseCycles(t, l, 2)
+	if steps := leaseStepsPrepared(t, db); len(steps) != 2 {
+		t.Fatalf("the session has the lease steps %v prepared, want two", steps)
+	}
+	if _, err := db.Exec("DEALLOCATE ALL"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := l.TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rival.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("a rival's TryLock while the lease is held: %v, want ErrNotAcquired", err)
+	}
+	if err := g.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	leaseCycles(t, rival, 1)
+	proxy.ResetCount()
+	leaseCycles(t, l, 2)
+	if n := proxy.RoundTrips(); n != 4 {
+		t.Fatalf("two TryLock and Release cycles after the loss took %d round trips, want 4", n)
+	}
+	if steps := leaseStepsPrepared(t, db); len(steps) != 0 {
+		t.Fatalf("after a step lost its statement the session has %v prepared again, want the steps sent as text", steps)
+	}
+}
+
+// A lease step already prepared under its name on the session (another
+// client's, as behind a transaction-mode pooler, where sessions are
+// shared) is run as it is: the name is a hash of the text, so it is the
+// same statement.
+func TestLibPQLeaseStepPreparedByAnotherClientRuns(t *testing.T) {
+	first := testdb.OpenPostgres(t, "postgres")
+	first.SetMaxOpenConns(1)
+	name := testdb.UniqueName(t)
+	leaseCycles(t, newLeaseLock(t, first, name), 1)
+	db := testdb.OpenPostgres(t, "postgres")
+	db.SetMaxOpenConns(1)
+	rows, err := first.Query(`SELECT statement FROM pg_prepared_statements WHERE name LIKE 'advisorylock\_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prepares []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		prepares = append(prepares, s)
+	}
+	if err := rows.Err(); err != nil || len(prepares) != 2 {
+		t.Fatalf("the first client's session has %d lease steps prepared (%v), want two", len(prepares), err)
+	}
+	for _, s := range prepares {
+		if _, err := db.Exec(s); err != nil {
+			t.Fatalf("preparing %q on the second client's session: %v", s, err)
+		}
+	}
+	leaseCycles(t, newLeaseLock(t, db, name), 2)
+	steps := leaseStepsPrepared(t, db)
+	for name, n := range steps {
+		if n != 2 {
+			t.Fatalf("%s, prepared before by another client, ran %d times, want 2 (steps: %v)", name, n, steps)
+		}
+	}
+	if len(steps) != 2 {
+		t.Fatalf("the session has the lease steps %v prepared, want the two prepared before", steps)
+	}
+}

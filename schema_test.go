@@ -413,7 +413,7 @@ func TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver(t *testing.T) {
 	testdb.WaitFor(t, testdb.HandoffWait, func() bool {
 		var n int
 		err := owner.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
-	AND query LIKE 'SELECT pg_sleep(%'`, app).Scan(&n)
+	AND wait_event = 'PgSleep'`, app).Scan(&n)
 		return err == nil && n > 0
 	}, "the superuser's waiter never slept in line")
 

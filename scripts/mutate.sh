@@ -202,6 +202,18 @@ mutation "lib/pq's prepared statements outgrow the pool" backend_postgres.go \
 mutation "a session that lost its prepared statements fails its steps" backend_postgres.go \
 	's/if sqlState\(err\) == "26000" \{/if false \&\& sqlState(err) == "26000" {/' \
 	'^TestLibPQLockAfterTheSessionLostItsPreparedStatements$'
+mutation "lib/pq's lease steps go as text, parsed and planned each time" backend_postgres.go \
+	's/if name := pgSteps\[text\]; name != ""/if name := pgSteps[text]; false \&\& name != ""/' \
+	'^TestLibPQPreparesTheLeaseStepsOncePerSession$'
+mutation "a lease step whose statement the session lost fails" backend_postgres.go \
+	's/\t\tif sqlState\(err\) != "26000" \{\n\t\t\treturn err/\t\tif true {\n\t\t\treturn err/' \
+	'^TestLibPQLeaseAfterTheSessionLostItsPreparedSteps$'
+mutation "after a session lost a lease step, every step still tries it prepared first" backend_postgres.go \
+	's/\t\tp\.prepared\.stepsAsText\.Store\(true\)/\t\t_ = 0/' \
+	'^TestLibPQLeaseAfterTheSessionLostItsPreparedSteps$'
+mutation "a lease step another client prepared under its name fails" backend_postgres.go \
+	's/err != nil && sqlState\(err\) != "42P05"/err != nil/' \
+	'^TestLibPQLeaseStepPreparedByAnotherClientRuns$'
 mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" backend_mysql.go \
 	's/if mysqlErrno\(err\) == mysqlUnknownStatement \{/if mysqlErrno(err) == mysqlUnknownStatement \&\& false {/' \
 	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'

@@ -567,7 +567,7 @@ func (ps *preparedStatements) size() int {
 // *sql.DB from then on.
 var pgSteps = stepNames(map[string]string{
 	pgAcquireLease: "acquire", pgRenewLease: "renew", pgReleaseLease: "release", pgAbandonLease: "abandon",
-	pgQueueLease: "queue", pgSleepInLine: "sleep", pgWokenInLine: "woken",
+	pgQueueLease: "queue", pgWokenInLine: "woken",
 })
 
 // stepNames maps each statement text to its name: the step, and a hash of
@@ -1188,10 +1188,18 @@ const pgWakeSleeper = `CASE WHEN next_pid IS NULL THEN NULL
 	ELSE pg_cancel_backend(next_pid) END`
 
 // pgSleepInLine sleeps up to $2 milliseconds holding the key of the place
-// ($1: its token) that pgWakeSleeper tests, taken first; a handover's
-// cancel ends it early (57014).
-const pgSleepInLine = `SELECT pg_sleep($2::bigint / 1000.0)
-FROM (SELECT pg_advisory_xact_lock(hashtextextended('advisorylock in line ' || $1::bigint || ' ' || pg_backend_pid() || ' ' || session_user, 0))) AS in_line`
+// ($1: its token) that pgWakeSleeper tests, unless the lease ($3) is
+// already the waiter's ($4); a handover's cancel ends it early (57014).
+// It is two statements in one simple-protocol message, one implicit
+// transaction (the key, transaction-scoped, is held until the sleep
+// ends), so that the second reads the row with a snapshot taken once the
+// key is held: a handover whose test of the key came first holds the key
+// until it commits, and the read then sees it; one whose test comes later
+// finds the key held and cancels the sleep. Without that, a handover
+// between the waiter's place and its sleep would not wake it, and it
+// would sleep its whole slice holding the lease.
+const pgSleepInLine = `SELECT pg_advisory_xact_lock(hashtextextended('advisorylock in line ' || $1::bigint || ' ' || pg_backend_pid() || ' ' || session_user, 0));
+SELECT pg_sleep($2::bigint / 1000.0) WHERE NOT EXISTS (SELECT FROM advisorylock_leases WHERE name = $3::text AND owner = $4::text)`
 
 // pgWokenInLine reads the lease's owner after a sleeper's wake: the wake
 // comes from inside the release's statement, before it commits, and FOR
@@ -1324,8 +1332,9 @@ func (p *postgres) QueueLease(ctx context.Context, db DB, conn *sql.Conn, r Leas
 
 // SleepInLine sleeps up to d on conn, where r.Owner took the place of
 // token r.Token, unless the release that hands it the lease wakes it
-// first (see pgWakeSleeper); woken, it reads whether the lease is then
-// r.Owner's. Through a transaction-mode pooler it sleeps nowhere
+// first (see pgWakeSleeper), or has already (then it returns at once, as
+// if it had slept: the caller reads the row next); woken, it reads
+// whether the lease is then r.Owner's. Through a transaction-mode pooler it sleeps nowhere
 // (ErrUnsupported): the sleep would keep a server connection, and the
 // place's backend is not the sleeper's.
 func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest, d time.Duration) (granted bool, err error) {
@@ -1336,7 +1345,16 @@ func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r Lea
 		return false, err
 	}
 	on := onConn{conn, db}
-	err = p.exec(ctx, on, pgSleepInLine, r.Token.Int64(), max(d.Milliseconds(), 1))
+	// Two statements, so literals on every driver: without arguments lib/pq
+	// and pgx send them as one simple-protocol message.
+	sleep, err := inline(pgSleepInLine, []any{r.Token.Int64(), max(d.Milliseconds(), 1), r.Name, r.Owner})
+	if err != nil {
+		return false, err
+	}
+	err = p.run(ctx, on, func(on querier) error {
+		_, err := on.ExecContext(ctx, sleep)
+		return err
+	})
 	if sqlState(err) != "57014" || ctx.Err() != nil {
 		return false, err // slept its time (nil), or failed
 	}

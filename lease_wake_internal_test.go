@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -525,6 +527,86 @@ func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
 	}
 	if err := gb.Release(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHandoverBeforeTheSleepInLineDoesNotWaitForIt: a handover that
+// lands after the waiter took its place but before its sleep holds the
+// place's key has no sleeper to wake: committed before the sleep began,
+// or committing while the sleep waits for the key (the handover's test of
+// the key holds it until the commit). Either way the sleep finds the lease
+// already the waiter's and does not sleep its slice holding it.
+func TestHandoverBeforeTheSleepInLineDoesNotWaitForIt(t *testing.T) {
+	for _, committed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("committed=%v", committed), func(t *testing.T) {
+			db := testdb.OpenPostgres(t, "postgres")
+			admin := testdb.OpenPostgres(t, "pgx")
+			ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
+			defer cancel()
+			store := Postgres().(*postgres).forDB(db)
+			name := testdb.UniqueName(t)
+			holder := LeaseRequest{Kind: kindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
+			waiter := holder
+			waiter.Owner = "waiter in line"
+			var err error
+			if holder.Token, err = store.AcquireLease(ctx, db, holder); err != nil {
+				t.Fatal(err)
+			}
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			var pid int
+			if err := conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			if waiter.Token, err = store.QueueLease(ctx, db, conn, waiter); err != nil {
+				t.Fatal(err)
+			}
+			// The release, in a transaction that commits when the test says.
+			release, err := admin.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release.Rollback()
+			if _, err := release.ExecContext(ctx, pgReleaseLease, name, holder.Token.Int64(), strconv.FormatInt(holder.Key, 10)); err != nil {
+				t.Fatal(err)
+			}
+			if committed {
+				if err := release.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			start := time.Now()
+			slept := make(chan error, 1)
+			go func() {
+				_, err := store.SleepInLine(ctx, db, conn, waiter, wakeWait/2)
+				slept <- err
+			}()
+			if !committed {
+				testdb.WaitFor(t, wakeWait, func() bool {
+					var waits bool
+					err := admin.QueryRow("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waits)
+					return err == nil && waits
+				}, "the sleep never waited for the key the handover holds")
+				if err := release.Commit(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case err := <-slept:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(testdb.Promptly):
+				t.Fatalf("the waiter slept in line over %v while the lease was already its own", testdb.Promptly)
+			}
+			t.Logf("returned in %v", time.Since(start))
+			if owner, _, _ := leaseRow(t, admin, name); owner != waiter.Owner {
+				t.Fatalf("the release left the lease to %q, not handed over to the place", owner)
+			}
+		})
 	}
 }
 

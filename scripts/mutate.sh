@@ -145,6 +145,12 @@ mutation "a waiter passed over by a handover tries the held lease before it queu
 mutation "a handover does not wake the waiter sleeping in line" backend_postgres.go \
 	's/\tELSE pg_cancel_backend\(next_pid\) END`/\tELSE NULL END`/' \
 	'^TestPlainLibPQWaiterSleepsInLine$'
+mutation "a waiter sleeps in line holding a lease handed over before its sleep began" backend_postgres.go \
+	's/SELECT pg_sleep\(\$2::bigint \/ 1000\.0\) WHERE NOT EXISTS/SELECT pg_sleep(\$2::bigint \/ 1000.0) WHERE true OR NOT EXISTS/' \
+	'^TestHandoverBeforeTheSleepInLineDoesNotWaitForIt$'
+mutation "the sleep in line reads the row before it holds the place's key" backend_postgres.go \
+	's/const pgSleepInLine = `SELECT pg_advisory_xact_lock\((.*?)\);\nSELECT pg_sleep\(\$2::bigint \/ 1000\.0\)/const pgSleepInLine = `SELECT pg_sleep(\$2::bigint \/ 1000.0) FROM (SELECT pg_advisory_xact_lock($1)) AS in_line/' \
+	'^(TestPlainLibPQWaiterSleepsInLine|TestHandoverBeforeTheSleepInLineDoesNotWaitForIt)$'
 mutation "a handover cancels the place's backend whether or not it sleeps in line" backend_postgres.go \
 	's/\tWHEN pg_try_advisory_xact_lock\(hashtextextended\(/\tWHEN false AND pg_try_advisory_xact_lock(hashtextextended(/' \
 	'^TestHandoverSignalsOnlyASessionSleepingInLine$'

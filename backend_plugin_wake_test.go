@@ -129,10 +129,18 @@ func TestPassedOverWaiterQueuesWithoutTrying(t *testing.T) {
 	second := newLeaseLock(t, testdb.OpenPostgresDSN(t, "pgx", dsn), name,
 		advisorylock.WithBackend(party{inner: advisorylock.Postgres(), calls: c}), advisorylock.WithPollInterval(testdb.FarPoll))
 	gotSecond := waitFor(second)
-	testdb.WaitFor(t, testdb.HandoffWait, func() bool { return c.count("LeaseStore.QueueLease") > 0 },
-		"the second waiter never asked for a place in line")
 	testdb.ListenerPID(t, admin, app, 0)
-	tries, queues := c.count("LeaseStore.AcquireLease"), c.count("LeaseStore.QueueLease")
+	// The second waiter's first pass tries and asks for a place; the wake
+	// its listener sends once it listens makes a second pass, which does
+	// both again. Counted once that pass has been told no, so that no pass
+	// is between its try and its place, nor waiting for its answer (a place
+	// asked for before the release and answered after it is granted).
+	var tries, queues int
+	testdb.WaitFor(t, testdb.HandoffWait, func() bool {
+		answered := c.count("LeaseStore.QueueLease returned")
+		queues, tries = c.count("LeaseStore.QueueLease"), c.count("LeaseStore.AcquireLease")
+		return answered >= 2 && answered == queues && tries == queues
+	}, "the second waiter never asked for a place in line after its listener listened")
 
 	if err := g.Release(context.Background()); err != nil {
 		t.Fatal(err)

@@ -163,6 +163,7 @@ func (p party) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql
 // where releases are not heard.
 func (p party) QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
 	p.calls.add("LeaseStore.QueueLease")
+	defer p.calls.add("LeaseStore.QueueLease returned")
 	q, ok := p.inner.(queuer)
 	if !ok {
 		return 0, advisorylock.ErrUnsupported

@@ -442,10 +442,7 @@ func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st
 		return nil, false, errNotPrepared
 	}
 	ps.mu.Lock()
-	ps.clock++
-	cs := ps.conns[dc]
-	if cs != nil {
-		cs.used = ps.clock
+	if cs := ps.touch(dc); cs != nil {
 		st = cs.byText[text]
 	}
 	ps.mu.Unlock()
@@ -461,14 +458,33 @@ func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	cs, added := ps.entry(dc)
+	cs.byText[text] = st
+	return st, added, nil
+}
+
+// touch returns dc's statements, marked as used now; nil when the cache
+// holds none of dc's. ps.mu must be held.
+func (ps *preparedStatements) touch(dc any) *connStatements {
+	ps.clock++
+	cs := ps.conns[dc]
+	if cs != nil {
+		cs.used = ps.clock
+	}
+	return cs
+}
+
+// entry returns dc's statements, made (added) if the cache held none, as
+// used last; the caller trims an added one once ps.mu is free. ps.mu must
+// be held.
+func (ps *preparedStatements) entry(dc any) (cs *connStatements, added bool) {
 	if cs = ps.conns[dc]; cs == nil {
-		cs = &connStatements{byText: map[string]driver.Stmt{}}
+		cs = &connStatements{byText: map[string]driver.Stmt{}, named: map[string]bool{}}
 		ps.conns[dc] = cs
 		added = true
 	}
 	cs.used = ps.clock
-	cs.byText[text] = st
-	return st, added, nil
+	return cs, added
 }
 
 // preparesOn reports whether dc is a connection of a driver the cache
@@ -484,29 +500,15 @@ func preparesOn(dc any) bool {
 func (ps *preparedStatements) hasNamed(dc any, name string) bool {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	ps.clock++
-	cs := ps.conns[dc]
-	if cs == nil {
-		return false
-	}
-	cs.used = ps.clock
-	return cs.named[name]
+	cs := ps.touch(dc)
+	return cs != nil && cs.named[name]
 }
 
 // addNamed records that name is prepared on dc's session.
 func (ps *preparedStatements) addNamed(dc any, name string) {
 	ps.mu.Lock()
-	cs := ps.conns[dc]
-	added := cs == nil
-	if added {
-		cs = &connStatements{byText: map[string]driver.Stmt{}}
-		ps.conns[dc] = cs
-	}
-	if cs.named == nil {
-		cs.named = map[string]bool{}
-	}
+	cs, added := ps.entry(dc)
 	cs.named[name] = true
-	cs.used = ps.clock
 	ps.mu.Unlock()
 	if added {
 		ps.trim()
@@ -629,16 +631,14 @@ func (p *postgres) execute(ctx context.Context, conn *sql.Conn, name, text strin
 		}
 		p.prepared.addNamed(dc, name)
 	}
-	var b strings.Builder
-	b.WriteString("EXECUTE " + name + "(")
-	for i := range args {
-		if i > 0 {
-			b.WriteString(", ")
+	lits := make([]string, len(args))
+	for i, a := range args {
+		var err error
+		if lits[i], err = literal(a); err != nil {
+			return "", err
 		}
-		fmt.Fprintf(&b, "$%d", i+1)
 	}
-	b.WriteString(")")
-	return inline(b.String(), args)
+	return "EXECUTE " + name + "(" + strings.Join(lits, ", ") + ")", nil
 }
 
 // TryLockSession reports no session: the statement asks only for the

@@ -113,23 +113,30 @@ func TestLibPQLockAfterTheSessionLostItsPreparedStatements(t *testing.T) {
 	}
 }
 
+// leaseStep is a lease step prepared on a session: how often it ran, and
+// the PREPARE statement that made it.
+type leaseStep struct {
+	runs    int64
+	prepare string
+}
+
 // leaseStepsPrepared returns the lease steps prepared on the session of
-// db's one connection, by name, with how often each ran.
-func leaseStepsPrepared(t *testing.T, db *sql.DB) map[string]int64 {
+// db's one connection, by name.
+func leaseStepsPrepared(t *testing.T, db *sql.DB) map[string]leaseStep {
 	t.Helper()
-	rows, err := db.Query(`SELECT name, generic_plans + custom_plans FROM pg_prepared_statements WHERE name LIKE 'advisorylock\_%'`)
+	rows, err := db.Query(`SELECT name, generic_plans + custom_plans, statement FROM pg_prepared_statements WHERE name LIKE 'advisorylock\_%'`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	steps := map[string]int64{}
+	steps := map[string]leaseStep{}
 	for rows.Next() {
 		var name string
-		var runs int64
-		if err := rows.Scan(&name, &runs); err != nil {
+		var step leaseStep
+		if err := rows.Scan(&name, &step.runs, &step.prepare); err != nil {
 			t.Fatal(err)
 		}
-		steps[name] = runs
+		steps[name] = step
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
@@ -166,9 +173,9 @@ func TestLibPQPreparesTheLeaseStepsOncePerSession(t *testing.T) {
 		if len(steps) != 2 {
 			t.Fatalf("the session has the lease steps %v prepared, want two (acquire, release)", steps)
 		}
-		for name, n := range steps {
-			if n != runs {
-				t.Fatalf("after %d cycles %s ran %d times prepared, want %d (steps: %v)", runs, name, n, runs, steps)
+		for name, step := range steps {
+			if step.runs != runs {
+				t.Fatalf("after %d cycles %s ran %d times prepared, want %d", runs, name, step.runs, runs)
 			}
 		}
 	}
@@ -222,31 +229,20 @@ func TestLibPQLeaseStepPreparedByAnotherClientRuns(t *testing.T) {
 	leaseCycles(t, newLeaseLock(t, first, name), 1)
 	db := testdb.OpenPostgres(t, "postgres")
 	db.SetMaxOpenConns(1)
-	rows, err := first.Query(`SELECT statement FROM pg_prepared_statements WHERE name LIKE 'advisorylock\_%'`)
-	if err != nil {
-		t.Fatal(err)
+	prepared := leaseStepsPrepared(t, first)
+	if len(prepared) != 2 {
+		t.Fatalf("the first client's session has the lease steps %v prepared, want two", prepared)
 	}
-	var prepares []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		prepares = append(prepares, s)
-	}
-	if err := rows.Err(); err != nil || len(prepares) != 2 {
-		t.Fatalf("the first client's session has %d lease steps prepared (%v), want two", len(prepares), err)
-	}
-	for _, s := range prepares {
-		if _, err := db.Exec(s); err != nil {
-			t.Fatalf("preparing %q on the second client's session: %v", s, err)
+	for _, step := range prepared {
+		if _, err := db.Exec(step.prepare); err != nil {
+			t.Fatalf("preparing %q on the second client's session: %v", step.prepare, err)
 		}
 	}
 	leaseCycles(t, newLeaseLock(t, db, name), 2)
 	steps := leaseStepsPrepared(t, db)
-	for name, n := range steps {
-		if n != 2 {
-			t.Fatalf("%s, prepared before by another client, ran %d times, want 2 (steps: %v)", name, n, steps)
+	for name, step := range steps {
+		if step.runs != 2 {
+			t.Fatalf("%s, prepared before by another client, ran %d times, want 2", name, step.runs)
 		}
 	}
 	if len(steps) != 2 {

@@ -1,6 +1,7 @@
 package advisorylock
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -1189,19 +1190,37 @@ const pgWakeSleeper = `CASE WHEN next_pid IS NULL THEN NULL
 
 // pgSleepInLine sleeps up to $2 milliseconds holding the key of the place
 // ($1: its token) that pgWakeSleeper tests, unless the lease ($3) is
-// already the waiter's ($4); a handover's cancel ends it early (57014).
-// It is two statements in one simple-protocol message, one implicit
-// transaction (the key, transaction-scoped, is held until the sleep
-// ends), so that the second reads the row with a snapshot taken once the
-// key is held: a handover whose test of the key came first holds the key
-// until it commits, and the read then sees it; one whose test comes later
-// finds the key held and cancels the sleep. Without that, a handover
-// between the waiter's place and its sleep would not wake it, and it
-// would sleep its whole slice holding the lease.
+// already the waiter's ($4), and then reads whether it is: the command tag
+// of its last statement counts one row if so. It is four statements in
+// one simple-protocol message, one implicit transaction (the key,
+// transaction-scoped, is held until the message ends):
+//   - the key;
+//   - whether to sleep, read with a snapshot taken once the key is held,
+//     and kept in a setting for the third (with the release's relaxed
+//     commit, for the fourth's row lock). A handover whose test of the key
+//     came first holds the key until it commits, so the read sees it; one
+//     whose test comes later finds the key held and cancels the sleep.
+//     Without it, a handover between the waiter's place and its sleep
+//     would not wake it, and it would sleep its whole slice holding the
+//     lease;
+//   - the sleep, in a DO block that catches the handover's cancel
+//     (57014), so that the message goes on (its body is a constant: no
+//     name reaches it);
+//   - the read, FOR SHARE, which waits for the handover to commit (the
+//     cancel comes from inside its statement) and reads what it wrote.
+//
+// So a woken waiter learns of its grant with no round trip after the
+// release's: the sleep's message answers it. A cancel landing outside the
+// DO block (see "Sleeping in line") fails the message with 57014 instead.
 const pgSleepInLine = `SELECT pg_advisory_xact_lock(hashtextextended('advisorylock in line ' || $1::bigint || ' ' || pg_backend_pid() || ' ' || session_user, 0));
-SELECT pg_sleep($2::bigint / 1000.0) WHERE NOT EXISTS (SELECT FROM advisorylock_leases WHERE name = $3::text AND owner = $4::text)`
+SELECT set_config('advisorylock.sleep_seconds', CASE WHEN EXISTS (SELECT FROM advisorylock_leases WHERE name = $3::text AND owner = $4::text) THEN '0' ELSE ($2::bigint / 1000.0)::text END, true),
+	set_config('synchronous_commit', 'off', true);
+DO 'BEGIN PERFORM pg_sleep(current_setting(''advisorylock.sleep_seconds'')::float8); EXCEPTION WHEN query_canceled THEN NULL; END';
+SELECT FROM (SELECT l.owner FROM advisorylock_leases AS l WHERE l.name = $3::text AND l.owner IS NOT NULL AND l.expires_at > now() FOR SHARE OF l) AS l
+WHERE l.owner = $4::text`
 
-// pgWokenInLine reads the lease's owner after a sleeper's wake: the wake
+// pgWokenInLine reads the lease's owner after a cancel that ended a
+// sleeper's message outside its DO block (see pgSleepInLine): the cancel
 // comes from inside the release's statement, before it commits, and FOR
 // SHARE waits for the row's writer to commit and reads what it wrote. It
 // commits without waiting for the WAL flush, as the release does.
@@ -1332,9 +1351,9 @@ func (p *postgres) QueueLease(ctx context.Context, db DB, conn *sql.Conn, r Leas
 
 // SleepInLine sleeps up to d on conn, where r.Owner took the place of
 // token r.Token, unless the release that hands it the lease wakes it
-// first (see pgWakeSleeper), or has already (then it returns at once, as
-// if it had slept: the caller reads the row next); woken, it reads
-// whether the lease is then r.Owner's. Through a transaction-mode pooler it sleeps nowhere
+// first (see pgWakeSleeper), or has already; either way it then reads,
+// in the same message, whether the lease is r.Owner's (see
+// pgSleepInLine). Through a transaction-mode pooler it sleeps nowhere
 // (ErrUnsupported): the sleep would keep a server connection, and the
 // place's backend is not the sleeper's.
 func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest, d time.Duration) (granted bool, err error) {
@@ -1345,22 +1364,32 @@ func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r Lea
 		return false, err
 	}
 	on := onConn{conn, db}
-	// Two statements, so literals on every driver: without arguments lib/pq
-	// and pgx send them as one simple-protocol message.
+	// Four statements, so literals on every driver: without arguments lib/pq
+	// and pgx send them as one simple-protocol message, and report the
+	// command tag of the last.
 	sleep, err := inline(pgSleepInLine, []any{r.Token.Int64(), max(d.Milliseconds(), 1), r.Name, r.Owner})
 	if err != nil {
 		return false, err
 	}
+	var mine int64
 	err = p.run(ctx, on, func(on querier) error {
-		_, err := on.ExecContext(ctx, sleep)
+		res, err := on.ExecContext(ctx, sleep)
+		if err == nil {
+			mine, err = res.RowsAffected()
+		}
 		return err
 	})
-	if sqlState(err) != "57014" || ctx.Err() != nil {
-		return false, err // slept its time (nil), or failed
+	switch {
+	case ctx.Err() != nil:
+		// Cut short by ctx, whose cancel the DO block may have caught: the
+		// sleep overran, or the wait ended (a grant meanwhile is withdrawn).
+		return false, cmp.Or(err, context.Cause(ctx))
+	case sqlState(err) != "57014":
+		return err == nil && mine == 1, err
 	}
-	// Woken (or cut by a statement_timeout: the read then finds the lease
-	// as it was). A cancel sent late (see "Sleeping in line") may end the
-	// read: it is read again.
+	// The cancel landed outside the DO block (or a statement_timeout cut
+	// it: the read then finds the lease as it was). A cancel sent late
+	// (see "Sleeping in line") may end the read: it is read again.
 	for range 3 {
 		var owner string
 		var found bool

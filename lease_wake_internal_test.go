@@ -610,6 +610,78 @@ func TestHandoverBeforeTheSleepInLineDoesNotWaitForIt(t *testing.T) {
 	}
 }
 
+// TestWokenSleeperLearnsItsGrantInTheSleepsMessage: the handover's
+// cancel ends the sleep inside the message the waiter slept in, which
+// then reads the row once the release has committed: the waiter learns
+// it holds the lease with no round trip after the release's, on both
+// drivers. And a sleep that ends on its own reports no grant.
+func TestWokenSleeperLearnsItsGrantInTheSleepsMessage(t *testing.T) {
+	for _, drv := range []string{"postgres", "pgx"} {
+		t.Run(drv, func(t *testing.T) {
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
+			admin := testdb.OpenPostgres(t, "pgx")
+			ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
+			defer cancel()
+			store := Postgres().(*postgres).forDB(db)
+			name := testdb.UniqueName(t)
+			holder := LeaseRequest{Kind: kindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
+			waiter := holder
+			waiter.Owner = "waiter in line"
+			var err error
+			if holder.Token, err = store.AcquireLease(ctx, admin, holder); err != nil {
+				t.Fatal(err)
+			}
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			var pid int
+			if err := conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			if waiter.Token, err = store.QueueLease(ctx, db, conn, waiter); err != nil {
+				t.Fatal(err)
+			}
+			if granted, err := store.SleepInLine(ctx, db, conn, waiter, 50*time.Millisecond); err != nil || granted {
+				t.Fatalf("a sleep that nothing woke: granted %v, %v; want neither", granted, err)
+			}
+			type slept struct {
+				granted bool
+				err     error
+			}
+			done := make(chan slept, 1)
+			proxy.ResetCount()
+			go func() {
+				granted, err := store.SleepInLine(ctx, db, conn, waiter, wakeWait/2)
+				done <- slept{granted, err}
+			}()
+			testdb.WaitFor(t, wakeWait, func() bool {
+				var sleeps bool
+				err := admin.QueryRow("SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&sleeps)
+				return err == nil && sleeps
+			}, "the waiter never slept in line")
+			if err := store.ReleaseLease(ctx, admin, holder); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case s := <-done:
+				if s.err != nil || !s.granted {
+					t.Fatalf("woken by the handover: granted %v, %v; want granted", s.granted, s.err)
+				}
+			case <-time.After(testdb.Promptly):
+				t.Fatalf("the handover did not wake the waiter within %v", testdb.Promptly)
+			}
+			if n := proxy.RoundTrips(); n != 1 {
+				t.Fatalf("the woken sleep took %d round trips, want 1: its own message", n)
+			}
+			if owner, _, _ := leaseRow(t, admin, name); owner != waiter.Owner {
+				t.Fatalf("the lease is %q's, want the waiter's", owner)
+			}
+		})
+	}
+}
+
 // TestHandoverSignalsOnlyASessionSleepingInLine: a place whose recorded
 // backend is not sleeping in line (its waiter gone, the pid now serving
 // someone else's statement) gets the lease handed over, and that

@@ -146,11 +146,20 @@ mutation "a handover does not wake the waiter sleeping in line" backend_postgres
 	's/\tELSE pg_cancel_backend\(next_pid\) END`/\tELSE NULL END`/' \
 	'^TestPlainLibPQWaiterSleepsInLine$'
 mutation "a waiter sleeps in line holding a lease handed over before its sleep began" backend_postgres.go \
-	's/SELECT pg_sleep\(\$2::bigint \/ 1000\.0\) WHERE NOT EXISTS/SELECT pg_sleep(\$2::bigint \/ 1000.0) WHERE true OR NOT EXISTS/' \
+	's/CASE WHEN EXISTS \(SELECT FROM advisorylock_leases WHERE name = \$3::text AND owner = \$4::text\) THEN \x270\x27/CASE WHEN false THEN \x270\x27/' \
 	'^TestHandoverBeforeTheSleepInLineDoesNotWaitForIt$'
 mutation "the sleep in line reads the row before it holds the place's key" backend_postgres.go \
-	's/const pgSleepInLine = `SELECT pg_advisory_xact_lock\((.*?)\);\nSELECT pg_sleep\(\$2::bigint \/ 1000\.0\)/const pgSleepInLine = `SELECT pg_sleep(\$2::bigint \/ 1000.0) FROM (SELECT pg_advisory_xact_lock($1)) AS in_line/' \
+	's/const pgSleepInLine = `SELECT pg_advisory_xact_lock\((.*?)\);\nSELECT set_config\((.*?)\n(.*?);\n/const pgSleepInLine = `SELECT set_config($2\n$3, pg_advisory_xact_lock($1);\n/' \
 	'^(TestPlainLibPQWaiterSleepsInLine|TestHandoverBeforeTheSleepInLineDoesNotWaitForIt)$'
+mutation "the handover's cancel ends the sleep's message (the woken waiter reads the row again)" backend_postgres.go \
+	's/ EXCEPTION WHEN query_canceled THEN NULL; END\x27;/ END\x27;/' \
+	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$'
+mutation "the sleep's message reads the row without waiting for the handover to commit" backend_postgres.go \
+	's/ AND l\.expires_at > now\(\) FOR SHARE OF l\) AS l/ AND l.expires_at > now()) AS l/' \
+	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$'
+mutation "a sleep in line that ends on its own reports a grant" backend_postgres.go \
+	's/return err == nil \&\& mine == 1, err/return err == nil \&\& mine >= 0, err/' \
+	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$'
 mutation "a handover cancels the place's backend whether or not it sleeps in line" backend_postgres.go \
 	's/\tWHEN pg_try_advisory_xact_lock\(hashtextextended\(/\tWHEN false AND pg_try_advisory_xact_lock(hashtextextended(/' \
 	'^TestHandoverSignalsOnlyASessionSleepingInLine$'

@@ -1165,7 +1165,7 @@ const pgReleaseSet = `owner = CASE WHEN ` + pgHandOver + ` THEN next_owner END,
 // server instead, on a connection it keeps for its whole wait and took
 // its place on, and the release that hands it the lease cuts the sleep
 // short by cancelling it (pg_cancel_backend): the waiter's handoff is
-// then a round trip or two, not a poll. The cancel is sent only to a
+// then about the release's round trip, not a poll. The cancel is sent only to a
 // session that holds, at that moment, the transaction-scoped advisory
 // lock of that place, that backend and that role (the three hashed into
 // a key by hashtextextended), which only the sleep statement takes (and
@@ -1196,8 +1196,9 @@ const pgWakeSleeper = `CASE WHEN next_pid IS NULL THEN NULL
 // transaction-scoped, is held until the message ends):
 //   - the key;
 //   - whether to sleep, read with a snapshot taken once the key is held,
-//     and kept in a setting for the third (with the release's relaxed
-//     commit, for the fourth's row lock). A handover whose test of the key
+//     and kept in a setting for the third; and a commit that does not
+//     wait for the WAL flush, as the release's (the fourth's row lock
+//     writes). A handover whose test of the key
 //     came first holds the key until it commits, so the read sees it; one
 //     whose test comes later finds the key held and cancels the sleep.
 //     Without it, a handover between the waiter's place and its sleep
@@ -1207,7 +1208,9 @@ const pgWakeSleeper = `CASE WHEN next_pid IS NULL THEN NULL
 //     (57014), so that the message goes on (its body is a constant: no
 //     name reaches it);
 //   - the read, FOR SHARE, which waits for the handover to commit (the
-//     cancel comes from inside its statement) and reads what it wrote.
+//     cancel comes from inside its statement) and reads what it wrote
+//     (its now() is when the message began: an expiry during the sleep
+//     is the waiter's local deadline's to catch, see keepLease).
 //
 // So a woken waiter learns of its grant with no round trip after the
 // release's: the sleep's message answers it. A cancel landing outside the

@@ -530,6 +530,42 @@ func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
 	}
 }
 
+// inLinePlace is a lease held by admin and a waiter's place next in line,
+// taken on conn (a connection of db's, backend pid) where it may sleep.
+type inLinePlace struct {
+	store          *postgres
+	holder, waiter LeaseRequest // with their tokens
+	conn           *sql.Conn
+	pid            int
+}
+
+// placeInLine has admin take a lease of a fresh name and a waiter on db
+// take the place next in line on a connection it keeps (closed at the
+// test's end), as a plain lib/pq waiter does before it sleeps in line.
+func placeInLine(ctx context.Context, t *testing.T, db, admin *sql.DB) inLinePlace {
+	t.Helper()
+	name := testdb.UniqueName(t)
+	l := inLinePlace{store: Postgres().(*postgres).forDB(db)}
+	l.holder = LeaseRequest{Kind: kindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
+	l.waiter = l.holder
+	l.waiter.Owner = "waiter in line"
+	var err error
+	if l.holder.Token, err = l.store.AcquireLease(ctx, admin, l.holder); err != nil {
+		t.Fatal(err)
+	}
+	if l.conn, err = db.Conn(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.conn.Close() })
+	if err := l.conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&l.pid); err != nil {
+		t.Fatal(err)
+	}
+	if l.waiter.Token, err = l.store.QueueLease(ctx, db, l.conn, l.waiter); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // TestHandoverBeforeTheSleepInLineDoesNotWaitForIt: a handover that
 // lands after the waiter took its place but before its sleep holds the
 // place's key has no sleeper to wake: committed before the sleep began,
@@ -543,27 +579,8 @@ func TestHandoverBeforeTheSleepInLineDoesNotWaitForIt(t *testing.T) {
 			admin := testdb.OpenPostgres(t, "pgx")
 			ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
 			defer cancel()
-			store := Postgres().(*postgres).forDB(db)
-			name := testdb.UniqueName(t)
-			holder := LeaseRequest{Kind: kindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
-			waiter := holder
-			waiter.Owner = "waiter in line"
-			var err error
-			if holder.Token, err = store.AcquireLease(ctx, db, holder); err != nil {
-				t.Fatal(err)
-			}
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			var pid int
-			if err := conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
-			if waiter.Token, err = store.QueueLease(ctx, db, conn, waiter); err != nil {
-				t.Fatal(err)
-			}
+			l := placeInLine(ctx, t, db, admin)
+			store, holder, waiter, conn, pid, name := l.store, l.holder, l.waiter, l.conn, l.pid, l.holder.Name
 			// The release, in a transaction that commits when the test says.
 			release, err := admin.BeginTx(ctx, nil)
 			if err != nil {
@@ -622,27 +639,8 @@ func TestWokenSleeperLearnsItsGrantInTheSleepsMessage(t *testing.T) {
 			admin := testdb.OpenPostgres(t, "pgx")
 			ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
 			defer cancel()
-			store := Postgres().(*postgres).forDB(db)
-			name := testdb.UniqueName(t)
-			holder := LeaseRequest{Kind: kindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
-			waiter := holder
-			waiter.Owner = "waiter in line"
-			var err error
-			if holder.Token, err = store.AcquireLease(ctx, admin, holder); err != nil {
-				t.Fatal(err)
-			}
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			var pid int
-			if err := conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
-			if waiter.Token, err = store.QueueLease(ctx, db, conn, waiter); err != nil {
-				t.Fatal(err)
-			}
+			l := placeInLine(ctx, t, db, admin)
+			store, holder, waiter, conn, pid, name := l.store, l.holder, l.waiter, l.conn, l.pid, l.holder.Name
 			if granted, err := store.SleepInLine(ctx, db, conn, waiter, 50*time.Millisecond); err != nil || granted {
 				t.Fatalf("a sleep that nothing woke: granted %v, %v; want neither", granted, err)
 			}

@@ -1165,8 +1165,8 @@ const pgReleaseSet = `owner = CASE WHEN ` + pgHandOver + ` THEN next_owner END,
 // server instead, on a connection it keeps for its whole wait and took
 // its place on, and the release that hands it the lease cuts the sleep
 // short by cancelling it (pg_cancel_backend): the waiter's handoff is
-// then about the release's round trip, not a poll. The cancel is sent only to a
-// session that holds, at that moment, the transaction-scoped advisory
+// then about the release's round trip, not a poll. The cancel is sent
+// only to a session that holds, at that moment, the transaction-scoped advisory
 // lock of that place, that backend and that role (the three hashed into
 // a key by hashtextextended), which only the sleep statement takes (and
 // its end frees): a pid whose session has gone, or whose
@@ -1198,12 +1198,11 @@ const pgWakeSleeper = `CASE WHEN next_pid IS NULL THEN NULL
 //   - whether to sleep, read with a snapshot taken once the key is held,
 //     and kept in a setting for the third; and a commit that does not
 //     wait for the WAL flush, as the release's (the fourth's row lock
-//     writes). A handover whose test of the key
-//     came first holds the key until it commits, so the read sees it; one
-//     whose test comes later finds the key held and cancels the sleep.
-//     Without it, a handover between the waiter's place and its sleep
-//     would not wake it, and it would sleep its whole slice holding the
-//     lease;
+//     writes). A handover whose test of the key came first holds the key
+//     until it commits, so the read sees it; one whose test comes later
+//     finds the key held and cancels the sleep. Without it, a handover
+//     between the waiter's place and its sleep would not wake it, and it
+//     would sleep its whole slice holding the lease;
 //   - the sleep, in a DO block that catches the handover's cancel
 //     (57014), so that the message goes on (its body is a constant: no
 //     name reaches it);

@@ -386,11 +386,53 @@ func mysqlLockContenders(b *testing.B, name string) func(i int) contender {
 // pinned connection, then RELEASE_LOCK.
 func mysqlRawContenders(b *testing.B, name string) func(i int) contender {
 	lock := mysqlServerName(name)
+	return mysqlBareContenders(b, "SELECT GET_LOCK("+lock+", 3600)", lock)
+}
+
+// mysqlRawReadContenders are the floor of a correct exclusive handoff:
+// the same wait, with advisorylock's look for shared holders once
+// GET_LOCK grants (see mysqlGrab), written by hand as the TryLock gate's
+// raw_shared_read writes it.
+func mysqlRawReadContenders(b *testing.B, name string) func(i int) contender {
+	mustBeTheLibrarysGrab(b) // and makes the table
+	lock := mysqlServerName(name)
+	grab := "SELECT CASE GET_LOCK(" + lock + ", 3600) WHEN 1 THEN IF(" +
+		mysqlReadersIn("advisorylock_shared", lock, advisorylock.Key(name)) + ", 2, 1) WHEN 0 THEN 0 END"
+	return mysqlBareContenders(b, grab, lock)
+}
+
+// mysqlRawReadBoundedContenders are mysqlRawReadContenders with each
+// statement bounded by a context with a deadline, as advisorylock bounds
+// its waits and releases: the driver then hands each statement's context
+// to a goroutine of its connection that watches it, and waits for that
+// goroutine when the statement ends.
+func mysqlRawReadBoundedContenders(b *testing.B, name string) func(i int) contender {
+	bare := mysqlRawReadContenders(b, name)
+	bounded := func(op func(ctx context.Context) error) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, time.Hour)
+			defer cancel()
+			return op(ctx)
+		}
+	}
+	return func(i int) contender {
+		c := bare(i)
+		return contender{acquire: bounded(c.acquire), release: bounded(c.release)}
+	}
+}
+
+// mysqlBareContenders wait in grab, a SELECT of one value, on a pinned
+// connection each, and release lock with RELEASE_LOCK.
+func mysqlBareContenders(b *testing.B, grab, lock string) func(i int) contender {
 	return func(int) contender {
 		conn := pin(b, openMySQL(b, 2))
 		return contender{
 			acquire: func(ctx context.Context) error {
-				return conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", 3600)").Scan(new(int))
+				var got int
+				if err := conn.QueryRowContext(ctx, grab).Scan(&got); err != nil || got != 1 {
+					return fmt.Errorf("bare grab = %d, %v", got, err)
+				}
+				return nil
 			},
 			release: func(ctx context.Context) error {
 				return conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+lock+")").Scan(new(int))
@@ -399,28 +441,49 @@ func mysqlRawContenders(b *testing.B, name string) func(i int) contender {
 	}
 }
 
-// BenchmarkMySQLHandoffPaired alternates handoffs of Lock and of bare
-// GET_LOCK/RELEASE_LOCK between two contenders each (see
-// BenchmarkHandoffPaired) and reports their ratio (x-base).
+// mysqlHandoffPairs are alternated by BenchmarkMySQLHandoffPaired, op
+// against base. The gate is Lock against the bare handoff with the read
+// of shared holders that a correct exclusive grab makes (as the TryLock
+// gate's base, raw_shared_read, makes it); the other pairs say what Lock
+// costs over bare GET_LOCK, what the read costs, and what Lock costs over
+// the same statements bounded by contexts, as it bounds them.
+var mysqlHandoffPairs = []struct {
+	name     string
+	op, base func(b *testing.B, name string) func(i int) contender
+}{
+	{"advisorylock_vs_raw_blocking_shared_read", mysqlLockContenders, mysqlRawReadContenders}, // the gate
+	{"advisorylock_vs_raw_blocking", mysqlLockContenders, mysqlRawContenders},
+	{"raw_blocking_shared_read_vs_raw_blocking", mysqlRawReadContenders, mysqlRawContenders},
+	{"advisorylock_vs_raw_blocking_shared_read_bounded", mysqlLockContenders, mysqlRawReadBoundedContenders},
+}
+
+// BenchmarkMySQLHandoffPaired alternates handoffs of mysqlHandoffPairs
+// between two contenders each (see BenchmarkHandoffPaired) and reports
+// their ratio (x-base).
 func BenchmarkMySQLHandoffPaired(b *testing.B) {
-	b.Run("advisorylock_vs_raw_blocking", func(b *testing.B) {
-		mysqlReady(b)
-		pair := func(mk func(b *testing.B, name string) func(i int) contender, suffix string) *pingPong {
-			name := lockName(b, suffix)
-			contend := mk(b, name)
-			p := &pingPong{cs: [2]contender{contend(0), contend(1)}, queued: mysqlQueuedOn(b, name)}
-			ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
-			defer cancel()
-			must(b, p.cs[0].acquire(ctx), "first acquire")
-			b.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
-				defer cancel()
-				_ = p.cs[p.holder].release(ctx)
-			})
-			return p
-		}
-		runHandoffPair(b, pair(mysqlLockContenders, "handoff"), pair(mysqlRawContenders, "handoff_raw"))
+	for _, pair := range mysqlHandoffPairs {
+		b.Run(pair.name, func(b *testing.B) {
+			mysqlReady(b)
+			runHandoffPair(b, mysqlPingPong(b, pair.op, "handoff"), mysqlPingPong(b, pair.base, "handoff_base"))
+		})
+	}
+}
+
+// mysqlPingPong sets up two contenders of mk on a lock of b's own, the
+// first holding it, for runHandoffPair.
+func mysqlPingPong(b *testing.B, mk func(b *testing.B, name string) func(i int) contender, suffix string) *pingPong {
+	name := lockName(b, suffix)
+	contend := mk(b, name)
+	p := &pingPong{cs: [2]contender{contend(0), contend(1)}, queued: mysqlQueuedOn(b, name)}
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	must(b, p.cs[0].acquire(ctx), "first acquire")
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+		defer cancel()
+		_ = p.cs[p.holder].release(ctx)
 	})
+	return p
 }
 
 // mysqlQueuedOn counts the sessions waiting in GET_LOCK for name's lock.

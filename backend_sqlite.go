@@ -631,11 +631,12 @@ func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, stmt func(q q
 	}
 	created := false
 	return retryBusy(ctx, p, func() error {
-		q, done, err := statementsOn(ctx, db)
+		on, done, err := statementsOn(ctx, db)
 		if err != nil {
 			return err
 		}
 		defer done()
+		q := endless{on}
 		err = stmt(q)
 		if err != nil && !created && isMissingTable(err) {
 			created = true
@@ -646,6 +647,29 @@ func (sqliteBackend) run(ctx context.Context, db DB, p busyPolicy, stmt func(q q
 		}
 		return settled(ctx, err)
 	})
+}
+
+// endless runs its statements with their context's values but without
+// its end. A statement of this backend reads or writes a row or two of a
+// local file; the one wait it can make is in the driver's busy handler,
+// which the driver's interrupt does not end (busy_timeout does). So a
+// context that can end buys nothing there, and costs a goroutine per
+// statement that the drivers (glebarez/go-sqlite, modernc.org/sqlite,
+// mattn/go-sqlite3) start to watch it: 12% of an uncontended release,
+// measured (benchmarks/README.md). run still gives up retrying once ctx
+// ends, and settled still says that a statement ran as ctx ended.
+type endless struct{ q querier }
+
+func (e endless) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return e.q.ExecContext(context.WithoutCancel(ctx), query, args...)
+}
+
+func (e endless) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return e.q.QueryContext(context.WithoutCancel(ctx), query, args...)
+}
+
+func (e endless) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return e.q.QueryRowContext(context.WithoutCancel(ctx), query, args...)
 }
 
 // acquireInTurn is run for an acquire, taken in turn with the other

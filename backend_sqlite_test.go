@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -792,5 +793,65 @@ func TestSQLiteReleaseIsBoundedWhileBusy(t *testing.T) {
 				t.Fatalf("release took %v, over %v for a release timeout of %v", took, bound, timeout)
 			}
 		})
+	}
+}
+
+// TestSQLiteStatementsAreNotWatched runs a LeaseLock's and a Lock's
+// acquire, holder read and release under contexts that can end, after the
+// handle's first use (whose schema statements run once): none of their
+// statements may reach the driver with a context that can end, for
+// which the driver starts a goroutine per statement to interrupt it, an
+// interrupt that cannot end the only wait such a statement makes (the
+// busy handler's; see TestSQLiteReleaseIsBoundedWhileBusy).
+func TestSQLiteStatementsAreNotWatched(t *testing.T) {
+	var mu sync.Mutex
+	var watched []string
+	seen := 0
+	db := testdb.OpenHooked(t, "sqlite", testdb.SQLitePath(t)+"?"+sqliteWAL, testdb.Hooks{Cancellable: func(q string, canEnd bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(q, "advisorylock_") {
+			seen++
+			if canEnd {
+				watched = append(watched, q)
+			}
+		}
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), sqliteWait)
+	defer cancel()
+	name := testdb.UniqueName(t)
+	lease, err := advisorylock.NewLeaseLock(db, name+"/lease", advisorylock.WithBackend(advisorylock.SQLite()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sqliteLock(t, db, name+"/lock", advisorylock.WithBackend(advisorylock.SQLite()))
+	mustRelease(t, mustTry(t, l)) // the first use's schema and checks, made once per handle
+	mu.Lock()
+	watched, seen = nil, 0
+	mu.Unlock()
+	for _, acquire := range []func(context.Context) (interface{ Release(context.Context) error }, error){
+		func(ctx context.Context) (interface{ Release(context.Context) error }, error) {
+			return lease.TryLock(ctx)
+		},
+		func(ctx context.Context) (interface{ Release(context.Context) error }, error) { return l.Lock(ctx) },
+	} {
+		g, err := acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Holder(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen < 5 {
+		t.Fatalf("saw %d statements on the tables, want the acquires, reads and releases", seen)
+	}
+	if len(watched) > 0 {
+		t.Fatalf("%d of %d statements reached the driver with a context that can end: %q", len(watched), seen, watched)
 	}
 }

@@ -45,7 +45,13 @@ type pingPong struct {
 // the lock.
 func newPingPong(b *testing.B, drv string, setup func(b *testing.B, drv string) (func(i int) contender, waitProbe)) *pingPong {
 	mk, waiting := setup(b, drv)
-	p := &pingPong{cs: [2]contender{mk(0), mk(1)}, queued: waiting}
+	return startPingPong(b, mk, waiting)
+}
+
+// startPingPong builds two contenders of mk, whose waits queued sees,
+// and lets the first take the lock.
+func startPingPong(b *testing.B, mk func(i int) contender, queued waitProbe) *pingPong {
+	p := &pingPong{cs: [2]contender{mk(0), mk(1)}, queued: queued}
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	must(b, p.cs[0].acquire(ctx), "first acquire")

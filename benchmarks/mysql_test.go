@@ -473,17 +473,7 @@ func BenchmarkMySQLHandoffPaired(b *testing.B) {
 // first holding it, for runHandoffPair.
 func mysqlPingPong(b *testing.B, mk func(b *testing.B, name string) func(i int) contender, suffix string) *pingPong {
 	name := lockName(b, suffix)
-	contend := mk(b, name)
-	p := &pingPong{cs: [2]contender{contend(0), contend(1)}, queued: mysqlQueuedOn(b, name)}
-	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
-	defer cancel()
-	must(b, p.cs[0].acquire(ctx), "first acquire")
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
-		defer cancel()
-		_ = p.cs[p.holder].release(ctx)
-	})
-	return p
+	return startPingPong(b, mk(b, name), mysqlQueuedOn(b, name))
 }
 
 // mysqlQueuedOn counts the sessions waiting in GET_LOCK for name's lock.

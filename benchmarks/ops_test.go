@@ -173,9 +173,13 @@ var pgPairs = []struct{ base, op string }{
 }
 
 // sqlitePairs are measured side by side by BenchmarkPaired on one SQLite
-// file: the library against its own bare statements.
+// file: the library against its own bare statements (LeaseLock's with
+// the read of the token counter, the gate's base; and without it, which
+// says what that read costs).
 var sqlitePairs = []struct{ base, op string }{
 	{"raw_lock", "lock"},
+	{"raw_lease_tokens", "leaselock"},
+	{"raw_lease", "raw_lease_tokens"},
 	{"raw_lease", "leaselock"},
 }
 

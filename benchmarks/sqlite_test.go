@@ -40,6 +40,7 @@ var sqliteOps = []struct {
 		}
 	}},
 	{"raw_lease", setupSQLiteRawLease},
+	{"raw_lease_tokens", setupSQLiteRawLeaseTokens},
 	{"leaselock", func(b *testing.B, db *sql.DB) func(ctx context.Context) error {
 		l := newLeaseLock(b, db, lockName(b, "lease"))
 		return func(ctx context.Context) error {
@@ -89,6 +90,41 @@ WHERE raw_locks.expires_at <= excluded.acquired_at`
 			return errNotGranted
 		}
 		_, err = db.ExecContext(ctx, release, key, owner)
+		return err
+	}
+}
+
+// setupSQLiteRawLeaseTokens is LeaseLock's own statements, bare, on
+// tables of the same shape (sqliteAcquireLease and sqliteReleaseLease in
+// backend_sqlite.go): the upsert takes its generation from a token
+// counter, which a trigger keeps above every generation a deleted row
+// had, so that tokens never go down. That read is what raw_lease leaves
+// out.
+func setupSQLiteRawLeaseTokens(b *testing.B, db *sql.DB) func(ctx context.Context) error {
+	sqliteExec(b, db, `CREATE TABLE raw_tokens (id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL)`)
+	sqliteExec(b, db, `INSERT INTO raw_tokens VALUES (1, 0)`)
+	sqliteExec(b, db, `CREATE TABLE raw_token_leases (name TEXT PRIMARY KEY, owner TEXT,
+  generation INTEGER NOT NULL, acquired_at INTEGER NOT NULL, expires_at INTEGER NOT NULL)`)
+	sqliteExec(b, db, `CREATE TRIGGER raw_tokens_delete AFTER DELETE ON raw_token_leases
+BEGIN UPDATE raw_tokens SET last = max(last, OLD.generation) WHERE id = 1; END`)
+	name := lockName(b, "raw")
+	owner := "bench-" + runID
+	ttl := (30 * time.Second).Milliseconds()
+	const acquire = `INSERT INTO raw_token_leases (name, owner, generation, acquired_at, expires_at)
+VALUES (?1, ?2, (SELECT last + 1 FROM raw_tokens WHERE id = 1), ?3, ?3 + ?4)
+ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,
+	generation = max(raw_token_leases.generation + 1, excluded.generation),
+	acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+WHERE raw_token_leases.owner IS NULL OR raw_token_leases.expires_at <= excluded.acquired_at
+RETURNING generation`
+	const release = `UPDATE raw_token_leases SET owner = NULL, expires_at = min(expires_at, ?3)
+WHERE name = ?1 AND generation = ?2 AND owner IS NOT NULL`
+	return func(ctx context.Context) error {
+		var gen int64
+		if err := db.QueryRowContext(ctx, acquire, name, owner, time.Now().UnixMilli(), ttl).Scan(&gen); err != nil {
+			return err
+		}
+		_, err := db.ExecContext(ctx, release, name, gen, time.Now().UnixMilli())
 		return err
 	}
 }

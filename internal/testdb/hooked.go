@@ -24,6 +24,9 @@ type Hooks struct {
 	// closed), with its error; what it returns replaces that error. The
 	// statement's effects on the server stay.
 	After func(query string, err error) error
+	// Cancellable, if set, is told of each statement whether the context
+	// the driver got for it can end (its Done channel is not nil).
+	Cancellable func(query string, canEnd bool)
 }
 
 // SQLStateError is a driver error carrying a SQLSTATE, as lib/pq's and
@@ -113,7 +116,10 @@ type hookedConn struct {
 	h Hooks
 }
 
-func (c *hookedConn) before(q string, named []driver.NamedValue) {
+func (c *hookedConn) before(ctx context.Context, q string, named []driver.NamedValue) {
+	if c.h.Cancellable != nil {
+		c.h.Cancellable(q, ctx.Done() != nil)
+	}
 	if c.h.Before == nil {
 		return
 	}
@@ -136,7 +142,7 @@ func (c *hookedConn) ExecContext(ctx context.Context, q string, args []driver.Na
 	if !ok {
 		return nil, driver.ErrSkip
 	}
-	c.before(q, args)
+	c.before(ctx, q, args)
 	res, err := e.ExecContext(ctx, q, args)
 	if err = c.after(q, err); err != nil {
 		return nil, err
@@ -151,7 +157,7 @@ func (c *hookedConn) QueryContext(ctx context.Context, q string, args []driver.N
 	if !ok {
 		return nil, driver.ErrSkip
 	}
-	c.before(q, args)
+	c.before(ctx, q, args)
 	rows, err := qc.QueryContext(ctx, q, args)
 	var copied *copiedRows
 	if err == nil {

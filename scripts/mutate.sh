@@ -462,6 +462,9 @@ mutation "SQLite's release keeps the row for the TTL, not the window" backend_sq
 mutation "SQLite's grant does not stretch the row over the window" backend_sqlite.go \
 	's/r\.TTL = max\(r\.TTL, r\.MinHold\) \/\/ the row stays taken for the window too/r.TTL = max(r.TTL, 0*r.MinHold)/' \
 	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
+mutation "SQLite statements hand the driver a context that can end" backend_sqlite.go \
+	's/q := endless\{on\}/q := on/' \
+	'^TestSQLiteStatementsAreNotWatched$'
 # MySQL's lease window outlives a killed holder, renewed or not.
 mutation "MySQL lease's renewal cuts its window short" backend_mysql.go \
 	's/expires = "GREATEST\(" \+ expires \+ ", " \+ mysqlAfterGrant\(r\.MinHold\) \+ "\)"/expires += ""/' \

@@ -1066,13 +1066,21 @@ const (
 	//
 	// A queued waiter's live place (see pgQueueLease) keeps everyone else
 	// out, also once the lease has expired: only that waiter may take it.
+	//
+	// A row that the statement's snapshot already shows taken is not
+	// tried (NOT EXISTS): ON CONFLICT DO UPDATE locks the row before it
+	// tests its WHERE, so a try that misses would hold the row against
+	// the holder's release or renewal until it commits, and would commit
+	// durably, waiting for the WAL flush, having written nothing but the
+	// lock. A try that the snapshot lets through is decided, as before,
+	// by the WHERE on the row's latest version.
 	pgAcquireLease = `INSERT INTO advisorylock_leases AS l (name, owner, generation, acquired_at, expires_at)
-VALUES ($1::text, $2::text, ` + pgNextToken + `, now(), now() + $3::bigint * interval '1 millisecond')
+SELECT $1::text, $2::text, ` + pgNextToken + `, now(), now() + $3::bigint * interval '1 millisecond'
+WHERE NOT EXISTS (SELECT FROM advisorylock_leases AS l WHERE l.name = $1::text AND NOT (` + pgLeaseTakable + `))
 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, generation = greatest(l.generation + 1, EXCLUDED.generation),
 	acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
 	next_owner = NULL, next_generation = NULL, next_expires_at = NULL, next_pid = NULL
-WHERE (l.owner IS NULL OR l.expires_at <= now())
-	AND (l.next_owner IS NULL OR l.next_expires_at <= now() OR l.next_owner = EXCLUDED.owner)
+WHERE ` + pgLeaseTakable + `
 RETURNING generation`
 	// pgQueueLease gives a waiter the place next in line for a held
 	// lease, or renews its place: the release hands the lease to it (see
@@ -1139,6 +1147,11 @@ ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXC
 RETURNING token`
 	pgHighestToken = `SELECT token FROM advisorylock_fences WHERE resource = $1::text`
 )
+
+// pgLeaseTakable is true of a lease row l that the owner $2 may take:
+// the lease is free or expired, and no other waiter's place is live.
+const pgLeaseTakable = `(l.owner IS NULL OR l.expires_at <= now())
+	AND (l.next_owner IS NULL OR l.next_expires_at <= now() OR l.next_owner = $2::text)`
 
 // pgHandOver is true, in a release of a lease row, when the row's
 // queued waiter gets the lease: its place is live and its token above the
@@ -1209,7 +1222,11 @@ const pgWakeSleeper = `CASE WHEN next_pid IS NULL THEN NULL
 //   - the read, FOR SHARE, which waits for the handover to commit (the
 //     cancel comes from inside its statement) and reads what it wrote
 //     (its now() is when the message began: an expiry during the sleep
-//     is the waiter's local deadline's to catch, see keepLease).
+//     is the waiter's local deadline's to catch, see keepLease). OFFSET 0
+//     keeps the test of the owner above the row lock: the planner pushes
+//     an outer qual down into the scan, below the lock, where it would
+//     test the version the handover is replacing, and, as the holder's,
+//     skip the row without waiting for the commit.
 //
 // So a woken waiter learns of its grant with no round trip after the
 // release's: the sleep's message answers it. A cancel landing outside the
@@ -1218,7 +1235,7 @@ const pgSleepInLine = `SELECT pg_advisory_xact_lock(hashtextextended('advisorylo
 SELECT set_config('advisorylock.sleep_seconds', CASE WHEN EXISTS (SELECT FROM advisorylock_leases WHERE name = $3::text AND owner = $4::text) THEN '0' ELSE ($2::bigint / 1000.0)::text END, true),
 	set_config('synchronous_commit', 'off', true);
 DO 'BEGIN PERFORM pg_sleep(current_setting(''advisorylock.sleep_seconds'')::float8); EXCEPTION WHEN query_canceled THEN NULL; END';
-SELECT FROM (SELECT l.owner FROM advisorylock_leases AS l WHERE l.name = $3::text AND l.owner IS NOT NULL AND l.expires_at > now() FOR SHARE OF l) AS l
+SELECT FROM (SELECT l.owner FROM advisorylock_leases AS l WHERE l.name = $3::text AND l.owner IS NOT NULL AND l.expires_at > now() OFFSET 0 FOR SHARE OF l) AS l
 WHERE l.owner = $4::text`
 
 // pgWokenInLine reads the lease's owner after a cancel that ended a

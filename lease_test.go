@@ -412,6 +412,40 @@ func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {
 	})
 }
 
+// TestMissedLeaseTryLeavesTheHoldersRowAlone: a TryLock that finds the
+// lease held writes nothing to its row, not even a row lock, which would
+// hold up the holder's release or renewal until the try committed and
+// make the try wait for a WAL flush. A row lock sets the row's xmax to
+// the locker's transaction; the holder's own grant leaves it 0.
+func TestMissedLeaseTryLeavesTheHoldersRowAlone(t *testing.T) {
+	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		t.Parallel()
+		ctx := context.Background()
+		db := testdb.OpenPostgres(t, drv)
+		name := testdb.UniqueName(t)
+		ttl := advisorylock.WithLeaseTTL(time.Minute) // no renewal during the test
+		g := tryLease(t, newLeaseLock(t, db, name, ttl))
+		defer releaseLease(t, g)
+		xmax := func() string {
+			var x string
+			if err := db.QueryRowContext(ctx, "SELECT xmax::text FROM advisorylock_leases WHERE name = $1", name).Scan(&x); err != nil {
+				t.Fatal(err)
+			}
+			return x
+		}
+		if x := xmax(); x != "0" {
+			t.Fatalf("the granted row's xmax is %s, want 0", x)
+		}
+		other := newLeaseLock(t, testdb.OpenPostgres(t, drv), name, ttl)
+		for range 3 {
+			assertHeldElsewhere(t, other)
+		}
+		if x := xmax(); x != "0" {
+			t.Fatalf("after tries that missed, the row's xmax is %s: a try locked the holder's row", x)
+		}
+	})
+}
+
 func TestLeaseExpiryOnSQLiteFollowsTheClock(t *testing.T) {
 	t.Parallel()
 	const ttl = 30 * time.Second // renewals every 10s of real time: none runs before the clock moves

@@ -631,52 +631,85 @@ func TestHandoverBeforeTheSleepInLineDoesNotWaitForIt(t *testing.T) {
 // cancel ends the sleep inside the message the waiter slept in, which
 // then reads the row once the release has committed: the waiter learns
 // it holds the lease with no round trip after the release's, on both
-// drivers. And a sleep that ends on its own reports no grant.
+// drivers. The release commits at once, or only once the woken sleep's
+// read waits for it (a release that is slow to commit: the read must
+// wait for the row, not read its old version and report no grant). And a
+// sleep that ends on its own reports no grant.
 func TestWokenSleeperLearnsItsGrantInTheSleepsMessage(t *testing.T) {
 	for _, drv := range []string{"postgres", "pgx"} {
-		t.Run(drv, func(t *testing.T) {
-			db, proxy := testdb.OpenPostgresProxied(t, drv)
-			admin := testdb.OpenPostgres(t, "pgx")
-			ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
-			defer cancel()
-			l := placeInLine(ctx, t, db, admin)
-			store, holder, waiter, conn, pid, name := l.store, l.holder, l.waiter, l.conn, l.pid, l.holder.Name
-			if granted, err := store.SleepInLine(ctx, db, conn, waiter, 50*time.Millisecond); err != nil || granted {
-				t.Fatalf("a sleep that nothing woke: granted %v, %v; want neither", granted, err)
-			}
-			type slept struct {
-				granted bool
-				err     error
-			}
-			done := make(chan slept, 1)
-			proxy.ResetCount()
-			go func() {
-				granted, err := store.SleepInLine(ctx, db, conn, waiter, wakeWait/2)
-				done <- slept{granted, err}
-			}()
-			testdb.WaitFor(t, wakeWait, func() bool {
-				var sleeps bool
-				err := admin.QueryRow("SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&sleeps)
-				return err == nil && sleeps
-			}, "the waiter never slept in line")
-			if err := store.ReleaseLease(ctx, admin, holder); err != nil {
-				t.Fatal(err)
-			}
+		for _, slow := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/slow_commit=%v", drv, slow), func(t *testing.T) {
+				wokenSleeperLearnsItsGrant(t, drv, slow)
+			})
+		}
+	}
+}
+
+func wokenSleeperLearnsItsGrant(t *testing.T, drv string, slowCommit bool) {
+	db, proxy := testdb.OpenPostgresProxied(t, drv)
+	admin := testdb.OpenPostgres(t, "pgx")
+	ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
+	defer cancel()
+	l := placeInLine(ctx, t, db, admin)
+	store, holder, waiter, conn, pid, name := l.store, l.holder, l.waiter, l.conn, l.pid, l.holder.Name
+	if granted, err := store.SleepInLine(ctx, db, conn, waiter, 50*time.Millisecond); err != nil || granted {
+		t.Fatalf("a sleep that nothing woke: granted %v, %v; want neither", granted, err)
+	}
+	type slept struct {
+		granted bool
+		err     error
+	}
+	done := make(chan slept, 1)
+	proxy.ResetCount()
+	go func() {
+		granted, err := store.SleepInLine(ctx, db, conn, waiter, wakeWait/2)
+		done <- slept{granted, err}
+	}()
+	testdb.WaitFor(t, wakeWait, func() bool {
+		var sleeps bool
+		err := admin.QueryRow("SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&sleeps)
+		return err == nil && sleeps
+	}, "the waiter never slept in line")
+	if !slowCommit {
+		if err := store.ReleaseLease(ctx, admin, holder); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		release, err := admin.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release.Rollback()
+		if _, err := release.ExecContext(ctx, pgReleaseLease, name, holder.Token.Int64(), strconv.FormatInt(holder.Key, 10)); err != nil {
+			t.Fatal(err)
+		}
+		testdb.WaitFor(t, wakeWait, func() bool {
 			select {
 			case s := <-done:
-				if s.err != nil || !s.granted {
-					t.Fatalf("woken by the handover: granted %v, %v; want granted", s.granted, s.err)
-				}
-			case <-time.After(testdb.Promptly):
-				t.Fatalf("the handover did not wake the waiter within %v", testdb.Promptly)
+				t.Fatalf("the woken sleep answered (granted %v, %v) before the handover committed", s.granted, s.err)
+			default:
 			}
-			if n := proxy.RoundTrips(); n != 1 {
-				t.Fatalf("the woken sleep took %d round trips, want 1: its own message", n)
-			}
-			if owner, _, _ := leaseRow(t, admin, name); owner != waiter.Owner {
-				t.Fatalf("the lease is %q's, want the waiter's", owner)
-			}
-		})
+			var waits bool
+			err := admin.QueryRow("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waits)
+			return err == nil && waits
+		}, "the woken sleep never waited for the handover to commit")
+		if err := release.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case s := <-done:
+		if s.err != nil || !s.granted {
+			t.Fatalf("woken by the handover: granted %v, %v; want granted", s.granted, s.err)
+		}
+	case <-time.After(testdb.Promptly):
+		t.Fatalf("the handover did not wake the waiter within %v", testdb.Promptly)
+	}
+	if n := proxy.RoundTrips(); n != 1 {
+		t.Fatalf("the woken sleep took %d round trips, want 1: its own message", n)
+	}
+	if owner, _, _ := leaseRow(t, admin, name); owner != waiter.Owner {
+		t.Fatalf("the lease is %q's, want the waiter's", owner)
 	}
 }
 

@@ -22,7 +22,10 @@ import (
 // more holders inside than slots, or two holders on one slot, unless the
 // extra holders had lost their slot to such a fault and were told within
 // semNoticeWithin of it (the server frees a killed session's slot at once;
-// its holder learns of it at its next keep-alive). A holder is told by
+// its holder learns of it at its next keep-alive), or had been told of
+// the loss before the newcomer was granted (a lease whose renewals a
+// loaded machine held up past its local deadline: SQLite's slots are
+// leases, and no fault is injected there). A holder is told by
 // fn's context, its guard's Lost channel or its Do's (or release's)
 // error, or else by the Observer's Lost event: a holder that left its
 // section before the keep-alive saw the loss releases a lost guard
@@ -269,8 +272,9 @@ func (l *semaphoreLoad) halt(t *testing.T) {
 }
 
 // excused reports whether at least e.over of the holders already inside
-// had been told of a loss within semNoticeWithin of the last
-// session-ending fault injected before e, and that fault's time.
+// had been told of a loss before e's grant, or within semNoticeWithin of
+// the last session-ending fault injected before e; and that fault's time
+// (zero if none).
 func (r *semRow) excused(e semExcess) (time.Time, bool) {
 	var fault time.Time
 	for _, f := range r.ended {
@@ -278,12 +282,14 @@ func (r *semRow) excused(e semExcess) (time.Time, bool) {
 			fault = f
 		}
 	}
-	if fault.IsZero() {
-		return fault, false
-	}
 	told := 0
 	for _, o := range e.others {
-		if n := o.told.Load(); n != 0 && time.Unix(0, n).Before(fault.Add(semNoticeWithin)) {
+		n := o.told.Load()
+		switch {
+		case n == 0:
+		case !time.Unix(0, n).After(e.at):
+			told++
+		case !fault.IsZero() && time.Unix(0, n).Before(fault.Add(semNoticeWithin)):
 			told++
 		}
 	}

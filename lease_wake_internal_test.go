@@ -566,6 +566,28 @@ func placeInLine(ctx context.Context, t *testing.T, db, admin *sql.DB) inLinePla
 	return l
 }
 
+// releaseUncommitted runs the holder's release in a transaction that
+// commits when the test says (rolled back at its end otherwise).
+func (l inLinePlace) releaseUncommitted(ctx context.Context, t *testing.T, admin *sql.DB) *sql.Tx {
+	t.Helper()
+	release, err := admin.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = release.Rollback() })
+	if _, err := release.ExecContext(ctx, pgReleaseLease, l.holder.Name, l.holder.Token.Int64(), strconv.FormatInt(l.holder.Key, 10)); err != nil {
+		t.Fatal(err)
+	}
+	return release
+}
+
+// waitsForALock reports whether the waiter's backend waits for a lock.
+func (l inLinePlace) waitsForALock(admin *sql.DB) bool {
+	var waits bool
+	err := admin.QueryRow("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", l.pid).Scan(&waits)
+	return err == nil && waits
+}
+
 // TestHandoverBeforeTheSleepInLineDoesNotWaitForIt: a handover that
 // lands after the waiter took its place but before its sleep holds the
 // place's key has no sleeper to wake: committed before the sleep began,
@@ -580,16 +602,8 @@ func TestHandoverBeforeTheSleepInLineDoesNotWaitForIt(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
 			defer cancel()
 			l := placeInLine(ctx, t, db, admin)
-			store, holder, waiter, conn, pid, name := l.store, l.holder, l.waiter, l.conn, l.pid, l.holder.Name
-			// The release, in a transaction that commits when the test says.
-			release, err := admin.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer release.Rollback()
-			if _, err := release.ExecContext(ctx, pgReleaseLease, name, holder.Token.Int64(), strconv.FormatInt(holder.Key, 10)); err != nil {
-				t.Fatal(err)
-			}
+			store, waiter, conn, name := l.store, l.waiter, l.conn, l.holder.Name
+			release := l.releaseUncommitted(ctx, t, admin)
 			if committed {
 				if err := release.Commit(); err != nil {
 					t.Fatal(err)
@@ -602,11 +616,8 @@ func TestHandoverBeforeTheSleepInLineDoesNotWaitForIt(t *testing.T) {
 				slept <- err
 			}()
 			if !committed {
-				testdb.WaitFor(t, wakeWait, func() bool {
-					var waits bool
-					err := admin.QueryRow("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waits)
-					return err == nil && waits
-				}, "the sleep never waited for the key the handover holds")
+				testdb.WaitFor(t, wakeWait, func() bool { return l.waitsForALock(admin) },
+					"the sleep never waited for the key the handover holds")
 				if err := release.Commit(); err != nil {
 					t.Fatal(err)
 				}
@@ -675,23 +686,14 @@ func wokenSleeperLearnsItsGrant(t *testing.T, drv string, slowCommit bool) {
 			t.Fatal(err)
 		}
 	} else {
-		release, err := admin.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer release.Rollback()
-		if _, err := release.ExecContext(ctx, pgReleaseLease, name, holder.Token.Int64(), strconv.FormatInt(holder.Key, 10)); err != nil {
-			t.Fatal(err)
-		}
+		release := l.releaseUncommitted(ctx, t, admin)
 		testdb.WaitFor(t, wakeWait, func() bool {
 			select {
 			case s := <-done:
 				t.Fatalf("the woken sleep answered (granted %v, %v) before the handover committed", s.granted, s.err)
 			default:
 			}
-			var waits bool
-			err := admin.QueryRow("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid).Scan(&waits)
-			return err == nil && waits
+			return l.waitsForALock(admin)
 		}, "the woken sleep never waited for the handover to commit")
 		if err := release.Commit(); err != nil {
 			t.Fatal(err)

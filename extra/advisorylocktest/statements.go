@@ -87,7 +87,7 @@ func (postgresStatements) acquireLease(m *Mock, token advisorylock.FencingToken)
 	if token != 0 {
 		rows.AddRow(token.Int64())
 	}
-	m.mock.ExpectQuery(regexp.QuoteMeta("INSERT INTO advisorylock_leases AS l") + pgText(m, "VALUES ( ")).WillReturnRows(rows)
+	m.mock.ExpectQuery(regexp.QuoteMeta("INSERT INTO advisorylock_leases AS l") + pgText(m, "SELECT ")).WillReturnRows(rows)
 }
 
 func (postgresStatements) releaseLease(m *Mock) {

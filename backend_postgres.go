@@ -146,8 +146,8 @@ func (p *postgres) forLock(d time.Duration, serverChecks bool) *postgres {
 	}
 	switch {
 	case d > 0 && serverChecks:
-		c.tryLock = fmt.Sprintf(pgTryLockMarked, marker)
-		c.whyMissed = fmt.Sprintf(pgWhyMissedMarked, marker)
+		c.tryLock = fmt.Sprintf(pgTryLockMarked, secs(d/4), secs(d/8), 4, marker)
+		c.whyMissed = fmt.Sprintf(pgWhyMissedMarked, secs(d/4), secs(d/8), 4, marker)
 		c.deadHolder = fmt.Sprintf(pgDeadHolder, secs(d/4), secs(d/8), 4, marker)
 	case d > 0:
 		c.tryLock = fmt.Sprintf(pgTryLockInline, secs(d/4), secs(d/8), 4, marker)
@@ -214,37 +214,43 @@ func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 // result set. The try is not even attempted on a server in recovery (a
 // hot standby, where a lock excludes nothing): CASE evaluates in order.
 // pgTryLockMarked also returns no row for a grant on a session that lacks
-// the dead-holder settings (its marker is not set): a try that returns no
-// row asks why (pgWhyMissed), which tells a miss from a standby and from
-// such a grant, which only a new session sees.
+// the dead-holder settings (its marker is not set), and notes which of
+// the two it was in the session setting advisorylock.granted (a miss
+// clears it): a try that returns no row asks why (pgWhyMissed), which
+// tells a miss from a standby and from such a grant by reading that
+// setting, and applies the settings in the same statement, so that the
+// session's later tries, misses included, are the bare statement. The
+// question costs the same whatever the server holds: it reads no lock
+// table (pg_locks is built from every lock on the server, and a replica
+// whose tries all miss would read it at every try).
 const (
 	pgTryLock = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false ELSE pg_try_advisory_lock($1::bigint) END`
 	// pgTryLockBare is the try on a session that has passed the checks of
 	// the Lock's try statement before (see TryLockSession).
 	pgTryLockBare       = `SELECT WHERE pg_try_advisory_lock($1::bigint)`
 	pgTryLockSharedBare = `SELECT WHERE pg_try_advisory_lock_shared($1::bigint)`
-	pgTryLockMarked     = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false WHEN NOT pg_try_advisory_lock($1::bigint) THEN false
-	ELSE current_setting('advisorylock.dead_holder', true) = '%d' END`
+	pgTryLockMarked     = `SELECT WHERE CASE WHEN pg_is_in_recovery() THEN false
+	WHEN NOT pg_try_advisory_lock($1::bigint) THEN set_config('advisorylock.granted', '', false) IS NULL
+	WHEN current_setting('advisorylock.dead_holder', true) = '%[4]d' THEN true
+	ELSE set_config('advisorylock.granted', 'yes', false) IS NULL END`
 	// pgTryLockInline sends the dead-holder settings with the try (values
-	// as in pgDeadHolder); the second condition is never false, so the
-	// lock is tried whichever the planner evaluates first.
+	// as in pgDeadHolderSettings); the second condition is never false, so
+	// the lock is tried whichever the planner evaluates first.
 	pgTryLockInline = pgTryLock + `
-	AND (current_setting('advisorylock.dead_holder', true) = '%[4]d' OR ROW(
-	set_config('tcp_keepalives_idle', '%[1]d', false), set_config('tcp_keepalives_interval', '%[2]d', false),
-	set_config('tcp_keepalives_count', '%[3]d', false), set_config('tcp_user_timeout', '%[4]d', false),
-	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL THEN set_config('idle_session_timeout', '0', false) ELSE '' END,
-	set_config('advisorylock.dead_holder', '%[4]d', false)) IS NOT NULL)`
-	pgWhyMissed       = `SELECT pg_is_in_recovery(), false`
-	pgWhyMissedMarked = `SELECT pg_is_in_recovery(), CASE WHEN current_setting('advisorylock.dead_holder', true) = '%d' THEN false
-	ELSE EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
-		AND l.classid = (($1::bigint >> 32) & 4294967295)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1) END`
+	AND (current_setting('advisorylock.dead_holder', true) = '%[4]d' OR ROW(` + pgDeadHolderSettings + `) IS NOT NULL)`
+	// pgWhyMissed and pgWhyMissedMarked answer: in recovery, granted,
+	// and (a constant true, or the applied settings) nothing to read.
+	pgWhyMissed       = `SELECT pg_is_in_recovery(), false, true`
+	pgWhyMissedMarked = `SELECT pg_is_in_recovery(), coalesce(current_setting('advisorylock.granted', true) = 'yes', false),
+	ROW(` + pgDeadHolderSettings + `) IS NOT NULL`
 	// The dead-holder settings (see forLock), values in order: keepalive
 	// idle, interval and count, and the user timeout in milliseconds, which
 	// is also the marker. idle_session_timeout exists from PostgreSQL 14.
-	pgDeadHolder = `SELECT set_config('tcp_keepalives_idle', '%d', false), set_config('tcp_keepalives_interval', '%d', false),
-	set_config('tcp_keepalives_count', '%d', false), set_config('tcp_user_timeout', '%[4]d', false),
-	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL THEN set_config('idle_session_timeout', '0', false) END,
+	pgDeadHolderSettings = `set_config('tcp_keepalives_idle', '%[1]d', false), set_config('tcp_keepalives_interval', '%[2]d', false),
+	set_config('tcp_keepalives_count', '%[3]d', false), set_config('tcp_user_timeout', '%[4]d', false),
+	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL THEN set_config('idle_session_timeout', '0', false) ELSE '' END,
 	set_config('advisorylock.dead_holder', '%[4]d', false)`
+	pgDeadHolder   = `SELECT ` + pgDeadHolderSettings
 	pgUnlock       = `SELECT WHERE pg_advisory_unlock($1::bigint)`
 	pgUnlockShared = `SELECT WHERE pg_advisory_unlock_shared($1::bigint)`
 	// The wait is three statements in one simple-protocol message (no
@@ -648,17 +654,18 @@ func (p *postgres) execute(ctx context.Context, conn *sql.Conn, name, text strin
 //
 // The same statement refuses a hot standby, per connection: behind DNS, a
 // virtual IP or a multi-host DSN a new connection can reach a demoted
-// server. A try that returns no row asks why, one more round trip: a
-// standby is an error matching ErrUnsupported (should the session hold
-// the lock after all, the guard discards the connection, which frees it),
-// and a grant on a session without the dead-holder settings sends them
-// (once per session; a failure there is an error, with the same effect).
+// server. A try that returns no row asks why, one more round trip, once
+// per session: a standby is an error matching ErrUnsupported (should the
+// session hold the lock after all, the guard discards the connection,
+// which frees it); otherwise the question applies the dead-holder
+// settings and says whether the try was a grant on a session that lacked
+// them.
 //
 // Both checks hold for the rest of a session once it has passed them (a
 // primary's session never enters recovery; the settings stay unless
-// someone resets them on that connection), so a session that has is
-// remembered (see checkedSession) and later tries send only the lock
-// function: the bare statement a user would write.
+// someone resets them on that connection), so a session that has, by a
+// grant or by a miss, is remembered (see checkedSession) and later tries
+// send only the lock function: the bare statement a user would write.
 func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
 	text, why := p.tryLock, p.whyMissed
 	if text == "" { // not configured: a backend used outside a Lock
@@ -680,23 +687,14 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 	if ok || err != nil || why == "" {
 		return SessionResult{OK: ok}, err
 	}
-	q, args, err := p.statement(why, key)
-	if err != nil {
+	var standby, granted, applied bool
+	if err := conn.QueryRowContext(ctx, why).Scan(&standby, &granted, &applied); err != nil {
 		return SessionResult{}, err
 	}
-	var standby, granted bool
-	if err := conn.QueryRowContext(ctx, q, args...).Scan(&standby, &granted); err != nil {
-		return SessionResult{}, err
-	}
-	switch {
-	case standby:
+	if standby {
 		return SessionResult{}, errStandby
-	case granted:
-		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
-			return SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
-		}
-		rememberSession(conn, fact)
 	}
+	rememberSession(conn, fact)
 	return SessionResult{OK: granted}, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -593,6 +594,90 @@ func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
 		}
 	}
 	return nil
+}
+
+// A missed try costs the same whatever the server holds: the question a
+// first miss on a session asks reads no lock table (pg_locks holds every
+// lock on the server, thousands on a per-entity fleet), it configures the
+// session, and the session's later misses are the bare statement. The
+// answer it reads is the try's own: a grant noted by one Lock's try does
+// not make another Lock's later miss on that session a grant.
+func TestMissedTryReadsNoLockTable(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			ctx := context.Background()
+			var mu sync.Mutex
+			var sent []string
+			db := testdb.OpenHooked(t, drv, testdb.PostgresDSN(t), testdb.Hooks{Before: func(q string, _ []any) {
+				mu.Lock()
+				sent = append(sent, q)
+				mu.Unlock()
+			}})
+			db.SetMaxOpenConns(1)
+			since := func() []string {
+				mu.Lock()
+				defer mu.Unlock()
+				out := sent
+				sent = nil
+				return out
+			}
+			name := testdb.UniqueName(t)
+			rival := newLockOpts(t, testdb.OpenPostgres(t, drv), name)
+			held, err := rival.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := newLockOpts(t, db, name, advisorylock.WithDeadHolderTimeout(20*time.Second))
+			if err := l.Check(ctx); err != nil {
+				t.Fatal(err)
+			}
+			since()
+			for try := range 3 {
+				if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+					t.Fatalf("try %d beside a holder: %v, want ErrNotAcquired", try, err)
+				}
+				qs := since()
+				for _, q := range qs {
+					if strings.Contains(q, "pg_locks") {
+						t.Fatalf("try %d: a miss read the server's lock table: %s", try, q)
+					}
+				}
+				if try > 0 && (len(qs) != 1 || strings.Contains(qs[0], "pg_is_in_recovery")) {
+					t.Fatalf("try %d: a miss on a session that missed before sent %d statements, want the bare try: %q", try, len(qs), qs)
+				}
+			}
+			var timeout string
+			if err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout')").Scan(&timeout); err != nil {
+				t.Fatal(err)
+			}
+			if timeout != "15s" && timeout != "15000" {
+				t.Fatalf("tcp_user_timeout of a session whose tries missed = %q, want the dead-holder settings' 15s", timeout)
+			}
+			mustRelease(t, held)
+
+			// Another Lock, with other settings, on the same session: its
+			// first try is a grant on a session without its settings (noted),
+			// then the name is taken by the rival, and the third Lock's
+			// first try (its own settings again) must read its own miss.
+			other := newLockOpts(t, db, name, advisorylock.WithDeadHolderTimeout(40*time.Second))
+			g, err := other.TryLock(ctx)
+			if err != nil {
+				t.Fatalf("a try on a free name: %v", err)
+			}
+			mustRelease(t, g)
+			if held, err = rival.TryLock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer mustRelease(t, held)
+			third := newLockOpts(t, db, name, advisorylock.WithDeadHolderTimeout(60*time.Second))
+			if g, err := third.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				if g != nil {
+					_ = g.Release(ctx)
+				}
+				t.Fatalf("a try beside a holder, after another Lock's grant on the session: %v, want ErrNotAcquired", err)
+			}
+		})
+	}
 }
 
 // A session that has passed the try's checks (not in recovery, dead-holder

@@ -110,6 +110,15 @@ mutation "a checked session's facts carry over to every session" conn_guard.go \
 mutation "Guard.Conn's statements leave the session's facts standing" conn_guard.go \
 	's/\n\tforgetSession\(s\.p\.conn\)\n/\n/' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
+mutation "a miss asks why by reading the server's lock table" backend_postgres.go \
+	"s/coalesce\(current_setting\('advisorylock\.granted', true\) = 'yes', false\)/EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory')/" \
+	'^TestMissedTryReadsNoLockTable$'
+mutation "a miss leaves the last grant's note standing" backend_postgres.go \
+	"s/THEN set_config\('advisorylock\.granted', '', false\) IS NULL/THEN false/" \
+	'^TestMissedTryReadsNoLockTable$'
+mutation "a session whose try missed is checked again at every try" backend_postgres.go \
+	's/\t\treturn SessionResult\{\}, errStandby\n\t\}\n\trememberSession\(conn, fact\)\n/\t\treturn SessionResult{}, errStandby\n\t}\n\tif granted {\n\t\trememberSession(conn, fact)\n\t}\n/' \
+	'^TestMissedTryReadsNoLockTable$'
 mutation "a semaphore's try skips a new session's checks" backend_postgres_semaphore.go \
 	's/checks := !sessionKnows\(conn, fact\)/checks := !sessionKnows(conn, fact) && len(keys) == 0/' \
 	'^TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks$'

@@ -377,6 +377,27 @@ mutation "lockrun status lists a name's oldest runs, not its newest" cmd/lockrun
 mutation "lockrun status reads PostgreSQL's shared locks as exclusive" cmd/lockrun/status.go \
 	"s/l\.mode = 'ShareLock'/false/" \
 	'^TestStatusWithoutNamesListsSharedHoldersAndSlots$' ./cmd/lockrun
+mutation "lockrun takes a subcommand only as the first argument" cmd/lockrun/args.go \
+	's/if !dashdash && startsSubcommand\(rest\) \{/if !dashdash \&\& len(rest) == len(args) \&\& startsSubcommand(rest) {/' \
+	'^(TestGlobalFlagsGoBeforeASubcommand|TestParseArgsReadsFlockStyleFlags)$' ./cmd/lockrun
+mutation "lockrun reads a subcommand after --, where the word is a NAME" cmd/lockrun/args.go \
+	's/if !dashdash && startsSubcommand\(rest\) \{/if startsSubcommand(rest) {/' \
+	'^(TestFlockFormsRunTheCommand|TestParseArgsReadsFlockStyleFlags)$' ./cmd/lockrun
+mutation "lockrun lets a flag that only takes a lock go with a subcommand" cmd/lockrun/args.go \
+	's/return fmt\.Errorf\("flag --%s does not apply to %s", f, o\.subcommand\)/_ = f/' \
+	'^(TestGlobalFlagsGoBeforeASubcommand|TestParseArgsRefusesBadInput|TestBadInputGetsOneLineAndItsExitCode)$' ./cmd/lockrun
+mutation "lockrun --once exits 0 for a run it did not run, whatever --done-exit-code" cmd/lockrun/run.go \
+	's/\t\treturn o\.doneCode\n/\t\treturn 0\n/' \
+	'^TestOnceDoneExitCodeSaysTheCommandDidNotRun$' ./cmd/lockrun
+mutation "lockrun: done-exit-code is not a config file key" cmd/lockrun/args.go \
+	's/\{long: \[\]string\{"done-exit-code"\}, config: true,/{long: []string{"done-exit-code"},/' \
+	'^TestOnceDoneExitCodeSaysTheCommandDidNotRun$' ./cmd/lockrun
+mutation "lockrun's bash completion offers subcommands only as the first word" cmd/lockrun/completion.go \
+	's/elif \[\[ \$name -eq 0 && \$set -eq 0 \]\]; then/elif [[ \$COMP_CWORD -eq 1 ]]; then/' \
+	'^TestBashCompletionCompletes$' ./cmd/lockrun
+mutation "lockrun's zsh completion looks for a subcommand only as the first word" cmd/lockrun/completion.go \
+	's/if \(\( i < CURRENT \)\) && \{/if (( i == 2 \&\& i < CURRENT )) \&\& {/' \
+	'^TestZshCompletionFindsTheSubcommandAfterFlags$' ./cmd/lockrun
 
 # --- Scheduler adapters (modules of their own: PACKAGE is the module) ---------
 mutation "the gocron Locker's default window overrides the caller's" extra/advisorylockgocron/locker.go \

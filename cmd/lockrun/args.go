@@ -19,6 +19,7 @@ type options struct {
 	nonblock     bool
 	wait         time.Duration // < 0: as long as it takes
 	conflictCode int
+	doneCode     int // --done-exit-code: --once's exit code when the command did not run
 	lease        bool
 	ttl          time.Duration // 0: the library's default
 	killAfter    time.Duration
@@ -73,6 +74,8 @@ var flags = []flagSpec{
 		value: func(o *options, v string) (err error) { o.wait, err = parseSeconds(v); return err }},
 	{long: []string{"conflict-exit-code"}, short: 'E', config: true, help: "exit code when the lock is not acquired",
 		value: setConflictCode},
+	{long: []string{"done-exit-code"}, config: true, help: "with --once, exit code when the run is done or running elsewhere",
+		value: func(o *options, v string) (err error) { o.doneCode, err = parseExitCode(v); return err }},
 	{long: []string{"lease"}, config: true, help: "hold a lease with a fencing token",
 		bool: func(o *options) { o.lease = true }},
 	{long: []string{"ttl"}, config: true, help: "how long a lease lives without renewal", value: setTTL},
@@ -110,13 +113,17 @@ var flags = []flagSpec{
 		bool: func(o *options) { o.help = true }},
 }
 
-func setConflictCode(o *options, v string) error {
+func setConflictCode(o *options, v string) (err error) {
+	o.conflictCode, err = parseExitCode(v)
+	return err
+}
+
+func parseExitCode(v string) (int, error) {
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 0 || n > 255 {
-		return errors.New("want an exit code from 0 to 255")
+		return 0, errors.New("want an exit code from 0 to 255")
 	}
-	o.conflictCode = n
-	return nil
+	return n, nil
 }
 
 func setTTL(o *options, v string) (err error) {
@@ -149,9 +156,15 @@ func setLogFormat(o *options, v string) error {
 	return nil
 }
 
-// subcommands are the words that are subcommands as the first argument;
-// anywhere else, or followed by "--", such a word is a NAME.
+// subcommands are the words that are subcommands as the first word after
+// the flags, as git's are (lockrun -v status NAME). Such a word is a NAME
+// after "--" (lockrun -- status COMMAND) or followed by "--" (lockrun
+// status -- COMMAND).
 var subcommands = []string{"status", "completion", "elect"}
+
+// runOnly are the flags that apply only to taking a lock for a command:
+// given with a subcommand, before or after its word, they are refused.
+var runOnly = []string{"nonblock", "wait", "conflict-exit-code", "done-exit-code", "lease", "ttl", "kill-after", "min-hold", "once", "shared", "lock"}
 
 // parseArgs reads the command line:
 //
@@ -159,24 +172,30 @@ var subcommands = []string{"status", "completion", "elect"}
 //	[flags] [--] NAME -c COMMAND
 //	[flags] -l NAME [-l NAME...] -- COMMAND [ARG...]
 //	[flags] -l NAME [-l NAME...] -c COMMAND
-//	status [flags] [NAME...]
-//	completion bash|zsh
+//	[flags] status [flags] [NAME...]
+//	[flags] completion bash|zsh
 //
 // Flags come before NAME, short ones clustered as in -nq, values as -w5,
 // -w 5, --wait=5 or --wait 5.
 func parseArgs(args []string) (*options, error) {
 	o := &options{wait: -1, conflictCode: exitConflict, killAfter: 10 * time.Second, logFormat: "text", given: map[string]bool{}}
-	if len(args) > 0 && contains(subcommands, args[0]) && (len(args) == 1 || args[1] != "--") {
-		return o, o.parseSubcommand(args[0], args[1:])
-	}
 	rest, dashdash, err := o.readFlags(args)
 	if err != nil || o.help || o.version {
 		return o, err
+	}
+	if !dashdash && startsSubcommand(rest) {
+		return o, o.parseSubcommand(rest[0], rest[1:])
 	}
 	if len(o.locks) > 0 {
 		return o, o.placeSet(rest, dashdash)
 	}
 	return o, o.placeCommand(rest)
+}
+
+// startsSubcommand reports whether the words after the flags are a
+// subcommand's: its word, not followed by "--".
+func startsSubcommand(rest []string) bool {
+	return len(rest) > 0 && contains(subcommands, rest[0]) && (len(rest) == 1 || rest[1] != "--")
 }
 
 // readFlags reads the flags at the front of args and returns the rest,
@@ -290,9 +309,6 @@ func (o *options) placeCommand(rest []string) error {
 		return errors.New("the lock NAME is empty")
 	}
 	command, err := commandOf(rest[1:])
-	if err != nil && contains(subcommands, o.name) {
-		return fmt.Errorf("%w (%s is a subcommand only as the first argument)", err, o.name)
-	}
 	if err != nil {
 		return err
 	}
@@ -438,20 +454,41 @@ func commandOf(rest []string) ([]string, error) {
 	return rest, nil
 }
 
-// parseSubcommand reads the arguments of status, completion or elect.
+// parseSubcommand reads the arguments of status, completion or elect (the
+// flags before its word are read already). A flag that applies only to
+// taking a lock is refused, with the way to take a lock of that name.
 func (o *options) parseSubcommand(word string, args []string) error {
 	o.subcommand = word
+	var err error
 	switch word {
 	case "completion":
 		if len(args) != 1 || (args[0] != "bash" && args[0] != "zsh") {
-			return errors.New("usage: lockrun completion bash|zsh")
+			err = errors.New("usage: lockrun completion bash|zsh")
+		} else {
+			o.shell = args[0]
 		}
-		o.shell = args[0]
-		return nil
 	case "elect":
 		return errors.New("elect is reserved, not a subcommand: for a leader-elected command run lockrun NAME -- COMMAND under a service manager that restarts it (see --help); a lock named elect is taken with lockrun -- elect COMMAND")
+	default:
+		err = o.parseStatus(args)
 	}
-	return o.parseStatus(args)
+	if err == nil {
+		err = o.refuseRunOnly()
+	}
+	if err != nil {
+		return fmt.Errorf("%w (a lock named %s is taken with lockrun [flags] -- %s COMMAND)", err, word, word)
+	}
+	return nil
+}
+
+// refuseRunOnly refuses the runOnly flags given with a subcommand.
+func (o *options) refuseRunOnly() error {
+	for _, f := range runOnly {
+		if o.given[f] {
+			return fmt.Errorf("flag --%s does not apply to %s", f, o.subcommand)
+		}
+	}
+	return nil
 }
 
 // parseStatus reads status's flags and names, in any order (a name never
@@ -470,11 +507,6 @@ func (o *options) parseStatus(args []string) error {
 			break
 		}
 		o.names, args = append(o.names, rest[0]), rest[1:]
-	}
-	for _, f := range []string{"nonblock", "wait", "conflict-exit-code", "lease", "ttl", "kill-after", "min-hold", "shared", "lock"} {
-		if o.given[f] {
-			return fmt.Errorf("flag --%s does not apply to status", f)
-		}
 	}
 	return nil
 }

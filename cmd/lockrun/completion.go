@@ -34,9 +34,10 @@ func flagWords() (all, valued []string) {
 }
 
 // bashScript is the bash completion; %s are the flags and those that
-// take a value. After NAME (with -l, after -- or -c) it completes a
-// command, and that command's arguments with bash-completion's
-// _command_offset if loaded.
+// take a value. The first word after the flags is NAME or a subcommand
+// (not after --, nor followed by --). After NAME (with -l, after -- or
+// -c) it completes a command, and that command's arguments with
+// bash-completion's _command_offset if loaded.
 const bashScript = `# bash completion for lockrun: source <(lockrun completion bash)
 _lockrun() {
 	local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
@@ -49,26 +50,11 @@ _lockrun() {
 	--log-format)
 		COMPREPLY=($(compgen -W 'text json' -- "$cur"))
 		return ;;
-	completion)
-		if [[ $COMP_CWORD -eq 2 ]]; then
-			COMPREPLY=($(compgen -W 'bash zsh' -- "$cur"))
-			return
-		fi ;;
 	esac
 	if [[ $valued == *" $prev "* ]]; then
 		return
 	fi
-	if [[ $COMP_CWORD -gt 1 && ${COMP_WORDS[1]} == status ]]; then
-		if [[ $cur == -* ]]; then
-			COMPREPLY=($(compgen -W "$flags" -- "$cur"))
-		fi
-		return
-	fi
-	if [[ $COMP_CWORD -eq 1 && $cur != -* ]]; then
-		COMPREPLY=($(compgen -W 'status completion' -- "$cur"))
-		return
-	fi
-	local i=1 name=0 set=0
+	local i=1 name=0 set=0 escaped=0
 	while [[ $i -lt $COMP_CWORD ]]; do
 		local w=${COMP_WORDS[i]}
 		if [[ $w == -l || $w == --lock || $w == --lock=* ]]; then
@@ -78,7 +64,7 @@ _lockrun() {
 			name=$i # with -l no word is NAME: the command follows -- or -c
 			break
 		elif [[ $w == -- ]]; then
-			name=$((i + 1))
+			name=$((i + 1)) escaped=1
 			break
 		elif [[ $valued == *" $w "* ]]; then
 			i=$((i + 1))
@@ -91,8 +77,24 @@ _lockrun() {
 	if [[ $name -eq 0 || $name -ge $COMP_CWORD ]]; then
 		if [[ $cur == -* ]]; then
 			COMPREPLY=($(compgen -W "$flags" -- "$cur"))
+		elif [[ $name -eq 0 && $set -eq 0 ]]; then
+			COMPREPLY=($(compgen -W 'status completion' -- "$cur"))
 		fi
 		return
+	fi
+	if [[ $escaped -eq 0 && ( $COMP_CWORD -eq $((name + 1)) || ${COMP_WORDS[name+1]} != -- ) ]]; then
+		case ${COMP_WORDS[name]} in
+		status)
+			if [[ $cur == -* ]]; then
+				COMPREPLY=($(compgen -W "$flags" -- "$cur"))
+			fi
+			return ;;
+		completion)
+			if [[ $COMP_CWORD -eq $((name + 1)) ]]; then
+				COMPREPLY=($(compgen -W 'bash zsh' -- "$cur"))
+			fi
+			return ;;
+		esac
 	fi
 	local first=$((name + 1))
 	if [[ ${COMP_WORDS[first]} == -- || ${COMP_WORDS[first]} == -c ]]; then
@@ -114,8 +116,9 @@ func bashCompletion() string {
 	return fmt.Sprintf(bashScript, strings.Join(all, " "), strings.Join(valued, " "))
 }
 
-// zshScript is the zsh completion; %s are _arguments' flag specs. It
-// works from fpath (as _lockrun) and sourced after compinit.
+// zshScript is the zsh completion; %s are _arguments' flag specs and the
+// flags that take a value. It works from fpath (as _lockrun) and sourced
+// after compinit.
 const zshScript = `#compdef lockrun
 # zsh completion for lockrun: lockrun completion zsh > "${fpath[1]}/_lockrun"
 # (or, after compinit: source <(lockrun completion zsh))
@@ -123,20 +126,27 @@ _lockrun() {
 	local -a flags
 	flags=(
 %s	)
-	if (( CURRENT == 2 )) && [[ $words[2] != -* ]]; then
+	local valued=' %s '
+	# i: the first word after the flags, NAME or a subcommand
+	local i=2
+	while (( i < CURRENT )) && [[ $words[i] == -* && $words[i] != -- ]]; do
+		[[ $valued == *" $words[i] "* ]] && (( i++ ))
+		(( i++ ))
+	done
+	if (( i == CURRENT )) && [[ $words[i] != -* ]]; then
 		_alternative 'subcommands:subcommand:(status completion)' 'names:lock name:'
 		return
 	fi
-	case $words[2] in
-	completion)
-		(( CURRENT == 3 )) && _values shell bash zsh
-		return ;;
-	status)
-		shift words
-		(( CURRENT-- ))
-		_arguments -s $flags '*:lock name:'
-		return ;;
-	esac
+	if (( i < CURRENT )) && { (( i + 1 == CURRENT )) || [[ $words[i+1] != -- ]]; }; then
+		case $words[i] in
+		completion)
+			(( CURRENT == i + 1 )) && _values shell bash zsh
+			return ;;
+		status)
+			_arguments -s $flags '*:lock name:'
+			return ;;
+		esac
+	fi
 	if (( ${words[(I)(-l|--lock|--lock=*)]} )); then
 		# with -l no word is NAME: the command follows --
 		_arguments -s -S $flags '*::command:_normal'
@@ -175,7 +185,8 @@ func zshCompletion() string {
 			fmt.Fprintf(&specs, "\t\t'%s[%s]%s'\n", w, desc, arg)
 		}
 	}
-	return fmt.Sprintf(zshScript, specs.String())
+	_, valued := flagWords()
+	return fmt.Sprintf(zshScript, specs.String(), strings.Join(valued, " "))
 }
 
 // zshNames spells f's names as _arguments wants them, a value flag's long

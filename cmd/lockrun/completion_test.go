@@ -58,6 +58,12 @@ func TestBashCompletionCompletes(t *testing.T) {
 		"lockrun -l a -l b -- ech":        "echo",
 		"lockrun -n --lock a -- ech":      "echo",
 		"lockrun -l a --no":               "--nonblock",
+		"lockrun -v st":                   "status",
+		"lockrun -w 5 --dsn x comp":       "completion",
+		"lockrun -q --dsn x completion z": "zsh",
+		"lockrun -v status job --ds":      "--dsn",
+		"lockrun -- status ech":           "echo",
+		"lockrun -v status -- ech":        "echo",
 	} {
 		cmd := exec.Command("bash", "-c", `source "$1"; COMP_WORDS=($2); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _lockrun; printf '%s\n' "${COMPREPLY[@]}"`, "bash", file, words)
 		out, err := cmd.CombinedOutput()
@@ -65,15 +71,54 @@ func TestBashCompletionCompletes(t *testing.T) {
 			t.Errorf("completing %q: %v, got %q; want %q among them", words, err, out, want)
 		}
 	}
-	out, err := exec.Command("bash", "-c", `source "$1"; COMP_WORDS=(lockrun status ech); COMP_CWORD=2; _lockrun; echo "${#COMPREPLY[@]}"`, "bash", file).CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "0" {
-		t.Errorf("status's lock names were completed as commands: %v, %q", err, out)
+	for _, words := range []string{"lockrun status ech", "lockrun -v --dsn x status ech"} {
+		out, err := exec.Command("bash", "-c", `source "$1"; COMP_WORDS=($2); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _lockrun; echo "${#COMPREPLY[@]}"`, "bash", file, words).CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "0" {
+			t.Errorf("%q: status's lock names were completed as commands: %v, %q", words, err, out)
+		}
 	}
 	// With -l the word after -- is the command, not a NAME: the next word
 	// is its argument, a file here.
 	writeFile(t, filepath.Join(dir, "echo-arg"), "")
-	out, err = exec.Command("bash", "-c", `source "$1"; cd "$2"; COMP_WORDS=(lockrun -l a -- echo echo-a); COMP_CWORD=5; _lockrun; printf '%s\n' "${COMPREPLY[@]}"`, "bash", file, dir).CombinedOutput()
+	out, err := exec.Command("bash", "-c", `source "$1"; cd "$2"; COMP_WORDS=(lockrun -l a -- echo echo-a); COMP_CWORD=5; _lockrun; printf '%s\n' "${COMPREPLY[@]}"`, "bash", file, dir).CombinedOutput()
 	if err != nil || !contains(strings.Split(string(out), "\n"), "echo-arg") {
 		t.Errorf("after -l a -- echo, bash completed %q (%v); want the file echo-arg", out, err)
+	}
+}
+
+// The zsh completion finds NAME or a subcommand after the flags, as
+// lockrun reads them: run with zsh's completion functions stubbed to
+// print what they are asked.
+func TestZshCompletionFindsTheSubcommandAfterFlags(t *testing.T) {
+	t.Parallel()
+	zsh, err := exec.LookPath("zsh")
+	if err != nil {
+		t.Fatalf("zsh is not installed (.ci/run installs it): %v", err)
+	}
+	_, script, _ := runLockrun(t, nil, "completion", "zsh")
+	file := filepath.Join(t.TempDir(), "lockrun.zsh")
+	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const stubs = `_arguments() { print -r -- _arguments "$@" }
+_alternative() { print -r -- _alternative "$@" }
+_values() { print -r -- _values "$@" }
+_normal() { print -r -- _normal }
+compdef() { }
+source "$1"; shift; words=("$@"); CURRENT=$#words; _lockrun`
+	for words, want := range map[string]string{
+		"lockrun st":                    "_alternative subcommands:subcommand:(status completion)",
+		"lockrun -v -w 5 st":            "_alternative subcommands:subcommand:(status completion)",
+		"lockrun --dsn x completion z":  "_values shell bash zsh",
+		"lockrun -q status a -":         "*:lock name:",
+		"lockrun -v --dsn x status a -": "*:lock name:",
+		"lockrun -- status ech":         "1:lock name:",
+		"lockrun -v status -- ech":      "1:lock name:",
+		"lockrun -n job ech":            "1:lock name:",
+	} {
+		out, err := exec.Command(zsh, append([]string{"-c", stubs, "zsh", file}, strings.Fields(words)...)...).CombinedOutput()
+		if got := strings.TrimSpace(string(out)); err != nil || !strings.Contains(got, want) {
+			t.Errorf("completing %q in zsh: %v, asked %q; want %q", words, err, got, want)
+		}
 	}
 }

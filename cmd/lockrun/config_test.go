@@ -175,6 +175,7 @@ func TestEveryConfigKeyActsAsItsFlag(t *testing.T) {
 	}{
 		"wait":               {"2.5", []string{"-w", "2.5"}},
 		"conflict-exit-code": {"9", []string{"-E", "9"}},
+		"done-exit-code":     {"3", []string{"--done-exit-code", "3"}},
 		"lease":              {"true", []string{"--lease"}},
 		"ttl":                {"90s", []string{"--ttl", "90s"}},
 		"kill-after":         {"4", []string{"--kill-after", "4"}},

@@ -218,8 +218,8 @@ func TestUnknownConfigKeyIsAConfigError(t *testing.T) {
 }
 
 // flock's forms: NAME COMMAND [ARG...] without --, and NAME -c 'COMMAND'
-// run by sh -c; both hold the lock while they run. A subcommand word is a
-// subcommand only as the first argument: after a flag or -- it is a NAME.
+// run by sh -c; both hold the lock while they run. A subcommand word
+// after -- (or followed by --) is a NAME, after flags too.
 func TestFlockFormsRunTheCommand(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
@@ -231,7 +231,7 @@ func TestFlockFormsRunTheCommand(t *testing.T) {
 		if code != 7 || stdout != strings.ToUpper(name)+"\n" {
 			t.Errorf("NAME -c: exit %d, stdout %q; want 7 and the name in capitals", code, stdout)
 		}
-		for _, args := range [][]string{{"--", "status", "echo", "lock status"}, {"-w", "60", "completion", "echo", "lock completion"}, {"status", "--", "echo", "lock status"}} {
+		for _, args := range [][]string{{"--", "status", "echo", "lock status"}, {"-w", "60", "--", "completion", "echo", "lock completion"}, {"status", "--", "echo", "lock status"}, {"-w", "60", "elect", "--", "echo", "lock elect"}} {
 			code, stdout, stderr := runLockrun(t, env, args...)
 			if code != 0 || stdout != args[len(args)-1]+"\n" {
 				t.Errorf("%q: exit %d, stdout %q, stderr %q; want a lock named as the subcommand word, taken", args, code, stdout, stderr)
@@ -248,6 +248,61 @@ func TestFlockFormsRunTheCommand(t *testing.T) {
 			t.Errorf("NAME -c holder exited %d; stderr %q", code, holder.stderr)
 		}
 	})
+}
+
+// Flags go before a subcommand as before NAME, as git's do: in cron's bare
+// environment, where nothing else names the database, lockrun --dsn DSN
+// -v status NAME asks DSN's database and finds NAME's holder, and flags
+// before completion are taken too. A flag that only takes a lock is
+// refused there (exit 64), naming how to take a lock so named, and the
+// command does not run.
+func TestGlobalFlagsGoBeforeASubcommand(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	for _, db := range []struct{ name, dsn string }{
+		{"sqlite", "sqlite:" + filepath.Join(home, "locks.db")},
+		{"postgres", testdb.PostgresDSN(t)},
+	} {
+		t.Run(db.name, func(t *testing.T) {
+			t.Parallel()
+			name, d, env := lockName(t), newDir(t), cronEnv(home)
+			holder := startBare(t, env, append([]string{"--dsn", db.dsn, name}, d.holdUntil("release")...)...)
+			testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start; stderr: %q", holder.stderr)
+			for _, args := range [][]string{
+				{"--dsn", db.dsn, "-v", "status", name},
+				{"-q", "--dsn=" + db.dsn, "--log-format", "json", "status", name},
+				{"-v", "status", "--dsn", db.dsn, name},
+			} {
+				code, stdout, stderr := runBare(t, env, args...)
+				if code != 0 || stderr != "" {
+					t.Errorf("lockrun %q: exit %d, stderr %q; want the status of %s", args, code, stderr, name)
+					continue
+				}
+				_, table, _ := strings.Cut(stdout, "\n")
+				if rows := checkAligned(t, table); len(rows) != 2 || rows[1][0] != name || rows[1][1] != "lock" {
+					t.Errorf("lockrun %q printed %q; want one row: %s held as a lock", args, stdout, name)
+				}
+			}
+			for _, args := range [][]string{{"-v", "completion", "bash"}, {"--dsn", db.dsn, "completion", "zsh"}} {
+				if code, stdout, stderr := runBare(t, env, args...); code != 0 || stderr != "" || !strings.Contains(stdout, "_lockrun") {
+					t.Errorf("lockrun %q: exit %d, stderr %q; want the completion script", args, code, stderr)
+				}
+			}
+			for word, args := range map[string][]string{
+				"status":     {"--dsn", db.dsn, "-n", "status", "echo", "ran"},
+				"completion": {"--once", "k", "completion", "bash"},
+			} {
+				code, stdout, stderr := runBare(t, env, args...)
+				if code != exitUsage || stdout != "" || !strings.Contains(stderr, "does not apply to "+word) || !strings.Contains(stderr, "lockrun [flags] -- "+word+" COMMAND") {
+					t.Errorf("lockrun %q: exit %d, stdout %q, stderr %q; want %d, refusing the flag and saying how to take a lock so named", args, code, stdout, stderr, exitUsage)
+				}
+			}
+			d.touch(t, "release")
+			if code := holder.wait(t); code != 0 {
+				t.Errorf("the holder exited %d; stderr %q", code, holder.stderr)
+			}
+		})
+	}
 }
 
 // A conflict prints nothing, -n or -w, like flock; the

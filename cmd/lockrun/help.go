@@ -13,8 +13,8 @@ SYNOPSIS
     lockrun [flags] NAME -- COMMAND [ARG...]
     lockrun [flags] -l NAME [-l NAME...] -- COMMAND [ARG...]
     lockrun [flags] -l NAME [-l NAME...] -c 'COMMAND'
-    lockrun status [flags] [NAME...]
-    lockrun completion bash|zsh
+    lockrun [flags] status [NAME...]
+    lockrun [flags] completion bash|zsh
 
 DESCRIPTION
     lockrun takes the lock NAME in a database shared by every host that runs
@@ -59,13 +59,16 @@ DESCRIPTION
     a set cannot hold a comma.
 
     Flags go before NAME; what follows NAME is the command. status,
-    completion and elect are subcommands only as the first argument: a lock
-    with such a name is taken with lockrun -- status COMMAND (or after any
-    flag). elect is reserved: leader election for a command is lockrun NAME
-    -- COMMAND on every host, each run by a service manager that restarts
-    it (systemd Restart=always). lockrun waits until it leads, runs COMMAND
-    while it does, stops it (exit 75) when leadership is lost, and the
-    restart campaigns again.
+    completion and elect are subcommands as the first word after the
+    flags, as git's are (lockrun -v status NAME; status also takes flags
+    among its NAMEs); a flag that applies only to taking a lock is a usage
+    error there. A lock with such a name is taken with -- before the word
+    (lockrun -n -- status COMMAND) or right after it (lockrun -n status --
+    COMMAND). elect is reserved: leader election for a command is lockrun
+    NAME -- COMMAND on every host, each run by a service manager that
+    restarts it (systemd Restart=always). lockrun waits until it leads,
+    runs COMMAND while it does, stops it (exit 75) when leadership is lost,
+    and the restart campaigns again.
 
     lockrun status prints which database it asks, then who holds the named
     locks, as a table. Without names it lists every held lease; on SQLite
@@ -112,10 +115,15 @@ FLAGS
                     NAME free runs it, and once COMMAND exits 0 records the
                     run done before it lets NAME go; every later --once
                     with the same RUNKEY (say, the minute of the crontab
-                    entry, from date) exits 0 without running it, as does
-                    one that finds NAME held. A failed COMMAND leaves the
-                    run to the next. One try: not with -w, --lease,
-                    --min-hold, --slots or -s
+                    entry, from date) exits with the done code without
+                    running it, as does one that finds NAME held. A failed
+                    COMMAND leaves the run to the next. One try: not with
+                    -w, --lease, --min-hold, --slots or -s
+    --done-exit-code N
+                    with --once, the exit code when COMMAND did not run
+                    because its run is done or another lockrun runs it
+                    [0, so that cron sees success]; give one COMMAND never
+                    exits with for a script to tell
     --slots N       let up to N holders take NAME at once, each on its own
                     slot from 0 to N-1 (a semaphore, at most 1000 slots);
                     COMMAND gets LOCKRUN_SLOT. Every process sharing NAME
@@ -144,9 +152,10 @@ CONFIGURATION
     cron gives jobs almost no environment: put the DSN in a config file.
 
     A config file has key = value lines; # starts a comment line. Keys: dsn,
-    wait, conflict-exit-code, lease (true or false), ttl, kill-after,
-    min-hold, slots (1 to 1000) and log-format, as the flags of the same
-    names, which override them; the user's file overrides the system's.
+    wait, conflict-exit-code, done-exit-code, lease (true or false), ttl,
+    kill-after, min-hold, slots (1 to 1000) and log-format, as the flags of
+    the same names, which override them; the user's file overrides the
+    system's.
     --config FILE reads FILE instead of both. A config file that cannot be
     read, an unknown key or a bad value is an error (exit 78), never
     skipped:
@@ -177,6 +186,8 @@ ENVIRONMENT
 EXIT STATUS
     COMMAND's exit status, or 128+N if COMMAND was killed by signal N.
     Otherwise:
+    0      with --once, COMMAND did not run: its run is done, or another
+           lockrun runs it; see --done-exit-code
     1      the lock is held elsewhere (-n), or the wait ran out (-w); see -E
     64     usage error: unknown flag, no NAME or COMMAND, bad value,
            flags that exclude each other (such as several -l with --lease)
@@ -217,8 +228,12 @@ EXAMPLES
     Try it with no server at all (SQLite in ~/.local/state/lockrun):
         lockrun nightly-report echo hello
 
-    Who holds what:
-        lockrun status nightly-report migrate
+    Who holds what, in the database of a given DSN:
+        lockrun --dsn "$OPS_DSN" status nightly-report migrate
+
+    In a script, the report once a minute across the fleet, telling a run
+    done (or running) elsewhere, exit 3, from its own:
+        lockrun --once "$(date -u +%Y-%m-%dT%H:%M)" --done-exit-code 3 report ./bin/report
 
     Completions, for bash and zsh:
         source <(lockrun completion bash)

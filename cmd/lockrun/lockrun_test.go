@@ -632,6 +632,8 @@ func TestBadInputGetsOneLineAndItsExitCode(t *testing.T) {
 		{"zero TTL", []string{"--ttl", "0", "job", "--", "true"}, exitUsage},
 		{"-n with -w", []string{"-n", "-w", "3", "job", "--", "true"}, exitUsage},
 		{"status with -n", []string{"status", "-n", "job"}, exitUsage},
+		{"-n before status", []string{"-n", "status", "job"}, exitUsage},
+		{"--done-exit-code out of range", []string{"--done-exit-code", "256", "--once", "k", "job", "true"}, exitUsage},
 		{"unreachable database", []string{"--dsn", "postgres://u@127.0.0.1:" + port + "/db?sslmode=disable", "job", "--", "true"}, exitUnavailable},
 		{"unknown DSN scheme", []string{"--dsn", "mongodb://h/db", "job", "--", "true"}, exitConfig},
 		{"a bare path as DSN", []string{"--dsn", "/var/lib/locks.db", "job", "--", "true"}, exitConfig},
@@ -658,11 +660,11 @@ func TestHelpReadsLikeAManPage(t *testing.T) {
 		}
 		for _, want := range []string{
 			"NAME\n", "SYNOPSIS\n", "lockrun [flags] NAME COMMAND [ARG...]", "lockrun [flags] NAME -c 'COMMAND'",
-			"lockrun [flags] NAME -- COMMAND [ARG...]", "lockrun status [flags] [NAME...]", "lockrun completion bash|zsh",
+			"lockrun [flags] NAME -- COMMAND [ARG...]", "lockrun [flags] status [NAME...]", "lockrun [flags] completion bash|zsh",
 			"lockrun [flags] -l NAME [-l NAME...] -- COMMAND [ARG...]", "-l, --lock NAME",
 			"CONFIGURATION\n", "/etc/lockrun.conf", "XDG_CONFIG_HOME", "--config FILE", "--log-format", "-V, --version",
 			"DESCRIPTION\n", "FLAGS\n", "EXIT STATUS\n", "EXAMPLES\n",
-			"-n, --nonblock", "-w, --wait", "-E, --conflict-exit-code", "--lease", "--ttl", "--kill-after", "-q, --quiet", "-v, --verbose",
+			"-n, --nonblock", "-w, --wait", "-E, --conflict-exit-code", "--once RUNKEY", "--done-exit-code N", "--lease", "--ttl", "--kill-after", "-q, --quiet", "-v, --verbose",
 			"LOCKRUN_DSN", "DATABASE_URL", "XDG_STATE_HOME", "LOCKRUN_FENCING_TOKEN", "LOCKRUN_LOCK_NAME",
 			"0 3 * * * lockrun -n", "Deploy hook", "128+N", "mysql://", "@tcp(HOST:3306)",
 		} {

@@ -4,8 +4,8 @@
 //	lockrun [flags] NAME COMMAND [ARG...]
 //	lockrun [flags] NAME -c 'COMMAND'
 //	lockrun [flags] -l NAME [-l NAME...] -- COMMAND [ARG...]
-//	lockrun status [flags] [NAME...]
-//	lockrun completion bash|zsh
+//	lockrun [flags] status [NAME...]
+//	lockrun [flags] completion bash|zsh
 //
 // Run lockrun --help for the flags, the exit codes and examples.
 package main

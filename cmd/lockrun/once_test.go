@@ -57,6 +57,49 @@ func TestOnceRunsACommandOncePerRunKey(t *testing.T) {
 	})
 }
 
+// --done-exit-code N lets a script tell whether --once ran the command:
+// lockrun exits N without running it while another lockrun runs the run
+// and once the run is done, and with the command's own status when it
+// runs. done-exit-code in the config file does the same, the flag wins
+// over it, and without either lockrun exits 0 as before.
+func TestOnceDoneExitCodeSaysTheCommandDidNotRun(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		once := func(key string, flags ...string) int {
+			t.Helper()
+			args := append(flags, "--once", key, name, "sh", "-c", `echo "$1" >> "$2"`, "sh", key, d.path("runs"))
+			code, _, stderr := runLockrun(t, env, args...)
+			if stderr != "" {
+				t.Errorf("lockrun %q wrote %q", args, stderr)
+			}
+			return code
+		}
+		conf := d.path("lockrun.conf")
+		writeFile(t, conf, "done-exit-code = 4\n")
+
+		holder := startLockrun(t, env, append([]string{"--done-exit-code", "3", "--once", "k", name}, d.holdUntil("release")...)...)
+		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder of run k did not start; stderr: %q", holder.stderr)
+		if code := once("k", "--done-exit-code", "3"); code != 3 {
+			t.Errorf("--done-exit-code 3 beside the holder of the run: exit %d, want 3", code)
+		}
+		d.touch(t, "release")
+		if code := holder.wait(t); code != 0 {
+			t.Fatalf("the holder of run k exited %d, want its command's 0; stderr %q", code, holder.stderr)
+		}
+		for flags, want := range map[string]int{"--done-exit-code 3": 3, "--config " + conf: 4, "--config " + conf + " --done-exit-code 5": 5, "": 0} {
+			if code := once("k", strings.Fields(flags)...); code != want {
+				t.Errorf("lockrun %s --once of a done run: exit %d, want %d", flags, code, want)
+			}
+		}
+		if code := once("k2", "--done-exit-code", "3"); code != 0 {
+			t.Errorf("--done-exit-code 3 --once of a new run: exit %d, want the command's 0", code)
+		}
+		if got := d.read("runs"); got != "k2\n" {
+			t.Errorf("the commands run wrote %q, want only the new run's k2", got)
+		}
+	})
+}
+
 // --once makes one try of an exclusive lock: it refuses the flags that
 // wait, share, lease or keep a window, as a usage error.
 func TestOnceRefusesFlagsThatDoNotApply(t *testing.T) {

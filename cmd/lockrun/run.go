@@ -206,9 +206,10 @@ func run(o *options, say *reporter) int {
 // runOnce runs the command under the lock at most once for the run key
 // o.once (Lock.TryDoOnce): the run is recorded done once the command
 // exits 0, and every later lockrun --once with the same NAME and run key
-// exits 0 without running it, as does one that finds another holder
-// running it now. A command that fails (or loses the lock) leaves the run
-// not done, so the next arrival runs it; lockrun exits with its code.
+// exits with o.doneCode (0 unless --done-exit-code) without running it,
+// as does one that finds another holder running it now. A command that
+// fails (or loses the lock) leaves the run not done, so the next arrival
+// runs it; lockrun exits with its code.
 func runOnce(cmd *exec.Cmd, o *options, signals <-chan os.Signal, say *reporter) int {
 	ctx := context.Background()
 	db, err := connect(ctx, o, say)
@@ -242,7 +243,7 @@ func runOnce(cmd *exec.Cmd, o *options, signals <-chan os.Signal, say *reporter)
 		return failed(say, o, err)
 	case !ran:
 		say.debugf("run %q of lock %q is done, or running elsewhere: the command did not run", o.once, o.name)
-		return 0
+		return o.doneCode
 	}
 	say.debugf("run %q of lock %q done; released the lock", o.once, o.name)
 	return 0

@@ -11,10 +11,10 @@ replace github.com/advisorylock/advisorylock/extra/advisorylockprom => ../extra/
 replace github.com/advisorylock/advisorylock/extra/advisorylockpq => ../extra/advisorylockpq
 
 require (
-	github.com/advisorylock/advisorylock v0.0.0-00010101000000-000000000000
-	github.com/advisorylock/advisorylock/extra/advisorylockotel v0.0.0-00010101000000-000000000000
-	github.com/advisorylock/advisorylock/extra/advisorylockpq v0.0.0-00010101000000-000000000000
-	github.com/advisorylock/advisorylock/extra/advisorylockprom v0.0.0-00010101000000-000000000000
+	github.com/advisorylock/advisorylock v0.1.0
+	github.com/advisorylock/advisorylock/extra/advisorylockotel v0.1.0
+	github.com/advisorylock/advisorylock/extra/advisorylockpq v0.1.0
+	github.com/advisorylock/advisorylock/extra/advisorylockprom v0.1.0
 	github.com/glebarez/go-sqlite v1.23.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/golang-migrate/migrate/v4 v4.20.1

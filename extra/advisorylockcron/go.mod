@@ -5,7 +5,7 @@ go 1.25.0
 replace github.com/advisorylock/advisorylock => ../..
 
 require (
-	github.com/advisorylock/advisorylock v0.0.0-00010101000000-000000000000
+	github.com/advisorylock/advisorylock v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/robfig/cron/v3 v3.0.1
 	go.uber.org/goleak v1.3.0

@@ -5,7 +5,7 @@ go 1.25.0
 replace github.com/advisorylock/advisorylock => ../..
 
 require (
-	github.com/advisorylock/advisorylock v0.0.0-00010101000000-000000000000
+	github.com/advisorylock/advisorylock v0.1.0
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.13.0
@@ -16,7 +16,7 @@ require (
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
-	github.com/advisorylock/advisorylock/extra/advisorylockcron v0.0.0-00010101000000-000000000000
+	github.com/advisorylock/advisorylock/extra/advisorylockcron v0.1.0
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/glebarez/go-sqlite v1.23.0 // indirect
 	github.com/go-sql-driver/mysql v1.10.1 // indirect

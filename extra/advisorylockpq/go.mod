@@ -5,7 +5,7 @@ go 1.25.0
 replace github.com/advisorylock/advisorylock => ../..
 
 require (
-	github.com/advisorylock/advisorylock v0.0.0-00010101000000-000000000000
+	github.com/advisorylock/advisorylock v0.1.0
 	github.com/lib/pq v1.12.3
 	go.uber.org/goleak v1.3.0
 )

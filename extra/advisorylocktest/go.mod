@@ -6,6 +6,6 @@ replace github.com/advisorylock/advisorylock => ../..
 
 require (
 	github.com/DATA-DOG/go-sqlmock v1.5.2
-	github.com/advisorylock/advisorylock v0.0.0-00010101000000-000000000000
+	github.com/advisorylock/advisorylock v0.1.0
 	go.uber.org/goleak v1.3.0
 )

@@ -3,7 +3,7 @@ module github.com/advisorylock/advisorylock/internal/sqlitedrivers
 go 1.25.0
 
 require (
-	github.com/advisorylock/advisorylock v0.0.0
+	github.com/advisorylock/advisorylock v0.1.0
 	github.com/mattn/go-sqlite3 v1.14.22
 	go.uber.org/goleak v1.3.0
 	modernc.org/sqlite v1.55.0

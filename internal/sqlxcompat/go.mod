@@ -3,7 +3,7 @@ module github.com/advisorylock/advisorylock/internal/sqlxcompat
 go 1.25.0
 
 require (
-	github.com/advisorylock/advisorylock v0.0.0
+	github.com/advisorylock/advisorylock v0.1.0
 	github.com/jmoiron/sqlx v1.4.0
 	go.uber.org/goleak v1.3.0
 )

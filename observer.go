@@ -157,8 +157,7 @@ type Event struct {
 	Err       error         // see each EventType
 }
 
-// EventType says what an Event reports. Its values are the strings the
-// adapters' metrics and users' logs have always seen.
+// EventType says what an Event reports, and which of its fields are set.
 type EventType string
 
 // The types of Event, with the fields each sets besides Backend, Kind and

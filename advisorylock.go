@@ -788,7 +788,7 @@ type hold struct {
 	lostCh    chan struct{} // made on first use: most holds are never asked
 	isGone    bool
 	lostErr   error
-	lostCause lossCause    // why, for the Observer ("" if not told)
+	lostCause Cause        // why, for the Observer ("" if not told)
 	lostFunc  func(error)  // called by lose (see onLost)
 	obs       holdObserved // set once the acquire has returned; zero without an Observer
 }
@@ -897,7 +897,7 @@ func (h *hold) lost() <-chan struct{} {
 
 // lose marks the hold lost, once, records why, and tells the Observer
 // the cause (unless it is "").
-func (h *hold) lose(cause lossCause, err error) {
+func (h *hold) lose(cause Cause, err error) {
 	h.lostMu.Lock()
 	if h.isGone {
 		h.lostMu.Unlock()

@@ -129,7 +129,7 @@ func TestConstructorsRefuseOptionsThatDoNotApply(t *testing.T) {
 		"NewElection":  {advisorylock.WithMinHold(time.Minute)},
 		"NewLeaseLock": {advisorylock.WithKeepAlive(time.Second), advisorylock.WithDeadHolderTimeout(time.Minute), advisorylock.WithPoolerCheck(false)},
 		"NewFence": {advisorylock.WithLeaseTTL(time.Minute), advisorylock.WithKeepAlive(time.Second), advisorylock.WithMinHold(time.Minute),
-			advisorylock.WithOwner("me"), advisorylock.WithPollInterval(time.Second), advisorylock.WithClock(nil)},
+			advisorylock.WithOwner("me"), advisorylock.WithPollInterval(time.Second), advisorylock.WithClock(nil), advisorylock.WithObserver(nopObserver{})},
 	}
 	for what, opts := range cases {
 		for _, opt := range opts {

@@ -77,9 +77,9 @@ func (g *connGuard) settle() {
 	if g.armed {
 		g.armed = false
 		if g.ctx.Err() != nil {
-			g.p.discard(discardCanceled, context.Cause(g.ctx))
+			g.p.discard(ReasonCanceled, context.Cause(g.ctx))
 		} else {
-			g.p.discard(discardError, nil)
+			g.p.discard(ReasonError, nil)
 		}
 	}
 }
@@ -231,12 +231,12 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		return err
 	}
 	if gone, why := s.isLost(); gone {
-		s.p.discard(discardLost, why)
+		s.p.discard(ReasonLost, why)
 		return nil
 	}
 	if s.l != nil && s.l.set != nil {
 		if err := unlockKeys(ctx, s.locker, &s.p, s.l.set, time.Until(deadline)); err != nil {
-			s.p.discard(discardError, err)
+			s.p.discard(ReasonError, err)
 			return err
 		}
 		recycle(s.p.conn)
@@ -247,10 +247,10 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	})
 	switch {
 	case err != nil:
-		s.p.discard(discardError, err)
+		s.p.discard(ReasonError, err)
 		return err
 	case s.session != 0 && res.Session != 0 && res.Session != s.session:
-		s.p.discard(discardError, ErrTransactionPooler)
+		s.p.discard(ReasonError, ErrTransactionPooler)
 		return fmt.Errorf("%w: acquired on server session %d, released on %d", ErrTransactionPooler, s.session, res.Session)
 	case !res.OK:
 		s.warn("advisorylock: unlock found the lock not held by its session", "lock", s.name, "key", s.key)
@@ -272,11 +272,11 @@ func (s *sessionHold) forget() {
 			cancel()
 			_ = sh.pool.Close()
 			if running {
-				sh.gate.abandon(func() { s.p.discard(discardForgotten, nil) })
+				sh.gate.abandon(func() { s.p.discard(ReasonForgotten, nil) })
 				return
 			}
 		}
-		s.p.discard(discardForgotten, nil)
+		s.p.discard(ReasonForgotten, nil)
 	}()
 }
 
@@ -332,17 +332,17 @@ func (s *sessionHold) endShared(ctx context.Context, deadline time.Time) (ok boo
 	open, cancelled, running := sh.gate.close(ctx)
 	switch {
 	case running:
-		sh.gate.abandon(func() { s.p.discard(discardNoAnswer, errStatementRunning) })
+		sh.gate.abandon(func() { s.p.discard(ReasonNoAnswer, errStatementRunning) })
 		return false, errStatementRunning
 	case cancelled:
-		s.p.discard(discardCanceled, errConnReleased)
+		s.p.discard(ReasonCanceled, errConnReleased)
 		return false, nil
 	}
 	if gone, _ := s.isLost(); gone {
 		return true, nil // discarded by release, with whatever was open
 	}
 	if err := endHandles(open); err != nil {
-		s.p.discard(discardError, err)
+		s.p.discard(ReasonError, err)
 		return false, fmt.Errorf("rolling back what was left open on Guard.Conn: %w", err)
 	}
 	return true, nil
@@ -381,12 +381,12 @@ func (s *sessionHold) check() {
 	if s.shared != nil {
 		s.shared.gate.shutNow() // the connection protects nothing now
 	}
-	cause := lossSessionEnded
+	cause := CauseSessionEnded
 	switch {
 	case err == nil:
-		cause, err = lossNotHeld, errors.New("session no longer holds it")
+		cause, err = CauseNotHeld, errors.New("session no longer holds it")
 	case timedOut:
-		cause = lossNoAnswer
+		cause = CauseNoAnswer
 	}
 	s.warn("advisorylock: lock lost", "lock", s.name, "key", s.key, "err", err)
 	s.lose(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
@@ -442,7 +442,7 @@ type pinned struct {
 func endsWithContext(b Backend) bool { return b.Traits().CancelsPromptly }
 
 // discard discards the connection, for reason, unless ask already does.
-func (p *pinned) discard(reason discardReason, err error) {
+func (p *pinned) discard(reason Reason, err error) {
 	if !p.abandoned.Load() {
 		discard(p.conn)
 		p.obs.discarded(reason, err)
@@ -481,7 +481,7 @@ func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx con
 	}
 	return within(ctx, func() (T, error) { return stmt(driverCtx, p.conn) }, func() {
 		p.abandoned.Store(true)
-		p.obs.discarded(discardNoAnswer, context.Cause(ctx))
+		p.obs.discarded(ReasonNoAnswer, context.Cause(ctx))
 	}, func(T) { discard(p.conn) })
 }
 
@@ -581,7 +581,7 @@ func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, er
 	}
 	p.abandoned.Store(true)
 	discard(p.conn)
-	p.obs.discarded(discardNoAnswer, cause)
+	p.obs.discarded(ReasonNoAnswer, cause)
 	var zero T
 	return zero, fmt.Errorf("no answer from the database: %w", cause)
 }

@@ -585,7 +585,7 @@ func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time
 	// to keep. Otherwise the keeper starts at the first renewal.
 	left := s.untilDeadline()
 	if left <= 0 {
-		s.lose(lossExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
+		s.lose(CauseExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
 		return s
 	}
 	start := min(renewInterval(req.TTL), left)
@@ -688,13 +688,13 @@ func (s *leaseState) keep() {
 				expiry.Reset(left)
 				continue
 			}
-			s.lose(lossExpired, lostErr, errors.New("no renewal before the local deadline"))
+			s.lose(CauseExpired, lostErr, errors.New("no renewal before the local deadline"))
 			return
 		case <-renewAt.C:
 			if s.untilDeadline() <= 0 {
 				// Past the deadline (a grant that arrived late): IsLost
 				// reads true already, and a renewal would revive it.
-				s.lose(lossExpired, lostErr, errors.New("no renewal before the local deadline"))
+				s.lose(CauseExpired, lostErr, errors.New("no renewal before the local deadline"))
 				return
 			}
 			sent, started = s.clock.Now(), time.Now()
@@ -712,7 +712,7 @@ func (s *leaseState) keep() {
 				expiry.Reset(s.untilDeadline())
 				renewAt.Reset(interval)
 			case errors.Is(err, ErrLeaseLost):
-				s.lose(lossTakenOver, lostErr, err)
+				s.lose(CauseTakenOver, lostErr, err)
 				return
 			default: // unknown outcome: try again sooner, until the deadline
 				renewAt.Reset(min(interval/4, max(s.untilDeadline(), 0)))
@@ -741,7 +741,7 @@ func (s *leaseState) renew(sent time.Time, timeout time.Duration) <-chan error {
 	return out
 }
 
-func (s *leaseState) lose(cause lossCause, lostErr, why error) {
+func (s *leaseState) lose(cause Cause, lostErr, why error) {
 	if gone, _ := s.isLost(); gone {
 		return
 	}

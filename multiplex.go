@@ -304,7 +304,7 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 	}
 	if err != nil {
 		// The session may hold the keys now, or be mid-statement: end it.
-		s.end(lossSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, l.name, err))
+		s.end(CauseSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, l.name, err))
 		mp.unreserve(keys)
 		return nil, err
 	}
@@ -372,7 +372,7 @@ func (s *muxSession) retireIfIdle() {
 // end ends s, whose state is unknown: every lock on it is told it is lost
 // (with err, for cause), and then its connection is discarded, which
 // frees them. s.mu is held.
-func (s *muxSession) end(cause lossCause, err error) {
+func (s *muxSession) end(cause Cause, err error) {
 	mp := s.pool
 	mp.mu.Lock()
 	if s.ended {
@@ -399,7 +399,7 @@ func (s *muxSession) end(cause lossCause, err error) {
 	for _, h := range holds {
 		h.lose(cause, err)
 	}
-	s.p.discard(discardLost, err)
+	s.p.discard(ReasonLost, err)
 	mp.mu.Lock()
 	mp.leaveIfIdle()
 	mp.mu.Unlock()
@@ -411,7 +411,7 @@ func (s *muxSession) end(cause lossCause, err error) {
 func (s *muxSession) unlockLocked(ctx context.Context, name string, keys []int64) error {
 	err := unlockKeys(ctx, s.pool.locker, &s.p, keys, s.pool.key.timeout)
 	if err != nil {
-		s.end(lossSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, name, err))
+		s.end(CauseSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, name, err))
 	}
 	return err
 }
@@ -486,9 +486,9 @@ func (s *muxSession) check() {
 		err = fmt.Errorf("advisorylock: HeldKeys answered %d of %d keys", len(held), len(keys))
 	}
 	if err != nil {
-		cause := lossSessionEnded
+		cause := CauseSessionEnded
 		if timedOut {
-			cause = lossNoAnswer
+			cause = CauseNoAnswer
 		}
 		s.end(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
 		return
@@ -512,7 +512,7 @@ func (s *muxSession) check() {
 	mp.mu.Unlock()
 	for _, h := range gone {
 		h.warn("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", "session no longer holds it")
-		h.lose(lossNotHeld, fmt.Errorf("%w: session no longer holds it", ErrLockLost))
+		h.lose(CauseNotHeld, fmt.Errorf("%w: session no longer holds it", ErrLockLost))
 	}
 	if len(rest) > 0 && s.unlockLocked(context.Background(), "a lost set", rest) != nil {
 		return // the session is ended

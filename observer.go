@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -21,51 +22,105 @@ import (
 // A panic in an Observer is not recovered.
 type Observer interface {
 	// Observe is told of one event; e.Type says which, and which of e's
-	// fields it sets. Later versions may add event types and outcomes:
-	// ignore the ones you do not know, returning ctx.
+	// fields it sets. Later versions may add event types, outcomes,
+	// causes and reasons: ignore the ones you do not know, returning ctx.
 	//
-	// The context returned matters for two types. For "acquire_start",
+	// The context returned matters for two types. For EventAcquireStart,
 	// ctx is the acquire's and the one returned is the one the acquire
-	// runs on (its statements see it) and the one its "acquire_end" gets:
-	// return ctx itself when there is nothing to add, or ctx with values
-	// (a span) derived from it, never a context that ends sooner. For an
-	// "acquire_end" that granted the lock (e.Outcome == "acquired"), the
-	// one returned is kept with the hold and is the ctx of its "release"
-	// and "loss". For every other event the returned context is not used;
-	// "discard" and "renew" get context.Background().
+	// runs on (its statements see it) and the one its EventAcquireEnd
+	// gets: return ctx itself when there is nothing to add, or ctx with
+	// values (a span) derived from it, never a context that ends sooner.
+	// For an EventAcquireEnd that granted the lock (OutcomeAcquired), the
+	// one returned is kept with the hold and is the ctx of its
+	// EventRelease and EventLoss. For every other event the returned
+	// context is not used; EventDiscard and EventRenew get
+	// context.Background().
 	Observe(ctx context.Context, e Event) context.Context
 }
 
-// WithObserver sets an Observer for the lock's events [none]. Without one
-// no event is built and no time is read for it.
-func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
+// WithObserver adds o to the Observers of the lock's events [none]; a nil
+// o adds nothing. Given more than once, it adds each: every event goes to
+// each Observer in the order given, and each gets the contexts it
+// returned itself, as if it were alone (an acquire's EventAcquireStart
+// goes to each in turn with the context the one before returned, and the
+// acquire runs on the last one's). Without an Observer no event is built
+// and no time is read for it. A Fence refuses it: a Fence has no holds
+// to report.
+func WithObserver(o Observer) Option {
+	return func(c *config) { c.observer = addObserver(c.observer, o); c.set(optObserver) }
+}
 
-// Event is one thing a lock did, as an Observer sees it. Fields that
-// its Type does not set are zero. Events are passed by value, so that an
+// addObserver returns the Observer that tells to, then o.
+func addObserver(to, o Observer) Observer {
+	if o == nil {
+		return to
+	}
+	if to == nil {
+		return o
+	}
+	if list, ok := to.(observers); ok {
+		return append(slices.Clip(list), o) // a copy: another config may share list
+	}
+	return observers{to, o}
+}
+
+// observers are the Observers of a lock given WithObserver more than
+// once, told of each event in order. What each returns for an acquire's
+// start and end rides in the context the package keeps (an
+// *observersContext), so that each gets back its own.
+type observers []Observer
+
+// observersContext is the context observers returns for an acquire's
+// start and end: the last Observer's, carrying each one's.
+type observersContext struct {
+	context.Context // the last Observer's
+	each            []context.Context
+}
+
+// Observe tells each Observer of e, in order. An acquire's start goes to
+// each with the context the one before returned; its end goes to each
+// with the context that one returned for the start, and a release or a
+// loss with the one it returned for the grant; an event with no such
+// context (a discard, a renewal) goes to each with ctx.
+func (list observers) Observe(ctx context.Context, e Event) context.Context {
+	if e.Type == EventAcquireStart {
+		each := make([]context.Context, len(list))
+		for i, o := range list {
+			ctx = o.Observe(ctx, e)
+			each[i] = ctx
+		}
+		return &observersContext{Context: ctx, each: each}
+	}
+	own, _ := ctx.(*observersContext)
+	var each []context.Context // what each returns, kept only for an acquire's end
+	if e.Type == EventAcquireEnd {
+		each = make([]context.Context, len(list))
+	}
+	for i, o := range list {
+		c := ctx
+		if own != nil {
+			c = own.each[i]
+		}
+		c = o.Observe(c, e)
+		if each != nil {
+			each[i] = c
+		}
+	}
+	if each == nil {
+		return ctx // not used
+	}
+	return &observersContext{Context: each[len(each)-1], each: each}
+}
+
+// Event is one thing a lock did, as an Observer sees it. Fields that its
+// Type does not set are zero. Events are passed by value, so that an
 // Observer that keeps nothing costs no allocation.
 type Event struct {
-	// Type says what happened, and which of the fields below it sets;
-	// Backend, Kind and Name are always set. One of:
-	//   - "acquire_start": TryLock, Lock, LockTimeout (and the Do family
-	//     through them) begins. Sets MayWait.
-	//   - "acquire_end": that acquire returns. Sets MayWait, Outcome (an
-	//     acquire's), Wait and Err (the error returned to the caller; nil
-	//     if acquired).
-	//   - "release": a granted hold ends, once per hold: released by its
-	//     holder, or cleaned up after its Guard was forgotten. Sets Held,
-	//     Forgotten and Err (the release's error, if any).
-	//   - "loss": a held lock is found lost, at most once per hold and
-	//     before its "release". Sets Cause, Held and Err (what the lock's
-	//     Lost error wraps).
-	//   - "discard": a connection is closed instead of returned to the
-	//     pool, so that the server frees what it may hold. Sets Reason
-	//     and Err (the error that made the session's state unknown, if
-	//     any).
-	//   - "renew": a lease renewal statement answered, or failed. Sets
-	//     Outcome (a renewal's), Latency and Err (nil when renewed).
-	Type string
+	// Type says what happened, and which of the fields below it sets (see
+	// each EventType); Backend, Kind and Name are always set.
+	Type EventType
 	// Backend is the backend's Name(): "postgres", "mysql", "sqlite", …;
-	// "unknown" in the "acquire_start" of the first acquire on a
+	// "unknown" in the EventAcquireStart of the first acquire on a
 	// wrapped driver, which that acquire identifies by asking the
 	// database. It is the "backend" attribute of the metrics.
 	Backend string
@@ -75,8 +130,8 @@ type Event struct {
 	// "election" (an election's leadership) or "transaction" (a lock
 	// taken in a transaction by Lock.LockTx or Lock.TryLockTx). A
 	// transaction's commit or rollback releases its lock, which the
-	// package does not see: its "release" follows its "acquire_end" at
-	// once, with Held 0, so that gauges of held locks stay balanced.
+	// package does not see: its EventRelease follows its EventAcquireEnd
+	// at once, with Held 0, so that gauges of held locks stay balanced.
 	Kind string
 	// Name is the lock's name. Names can be many (one per tenant, per
 	// job): adapters do not put them on metrics unless asked.
@@ -86,68 +141,121 @@ type Event struct {
 	// acquire that may wait.
 	MayWait bool
 	// Outcome says how an acquire or a renewal ended, the "outcome"
-	// attribute of the metrics. An "acquire_end" has one of:
-	//   - "acquired": the lock is held;
-	//   - "not_acquired": one attempt found it held elsewhere;
-	//   - "timeout": LockTimeout's budget or ctx's deadline ran out;
-	//   - "canceled": ctx was cancelled;
-	//   - "error": anything else; see Err.
-	// A "renew" has one of:
-	//   - "renewed": the lease was extended;
-	//   - "lost": the lease was no longer this holder's;
-	//   - "error": the renewal's outcome is unknown; the keeper tries
-	//     again sooner, until the local deadline.
-	Outcome string
+	// attribute of the metrics.
+	Outcome Outcome
 	// Cause says why a held lock was lost, the "cause" attribute of the
-	// metrics:
-	//   - "session_ended": the keep-alive check failed on the session's
-	//     connection (the session was killed, the server restarted);
-	//   - "not_held": the session answered but no longer holds the lock;
-	//   - "no_answer": the keep-alive check got no answer in time (a dead
-	//     network or a stalled server);
-	//   - "expired": a lease reached its local deadline without a renewal;
-	//   - "taken_over": a renewal found the lease row gone or another's.
-	Cause string
+	// metrics.
+	Cause Cause
 	// Reason says why a connection was discarded, the "reason" attribute
-	// of the metrics:
-	//   - "canceled": an acquire's context ended while it was talking to
-	//     the database (a statement may have been cut short mid-grant);
-	//   - "error": a statement failed, so the session's state is unknown;
-	//   - "lost": the connection of a lost lock was closed at release;
-	//   - "forgotten": a Guard was garbage collected without Release;
-	//   - "no_answer": a statement got no answer in time and was abandoned
-	//     (a dead network). On lib/pq the library closes the connection
-	//     under the statement at once; with a driver it cannot do that
-	//     for (a wrapped one), the connection closes when the driver lets
-	//     go.
-	Reason string
+	// of the metrics.
+	Reason Reason
 
-	Wait      time.Duration // "acquire_end": from the acquire's start to its end
-	Held      time.Duration // "release", "loss": from the grant to the release, or to the loss being noticed
-	Latency   time.Duration // "renew": from sending the renewal to its answer
-	Forgotten bool          // "release": the Guard was cleaned up, not released
-	Err       error         // see Type
+	Wait      time.Duration // EventAcquireEnd: from the acquire's start to its end
+	Held      time.Duration // EventRelease, EventLoss: from the grant to the release, or to the loss being noticed
+	Latency   time.Duration // EventRenew: from sending the renewal to its answer
+	Forgotten bool          // EventRelease: the Guard was cleaned up, not released
+	Err       error         // see each EventType
 }
 
-// The types of event, as Event.Type names them.
+// EventType says what an Event reports, and which of its fields are set.
+type EventType string
+
+// The types of Event, with the fields each sets besides Backend, Kind and
+// Name.
 const (
-	eventAcquireStart = "acquire_start"
-	eventAcquireEnd   = "acquire_end"
-	eventRelease      = "release"
-	eventLoss         = "loss"
-	eventDiscard      = "discard"
-	eventRenew        = "renew"
+	// EventAcquireStart: TryLock, Lock or LockTimeout (and the Do family
+	// through them) begins. Sets MayWait.
+	EventAcquireStart EventType = "acquire_start"
+	// EventAcquireEnd: that acquire returns. Sets MayWait, Outcome (one of
+	// an acquire's), Wait and Err (the error returned to the caller; nil
+	// when acquired).
+	EventAcquireEnd EventType = "acquire_end"
+	// EventRelease: a granted hold ends, once per hold: released by its
+	// holder, or cleaned up after its Guard was forgotten. Sets Held,
+	// Forgotten and Err (the release's error, if any).
+	EventRelease EventType = "release"
+	// EventLoss: a held lock is found lost, at most once per hold and
+	// before its EventRelease. Sets Cause, Held and Err (what the lock's
+	// Lost error wraps).
+	EventLoss EventType = "loss"
+	// EventDiscard: a connection is closed instead of returned to the
+	// pool, so that the server frees what it may hold. Sets Reason and
+	// Err (the error that made the session's state unknown, if any).
+	EventDiscard EventType = "discard"
+	// EventRenew: a lease renewal statement answered, or failed. Sets
+	// Outcome (one of a renewal's), Latency and Err (nil when renewed).
+	EventRenew EventType = "renew"
 )
 
-// The outcomes of an acquire or a renewal, as Event.Outcome names them.
+// Outcome says how an acquire (EventAcquireEnd) or a lease renewal
+// (EventRenew) ended.
+type Outcome string
+
+// The outcomes of an acquire: OutcomeAcquired, OutcomeNotAcquired,
+// OutcomeTimeout, OutcomeCanceled, OutcomeError; of a renewal:
+// OutcomeRenewed, OutcomeLost, OutcomeError.
 const (
-	outcomeAcquired    = "acquired"
-	outcomeNotAcquired = "not_acquired"
-	outcomeTimeout     = "timeout"
-	outcomeCanceled    = "canceled"
-	outcomeError       = "error"
-	outcomeRenewed     = "renewed"
-	outcomeLost        = "lost"
+	// OutcomeAcquired: the acquire got the lock, which is now held.
+	OutcomeAcquired Outcome = "acquired"
+	// OutcomeNotAcquired: a single attempt (TryLock) found the lock held
+	// elsewhere (ErrNotAcquired).
+	OutcomeNotAcquired Outcome = "not_acquired"
+	// OutcomeTimeout: LockTimeout's budget or ctx's deadline ran out
+	// before a grant (ErrTimeout, context.DeadlineExceeded).
+	OutcomeTimeout Outcome = "timeout"
+	// OutcomeCanceled: ctx was cancelled before a grant.
+	OutcomeCanceled Outcome = "canceled"
+	// OutcomeError: an acquire failed otherwise (see Err), or a renewal's
+	// outcome is unknown (the keeper tries again sooner, until the local
+	// deadline).
+	OutcomeError Outcome = "error"
+	// OutcomeRenewed: the renewal extended the lease.
+	OutcomeRenewed Outcome = "renewed"
+	// OutcomeLost: the renewal found the lease no longer this holder's
+	// (an EventLoss with CauseTakenOver follows).
+	OutcomeLost Outcome = "lost"
+)
+
+// Cause says why a held lock was lost (EventLoss).
+type Cause string
+
+// The causes of a loss.
+const (
+	// CauseSessionEnded: the keep-alive check failed on the session's
+	// connection (the session was killed, the server restarted).
+	CauseSessionEnded Cause = "session_ended"
+	// CauseNotHeld: the session answered but no longer holds the lock.
+	CauseNotHeld Cause = "not_held"
+	// CauseNoAnswer: the keep-alive check got no answer in time (a dead
+	// network or a stalled server).
+	CauseNoAnswer Cause = "no_answer"
+	// CauseExpired: a lease reached its local deadline without a renewal.
+	CauseExpired Cause = "expired"
+	// CauseTakenOver: a renewal found the lease row gone or another's.
+	CauseTakenOver Cause = "taken_over"
+)
+
+// Reason says why a connection was discarded (EventDiscard): closed
+// instead of returned to the pool, so that the server frees what its
+// session may hold.
+type Reason string
+
+// The reasons for a discard.
+const (
+	// ReasonCanceled: an acquire's context ended while it was talking to
+	// the database (a statement may have been cut short mid-grant).
+	ReasonCanceled Reason = "canceled"
+	// ReasonError: a statement failed, so the session's state is unknown.
+	ReasonError Reason = "error"
+	// ReasonLost: the connection of a lost lock was closed at release.
+	ReasonLost Reason = "lost"
+	// ReasonForgotten: a Guard was garbage collected without Release.
+	ReasonForgotten Reason = "forgotten"
+	// ReasonNoAnswer: a statement got no answer in time and was abandoned
+	// (a dead network). On lib/pq the library closes the connection under
+	// the statement at once; with a driver it cannot do that for (a
+	// wrapped one), the connection closes when the driver lets go.
+	ReasonNoAnswer Reason = "no_answer"
 )
 
 // The kinds of lock, as Event.Kind names them; the first three are also
@@ -161,43 +269,19 @@ const (
 	kindTransaction = "transaction"
 )
 
-// lossCause is an Event.Cause: why a held lock was lost.
-type lossCause string
-
-// The causes of a loss; Event.Cause says what each means.
-const (
-	lossSessionEnded lossCause = "session_ended"
-	lossNotHeld      lossCause = "not_held"
-	lossNoAnswer     lossCause = "no_answer"
-	lossExpired      lossCause = "expired"
-	lossTakenOver    lossCause = "taken_over"
-)
-
-// discardReason is an Event.Reason: why a connection was discarded.
-type discardReason string
-
-// The reasons for a discard; Event.Reason says what each means.
-const (
-	discardCanceled  discardReason = "canceled"
-	discardError     discardReason = "error"
-	discardLost      discardReason = "lost"
-	discardForgotten discardReason = "forgotten"
-	discardNoAnswer  discardReason = "no_answer"
-)
-
 // acquireOutcome classifies an acquire's error.
-func acquireOutcome(err error) string {
+func acquireOutcome(err error) Outcome {
 	switch {
 	case err == nil:
-		return outcomeAcquired
+		return OutcomeAcquired
 	case errors.Is(err, ErrNotAcquired):
-		return outcomeNotAcquired
+		return OutcomeNotAcquired
 	case errors.Is(err, ErrTimeout), errors.Is(err, context.DeadlineExceeded), errors.Is(err, errBudget):
-		return outcomeTimeout
+		return OutcomeTimeout
 	case errors.Is(err, context.Canceled):
-		return outcomeCanceled
+		return OutcomeCanceled
 	}
-	return outcomeError
+	return OutcomeError
 }
 
 // observed is a lock's Observer with the description its events carry.
@@ -209,9 +293,9 @@ func acquireOutcome(err error) string {
 // semaphores and elections follow them): its public acquires wrap the
 // work in startAcquire and acquiring.end (after wrapErr, so a
 // *TimeoutError is seen); a keeper that finds a hold gone calls
-// hold.lose with a lossCause; release and cleanup report through the
+// hold.lose with a Cause; release and cleanup report through the
 // hold (doRelease, forgotten); a pinned connection carries the observed,
-// and pinned.discard names a discardReason; a lease keeper reports each
+// and pinned.discard names a Reason; a lease keeper reports each
 // renewal with observed.renewed. Every one of them hands its Event to
 // emit.
 type observed struct {
@@ -258,7 +342,7 @@ func startAcquire(ctx context.Context, l observable, mayWait bool) (context.Cont
 		return ctx, acquiring{}
 	}
 	start := time.Now()
-	ctx = ob.emit(ctx, Event{Type: eventAcquireStart, MayWait: mayWait})
+	ctx = ob.emit(ctx, Event{Type: EventAcquireStart, MayWait: mayWait})
 	return ctx, acquiring{l: l, ob: ob, ctx: ctx, start: start, mayWait: mayWait}
 }
 
@@ -274,8 +358,8 @@ func (a acquiring) end(h *hold, err error) {
 		a.ob = a.l.observed() // the acquire's first use may have learnt it
 	}
 	outcome := acquireOutcome(err)
-	ctx := a.ob.emit(a.ctx, Event{Type: eventAcquireEnd, MayWait: a.mayWait, Outcome: outcome, Wait: now.Sub(a.start), Err: err})
-	if h == nil || outcome != outcomeAcquired {
+	ctx := a.ob.emit(a.ctx, Event{Type: EventAcquireEnd, MayWait: a.mayWait, Outcome: outcome, Wait: now.Sub(a.start), Err: err})
+	if h == nil || outcome != OutcomeAcquired {
 		return
 	}
 	w := holdObserved{ob: a.ob, ctx: ctx, granted: now}
@@ -301,23 +385,23 @@ func (w holdObserved) released(forgotten bool, err error) {
 	if w.ob == nil {
 		return
 	}
-	w.ob.emit(w.ctx, Event{Type: eventRelease, Held: time.Since(w.granted), Forgotten: forgotten, Err: err})
+	w.ob.emit(w.ctx, Event{Type: EventRelease, Held: time.Since(w.granted), Forgotten: forgotten, Err: err})
 }
 
 // lost reports a loss of the hold.
-func (w holdObserved) lost(cause lossCause, err error) {
+func (w holdObserved) lost(cause Cause, err error) {
 	if w.ob == nil {
 		return
 	}
-	w.ob.emit(w.ctx, Event{Type: eventLoss, Cause: string(cause), Held: time.Since(w.granted), Err: err})
+	w.ob.emit(w.ctx, Event{Type: EventLoss, Cause: cause, Held: time.Since(w.granted), Err: err})
 }
 
 // discarded reports a discarded connection.
-func (ob *observed) discarded(reason discardReason, err error) {
+func (ob *observed) discarded(reason Reason, err error) {
 	if ob == nil {
 		return
 	}
-	ob.emit(context.Background(), Event{Type: eventDiscard, Reason: string(reason), Err: err})
+	ob.emit(context.Background(), Event{Type: EventDiscard, Reason: reason, Err: err})
 }
 
 // renewed reports a lease renewal's outcome.
@@ -325,14 +409,14 @@ func (ob *observed) renewed(latency time.Duration, err error) {
 	if ob == nil {
 		return
 	}
-	outcome := outcomeRenewed
+	outcome := OutcomeRenewed
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		outcome = outcomeLost
+		outcome = OutcomeLost
 	case err != nil:
-		outcome = outcomeError
+		outcome = OutcomeError
 	}
-	ob.emit(context.Background(), Event{Type: eventRenew, Outcome: outcome, Latency: latency, Err: err})
+	ob.emit(context.Background(), Event{Type: EventRenew, Outcome: outcome, Latency: latency, Err: err})
 }
 
 // unknownBackend is the backend events name before a lock knows its own.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -264,7 +265,7 @@ func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 	}
 	var backends []string
 	for _, e := range rec.Events() {
-		backends = append(backends, e.Type+":"+e.Backend)
+		backends = append(backends, string(e.Type)+":"+e.Backend)
 	}
 	want := []string{"acquire_start:unknown", "acquire_end:postgres", "release:postgres",
 		"acquire_start:postgres", "acquire_end:postgres", "release:postgres"}
@@ -311,5 +312,129 @@ func TestObserverSeesANetworkCut(t *testing.T) {
 				t.Errorf("Released events %+v, want one", r)
 			}
 		})
+	}
+}
+
+// TestSeveralObserversAreEachToldInOrder gives a lock two Observers (two
+// WithObserver, a nil one between them): each is told of every event, the
+// first before the second, and each gets back the contexts it returned
+// itself, as if it were alone. The second has seen an acquire of another
+// lock first, so that the two number the same acquire differently.
+func TestSeveralObserversAreEachToldInOrder(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	ctx := context.Background()
+	turns := &turns{}
+	first, second := &turnTaker{name: "first", turns: turns}, &turnTaker{name: "second", turns: turns}
+	mustRelease(t, mustTry(t, newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(second))))
+	turns.reset()
+
+	name := testdb.UniqueName(t)
+	l := newLock(t, db, name, advisorylock.WithObserver(first), advisorylock.WithObserver(nil),
+		advisorylock.WithObserver(second), advisorylock.WithKeepAlive(50*time.Millisecond))
+	g := mustTry(t, l)
+	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("second TryLock: %v, want ErrNotAcquired", err)
+	}
+	observetest.TerminateHolder(t, db, l)
+	select {
+	case <-g.Lost():
+	case <-time.After(testdb.DefaultWait):
+		t.Fatal("the lock was not reported lost after its session was terminated")
+	}
+	_ = g.Release(ctx)
+
+	told := turns.list()
+	for i := 0; i < len(told); i += 2 {
+		if i+1 == len(told) || told[i] != "first:"+told[i+1][len("second:"):] {
+			t.Fatalf("observers told %v; want each event told to first, then second", told)
+		}
+	}
+	var seen []string
+	for _, o := range []*turnTaker{first, second} {
+		var events []string
+		var start, granted int
+		for _, e := range o.Events() {
+			if e.Name != name {
+				continue
+			}
+			events = append(events, string(e.Type)+":"+e.Value)
+			switch e.Type {
+			case advisorylock.EventAcquireStart:
+				start = e.Span
+			case advisorylock.EventAcquireEnd:
+				if e.Span != start {
+					t.Errorf("%s: acquire_end got acquire %d's context, want %d's (its own start's)", o.name, e.Span, start)
+				}
+				if e.Outcome == advisorylock.OutcomeAcquired {
+					granted = start
+				}
+			case advisorylock.EventLoss, advisorylock.EventRelease:
+				if e.Span != granted {
+					t.Errorf("%s: %s got acquire %d's context, want %d's (the grant's)", o.name, e.Type, e.Span, granted)
+				}
+			}
+		}
+		if seen == nil {
+			seen = events
+		} else if !slices.Equal(events, seen) {
+			t.Errorf("second observer told %v, the first %v", events, seen)
+		}
+	}
+	for _, want := range []string{"acquire_end:acquired", "acquire_end:not_acquired", "loss:session_ended", "release:"} {
+		if !slices.Contains(seen, want) {
+			t.Errorf("observers told %v, want %s among them", seen, want)
+		}
+	}
+}
+
+// turnTaker is a Recorder that first notes, in turns, that it was told.
+type turnTaker struct {
+	observetest.Recorder
+	name  string
+	turns *turns
+}
+
+func (o *turnTaker) Observe(ctx context.Context, e advisorylock.Event) context.Context {
+	o.turns.add(o.name + ":" + string(e.Type))
+	return o.Recorder.Observe(ctx, e)
+}
+
+// turns is the order in which observers were told of events.
+type turns struct {
+	mu   sync.Mutex
+	told []string
+}
+
+func (t *turns) add(s string) { t.mu.Lock(); t.told = append(t.told, s); t.mu.Unlock() }
+func (t *turns) reset()       { t.mu.Lock(); t.told = nil; t.mu.Unlock() }
+func (t *turns) list() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.told)
+}
+
+// TestObserverVocabularyKeepsItsStrings pins the strings of the event
+// types, outcomes, causes and reasons: they are the values of metric
+// labels that dashboards and alerts already match.
+func TestObserverVocabularyKeepsItsStrings(t *testing.T) {
+	got := []string{
+		string(advisorylock.EventAcquireStart), string(advisorylock.EventAcquireEnd), string(advisorylock.EventRelease),
+		string(advisorylock.EventLoss), string(advisorylock.EventDiscard), string(advisorylock.EventRenew),
+		string(advisorylock.OutcomeAcquired), string(advisorylock.OutcomeNotAcquired), string(advisorylock.OutcomeTimeout),
+		string(advisorylock.OutcomeCanceled), string(advisorylock.OutcomeError), string(advisorylock.OutcomeRenewed),
+		string(advisorylock.OutcomeLost),
+		string(advisorylock.CauseSessionEnded), string(advisorylock.CauseNotHeld), string(advisorylock.CauseNoAnswer),
+		string(advisorylock.CauseExpired), string(advisorylock.CauseTakenOver),
+		string(advisorylock.ReasonCanceled), string(advisorylock.ReasonError), string(advisorylock.ReasonLost),
+		string(advisorylock.ReasonForgotten), string(advisorylock.ReasonNoAnswer),
+	}
+	want := []string{
+		"acquire_start", "acquire_end", "release", "loss", "discard", "renew",
+		"acquired", "not_acquired", "timeout", "canceled", "error", "renewed", "lost",
+		"session_ended", "not_held", "no_answer", "expired", "taken_over",
+		"canceled", "error", "lost", "forgotten", "no_answer",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("observer vocabulary %q, want %q", got, want)
 	}
 }

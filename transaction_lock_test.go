@@ -357,7 +357,7 @@ func TestLockTxReportsToTheObserver(t *testing.T) {
 		if e.Kind != "transaction" || e.Backend != "postgres" || e.Name != name {
 			t.Fatalf("event %+v: want kind transaction, backend postgres, name %q", e, name)
 		}
-		got = append(got, e.Type+":"+e.Value)
+		got = append(got, string(e.Type)+":"+e.Value)
 	}
 	want := []string{"acquire_start:", "acquire_end:acquired", "release:", "acquire_start:", "acquire_end:not_acquired"}
 	if len(got) != len(want) {

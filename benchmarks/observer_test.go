@@ -76,22 +76,22 @@ var observerEvents = []struct {
 	run  func(ctx context.Context, o advisorylock.Observer)
 }{
 	{"trylock_release", func(ctx context.Context, o advisorylock.Observer) {
-		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: "acquire_start"}))
-		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: "acquire_end", Outcome: "acquired", Wait: 50 * time.Microsecond}))
-		o.Observe(ctx, benchEvent(advisorylock.Event{Type: "release", Held: time.Millisecond}))
+		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired, Wait: 50 * time.Microsecond}))
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventRelease, Held: time.Millisecond}))
 	}},
 	{"not_acquired", func(ctx context.Context, o advisorylock.Observer) {
-		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: "acquire_start"}))
-		o.Observe(ctx, benchEvent(advisorylock.Event{Type: "acquire_end", Outcome: "not_acquired", Wait: 50 * time.Microsecond, Err: advisorylock.ErrNotAcquired}))
+		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeNotAcquired, Wait: 50 * time.Microsecond, Err: advisorylock.ErrNotAcquired}))
 	}},
 	{"lost", func(ctx context.Context, o advisorylock.Observer) {
-		o.Observe(ctx, benchEvent(advisorylock.Event{Type: "loss", Cause: "session_ended", Held: time.Second, Err: errBenchLoss}))
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventLoss, Cause: advisorylock.CauseSessionEnded, Held: time.Second, Err: errBenchLoss}))
 	}},
 	{"discarded", func(_ context.Context, o advisorylock.Observer) {
-		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: "discard", Reason: "canceled"}))
+		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: advisorylock.EventDiscard, Reason: advisorylock.ReasonCanceled}))
 	}},
 	{"renewed", func(_ context.Context, o advisorylock.Observer) {
-		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: "renew", Outcome: "renewed", Latency: time.Millisecond}))
+		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed, Latency: time.Millisecond}))
 	}},
 }
 

@@ -40,7 +40,7 @@ mutation "a shared session that ends tells none of its locks" multiplex.go \
 	's/for _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}/_ = holds/' \
 	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours|TestMultiplexedSessionKilledUnderContention|TestMultiplexedAndSetRowsUnderFaults)$'
 mutation "a forgotten guard on a shared session discards the session" multiplex.go \
-	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(lossSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
+	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(CauseSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
 	'^TestForgottenMultiplexedGuardIsCleanedUp$'
 mutation "a set's try keeps the names it got when one is held" backend_postgres.go \
 	's/WHERE t\.ok AND NOT a\.ok\)/WHERE t.ok AND NOT a.ok AND false)/' \
@@ -315,7 +315,7 @@ mutation "a waiting writer's later attempts are not marked as retries" lease.go 
 	's/\n\t\treq\.Retry = true \/\/[^\n]*\n/\n/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
 mutation "a grant that arrived past its deadline is lost only when the keeper runs" lease.go \
-	's/if left <= 0 \{\n(\t+)s\.lose\(lossExpired/if false \&\& left <= 0 {\n$1s.lose(lossExpired/' \
+	's/if left <= 0 \{\n(\t+)s\.lose\(CauseExpired/if false \&\& left <= 0 {\n$1s.lose(CauseExpired/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "Do runs its function under a grant already lost" advisorylock.go \
 	's/if _, why := g\.h\.isLost\(\); why != nil \{/if _, why := g.h.isLost(); why != nil \&\& false {/' \
@@ -524,6 +524,20 @@ mutation "lockrun: a false boolean in the config file turns its flag on" cmd/loc
 mutation "lockrun: the config file's dsn is ignored" cmd/lockrun/dsn.go \
 	's/\{settings\["dsn"\]\.value, settings\["dsn"\]\.at\}/{"", settings["dsn"].at}/' \
 	'^(TestEveryConfigKeyActsAsItsFlag|TestCronJobWithConfigFileTakesTheClusterLock|TestConfigPrecedence)$' ./cmd/lockrun
+
+# --- Observer -----------------------------------------------------------------
+mutation "a second observer is not called" observer.go \
+	's/\treturn observers\{to, o\}/\treturn to/' \
+	'^TestSeveralObserversAreEachToldInOrder$'
+mutation "several observers get one context per acquire" observer.go \
+	's/\t\t\tc = own\.each\[i\]/\t\t\tc = own.Context/' \
+	'^TestSeveralObserversAreEachToldInOrder$'
+mutation "a Fence ignores WithObserver" observer.go \
+	's/c\.observer = addObserver\(c\.observer, o\); c\.set\(optObserver\)/c.observer = addObserver(c.observer, o)/' \
+	'^TestConstructorsRefuseOptionsThatDoNotApply$'
+mutation "an observer label value renamed" observer.go \
+	's/CauseNotHeld Cause = "not_held"/CauseNotHeld Cause = "not-held"/' \
+	'^TestObserverVocabularyKeepsItsStrings$'
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \

@@ -288,22 +288,22 @@ func (c *spanContext) Value(key any) any {
 }
 
 // Observe records e, and returns ctx with the acquire's spans (if any)
-// for "acquire_start"; ctx otherwise.
+// for an EventAcquireStart; ctx otherwise.
 func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Context {
 	switch e.Type {
-	case "acquire_start":
+	case advisorylock.EventAcquireStart:
 		return o.acquireStart(ctx, e)
-	case "acquire_end":
+	case advisorylock.EventAcquireEnd:
 		o.acquireEnd(ctx, e)
-	case "release":
+	case advisorylock.EventRelease:
 		o.released(ctx, e)
-	case "loss":
+	case advisorylock.EventLoss:
 		o.lose(ctx, e)
-	case "discard":
-		a := o.attrsFor(e, false, AttrReason, e.Reason)
+	case advisorylock.EventDiscard:
+		a := o.attrsFor(e, false, AttrReason, string(e.Reason))
 		o.discarded.Add(ctx, 1, a.add...)
-	case "renew":
-		a := o.attrsFor(e, false, AttrOutcome, e.Outcome)
+	case advisorylock.EventRenew:
+		a := o.attrsFor(e, false, AttrOutcome, string(e.Outcome))
 		o.renew.Record(ctx, e.Latency.Seconds(), a.rec...)
 	}
 	return ctx
@@ -327,17 +327,17 @@ func (o *observer) acquireStart(ctx context.Context, e advisorylock.Event) conte
 }
 
 func (o *observer) acquireEnd(ctx context.Context, e advisorylock.Event) {
-	a := o.attrsFor(e, true, AttrOutcome, e.Outcome)
+	a := o.attrsFor(e, true, AttrOutcome, string(e.Outcome))
 	o.acquire.Record(ctx, e.Wait.Seconds(), a.rec...)
 	s, traced := ctx.Value(spansKey{}).(*spans)
 	if traced {
-		s.acquire.SetAttributes(AttrOutcome.String(e.Outcome))
-		if e.Outcome == "error" {
+		s.acquire.SetAttributes(AttrOutcome.String(string(e.Outcome)))
+		if e.Outcome == advisorylock.OutcomeError {
 			s.acquire.SetStatus(codes.Error, e.Err.Error())
 		}
 		s.acquire.End()
 	}
-	if e.Outcome != "acquired" {
+	if e.Outcome != advisorylock.OutcomeAcquired {
 		return
 	}
 	h := o.attrsFor(e, true, "", "")
@@ -371,11 +371,11 @@ func (o *observer) released(ctx context.Context, e advisorylock.Event) {
 }
 
 func (o *observer) lose(ctx context.Context, e advisorylock.Event) {
-	a := o.attrsFor(e, true, AttrCause, e.Cause)
+	a := o.attrsFor(e, true, AttrCause, string(e.Cause))
 	o.lost.Add(ctx, 1, a.add...)
 	if span := holdSpan(ctx); span != nil {
-		span.AddEvent("advisorylock.lost", trace.WithAttributes(AttrCause.String(e.Cause)))
-		msg := e.Cause
+		span.AddEvent("advisorylock.lost", trace.WithAttributes(AttrCause.String(string(e.Cause))))
+		msg := string(e.Cause)
 		if e.Err != nil {
 			msg = e.Err.Error()
 		}

@@ -204,12 +204,12 @@ func TestAttributeKeysAreNamespacedAndNamesOptIn(t *testing.T) {
 		p := newProviders(t)
 		o := p.observer(advisorylockotel.WithLockNames(named), advisorylockotel.WithRootSpans(true))
 		nightly := advisorylock.Event{Backend: "postgres", Kind: "lock", Name: "nightly"}
-		ctx := o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: "acquire_start"}))
-		ctx = o.Observe(ctx, with(nightly, advisorylock.Event{Type: "acquire_end", Outcome: "acquired", Wait: time.Millisecond}))
-		o.Observe(ctx, with(nightly, advisorylock.Event{Type: "loss", Cause: "not_held"}))
-		o.Observe(ctx, with(nightly, advisorylock.Event{Type: "release", Held: time.Second, Forgotten: true}))
-		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: "discard", Reason: "forgotten"}))
-		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: "renew", Outcome: "renewed"}))
+		ctx := o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+		ctx = o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired, Wait: time.Millisecond}))
+		o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventLoss, Cause: advisorylock.CauseNotHeld}))
+		o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventRelease, Held: time.Second, Forgotten: true}))
+		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventDiscard, Reason: advisorylock.ReasonForgotten}))
+		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed}))
 
 		name := ""
 		if named {
@@ -278,9 +278,9 @@ func TestObserverParentsSpansOnTheCallersSpan(t *testing.T) {
 	o := p.observer()
 	ctx, root := p.tp.Tracer("test").Start(context.Background(), "job")
 	lease := advisorylock.Event{Backend: "sqlite", Kind: "lease", Name: "x"}
-	ctx = o.Observe(ctx, with(lease, advisorylock.Event{Type: "acquire_start", MayWait: true}))
-	ctx = o.Observe(ctx, with(lease, advisorylock.Event{Type: "acquire_end", Outcome: "acquired"}))
-	o.Observe(ctx, with(lease, advisorylock.Event{Type: "release"}))
+	ctx = o.Observe(ctx, with(lease, advisorylock.Event{Type: advisorylock.EventAcquireStart, MayWait: true}))
+	ctx = o.Observe(ctx, with(lease, advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired}))
+	o.Observe(ctx, with(lease, advisorylock.Event{Type: advisorylock.EventRelease}))
 	if !root.IsRecording() {
 		t.Fatal("the observer ended the caller's span")
 	}
@@ -306,10 +306,10 @@ func TestNoSpansOutsideATraceUnlessAsked(t *testing.T) {
 		p := newProviders(t)
 		o := p.observer(advisorylockotel.WithRootSpans(root))
 		lock := advisorylock.Event{Backend: "postgres", Kind: "lock", Name: "x"}
-		ctx := o.Observe(context.Background(), with(lock, advisorylock.Event{Type: "acquire_start"}))
-		ctx = o.Observe(ctx, with(lock, advisorylock.Event{Type: "acquire_end", Outcome: "acquired"}))
-		o.Observe(ctx, with(lock, advisorylock.Event{Type: "loss", Cause: "not_held"}))
-		o.Observe(ctx, with(lock, advisorylock.Event{Type: "release"}))
+		ctx := o.Observe(context.Background(), with(lock, advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+		ctx = o.Observe(ctx, with(lock, advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired}))
+		o.Observe(ctx, with(lock, advisorylock.Event{Type: advisorylock.EventLoss, Cause: advisorylock.CauseNotHeld}))
+		o.Observe(ctx, with(lock, advisorylock.Event{Type: advisorylock.EventRelease}))
 		want := 0
 		if root {
 			want = 2

@@ -208,11 +208,12 @@ func (o *observer) fromCollectors(cs []prometheus.Collector) error {
 	return nil
 }
 
-// seriesKey names the series of one event; unused fields are empty. The
+// seriesKey names one series: its metric (the held gauge goes with the
+// hold histogram) and its label values; unused fields are empty. The
 // name is set only with WithLockNames, so that without it the cache holds
 // one entry per label set, not one per lock.
 type seriesKey struct {
-	event                        string
+	metric                       string
 	backend, kind, outcome, name string
 }
 
@@ -262,30 +263,30 @@ func (o *observer) seriesFor(k seriesKey, mk func() *series) *series {
 // Observe records e; it returns ctx.
 func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Context {
 	switch e.Type {
-	case "acquire_end":
-		k := seriesKey{event: "acquire", backend: e.Backend, kind: e.Kind, outcome: e.Outcome, name: o.keyName(e)}
+	case advisorylock.EventAcquireEnd:
+		k := seriesKey{metric: MetricAcquireDuration, backend: e.Backend, kind: e.Kind, outcome: string(e.Outcome), name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{duration: o.acquireVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
 		}).duration.Observe(e.Wait.Seconds())
-		if e.Outcome == "acquired" {
+		if e.Outcome == advisorylock.OutcomeAcquired {
 			o.holdSeries(e).gauge.Inc()
 		}
-	case "release":
+	case advisorylock.EventRelease:
 		s := o.holdSeries(e)
 		s.duration.Observe(e.Held.Seconds())
 		s.gauge.Dec()
-	case "loss":
-		k := seriesKey{event: "lost", backend: e.Backend, kind: e.Kind, outcome: e.Cause, name: o.keyName(e)}
+	case advisorylock.EventLoss:
+		k := seriesKey{metric: MetricLost, backend: e.Backend, kind: e.Kind, outcome: string(e.Cause), name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{counter: o.lostVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
 		}).counter.Inc()
-	case "discard":
-		k := seriesKey{event: "discarded", backend: e.Backend, outcome: e.Reason, name: o.keyName(e)}
+	case advisorylock.EventDiscard:
+		k := seriesKey{metric: MetricConnectionsDiscarded, backend: e.Backend, outcome: string(e.Reason), name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{counter: o.discardedVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
 		}).counter.Inc()
-	case "renew":
-		k := seriesKey{event: "renew", backend: e.Backend, outcome: e.Outcome, name: o.keyName(e)}
+	case advisorylock.EventRenew:
+		k := seriesKey{metric: MetricLeaseRenewDuration, backend: e.Backend, outcome: string(e.Outcome), name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{duration: o.renewVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
 		}).duration.Observe(e.Latency.Seconds())
@@ -295,7 +296,7 @@ func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Co
 
 // holdSeries is the hold histogram and held gauge of the kind of e's lock.
 func (o *observer) holdSeries(e advisorylock.Event) *series {
-	k := seriesKey{event: "hold", backend: e.Backend, kind: e.Kind, name: o.keyName(e)}
+	k := seriesKey{metric: MetricHoldDuration, backend: e.Backend, kind: e.Kind, name: o.keyName(e)}
 	return o.seriesFor(k, func() *series {
 		return &series{
 			duration: o.holdVec.WithLabelValues(o.labels(k, k.backend, k.kind)...),

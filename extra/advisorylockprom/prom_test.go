@@ -126,7 +126,7 @@ func TestObserversShareARegistry(t *testing.T) {
 			if err != nil {
 				t.Fatalf("WithLockNames(%v): %v", named, err)
 			}
-			o.Observe(context.Background(), advisorylock.Event{Type: "discard", Backend: "sqlite", Kind: "lock", Name: "x", Reason: "error"})
+			o.Observe(context.Background(), advisorylock.Event{Type: advisorylock.EventDiscard, Backend: "sqlite", Kind: "lock", Name: "x", Reason: advisorylock.ReasonError})
 		}
 		key := "advisorylock_connections_discarded_total{backend=sqlite,reason=error}"
 		if named {
@@ -186,7 +186,7 @@ func TestObserversDisagreeingOnLockNamesFail(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "WithLockNames") {
 			t.Fatalf("WithLockNames(%v) after WithLockNames(%v) on one registry: error %v, want one naming WithLockNames", !firstNamed, firstNamed, err)
 		}
-		first.Observe(context.Background(), advisorylock.Event{Type: "discard", Backend: "sqlite", Name: "x", Reason: "error"})
+		first.Observe(context.Background(), advisorylock.Event{Type: advisorylock.EventDiscard, Backend: "sqlite", Name: "x", Reason: advisorylock.ReasonError})
 		key := "advisorylock_connections_discarded_total{backend=sqlite,reason=error}"
 		if firstNamed {
 			key = "advisorylock_connections_discarded_total{backend=sqlite,name=x,reason=error}"
@@ -215,12 +215,12 @@ func feedOneOfEach(o advisorylock.Observer, lock advisorylock.Event) {
 		e.Backend, e.Kind, e.Name = lock.Backend, lock.Kind, lock.Name
 		return e
 	}
-	ctx := o.Observe(context.Background(), with(advisorylock.Event{Type: "acquire_start"}))
-	ctx = o.Observe(ctx, with(advisorylock.Event{Type: "acquire_end", Outcome: "acquired"}))
-	o.Observe(ctx, with(advisorylock.Event{Type: "loss", Cause: "not_held"}))
-	o.Observe(ctx, with(advisorylock.Event{Type: "release"}))
-	o.Observe(context.Background(), with(advisorylock.Event{Type: "discard", Reason: "lost"}))
-	o.Observe(context.Background(), with(advisorylock.Event{Type: "renew", Outcome: "renewed"}))
+	ctx := o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventAcquireStart}))
+	ctx = o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired}))
+	o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventLoss, Cause: advisorylock.CauseNotHeld}))
+	o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventRelease}))
+	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventDiscard, Reason: advisorylock.ReasonLost}))
+	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed}))
 }
 
 // exported feeds one event of each kind to a fresh observer and returns

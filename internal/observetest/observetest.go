@@ -152,7 +152,7 @@ type Event struct {
 }
 
 // Recorder is an Observer that records every event, and checks that each
-// hold's events get the context its "acquire_end" returned.
+// hold's events get the context its EventAcquireEnd returned.
 type Recorder struct {
 	mu     sync.Mutex
 	events []Event
@@ -161,28 +161,28 @@ type Recorder struct {
 
 type spanKey struct{}
 
-// Observe records e. For "acquire_start" it returns ctx numbered with
+// Observe records e. For EventAcquireStart it returns ctx numbered with
 // the acquire; otherwise ctx.
 func (r *Recorder) Observe(ctx context.Context, e advisorylock.Event) context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ev := Event{Event: e, Span: span(ctx)}
 	switch e.Type {
-	case "acquire_start":
+	case advisorylock.EventAcquireStart:
 		r.starts++
 		ev.Span = r.starts
 		ctx = context.WithValue(ctx, spanKey{}, r.starts)
-	case "acquire_end", "renew":
-		ev.Value, ev.Took = e.Outcome, e.Wait+e.Latency
-	case "release":
+	case advisorylock.EventAcquireEnd, advisorylock.EventRenew:
+		ev.Value, ev.Took = string(e.Outcome), e.Wait+e.Latency
+	case advisorylock.EventRelease:
 		if e.Forgotten {
 			ev.Value = "forgotten"
 		}
 		ev.Took = e.Held
-	case "loss":
-		ev.Value, ev.Took = e.Cause, e.Held
-	case "discard":
-		ev.Value = e.Reason
+	case advisorylock.EventLoss:
+		ev.Value, ev.Took = string(e.Cause), e.Held
+	case advisorylock.EventDiscard:
+		ev.Value = string(e.Reason)
 	}
 	r.events = append(r.events, ev)
 	return ctx
@@ -195,7 +195,7 @@ func span(ctx context.Context) int {
 
 // Events returns the events so far, optionally only those of the given
 // types.
-func (r *Recorder) Events(types ...string) []Event {
+func (r *Recorder) Events(types ...advisorylock.EventType) []Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []Event
@@ -208,7 +208,7 @@ func (r *Recorder) Events(types ...string) []Event {
 }
 
 // Count counts the events of type typ with value v.
-func (r *Recorder) Count(typ string, v string) int {
+func (r *Recorder) Count(typ advisorylock.EventType, v string) int {
 	n := 0
 	for _, e := range r.Events(typ) {
 		if e.Value == v {

@@ -154,9 +154,11 @@ func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 func (mysqlBackend) Validate(ctx context.Context, db DB) error {
 	var s mysqlServer
 	err := mysqlRun(ctx, db, func(q querier) error {
-		if err := q.QueryRowContext(ctx, "SELECT @@version, @@version_comment, @@read_only").Scan(&s.version, &s.comment, &s.readOnly); err != nil {
+		var comment sql.NullString // a proxy may answer NULL
+		if err := q.QueryRowContext(ctx, "SELECT @@version, @@version_comment, @@read_only").Scan(&s.version, &comment, &s.readOnly); err != nil {
 			return err
 		}
+		s.comment = comment.String
 		if mysqlLookAlike(s.version, s.comment) != nil {
 			return nil // told by its version; it may not know the next statement
 		}

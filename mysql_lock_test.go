@@ -579,9 +579,9 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	}
 	defer db.Close()
 	l := newLock(t, db, "galera", advisorylock.WithBackend(advisorylock.MySQL()))
-	server := func(version string, readOnly int64) {
+	server := func(version string, readOnly int64) { // @@version_comment NULL, as a proxy may answer
 		mock.ExpectQuery("SELECT @@version, @@version_comment, @@read_only").
-			WillReturnRows(sqlmock.NewRows([]string{"v", "c", "ro"}).AddRow(version, "", readOnly))
+			WillReturnRows(sqlmock.NewRows([]string{"v", "c", "ro"}).AddRow(version, nil, readOnly))
 	}
 	for _, c := range []struct {
 		version  string

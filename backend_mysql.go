@@ -146,49 +146,98 @@ func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 }
 
 // Validate refuses, with ErrUnsupported, servers whose named locks do not
-// exclude: versions that hold one named lock per session, Galera/PXC
-// nodes, and read-only servers (a replica's locks exclude nothing on its
-// primary). It costs two round trips, once per *sql.DB; an error from the
-// server or the pool is returned wrapped.
+// exclude or behave otherwise than MySQL's (see mysqlServerSupported) and
+// read-only servers (a replica's locks exclude nothing on its primary). It
+// costs two round trips, once per *sql.DB (one where the version alone
+// refuses the server); an error from the server or the pool is returned
+// wrapped.
 func (mysqlBackend) Validate(ctx context.Context, db DB) error {
-	var version, name, wsrep string
-	var readOnly bool
+	var s mysqlServer
 	err := mysqlRun(ctx, db, func(q querier) error {
-		if err := q.QueryRowContext(ctx, "SELECT @@version, @@read_only").Scan(&version, &readOnly); err != nil {
+		var comment sql.NullString // a proxy may answer NULL
+		if err := q.QueryRowContext(ctx, "SELECT @@version, @@version_comment, @@read_only").Scan(&s.version, &comment, &s.readOnly); err != nil {
 			return err
 		}
-		// No row where the server has no Galera support at all.
-		err := q.QueryRowContext(ctx, "SHOW GLOBAL VARIABLES LIKE 'wsrep\\_on'").Scan(&name, &wsrep)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil
+		s.comment = comment.String
+		if mysqlLookAlike(s.version, s.comment) != nil {
+			return nil // told by its version; it may not know the next statement
 		}
-		return err
+		// A row only for a variable the server has (Galera's and Group
+		// Replication's exist only where their plugins are loaded).
+		rows, err := q.QueryContext(ctx, "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('wsrep_on', 'group_replication_single_primary_mode')")
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		s.vars = map[string]string{}
+		for rows.Next() {
+			var name, value string
+			if err := rows.Scan(&name, &value); err != nil {
+				return err
+			}
+			s.vars[strings.ToLower(name)] = value
+		}
+		return rows.Err()
 	})
 	if err != nil {
 		return fmt.Errorf("advisorylock: checking the MySQL server: %w", err)
 	}
-	if readOnly {
-		return errReadOnly
-	}
-	return mysqlServerSupported(version, wsrep)
+	return mysqlServerSupported(s)
+}
+
+// mysqlServer is what Validate reads of a server.
+type mysqlServer struct {
+	version, comment string            // @@version, @@version_comment
+	readOnly         bool              // @@read_only
+	vars             map[string]string // wsrep_on and group_replication_single_primary_mode, where the server has them
 }
 
 // errReadOnly refuses a read-only server.
 var errReadOnly = fmt.Errorf("%w: the MySQL server is read-only (read_only=ON, as a replica is): its locks would exclude nothing on the primary", ErrUnsupported)
 
-// mysqlServerSupported refuses a server version without several named
-// locks per session, and a Galera/PXC node.
-func mysqlServerSupported(version, wsrep string) error {
-	if strings.EqualFold(wsrep, "ON") {
-		return fmt.Errorf("%w: a Galera or Percona XtraDB cluster node (wsrep_on=ON): GET_LOCK is local to one node there, so it would exclude nothing across the cluster; use LeaseLock", ErrUnsupported)
+// mysqlServerSupported refuses a MySQL look-alike (see mysqlLookAlike), a
+// read-only server, a Galera/PXC node, a member of a multi-primary Group
+// Replication group, and a version without several named locks per
+// session.
+func mysqlServerSupported(s mysqlServer) error {
+	if err := mysqlLookAlike(s.version, s.comment); err != nil {
+		return err
 	}
-	major, minor, patch := versionNumbers(version)
+	if s.readOnly {
+		return errReadOnly
+	}
+	if strings.EqualFold(s.vars["wsrep_on"], "ON") {
+		return fmt.Errorf("%w: a Galera or Percona XtraDB cluster node (wsrep_on=ON): GET_LOCK is local to one node there, so it would exclude nothing across the cluster", ErrUnsupported)
+	}
+	if strings.EqualFold(s.vars["group_replication_single_primary_mode"], "OFF") {
+		return fmt.Errorf("%w: a Group Replication member in multi-primary mode (group_replication_single_primary_mode=OFF): GET_LOCK is local to one member, so it would exclude nothing across the group; connect to a single-primary group's primary", ErrUnsupported)
+	}
+	major, minor, patch := versionNumbers(s.version)
 	old := major*100+minor < 507 // MySQL 5.7
-	if strings.Contains(strings.ToLower(version), "mariadb") {
+	if strings.Contains(strings.ToLower(s.version), "mariadb") {
 		old = major*10000+minor*100+patch < 100002 // MariaDB 10.0.2
 	}
 	if old {
-		return fmt.Errorf("%w: server %s holds one named lock per session (a second GET_LOCK frees the first); MySQL 5.7+ or MariaDB 10.0.2+ is needed", ErrUnsupported, version)
+		return fmt.Errorf("%w: server %s holds one named lock per session (a second GET_LOCK frees the first); MySQL 5.7+ or MariaDB 10.0.2+ is needed", ErrUnsupported, s.version)
+	}
+	return nil
+}
+
+// mysqlLookAlike refuses the servers that speak MySQL's protocol but whose
+// named locks are not MySQL's, as their version strings tell: TiDB
+// ("8.0.11-TiDB-v7.5.0"), whose GET_LOCK before v6.1 is an error or, with
+// tidb_enable_noop_functions, a no-op that grants every caller, and since
+// then waits at least a second where a try must not wait; Vitess (vtgate
+// answers "8.0.30-Vitess" by default, and PlanetScale runs it), which
+// sends GET_LOCK on a reserved connection of its own to one shard and
+// allows it only in a SELECT without FROM: untested with this library.
+func mysqlLookAlike(version, comment string) error {
+	v, c := strings.ToLower(version), strings.ToLower(comment)
+	switch {
+	case strings.Contains(v, "tidb"):
+		return fmt.Errorf("%w: the server is TiDB (%s): its GET_LOCK is a no-op granting every caller before v6.1 (with tidb_enable_noop_functions) and waits at least one second since, so a try is not a try", ErrUnsupported, version)
+	case strings.Contains(v, "vitess"), strings.Contains(c, "vitess"):
+		return fmt.Errorf("%w: the server is Vitess (%s): it takes GET_LOCK on a reserved connection of its own, on one shard, and only in some statements; locks there are untested", ErrUnsupported, version)
 	}
 	return nil
 }

@@ -175,11 +175,28 @@ func (p *postgres) Validate(ctx context.Context, db DB) error {
 		}
 		return fmt.Errorf("advisorylock: asking the server's version: %w", err)
 	}
-	if strings.Contains(version, "CockroachDB") {
-		return fmt.Errorf("%w: the server is CockroachDB (%s), whose advisory locks exclude nothing (every caller is granted them at once); its PostgreSQL compatibility does not extend to locks", ErrUnsupported, version)
+	if err := postgresLookAlike(version); err != nil {
+		return err
 	}
 	if standby {
 		return errStandby
+	}
+	return nil
+}
+
+// postgresLookAlike refuses the servers that speak PostgreSQL's protocol
+// but whose advisory locks are not PostgreSQL's, as version() tells:
+// CockroachDB grants them to every caller at once; YugabyteDB
+// ("PostgreSQL 11.2-YB-2.20.1.0-b0 …") fails them with "advisory locks
+// are not yet implemented" (0A000) before they arrived in 2025, or grants
+// them to every caller where yb_silence_advisory_locks_not_supported_error
+// is set, and the versions that have them are untested here.
+func postgresLookAlike(version string) error {
+	switch {
+	case strings.Contains(version, "CockroachDB"):
+		return fmt.Errorf("%w: the server is CockroachDB (%s), whose advisory locks exclude nothing (every caller is granted them at once); its PostgreSQL compatibility does not extend to locks", ErrUnsupported, version)
+	case strings.Contains(version, "-YB-"):
+		return fmt.Errorf("%w: the server is YugabyteDB (%s): its advisory locks fail (\"not yet implemented\") or, with yb_silence_advisory_locks_not_supported_error, exclude nothing before 2025 versions, and are untested in those", ErrUnsupported, version)
 	}
 	return nil
 }

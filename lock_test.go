@@ -17,6 +17,8 @@ import (
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 const wait = 30 * time.Second
@@ -719,4 +721,58 @@ func TestNewRefusesBadInput(t *testing.T) {
 	if _, err := advisorylock.New(nilDB, "x"); !errors.Is(err, advisorylock.ErrUnsupported) {
 		t.Fatalf("New((*sql.DB)(nil)) = %v, want ErrUnsupported", err)
 	}
+}
+
+// TestLocksOnAPgxpoolCountAgainstItsMaxConns: through pgx's
+// stdlib.OpenDBFromPool (docs/drivers-and-orms.md) the backend is found
+// without WithBackend, locks exclude across handles, each held lock keeps
+// one pgxpool connection acquired, and a try on a pool whose MaxConns are
+// all held returns ErrPoolUnavailable after WithPoolWait instead of waiting
+// for the caller's context.
+func TestLocksOnAPgxpoolCountAgainstItsMaxConns(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+
+	name := testdb.UniqueName(t)
+	take := func(l *advisorylock.Lock) *advisorylock.Guard {
+		t.Helper()
+		g := mustTry(t, l)
+		if g == nil {
+			t.Fatalf("TryLock(%q) through the pgxpool missed a free name", l.Name())
+		}
+		return g
+	}
+	held := []*advisorylock.Guard{take(newLock(t, db, name+"/a")), take(newLock(t, db, name+"/b"))}
+	defer func() { // before pool.Close, which waits for every acquired connection
+		for _, g := range held {
+			_ = g.Release(ctx)
+		}
+	}()
+	if n := pool.Stat().AcquiredConns(); n != 2 {
+		t.Fatalf("two held locks keep %d pgxpool connections acquired, want 2", n)
+	}
+	if g, err := newLock(t, testdb.OpenPostgres(t, "pgx"), name+"/a").TryLock(ctx); g != nil || err == nil {
+		t.Fatalf("another handle's TryLock of a name held through the pgxpool = %v, %v; want held elsewhere", g, err)
+	}
+
+	third := newLock(t, db, name+"/c", advisorylock.WithPoolWait(200*time.Millisecond))
+	tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := third.TryLock(tctx); !errors.Is(err, advisorylock.ErrPoolUnavailable) || time.Since(start) > 5*time.Second {
+		t.Fatalf("TryLock with every pgxpool connection held = %v after %v, want ErrPoolUnavailable after about 200ms", err, time.Since(start))
+	}
+	mustRelease(t, held[0])
+	mustRelease(t, take(third))
 }

@@ -12,26 +12,44 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-func TestMySQLServerVersionsAndGaleraAreChecked(t *testing.T) {
+// TestMySQLServersAreCheckedByWhatTheyReport: what Validate reads of a
+// server (versions, comment, read_only, the Galera and Group Replication
+// variables where present) refuses those whose named locks exclude
+// nothing or differ from MySQL's, naming why; TiDB and Vitess cannot run
+// here, so their version strings stand in for them.
+func TestMySQLServersAreCheckedByWhatTheyReport(t *testing.T) {
+	galera := map[string]string{"wsrep_on": "ON"}
 	for _, tc := range []struct {
-		version, wsrep string
-		ok             bool
+		s      mysqlServer
+		refuse string // "" when supported, else a word the refusal names
 	}{
-		{"5.6.51-log", "", false},
-		{"5.7.44", "", true},
-		{"8.0.36", "", true},
-		{"8.4.0", "", true},
-		{"10.0.1-MariaDB", "", false},
-		{"10.0.2-MariaDB", "", true},
-		{"10.3.39-MariaDB-0+deb10u1", "OFF", true},
-		{"10.11.6-MariaDB-0+deb12u1", "OFF", true},
-		{"10.11.6-MariaDB-0+deb12u1", "ON", false}, // Galera
-		{"8.0.35-27.1", "ON", false},               // Percona XtraDB Cluster
-		{"garbage", "", false},
+		{mysqlServer{version: "5.6.51-log"}, "one named lock per session"},
+		{mysqlServer{version: "5.7.44"}, ""},
+		{mysqlServer{version: "8.0.36", comment: "MySQL Community Server - GPL"}, ""},
+		{mysqlServer{version: "8.4.0"}, ""},
+		{mysqlServer{version: "8.0.36", readOnly: true}, "read-only"},
+		{mysqlServer{version: "10.0.1-MariaDB"}, "one named lock per session"},
+		{mysqlServer{version: "10.0.2-MariaDB"}, ""},
+		{mysqlServer{version: "10.3.39-MariaDB-0+deb10u1", vars: map[string]string{"wsrep_on": "OFF"}}, ""},
+		{mysqlServer{version: "10.11.6-MariaDB-0+deb12u1", comment: "Debian 12", vars: map[string]string{"wsrep_on": "OFF"}}, ""},
+		{mysqlServer{version: "10.11.6-MariaDB-0+deb12u1", vars: galera}, "Galera"},
+		{mysqlServer{version: "8.0.35-27.1", vars: galera}, "Galera"}, // Percona XtraDB Cluster
+		{mysqlServer{version: "8.0.36", vars: map[string]string{"group_replication_single_primary_mode": "OFF"}}, "multi-primary"},
+		{mysqlServer{version: "8.0.36", vars: map[string]string{"group_replication_single_primary_mode": "ON"}}, ""},
+		{mysqlServer{version: "8.0.11-TiDB-v7.5.0"}, "TiDB"},
+		{mysqlServer{version: "5.7.25-TiDB-v5.0.0"}, "TiDB"},
+		{mysqlServer{version: "8.0.30-Vitess"}, "Vitess"}, // vtgate's default
+		// vtgate's mysql_server_version set to a plain version; its
+		// @@version_comment still names Vitess (vitessio/vitess#7337).
+		{mysqlServer{version: "8.0.36", comment: "a comment naming Vitess"}, "Vitess"},
+		{mysqlServer{version: "garbage"}, "one named lock per session"},
 	} {
-		err := mysqlServerSupported(tc.version, tc.wsrep)
-		if tc.ok != (err == nil) || err != nil && !errors.Is(err, ErrUnsupported) {
-			t.Errorf("server %q wsrep_on=%q: %v; want ok=%v (else ErrUnsupported)", tc.version, tc.wsrep, err, tc.ok)
+		err := mysqlServerSupported(tc.s)
+		switch {
+		case tc.refuse == "" && err != nil:
+			t.Errorf("%+v: %v, want it supported", tc.s, err)
+		case tc.refuse != "" && (!errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.refuse)):
+			t.Errorf("%+v: %v, want ErrUnsupported naming %q", tc.s, err, tc.refuse)
 		}
 	}
 }

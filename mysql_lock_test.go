@@ -566,9 +566,11 @@ func TestSessionLockerPlugsInOnMariaDB(t *testing.T) {
 	}
 }
 
-// A Galera node and a read-only server (a replica) are refused at the
-// first operation (go-sqlmock stands in for them, which cannot run here);
-// RELEASE_LOCK's 0 and NULL answers are told apart.
+// A Galera node, a multi-primary Group Replication member, a read-only
+// server (a replica), TiDB and Vitess are refused at the first operation
+// (go-sqlmock stands in for them, which cannot run here; a look-alike told
+// by its version is not asked for variables it may not have); RELEASE_LOCK's
+// 0 and NULL answers are told apart.
 func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	ctx := context.Background()
 	db, mock, err := sqlmock.New()
@@ -577,15 +579,36 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	}
 	defer db.Close()
 	l := newLock(t, db, "galera", advisorylock.WithBackend(advisorylock.MySQL()))
-	mock.ExpectQuery("SELECT @@version").WillReturnRows(sqlmock.NewRows([]string{"v", "ro"}).AddRow("10.11.6-MariaDB", int64(0)))
-	mock.ExpectQuery("SHOW GLOBAL VARIABLES").WillReturnRows(sqlmock.NewRows([]string{"n", "v"}).AddRow("wsrep_on", "ON"))
-	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "Galera") {
-		t.Fatalf("TryLock on a Galera node = %v, want ErrUnsupported naming Galera", err)
+	server := func(version string, readOnly int64) { // @@version_comment NULL, as a proxy may answer
+		mock.ExpectQuery("SELECT @@version, @@version_comment, @@read_only").
+			WillReturnRows(sqlmock.NewRows([]string{"v", "c", "ro"}).AddRow(version, nil, readOnly))
 	}
-	mock.ExpectQuery("SELECT @@version").WillReturnRows(sqlmock.NewRows([]string{"v", "ro"}).AddRow("8.0.36", int64(1)))
-	mock.ExpectQuery("SHOW GLOBAL VARIABLES").WillReturnError(sql.ErrNoRows)
-	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "read-only") {
-		t.Fatalf("TryLock on a read-only server = %v, want ErrUnsupported naming read-only", err)
+	for _, c := range []struct {
+		version  string
+		readOnly int64
+		vars     [][2]string // nil: not asked
+		refusal  string
+	}{
+		{"10.11.6-MariaDB", 0, [][2]string{{"wsrep_on", "ON"}}, "Galera"},
+		{"8.0.36", 0, [][2]string{{"group_replication_single_primary_mode", "OFF"}}, "multi-primary"},
+		{"8.0.36", 1, [][2]string{}, "read-only"},
+		{"8.0.11-TiDB-v7.5.0", 0, nil, "TiDB"},
+		{"8.0.30-Vitess", 0, nil, "Vitess"},
+	} {
+		server(c.version, c.readOnly)
+		if c.vars != nil {
+			rows := sqlmock.NewRows([]string{"Variable_name", "Value"})
+			for _, v := range c.vars {
+				rows.AddRow(v[0], v[1])
+			}
+			mock.ExpectQuery("SHOW GLOBAL VARIABLES WHERE Variable_name IN").WillReturnRows(rows)
+		}
+		if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), c.refusal) {
+			t.Fatalf("TryLock on %s = %v, want ErrUnsupported naming %s", c.version, err, c.refusal)
+		}
+		if err := mock.ExpectationsWereMet(); err != nil {
+			t.Fatalf("%s: %v", c.version, err)
+		}
 	}
 
 	var logs syncBuffer

@@ -22,22 +22,32 @@ const (
 	PoolerTransaction
 )
 
-// PoolerHint reads a PostgreSQL DSN, in URL form
+// PoolerHint reads a DSN for signs of a well-known connection pooler and
+// returns its short name. It reads a PostgreSQL DSN in URL form
 // (postgres://user@host:port/db?opts) or key=value form (host=… port=…),
-// for signs of a well-known connection pooler, and returns its short name:
+// and a github.com/go-sql-driver/mysql DSN (user@tcp(host:port)/db):
 //
-//	"rds-proxy"  a host like name.proxy-id.region.rds.amazonaws.com
-//	"supabase"   a *.pooler.supabase.com host, or a Supabase host on port 6543
+//	"rds-proxy"  a host like name.proxy-id.region.rds.amazonaws.com, or an
+//	             added endpoint's name.endpoint.proxy-id.region…
+//	"supabase"   a *.pooler.supabase.com host (Supavisor: transaction mode
+//	             on port 6543, session mode on 5432), or a Supabase host on
+//	             port 6543 (its dedicated PgBouncer)
 //	"neon"       a Neon host whose first label ends in "-pooler"
+//	"pgdog"      a host containing "pgdog"
+//	"proxysql"   a host containing "proxysql", or ProxySQL's default port
+//	             (6133 for PostgreSQL, 6033 for MySQL)
 //	"pgbouncer"  pgbouncer=true, a host containing "pgbouncer", or port 6432
+//	             (PgBouncer's default, and PgDog's)
 //	"pooler"     another host whose first label ends in "-pooler", or port 6543
 //
-// Every host and port of a multi-host DSN is read. PoolerHint looks at the
-// text alone: it does no I/O, never fails and never panics, and returns
-// ("", false) for a DSN without signs or one it cannot read. A sign is a
-// hint, not a verdict: the pooler may run in session mode (where Lock
-// works), and a pooler on an ordinary port shows no sign. DetectPooler
-// tells by probing.
+// A MySQL DSN is read for the signs that apply to MySQL: RDS Proxy's
+// hosts and ProxySQL's. Every host and port of a multi-host DSN is read.
+// PoolerHint looks at the text alone: it does no I/O, never fails and
+// never panics, and returns ("", false) for a DSN without signs or one it
+// cannot read. A sign is a hint, not a verdict: the pooler may run in
+// session mode (where Lock works), and a pooler on an ordinary port shows
+// no sign. DetectPooler tells by probing; docs/production.md says what
+// works behind each of these poolers.
 func PoolerHint(dsn string) (pooler string, ok bool) {
 	p := parseDSN(dsn)
 	if isTrue(p.params["pgbouncer"]) {
@@ -55,14 +65,20 @@ func PoolerHint(dsn string) (pooler string, ok bool) {
 		case len(p.ports) == 1:
 			port = p.ports[0] // libpq: one port serves every host
 		}
-		if name := hostHint(strings.ToLower(strings.TrimSuffix(host, ".")), port); name != "" {
+		host = strings.ToLower(strings.TrimSuffix(host, "."))
+		name := hostHint(host, port)
+		if p.mysql {
+			name = mysqlHostHint(host, port)
+		}
+		if name != "" {
 			return name, true
 		}
 	}
 	return "", false
 }
 
-// hostHint names the pooler that host and port suggest, or "".
+// hostHint names the pooler that a PostgreSQL DSN's host and port
+// suggest, or "".
 func hostHint(host, port string) string {
 	first, rest, _ := strings.Cut(host, ".")
 	switch {
@@ -72,6 +88,10 @@ func hostHint(host, port string) string {
 		return "supabase"
 	case strings.HasSuffix(first, "-pooler") && (strings.HasSuffix(host, ".neon.tech") || strings.HasSuffix(host, ".neon.build")):
 		return "neon"
+	case strings.Contains(host, "pgdog"):
+		return "pgdog"
+	case strings.Contains(host, "proxysql"), port == "6133":
+		return "proxysql"
 	case strings.Contains(host, "pgbouncer"), port == "6432":
 		return "pgbouncer"
 	case port == "6543" && (strings.HasSuffix(host, ".supabase.co") || strings.HasSuffix(host, ".supabase.com")):
@@ -82,9 +102,24 @@ func hostHint(host, port string) string {
 	return ""
 }
 
+// mysqlHostHint names the pooler that a MySQL DSN's host and port
+// suggest, or "".
+func mysqlHostHint(host, port string) string {
+	_, rest, _ := strings.Cut(host, ".")
+	switch {
+	case isRDSProxy(rest):
+		return "rds-proxy"
+	case strings.Contains(host, "proxysql"), port == "6033":
+		return "proxysql"
+	}
+	return ""
+}
+
 // isRDSProxy reports whether domain (a host without its first label) is
-// an RDS Proxy endpoint's: proxy-<id>.<region>.rds.amazonaws.com[.cn].
+// an RDS Proxy endpoint's: proxy-<id>.<region>.rds.amazonaws.com[.cn], or
+// endpoint.proxy-<id>.… for an endpoint added to a proxy.
 func isRDSProxy(domain string) bool {
+	domain = strings.TrimPrefix(domain, "endpoint.")
 	if !strings.HasPrefix(domain, "proxy-") {
 		return false
 	}
@@ -103,14 +138,18 @@ func isTrue(v string) bool {
 type dsnParts struct {
 	hosts, ports []string
 	params       map[string]string // keys lower-cased; host and port included
+	mysql        bool              // a go-sql-driver/mysql DSN
 }
 
-// parseDSN reads a URL or key=value DSN leniently: what it cannot read it
-// leaves out. It never panics.
+// parseDSN reads a URL, key=value or go-sql-driver/mysql DSN leniently:
+// what it cannot read it leaves out. It never panics.
 func parseDSN(dsn string) dsnParts {
 	var p dsnParts
 	if rest, ok := cutScheme(dsn); ok {
 		p = parseURLDSN(rest)
+	} else if addr, ok := mysqlAddress(dsn); ok {
+		host, port := splitHostPort(addr)
+		return dsnParts{hosts: []string{host}, ports: []string{port}, mysql: true}
 	} else {
 		p.params = parseKeyValueDSN(dsn)
 	}
@@ -121,6 +160,26 @@ func parseDSN(dsn string) dsnParts {
 		p.ports = splitList(v)
 	}
 	return p
+}
+
+// mysqlAddress returns the address of a go-sql-driver/mysql DSN,
+// [user[:password]@]tcp(host:port)/db[?params]: what is inside tcp(…).
+// A password may hold "@" or "(": the last "@tcp(" is the one. Text with
+// a space or "=" before it is key=value, not this form.
+func mysqlAddress(dsn string) (addr string, ok bool) {
+	start := 0
+	if i := strings.LastIndex(dsn, "@tcp("); i >= 0 {
+		start = i + len("@tcp(")
+	} else if strings.HasPrefix(dsn, "tcp(") {
+		start = len("tcp(")
+	} else {
+		return "", false
+	}
+	if strings.ContainsAny(dsn[:start], " \t\r\n=") {
+		return "", false
+	}
+	addr, _, ok = strings.Cut(dsn[start:], ")")
+	return addr, ok
 }
 
 // cutScheme strips postgres:// or postgresql:// (any case).

@@ -93,6 +93,7 @@ func FuzzPoolerHint(f *testing.F) {
 		"host=myproxy.proxy-abc.us-east-1.rds.amazonaws.com port=5432",
 		"host='it\\'s pgbouncer' port = 6543 pgbouncer=true",
 		"host=aws-0-eu-central-1.pooler.supabase.com port=6543",
+		"app:pw@tcp(p.endpoint.proxy-x.us-east-1.rds.amazonaws.com:3306)/db", "u@tcp([::1]:6033)/x",
 		"postgres://[::1", "host='", "=", "postgres://%zz@/?&=&%", "\x00\xff'\\",
 	} {
 		f.Add(s)
@@ -103,7 +104,7 @@ func FuzzPoolerHint(f *testing.F) {
 			t.Fatalf("PoolerHint(%q) = %q, %v", dsn, name, ok)
 		}
 		p := parseDSN(dsn)
-		if len(p.hosts) != 1 || len(p.ports) > 1 {
+		if p.mysql || len(p.hosts) != 1 || len(p.ports) > 1 {
 			return
 		}
 		host, port := p.hosts[0], ""

@@ -75,6 +75,27 @@ func TestPoolerHint(t *testing.T) {
 		{"file:locks.db", ""},
 		{"=6432", ""},
 		{"postgres://%zz@pgbouncer/x?%zz=%zz", "pgbouncer"},
+		// The poolers of docs/production.md, by the hosts and ports their
+		// documentation gives.
+		{"postgres://app@myproxy-ro.endpoint.proxy-c0abcdefghij.us-east-1.rds.amazonaws.com:5432/app", "rds-proxy"}, // an added proxy endpoint
+		{"postgres://app@myproxy.endpoint.c0abcdefghij.us-east-1.rds.amazonaws.com/app", ""},
+		{"postgres://app@pgdog.internal:6432/app", "pgdog"},
+		{"host=pgdog port=5432", "pgdog"},
+		{"postgres://app@db.internal:6133/app", "proxysql"}, // ProxySQL's PostgreSQL port
+		{"postgres://app@proxysql.svc:5432/app", "proxysql"},
+		{"postgres://app@db.internal:6033/app", ""}, // ProxySQL's MySQL port, in a PostgreSQL DSN
+		{"postgresql://u:p@ep-x-1-pooler.eastus2.azure.neon.tech/neondb", "neon"},
+		// go-sql-driver/mysql DSNs: RDS Proxy's and ProxySQL's signs only.
+		{"app:secret@tcp(myproxy.proxy-c0abcdefghij.us-east-1.rds.amazonaws.com:3306)/app?parseTime=true", "rds-proxy"},
+		{"app@tcp(reader.endpoint.proxy-c0abcdefghij.eu-west-1.rds.amazonaws.com:3306)/app", "rds-proxy"},
+		{"app:secret@tcp(db.internal:6033)/app", "proxysql"},
+		{"tcp(proxysql-0.proxysql:3306)/app", "proxysql"},
+		{"app:s@cr(t@tcp(db.internal:6033)/app", "proxysql"}, // a password with "@" and "("
+		{"app:secret@tcp(db.internal:3306)/app", ""},
+		{"app:secret@tcp(db.internal:6432)/app", ""}, // PgBouncer's port means nothing to MySQL
+		{"app@tcp(mydb.c0abcdefghij.us-east-1.rds.amazonaws.com:3306)/app", ""},
+		{"host=db password=x@tcp(h:6033)/ port=5432", ""}, // key=value, not a MySQL DSN
+		{"app@tcp(db.internal:6033", ""},
 	}
 	for _, c := range cases {
 		got, ok := advisorylock.PoolerHint(c.dsn)

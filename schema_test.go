@@ -312,59 +312,74 @@ func runOneTerm(t *testing.T, db *sql.DB, name string) {
 	}
 }
 
-// A PostgreSQL look-alike whose advisory locks exclude nothing is refused
-// at the first operation. CockroachDB cannot run here: a fake driver
-// answers version() as CockroachDB does, and fails anything else.
-func TestCockroachDBIsRefused(t *testing.T) {
-	db := sql.OpenDB(cockroachConnector{})
-	defer db.Close()
-	for what, op := range map[string]func() error{
-		"Lock.TryLock": func() error {
-			l, err := advisorylock.New(db, "job", advisorylock.WithBackend(advisorylock.Postgres()))
-			if err != nil {
-				return err
-			}
-			_, err = l.TryLock(context.Background())
-			return err
-		},
-		"LeaseLock.Check": func() error {
-			l, err := advisorylock.NewLeaseLock(db, "job", advisorylock.WithBackend(advisorylock.Postgres()))
-			if err != nil {
-				return err
-			}
-			return l.Check(context.Background())
-		},
+// PostgreSQL look-alikes whose advisory locks exclude nothing or fail are
+// refused at the first operation, by what version() says. Neither
+// CockroachDB nor YugabyteDB can run here: a fake driver answers version()
+// as they do, and fails anything else.
+func TestPostgreSQLLookAlikesAreRefused(t *testing.T) {
+	for _, c := range []struct{ name, version string }{
+		{"CockroachDB", "CockroachDB CCL v23.1.11 (x86_64-pc-linux-gnu, built 2023/09/27 01:53:43, go1.19.13)"},
+		{"YugabyteDB", "PostgreSQL 11.2-YB-2.20.1.0-b0 on x86_64-pc-linux-gnu, compiled by clang version 16.0.6, 64-bit"},
+		{"YugabyteDB", "PostgreSQL 15.12-YB-2025.1.0.0-b0 on x86_64-pc-linux-gnu, compiled by clang version 17.0.6, 64-bit"},
 	} {
-		err := op()
-		if !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "CockroachDB") {
-			t.Fatalf("%s on CockroachDB = %v, want ErrUnsupported naming CockroachDB", what, err)
+		db := sql.OpenDB(lookAlikeConnector{c.version})
+		defer db.Close()
+		for what, op := range map[string]func() error{
+			"Lock.TryLock": func() error {
+				l, err := advisorylock.New(db, "job", advisorylock.WithBackend(advisorylock.Postgres()))
+				if err != nil {
+					return err
+				}
+				_, err = l.TryLock(context.Background())
+				return err
+			},
+			"LeaseLock.Check": func() error {
+				l, err := advisorylock.NewLeaseLock(db, "job", advisorylock.WithBackend(advisorylock.Postgres()))
+				if err != nil {
+					return err
+				}
+				return l.Check(context.Background())
+			},
+		} {
+			err := op()
+			if !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), c.name) {
+				t.Fatalf("%s on %s = %v, want ErrUnsupported naming %s", what, c.version, err, c.name)
+			}
 		}
 	}
 }
 
-type cockroachConnector struct{}
+// lookAlikeConnector opens connections that answer version() with its
+// version, pg_is_in_recovery() with false (as CockroachDB always does),
+// and fail every other statement.
+type lookAlikeConnector struct{ version string }
 
-func (cockroachConnector) Connect(context.Context) (driver.Conn, error) { return cockroachConn{}, nil }
-func (cockroachConnector) Driver() driver.Driver                        { return cockroachDriver{} }
+func (c lookAlikeConnector) Connect(context.Context) (driver.Conn, error) {
+	return lookAlikeConn(c), nil
+}
+func (c lookAlikeConnector) Driver() driver.Driver { return lookAlikeDriver(c) }
 
-type cockroachDriver struct{}
+type lookAlikeDriver struct{ version string }
 
-func (cockroachDriver) Open(string) (driver.Conn, error) { return cockroachConn{}, nil }
+func (d lookAlikeDriver) Open(string) (driver.Conn, error) { return lookAlikeConn(d), nil }
 
-type cockroachConn struct{}
+type lookAlikeConn struct{ version string }
 
-func (cockroachConn) Prepare(string) (driver.Stmt, error) { return nil, errors.New("fake: no prepare") }
-func (cockroachConn) Close() error                        { return nil }
-func (cockroachConn) Begin() (driver.Tx, error)           { return nil, errors.New("fake: no transactions") }
+func (lookAlikeConn) Prepare(string) (driver.Stmt, error) { return nil, errors.New("fake: no prepare") }
+func (lookAlikeConn) Close() error                        { return nil }
+func (lookAlikeConn) Begin() (driver.Tx, error)           { return nil, errors.New("fake: no transactions") }
 
-func (cockroachConn) QueryContext(_ context.Context, query string, _ []driver.NamedValue) (driver.Rows, error) {
+func (c lookAlikeConn) QueryContext(_ context.Context, query string, _ []driver.NamedValue) (driver.Rows, error) {
 	if strings.Contains(query, "version()") {
-		return &versionRows{}, nil
+		return &versionRows{version: c.version}, nil
 	}
-	return nil, fmt.Errorf("fake CockroachDB: unexpected statement %q", query)
+	return nil, fmt.Errorf("fake %s: unexpected statement %q", c.version, query)
 }
 
-type versionRows struct{ done bool }
+type versionRows struct {
+	version string
+	done    bool
+}
 
 func (*versionRows) Columns() []string { return []string{"version", "pg_is_in_recovery"} }
 func (*versionRows) Close() error      { return nil }
@@ -373,8 +388,8 @@ func (r *versionRows) Next(dest []driver.Value) error {
 		return io.EOF
 	}
 	r.done = true
-	dest[0] = "CockroachDB CCL v23.1.11 (x86_64-pc-linux-gnu, built 2023/09/27 01:53:43, go1.19.13)"
-	dest[1] = false // CockroachDB's pg_is_in_recovery always answers false
+	dest[0] = r.version
+	dest[1] = false
 	return nil
 }
 

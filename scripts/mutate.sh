@@ -132,6 +132,37 @@ mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go 
 	's/slice = min\(slice, time\.Until\(dl\)\)/slice = max(slice, 10*time.Second+0*time.Until(dl))/' \
 	'^TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection$'
 
+# Look-alikes and clusters whose locks exclude nothing, told by the server.
+mutation "YugabyteDB is taken for PostgreSQL" backend_postgres.go \
+	's/case strings\.Contains\(version, "-YB-"\):/case strings.Contains(version, "-YB-") \&\& false:/' \
+	'^TestPostgreSQLLookAlikesAreRefused$'
+mutation "TiDB is taken for MySQL" backend_mysql.go \
+	's/case strings\.Contains\(v, "tidb"\):/case strings.Contains(v, "tidb") \&\& false:/' \
+	'^(TestMySQLServersAreCheckedByWhatTheyReport|TestMySQLRefusesGaleraAndTellsReleaseAnswersApart)$'
+mutation "Vitess is told by its version alone" backend_mysql.go \
+	's/strings\.Contains\(c, "vitess"\):/strings.Contains(c, "vitess") \&\& false:/' \
+	'^TestMySQLServersAreCheckedByWhatTheyReport$'
+mutation "a multi-primary Group Replication member is taken for one server" backend_mysql.go \
+	's/if strings\.EqualFold\(s\.vars\["group_replication_single_primary_mode"\], "OFF"\) \{/if false {/' \
+	'^(TestMySQLServersAreCheckedByWhatTheyReport|TestMySQLRefusesGaleraAndTellsReleaseAnswersApart)$'
+mutation "Validate asks a look-alike for variables it may not have" backend_mysql.go \
+	's/return nil \/\/ told by its version; it may not know the next statement/_ = 0 \/\/ asks anyway/' \
+	'^TestMySQLRefusesGaleraAndTellsReleaseAnswersApart$'
+
+mutation "a checkout from a pgxpool waits for the caller's context, not WithPoolWait" conn_guard.go \
+	's/\tif poolWait > 0 \{\n\t\tvar cancel context\.CancelFunc/\tif poolWait > 0 \&\& false {\n\t\tvar cancel context.CancelFunc/' \
+	'^TestLocksOnAPgxpoolCountAgainstItsMaxConns$'
+# PoolerHint: the hosts and ports of the poolers docs/production.md names.
+mutation "PoolerHint misses an endpoint added to an RDS Proxy" pooler_detect.go \
+	's/domain = strings\.TrimPrefix\(domain, "endpoint\."\)/_ = "endpoint."/' \
+	'^TestPoolerHint$'
+mutation "PoolerHint reads a MySQL DSN as PostgreSQL's key=value" pooler_detect.go \
+	's/\} else if addr, ok := mysqlAddress\(dsn\); ok \{/} else if addr, ok := mysqlAddress(dsn); ok \&\& false {/' \
+	'^TestPoolerHint$'
+mutation "PoolerHint takes PgBouncer's port for a pooler on MySQL" pooler_detect.go \
+	's/name := hostHint\(host, port\)\n\t\tif p\.mysql \{/name := hostHint(host, port)\n\t\tif p.mysql \&\& name == "" {/' \
+	'^TestPoolerHint$'
+
 # --- Leases and fencing -------------------------------------------------------
 mutation "lease re-granted 1.2 s before it expires" backend_postgres.go \
 	"s/= \`\\(l\\.owner IS NULL OR l\\.expires_at <= now\\(\\)\\)/= \`(l.owner IS NULL OR l.expires_at <= now() + interval '1200 milliseconds')/" \
@@ -350,6 +381,9 @@ mutation "Guard.Conn: Release waits for a running statement forever" lent_conn.g
 	'^TestReleaseWhileAStatementRunsOnGuardConn$'
 
 # --- lockrun ------------------------------------------------------------------
+mutation "lockrun does not read a MySQL DSN for a pooler" cmd/lockrun/dsn_mysql.go \
+	's/\td\.pooler, _ = advisorylock\.PoolerHint\(cfg\.FormatDSN\(\)\)/\t_ = advisorylock.PoolerHint/' \
+	'^TestDatabaseSaysWhichWithoutPassword$' ./cmd/lockrun
 mutation "lockrun starts the command under a lock lost as it was granted" cmd/lockrun/run.go \
 	's/\tif isClosed\(h\.lost\) \{\n(\t+)\/\/ A grant/\tif false \&\& isClosed(h.lost) {\n$1\/\/ A grant/' \
 	'^TestLateGrantDoesNotRunTheCommand$' ./cmd/lockrun
@@ -412,6 +446,16 @@ mutation "the gocron Elector still leads after its term ended" extra/advisoryloc
 mutation "robfig/cron OnOneReplica drops the caller's options (no window)" extra/advisorylockcron/cron.go \
 	's/lock, err := advisorylock\.New\(db, name, opts\.\.\.\)/lock, err := advisorylock.New(db, name)/' \
 	'^TestOnOneReplicaRunsEachTickOnceAcrossSkewedCrons$' extra/advisorylockcron
+
+mutation "an alerting rule reads a metric the Prometheus observer does not export" extra/advisorylockprom/alerts.yml \
+	's/increase\(advisorylock_lost_total\[5m\]\)/increase(advisorylock_locks_lost_total[5m])/' \
+	'^TestAlertingRulesNameExportedMetrics$' extra/advisorylockprom
+mutation "an alerting rule matches on a label its metric lacks" extra/advisorylockprom/alerts.yml \
+	's/advisorylock_lease_renew_duration_seconds_count\{outcome="error"\}/advisorylock_lease_renew_duration_seconds_count{result="error"}/' \
+	'^TestAlertingRulesNameExportedMetrics$' extra/advisorylockprom
+mutation "alerts.yml does not parse" extra/advisorylockprom/alerts.yml \
+	's/\ngroups:\n/\ngroups: [\n/' \
+	'^TestAlertingRulesNameExportedMetrics$' extra/advisorylockprom
 
 # --- Once per run and Check's grant probe --------------------------------------
 mutation "TryDoOnce never records a run" once.go \

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/advisorylock/advisorylock"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -54,6 +55,7 @@ func openMySQL(dsn string) (d *database, ok bool, err error) {
 	}
 	d = &database{DB: sql.OpenDB(connector), kind: "mysql", shown: shown, where: "mysql " + cfg.Addr + "/" + cfg.DBName,
 		secrets: append(secrets, cfg.Passwd)}
+	d.pooler, _ = advisorylock.PoolerHint(cfg.FormatDSN()) // RDS Proxy's and ProxySQL's signs, either form
 	return d, true, nil
 }
 

@@ -184,6 +184,8 @@ func TestDatabaseSaysWhichWithoutPassword(t *testing.T) {
 		"postgres://app:hunter22@db.internal:6432/ops?sslmode=disable": "postgres db.internal:6432/ops; dsn from --dsn" + pgbouncer, // PoolerHint: port 6432
 		"host=10.0.0.7 port=5433 dbname=x password=hunter22":           "postgres 10.0.0.7:5433/x; dsn from --dsn",
 		"postgres://app@h1:5432,h2:5433/ops":                           "postgres h1:5432,h2:5433/ops; dsn from --dsn",
+		"mysql://app:hunter22@proxysql.internal:6033/ops":              "mysql proxysql.internal:6033/ops; dsn from --dsn" + strings.ReplaceAll(pgbouncer, "pgbouncer", "proxysql"),
+		"app:hunter22@tcp(db.internal:3306)/ops":                       "mysql db.internal:3306/ops; dsn from --dsn",
 		"sqlite:" + filepath.Join(dir, "l.db"):                         "sqlite " + filepath.Join(dir, "l.db") + " (this host only); dsn from --dsn",
 	} {
 		d, err := open(dsn)

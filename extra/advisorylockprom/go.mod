@@ -8,6 +8,7 @@ require (
 	github.com/advisorylock/advisorylock v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	go.uber.org/goleak v1.3.0
+	gopkg.in/yaml.v3 v3.0.1
 )
 
 require (

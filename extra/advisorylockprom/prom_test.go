@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"sort"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
+	"gopkg.in/yaml.v3"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(testdb.Main(m)) }
@@ -252,6 +254,7 @@ func exported(t *testing.T) map[string][]string {
 var (
 	metricRef = regexp.MustCompile(`\badvisorylock_[a-z_]+`)
 	byClause  = regexp.MustCompile(`\bby \(([^)]*)\)`)
+	matcher   = regexp.MustCompile(`[{,]\s*([a-z_]+)\s*(?:=~|!~|!=|=)\s*"`)
 )
 
 // TestDashboardQueriesNameExportedMetrics checks every query of
@@ -275,33 +278,104 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 	}
 	used := map[string]bool{}
 	for _, q := range queries {
-		refs := metricRef.FindAllString(q, -1)
-		if len(refs) == 0 {
-			t.Errorf("query names no advisorylock metric: %s", q)
-		}
-		labels := map[string]bool{"le": true}
-		for _, ref := range refs {
-			name := exportedName(ref, metrics)
-			if name == "" {
-				t.Errorf("query names %s, which the observer does not export: %s", ref, q)
-				continue
-			}
-			used[name] = true
-			for _, l := range metrics[name] {
-				labels[l] = true
-			}
-		}
-		for _, m := range byClause.FindAllStringSubmatch(q, -1) {
-			for _, l := range strings.Split(m[1], ",") {
-				if l = strings.TrimSpace(l); !labels[l] {
-					t.Errorf("query groups by %q, a label none of its metrics has: %s", l, q)
-				}
-			}
-		}
+		checkQuery(t, q, metrics, used)
 	}
 	for name := range metrics {
 		if !used[name] {
 			t.Errorf("metric %s is on no panel of dashboard.json", name)
+		}
+	}
+}
+
+// TestAlertingRulesNameExportedMetrics checks alerts.yml: it parses as a
+// Prometheus rules file (groups of rules, each an alert with an expr), every
+// expression names metrics the observer exports and groups and matches by
+// labels they have, and the alerts cover losses, lease renewals, discarded
+// connections and acquires. Where promtool is installed (Debian's
+// prometheus package), `promtool check rules` must accept the file too.
+func TestAlertingRulesNameExportedMetrics(t *testing.T) {
+	metrics := exported(t)
+	raw, err := os.ReadFile("alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Groups []struct {
+			Name  string
+			Rules []struct {
+				Alert, Expr, For string
+				Labels           map[string]string
+				Annotations      map[string]string
+			}
+		}
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("alerts.yml: %v", err)
+	}
+	used := map[string]bool{}
+	alerts := 0
+	for _, g := range doc.Groups {
+		for _, r := range g.Rules {
+			alerts++
+			if r.Alert == "" || r.Expr == "" || r.Labels["severity"] == "" || r.Annotations["summary"] == "" {
+				t.Errorf("group %s: rule %+v needs alert, expr, a severity label and a summary", g.Name, r)
+			}
+			checkQuery(t, r.Expr, metrics, used)
+		}
+	}
+	for _, name := range []string{
+		advisorylockprom.MetricLost, advisorylockprom.MetricLeaseRenewDuration,
+		advisorylockprom.MetricConnectionsDiscarded, advisorylockprom.MetricAcquireDuration,
+	} {
+		if !used[name] {
+			t.Errorf("no alert in alerts.yml reads %s", name)
+		}
+	}
+	if alerts == 0 {
+		t.Fatal("alerts.yml has no rules")
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Logf("promtool is not installed: alerts.yml was checked by this test alone")
+		return
+	}
+	if out, err := exec.Command(promtool, "check", "rules", "alerts.yml").CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules alerts.yml: %v\n%s", err, out)
+	}
+}
+
+// checkQuery checks one PromQL query q: it names at least one metric,
+// every metric it names (histograms by their _bucket, _count or _sum
+// series) is in metrics, and every label it groups by or matches on is
+// one of theirs. It marks the metrics it names in used.
+func checkQuery(t *testing.T, q string, metrics map[string][]string, used map[string]bool) {
+	t.Helper()
+	refs := metricRef.FindAllString(q, -1)
+	if len(refs) == 0 {
+		t.Errorf("query names no advisorylock metric: %s", q)
+	}
+	labels := map[string]bool{"le": true}
+	for _, ref := range refs {
+		name := exportedName(ref, metrics)
+		if name == "" {
+			t.Errorf("query names %s, which the observer does not export: %s", ref, q)
+			continue
+		}
+		used[name] = true
+		for _, l := range metrics[name] {
+			labels[l] = true
+		}
+	}
+	for _, m := range byClause.FindAllStringSubmatch(q, -1) {
+		for _, l := range strings.Split(m[1], ",") {
+			if l = strings.TrimSpace(l); !labels[l] {
+				t.Errorf("query groups by %q, a label none of its metrics has: %s", l, q)
+			}
+		}
+	}
+	for _, m := range matcher.FindAllStringSubmatch(q, -1) {
+		if !labels[m[1]] {
+			t.Errorf("query matches on %q, a label none of its metrics has: %s", m[1], q)
 		}
 	}
 }

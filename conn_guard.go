@@ -184,9 +184,40 @@ func recycle(conn *sql.Conn) { _ = conn.Close() }
 // discard closes the physical connection instead of pooling it, which ends
 // the server session and with it every session lock it held.
 func discard(conn *sql.Conn) {
-	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Raw(func(dc any) error {
+		closeSession(dc)
+		return driver.ErrBadConn
+	})
 	_ = conn.Close() // sql.ErrConnDone: Raw has closed it already
 }
+
+// closeSession closes dc's server connection where closing dc would not:
+// pgx's database/sql connection made by stdlib.OpenDBFromPool hands its
+// pgx connection back to the pgxpool when closed, session and session
+// locks included, for the pool's next Acquire to reuse (a forgotten
+// guard's lock would stay held, by a connection nobody knows holds it).
+// Closing the pgx connection first makes the pgxpool destroy it. On any
+// other pgx connection it does what closing dc does anyway. The close is
+// bounded: on a dead network its goodbye is given up on and the socket
+// closed all the same.
+func closeSession(dc any) {
+	t := reflect.TypeOf(dc)
+	if t == nil || t.Kind() != reflect.Pointer || t.Elem().PkgPath() != "github.com/jackc/pgx/v5/stdlib" {
+		return
+	}
+	m := reflect.ValueOf(dc).MethodByName("Conn")
+	if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
+		return
+	}
+	if c, ok := m.Call(nil)[0].Interface().(interface{ Close(context.Context) error }); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), closeSessionTimeout)
+		defer cancel()
+		_ = c.Close(ctx)
+	}
+}
+
+// closeSessionTimeout bounds closeSession's goodbye to the server.
+const closeSessionTimeout = time.Second
 
 // sessionHold is a held session lock: the Guard's hold, the connection
 // whose session holds the lock, and its keep-alive watcher. From the grant

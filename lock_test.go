@@ -723,6 +723,33 @@ func TestNewRefusesBadInput(t *testing.T) {
 	}
 }
 
+// A lock that pgx's database/sql adapter over a pgxpool holds is freed
+// when its connection is discarded (here, a forgotten guard's cleanup):
+// closing the database/sql connection alone would hand the pgx connection,
+// its session and its lock back to the pgxpool.
+func TestDiscardedLockOnAPgxpoolIsFreed(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testdb.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	name := testdb.UniqueName(t)
+	forgetGuard(t, newLock(t, db, name))
+	rival := newLock(t, testdb.OpenPostgres(t, "pgx"), name)
+	testdb.WaitFor(t, wait, func() bool {
+		runtime.GC()
+		g, err := rival.TryLock(ctx)
+		if err != nil {
+			return false
+		}
+		mustRelease(t, g)
+		return true
+	}, "a forgotten guard's lock taken through a pgxpool was never freed (its session went back to the pgxpool)")
+}
+
 // TestLocksOnAPgxpoolCountAgainstItsMaxConns: through pgx's
 // stdlib.OpenDBFromPool (docs/drivers-and-orms.md) the backend is found
 // without WithBackend, locks exclude across handles, each held lock keeps

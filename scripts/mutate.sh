@@ -110,6 +110,9 @@ mutation "a checked session's facts carry over to every session" conn_guard.go \
 mutation "Guard.Conn's statements leave the session's facts standing" conn_guard.go \
 	's/\n\tforgetSession\(s\.p\.conn\)\n/\n/' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
+mutation "a discarded pgxpool connection goes back to the pgxpool with its lock" conn_guard.go \
+	's/\t\tcloseSession\(dc\)\n/\t\t_ = dc\n/' \
+	'^TestDiscardedLockOnAPgxpoolIsFreed$'
 mutation "a miss asks why by reading the server's lock table" backend_postgres.go \
 	"s/coalesce\(current_setting\('advisorylock\.granted', true\) = 'yes', false\)/EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory')/" \
 	'^TestMissedTryReadsNoLockTable$'

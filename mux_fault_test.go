@@ -458,10 +458,12 @@ func TestMultiplexedKeepAliveLosesOnlyTheMissingKeys(t *testing.T) {
 			}
 
 			var other *advisorylock.Guard
-			lose(1, func(int64) {
-				if other, err = newLock(t, rivalDB, names[1], quiet).TryLock(context.Background()); err != nil {
+			lose(1, func(int64) { // on the keep-alive's goroutine, before its check
+				g, err := newLock(t, rivalDB, names[1], quiet).TryLock(context.Background())
+				if err != nil {
 					t.Errorf("another session's TryLock of %s, let go of by its shared session: %v", names[1], err)
 				}
+				other = g
 			})
 			time.Sleep(time.Second)
 			notLost()

@@ -331,8 +331,10 @@ func checkOnlyTheseLost(t *testing.T, srv muxServer, admin *sql.DB, guards []*ad
 
 // TestMultiplexingSessionKilledLosesOnlyItsLocks ends one shared session
 // on the server (pg_terminate_backend, KILL): each of its locks reports
-// lost within the keep-alive bound; the locks on the other sessions stay
-// held and unreported, and release cleanly.
+// lost within the keep-alive bound, and this process can take their names
+// again on its shared sessions (the ended session left none reserved); the
+// locks on the other sessions stay held and unreported, and release
+// cleanly.
 func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
@@ -347,6 +349,16 @@ func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 			}
 			srv.kill(t, admin, victim)
 			checkOnlyTheseLost(t, srv, admin, guards, keys, held, victim)
+			for i, g := range guards {
+				if held[keys[i]] != victim {
+					continue
+				}
+				again, err := newLock(t, db, g.Name(), muxFaultOptions...).TryLock(context.Background())
+				if err != nil {
+					t.Fatalf("this process could not take %s again on its shared sessions after the killed one lost it: %v", g.Name(), err)
+				}
+				mustRelease(t, again)
+			}
 			releaseAll(t, guards)
 			if left := srv.sessions(t, admin, keys); len(left) != 0 {
 				t.Fatalf("%d names still held on the server after the release", len(left))

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
-	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // muxHolder is one of the many multiplexed holders of
@@ -277,15 +276,22 @@ func rivalWorker(ctx context.Context, t *testing.T, db *sql.DB, opts []advisoryl
 	}
 }
 
-// keyDropper is the PostgreSQL backend, used through its exported
-// interfaces, with one fault of its own: the next keep-alive (HeldKeys)
-// of a shared session that holds the key in drop first lets go of that
-// key on the server (pg_advisory_unlock on the session), as other code
-// sharing the session might. The session itself stays up.
+// keyDropper is a backend (PostgreSQL's or MySQL's), used through its
+// exported interfaces, with faults of its own for the keep-alive
+// (HeldKeys) of a shared session, which stays up: the next check of a
+// session that holds the key in drop first lets go of that key on the
+// server (pg_advisory_unlock, RELEASE_LOCK on the session), as other code
+// sharing the session might, and then runs then (if set) with the key;
+// with fail set, the next check runs a statement the server refuses and
+// returns its error.
 type keyDropper struct {
 	advisorylock.SessionLocker
+	unlock  string // the statement that lets go of a key on the session; its one argument is arg's
+	arg     func(int64) any
 	drop    *atomic.Int64 // the key to let go of; 0: none
-	dropped chan int64    // each key let go of
+	then    *atomic.Pointer[func(key int64)]
+	fail    *atomic.Bool
+	dropped chan int64 // each key let go of
 }
 
 var _ interface {
@@ -293,8 +299,15 @@ var _ interface {
 	advisorylock.MultiKeyLocker
 } = keyDropper{}
 
-func newKeyDropper() keyDropper {
-	return keyDropper{SessionLocker: advisorylock.Postgres().(advisorylock.SessionLocker), drop: new(atomic.Int64), dropped: make(chan int64, 1)}
+// newKeyDropper wraps the backend of srv, a muxServer's name.
+func newKeyDropper(srv string) keyDropper {
+	d := keyDropper{SessionLocker: advisorylock.Postgres().(advisorylock.SessionLocker), unlock: "SELECT pg_advisory_unlock($1)", arg: func(k int64) any { return k },
+		drop: new(atomic.Int64), then: new(atomic.Pointer[func(int64)]), fail: new(atomic.Bool), dropped: make(chan int64, 1)}
+	if srv == "mysql" {
+		d.SessionLocker = advisorylock.MySQL().(advisorylock.SessionLocker)
+		d.unlock, d.arg = "SELECT RELEASE_LOCK(?) = 1", func(k int64) any { return fmt.Sprintf("advisorylock:v1:%016x", uint64(k)) }
+	}
+	return d
 }
 
 // Configure keeps the fault on the backend configured for the handle and
@@ -329,10 +342,20 @@ func (d keyDropper) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, si
 }
 
 func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
+	if d.fail.CompareAndSwap(true, false) {
+		_, err := conn.ExecContext(ctx, "SELECT * FROM advisorylock_no_such_table")
+		if err == nil {
+			err = errors.New("a statement on a missing table succeeded")
+		}
+		return nil, fmt.Errorf("the keep-alive's statement was refused: %w", err)
+	}
 	if k := d.drop.Load(); k != 0 && slices.Contains(keys, k) && d.drop.CompareAndSwap(k, 0) {
 		var ok bool
-		if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", k).Scan(&ok); err != nil || !ok {
+		if err := conn.QueryRowContext(ctx, d.unlock, d.arg(k)).Scan(&ok); err != nil || !ok {
 			return nil, fmt.Errorf("letting go of key %d: %v, %w", k, ok, err)
+		}
+		if then := d.then.Swap(nil); then != nil {
+			(*then)(k)
 		}
 		d.dropped <- k
 	}
@@ -341,100 +364,254 @@ func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) 
 
 // TestMultiplexedKeepAliveLosesOnlyTheMissingKeys: when a live shared
 // session no longer holds one of its keys, its keep-alive reports that
-// lock lost and no other on the session, and the name is free to a rival;
-// when the key is one of a set's, the set is lost and its other names are
-// let go on the server, and again its neighbours keep theirs.
+// lock lost and no other on the session, whether the name is free now
+// (then a rival, and this process on its shared sessions, can take it
+// again) or another session took it (whose lock the keep-alive must not
+// count as the session's own). When the key is one of a set's, the set is
+// lost and its other names are let go on the server, and again its
+// neighbours keep theirs. PostgreSQL (pgx) and MariaDB.
 func TestMultiplexedKeepAliveLosesOnlyTheMissingKeys(t *testing.T) {
-	checkGoroutines(t)
-	srv := muxServers()[1] // pgx
-	db, rivalDB, admin := testdb.OpenPostgres(t, "pgx"), testdb.OpenPostgres(t, "pgx"), testdb.OpenPostgres(t, "pgx")
-	db.SetMaxOpenConns(8)
-	d := newKeyDropper()
-	opts := append(slices.Clip(muxFaultOptions), advisorylock.WithBackend(d))
-	names, keys := muxNames(t, 60)
-	guards := holdAll(t, db, names, 8, opts...)
-	setNames, setKeys := muxNames(t, 3)
-	set, err := newSet(t, db, setNames, opts...).TryLock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := srv.sessions(t, admin, slices.Concat(keys, setKeys))
-	if len(held) != len(keys)+len(setKeys) {
-		t.Fatalf("the server shows %d of %d names held", len(held), len(keys)+len(setKeys))
-	}
-	rivalTry := func(name string) bool {
-		g, err := newLock(t, rivalDB, name, quiet).TryLock(context.Background())
-		if err == nil {
-			mustRelease(t, g)
-			return true
-		}
-		if !errors.Is(err, advisorylock.ErrNotAcquired) {
-			t.Fatalf("rival TryLock(%s): %v", name, err)
-		}
-		return false
-	}
-	notLost := func(except int) {
-		t.Helper()
-		for i, g := range guards {
-			select {
-			case <-g.Lost():
-				if i != except {
-					t.Fatalf("lock %s (session %d) reported lost, though its session still holds it", g.Name(), held[keys[i]])
+	for _, srv := range muxServers()[1:] {
+		t.Run(srv.name, func(t *testing.T) {
+			checkGoroutines(t)
+			db, rivalDB, admin := srv.open(t), srv.open(t), srv.open(t)
+			db.SetMaxOpenConns(8)
+			d := newKeyDropper(srv.name)
+			opts := append(slices.Clip(muxFaultOptions), advisorylock.WithBackend(d))
+			names, keys := muxNames(t, 60)
+			guards := holdAll(t, db, names, 8, opts...)
+			setNames, setKeys := muxNames(t, 3)
+			set, err := newSet(t, db, setNames, opts...).TryLock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := srv.sessions(t, admin, slices.Concat(keys, setKeys))
+			if len(held) != len(keys)+len(setKeys) {
+				t.Fatalf("the server shows %d of %d names held", len(held), len(keys)+len(setKeys))
+			}
+			rivalTry := func(name string) bool {
+				g, err := newLock(t, rivalDB, name, quiet).TryLock(context.Background())
+				if err == nil {
+					mustRelease(t, g)
+					return true
 				}
-			default:
-				if i == except {
-					t.Fatalf("lock %s, let go of on its session, was not reported lost", g.Name())
+				if !errors.Is(err, advisorylock.ErrNotAcquired) {
+					t.Fatalf("rival TryLock(%s): %v", name, err)
+				}
+				return false
+			}
+			lost := map[int]bool{}
+			notLost := func() {
+				t.Helper()
+				for i, g := range guards {
+					select {
+					case <-g.Lost():
+						if !lost[i] {
+							t.Fatalf("lock %s (session %d) reported lost, though its session still holds it", g.Name(), held[keys[i]])
+						}
+					default:
+						if lost[i] {
+							t.Fatalf("lock %s, let go of on its session, was not reported lost", g.Name())
+						}
+					}
 				}
 			}
-		}
-	}
-	dropped := func(k int64) {
-		t.Helper()
-		d.drop.Store(k)
-		select {
-		case <-d.dropped:
-		case <-time.After(wait):
-			t.Fatalf("no keep-alive let go of key %d", k)
-		}
-	}
+			dropped := func(k int64, then func(int64)) {
+				t.Helper()
+				if then != nil {
+					d.then.Store(&then)
+				}
+				d.drop.Store(k)
+				select {
+				case <-d.dropped:
+				case <-time.After(wait):
+					t.Fatalf("no keep-alive let go of key %d", k)
+				}
+			}
+			lose := func(i int, then func(int64)) {
+				t.Helper()
+				dropped(keys[i], then)
+				select {
+				case <-guards[i].Lost():
+				case <-time.After(wait):
+					t.Fatalf("lock %s, let go of on its session (taken by another: %v), was not reported lost", names[i], then != nil)
+				}
+				lost[i] = true
+			}
 
-	dropped(keys[0])
-	select {
-	case <-guards[0].Lost():
-	case <-time.After(wait):
-		t.Fatalf("lock %s, let go of on its session, was not reported lost", names[0])
-	}
-	// Give the keep-alives (every 200ms) several checks to get the others wrong.
-	time.Sleep(time.Second)
-	notLost(0)
-	if !rivalTry(names[0]) {
-		t.Fatalf("a rival could not take %s, which its session let go of", names[0])
-	}
-	for _, n := range names[1:10] {
-		if rivalTry(n) {
-			t.Fatalf("a rival took %s, held on a shared session", n)
-		}
-	}
+			lose(0, nil)
+			// Give the keep-alives (every 200ms) several checks to get the others wrong.
+			time.Sleep(time.Second)
+			notLost()
+			if !rivalTry(names[0]) {
+				t.Fatalf("a rival could not take %s, which its session let go of", names[0])
+			}
+			again, err := newLock(t, db, names[0], opts...).TryLock(context.Background())
+			if err != nil {
+				t.Fatalf("this process could not take %s again on its shared sessions, after their keep-alive lost it: %v", names[0], err)
+			}
+			mustRelease(t, again)
+			for _, n := range names[2:10] {
+				if rivalTry(n) {
+					t.Fatalf("a rival took %s, held on a shared session", n)
+				}
+			}
 
-	dropped(setKeys[1])
-	select {
-	case <-set.Lost():
-	case <-time.After(wait):
-		t.Fatal("the set, one of whose names its session let go of, was not reported lost")
+			var other *advisorylock.Guard
+			lose(1, func(int64) { // on the keep-alive's goroutine, before its check
+				g, err := newLock(t, rivalDB, names[1], quiet).TryLock(context.Background())
+				if err != nil {
+					t.Errorf("another session's TryLock of %s, let go of by its shared session: %v", names[1], err)
+				}
+				other = g
+			})
+			time.Sleep(time.Second)
+			notLost()
+			if other == nil {
+				t.FailNow()
+			}
+			select {
+			case <-other.Lost():
+				t.Fatalf("the other session's lock of %s was lost", names[1])
+			default:
+			}
+			mustRelease(t, other)
+
+			dropped(setKeys[1], nil)
+			select {
+			case <-set.Lost():
+			case <-time.After(wait):
+				t.Fatal("the set, one of whose names its session let go of, was not reported lost")
+			}
+			if !eventually(func() bool { return len(srv.sessions(t, admin, setKeys)) == 0 }) {
+				t.Fatalf("the lost set's other names are still held: %v", srv.sessions(t, admin, setKeys))
+			}
+			time.Sleep(time.Second)
+			notLost()
+			for _, n := range setNames {
+				if !rivalTry(n) {
+					t.Fatalf("a rival could not take %s, of the lost set", n)
+				}
+			}
+			mustRelease(t, set)
+			releaseAll(t, guards)
+			if left := srv.sessions(t, admin, slices.Concat(keys, setKeys)); len(left) != 0 {
+				t.Fatalf("%d names still held on the server after the release", len(left))
+			}
+		})
 	}
-	if !eventually(func() bool { return len(srv.sessions(t, admin, setKeys)) == 0 }) {
-		t.Fatalf("the lost set's other names are still held: %v", srv.sessions(t, admin, setKeys))
+}
+
+// slowToTell is an Observer whose first loss event waits, up to a second,
+// for a rival's grant (granted closing): a library that frees a lock's
+// names on the server before it has told every holder of the loss hands
+// the rival its grant during that wait.
+type slowToTell struct {
+	granted <-chan struct{}
+	once    sync.Once
+	early   atomic.Bool // the rival was granted while a loss was being told
+}
+
+func (o *slowToTell) Observe(ctx context.Context, e advisorylock.Event) context.Context {
+	if e.Type == "loss" {
+		o.once.Do(func() {
+			select {
+			case <-o.granted:
+				o.early.Store(true)
+			case <-time.After(time.Second):
+			}
+		})
 	}
-	time.Sleep(time.Second)
-	notLost(0)
-	for _, n := range setNames {
-		if !rivalTry(n) {
-			t.Fatalf("a rival could not take %s, of the lost set", n)
-		}
-	}
-	mustRelease(t, set)
-	releaseAll(t, guards)
-	if left := srv.sessions(t, admin, slices.Concat(keys, setKeys)); len(left) != 0 {
-		t.Fatalf("%d names still held on the server after the release", len(left))
+	return ctx
+}
+
+// TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames: every hold on
+// a shared session is told it is lost (Lost closed, the Observer told)
+// before the server can grant its names to a rival waiting for them, so
+// that no two holders ever both believe they hold a name. Two cases, on a
+// live session (WithMultiplexing(1)): a set loses one of its names, and
+// its other names, which the keep-alive then lets go of, are what the
+// rival waits for; and the keep-alive's statement is refused by the
+// server, which ends the session, and the rival waits for one of two
+// locks on it, which its discarded connection frees. The Observer is slow
+// to hear of the first loss (a second), which the library must wait out
+// before it frees the names. After the session ended, this process can
+// take the names again on its shared sessions. PostgreSQL (pgx), MariaDB.
+func TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames(t *testing.T) {
+	for _, srv := range muxServers()[1:] {
+		t.Run(srv.name, func(t *testing.T) {
+			checkGoroutines(t)
+			db, rivalDB := srv.open(t), srv.open(t)
+			d := newKeyDropper(srv.name)
+			opts := []advisorylock.Option{quiet, advisorylock.WithBackend(d), advisorylock.WithMultiplexing(1),
+				advisorylock.WithKeepAlive(100 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second)}
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			// toldBeforeTheRival holds guards, then makes the fault and
+			// has a rival wait for name: when the rival is granted, every
+			// guard must have been told, and the Observer not be telling.
+			toldBeforeTheRival := func(what string, take func(opts []advisorylock.Option) []*advisorylock.Guard, name string, fault func()) {
+				t.Helper()
+				granted := make(chan struct{})
+				obs := &slowToTell{granted: granted}
+				guards := take(append(slices.Clip(opts), advisorylock.WithObserver(obs)))
+				got := make(chan *advisorylock.Guard, 1)
+				var untold []string
+				go func() {
+					g, err := newLock(t, rivalDB, name, quiet).Lock(ctx)
+					if err != nil {
+						t.Errorf("the rival's Lock of %s: %v", name, err)
+					}
+					for _, h := range guards {
+						select {
+						case <-h.Lost():
+						default:
+							untold = append(untold, h.Name())
+						}
+					}
+					close(granted)
+					got <- g
+				}()
+				fault()
+				g := <-got
+				if g == nil {
+					t.FailNow()
+				}
+				mustRelease(t, g)
+				if len(untold) > 0 || obs.early.Load() {
+					t.Fatalf("%s: the rival was granted %s while the holders %v were untold (the Observer still telling: %v)", what, name, untold, obs.early.Load())
+				}
+				releaseAll(t, guards)
+			}
+
+			setNames, setKeys := byKey(func() []string { n, _ := muxNames(t, 3); return n }())
+			toldBeforeTheRival("a set that lost a name", func(opts []advisorylock.Option) []*advisorylock.Guard {
+				g, err := newSet(t, db, setNames, opts...).TryLock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return []*advisorylock.Guard{g}
+			}, setNames[2], func() { d.drop.Store(setKeys[1]) })
+
+			names, _ := muxNames(t, 2)
+			toldBeforeTheRival("a session ended", func(opts []advisorylock.Option) []*advisorylock.Guard {
+				var gs []*advisorylock.Guard
+				for _, n := range names {
+					g, err := newLock(t, db, n, opts...).TryLock(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					gs = append(gs, g)
+				}
+				return gs
+			}, names[1], func() { d.fail.Store(true) })
+			for _, n := range names {
+				g, err := newLock(t, db, n, opts...).TryLock(ctx)
+				if err != nil {
+					t.Fatalf("this process could not take %s again after its shared session ended: %v", n, err)
+				}
+				mustRelease(t, g)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package advisorylock_test
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -52,36 +54,38 @@ func newSet(t testing.TB, db advisorylock.DB, names []string, opts ...advisorylo
 }
 
 // TestSetTakesAllOrNone: a set's try misses while any one of its names is
-// held elsewhere, and then holds none of the others; once all are free it
-// takes all, which keeps each name from everyone else until Release frees
-// them all.
+// held elsewhere, and then holds none of the others (Holder and Holders
+// name the held one, with its own key); once all are free it takes all,
+// which keeps each name from everyone else until Release frees them all.
 func TestSetTakesAllOrNone(t *testing.T) {
 	for _, sb := range setBackends(t) {
 		t.Run(sb.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			db, rivalDB := sb.open(t), sb.open(t)
-			names, _ := muxNames(t, 3)
+			// In key order: the name held elsewhere is the last, so that
+			// a Holder of the set's first key would not name it.
+			names, keys := byKey(func() []string { n, _ := muxNames(t, 3); return n }())
 			set := newSet(t, db, []string{names[2], names[0], names[1]}, sb.opts...)
 			rival := make([]*advisorylock.Lock, len(names))
 			for i, n := range names {
 				rival[i] = newLock(t, rivalDB, n, quiet)
 			}
 
-			middle, err := rival[1].TryLock(ctx)
+			last, err := rival[2].TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if _, err := set.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 				t.Fatalf("set TryLock with one name held elsewhere: %v, want ErrNotAcquired", err)
 			}
-			if h, err := set.Holder(ctx); err != nil || h == nil || h.Name != names[1] {
-				t.Fatalf("set Holder = %+v, %v; want the holder of %s", h, err, names[1])
+			if h, err := set.Holder(ctx); err != nil || h == nil || h.Name != names[2] || h.Key != keys[2] {
+				t.Fatalf("set Holder = %+v, %v; want the holder of %s, key %d", h, err, names[2], keys[2])
 			}
-			if hs, err := set.Holders(ctx); err != nil || len(hs) != 1 || hs[0].Name != names[1] {
-				t.Fatalf("set Holders = %v, %v; want the one holder of %s", hs, err, names[1])
+			if hs, err := set.Holders(ctx); err != nil || len(hs) != 1 || hs[0].Name != names[2] || hs[0].Key != keys[2] {
+				t.Fatalf("set Holders = %v, %v; want the one holder of %s, key %d", hs, err, names[2], keys[2])
 			}
-			for _, i := range []int{0, 2} {
+			for _, i := range []int{0, 1} {
 				g, err := rival[i].TryLock(ctx)
 				if err != nil {
 					t.Fatalf("%s is held after the set's try missed: %v", names[i], err)
@@ -90,7 +94,7 @@ func TestSetTakesAllOrNone(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := middle.Release(ctx); err != nil {
+			if err := last.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
 
@@ -235,5 +239,164 @@ func TestNewSetRefuses(t *testing.T) {
 	one := newSet(t, db, []string{"only"})
 	if one.Name() != "only" || one.Key() != advisorylock.Key("only") {
 		t.Errorf("a set of one: Name %q Key %d, want a Lock's", one.Name(), one.Key())
+	}
+}
+
+// setLoss is a backend on which one name of a held set is let go of
+// alone, while the set's session (or its other rows) lives on.
+type setLoss struct {
+	name  string
+	open  func(t *testing.T, path string) *sql.DB
+	opts  []advisorylock.Option
+	cause string // the loss's Observer cause
+	// letGo lets go of key alone while Do's fn holds the set (fctx is
+	// fn's context); with taken, another holder then takes it, before the
+	// set's keep-alive can look.
+	letGo func(t *testing.T, fctx context.Context, admin *sql.DB, name string, key int64, taken bool)
+}
+
+// setLosses are the pinned sets of PostgreSQL (both drivers) and MariaDB,
+// whose name is unlocked on the set's own session in a transaction on
+// Guard.Conn (during which the keep-alive steps aside; the other holder
+// is a Lock of another pool), and SQLite's sets of rows, whose row is
+// deleted, or handed to another owner.
+func setLosses() []setLoss {
+	sessionOpts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(50 * time.Millisecond)}
+	onOwnSession := func(unlock string, arg func(key int64) any, open func(t *testing.T) *sql.DB) func(*testing.T, context.Context, *sql.DB, string, int64, bool) {
+		return func(t *testing.T, fctx context.Context, _ *sql.DB, name string, key int64, taken bool) {
+			t.Helper()
+			tx, err := advisorylock.GuardFromContext(fctx).Conn().BeginTx(fctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.ExecContext(fctx, unlock, arg(key)); err != nil {
+				t.Fatalf("letting go of %s on the set's own session: %v", name, err)
+			}
+			if taken {
+				g, err := newLock(t, open(t), name, quiet).TryLock(fctx)
+				if err != nil {
+					t.Fatalf("another session's TryLock of %s, let go of by the set's session: %v", name, err)
+				}
+				t.Cleanup(func() { _ = g.Release(context.Background()) })
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var out []setLoss
+	for _, drv := range testdb.Drivers {
+		open := func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, drv) }
+		out = append(out, setLoss{"postgres/" + drv + "/pinned", func(t *testing.T, _ string) *sql.DB { return open(t) }, sessionOpts, "not_held",
+			onOwnSession("SELECT pg_advisory_unlock($1)", func(k int64) any { return k }, open)})
+	}
+	openMySQL := func(t *testing.T) *sql.DB { return testdb.OpenMySQL(t) }
+	out = append(out, setLoss{"mysql/pinned", func(t *testing.T, _ string) *sql.DB { return openMySQL(t) }, sessionOpts, "not_held",
+		onOwnSession("DO RELEASE_LOCK(?)", func(k int64) any { return fmt.Sprintf("advisorylock:v1:%016x", uint64(k)) }, openMySQL)})
+	out = append(out, setLoss{"sqlite", func(t *testing.T, path string) *sql.DB { return testdb.OpenSQLite(t, path, sqliteWAL) },
+		[]advisorylock.Option{quiet, advisorylock.WithLeaseTTL(time.Second), advisorylock.WithPollInterval(5 * time.Millisecond)}, "taken_over",
+		func(t *testing.T, _ context.Context, admin *sql.DB, name string, key int64, taken bool) {
+			t.Helper()
+			stmt := "DELETE FROM advisorylock_locks WHERE key = ?"
+			if taken { // another holder's row, unexpired
+				stmt = "UPDATE advisorylock_locks SET owner = 'another holder', expires_at = expires_at + 3600000 WHERE key = ?"
+			}
+			if res, err := admin.Exec(stmt, key); err != nil {
+				t.Fatalf("letting go of %s's row: %v", name, err)
+			} else if n, _ := res.RowsAffected(); n != 1 {
+				t.Fatalf("letting go of %s's row: %d rows, want 1", name, n)
+			}
+		}})
+	return out
+}
+
+// byKey returns names in key order (a set's order), with their keys.
+func byKey(names []string) ([]string, []int64) {
+	sorted := slices.Clone(names)
+	slices.SortFunc(sorted, func(a, b string) int { return cmp.Compare(advisorylock.Key(a), advisorylock.Key(b)) })
+	keys := make([]int64, len(sorted))
+	for i, n := range sorted {
+		keys[i] = advisorylock.Key(n)
+	}
+	return sorted, keys
+}
+
+// TestSetLosesOneNameAlone: a set one of whose names, neither its first
+// nor its last in key order, is let go of alone while its session lives
+// on (or, on SQLite, while its other rows do) is lost: fn's context is
+// cancelled with ErrLockLost, the Observer is told once, for the set,
+// with the loss's cause, and Do returns the loss. Then the set's other
+// names are free at once (a lost pinned set's session is not pooled with
+// them held). It is so whether nobody holds the name now, or another
+// holder took it (whose lock the keep-alive must not count as the set's;
+// it keeps it through the set's release). A neighbour set on the same
+// handle is told nothing and stays held.
+func TestSetLosesOneNameAlone(t *testing.T) {
+	for _, sl := range setLosses() {
+		for _, taken := range []bool{false, true} {
+			sub := sl.name + "/freed"
+			if taken {
+				sub = sl.name + "/taken"
+			}
+			t.Run(sub, func(t *testing.T) {
+				checkGoroutines(t)
+				path := testdb.SQLitePath(t)
+				db, admin, rivalDB := sl.open(t, path), sl.open(t, path), sl.open(t, path)
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				defer cancel()
+				all, _ := muxNames(t, 5)
+				names, keys := byKey(all[:3])
+				rec := &observetest.Recorder{}
+				opts := append(slices.Clip(sl.opts), advisorylock.WithObserver(rec))
+				set := newSet(t, db, all[:3], opts...)
+				neighbour, err := newSet(t, db, all[3:], opts...).TryLock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer mustRelease(t, neighbour)
+
+				var cause error
+				err = set.Do(ctx, func(fctx context.Context) error {
+					sl.letGo(t, fctx, admin, names[1], keys[1], taken)
+					select {
+					case <-fctx.Done():
+						cause = context.Cause(fctx)
+						return cause
+					case <-time.After(10 * time.Second): // 200 keep-alives, 30 renewals
+						return fmt.Errorf("fn's context still live 10s after %s alone was let go of", names[1])
+					}
+				})
+				if !errors.Is(cause, advisorylock.ErrLockLost) || !errors.Is(err, advisorylock.ErrLockLost) {
+					t.Fatalf("fn's context ended with %v, Do returned %v; want both ErrLockLost", cause, err)
+				}
+				losses := rec.Events("loss")
+				if len(losses) != 1 || losses[0].Name != set.Name() || losses[0].Value != sl.cause {
+					t.Fatalf("loss events %+v, want one, for the set, cause %s", losses, sl.cause)
+				}
+				for i, n := range names {
+					g, err := newLock(t, rivalDB, n, quiet).TryLock(ctx)
+					switch {
+					case i == 1 && taken:
+						if !errors.Is(err, advisorylock.ErrNotAcquired) {
+							t.Fatalf("TryLock of %s, taken by another holder, after the lost set's release: %v, want ErrNotAcquired", n, err)
+						}
+					case err != nil:
+						t.Fatalf("TryLock of %s after the set, lost with %s, returned: %v", n, names[1], err)
+					default:
+						mustRelease(t, g)
+					}
+				}
+				select {
+				case <-neighbour.Lost():
+					t.Fatal("the neighbour set was lost with the other set's name")
+				default:
+				}
+				for _, n := range all[3:] {
+					if _, err := newLock(t, rivalDB, n, quiet).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+						t.Fatalf("TryLock of the neighbour's %s: %v, want ErrNotAcquired", n, err)
+					}
+				}
+			})
+		}
 	}
 }

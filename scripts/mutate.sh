@@ -58,6 +58,51 @@ mutation "a lost set's other keys stay held on the shared session" multiplex.go 
 mutation "a set waits for its names in the given order, not key order" set.go \
 	's/return cmp\.Compare\(a\.key, b\.key\)/return 0 * cmp.Compare(a.key, b.key)/' \
 	'^TestMultiplexedAndSetRowsUnderFaults$'
+# One name of a set lost alone; another session's lock; names reserved in
+# the process; holders told before the names are freed (set_test.go,
+# mux_fault_test.go, multiplex_test.go):
+mutation "a pinned set's keep-alive checks its first name only" conn_guard.go \
+	's/if s\.l != nil && s\.l\.set != nil \{\n\t\tkeys = s\.l\.set/if false \&\& s.l != nil \&\& s.l.set != nil {\n\t\tkeys = s.l.set/' \
+	'^TestSetLosesOneNameAlone$'
+mutation "a set is held while any one of its names is" set.go \
+	's/len\(held\) == len\(keys\) && !slices\.Contains\(held, false\), err/len(held) == len(keys) \&\& slices.Contains(held, true), err/' \
+	'^TestSetLosesOneNameAlone$'
+mutation "a lost pinned set's connection goes back to the pool with its other names" conn_guard.go \
+	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(discardLost, why\)/if gone, _ := s.isLost(); gone {\n\t\trecycle(s.p.conn)/' \
+	'^TestSetLosesOneNameAlone$'
+mutation "a set of rows is lost only with its first name" set.go \
+	's/for _, p := range parts \{\n\t\tp\.onLost\(/for _, p := range parts[:1] {\n\t\tp.onLost(/' \
+	'^TestSetLosesOneNameAlone$'
+mutation "a set of rows' loss is not told to the Observer" set.go \
+	's/sh\.lose\(cause, err\)/sh.lose(cause[:0], err)/' \
+	'^TestSetLosesOneNameAlone$'
+mutation "a set's Holder carries its first key" set.go \
+	's/h\.Name, h\.Key = n, l\.set\[i\]/h.Name, h.Key = n, l.key/' \
+	'^TestSetTakesAllOrNone$'
+mutation "MySQL: a set's or shared session's keep-alive takes a freed name (NULL) for held" backend_mysql.go \
+	's/IFNULL\(IS_USED_LOCK\(%s\) = CONNECTION_ID\(\), 0\)/IFNULL(IS_USED_LOCK(%s) = CONNECTION_ID(), 1)/' \
+	'^(TestSetLosesOneNameAlone|TestMultiplexedKeepAliveLosesOnlyTheMissingKeys)$'
+mutation "MySQL: a set's or shared session's keep-alive takes another connection's lock for its own" backend_mysql.go \
+	's/IFNULL\(IS_USED_LOCK\(%s\) = CONNECTION_ID\(\), 0\)/IFNULL(IS_USED_LOCK(%s) IS NOT NULL, 0)/' \
+	'^(TestSetLosesOneNameAlone|TestMultiplexedKeepAliveLosesOnlyTheMissingKeys)$'
+mutation "PostgreSQL: a set's or shared session's keep-alive takes another session's lock for its own" backend_postgres.go \
+	's/l\.objsubid = 1 AND l\.pid = pg_backend_pid\(\) AND l\.mode = \x27ExclusiveLock\x27/l.objsubid = 1 AND l.mode = \x27ExclusiveLock\x27/' \
+	'^(TestSetLosesOneNameAlone|TestMultiplexedKeepAliveLosesOnlyTheMissingKeys)$'
+mutation "SQLite: a Lock's renewal extends another owner's row" backend_sqlite.go \
+	's/(sqliteRenewLock   = `UPDATE advisorylock_locks SET expires_at = \?3 WHERE key = \?1 AND )owner = \?2/$1?2 = ?2/' \
+	'^TestSetLosesOneNameAlone$'
+mutation "an ended shared session leaves its names reserved in the process" multiplex.go \
+	's/\t\tdelete\(mp\.held, k\)\n\t\}\n\tclear\(s\.holds\)/\t}\n\tclear(s.holds)/' \
+	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames)$'
+mutation "a lock its shared session's keep-alive lost stays reserved in the process" multiplex.go \
+	's/\t\t\t\tdelete\(s\.holds, hk\)\n\t\t\t\tdelete\(mp\.held, hk\)\n/\t\t\t\tdelete(s.holds, hk)\n/' \
+	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
+mutation "an ended shared session frees its names before it tells its locks" multiplex.go \
+	's/(\tfor _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}\n)(\ts\.p\.discard\(discardLost, err\)\n)/$2$1/' \
+	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
+mutation "a lost set's other names are let go before it is told" multiplex.go \
+	's/(\tfor _, h := range gone \{\n.*?\n\t\}\n)(\tif len\(rest\) > 0 && s\.unlockLocked.*?\n\t\}\n)/$2$1/s' \
+	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
 
 # --- Handoffs that do not poll ------------------------------------------------
 mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \

@@ -166,6 +166,7 @@ func TestGuardConnIsNilWithoutAPinnedConnection(t *testing.T) {
 // error of the user's; once the connection is free again the keep-alive
 // still finds a real loss.
 func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
+	testdb.Slow(t, "statements of a second under a keep-alive, per server")
 	const keepAlive = 20 * time.Millisecond
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
@@ -405,6 +406,7 @@ func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
 // error after the release timeout, and the lock is freed when the
 // statement returns (its connection discarded).
 func TestReleaseWhileAStatementThatCannotBeCancelledRuns(t *testing.T) {
+	testdb.Slow(t, "waits out statements of seconds")
 	const releaseTimeout = 300 * time.Millisecond
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {

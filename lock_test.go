@@ -268,6 +268,7 @@ func waitingOn(t testing.TB, db *sql.DB, name string) int {
 // A waiter must not hold one snapshot for the whole wait, or CREATE INDEX
 // CONCURRENTLY (which waits out older snapshots) would hang until it stops.
 func TestWaiterDoesNotStallCreateIndexConcurrently(t *testing.T) {
+	testdb.Slow(t, "waits across wait slices of a second")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -322,6 +323,7 @@ func TestWaiterDoesNotStallCreateIndexConcurrently(t *testing.T) {
 }
 
 func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
+	testdb.Slow(t, "waits out a LockTimeout budget")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -445,6 +447,7 @@ func TestCancelledWaitLeavesNoLock(t *testing.T) {
 // Hundreds of acquires cancelled at random points — before, while waiting,
 // as the lock is granted — must leave no lock held and no connection out.
 func TestCancelHammerLeavesNothingBehind(t *testing.T) {
+	testdb.Slow(t, "hundreds of cancelled acquires")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)

@@ -194,6 +194,7 @@ func releaseAll(t *testing.T, guards []*advisorylock.Guard) {
 // held by at most 4 sessions, a rival process gets none of them, and
 // after the release none is held.
 func TestMultiplexingHolds2000NamesOnFewSessions(t *testing.T) {
+	testdb.Slow(t, "2,000 names and a rival process, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -334,6 +335,7 @@ func checkOnlyTheseLost(t *testing.T, srv muxServer, admin *sql.DB, guards []*ad
 // lost within the keep-alive bound; the locks on the other sessions stay
 // held and unreported, and release cleanly.
 func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
+	testdb.Slow(t, "waits for keep-alives to report the kill, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -360,6 +362,7 @@ func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 // report lost within the keep-alive and statement bounds, the others stay
 // held.
 func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
+	testdb.Slow(t, "iptables: blackholes a shared session")
 	testdb.RequireIptables(t)
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -396,6 +399,7 @@ func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 // shared sessions at random moments: no held lock beside them is lost or
 // freed, and no cancelled try leaves its key held.
 func TestMultiplexingCancelledTriesSpareTheirNeighbours(t *testing.T) {
+	testdb.Slow(t, "many cancelled tries, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -445,6 +449,7 @@ func TestMultiplexingCancelledTriesSpareTheirNeighbours(t *testing.T) {
 // session would grant it again), a pinned Lock is refused by the server,
 // and a waiting Lock gets the name when the holder releases it.
 func TestMultiplexingExcludesInProcessAndHandsOff(t *testing.T) {
+	testdb.Slow(t, "waiters handed over, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -668,6 +673,7 @@ func TestForgottenMultiplexedGuardIsCleanedUp(t *testing.T) {
 // no answer, so the session's state is unknown; by the time Release
 // returns its error, the neighbour has been told it is lost.
 func TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours(t *testing.T) {
+	testdb.Slow(t, "iptables: blackholes a shared session")
 	testdb.RequireIptables(t)
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -722,6 +728,7 @@ func waitForReaders(t *testing.T, ignore goleak.Option) {
 // try that finds it full fails with the server's error and a hint, and
 // the locks held beside it on the shared session stay held.
 func TestMultiplexingAtTheServersLockTableLimit(t *testing.T) {
+	testdb.Slow(t, "starts a private PostgreSQL cluster")
 	c := testdb.OwnCluster(t, "max_locks_per_transaction=10", "max_connections=10")
 	db := testdb.OpenPostgresDSN(t, "pgx", c.DSN)
 	admin := testdb.OpenPostgresDSN(t, "pgx", c.DSN)

@@ -39,6 +39,7 @@ type muxHolder struct {
 // recorded under its name, and each name's history (a lock per name) must
 // be linearizable, with no section entered beside an untold holder.
 func TestMultiplexedSessionKilledUnderContention(t *testing.T) {
+	testdb.Slow(t, "fault: sessions killed under contention")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			checkGoroutines(t)
@@ -345,6 +346,7 @@ func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) 
 // when the key is one of a set's, the set is lost and its other names are
 // let go on the server, and again its neighbours keep theirs.
 func TestMultiplexedKeepAliveLosesOnlyTheMissingKeys(t *testing.T) {
+	testdb.Slow(t, "fault: locks dropped under a shared session")
 	checkGoroutines(t)
 	srv := muxServers()[1] // pgx
 	db, rivalDB, admin := testdb.OpenPostgres(t, "pgx"), testdb.OpenPostgres(t, "pgx"), testdb.OpenPostgres(t, "pgx")

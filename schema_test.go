@@ -165,6 +165,7 @@ func ordinaryRole(t *testing.T, admin *sql.DB) string {
 }
 
 func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	admin := testdb.OpenPostgres(t, "postgres")
 	ctx := context.Background()
 	role := ordinaryRole(t, admin)
@@ -264,6 +265,7 @@ func roleAndDatabase(t *testing.T) (role, dsn string, owner *sql.DB) {
 // an Election and a min-hold Lock, with both drivers; once the grants of
 // Schema's comment are given, each Check passes.
 func TestCheckRefusesAMissingGrant(t *testing.T) {
+	testdb.Slow(t, "creates fresh databases and roles")
 	ctx := context.Background()
 	role, withTables, owner := roleAndDatabase(t)
 	checkAs := func(grants []string, want func(err error) bool, wanted string) {
@@ -385,6 +387,7 @@ func (r *versionRows) Next(dest []driver.Value) error {
 // without signalling it, and the waiter finds the lease its own at its
 // next poll.
 func TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver(t *testing.T) {
+	testdb.Slow(t, "creates a role and waits for a handover")
 	ctx := context.Background()
 	role, withTables, owner := roleAndDatabase(t)
 	for _, s := range []string{advisorylock.Schema(advisorylock.Postgres()),

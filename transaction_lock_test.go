@@ -193,6 +193,7 @@ func startProbeTx(t *testing.T, db *sql.DB) (*sql.Tx, txState) {
 // settings and writes as they were, and without the lock; a grant leaves
 // the settings as they were too. The transaction then commits.
 func TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable(t *testing.T) {
+	testdb.Slow(t, "waits out 1.5 s timeouts, per backend")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			name := testdb.UniqueName(t)

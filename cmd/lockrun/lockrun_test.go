@@ -293,6 +293,7 @@ func TestLostLockStopsTheCommand(t *testing.T) {
 // A PostgreSQL session lock whose session dies stops the command too
 // (found by the keep-alive check, every 10s).
 func TestLostSessionStopsTheCommand(t *testing.T) {
+	testdb.Slow(t, "server kill: ends lockrun's session and waits for its 10 s keep-alive check")
 	t.Parallel()
 	env := []string{"LOCKRUN_DSN=" + testdb.PostgresDSN(t)}
 	name, d := lockName(t), newDir(t)
@@ -324,6 +325,7 @@ func TestLostSessionStopsTheCommand(t *testing.T) {
 // in one line and exits 75. Before, the command started and was stopped
 // an instant later, having run unprotected.
 func TestLateGrantDoesNotRunTheCommand(t *testing.T) {
+	testdb.Slow(t, "holds SQLite's write lock for 3 s")
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "locks.db")
 	env := []string{"LOCKRUN_DSN=file:" + path + "?_pragma=busy_timeout(60000)"}

@@ -62,6 +62,7 @@ func isClosed(ch <-chan struct{}) bool {
 }
 
 func TestSQLiteTryLockIsNotReentrant(t *testing.T) {
+	t.Parallel()
 	path, db := sqliteFile(t, "")
 	other := testdb.OpenSQLite(t, path, "")
 	name := testdb.UniqueName(t)
@@ -151,6 +152,7 @@ func TestSQLiteRefusesInMemoryDatabase(t *testing.T) {
 }
 
 func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "")
 	clock := testdb.NewFakeClock()
 	ctx := context.Background()
@@ -318,6 +320,7 @@ func admitErr(t testing.TB, db *sql.DB, f *advisorylock.Fence, tok advisorylock.
 }
 
 func TestSQLiteLeaseGenerationsOnlyGoUp(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "")
 	name := testdb.UniqueName(t)
 	l := sqliteLeaseLock(t, db, name)
@@ -346,6 +349,7 @@ func TestSQLiteLeaseGenerationsOnlyGoUp(t *testing.T) {
 }
 
 func TestSQLiteFenceAdmitsEqualAndHigherTokens(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "")
 	f, err := advisorylock.NewFence(db, testdb.UniqueName(t))
 	if err != nil {
@@ -366,6 +370,7 @@ func TestSQLiteFenceAdmitsEqualAndHigherTokens(t *testing.T) {
 // hold bytes a text column might choke on; the tables must survive and
 // the lock must exclude.
 func TestSQLiteWeirdNamesAreData(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "")
 	ctx := context.Background()
 	names := []string{

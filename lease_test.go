@@ -136,6 +136,7 @@ func isDone(ch <-chan struct{}) bool {
 // consecutive (the first need not be 1), and the row's
 // generation column stores the full token.
 func TestLeaseTokensOnlyGrow(t *testing.T) {
+	t.Parallel()
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		dbA, dbB := b.open(t), b.open(t)
 		name, other := testdb.UniqueName(t), testdb.UniqueName(t)
@@ -564,6 +565,7 @@ func TestLeaseLockTimeoutWhenPoolExhausted(t *testing.T) {
 }
 
 func TestLeaseHolderShowsOwnerTokenAndExpiry(t *testing.T) {
+	t.Parallel()
 	const ttl = 10 * time.Second
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		ctx := context.Background()

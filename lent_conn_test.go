@@ -249,6 +249,7 @@ func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
 // not kept) and rows left open are closed; the lock is free, the pool's
 // connection is back and usable, and statements on Conn fail afterwards.
 func TestGuardConnLeftOpenAtReleaseIsRolledBack(t *testing.T) {
+	t.Parallel()
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
 			db := s.open(t)

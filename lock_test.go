@@ -104,6 +104,7 @@ func locksHeld(t testing.TB, db *sql.DB, name string) int {
 }
 
 func TestTryLockIsExclusiveAcrossDBs(t *testing.T) {
+	t.Parallel()
 	eachHandle(t, func(t *testing.T, open func() advisorylock.DB, raw func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -544,6 +545,7 @@ func TestReleaseWithCancelledContextStillReleases(t *testing.T) {
 }
 
 func TestDoReleasesOnReturnErrorAndPanic(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()

@@ -114,6 +114,7 @@ func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
 }
 
 func TestSQLiteSchemaUpgradesARoundOneFile(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "_pragma=busy_timeout(5000)")
 	ctx := context.Background()
 	for _, s := range []string{

@@ -184,6 +184,7 @@ func TestWaitingReadersGetInWhenTheWriterLeaves(t *testing.T) {
 }
 
 func TestHoldersListsSharedAndExclusiveHolders(t *testing.T) {
+	t.Parallel()
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -307,6 +308,7 @@ func TestSharedAndExclusiveHoldersNeverOverlap(t *testing.T) {
 // release and loss reach the Observer as kind "shared", an exclusive
 // hold's of the same Lock as kind "lock".
 func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
+	t.Parallel()
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		rec := &observetest.Recorder{}

@@ -38,6 +38,7 @@ func tryTx(t *testing.T, l *advisorylock.Lock, tx *sql.Tx) bool {
 // name, until the transaction commits or rolls back; a session holder
 // excludes it too.
 func TestLockTxExcludesAcrossTransactionsAndSessionLocks(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()

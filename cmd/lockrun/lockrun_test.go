@@ -240,6 +240,7 @@ func TestLeaseGivesTheCommandItsToken(t *testing.T) {
 // after --kill-after (the command ignores SIGTERM), and lockrun exits 75.
 // On SQLite the same is proven for the default lock (a lease row too).
 func TestLostLockStopsTheCommand(t *testing.T) {
+	testdb.Slow(t, "waits out 3 s TTLs and a 1 s --kill-after, per backend")
 	cases := []struct {
 		backend string
 		lease   bool
@@ -740,6 +741,7 @@ func TestVerboseSaysAcquiredAndReleased(t *testing.T) {
 // job that starts a little later does not run it again; after the window
 // it runs again.
 func TestMinHoldRunsOncePerWindow(t *testing.T) {
+	testdb.Slow(t, "waits out 3 s min-hold windows, per backend")
 	eachBackend(t, func(t *testing.T, env []string) {
 		name := lockName(t)
 		const window = 3 * time.Second

@@ -526,21 +526,25 @@ filter=${1:-.}
 
 short=${MUTATE_SHORT:-0}
 goflags=(${MUTATE_GOFLAGS:-} -count=1 -timeout 15m)
-if [ "$short" = 1 ]; then goflags+=(-short); fi
+whole="whole suite"
+if [ "$short" = 1 ]; then goflags+=(-short) whole="whole fast tier"; fi
 
 # failures prints the tests a go test log says failed (or the panic that
 # ended it); a test outside the root package is followed by its package.
 failures() {
 	awk '
-		/^--- FAIL: / { tests = tests " " $3 }
+		/^--- FAIL: / { tests[++n] = $3 }
 		/^panic: / && panic == "" { panic = " " $0 }
 		/^(FAIL|ok)[ \t]+[^ \t]+[ \t]/ {
 			pkg = $2
 			sub(/^github\.com\/advisorylock\/advisorylock\/?/, "", pkg)
-			out = out tests (tests != "" && pkg != "" ? " (" pkg ")" : "")
-			tests = ""
+			for (i = 1; i <= n; i++) out = out " " tests[i] (pkg != "" ? " (" pkg ")" : "")
+			n = 0
 		}
-		END { print substr(out tests panic, 2) }
+		END {
+			for (i = 1; i <= n; i++) out = out " " tests[i]
+			print substr(out panic, 2)
+		}
 	' "$1"
 }
 
@@ -618,7 +622,7 @@ for i in "${!names[@]}"; do
 	if [ "$by" = targets ]; then
 		echo "CAUGHT          $name (${took}s) by: ${failed:-a failing run, see below}"
 	else
-		echo "FINDING         $name (${took}s): its targets ${tests[$i]} pass; the whole suite caught it, by: ${failed:-a failing run, see below}"
+		echo "FINDING         $name (${took}s): its targets ${tests[$i]} pass; the $whole caught it, by: ${failed:-a failing run, see below}"
 		findings=$((findings + 1))
 	fi
 	[ -n "$failed" ] || tail -n 20 "$log"

@@ -139,6 +139,7 @@ func TestFenceAdmitsEqualAndHigherAndRefusesLower(t *testing.T) {
 }
 
 func TestFenceAdmitRolledBackAdmitsNothing(t *testing.T) {
+	t.Parallel()
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		ctx := context.Background()
 		db := b.open(t)

@@ -73,6 +73,7 @@ func scratchTable(t *testing.T, db *sql.DB, s connServer) string {
 // connection the lock pins, every kind of statement runs on Guard.Conn,
 // on the session that holds the lock.
 func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
+	t.Parallel()
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
 			db := s.open(t)
@@ -145,6 +146,7 @@ func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 // TestGuardConnIsNilWithoutAPinnedConnection: a Lock on SQLite is a row
 // and pins no connection; GuardFromContext is nil outside Do.
 func TestGuardConnIsNilWithoutAPinnedConnection(t *testing.T) {
+	t.Parallel()
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
 	g, err := newLock(t, db, testdb.UniqueName(t)).TryLock(context.Background())
 	if err != nil {

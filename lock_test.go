@@ -152,6 +152,7 @@ func TestErrorNamesTheLock(t *testing.T) {
 }
 
 func TestHeldLockPinsOneConnection(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
@@ -371,6 +372,7 @@ func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
 }
 
 func TestLockTimeoutWhenPoolExhausted(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -414,6 +416,7 @@ func TestDoneContextTouchesNoConnection(t *testing.T) {
 }
 
 func TestCancelledWaitLeavesNoLock(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -521,6 +524,7 @@ func TestCancelHammerLeavesNothingBehind(t *testing.T) {
 }
 
 func TestReleaseWithCancelledContextStillReleases(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
@@ -594,6 +598,7 @@ func TestDoReleasesOnReturnErrorAndPanic(t *testing.T) {
 }
 
 func TestTryDoReportsNotRunWhenHeldElsewhere(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	name := testdb.UniqueName(t)
 	g, err := newLock(t, testdb.OpenPostgres(t, "pgx"), name).TryLock(ctx)

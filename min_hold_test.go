@@ -881,6 +881,7 @@ func TestMinHoldLockTimeoutHoldsOnADeadNetwork(t *testing.T) {
 // TestMinHoldOnSQLiteFollowsTheClock: on SQLite the window is the Clock's:
 // taken until exactly the grant plus the window.
 func TestMinHoldOnSQLiteFollowsTheClock(t *testing.T) {
+	t.Parallel()
 	const window = time.Minute
 	for _, kind := range windowKinds {
 		t.Run(kind, func(t *testing.T) {

@@ -44,6 +44,7 @@ func eachMySQLHandle(t *testing.T, f func(t *testing.T, open func() advisorylock
 }
 
 func TestMySQLTryLockIsExclusiveAcrossDBsAndInOneDB(t *testing.T) {
+	t.Parallel()
 	eachMySQLHandle(t, func(t *testing.T, open func() advisorylock.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -325,6 +326,7 @@ func TestMySQLKilledSessionClosesLostAndCancelsDo(t *testing.T) {
 }
 
 func TestMySQLHolderReportsTheConnection(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := testdb.OpenMySQL(t)
 	name := testdb.UniqueName(t)

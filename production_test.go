@@ -372,6 +372,7 @@ func TestTokensOnlyGrowWhenLeaseRowsAreDeleted(t *testing.T) {
 }
 
 func TestReleasedLeaseReadsAsLostInEveryCopy(t *testing.T) {
+	t.Parallel()
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		l := newLeaseLock(t, b.open(t), testdb.UniqueName(t))
 		g := tryLease(t, l)

@@ -235,6 +235,7 @@ func watchHolders(ctx context.Context, s *advisorylock.Semaphore, slots int, adm
 // holder's session holds exactly one slot lock: the one statement that
 // tries the slots stops at the first it gets.
 func TestSemaphoreTryTakesExactlyOneSlot(t *testing.T) {
+	t.Parallel()
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		if backend == "sqlite" {
 			t.Skip("SQLite tries slot rows one statement each")
@@ -485,6 +486,7 @@ func TestSemaphoreKilledHolderFreesItsSlot(t *testing.T) {
 // TestSemaphoreReportsItsEventsAsSemaphore checks the Observer's events:
 // kind semaphore, with the backend's name.
 func TestSemaphoreReportsItsEventsAsSemaphore(t *testing.T) {
+	t.Parallel()
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		ctx := context.Background()
 		rec := &observetest.Recorder{}

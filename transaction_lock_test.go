@@ -95,6 +95,7 @@ func TestLockTxExcludesAcrossTransactionsAndSessionLocks(t *testing.T) {
 // once the holding transaction commits, and a session Lock waiting for a
 // transaction's lock is granted once it rolls back.
 func TestLockTxWaitsAndGetsInWhenTheHolderEnds(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -311,6 +312,7 @@ func TestLockTxThroughTransactionPool(t *testing.T) {
 // transaction-scoped locks, and a window (WithMinHold) cannot live in a
 // transaction: each is ErrUnsupported, with the transaction untouched.
 func TestLockTxIsUnsupportedWithoutTransactionLocks(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		db   func(t *testing.T) *sql.DB

@@ -868,6 +868,7 @@ func TestLeaseOnAnUnreachableServerIsPoolUnavailable(t *testing.T) {
 // held on any name (here the schema lock's own label) never blocks a first
 // use.
 func TestLeaseSchemaCreationIgnoresLockNames(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	ctx := context.Background()
 	admin := testdb.OpenPostgres(t, "postgres")
 	db := testdb.OpenPostgresDSN(t, "pgx", testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin)))

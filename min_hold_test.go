@@ -749,6 +749,7 @@ func TestWithoutMinHoldASkewedJobRunsOnSeveralReplicas(t *testing.T) {
 // advisorylock_windows, and a Lock with WithMinHold runs on the table an
 // operator made from it.
 func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	ddl := advisorylock.Schema(advisorylock.Postgres())
 	if !strings.Contains(ddl, "advisorylock_windows") {
 		t.Fatalf("Schema(Postgres()) lacks advisorylock_windows:\n%s", ddl)

@@ -39,6 +39,7 @@ WHERE l.owner IS NULL OR l.expires_at <= now()
 RETURNING generation`
 
 func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	admin := testdb.OpenPostgres(t, "postgres")
 	dsn := testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
 	old := testdb.OpenPostgresDSN(t, "postgres", dsn)

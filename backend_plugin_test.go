@@ -192,6 +192,7 @@ func TestThirdBackendPlugsIn(t *testing.T) {
 // TestThirdBackendHoldsElections: a backend that keeps leases holds
 // elections with nothing more; its lease tokens are the terms.
 func TestThirdBackendHoldsElections(t *testing.T) {
+	testdb.Slow(t, "campaigns several terms")
 	e, err := advisorylock.NewElection(noDB{}, "plugged", advisorylock.WithBackend(newMapBackend()), advisorylock.WithOwner("me"))
 	if err != nil {
 		t.Fatal(err)

@@ -62,6 +62,7 @@ func isClosed(ch <-chan struct{}) bool {
 }
 
 func TestSQLiteTryLockIsNotReentrant(t *testing.T) {
+	t.Parallel()
 	path, db := sqliteFile(t, "")
 	other := testdb.OpenSQLite(t, path, "")
 	name := testdb.UniqueName(t)
@@ -151,6 +152,7 @@ func TestSQLiteRefusesInMemoryDatabase(t *testing.T) {
 }
 
 func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "")
 	clock := testdb.NewFakeClock()
 	ctx := context.Background()
@@ -210,6 +212,7 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 // successor's clock is an hour ahead, so to the successor the row is
 // expired and it takes it over.
 func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
+	testdb.Slow(t, "waits for renewals a second apart")
 	path, db := sqliteFile(t, "")
 	other := testdb.OpenSQLite(t, path, "")
 	ctx := context.Background()
@@ -317,6 +320,7 @@ func admitErr(t testing.TB, db *sql.DB, f *advisorylock.Fence, tok advisorylock.
 }
 
 func TestSQLiteLeaseGenerationsOnlyGoUp(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "")
 	name := testdb.UniqueName(t)
 	l := sqliteLeaseLock(t, db, name)
@@ -345,6 +349,7 @@ func TestSQLiteLeaseGenerationsOnlyGoUp(t *testing.T) {
 }
 
 func TestSQLiteFenceAdmitsEqualAndHigherTokens(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "")
 	f, err := advisorylock.NewFence(db, testdb.UniqueName(t))
 	if err != nil {
@@ -365,6 +370,7 @@ func TestSQLiteFenceAdmitsEqualAndHigherTokens(t *testing.T) {
 // hold bytes a text column might choke on; the tables must survive and
 // the lock must exclude.
 func TestSQLiteWeirdNamesAreData(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "")
 	ctx := context.Background()
 	names := []string{
@@ -426,6 +432,7 @@ func TestSQLiteWeirdNamesAreData(t *testing.T) {
 }
 
 func TestSQLiteSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
+	testdb.Slow(t, "creates tables in several processes")
 	_, db := sqliteFile(t, "")
 	tables := func() []string {
 		t.Helper()
@@ -490,6 +497,7 @@ func TestSQLiteSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
 // another connection while locks are taken, renewed and read with a
 // driver that reports SQLITE_BUSY at once.
 func TestSQLiteBusyIsWaitedOutNotReported(t *testing.T) {
+	testdb.Slow(t, "holds SQLite's write lock for seconds")
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
 			path, db := sqliteFile(t, j.options)
@@ -581,6 +589,7 @@ func TestSQLiteBusyIsWaitedOutNotReported(t *testing.T) {
 // TestSQLiteReleasedGuardLeavesNoGoroutine checks that a guard's keeper
 // stops with Release, for Lock, LeaseLock and Do.
 func TestSQLiteReleasedGuardLeavesNoGoroutine(t *testing.T) {
+	testdb.Slow(t, "waits for the keeper's goroutines to end")
 	_, db := sqliteFile(t, "")
 	ctx := context.Background()
 	name := testdb.UniqueName(t)
@@ -613,6 +622,7 @@ func TestSQLiteReleasedGuardLeavesNoGoroutine(t *testing.T) {
 // TestSQLiteFenceAdmitUnderBusy runs Fence.Admit in the caller's
 // transaction while another connection writes.
 func TestSQLiteFenceAdmitUnderBusy(t *testing.T) {
+	testdb.Slow(t, "holds SQLite's write lock for seconds")
 	ctx := context.Background()
 	setup := func(t *testing.T, options string) (*sql.DB, *sql.Conn, *advisorylock.Fence) {
 		path, db := sqliteFile(t, options)
@@ -705,6 +715,7 @@ type sqliteQuerier interface {
 // skips a statement whose context just ended, and reports the previous
 // statement's row count, fails this.)
 func TestSQLiteContextEndingAtTheStatementGrantsNothingFalse(t *testing.T) {
+	testdb.Slow(t, "1,000 acquires racing their context's end")
 	_, db := sqliteFile(t, "")
 	db.SetMaxOpenConns(1) // every statement reports on the same connection
 	l := sqliteLock(t, db, testdb.UniqueName(t), advisorylock.WithReleaseTimeout(sqliteWait))
@@ -746,6 +757,7 @@ func TestSQLiteContextEndingAtTheStatementGrantsNothingFalse(t *testing.T) {
 // than the release timeout both take the busy_timeout: an interrupt does
 // not end SQLite's busy wait; WithReleaseTimeout says so.)
 func TestSQLiteReleaseIsBoundedWhileBusy(t *testing.T) {
+	testdb.Slow(t, "waits out release timeouts while SQLite is busy")
 	const timeout = 400 * time.Millisecond
 	for _, c := range []struct {
 		name     string

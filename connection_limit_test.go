@@ -49,6 +49,7 @@ func checkLimitError(t *testing.T, err error, limit string, reachable func(error
 // refusal (SQLSTATE 53300) reachable, on lib/pq and pgx, for a Lock (a
 // pinned connection) and a LeaseLock (a statement on the pool).
 func TestAcquireAtTheConnectionLimitKeepsTheServersReason(t *testing.T) {
+	testdb.Slow(t, "starts a private PostgreSQL cluster")
 	checkGoroutines(t)
 	c := testdb.OwnCluster(t, "max_connections=5", "superuser_reserved_connections=0")
 	is53300 := func(err error) bool {

@@ -207,6 +207,7 @@ func medianOf(ds []time.Duration) time.Duration {
 // candidate, within a few round trips (measured; on SQLite within the
 // waiters' poll), and terms strictly increase.
 func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
+	testdb.Slow(t, "three candidates taking turns, per backend")
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		c := startCandidates(t, edb, name, 3)
@@ -310,6 +311,7 @@ func killSession(t *testing.T, edb electionDB, admin *sql.DB, h *advisorylock.Ho
 // check, and it campaigns again (its Run does not return). The two
 // leaders overlap for at most about one keep-alive interval (measured).
 func TestElectionKilledSessionIsTakenOver(t *testing.T) {
+	testdb.Slow(t, "kills leader sessions, waits for keep-alives")
 	const keepAlive = 200 * time.Millisecond
 	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
@@ -358,6 +360,7 @@ func TestElectionKilledSessionIsTakenOver(t *testing.T) {
 // frees the lock, within about the dead-holder timeout, for another
 // candidate to lead.
 func TestElectionVanishedLeaderIsTakenOverWithinTheDeadHolderTimeout(t *testing.T) {
+	testdb.Slow(t, "iptables: blackholes the leader, waits out the dead-holder timeout")
 	testdb.RequireIptables(t)
 	const d = 3 * time.Second
 	opts := []advisorylock.Option{advisorylock.WithDeadHolderTimeout(d), advisorylock.WithKeepAlive(time.Second), advisorylock.WithReleaseTimeout(time.Second)}
@@ -443,6 +446,7 @@ func mustAdmit(t *testing.T, db *sql.DB, fence *advisorylock.Fence, token adviso
 // and Run returns that error; after it nobody leads, and no goroutine is
 // left. The election's name looks like SQL.
 func TestElectionRunReturnsLeadsError(t *testing.T) {
+	testdb.Slow(t, "campaigns several terms, per backend")
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		// A name that looks like SQL is data: it reaches the term row as a
 		// value.
@@ -472,6 +476,7 @@ func TestElectionRunReturnsLeadsError(t *testing.T) {
 // leads cancels lead's context, resigns, and Run returns ctx.Err(); while
 // it campaigns behind another leader, Run returns ctx.Err() too.
 func TestElectionRunReturnsContextError(t *testing.T) {
+	testdb.Slow(t, "campaigns behind a leader, per backend")
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		leader := newElection(t, edb.open(t), name, edb.opts...)
@@ -544,6 +549,7 @@ func TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock(t *testing.T) {
 // leader (nobody at first), then each new term, and closes when its
 // context ends.
 func TestElectionObserveFollowsTheLeader(t *testing.T) {
+	testdb.Slow(t, "follows several terms, per backend")
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
@@ -683,6 +689,7 @@ func runRefused(t *testing.T, db *sql.DB, name string) error {
 // missing tables, gets from Run at once an error naming the election and
 // keeping SQLSTATE 42501, instead of a campaign retried forever.
 func TestElectionRunReturnsAMissingPrivilege(t *testing.T) {
+	testdb.Slow(t, "creates fresh databases and roles")
 	admin := testdb.OpenPostgres(t, "postgres")
 	ctx := context.Background()
 	role := ordinaryRole(t, admin)
@@ -722,6 +729,7 @@ func TestElectionRunReturnsAMissingPrivilege(t *testing.T) {
 // SQLite, whose resigner stands aside; a tight loop begins one per round
 // trip, hundreds), and at least two.
 func TestElectionLeadReturningAtOnceDoesNotHammer(t *testing.T) {
+	testdb.Slow(t, "counts terms over 3 s, per backend")
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
 		if err := e.Check(context.Background()); err != nil {

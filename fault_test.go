@@ -172,6 +172,7 @@ func fencedWrite(ctx context.Context, db *sql.DB, f *advisorylock.Fence, c *test
 // no two holders may ever be inside at once, every grant of the lease gets
 // its own token, and the fence log never goes back in token order.
 func TestMutualExclusionUnderLoad(t *testing.T) {
+	testdb.Slow(t, "fault: several processes under load")
 	const procs, goroutines = 3, 4
 	for _, tc := range []struct {
 		name, kind string
@@ -750,6 +751,7 @@ func waitGroupWithin(t *testing.T, wg *sync.WaitGroup, d time.Duration, what str
 // told of its loss, and afterwards no lock is held and no connection is
 // checked out.
 func TestKilledSessionsUnderLoad(t *testing.T) {
+	testdb.Slow(t, "fault: sessions killed under load")
 	checkGoroutines(t)
 	app := appName()
 	admin := testdb.OpenPostgres(t, "postgres")
@@ -823,6 +825,7 @@ var quiet = advisorylock.WithLogger(slog.New(slog.DiscardHandler))
 // lease is lost while the server is down, a successor gets a larger token
 // after the restart, and the fence refuses the lost holder's writes.
 func TestServerRestart(t *testing.T) {
+	testdb.Slow(t, "server kill: restarts a private PostgreSQL")
 	checkGoroutines(t)
 	c := testdb.OwnCluster(t)
 	admin := testdb.OpenPostgresDSN(t, "postgres", c.DSN)
@@ -1044,6 +1047,7 @@ func TestServerRestart(t *testing.T) {
 // gets a larger token, the fence refuses the cut-off holder's write once
 // the network heals, and the stale release does not free the successor.
 func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
+	testdb.Slow(t, "fault: network cuts, waits out lease expiry")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			checkGoroutines(t)
@@ -1186,6 +1190,7 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 // the connection would keep its pool slot until the network heals or TCP
 // gives up, minutes later: a partition would exhaust a small pool.
 func TestReleaseDuringACutGivesBackItsPoolSlot(t *testing.T) {
+	testdb.Slow(t, "fault: network cut, waits out release timeouts")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -1526,6 +1531,7 @@ func (l *pgLoad) check(t *testing.T) {
 // the fence refuses the cut-off holder's late write, the load recovers
 // after each heal, and nothing is left behind.
 func TestNetworkCutsUnderLoad(t *testing.T) {
+	testdb.Slow(t, "fault: network cuts under load")
 	checkGoroutines(t)
 	// One section in three holds its lock long enough (or until lost) for
 	// a cut to find a holder: 200ms between keep-alive checks, 1s per check.

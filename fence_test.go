@@ -102,6 +102,7 @@ func TestFencingTokenRoundTripsThroughABigintColumn(t *testing.T) {
 }
 
 func TestFenceAdmitsEqualAndHigherAndRefusesLower(t *testing.T) {
+	t.Parallel()
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		db := b.open(t)
 		resource := testdb.UniqueName(t)
@@ -138,6 +139,7 @@ func TestFenceAdmitsEqualAndHigherAndRefusesLower(t *testing.T) {
 }
 
 func TestFenceAdmitRolledBackAdmitsNothing(t *testing.T) {
+	t.Parallel()
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		ctx := context.Background()
 		db := b.open(t)

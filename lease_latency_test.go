@@ -26,6 +26,7 @@ import (
 // the lease reads lost as it arrives; cut off after that, the holder is
 // still told before anyone else is granted the lease.
 func TestSlowGrantIsLostBeforeItsDatabaseExpiry(t *testing.T) {
+	testdb.Slow(t, "fault: answers held back and the network cut")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			checkGoroutines(t)

@@ -190,6 +190,7 @@ func (m *leaseModel) check(t *rapid.T) {
 // strictly increase, that a fence never admits a token lower than one it
 // admitted, and that at most one holder's lease is in force at any time.
 func TestLeaseStoreProperties(t *testing.T) {
+	testdb.Slow(t, "property test: random interleavings on SQLite")
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	checkLeaseStore(t, db, advisorylock.SQLite(), propTTL, func(m *leaseModel) map[string]func(*rapid.T) {
 		return map[string]func(*rapid.T){"advance": m.advance}
@@ -201,6 +202,7 @@ func TestLeaseStoreProperties(t *testing.T) {
 // times on the database clock, so expiry is the database's own (an
 // expires_at set in the past) instead of a clock jump.
 func TestPostgresLeaseStoreProperties(t *testing.T) {
+	testdb.Slow(t, "property test: random interleavings on PostgreSQL")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			checkLeaseStore(t, testdb.OpenPostgres(t, drv), advisorylock.Postgres(), time.Minute, func(m *leaseModel) map[string]func(*rapid.T) {

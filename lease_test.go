@@ -136,6 +136,7 @@ func isDone(ch <-chan struct{}) bool {
 // consecutive (the first need not be 1), and the row's
 // generation column stores the full token.
 func TestLeaseTokensOnlyGrow(t *testing.T) {
+	t.Parallel()
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		dbA, dbB := b.open(t), b.open(t)
 		name, other := testdb.UniqueName(t), testdb.UniqueName(t)
@@ -170,6 +171,7 @@ func TestLeaseTokensOnlyGrow(t *testing.T) {
 // (with 2s, a stall of about a second during a concurrent compile lost
 // the lease once, as the library must when it cannot renew in time).
 func TestLeaseIsExclusiveAndRenewalOutlivesTheTTL(t *testing.T) {
+	testdb.Slow(t, "holds leases for 2.5 TTLs of 4 s")
 	const ttl = 4 * time.Second
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		t.Parallel()
@@ -264,6 +266,7 @@ func TestTakenOverLeaseIsLostAndEndsDo(t *testing.T) {
 }
 
 func TestPartitionedHolderGivesUpBeforeItsSuccessorGetsIn(t *testing.T) {
+	testdb.Slow(t, "fault: partitions a holder and waits out a 3 s TTL")
 	const ttl = 3 * time.Second
 	// Each case opens the holder's handle through a cuttable proxy and the
 	// successor's directly.
@@ -349,6 +352,7 @@ func partitionedHolderGivesUp(t *testing.T, ttl time.Duration, open func(t *test
 }
 
 func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {
+	testdb.Slow(t, "waits through renewals for two TTLs of 2 s")
 	const ttl = 2 * time.Second
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		t.Parallel()
@@ -447,6 +451,7 @@ func TestMissedLeaseTryLeavesTheHoldersRowAlone(t *testing.T) {
 }
 
 func TestLeaseExpiryOnSQLiteFollowsTheClock(t *testing.T) {
+	testdb.Slow(t, "waits out lease TTLs of seconds")
 	t.Parallel()
 	const ttl = 30 * time.Second // renewals every 10s of real time: none runs before the clock moves
 	path := testdb.SQLitePath(t)
@@ -560,6 +565,7 @@ func TestLeaseLockTimeoutWhenPoolExhausted(t *testing.T) {
 }
 
 func TestLeaseHolderShowsOwnerTokenAndExpiry(t *testing.T) {
+	t.Parallel()
 	const ttl = 10 * time.Second
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		ctx := context.Background()
@@ -609,6 +615,7 @@ var weirdNames = []string{
 }
 
 func TestLeaseNamesAreData(t *testing.T) {
+	testdb.Slow(t, "about a second on 2 CPUs, over every backend")
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		db := b.open(t)
 		suffix := testdb.UniqueName(t)
@@ -672,6 +679,7 @@ func TestNewLeaseLockRefusesWhatTheDatabaseCannotStore(t *testing.T) {
 }
 
 func TestReleasedLeaseLeavesNoGoroutine(t *testing.T) {
+	testdb.Slow(t, "waits for the keeper's goroutines to end, per backend")
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		ctx := context.Background()
 		db := b.open(t)
@@ -701,6 +709,7 @@ func TestReleasedLeaseLeavesNoGoroutine(t *testing.T) {
 }
 
 func TestLeaseSchemaIsCreatedOnFirstUseByConcurrentCallers(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	ctx := context.Background()
 	admin := testdb.OpenPostgres(t, "postgres")
 	fresh := freshDatabase(t, admin)
@@ -859,6 +868,7 @@ func TestLeaseOnAnUnreachableServerIsPoolUnavailable(t *testing.T) {
 // held on any name (here the schema lock's own label) never blocks a first
 // use.
 func TestLeaseSchemaCreationIgnoresLockNames(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	ctx := context.Background()
 	admin := testdb.OpenPostgres(t, "postgres")
 	db := testdb.OpenPostgresDSN(t, "pgx", testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin)))

@@ -389,6 +389,7 @@ VALUES ($1, 'gone', nextval('advisorylock_token_seq'), now(), now() + interval '
 // with the lease or the lease ends free: never held or queued for by a
 // waiter that has gone.
 func TestWaiterThatGivesUpLeavesNoPlace(t *testing.T) {
+	testdb.Slow(t, "20 LockTimeouts of 300 ms")
 	db, _ := openNamed(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
 	type outcome struct {
@@ -452,6 +453,7 @@ func TestWaiterThatGivesUpLeavesNoPlace(t *testing.T) {
 // deadline lasts: the place keeps them out (or, where the handover
 // survived, the waiter's lease does).
 func TestHandoverLostInACrashStillKeepsOthersOut(t *testing.T) {
+	testdb.Slow(t, "server kill: crashes a private PostgreSQL")
 	c := testdb.OwnCluster(t, "synchronous_commit=on", "wal_writer_delay=10000")
 	open := func() *sql.DB { return testdb.OpenPostgresDSN(t, "pgx", c.DSN) }
 	admin, other := open(), open()
@@ -721,6 +723,7 @@ func wokenSleeperLearnsItsGrant(t *testing.T, drv string, slowCommit bool) {
 // backend's statement is not cancelled: it ends by its own
 // statement_timeout, not by a cancel.
 func TestHandoverSignalsOnlyASessionSleepingInLine(t *testing.T) {
+	testdb.Slow(t, "waits out a statement_timeout")
 	admin := testdb.OpenPostgres(t, "pgx")
 	ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
 	defer cancel()

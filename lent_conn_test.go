@@ -73,6 +73,7 @@ func scratchTable(t *testing.T, db *sql.DB, s connServer) string {
 // connection the lock pins, every kind of statement runs on Guard.Conn,
 // on the session that holds the lock.
 func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
+	t.Parallel()
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
 			db := s.open(t)
@@ -145,6 +146,7 @@ func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 // TestGuardConnIsNilWithoutAPinnedConnection: a Lock on SQLite is a row
 // and pins no connection; GuardFromContext is nil outside Do.
 func TestGuardConnIsNilWithoutAPinnedConnection(t *testing.T) {
+	t.Parallel()
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
 	g, err := newLock(t, db, testdb.UniqueName(t)).TryLock(context.Background())
 	if err != nil {
@@ -166,6 +168,7 @@ func TestGuardConnIsNilWithoutAPinnedConnection(t *testing.T) {
 // error of the user's; once the connection is free again the keep-alive
 // still finds a real loss.
 func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
+	testdb.Slow(t, "statements of a second under a keep-alive, per server")
 	const keepAlive = 20 * time.Millisecond
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
@@ -248,6 +251,7 @@ func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
 // not kept) and rows left open are closed; the lock is free, the pool's
 // connection is back and usable, and statements on Conn fail afterwards.
 func TestGuardConnLeftOpenAtReleaseIsRolledBack(t *testing.T) {
+	t.Parallel()
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
 			db := s.open(t)
@@ -405,6 +409,7 @@ func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
 // error after the release timeout, and the lock is freed when the
 // statement returns (its connection discarded).
 func TestReleaseWhileAStatementThatCannotBeCancelledRuns(t *testing.T) {
+	testdb.Slow(t, "waits out statements of seconds")
 	const releaseTimeout = 300 * time.Millisecond
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {

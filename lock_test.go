@@ -106,6 +106,7 @@ func locksHeld(t testing.TB, db *sql.DB, name string) int {
 }
 
 func TestTryLockIsExclusiveAcrossDBs(t *testing.T) {
+	t.Parallel()
 	eachHandle(t, func(t *testing.T, open func() advisorylock.DB, raw func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -153,6 +154,7 @@ func TestErrorNamesTheLock(t *testing.T) {
 }
 
 func TestHeldLockPinsOneConnection(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
@@ -270,6 +272,7 @@ func waitingOn(t testing.TB, db *sql.DB, name string) int {
 // A waiter must not hold one snapshot for the whole wait, or CREATE INDEX
 // CONCURRENTLY (which waits out older snapshots) would hang until it stops.
 func TestWaiterDoesNotStallCreateIndexConcurrently(t *testing.T) {
+	testdb.Slow(t, "waits across wait slices of a second")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -324,6 +327,7 @@ func TestWaiterDoesNotStallCreateIndexConcurrently(t *testing.T) {
 }
 
 func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
+	testdb.Slow(t, "waits out a LockTimeout budget")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -370,6 +374,7 @@ func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
 }
 
 func TestLockTimeoutWhenPoolExhausted(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -413,6 +418,7 @@ func TestDoneContextTouchesNoConnection(t *testing.T) {
 }
 
 func TestCancelledWaitLeavesNoLock(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -447,6 +453,7 @@ func TestCancelledWaitLeavesNoLock(t *testing.T) {
 // Hundreds of acquires cancelled at random points — before, while waiting,
 // as the lock is granted — must leave no lock held and no connection out.
 func TestCancelHammerLeavesNothingBehind(t *testing.T) {
+	testdb.Slow(t, "hundreds of cancelled acquires")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
@@ -519,6 +526,7 @@ func TestCancelHammerLeavesNothingBehind(t *testing.T) {
 }
 
 func TestReleaseWithCancelledContextStillReleases(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
@@ -543,6 +551,7 @@ func TestReleaseWithCancelledContextStillReleases(t *testing.T) {
 }
 
 func TestDoReleasesOnReturnErrorAndPanic(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -591,6 +600,7 @@ func TestDoReleasesOnReturnErrorAndPanic(t *testing.T) {
 }
 
 func TestTryDoReportsNotRunWhenHeldElsewhere(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	name := testdb.UniqueName(t)
 	g, err := newLock(t, testdb.OpenPostgres(t, "pgx"), name).TryLock(ctx)

@@ -156,6 +156,7 @@ func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAf
 // once, Holder shows the last holder until the window's end, and the
 // next firing after the window runs it again.
 func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
+	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -200,6 +201,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
 // (and not a whole window longer), after a holder that released at once;
 // Lock and LockTimeout bounded shorter than the window give up.
 func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
+	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -248,6 +250,7 @@ func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 // the lock past its window hands off to a waiting Lock (server-side), and
 // that grant opens a window of its own.
 func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
+	testdb.Slow(t, "waits out min-hold windows of seconds")
 	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -299,6 +302,7 @@ func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
 // hour off either way still get a window of the database's clock, on
 // PostgreSQL and MySQL.
 func TestMinHoldWindowIsTheDatabaseClocks(t *testing.T) {
+	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -327,6 +331,7 @@ func TestMinHoldWindowIsTheDatabaseClocks(t *testing.T) {
 // a Lock without the option takes, waits, reports and releases without
 // creating advisorylock_windows; with the option its first use creates it.
 func TestLockWithoutMinHoldNeverTouchesTheWindowsTable(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	admin := testdb.OpenPostgres(t, "pgx")
 	fresh := freshDatabase(t, admin)
 	for _, drv := range testdb.Drivers {
@@ -545,6 +550,7 @@ func countLines(t testing.TB, path string) int {
 // SQLite file (a 3 s window: five processes on a busy machine can start
 // their job late).
 func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
+	testdb.Slow(t, "processes waiting out 3 s windows")
 	for _, kind := range windowKinds {
 		t.Run(kind, func(t *testing.T) {
 			path := testdb.SQLitePath(t)
@@ -597,6 +603,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
 // the database recorded it, read for the dead holder's grant and for the
 // test's own while it holds the name.
 func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
+	testdb.Slow(t, "kills holder processes and waits out 3 s windows")
 	const window = 3 * time.Second
 	type setup struct {
 		kind, driver string
@@ -742,6 +749,7 @@ func TestWithoutMinHoldASkewedJobRunsOnSeveralReplicas(t *testing.T) {
 // advisorylock_windows, and a Lock with WithMinHold runs on the table an
 // operator made from it.
 func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	ddl := advisorylock.Schema(advisorylock.Postgres())
 	if !strings.Contains(ddl, "advisorylock_windows") {
 		t.Fatalf("Schema(Postgres()) lacks advisorylock_windows:\n%s", ddl)
@@ -766,6 +774,7 @@ func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
 // time from its window's row, which only the lock's holder can write), and
 // keep getting them.
 func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
+	testdb.Slow(t, "waits out min-hold windows of seconds")
 	const window = 150 * time.Millisecond
 	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
@@ -831,6 +840,7 @@ func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
 // window returns its *TimeoutError about on time when the network dies
 // under it (its statements are bounded as wait slices are).
 func TestMinHoldLockTimeoutHoldsOnADeadNetwork(t *testing.T) {
+	testdb.Slow(t, "fault: network cut under a LockTimeout of seconds")
 	const budget = 2 * time.Second
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -872,6 +882,7 @@ func TestMinHoldLockTimeoutHoldsOnADeadNetwork(t *testing.T) {
 // TestMinHoldOnSQLiteFollowsTheClock: on SQLite the window is the Clock's:
 // taken until exactly the grant plus the window.
 func TestMinHoldOnSQLiteFollowsTheClock(t *testing.T) {
+	t.Parallel()
 	const window = time.Minute
 	for _, kind := range windowKinds {
 		t.Run(kind, func(t *testing.T) {
@@ -933,6 +944,7 @@ func TestMinHoldPinnedSessionGetsDeadHolderSettings(t *testing.T) {
 // TestMinHoldOnAHotStandbyIsUnsupported: a Lock with WithMinHold on a
 // standby is refused as a plain Lock is.
 func TestMinHoldOnAHotStandbyIsUnsupported(t *testing.T) {
+	testdb.Slow(t, "standby: a private cluster and its standby")
 	primary := testdb.OwnCluster(t)
 	standby := testdb.StandbyOf(t, primary)
 	for _, drv := range testdb.Drivers {
@@ -1004,6 +1016,7 @@ func mysqlServerLockName(name string) string {
 // release; renewals by the keep-alive, with a TTL shorter than the window,
 // do not cut the window short.
 func TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow(t *testing.T) {
+	testdb.Slow(t, "waits out min-hold windows of seconds")
 	const window = 3 * time.Second
 	cases := []struct {
 		name         string

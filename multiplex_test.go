@@ -194,6 +194,7 @@ func releaseAll(t *testing.T, guards []*advisorylock.Guard) {
 // held by at most 4 sessions, a rival process gets none of them, and
 // after the release none is held.
 func TestMultiplexingHolds2000NamesOnFewSessions(t *testing.T) {
+	testdb.Slow(t, "2,000 names and a rival process, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -336,6 +337,7 @@ func checkOnlyTheseLost(t *testing.T, srv muxServer, admin *sql.DB, guards []*ad
 // locks on the other sessions stay held and unreported, and release
 // cleanly.
 func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
+	testdb.Slow(t, "waits for keep-alives to report the kill, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -372,6 +374,7 @@ func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 // report lost within the keep-alive and statement bounds, the others stay
 // held.
 func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
+	testdb.Slow(t, "iptables: blackholes a shared session")
 	testdb.RequireIptables(t)
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -408,6 +411,7 @@ func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 // shared sessions at random moments: no held lock beside them is lost or
 // freed, and no cancelled try leaves its key held.
 func TestMultiplexingCancelledTriesSpareTheirNeighbours(t *testing.T) {
+	testdb.Slow(t, "many cancelled tries, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -457,6 +461,7 @@ func TestMultiplexingCancelledTriesSpareTheirNeighbours(t *testing.T) {
 // session would grant it again), a pinned Lock is refused by the server,
 // and a waiting Lock gets the name when the holder releases it.
 func TestMultiplexingExcludesInProcessAndHandsOff(t *testing.T) {
+	testdb.Slow(t, "waiters handed over, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -680,6 +685,7 @@ func TestForgottenMultiplexedGuardIsCleanedUp(t *testing.T) {
 // no answer, so the session's state is unknown; by the time Release
 // returns its error, the neighbour has been told it is lost.
 func TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours(t *testing.T) {
+	testdb.Slow(t, "iptables: blackholes a shared session")
 	testdb.RequireIptables(t)
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -734,6 +740,7 @@ func waitForReaders(t *testing.T, ignore goleak.Option) {
 // try that finds it full fails with the server's error and a hint, and
 // the locks held beside it on the shared session stay held.
 func TestMultiplexingAtTheServersLockTableLimit(t *testing.T) {
+	testdb.Slow(t, "starts a private PostgreSQL cluster")
 	c := testdb.OwnCluster(t, "max_locks_per_transaction=10", "max_connections=10")
 	db := testdb.OpenPostgresDSN(t, "pgx", c.DSN)
 	admin := testdb.OpenPostgresDSN(t, "pgx", c.DSN)

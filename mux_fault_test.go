@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // muxHolder is one of the many multiplexed holders of
@@ -38,6 +39,7 @@ type muxHolder struct {
 // recorded under its name, and each name's history (a lock per name) must
 // be linearizable, with no section entered beside an untold holder.
 func TestMultiplexedSessionKilledUnderContention(t *testing.T) {
+	testdb.Slow(t, "fault: sessions killed under contention")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			checkGoroutines(t)
@@ -371,6 +373,7 @@ func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) 
 // lost and its other names are let go on the server, and again its
 // neighbours keep theirs. PostgreSQL (pgx) and MariaDB.
 func TestMultiplexedKeepAliveLosesOnlyTheMissingKeys(t *testing.T) {
+	testdb.Slow(t, "fault: locks dropped under a shared session")
 	for _, srv := range muxServers()[1:] {
 		t.Run(srv.name, func(t *testing.T) {
 			checkGoroutines(t)

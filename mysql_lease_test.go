@@ -94,6 +94,7 @@ func renewOnce(db *sql.DB, name, owner string, token advisorylock.FencingToken) 
 // loaded CI machine still make the local deadline (a 1s TTL was lost once
 // in CI, as the library must when it cannot renew in time).
 func TestMySQLLeaseRenewalOutlivesTheTTLAndHolderShowsIt(t *testing.T) {
+	testdb.Slow(t, "holds a lease across several TTLs")
 	const ttl = 3 * time.Second
 	t.Parallel()
 	ctx := context.Background()
@@ -186,6 +187,7 @@ func TestMySQLFenceRefusesStaleTokens(t *testing.T) {
 // The tables are created on first use, also when many first uses race
 // on an empty database; Schema exports the same DDL.
 func TestMySQLSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
+	testdb.Slow(t, "creates fresh MySQL databases")
 	ctx := context.Background()
 	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	db.SetMaxOpenConns(20)
@@ -292,6 +294,7 @@ func mysqlUserWith(t *testing.T, admin *sql.DB, dsn, privs string) (*sql.DB, str
 }
 
 func TestMySQLLeastPrivilegeUser(t *testing.T) {
+	testdb.Slow(t, "creates a MySQL user and database")
 	ctx := context.Background()
 	dsn := testdb.NewMySQLDatabase(t)
 	admin := testdb.OpenMySQLDSN(t, dsn)
@@ -398,6 +401,7 @@ func runMySQLSchema(t *testing.T, db *sql.DB) {
 // steps, recorded up to the current version, at the first use of a Lock
 // with WithMinHold.
 func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
+	testdb.Slow(t, "creates fresh MySQL databases")
 	ctx := context.Background()
 	db := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	runMySQLSchema(t, db)

@@ -44,6 +44,7 @@ func eachMySQLHandle(t *testing.T, f func(t *testing.T, open func() advisorylock
 }
 
 func TestMySQLTryLockIsExclusiveAcrossDBsAndInOneDB(t *testing.T) {
+	t.Parallel()
 	eachMySQLHandle(t, func(t *testing.T, open func() advisorylock.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -104,6 +105,7 @@ func TestMySQLLockNameIsDerivedFromTheKey(t *testing.T) {
 // A blocked Lock waits on the server in slices (about one statement a
 // second), and gets the lock promptly when the holder releases it.
 func TestMySQLLockWaitsServerSideAndHandsOff(t *testing.T) {
+	testdb.Slow(t, "counts statements over 1.5 s of waiting")
 	ctx := context.Background()
 	name := testdb.UniqueName(t)
 	dbA := testdb.OpenMySQL(t)
@@ -149,6 +151,7 @@ func TestMySQLLockWaitsServerSideAndHandsOff(t *testing.T) {
 }
 
 func TestMySQLLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
+	testdb.Slow(t, "waits out a LockTimeout budget")
 	ctx := context.Background()
 	name := testdb.UniqueName(t)
 	dbA, dbB := testdb.OpenMySQL(t), testdb.OpenMySQL(t)
@@ -323,6 +326,7 @@ func TestMySQLKilledSessionClosesLostAndCancelsDo(t *testing.T) {
 }
 
 func TestMySQLHolderReportsTheConnection(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := testdb.OpenMySQL(t)
 	name := testdb.UniqueName(t)
@@ -428,6 +432,7 @@ func TestMySQLEachStepIsOneRoundTrip(t *testing.T) {
 // lost within its interval and the release timeout, a LockTimeout ends
 // on time, and Release returns within its timeout.
 func TestMySQLPartitionBoundsEveryStatement(t *testing.T) {
+	testdb.Slow(t, "fault: network cut, every statement waits its bound")
 	checkGoroutines(t)
 	ctx := context.Background()
 	db, proxy := testdb.OpenMySQLProxied(t)
@@ -657,6 +662,7 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 // max_statement_time, MySQL's max_execution_time) does not break Lock:
 // each waiting statement lifts it for itself.
 func TestMySQLShortServerStatementTimeoutDoesNotBreakLock(t *testing.T) {
+	testdb.Slow(t, "waits across server statement timeouts")
 	ctx := context.Background()
 	admin := testdb.OpenMySQL(t)
 	var version string
@@ -705,6 +711,7 @@ func TestMySQLShortServerStatementTimeoutDoesNotBreakLock(t *testing.T) {
 // Lock without a keep-alive leaves wait_timeout alone: nothing would keep
 // its idle holder's session alive.
 func TestMySQLDeadHolderTimeoutSetsWaitTimeout(t *testing.T) {
+	testdb.Slow(t, "about two seconds on 2 CPUs")
 	ctx := context.Background()
 	const deadHolder = 2 * time.Second
 	opts := []advisorylock.Option{advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(500 * time.Millisecond), advisorylock.WithDeadHolderTimeout(deadHolder)}

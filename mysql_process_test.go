@@ -18,6 +18,7 @@ import (
 // holders inside at once, every lease grant its own token, and the fence
 // log never back in token order; nothing may be left held.
 func TestMySQLMutualExclusionAcrossProcesses(t *testing.T) {
+	testdb.Slow(t, "several processes under load")
 	const procs, goroutines = 3, 4
 	for _, tc := range []struct {
 		kind  string

@@ -162,6 +162,7 @@ func (l *mysqlLoad) check(t *testing.T) {
 // TestMySQLFaultsUnderLoad runs the MySQL soak row for a few seconds with
 // every fault: no violation, progress after the faults, nothing left.
 func TestMySQLFaultsUnderLoad(t *testing.T) {
+	testdb.Slow(t, "fault: soak of MySQL with injected faults")
 	checkGoroutines(t)
 	l := startMySQLLoad(t, 2, 1, holdBriefly)
 	var kills, cuts, resets int

@@ -21,6 +21,7 @@ import (
 // renewal) and checks each event, its attributes, and that a hold's
 // events carry the context its acquire's "acquire_end" returned.
 func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
+	testdb.Slow(t, "drives every event, per driver")
 	for _, driver := range []string{"pgx", "postgres"} {
 		t.Run(driver, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, driver)
@@ -117,6 +118,7 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 // lease row (SQLite): acquire, conflict, renewal, release; no connection
 // is pinned, so none is discarded.
 func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
+	testdb.Slow(t, "waits for renewals a second apart")
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	rec := &observetest.Recorder{}
 	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec), advisorylock.WithLeaseTTL(3*time.Second)) // a renewal within a second; a stall of one loses no lease
@@ -175,6 +177,7 @@ func TestObserverSeesAForgottenGuard(t *testing.T) {
 // TestObserverAddsNoAllocation checks that an Observer that keeps nothing
 // costs TryLock+Release no allocation: events are passed by value.
 func TestObserverAddsNoAllocation(t *testing.T) {
+	testdb.Slow(t, "counts allocations over many acquires")
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	ctx := context.Background()
 	allocs := func(opts ...advisorylock.Option) float64 {
@@ -280,6 +283,7 @@ func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 // its connection discarded for no_answer; pgx ends it, and the release of
 // the lost lock discards the connection for "lost".
 func TestObserverSeesANetworkCut(t *testing.T) {
+	testdb.Slow(t, "fault: network cut")
 	for _, driver := range []string{"pgx", "postgres"} {
 		t.Run(driver, func(t *testing.T) {
 			db, proxy := testdb.OpenPostgresProxied(t, driver)

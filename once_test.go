@@ -61,6 +61,7 @@ func replicasOnce(t *testing.T, edb electionDB, name, run string, replicas int, 
 // plain TryDo runs it on several, see TestWithoutMinHoldASkewedJob...);
 // the same key later: none; the next key: one.
 func TestTryDoOnceRunsARunOnceAcrossReplicas(t *testing.T) {
+	testdb.Slow(t, "replicas firing across several runs")
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		for _, c := range []struct {
@@ -140,6 +141,7 @@ func TestOnceHelperProcess(t *testing.T) {
 // the dead session's lock; on SQLite once its lease runs out), and the
 // one after does not.
 func TestTryDoOnceRunsARunWhoseHolderWasKilled(t *testing.T) {
+	testdb.Slow(t, "kills a holder process, waits out its TTL")
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -181,6 +183,7 @@ func TestTryDoOnceRunsARunWhoseHolderWasKilled(t *testing.T) {
 // name's records older than WithRunRetention (by the Clock on SQLite),
 // after which their run keys run again; younger ones stay.
 func TestTryDoOncePrunesRecordsPastTheRetention(t *testing.T) {
+	testdb.Slow(t, "about 1.5 s on 2 CPUs")
 	ctx := context.Background()
 	clock := testdb.NewFakeClock()
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")

@@ -20,6 +20,7 @@ import (
 // them); only the absence of false positives and a non-zero rate where a
 // pooler multiplexes are asserted.
 func TestProbeRoundRate(t *testing.T) {
+	testdb.Slow(t, "measures 200 probe rounds per pool and driver")
 	txDSN, sessionDSN := testdb.PgBouncer(t)
 	const rounds = 200
 	for _, drv := range testdb.Drivers {

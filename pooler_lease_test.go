@@ -31,6 +31,7 @@ var leasePoolerClients = []struct {
 // any server session), and each grant's token is larger than the last.
 // A Fence admits the tokens there too.
 func TestLeaseLockThroughTransactionPool(t *testing.T) {
+	testdb.Slow(t, "leases through PgBouncer under load, tens of seconds")
 	txDSN, _ := testdb.PgBouncer(t)
 	for _, c := range leasePoolerClients {
 		t.Run(c.name, func(t *testing.T) {

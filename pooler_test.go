@@ -202,6 +202,7 @@ func TestDetectPoolerOneConnection(t *testing.T) {
 // give the probe a second connection (here its other connection is held
 // by the test), the probe gives up waiting and reads one connection.
 func TestDetectPoolerDoesNotWaitForASecondConnection(t *testing.T) {
+	testdb.Slow(t, "about a second on 2 CPUs")
 	db := testdb.OpenPostgres(t, "postgres")
 	db.SetMaxOpenConns(2)
 	ctx := context.Background()

@@ -32,6 +32,7 @@ func firstUse[L any](mk func() (L, error), op func(L) error) error {
 }
 
 func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
+	testdb.Slow(t, "standby: a private cluster and its standby")
 	primary := testdb.OwnCluster(t)
 	standby := testdb.StandbyOf(t, primary)
 	for _, drv := range testdb.Drivers {
@@ -156,6 +157,7 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 }
 
 func TestVanishedHolderIsFreedWithinTheDeadHolderTimeout(t *testing.T) {
+	testdb.Slow(t, "iptables: blackholes a holder, waits out the dead-holder timeout")
 	testdb.RequireIptables(t)
 	const d = 3 * time.Second
 	opts := []advisorylock.Option{advisorylock.WithDeadHolderTimeout(d), advisorylock.WithKeepAlive(time.Second), advisorylock.WithReleaseTimeout(time.Second)}
@@ -239,6 +241,7 @@ func TestPinnedSessionGetsDeadHolderSettings(t *testing.T) {
 }
 
 func TestShortStatementTimeoutDoesNotBreakLock(t *testing.T) {
+	testdb.Slow(t, "waits across statement timeouts for seconds")
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		dsn := testdb.WithParam(testdb.PostgresDSN(t), "options", "-c statement_timeout=300")
 		holderDB, waiterDB := testdb.OpenPostgresDSN(t, drv, dsn), testdb.OpenPostgresDSN(t, drv, dsn)
@@ -266,6 +269,7 @@ func TestShortStatementTimeoutDoesNotBreakLock(t *testing.T) {
 }
 
 func TestLockTimeoutHoldsOnADeadNetworkWithAWarmConnection(t *testing.T) {
+	testdb.Slow(t, "fault: network cut under a LockTimeout")
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		db, proxy := testdb.OpenPostgresProxied(t, drv)
 		db.SetMaxIdleConns(2)
@@ -322,6 +326,7 @@ func returnsWithin(t *testing.T, limit time.Duration, what string, f func() erro
 }
 
 func TestTryLockDoesNotWaitForAnExhaustedPool(t *testing.T) {
+	testdb.Slow(t, "waits out pool waits, per kind and driver")
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		db := testdb.OpenPostgres(t, drv)
 		name := testdb.UniqueName(t)
@@ -368,6 +373,7 @@ func TestTokensOnlyGrowWhenLeaseRowsAreDeleted(t *testing.T) {
 }
 
 func TestReleasedLeaseReadsAsLostInEveryCopy(t *testing.T) {
+	t.Parallel()
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		l := newLeaseLock(t, b.open(t), testdb.UniqueName(t))
 		g := tryLease(t, l)
@@ -449,6 +455,7 @@ func (c cancelAfterConn) Conn(ctx context.Context) (*sql.Conn, error) {
 }
 
 func TestLeaseWaitersBackOffAndStillSeeAnEarlyRelease(t *testing.T) {
+	testdb.Slow(t, "waiters backing off for seconds")
 	db, proxy := testdb.OpenPostgresProxied(t, "pgx")
 	holderDB := testdb.OpenPostgres(t, "pgx")
 	name := testdb.UniqueName(t)
@@ -482,6 +489,7 @@ func TestLeaseWaitersBackOffAndStillSeeAnEarlyRelease(t *testing.T) {
 }
 
 func TestTokensStrictlyIncreaseAcrossAFailoverWithALaggingStandby(t *testing.T) {
+	testdb.Slow(t, "failover: a private cluster and a lagging standby")
 	primary := testdb.OwnCluster(t)
 	standby := testdb.StandbyOf(t, primary)
 	name := testdb.UniqueName(t)
@@ -543,6 +551,7 @@ func newLockOpts(t testing.TB, db advisorylock.DB, name string, opts ...advisory
 // goroutine; if it waited there for its keep-alive check, stuck on a dead
 // network, every other cleanup of the process would wait too.
 func TestForgottenGuardOnADeadNetworkDelaysNoOtherCleanup(t *testing.T) {
+	testdb.Slow(t, "fault: a dead network under a forgotten guard")
 	db, proxy := testdb.OpenPostgresProxied(t, "postgres")
 	started := make(chan struct{}, 1)
 	logger := slog.New(signalHandler{on: "never released", ch: started})

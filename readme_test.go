@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // goBlock is a fenced Go block of README.md.
@@ -84,6 +86,7 @@ func docPages(t *testing.T) []string {
 // dependencies; a fragment cannot. A snippet that rots (an API change, an
 // unused variable, an unchecked error that does not compile) fails here.
 func TestReadmeGoSnippetsCompile(t *testing.T) {
+	testdb.Slow(t, "compiles every README snippet with go build")
 	// A folder inside the module, so the snippets build against this
 	// module's code and dependencies; "_" keeps it out of ./... patterns.
 	dir, err := os.MkdirTemp(".", "_readme_snippets_")

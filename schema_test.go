@@ -39,6 +39,7 @@ WHERE l.owner IS NULL OR l.expires_at <= now()
 RETURNING generation`
 
 func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	admin := testdb.OpenPostgres(t, "postgres")
 	dsn := testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
 	old := testdb.OpenPostgresDSN(t, "postgres", dsn)
@@ -114,6 +115,7 @@ func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
 }
 
 func TestSQLiteSchemaUpgradesARoundOneFile(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "_pragma=busy_timeout(5000)")
 	ctx := context.Background()
 	for _, s := range []string{
@@ -165,6 +167,7 @@ func ordinaryRole(t *testing.T, admin *sql.DB) string {
 }
 
 func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
+	testdb.Slow(t, "creates a fresh database")
 	admin := testdb.OpenPostgres(t, "postgres")
 	ctx := context.Background()
 	role := ordinaryRole(t, admin)
@@ -264,6 +267,7 @@ func roleAndDatabase(t *testing.T) (role, dsn string, owner *sql.DB) {
 // an Election and a min-hold Lock, with both drivers; once the grants of
 // Schema's comment are given, each Check passes.
 func TestCheckRefusesAMissingGrant(t *testing.T) {
+	testdb.Slow(t, "creates fresh databases and roles")
 	ctx := context.Background()
 	role, withTables, owner := roleAndDatabase(t)
 	checkAs := func(grants []string, want func(err error) bool, wanted string) {
@@ -400,6 +404,7 @@ func (r *versionRows) Next(dest []driver.Value) error {
 // without signalling it, and the waiter finds the lease its own at its
 // next poll.
 func TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver(t *testing.T) {
+	testdb.Slow(t, "creates a role and waits for a handover")
 	ctx := context.Background()
 	role, withTables, owner := roleAndDatabase(t)
 	for _, s := range []string{advisorylock.Schema(advisorylock.Postgres()),

@@ -104,6 +104,7 @@ func TestSlotKeyIsTheDocumentedHashAndApartFromKey(t *testing.T) {
 // count), never two holders on one slot, and, read from the server while
 // they run, no session holding two slots.
 func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
+	testdb.Slow(t, "8 workers contending for seconds")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		const workers, slots, rounds = 8, 3, 25
 		name := testdb.UniqueName(t)
@@ -234,6 +235,7 @@ func watchHolders(ctx context.Context, s *advisorylock.Semaphore, slots int, adm
 // holder's session holds exactly one slot lock: the one statement that
 // tries the slots stops at the first it gets.
 func TestSemaphoreTryTakesExactlyOneSlot(t *testing.T) {
+	t.Parallel()
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		if backend == "sqlite" {
 			t.Skip("SQLite tries slot rows one statement each")
@@ -339,6 +341,7 @@ func slotSnapshot(admin *sql.DB, backend, name string, slots int) (map[int64]int
 // TestSemaphoreWaiterGetsTheReleasedSlot fills every slot, starts a
 // waiter, and releases one slot: the waiter gets that slot soon.
 func TestSemaphoreWaiterGetsTheReleasedSlot(t *testing.T) {
+	testdb.Slow(t, "waiters handed slots, per backend")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -384,6 +387,7 @@ func TestSemaphoreWaiterGetsTheReleasedSlot(t *testing.T) {
 // TestSemaphoreCancelledWaitLeavesNoSlotHeld cancels waiters on a full
 // semaphore: afterwards only the holders' slots are taken.
 func TestSemaphoreCancelledWaitLeavesNoSlotHeld(t *testing.T) {
+	testdb.Slow(t, "many cancelled waits, per backend")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -424,6 +428,7 @@ func mustAcquire(t testing.TB, s *advisorylock.Semaphore) *advisorylock.Guard {
 // (pg_terminate_backend, MySQL KILL): its guard reports the loss, and a
 // waiter gets the slot.
 func TestSemaphoreKilledHolderFreesItsSlot(t *testing.T) {
+	testdb.Slow(t, "kills holder sessions, per backend")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		if backend == "sqlite" {
 			t.Skip("SQLite: see TestSQLiteKilledSemaphoreHolderFreesItsSlotAtExpiry")
@@ -481,6 +486,7 @@ func TestSemaphoreKilledHolderFreesItsSlot(t *testing.T) {
 // TestSemaphoreReportsItsEventsAsSemaphore checks the Observer's events:
 // kind semaphore, with the backend's name.
 func TestSemaphoreReportsItsEventsAsSemaphore(t *testing.T) {
+	t.Parallel()
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		ctx := context.Background()
 		rec := &observetest.Recorder{}
@@ -552,6 +558,7 @@ func helpSemaphoreHold(ctx context.Context, t *testing.T, db *sql.DB, job sqlite
 // other: the helper's slot stays taken until its lease's expiry, and is
 // free afterwards.
 func TestSQLiteKilledSemaphoreHolderFreesItsSlotAtExpiry(t *testing.T) {
+	testdb.Slow(t, "kills a holder process, waits out its TTL")
 	const ttl = 2 * time.Second
 	path, db := sqliteFile(t, "")
 	ctx := context.Background()
@@ -626,6 +633,7 @@ func TestSemaphoreRefusesTransactionPooler(t *testing.T) {
 // pinned by a held slot, TryAcquire fails with ErrPoolUnavailable once
 // WithPoolWait has passed, and AcquireTimeout with *TimeoutError.
 func TestSemaphorePoolWaitBoundsTheCheckout(t *testing.T) {
+	testdb.Slow(t, "waits out a pool wait, per backend")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		if backend == "sqlite" {
 			t.Skip("SQLite slots pin no connection")
@@ -841,6 +849,7 @@ func TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks(t *testing.T) {
 // each the one Holders lists; a context not from Do has no guard, and a
 // Lock's Do's guard has slot 0.
 func TestSemaphoreDoTellsFnItsSlot(t *testing.T) {
+	testdb.Slow(t, "about 1.5 s on 2 CPUs, over every backend")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)

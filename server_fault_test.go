@@ -56,6 +56,7 @@ func serverFaultHold() time.Duration {
 // commits synchronously, as a production one does: a kill must not take
 // back an acknowledged grant or fenced write.
 func TestPostgresServerKilledUnderLoad(t *testing.T) {
+	testdb.Slow(t, "server kill: kills a private PostgreSQL under load")
 	checkGoroutines(t)
 	c := testdb.OwnCluster(t, "synchronous_commit=on")
 	l := startPGLoadOn(t, c.DSN, 2, 2, serverFaultHold)
@@ -84,6 +85,7 @@ func TestPostgresServerKilledUnderLoad(t *testing.T) {
 // fenced LeaseLock workers (the MySQL backend), keeps it down until every
 // held lock knows it lost, and starts it again (InnoDB crash recovery).
 func TestMariaDBKilledUnderLoad(t *testing.T) {
+	testdb.Slow(t, "server kill: kills a private MariaDB under load")
 	checkGoroutines(t)
 	m := testdb.OwnMariaDB(t)
 	l := startMySQLLoadOn(t, m.DSN, 2, 1, serverFaultHold)
@@ -116,6 +118,7 @@ func TestMariaDBKilledUnderLoad(t *testing.T) {
 // acknowledged; its grants carry the new timeline in their tokens, above
 // every token the old primary issued.
 func TestFailoverToStandbyUnderLoad(t *testing.T) {
+	testdb.Slow(t, "failover: promotes a streaming standby under load")
 	checkGoroutines(t)
 	primary := testdb.OwnCluster(t, "synchronous_commit=on", "synchronous_standby_names=*")
 	standby := testdb.StandbyOf(t, primary)

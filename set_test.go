@@ -58,6 +58,7 @@ func newSet(t testing.TB, db advisorylock.DB, names []string, opts ...advisorylo
 // name the held one, with its own key); once all are free it takes all,
 // which keeps each name from everyone else until Release frees them all.
 func TestSetTakesAllOrNone(t *testing.T) {
+	testdb.Slow(t, "sets contending, per backend")
 	for _, sb := range setBackends(t) {
 		t.Run(sb.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -128,6 +129,7 @@ func TestSetTakesAllOrNone(t *testing.T) {
 // and against single Locks: every section runs, no name ever has two
 // holders at once, and all of it ends well within the deadline.
 func TestSetsInOppositeOrdersNeverDeadlock(t *testing.T) {
+	testdb.Slow(t, "sets contending for seconds, per backend")
 	for _, sb := range setBackends(t) {
 		t.Run(sb.name, func(t *testing.T) {
 			db := sb.open(t)
@@ -190,6 +192,7 @@ func TestSetsInOppositeOrdersNeverDeadlock(t *testing.T) {
 // TestSetLostWithAnyName: a set whose session is killed reports lost,
 // pinned or multiplexed.
 func TestSetLostWithAnyName(t *testing.T) {
+	testdb.Slow(t, "waits for keep-alives to report losses, per backend")
 	for _, srv := range muxServers() {
 		for _, mux := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/multiplexed=%v", srv.name, mux), func(t *testing.T) {

@@ -45,6 +45,7 @@ func eachSharedBackend(t *testing.T, f func(t *testing.T, open func() *sql.DB)) 
 var sharedOpts = []advisorylock.Option{advisorylock.WithPollInterval(5 * time.Millisecond), advisorylock.WithKeepAlive(200 * time.Millisecond)}
 
 func TestSharedHoldersCoexistAndExcludeWriters(t *testing.T) {
+	testdb.Slow(t, "waits out 300 ms timeouts, per backend")
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -94,6 +95,7 @@ func TestSharedHoldersCoexistAndExcludeWriters(t *testing.T) {
 }
 
 func TestWaitingWriterGetsInWhenTheReadersLeave(t *testing.T) {
+	testdb.Slow(t, "waiters handed over, per backend")
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -141,6 +143,7 @@ func TestWaitingWriterGetsInWhenTheReadersLeave(t *testing.T) {
 }
 
 func TestWaitingReadersGetInWhenTheWriterLeaves(t *testing.T) {
+	testdb.Slow(t, "waiters handed over, per backend")
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -181,6 +184,7 @@ func TestWaitingReadersGetInWhenTheWriterLeaves(t *testing.T) {
 }
 
 func TestHoldersListsSharedAndExclusiveHolders(t *testing.T) {
+	t.Parallel()
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -287,6 +291,7 @@ func TestKilledSharedHolderFreesTheLock(t *testing.T) {
 // hundred grants with readers inside together, and counts a writer beside
 // anyone as a violation.
 func TestSharedAndExclusiveHoldersNeverOverlap(t *testing.T) {
+	testdb.Slow(t, "readers and writers under load for seconds")
 	for _, b := range sharedBackends {
 		t.Run(b.name, func(t *testing.T) {
 			l := startSharedLoad(t, b.name, b.open(t))
@@ -303,6 +308,7 @@ func TestSharedAndExclusiveHoldersNeverOverlap(t *testing.T) {
 // release and loss reach the Observer as kind "shared", an exclusive
 // hold's of the same Lock as kind "lock".
 func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
+	t.Parallel()
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		rec := &observetest.Recorder{}
@@ -342,6 +348,7 @@ func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
 // reports nothing: once the check has run on the holder's session (seen
 // in pg_stat_activity; on MySQL, ten periods), Lost stays open.
 func TestLiveSharedHolderIsNotLost(t *testing.T) {
+	testdb.Slow(t, "holds through ten keep-alive periods, per backend")
 	for _, b := range sharedBackends[:3] {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -375,6 +382,7 @@ func TestLiveSharedHolderIsNotLost(t *testing.T) {
 // lock on a pooled session): once the writer is gone, another writer
 // gets in at once, and every pool has all its connections back.
 func TestCancelledSharedWaitLeavesNothing(t *testing.T) {
+	testdb.Slow(t, "hundreds of cancelled waits")
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)

@@ -354,6 +354,7 @@ func (l *muxLoad) check(t *testing.T) {
 // reached both rows): no violation, progress after the faults, a
 // linearizable history, nothing left.
 func TestMultiplexedAndSetRowsUnderFaults(t *testing.T) {
+	testdb.Slow(t, "fault: sessions killed and cut under load")
 	checkGoroutines(t)
 	loads := startMuxLoads(t)
 	injectMuxRounds(t, loads)()

@@ -118,6 +118,7 @@ func soakFaults(t *testing.T) []*faultClass {
 }
 
 func TestSoak(t *testing.T) {
+	testdb.Slow(t, "soak: a minute of load with every fault")
 	checkGoroutines(t)
 	d := soakDuration(t)
 	pg := startPGLoad(t, 2, 2, func() time.Duration {

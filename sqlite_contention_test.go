@@ -18,6 +18,7 @@ import (
 // within its bounds, and no release is still busy when its release
 // timeout ends.
 func TestSQLiteWritersOfOnePoolTakeTurns(t *testing.T) {
+	testdb.Slow(t, "32 goroutines over 256 names")
 	const goroutines, names, rounds = 32, 256, 10
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	locks := make([]*advisorylock.Lock, names)

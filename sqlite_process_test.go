@@ -244,6 +244,7 @@ func helpHold(ctx context.Context, t *testing.T, db *sql.DB, job sqliteJob) {
 // TryDo and Do on one name: the shared log of the critical section must
 // show no overlap, and every process must have got in under Do.
 func TestSQLiteLockIsExclusiveAcrossProcesses(t *testing.T) {
+	testdb.Slow(t, "several processes on one SQLite file")
 	const procs, iters = 5, 24
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
@@ -296,6 +297,7 @@ func TestSQLiteLockIsExclusiveAcrossProcesses(t *testing.T) {
 // rollback-journal modes: SQLITE_BUSY is everywhere, and must never come
 // out as "not acquired", "lost" or an error.
 func TestSQLiteBusyNeverSurfacesUnderContention(t *testing.T) {
+	testdb.Slow(t, "processes contending for one SQLite file for seconds")
 	const procs = 6
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
@@ -309,6 +311,7 @@ func TestSQLiteBusyNeverSurfacesUnderContention(t *testing.T) {
 // TestSQLiteTablesAreCreatedConcurrentlyByProcesses starts processes at
 // once on a file without tables.
 func TestSQLiteTablesAreCreatedConcurrentlyByProcesses(t *testing.T) {
+	testdb.Slow(t, "several processes on one SQLite file")
 	const procs = 6
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
@@ -327,6 +330,7 @@ func TestSQLiteTablesAreCreatedConcurrentlyByProcesses(t *testing.T) {
 // every attempt before the row's expiry must miss, and the lock must be
 // free from the expiry on.
 func TestSQLiteKilledHolderFreesTheLockAtExpiry(t *testing.T) {
+	testdb.Slow(t, "kills a holder process, waits out its TTL")
 	const ttl = 2 * time.Second
 	path, db := sqliteFile(t, "")
 	ctx := context.Background()
@@ -386,6 +390,7 @@ func TestSQLiteKilledHolderFreesTheLockAtExpiry(t *testing.T) {
 // in Do for three TTLs; renewal keeps it, so no attempt here succeeds
 // until the helper is done, and its context is never cancelled.
 func TestSQLiteLiveHolderKeepsTheLockAcrossTTLs(t *testing.T) {
+	testdb.Slow(t, "holds a lock across several TTLs")
 	const ttl = 2 * time.Second
 	path, db := sqliteFile(t, "")
 	ctx := context.Background()

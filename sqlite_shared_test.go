@@ -18,6 +18,7 @@ import (
 // must not do.
 
 func TestSQLiteExclusiveGrantWaitsForTheLatestSharedExpiry(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "_pragma=busy_timeout(5000)")
 	ctx := context.Background()
 	const ttl = 10 * time.Second
@@ -49,6 +50,7 @@ func TestSQLiteExclusiveGrantWaitsForTheLatestSharedExpiry(t *testing.T) {
 }
 
 func TestSQLiteRenewedReaderKeepsExclusiveGrantsOut(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "_pragma=busy_timeout(5000)")
 	ctx := context.Background()
 	const ttl = time.Second // renewed every 333ms
@@ -73,6 +75,7 @@ func TestSQLiteRenewedReaderKeepsExclusiveGrantsOut(t *testing.T) {
 }
 
 func TestSQLiteExclusiveGrantGoesInOnceTheLastReaderReleases(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "_pragma=busy_timeout(5000)")
 	ctx := context.Background()
 	start := testdb.NewFakeClock()
@@ -125,6 +128,7 @@ func TestSQLiteExclusiveGrantGoesInOnceTheLastReaderReleases(t *testing.T) {
 }
 
 func TestSQLiteSharedSummaryIsNeverReportedAsAHolder(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "_pragma=busy_timeout(5000)")
 	ctx := context.Background()
 	name := testdb.UniqueName(t)
@@ -146,6 +150,7 @@ func TestSQLiteSharedSummaryIsNeverReportedAsAHolder(t *testing.T) {
 // TestSQLiteReadersGetInRightAfterAWaitingWritersRelease: the claim a
 // writer made while it waited ends with its grant, not with the TTL.
 func TestSQLiteReadersGetInRightAfterAWaitingWritersRelease(t *testing.T) {
+	t.Parallel()
 	_, db := sqliteFile(t, "_pragma=busy_timeout(5000)")
 	ctx := context.Background()
 	name := testdb.UniqueName(t)

@@ -38,6 +38,7 @@ func tryTx(t *testing.T, l *advisorylock.Lock, tx *sql.Tx) bool {
 // name, until the transaction commits or rolls back; a session holder
 // excludes it too.
 func TestLockTxExcludesAcrossTransactionsAndSessionLocks(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
@@ -94,6 +95,7 @@ func TestLockTxExcludesAcrossTransactionsAndSessionLocks(t *testing.T) {
 // once the holding transaction commits, and a session Lock waiting for a
 // transaction's lock is granted once it rolls back.
 func TestLockTxWaitsAndGetsInWhenTheHolderEnds(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -193,6 +195,7 @@ func startProbeTx(t *testing.T, db *sql.DB) (*sql.Tx, txState) {
 // settings and writes as they were, and without the lock; a grant leaves
 // the settings as they were too. The transaction then commits.
 func TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable(t *testing.T) {
+	testdb.Slow(t, "waits out 1.5 s timeouts, per backend")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			name := testdb.UniqueName(t)
@@ -309,6 +312,7 @@ func TestLockTxThroughTransactionPool(t *testing.T) {
 // transaction-scoped locks, and a window (WithMinHold) cannot live in a
 // transaction: each is ErrUnsupported, with the transaction untouched.
 func TestLockTxIsUnsupportedWithoutTransactionLocks(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		db   func(t *testing.T) *sql.DB

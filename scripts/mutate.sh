@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # mutate.sh applies each mutation of the library to a scratch copy of the
-# tree, runs the tests that should catch it, and reports caught or missed.
-# It is for a reviewer (TESTING.md maps each to its promise and test;
-# scripts/mutate-results.txt holds the last run); CI runs the ordinary
-# suite only. A mutation whose anchor no longer matches the code fails the
-# run loudly: rewrite it for the code as it is now.
+# tree, runs the tests it names (its targets), and reports which test caught
+# it. Only when its targets miss it does it run the whole suite of the
+# module (go test ./...): a mutation caught there is a FINDING (its targets
+# should have caught it; the line names the test that did), one that passes
+# the whole suite is MISSED. It is for a reviewer (TESTING.md maps each to
+# its promise and test; scripts/mutate-results.txt holds the last run); CI
+# runs the ordinary suite only. A mutation whose anchor no longer matches
+# the code fails the run loudly: rewrite it for the code as it is now.
 #
 #   scripts/mutate.sh               # every mutation
 #   scripts/mutate.sh 'slice|55P03' # those whose name matches a regexp
 #   scripts/mutate.sh -l            # list them
 #   scripts/mutate.sh -n [regexp]   # only check that each still applies
 #   MUTATE_FROM=45 scripts/mutate.sh # resume: skip the first 44 (as -l numbers them)
+#   MUTATE_SHORT=1 scripts/mutate.sh # which mutations the fast tier (go test -short) catches
+#
+# With MUTATE_SHORT=1 every run has -short: a mutation the whole fast tier
+# catches but its targets do not (they may be slow tests, skipped) is
+# CAUGHT BY TIER, not a finding; one the fast tier misses altogether is
+# SLOW TIER ONLY, which is not a failure of the run.
 #
 # Needs what the test suite needs (PostgreSQL on 127.0.0.1:5432). Extra
 # flags for go test in MUTATE_GOFLAGS (say, -race). Exits non-zero if a
@@ -636,6 +645,11 @@ mutation "key domain changed" advisorylock.go \
 	's/(const keyDomain = ")advisorylock:v1"/$1advisorylock:v2"/' \
 	'^TestKeyIsStableAcrossVersionsAndLanguages$'
 
+# --- The test harness's fast tier ----------------------------------------------
+mutation "a slow test is skipped without -short" internal/testdb/testdb.go \
+	's/\tif testing\.Short\(\) \{\n\t\tt\.Skipf\("slow/\tif !testing.Short() {\n\t\tt.Skipf("slow/' \
+	'^TestSlowSkipsOnlyUnderShort$' ./internal/testdb
+
 if [ "${1:-}" = "-l" ]; then
 	for i in "${!names[@]}"; do printf '%d\t%s\t%s\t%s\n' $((i + 1)) "${names[$i]}" "${files[$i]}" "${tests[$i]}"; done
 	exit 0
@@ -647,9 +661,34 @@ if [ "${1:-}" = "-n" ]; then
 fi
 filter=${1:-.}
 
+short=${MUTATE_SHORT:-0}
+goflags=(${MUTATE_GOFLAGS:-} -count=1 -timeout 15m)
+whole="whole suite"
+if [ "$short" = 1 ]; then goflags+=(-short) whole="whole fast tier"; fi
+
+# failures prints the tests a go test log says failed (or the panic that
+# ended it); a test outside the root package is followed by its package.
+failures() {
+	awk '
+		/^--- FAIL: / { tests[++n] = $3 }
+		/^panic: / && panic == "" { panic = " " $0 }
+		/^(FAIL|ok)[ \t]+[^ \t]+[ \t]/ {
+			pkg = $2
+			sub(/^github\.com\/advisorylock\/advisorylock\/?/, "", pkg)
+			for (i = 1; i <= n; i++) out = out " " tests[i] (pkg != "" ? " (" pkg ")" : "")
+			n = 0
+		}
+		END {
+			for (i = 1; i <= n; i++) out = out " " tests[i]
+			print substr(out panic, 2)
+		}
+	' "$1"
+}
+
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-caught=0 missed=0 broken=0
+log="$scratch/log"
+caught=0 missed=0 broken=0 findings=0 slow=0
 for i in "${!names[@]}"; do
 	name=${names[$i]}
 	[[ "$name" =~ $filter ]] || continue
@@ -690,24 +729,50 @@ for i in "${!names[@]}"; do
 		broken=$((broken + 1))
 		continue
 	fi
-	log="$scratch/log"
 	start=$(date +%s)
 	status=0
-	(cd "$tree/$dir" && go test ${MUTATE_GOFLAGS:-} -count=1 -timeout 15m -run "${tests[$i]}" "$pkg") >"$log" 2>&1 || status=$?
-	took=$(($(date +%s) - start))
+	(cd "$tree/$dir" && go test "${goflags[@]}" -run "${tests[$i]}" "$pkg") >"$log" 2>&1 || status=$?
+	by=targets
 	if [ "$status" -eq 0 ]; then
-		echo "MISSED          $name (${took}s; ran ${tests[$i]})"
-		missed=$((missed + 1))
-	elif grep -q -e '\[build failed\]' -e '\[setup failed\]' "$log"; then
+		by=suite
+		(cd "$tree/$dir" && go test "${goflags[@]}" -timeout 30m ./...) >"$log" 2>&1 || status=$?
+	fi
+	took=$(($(date +%s) - start))
+	if [ "$status" -ne 0 ] && grep -q -e '\[build failed\]' -e '\[setup failed\]' "$log"; then
 		echo "DOES NOT BUILD  $name:"
 		sed -n 1,20p "$log"
 		broken=$((broken + 1))
-	else
-		failed=$(grep -o -E -e '^--- FAIL: [^ ]+' -e '^panic: .*' "$log" | sed 's/^--- FAIL: //' | sort -u | tr '\n' ' ')
-		echo "CAUGHT          $name (${took}s) by: ${failed:-a failing run, see below}"
-		[ -n "$failed" ] || tail -n 20 "$log"
-		caught=$((caught + 1))
+		continue
 	fi
+	if [ "$status" -eq 0 ]; then
+		if [ "$short" = 1 ]; then
+			echo "SLOW TIER ONLY  $name (${took}s; the fast tier passes, targets ${tests[$i]})"
+			slow=$((slow + 1))
+		else
+			echo "MISSED          $name (${took}s; its targets ${tests[$i]} and the whole suite pass)"
+			missed=$((missed + 1))
+		fi
+		continue
+	fi
+	failed=$(failures "$log")
+	caught=$((caught + 1))
+	if [ "$by" = targets ]; then
+		echo "CAUGHT          $name (${took}s) by: ${failed:-a failing run, see below}"
+	elif [ "$short" = 1 ]; then
+		# Under -short the targets may be slow tests, skipped: not a finding.
+		echo "CAUGHT BY TIER  $name (${took}s): its targets ${tests[$i]} pass or skip; the $whole caught it, by: ${failed:-a failing run, see below}"
+		findings=$((findings + 1))
+	else
+		echo "FINDING         $name (${took}s): its targets ${tests[$i]} pass; the $whole caught it, by: ${failed:-a failing run, see below}"
+		findings=$((findings + 1))
+	fi
+	[ -n "$failed" ] || tail -n 20 "$log"
 done
-[ "$dry" -eq 1 ] || echo "caught $caught, missed $missed, did not apply or build $broken"
+if [ "$dry" -eq 0 ]; then
+	if [ "$short" = 1 ]; then
+		echo "fast tier (-short): caught $caught ($findings only by the whole fast tier), slow tier only $slow, did not apply or build $broken"
+	else
+		echo "caught $caught ($findings only by the whole suite: findings), missed $missed, did not apply or build $broken"
+	fi
+fi
 [ "$missed" -eq 0 ] && [ "$broken" -eq 0 ]

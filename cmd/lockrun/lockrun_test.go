@@ -240,6 +240,7 @@ func TestLeaseGivesTheCommandItsToken(t *testing.T) {
 // after --kill-after (the command ignores SIGTERM), and lockrun exits 75.
 // On SQLite the same is proven for the default lock (a lease row too).
 func TestLostLockStopsTheCommand(t *testing.T) {
+	testdb.Slow(t, "waits out 3 s TTLs and a 1 s --kill-after, per backend")
 	cases := []struct {
 		backend string
 		lease   bool
@@ -293,6 +294,7 @@ func TestLostLockStopsTheCommand(t *testing.T) {
 // A PostgreSQL session lock whose session dies stops the command too
 // (found by the keep-alive check, every 10s).
 func TestLostSessionStopsTheCommand(t *testing.T) {
+	testdb.Slow(t, "server kill: ends lockrun's session and waits for its 10 s keep-alive check")
 	t.Parallel()
 	env := []string{"LOCKRUN_DSN=" + testdb.PostgresDSN(t)}
 	name, d := lockName(t), newDir(t)
@@ -324,6 +326,7 @@ func TestLostSessionStopsTheCommand(t *testing.T) {
 // in one line and exits 75. Before, the command started and was stopped
 // an instant later, having run unprotected.
 func TestLateGrantDoesNotRunTheCommand(t *testing.T) {
+	testdb.Slow(t, "holds SQLite's write lock for 3 s")
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "locks.db")
 	env := []string{"LOCKRUN_DSN=file:" + path + "?_pragma=busy_timeout(60000)"}
@@ -740,6 +743,7 @@ func TestVerboseSaysAcquiredAndReleased(t *testing.T) {
 // job that starts a little later does not run it again; after the window
 // it runs again.
 func TestMinHoldRunsOncePerWindow(t *testing.T) {
+	testdb.Slow(t, "waits out 3 s min-hold windows, per backend")
 	eachBackend(t, func(t *testing.T, env []string) {
 		name := lockName(t)
 		const window = 3 * time.Second

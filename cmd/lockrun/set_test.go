@@ -29,6 +29,7 @@ func setArgs(names ...string) []string {
 // "exit" before it ends, for each of its names, and the log never shows a
 // name entered twice without an exit between.
 func TestSetsInOppositeOrdersNeverDeadlockNorOverlap(t *testing.T) {
+	testdb.Slow(t, "many lockruns contending for seconds, per backend")
 	eachBackend(t, func(t *testing.T, env []string) {
 		a, b, c := lockName(t)+"-a", lockName(t)+"-b", lockName(t)+"-c"
 		d := newDir(t)

@@ -52,6 +52,7 @@ func TestQuitAndUserSignalsReachTheCommand(t *testing.T) {
 // lockrun is killed with SIGKILL, which it cannot pass on, and the
 // command is told all the same.
 func TestCommandGetsSIGTERMWhenLockrunDies(t *testing.T) {
+	testdb.Slow(t, "kills lockrun with SIGKILL and waits for its command to be told")
 	env := backends[0].env(t)
 	name, d := lockName(t), newDir(t)
 	script := `trap 'echo TERM >> "$1"; exit 0' TERM; echo $$ > "$2"; while :; do sleep 0.02; done`

@@ -138,6 +138,7 @@ func TestRunWithoutMinHoldIsRefusedInsideAWindow(t *testing.T) {
 // (the window was recorded at the holder's grant, after the waiter looked
 // at nothing): it runs once the window has ended.
 func TestWaiterWithoutMinHoldRunsAfterTheWindow(t *testing.T) {
+	testdb.Slow(t, "waits out 3 s min-hold windows, per backend")
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
 		const window = 3 * time.Second

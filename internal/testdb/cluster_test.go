@@ -7,6 +7,7 @@ import (
 )
 
 func TestOwnClusterRestart(t *testing.T) {
+	Slow(t, "server kill: restarts a private PostgreSQL")
 	c := OwnCluster(t)
 	if c.DSN == PostgresDSN(t) {
 		t.Fatal("OwnCluster returned the shared server")
@@ -41,6 +42,7 @@ func TestOwnClusterRestart(t *testing.T) {
 }
 
 func TestOwnClusterStop(t *testing.T) {
+	Slow(t, "starts and stops a private PostgreSQL")
 	c := OwnCluster(t)
 	c.Stop(t)
 	if err := pingDSN(c.DSN); err == nil {

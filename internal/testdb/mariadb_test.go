@@ -7,6 +7,7 @@ import (
 
 // A killed server comes back on its port with what it committed.
 func TestOwnMariaDBSurvivesAKill(t *testing.T) {
+	Slow(t, "server kill: kills a private MariaDB")
 	m := OwnMariaDB(t)
 	if m.DSN == MySQLDSN(t) {
 		t.Fatal("OwnMariaDB returned the shared server's database")

@@ -91,6 +91,7 @@ func mustExec(t *testing.T, conn *sql.Conn, q string) {
 }
 
 func TestFindPostgresFallsBackToThrowawayCluster(t *testing.T) {
+	Slow(t, "starts a throwaway PostgreSQL cluster")
 	if _, err := findPGBin(); err != nil {
 		t.Skip(err)
 	}

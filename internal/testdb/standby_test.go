@@ -12,6 +12,7 @@ import (
 )
 
 func TestStandbyFollowsThenLagsThenPromotesOnANewTimeline(t *testing.T) {
+	Slow(t, "standby: a private cluster, its standby and a failover")
 	primary := OwnCluster(t)
 	standby := StandbyOf(t, primary)
 	primary.Exec(t, "CREATE TABLE grants (n int)", "INSERT INTO grants VALUES (1)")
@@ -46,6 +47,7 @@ func count(t *testing.T, c *Cluster) int {
 }
 
 func TestBlackholeSilencesOneConnectionOnly(t *testing.T) {
+	Slow(t, "iptables: blackholes a connection")
 	RequireIptables(t)
 	dsn := PostgresDSN(t)
 	// pgx: it ends a statement when its context ends, even on a dead network.

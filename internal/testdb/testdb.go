@@ -12,6 +12,8 @@
 //	ADVISORYLOCK_TEST_POSTGRES  a DSN (URL or key=value) to use instead of searching
 //	ADVISORYLOCK_REQUIRE_DB=1   fail, rather than skip, when no PostgreSQL or PgBouncer can be had
 //	ADVISORYLOCK_HELPER         set in helper processes started by HelperCommand
+//
+// Under go test -short, the tests that call Slow are skipped: the fast tier.
 package testdb
 
 import (
@@ -87,6 +89,19 @@ func unavailable(t testing.TB, reason string) {
 		return
 	}
 	t.Skipf("%s (set %s=1 to fail instead)", reason, EnvRequireDB)
+}
+
+// Slow skips t under go test -short, saying in one line why it is slow (a
+// soak, injected faults, a private server it kills or fails over, iptables,
+// or simply seconds of waiting), so that -short is the fast tier to run while
+// working. Without -short it does nothing: ADVISORYLOCK_REQUIRE_DB=1 and CI
+// still run the test, and the skip is never the refusal unavailable makes.
+// Call it first, before the test starts anything.
+func Slow(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("slow, skipped under -short: %s", why)
+	}
 }
 
 // WaitFor polls cond every few milliseconds until it returns true, or fails

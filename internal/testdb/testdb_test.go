@@ -46,3 +46,14 @@ func TestUnavailableSkipsOrFails(t *testing.T) {
 		t.Fatal("with ADVISORYLOCK_REQUIRE_DB=1 a missing database must fail")
 	}
 }
+
+func TestSlowSkipsOnlyUnderShort(t *testing.T) {
+	ran := false
+	t.Run("slow", func(t *testing.T) {
+		Slow(t, "a test of Slow")
+		ran = true
+	})
+	if ran == testing.Short() {
+		t.Fatalf("with -short=%v the slow subtest ran=%v", testing.Short(), ran)
+	}
+}

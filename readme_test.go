@@ -192,18 +192,23 @@ func TestModuleGraphStaysSmall(t *testing.T) {
 	}
 }
 
-// TestExportedSurfaceStaysSmall keeps the package's surface at most 140
-// names, so that go doc reads in one sitting: exported top-level functions, types,
-// variables and constants, and the exported methods of exported types
-// (interface methods and struct fields are part of their type, not
-// counted). A new name should replace one, or the count be argued anew.
+// TestExportedSurfaceStaysSmall counts the package's surface two ways and
+// keeps it from growing: top-level names (exported functions, types,
+// variables, constants, and the exported methods of exported types), and
+// the same with exported interface methods and struct fields counted too,
+// which is what a reader of go doc meets. SPEC 11.1's target, at most 150
+// counted the second way on the users' page, applies once the backend
+// contract lives in a package of its own (issue 53); until then neither
+// count may grow past today's: a new name should replace one.
 func TestExportedSurfaceStaysSmall(t *testing.T) {
+	const maxNames, maxWithMembers = 167, 270
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var names []string
+	members := 0
 	for _, path := range files {
 		if strings.HasSuffix(path, "_test.go") {
 			continue
@@ -214,15 +219,52 @@ func TestExportedSurfaceStaysSmall(t *testing.T) {
 		}
 		for _, decl := range f.Decls {
 			names = append(names, exportedNames(decl)...)
+			members += exportedMembers(decl)
 		}
 	}
 	if len(names) < 50 {
 		t.Fatalf("counted only %d exported names; the walk is broken: %v", len(names), names)
 	}
-	if len(names) > 140 {
+	t.Logf("exported: %d names; %d with interface methods and struct fields", len(names), len(names)+members)
+	if len(names) > maxNames || len(names)+members > maxWithMembers {
 		slices.Sort(names)
-		t.Fatalf("the package exports %d names, more than 140:\n%s", len(names), strings.Join(names, "\n"))
+		t.Fatalf("the package exports %d names (at most %d), %d with members (at most %d):\n%s",
+			len(names), maxNames, len(names)+members, maxWithMembers, strings.Join(names, "\n"))
 	}
+}
+
+// exportedMembers counts the exported interface methods and struct
+// fields of the exported types decl declares.
+func exportedMembers(decl ast.Decl) int {
+	d, ok := decl.(*ast.GenDecl)
+	if !ok {
+		return 0
+	}
+	n := 0
+	for _, spec := range d.Specs {
+		s, ok := spec.(*ast.TypeSpec)
+		if !ok || !s.Name.IsExported() {
+			continue
+		}
+		var fields *ast.FieldList
+		switch t := s.Type.(type) {
+		case *ast.StructType:
+			fields = t.Fields
+		case *ast.InterfaceType:
+			fields = t.Methods
+		}
+		if fields == nil {
+			continue
+		}
+		for _, f := range fields.List {
+			for _, name := range f.Names {
+				if name.IsExported() {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 // exportedNames returns the exported names decl declares: a method as

@@ -10,9 +10,9 @@ var peerRows = []struct{ id, label string }{
 	{"etcd", "etcd `concurrency.Mutex` (embedded server, one member; waits on a watch)"},
 	{"pq-pinned", "advisorylock `Lock`, lib/pq, pinned (a connection per held lock, pool of 16)"},
 	{"pq-mux", "advisorylock `Lock`, lib/pq, `WithMultiplexing(4)`, pool of 8"},
-	{"pgx-pinned", "advisorylock `Lock`, pgx, pinned"},
+	{"pgx-pinned", "advisorylock `Lock`, pgx, pinned, pool of 16"},
 	{"pgx-mux", "advisorylock `Lock`, pgx, `WithMultiplexing(4)`, pool of 8"},
-	{"mysql-pinned", "advisorylock `Lock`, MariaDB, pinned"},
+	{"mysql-pinned", "advisorylock `Lock`, MariaDB, pinned, pool of 16"},
 	{"mysql-mux", "advisorylock `Lock`, MariaDB, `WithMultiplexing(4)`, pool of 8"},
 }
 

@@ -26,6 +26,11 @@
 //			-test.bench 'Paired/trylock_release_vs_raw_literal/pq' | grep -o '[0-9.]* x-base' | sed "s/^/$v /"
 //	done; done
 //
-// This is its own module so that the peers (goose, golang-migrate) never
-// enter the library's go.mod.
+// BenchmarkPeers (peers_test.go) also needs Redis (ADVISORYLOCK_TEST_REDIS,
+// else 127.0.0.1:6379; .ci/run starts one where none answers) and
+// MariaDB (ADVISORYLOCK_TEST_MYSQL), and starts an etcd server of its own
+// in the test process.
+//
+// This is its own module so that the peers (goose, golang-migrate,
+// redislock, redsync, etcd) never enter the library's go.mod.
 package benchmarks

@@ -40,14 +40,19 @@ func openEngine(b *testing.B, engine string, maxOpen int) *sql.DB {
 // muxAnchor holds one lock on db's shared sessions for the benchmark, so
 // that the session the benchmarked lock shares stays open between its
 // iterations (a shared session that holds nothing goes back to the pool).
+// Each call anchors a name of its own (one benchmark may open several
+// handles).
 func muxAnchor(b *testing.B, db *sql.DB, opts ...advisorylock.Option) {
-	l := newLock(b, db, lockName(b, "anchor"), opts...)
+	l := newLock(b, db, lockName(b, "anchor-"+strconv.FormatInt(muxAnchors.Add(1), 10)), opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	g, err := l.TryLock(ctx)
 	must(b, err, "anchor TryLock")
 	b.Cleanup(func() { _ = g.Release(context.Background()) })
 }
+
+// muxAnchors numbers muxAnchor's names.
+var muxAnchors atomic.Int64
 
 // tryRelease is one TryLock+Release of l.
 func tryRelease(l *advisorylock.Lock) func(ctx context.Context) error {

@@ -48,7 +48,7 @@ type group struct {
 // name; any other Benchmark function of the package runs in the group
 // "other benchmarks" (see otherGroup).
 var knownBenchmarks = []string{"BenchmarkPG", "BenchmarkSQLite", "BenchmarkPaired", "BenchmarkRoundTrips",
-	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkLeaseHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired"}
+	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkLeaseHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired", "BenchmarkPeers"}
 
 // groups returns the suite; other, when not "", is the -bench expression
 // of the benchmarks no group names (see otherGroup). The full run takes
@@ -66,6 +66,7 @@ func groups(quick bool, count int, other string) []group {
 		{"scaling", `^BenchmarkScaling$`, "300ms", min(count, 3), false},
 		{"MySQL paired ratios", `^(BenchmarkMySQLPaired|BenchmarkMySQLHandoffPaired)$`, "300ms", count, true},
 	}
+	gs = append(gs, peerGroups(count)...)
 	if other != "" {
 		gs = append(gs, group{"other benchmarks", other, "300ms", count, false})
 	}

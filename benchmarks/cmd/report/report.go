@@ -341,6 +341,7 @@ func (r *report) markdown(details, hand string) string {
 	r.writeTargets(w)
 	r.writeHandoffPaired(w)
 	r.writeHandoff(w)
+	r.writePeers(w)
 	r.writeMachine(w)
 	r.writeHow(w)
 	if hand == "" {

@@ -396,6 +396,24 @@ mutation "TryDoOnce records a failed run" once.go \
 mutation "SQLite prunes run records regardless of the retention" backend_sqlite_once.go \
 	's/now\.Add\(-keep\)\.UnixMilli\(\)/now.UnixMilli()/' \
 	'^TestTryDoOncePrunesRecordsPastTheRetention$'
+mutation "PostgreSQL prunes run records younger than the retention (sign)" backend_postgres_once.go \
+	's/done_at < now\(\) - \$3::bigint/done_at < now() + \$3::bigint/' \
+	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
+mutation "PostgreSQL reads the run retention in the wrong unit" backend_postgres_once.go \
+	"s/\\\$3::bigint \* interval '1 millisecond'/\\\$3::bigint * interval '1 microsecond'/" \
+	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
+mutation "MySQL prunes run records younger than the retention (sign)" backend_mysql_once.go \
+	's/done_at < UTC_TIMESTAMP\(6\) - INTERVAL/done_at < UTC_TIMESTAMP(6) + INTERVAL/' \
+	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
+mutation "MySQL gives the run retention in the wrong unit" backend_mysql_once.go \
+	's/strconv\.FormatInt\(keep\.Microseconds\(\), 10\)/strconv.FormatInt(keep.Milliseconds(), 10)/' \
+	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
+mutation "TryDoOnce records a run on its caller's context" once.go \
+	's/rctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithTimeout(ctx, l.cfg.releaseTimeout)/' \
+	'^TestTryDoOnceRecordsARunWhoseCallerLeftAsItReturned$'
+mutation "TryDoOnce's record waits without a bound" once.go \
+	's/rctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))/' \
+	'^TestTryDoOnceBoundsTheRecordByTheReleaseTimeout$'
 mutation "Check proves no grants" lease.go \
 	's/return s\.CheckTables\(ctx, db, tables\.\.\.\)/_ = s; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'

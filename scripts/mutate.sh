@@ -417,6 +417,21 @@ mutation "TryDoOnce's record waits without a bound" once.go \
 mutation "Check proves no grants" lease.go \
 	's/return s\.CheckTables\(ctx, db, tables\.\.\.\)/_ = s; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'
+mutation "PostgreSQL Check proves no UPDATE grant" backend_postgres.go \
+	's/\t\t\tfmt\.Sprintf\("u%d AS \(UPDATE %s SET %s = %\[3\]s WHERE false RETURNING 1\)", i, t, c\),\n//' \
+	'^TestCheckRefusesAPartialGrant$'
+mutation "PostgreSQL Check proves no INSERT grant" backend_postgres.go \
+	's/,\n\t\t\tfmt\.Sprintf\("i%d AS \(INSERT INTO %s \(%s\) SELECT %\[3\]s FROM %\[2\]s WHERE false RETURNING 1\)", i, t, c\)\)/)/' \
+	'^TestCheckRefusesAPartialGrant$'
+mutation "PostgreSQL Check proves no grant on the token sequence" backend_postgres.go \
+	's/if t == "advisorylock_leases" \|\| t == "advisorylock_elections" \{/if false \&\& (t == "advisorylock_leases" || t == "advisorylock_elections") {/' \
+	'^TestCheckRefusesAPartialGrant$'
+mutation "MySQL Check proves no UPDATE grant" backend_mysql.go \
+	's/\t\t\tfmt\.Sprintf\("UPDATE %s SET %s = %\[2\]s WHERE FALSE", t, c\),\n//; s/\t\tc := mysqlTableColumns\[t\]\n/\t\t_ = mysqlTableColumns[t]\n/' \
+	'^TestMySQLCheckRefusesAPartialGrant$'
+mutation "MySQL Check proves no INSERT grant" backend_mysql.go \
+	's/"INSERT INTO " \+ t \+ " SELECT \* FROM " \+ t \+ " WHERE FALSE",/"SELECT * FROM " + t + " WHERE FALSE",/' \
+	'^TestMySQLCheckRefusesAPartialGrant$'
 mutation "robfig/cron OncePerTick keys the run by the firing time" extra/advisorylockcron/cron.go \
 	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
 	'^(TestOncePerTickRunsEachTickOnceAcrossSkewedCrons|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockcron
@@ -439,6 +454,12 @@ mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocro
 mutation "MySQL: Leader trusts a term while any connection holds the lock" backend_mysql_election.go \
 	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND IS_USED_LOCK(` + mysqlLockName(key) + `) IS NOT NULL`/' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'
+mutation "MySQL: Leader trusts the last term not ended, held or not" backend_mysql_election.go \
+	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND connection_id <> 0`/' \
+	'^TestElectionLeaderForgetsAKilledLeadersTerm$'
+mutation "MySQL: Leader trusts the last term while nobody holds the lock" backend_mysql_election.go \
+	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND (connection_id = IS_USED_LOCK(` + mysqlLockName(key) + `) OR IS_USED_LOCK(` + mysqlLockName(key) + `) IS NULL)`/' \
+	'^TestElectionLeaderForgetsAKilledLeadersTerm$'
 mutation "PostgreSQL: Leader trusts a term while any session holds the lock" backend_postgres_election.go \
 	's/WHERE l\.locktype = '"'"'advisory'"'"' AND l\.granted AND l\.pid = e\.pid/WHERE l.locktype = '"'"'advisory'"'"' AND l.granted AND l.pid > 0/' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'

@@ -59,6 +59,14 @@ mutation "a set waits for its names in the given order, not key order" set.go \
 	's/return cmp\.Compare\(a\.key, b\.key\)/return 0 * cmp.Compare(a.key, b.key)/' \
 	'^TestMultiplexedAndSetRowsUnderFaults$'
 
+# A slot's lock left on a recycled connection rides to the next holder.
+mutation "MySQL: a slot's release unlocks another key and recycles the slot's connection" semaphore.go \
+	's/return locker\.UnlockSession\(ctx, conn, l\.key\)/return locker.UnlockSession(ctx, conn, Key(l.name))/' \
+	'^TestSemaphoreReleaseLeavesNoSlotOnTheConnection$'
+mutation "PostgreSQL: a slot's release unlocks another key and recycles the slot's connection" backend_postgres_semaphore.go \
+	's/q, args, err := p\.statement\(pgUnlockAndSignal, key, /q, args, err := p.statement(pgUnlockAndSignal, signal, /' \
+	'^TestSemaphoreReleaseLeavesNoSlotOnTheConnection$'
+
 # --- Handoffs that do not poll ------------------------------------------------
 mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \
 	's/case lw\.wake <- struct\{\}\{\}:/case <-make(chan struct{}):/' \

@@ -384,6 +384,11 @@ func (m mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int
 		return SessionResult{}, err
 	case released.Valid && released.Int64 == 0:
 		return r, fmt.Errorf("%w: the unlock ran on server session %d, which did not hold the lock; session %d holds it", ErrTransactionPooler, r.Session, holder.Int64)
+	case holder.Valid && holder.Int64 == r.Session:
+		// A session may take a named lock more than once, and each
+		// RELEASE_LOCK lets go of one: its connection must not go back
+		// to the pool still holding the lock.
+		return r, fmt.Errorf("advisorylock: server session %d still holds the lock after its unlock (taken on it more than once)", r.Session)
 	}
 	r.OK = released.Valid && released.Int64 == 1
 	return r, nil

@@ -545,6 +545,37 @@ func TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock(t *testing.T) {
 	})
 }
 
+// TestElectionLeaderForgetsAKilledLeadersTerm: the leader's session is
+// killed and the leader, without a keep-alive, cannot know (its term was
+// never ended): its term's row still names its session. Leader must trust
+// the row only while that session holds the lock: nobody leads once the
+// server has freed it, nor while another session holds the lock without
+// having recorded a term (a plain Lock on the name).
+func TestElectionLeaderForgetsAKilledLeadersTerm(t *testing.T) {
+	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+		ctx := context.Background()
+		name := testdb.UniqueName(t)
+		c := startCandidates(t, edb, name, 1, advisorylock.WithKeepAlive(0))
+		admin := edb.open(t)
+		watcher := newElection(t, admin, name, edb.opts...)
+		old := c.next(t, wait)
+		killSession(t, edb, admin, checkLeader(t, watcher, old))
+		var h *advisorylock.Holder
+		testdb.WaitFor(t, wait, func() bool {
+			var err error
+			if h, err = watcher.Leader(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return h == nil
+		}, "Leader still reported the killed leader's term")
+		g := mustTry(t, newLock(t, edb.open(t), name)) // the election's key, recording no term
+		defer mustRelease(t, g)
+		if h, err := watcher.Leader(ctx); h != nil || err != nil {
+			t.Fatalf("Leader while a plain Lock holds the killed leader's lock = %+v, %v; want nil (term %v ended with its session)", h, err, old.token)
+		}
+	})
+}
+
 // TestElectionObserveFollowsTheLeader: Observe delivers the current
 // leader (nobody at first), then each new term, and closes when its
 // context ends.

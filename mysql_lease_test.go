@@ -454,3 +454,29 @@ func TestMySQLElectionRunReturnsAMissingPrivilege(t *testing.T) {
 		}
 	}
 }
+
+// TestMySQLCheckRefusesAPartialGrant: a user with SELECT and INSERT but
+// not UPDATE, or SELECT and UPDATE but not INSERT, on the tables an
+// administrator created is refused by every Check that proves grants,
+// with the server's 1142 naming the command and the table.
+func TestMySQLCheckRefusesAPartialGrant(t *testing.T) {
+	withTables := testdb.NewMySQLDatabase(t)
+	admin := testdb.OpenMySQLDSN(t, withTables)
+	runMySQLSchema(t, admin)
+	tableOf := map[string]string{
+		"LeaseLock":          "advisorylock_leases",
+		"Fence":              "advisorylock_fences",
+		"Election":           "advisorylock_elections",
+		"Lock (WithMinHold)": "advisorylock_windows",
+	}
+	for privs, lacks := range map[string]string{"SELECT, INSERT": "UPDATE", "SELECT, UPDATE": "INSERT"} {
+		db, _ := mysqlUserWith(t, admin, withTables, privs)
+		for what, check := range checkers(t, db) {
+			var myErr *mysql.MySQLError
+			err := check(context.Background())
+			if !errors.As(err, &myErr) || myErr.Number != 1142 || !strings.Contains(err.Error(), lacks+" command denied") || !strings.Contains(err.Error(), tableOf[what]) {
+				t.Errorf("%s only: %s.Check = %v, want the server's 1142 naming %s on %s", privs, what, err, lacks, tableOf[what])
+			}
+		}
+	}
+}

@@ -215,6 +215,27 @@ func TestMySQLCancelledWaitLeavesNoLock(t *testing.T) {
 	testdb.WaitFor(t, wait, func() bool { return mysqlHolder(t, dbA, name) == 0 }, "a cancelled waiter's session kept the lock")
 }
 
+// TestMySQLReleaseOfALockTakenTwiceFreesIt: a session may take a named
+// lock more than once (here a GET_LOCK of the held lock's name, run on
+// Guard.Conn), and one RELEASE_LOCK then leaves it held: Release must not
+// put the connection back in the pool with the lock, so after it another
+// pool takes the lock.
+func TestMySQLReleaseOfALockTakenTwiceFreesIt(t *testing.T) {
+	ctx := context.Background()
+	name := testdb.UniqueName(t)
+	db := testdb.OpenMySQL(t)
+	g := mustTry(t, newLock(t, db, name))
+	var again int
+	if err := g.Conn().QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", mysqlLockName(name)).Scan(&again); err != nil || again != 1 {
+		t.Fatalf("GET_LOCK of the held lock on its own session = %d, %v; want 1", again, err)
+	}
+	_ = g.Release(ctx) // may say the session still held it; the lock must be freed either way
+	other := testdb.OpenMySQL(t)
+	testdb.WaitFor(t, wait, func() bool { return mysqlHolder(t, other, name) == 0 },
+		"after Release a session still held the lock: its connection went back to the pool holding it")
+	mustRelease(t, mustTry(t, newLock(t, other, name)))
+}
+
 // mysqlWaiters counts sessions waiting in GET_LOCK on name's lock.
 func mysqlWaiters(t testing.TB, db *sql.DB, name string) int {
 	return countRows(t, db, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND COMMAND = 'Query' AND INFO LIKE ?", "%GET_LOCK('"+mysqlLockName(name)+"', 1.000)%")

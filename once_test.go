@@ -4,9 +4,11 @@ package advisorylock_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -270,4 +272,140 @@ func TestTryDoOnceRefusesWhatCannotWork(t *testing.T) {
 	if _, err := advisorylock.NewLeaseLock(db, "x", advisorylock.WithRunRetention(time.Hour)); err == nil || !strings.Contains(err.Error(), "WithRunRetention") {
 		t.Errorf("NewLeaseLock with WithRunRetention = %v, want refused", err)
 	}
+}
+
+// TestTryDoOncePrunesExactlyTheRecordsPastTheRetention: with a one-hour
+// retention, recording a run on PostgreSQL or MySQL deletes the name's
+// records 61 and 120 minutes old (by the server's clock) and keeps those
+// 30 and 59 minutes old: a sign or a unit slipped in the prune deletes
+// the young or keeps the old.
+func TestTryDoOncePrunesExactlyTheRecordsPastTheRetention(t *testing.T) {
+	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+		ctx := context.Background()
+		db := edb.open(t)
+		name := testdb.UniqueName(t)
+		l := newLock(t, db, name, advisorylock.WithRunRetention(time.Hour))
+		ages := map[string]int{"30m": 30, "59m": 59, "61m": 61, "120m": 120} // minutes
+		age := "UPDATE advisorylock_runs SET done_at = now() - $1::bigint * interval '1 minute' WHERE name = $2 AND run = $3"
+		if edb.name == "mysql" {
+			age = "UPDATE advisorylock_runs SET done_at = UTC_TIMESTAMP(6) - INTERVAL ? MINUTE WHERE name = ? AND run = ?"
+		}
+		for run, minutes := range ages {
+			if ran, err := l.TryDoOnce(ctx, run, func(context.Context) error { return nil }); !ran || err != nil {
+				t.Fatalf("TryDoOnce(%q): %v, %v", run, ran, err)
+			}
+			if _, err := db.ExecContext(ctx, age, minutes, name, run); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ran, err := l.TryDoOnce(ctx, "now", func(context.Context) error { return nil }); !ran || err != nil {
+			t.Fatalf("TryDoOnce(now): %v, %v", ran, err)
+		}
+		if got, want := runsRecorded(t, db, edb.name, name), []string{"30m", "59m", "now"}; !slices.Equal(got, want) {
+			t.Fatalf("records left after a run with a 1h retention: %q, want %q (those 61 and 120 minutes old pruned)", got, want)
+		}
+	})
+}
+
+// runsRecorded lists, sorted, the run keys recorded for name, read from
+// advisorylock_runs.
+func runsRecorded(t *testing.T, db *sql.DB, backend, name string) []string {
+	t.Helper()
+	q := "SELECT run FROM advisorylock_runs WHERE name = $1"
+	if backend == "mysql" {
+		q = "SELECT run FROM advisorylock_runs WHERE name = ?"
+	}
+	rows, err := db.Query(q, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var runs []string
+	for rows.Next() {
+		var run string
+		if err := rows.Scan(&run); err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, run)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(runs)
+	return runs
+}
+
+// TestTryDoOnceRecordsARunWhoseCallerLeftAsItReturned: the caller's
+// context ends as fn returns nil (a shutdown, a deadline met by the last
+// statement): the run is done, so it is recorded on a context of its own,
+// TryDoOnce reports it ran, and no later call runs it again.
+func TestTryDoOnceRecordsARunWhoseCallerLeftAsItReturned(t *testing.T) {
+	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+		name := testdb.UniqueName(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		ran, err := newLock(t, edb.open(t), name, edb.opts...).TryDoOnce(ctx, "deploy-7", func(context.Context) error {
+			cancel() // the caller leaves as the work ends
+			return nil
+		})
+		if !ran || err != nil {
+			t.Fatalf("TryDoOnce whose caller left as fn returned nil = %v, %v; want true, nil (the run is done)", ran, err)
+		}
+		again, err := newLock(t, edb.open(t), name, edb.opts...).TryDoOnce(context.Background(), "deploy-7", func(context.Context) error { return nil })
+		if again || err != nil {
+			t.Fatalf("a later replica's TryDoOnce = %v, %v; want false, nil (the run was recorded done)", again, err)
+		}
+	})
+}
+
+// TestTryDoOnceBoundsTheRecordByTheReleaseTimeout: the record is written
+// on a context of its own, but a bounded one: where its statement waits
+// (here on another transaction's uncommitted record of the same run),
+// TryDoOnce returns within WithReleaseTimeout an error saying the run
+// may run again, instead of holding the lock for as long as the wait.
+func TestTryDoOnceBoundsTheRecordByTheReleaseTimeout(t *testing.T) {
+	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+		ctx := context.Background()
+		db := edb.open(t)
+		name := testdb.UniqueName(t)
+		l := newLock(t, db, name, advisorylock.WithReleaseTimeout(300*time.Millisecond))
+		if err := l.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ran, err := l.TryDoOnce(ctx, "warm-up", func(context.Context) error { return nil }); !ran || err != nil {
+			t.Fatalf("TryDoOnce(warm-up): %v, %v", ran, err) // creates the table
+		}
+		blocker, err := edb.open(t).BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer blocker.Rollback()
+		insert := "INSERT INTO advisorylock_runs (name, run, done_at) VALUES ($1, 'blocked', now())"
+		if edb.name == "mysql" {
+			insert = "INSERT INTO advisorylock_runs (name_hash, run_hash, name, run, done_at) VALUES (UNHEX(SHA2(?, 256)), UNHEX(SHA2('blocked', 256)), ?, 'blocked', UTC_TIMESTAMP(6))"
+		}
+		args := []any{name}
+		if edb.name == "mysql" {
+			args = append(args, name)
+		}
+		if _, err := blocker.ExecContext(ctx, insert, args...); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			_, err := l.TryDoOnce(ctx, "blocked", func(context.Context) error { return nil })
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "may run again") {
+				t.Fatalf("TryDoOnce whose record waited = %v, want an error saying the run may run again", err)
+			}
+			t.Logf("the record's wait ended after %v", time.Since(start))
+		case <-time.After(10 * time.Second):
+			_ = blocker.Rollback() // let the stuck call end
+			<-done
+			t.Fatal("TryDoOnce waited for its record 10s past a 300ms release timeout")
+		}
+	})
 }

@@ -297,6 +297,68 @@ func TestCheckRefusesAMissingGrant(t *testing.T) {
 		func(err error) bool { return err == nil }, "nil with the documented grants")
 }
 
+// TestCheckRefusesAPartialGrant: a role missing one of the grants Schema
+// lists (UPDATE, INSERT, or USAGE on the token sequence) is refused by
+// Check with the server's 42501 naming what it may not use, with both
+// drivers: the LeaseLock, Fence, Election and min-hold Lock each prove
+// every grant their operations need, and only those (a Fence and a
+// min-hold Lock draw no tokens).
+func TestCheckRefusesAPartialGrant(t *testing.T) {
+	ctx := context.Background()
+	role, withTables, owner := roleAndDatabase(t)
+	const tables = "advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections"
+	tableOf := map[string]string{
+		"LeaseLock":          "advisorylock_leases",
+		"Fence":              "advisorylock_fences",
+		"Election":           "advisorylock_elections",
+		"Lock (WithMinHold)": "advisorylock_windows",
+	}
+	for _, s := range []string{advisorylock.Schema(advisorylock.Postgres()), "GRANT SELECT ON advisorylock_schema TO " + role} {
+		if _, err := owner.ExecContext(ctx, s); err != nil {
+			t.Fatalf("%.60s: %v", s, err)
+		}
+	}
+	for _, c := range []struct {
+		what   string
+		grants []string
+		lacks  func(checker string) string // what the checker's error must name, "" for a pass
+	}{
+		{"SELECT and INSERT, not UPDATE",
+			[]string{"GRANT SELECT, INSERT ON " + tables + " TO " + role, "GRANT USAGE ON SEQUENCE advisorylock_token_seq TO " + role},
+			func(c string) string { return tableOf[c] }},
+		{"SELECT and UPDATE, not INSERT",
+			[]string{"GRANT SELECT, UPDATE ON " + tables + " TO " + role, "GRANT USAGE ON SEQUENCE advisorylock_token_seq TO " + role},
+			func(c string) string { return tableOf[c] }},
+		{"the tables, not the token sequence",
+			[]string{"GRANT SELECT, INSERT, UPDATE ON " + tables + " TO " + role},
+			func(c string) string {
+				if c == "LeaseLock" || c == "Election" {
+					return "advisorylock_token_seq"
+				}
+				return ""
+			}},
+	} {
+		for _, s := range append([]string{"REVOKE ALL ON " + tables + " FROM " + role, "REVOKE ALL ON SEQUENCE advisorylock_token_seq FROM " + role}, c.grants...) {
+			if _, err := owner.ExecContext(ctx, s); err != nil {
+				t.Fatalf("%.60s: %v", s, err)
+			}
+		}
+		for _, drv := range testdb.Drivers {
+			app := testdb.OpenPostgresDSN(t, drv, withUser(t, withTables, role))
+			for what, check := range checkers(t, app) {
+				err := check(ctx)
+				var coded interface{ SQLState() string }
+				switch lacks := c.lacks(what); {
+				case lacks == "" && err != nil:
+					t.Errorf("%s, %s: %s.Check = %v, want nil", c.what, drv, what, err)
+				case lacks != "" && (!errors.As(err, &coded) || coded.SQLState() != "42501" || !strings.Contains(err.Error(), lacks)):
+					t.Errorf("%s, %s: %s.Check = %v, want the server's 42501 naming %s", c.what, drv, what, err, lacks)
+				}
+			}
+		}
+	}
+}
+
 // runOneTerm runs one term of an election on name, in which Leader must
 // name the term.
 func runOneTerm(t *testing.T, db *sql.DB, name string) {

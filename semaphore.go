@@ -153,10 +153,13 @@ func (s *Semaphore) TryDo(ctx context.Context, fn func(ctx context.Context) erro
 
 // Holders lists the holders of the semaphore's slots, in slot order (each
 // with its Slot and Key), and an empty list when none is held. On
-// PostgreSQL and MySQL it reads every slot in one statement, one snapshot
-// (one round trip); elsewhere (SQLite) one statement per slot, so a slot
-// taken or freed meanwhile may be missing or extra. A holder reads as
-// Lock's Holder does.
+// PostgreSQL it reads every slot in one statement, one snapshot (one
+// round trip); on MySQL in one statement that asks the slots one after
+// another, microseconds apart, so a slot that changes hands within them
+// may read with its old holder or its new one (a session that moved from
+// one slot to another then reads on both); elsewhere (SQLite) one
+// statement per slot, so a slot taken or freed meanwhile may be missing
+// or extra. A holder reads as Lock's Holder does.
 func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
 	b, err := s.lock.backend(ctx)
 	if err != nil {

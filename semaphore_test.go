@@ -101,8 +101,11 @@ func TestSlotKeyIsTheDocumentedHashAndApartFromKey(t *testing.T) {
 
 // TestSemaphoreAdmitsAtMostSlotsHolders runs 8 workers, each with its
 // own pool, on a 3-slot semaphore: never more than 3 inside (an atomic
-// count), never two holders on one slot, and, read from the server while
-// they run, no session holding two slots.
+// count), never two holders on one slot, inside every section the
+// holder's own session holds its slot's lock and no other slot's (asked
+// on Guard.Conn, which nothing else can change meanwhile: a slot lock
+// left on a recycled connection shows at its next holder), and, read
+// from the server while they run, no session holding two slots.
 func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 	testdb.Slow(t, "8 workers contending for seconds")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
@@ -110,7 +113,7 @@ func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 		name := testdb.UniqueName(t)
 		var inside, most atomic.Int32
 		var bySlot [slots]atomic.Int32
-		enter := func(slot int) error {
+		enter := func(ctx context.Context, g *advisorylock.Guard) error {
 			n := inside.Add(1)
 			defer inside.Add(-1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
@@ -118,11 +121,13 @@ func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 			if n > slots {
 				return fmt.Errorf("%d holders inside a %d-slot semaphore", n, slots)
 			}
-			if slot >= 0 {
-				if bySlot[slot].Add(1) != 1 {
-					return fmt.Errorf("two holders on slot %d", slot)
-				}
-				defer bySlot[slot].Add(-1)
+			slot := g.Slot()
+			if bySlot[slot].Add(1) != 1 {
+				return fmt.Errorf("two holders on slot %d", slot)
+			}
+			defer bySlot[slot].Add(-1)
+			if own, err := slotsOfSession(ctx, g.Conn(), backend, name, slots); err != nil || (own != nil && !slices.Equal(own, []int{slot})) {
+				return fmt.Errorf("the holder of slot %d: its own session holds slots %v (%v)", slot, own, err)
 			}
 			time.Sleep(2 * time.Millisecond) // a section's work
 			return nil
@@ -170,29 +175,37 @@ func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 	})
 }
 
-// semaphoreRound takes a slot one of three ways and runs enter in it.
-func semaphoreRound(ctx context.Context, s *advisorylock.Semaphore, how int, enter func(slot int) error) error {
+// semaphoreRound takes a slot one of three ways and runs enter in it,
+// with the slot's Guard.
+func semaphoreRound(ctx context.Context, s *advisorylock.Semaphore, how int, enter func(ctx context.Context, g *advisorylock.Guard) error) error {
+	inGuard := func(ctx context.Context) error { return enter(ctx, advisorylock.GuardFromContext(ctx)) }
 	switch how {
 	case 0:
 		g, err := s.Acquire(ctx)
 		if err != nil {
 			return err
 		}
-		err = enter(g.Slot())
+		err = enter(ctx, g)
 		return errors.Join(err, g.Release(ctx))
 	case 1:
-		return s.Do(ctx, func(context.Context) error { return enter(-1) })
+		return s.Do(ctx, inGuard)
 	default:
-		_, err := s.TryDo(ctx, func(context.Context) error { return enter(-1) })
+		_, err := s.TryDo(ctx, inGuard)
 		return err
 	}
 }
 
 // watchHolders reads Holders until done: every holder on a distinct slot
 // in range, no session (PID) on two slots; and, asked of the server
-// directly in one statement, no session holding two slots.
+// directly in one statement, no session holding two slots. On MySQL both
+// reads ask IS_USED_LOCK slot after slot, so a session that moves from
+// one slot to another between two of them reads on both: there a session
+// on two slots is an error when the next read shows it again (a lock
+// left on a connection stays), on PostgreSQL (pg_locks, one snapshot) at
+// once.
 func watchHolders(ctx context.Context, s *advisorylock.Semaphore, slots int, admin *sql.DB, backend string, done <-chan struct{}) error {
 	seen := 0
+	var suspects map[int64]bool // on two slots in the last read
 	for {
 		select {
 		case <-done:
@@ -206,13 +219,14 @@ func watchHolders(ctx context.Context, s *advisorylock.Semaphore, slots int, adm
 		if err != nil {
 			return err
 		}
+		twice := map[int64]bool{}
 		taken, pids := map[int]bool{}, map[int]bool{}
 		for _, h := range hs {
 			if h.Slot < 0 || h.Slot >= slots || taken[h.Slot] || h.Name != s.Name() || h.Key != advisorylock.SlotKey(s.Name(), h.Slot) {
 				return fmt.Errorf("Holders = %+v: bad or repeated slot", hs)
 			}
-			if h.PID != 0 && pids[h.PID] { // one snapshot on PostgreSQL and MySQL
-				return fmt.Errorf("Holders: session %d holds two slots", h.PID)
+			if h.PID != 0 && pids[h.PID] {
+				twice[int64(h.PID)] = true
 			}
 			taken[h.Slot], pids[h.PID] = true, true
 		}
@@ -220,14 +234,60 @@ func watchHolders(ctx context.Context, s *advisorylock.Semaphore, slots int, adm
 		if err != nil {
 			return err
 		}
+		if len(per) > slots {
+			return fmt.Errorf("slot locks held per session: %v, more sessions than slots", per)
+		}
 		for id, n := range per {
-			if n != 1 || len(per) > slots {
-				return fmt.Errorf("slot locks held per session: %v (session %d)", per, id)
+			if n != 1 {
+				twice[id] = true
 			}
 		}
+		for id := range twice {
+			if backend != "mysql" || suspects[id] {
+				return fmt.Errorf("session %d holds two slots (Holders %+v; per session %v)", id, hs, per)
+			}
+		}
+		suspects = twice
 		seen += len(hs)
 		time.Sleep(5 * time.Millisecond) // pacing only: the server is shared
 	}
+}
+
+// TestSemaphoreReleaseLeavesNoSlotOnTheConnection takes and releases the
+// slots of a 2-slot semaphore, one at a time, on a pool of one
+// connection, so that every holder gets the connection of the one before:
+// inside each hold that connection's session holds exactly the holder's
+// slot, and after each release Holders, asked on another pool, is empty.
+// A slot's lock left on a recycled connection rides to the next holder
+// (on MySQL, where a session may take a named lock twice, even as the
+// same slot).
+func TestSemaphoreReleaseLeavesNoSlotOnTheConnection(t *testing.T) {
+	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
+		ctx := context.Background()
+		const slots = 2
+		name := testdb.UniqueName(t)
+		db := open()
+		db.SetMaxOpenConns(1)
+		s, watcher := newSemaphore(t, db, name, slots), newSemaphore(t, open(), name, slots)
+		var got [slots]int
+		for round := 0; round < 40 && (round < 10 || slices.Contains(got[:], 0)); round++ {
+			g, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatalf("round %d: TryAcquire of a free semaphore: %v", round, err)
+			}
+			got[g.Slot()]++
+			if own, err := slotsOfSession(ctx, g.Conn(), backend, name, slots); err != nil || (own != nil && !slices.Equal(own, []int{g.Slot()})) {
+				t.Fatalf("round %d: the holder of slot %d: its session holds slots %v (%v)", round, g.Slot(), own, err)
+			}
+			mustRelease(t, g)
+			if hs, err := watcher.Holders(ctx); err != nil || len(hs) != 0 {
+				t.Fatalf("round %d: Holders after the release of slot %d = %+v, %v; want none", round, g.Slot(), hs, err)
+			}
+		}
+		if slices.Contains(got[:], 0) {
+			t.Fatalf("slots taken %v times in 40 rounds: the test never moved between slots", got)
+		}
+	})
 }
 
 // TestSemaphoreTryTakesExactlyOneSlot takes every slot of a free
@@ -298,6 +358,45 @@ func slotsPerSession(t *testing.T, admin *sql.DB, backend, name string, slots in
 		t.Fatal(err)
 	}
 	return per
+}
+
+// slotsOfSession lists the slots of name (of slots) whose lock conn's
+// own session holds, asked on conn; nil for SQLite, whose slots have no
+// session.
+func slotsOfSession(ctx context.Context, conn advisorylock.Conn, backend, name string, slots int) ([]int, error) {
+	var q string
+	switch backend {
+	case "postgres":
+		var keys []string
+		for i := range slots {
+			key := uint64(advisorylock.SlotKey(name, i))
+			keys = append(keys, fmt.Sprintf("(%d, %d, %d)", i, key>>32, key&0xFFFFFFFF))
+		}
+		q = "SELECT s.i FROM (VALUES " + strings.Join(keys, ", ") + ") AS s(i, hi, lo) JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted" +
+			" AND l.objsubid = 1 AND l.classid::bigint = s.hi AND l.objid::bigint = s.lo AND l.pid = pg_backend_pid() ORDER BY s.i"
+	case "mysql":
+		var used []string
+		for i := range slots {
+			used = append(used, fmt.Sprintf("SELECT %d AS i, IS_USED_LOCK('advisorylock:v1:%016x') AS id", i, uint64(advisorylock.SlotKey(name, i))))
+		}
+		q = "SELECT i FROM (" + strings.Join(used, " UNION ALL ") + ") AS u WHERE id = CONNECTION_ID() ORDER BY i"
+	default:
+		return nil, nil
+	}
+	rows, err := conn.QueryContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	own := []int{}
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		own = append(own, i)
+	}
+	return own, rows.Err()
 }
 
 // slotSnapshot reads which session holds each slot of name, in one

@@ -113,6 +113,17 @@ mutation "a lost set's other names are let go before it is told" multiplex.go \
 	's/(\tfor _, h := range gone \{\n.*?\n\t\}\n)(\tif len\(rest\) > 0 && s\.unlockLocked.*?\n\t\}\n)/$2$1/s' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
 
+# A slot's lock left on a recycled connection rides to the next holder.
+mutation "MySQL: a slot's release unlocks another key and recycles the slot's connection" semaphore.go \
+	's/return locker\.UnlockSession\(ctx, conn, l\.key\)/return locker.UnlockSession(ctx, conn, Key(l.name))/' \
+	'^TestSemaphoreReleaseLeavesNoSlotOnTheConnection$'
+mutation "PostgreSQL: a slot's release unlocks another key and recycles the slot's connection" backend_postgres_semaphore.go \
+	's/q, args, err := p\.statement\(pgUnlockAndSignal, key, /q, args, err := p.statement(pgUnlockAndSignal, signal, /' \
+	'^TestSemaphoreReleaseLeavesNoSlotOnTheConnection$'
+mutation "MySQL: a release recycles a session still holding the lock (taken twice)" backend_mysql.go \
+	's/\tcase holder\.Valid && holder\.Int64 == r\.Session:/\tcase false \&\& holder.Valid \&\& holder.Int64 == r.Session:/' \
+	'^TestMySQLReleaseOfALockTakenTwiceFreesIt$'
+
 # --- Handoffs that do not poll ------------------------------------------------
 mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \
 	's/case lw\.wake <- struct\{\}\{\}:/case <-make(chan struct{}):/' \
@@ -527,9 +538,42 @@ mutation "TryDoOnce records a failed run" once.go \
 mutation "SQLite prunes run records regardless of the retention" backend_sqlite_once.go \
 	's/now\.Add\(-keep\)\.UnixMilli\(\)/now.UnixMilli()/' \
 	'^TestTryDoOncePrunesRecordsPastTheRetention$'
+mutation "PostgreSQL prunes run records younger than the retention (sign)" backend_postgres_once.go \
+	's/done_at < now\(\) - \$3::bigint/done_at < now() + \$3::bigint/' \
+	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
+mutation "PostgreSQL reads the run retention in the wrong unit" backend_postgres_once.go \
+	"s/\\\$3::bigint \* interval '1 millisecond'/\\\$3::bigint * interval '1 microsecond'/" \
+	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
+mutation "MySQL prunes run records younger than the retention (sign)" backend_mysql_once.go \
+	's/done_at < UTC_TIMESTAMP\(6\) - INTERVAL/done_at < UTC_TIMESTAMP(6) + INTERVAL/' \
+	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
+mutation "MySQL gives the run retention in the wrong unit" backend_mysql_once.go \
+	's/strconv\.FormatInt\(keep\.Microseconds\(\), 10\)/strconv.FormatInt(keep.Milliseconds(), 10)/' \
+	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
+mutation "TryDoOnce records a run on its caller's context" once.go \
+	's/rctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithTimeout(ctx, l.cfg.releaseTimeout)/' \
+	'^TestTryDoOnceRecordsARunWhoseCallerLeftAsItReturned$'
+mutation "TryDoOnce's record waits without a bound" once.go \
+	's/rctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))/' \
+	'^TestTryDoOnceBoundsTheRecordByTheReleaseTimeout$'
 mutation "Check proves no grants" lease.go \
 	's/return s\.CheckTables\(ctx, db, tables\.\.\.\)/_ = s; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'
+mutation "PostgreSQL Check proves no UPDATE grant" backend_postgres.go \
+	's/\t\t\tfmt\.Sprintf\("u%d AS \(UPDATE %s SET %s = %\[3\]s WHERE false RETURNING 1\)", i, t, c\),\n//' \
+	'^TestCheckRefusesAPartialGrant$'
+mutation "PostgreSQL Check proves no INSERT grant" backend_postgres.go \
+	's/,\n\t\t\tfmt\.Sprintf\("i%d AS \(INSERT INTO %s \(%s\) SELECT %\[3\]s FROM %\[2\]s WHERE false RETURNING 1\)", i, t, c\)\)/)/' \
+	'^TestCheckRefusesAPartialGrant$'
+mutation "PostgreSQL Check proves no grant on the token sequence" backend_postgres.go \
+	's/if t == "advisorylock_leases" \|\| t == "advisorylock_elections" \{/if false \&\& (t == "advisorylock_leases" || t == "advisorylock_elections") {/' \
+	'^TestCheckRefusesAPartialGrant$'
+mutation "MySQL Check proves no UPDATE grant" backend_mysql.go \
+	's/\t\t\tfmt\.Sprintf\("UPDATE %s SET %s = %\[2\]s WHERE FALSE", t, c\),\n//; s/\t\tc := mysqlTableColumns\[t\]\n/\t\t_ = mysqlTableColumns[t]\n/' \
+	'^TestMySQLCheckRefusesAPartialGrant$'
+mutation "MySQL Check proves no INSERT grant" backend_mysql.go \
+	's/"INSERT INTO " \+ t \+ " SELECT \* FROM " \+ t \+ " WHERE FALSE",/"SELECT * FROM " + t + " WHERE FALSE",/' \
+	'^TestMySQLCheckRefusesAPartialGrant$'
 mutation "robfig/cron OncePerTick keys the run by the firing time" extra/advisorylockcron/cron.go \
 	's/tick := Tick\(schedule, now\(\)\)/tick := now()/' \
 	'^(TestOncePerTickRunsEachTickOnceAcrossSkewedCrons|TestOncePerTickRunsEachMinuteOnceOnAFakeClock)$' extra/advisorylockcron
@@ -552,6 +596,12 @@ mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocro
 mutation "MySQL: Leader trusts a term while any connection holds the lock" backend_mysql_election.go \
 	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND IS_USED_LOCK(` + mysqlLockName(key) + `) IS NOT NULL`/' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'
+mutation "MySQL: Leader trusts the last term not ended, held or not" backend_mysql_election.go \
+	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND connection_id <> 0`/' \
+	'^TestElectionLeaderForgetsAKilledLeadersTerm$'
+mutation "MySQL: Leader trusts the last term while nobody holds the lock" backend_mysql_election.go \
+	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND (connection_id = IS_USED_LOCK(` + mysqlLockName(key) + `) OR IS_USED_LOCK(` + mysqlLockName(key) + `) IS NULL)`/' \
+	'^TestElectionLeaderForgetsAKilledLeadersTerm$'
 mutation "PostgreSQL: Leader trusts a term while any session holds the lock" backend_postgres_election.go \
 	's/WHERE l\.locktype = '"'"'advisory'"'"' AND l\.granted AND l\.pid = e\.pid/WHERE l.locktype = '"'"'advisory'"'"' AND l.granted AND l.pid > 0/' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'

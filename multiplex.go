@@ -200,6 +200,7 @@ func (mp *muxPool) unreserve(keys []int64) {
 // from the handle's pool like any acquire's (WithPoolWait); if none comes
 // and the pool has a session, that one is used.
 func (mp *muxPool) choose(budget context.Context, l *Lock) (*muxSession, error) {
+	size := mp.size()
 	mp.mu.Lock()
 	for {
 		var best *muxSession
@@ -208,7 +209,7 @@ func (mp *muxPool) choose(budget context.Context, l *Lock) (*muxSession, error) 
 				best = s
 			}
 		}
-		full := len(mp.sessions)+mp.opening >= mp.key.size
+		full := len(mp.sessions)+mp.opening >= size
 		if best != nil && (best.inflight == 0 || full) {
 			best.inflight++
 			mp.mu.Unlock()
@@ -255,6 +256,17 @@ func (mp *muxPool) choose(budget context.Context, l *Lock) (*muxSession, error) 
 	s.inflight = 1
 	mp.sessions = append(mp.sessions, s)
 	return s, nil
+}
+
+// size is how many sessions mp may keep: WithMultiplexing's count, but
+// fewer than the handle's SetMaxOpenConns limit (and at least one), so
+// that sessions holding locks leave the pool a connection. The limit is
+// read at each choice: it may be set after New.
+func (mp *muxPool) size() int {
+	if limit := maxOpenConns(mp.key.db); limit > 0 && mp.key.size >= limit {
+		return max(limit-1, 1)
+	}
+	return mp.key.size
 }
 
 // leaveIfIdle takes mp out of muxPools once it has no session and nothing

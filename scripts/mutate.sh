@@ -55,6 +55,9 @@ mutation "a missing key loses every lock on the shared session" multiplex.go \
 mutation "a lost set's other keys stay held on the shared session" multiplex.go \
 	's/if len\(rest\) > 0 && s\.unlockLocked/if false \&\& len(rest) > 0 \&\& s.unlockLocked/' \
 	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
+mutation "shared sessions may take every connection of a limited pool" multiplex.go \
+	's/size := mp\.size\(\)/size := mp.key.size/' \
+	'^TestMultiplexingLeavesThePoolAConnection$'
 mutation "a set waits for its names in the given order, not key order" set.go \
 	's/return cmp\.Compare\(a\.key, b\.key\)/return 0 * cmp.Compare(a.key, b.key)/' \
 	'^TestMultiplexedAndSetRowsUnderFaults$'
@@ -412,6 +415,9 @@ mutation "gocron OncePerTick keys the run by the firing time" extra/advisorylock
 mutation "gocron Tick truncates an interval's firing instead of rounding it" extra/advisorylockcron/cron.go \
 	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
 	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockgocron
+mutation "robfig/cron records a failed TickJob's tick done" extra/advisorylockcron/cron.go \
+	's/\t\treturn j\(ctx, tick\)/\t\t_ = j(ctx, tick)/' \
+	'^TestTickJobsErrorLeavesTheTickToRunAgain$' extra/advisorylockcron
 mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocron/once.go \
 	's/return fn\(ctx, tick\)/_ = fn(ctx, tick); return nil/' \
 	'^TestOncePerTickRunsAFailedTickAgain$' extra/advisorylockgocron

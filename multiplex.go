@@ -312,7 +312,7 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 		// set's statement may have taken some of its keys: see below.)
 		mp.unreserve(keys)
 		s.done()
-		return nil, fmt.Errorf("%w (the server's lock table holds max_locks_per_transaction × max_connections locks; raise max_locks_per_transaction to hold more at once)", err)
+		return nil, fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
 	}
 	if err != nil {
 		// The session may hold the keys now, or be mid-statement: end it.

@@ -428,6 +428,10 @@ mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocro
 	's/return fn\(ctx, tick\)/_ = fn(ctx, tick); return nil/' \
 	'^TestOncePerTickRunsAFailedTickAgain$' extra/advisorylockgocron
 
+mutation "advisorylocktest Memory's Revoke leaves a Lock's name taken" extra/advisorylocktest/memory.go \
+	's/\tdelete\(m\.locks, key\)\n//' \
+	'^(TestMemoryRevokeFreesTheNameBeforeTheHolderKnows|TestMemoryRevokeLosesTheHold)$' extra/advisorylocktest
+
 # --- Elections, lost locks, min-hold windows, config files --------------------
 # The MySQL election: who leads, and the term it records.
 mutation "MySQL: Leader trusts a term while any connection holds the lock" backend_mysql_election.go \

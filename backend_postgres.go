@@ -1533,22 +1533,31 @@ func (p *postgres) runStatement(ctx context.Context, db DB, text string, args []
 // unknown outcome.
 func (p *postgres) run(ctx context.Context, db DB, stmt func(on querier) error) error {
 	return p.bound(ctx, func() error {
-		on, done, err := statementsOn(ctx, db)
-		if err != nil {
-			return err
-		}
-		defer done()
-		err = stmt(on)
+		err := p.runOn(ctx, db, stmt)
 		// A relation (a table, the sequence) or a column that an upgrade
-		// step adds is missing: apply the steps the database lacks.
+		// step adds is missing: apply the steps the database lacks. The
+		// upgrade takes a connection of its own only once stmt's is back:
+		// on a small pool, a burst of first uses that each held one while
+		// asking for another would leave none for any of them.
 		if code := sqlState(err); code == "42P01" || code == "42703" {
 			if err := upgradePostgresSchema(ctx, db); err != nil {
-				return p.onStandby(ctx, on, err)
+				return p.runOn(ctx, db, func(querier) error { return err }) // a standby says so
 			}
-			err = stmt(on)
+			err = p.runOn(ctx, db, stmt)
 		}
-		return p.explain(ctx, p.onStandby(ctx, on, unreachable(err)))
+		return p.explain(ctx, err)
 	})
+}
+
+// runOn runs stmt on a querier of statementsOn, and says if its error is
+// a hot standby's refusal (see onStandby).
+func (p *postgres) runOn(ctx context.Context, db DB, stmt func(on querier) error) error {
+	on, done, err := statementsOn(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return p.onStandby(ctx, on, unreachable(stmt(on)))
 }
 
 // explain turns the errors of a lease statement that mean something else

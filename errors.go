@@ -106,12 +106,29 @@ func (e *lockError) Error() string {
 
 func (e *lockError) Unwrap() error { return e.err }
 
-// wrapErr returns err naming the lock and the operation, or nil.
+// wrapErr returns err naming the lock and the operation, or nil, with
+// the fix of a known misconfiguration (see explain).
 func wrapErr(name, op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return &lockError{name: name, op: op, err: err}
+	return &lockError{name: name, op: op, err: explain(err)}
+}
+
+// pgxCacheHint is the fix for pgx's statement cache behind a pooler.
+const pgxCacheHint = "pgx's cached prepared statements do not survive a transaction pooler such as PgBouncer in transaction mode: add default_query_exec_mode=exec to the DSN"
+
+// explain adds to err the fix of a misconfiguration its text names: pgx's
+// statement cache (statements named "stmtcache_…") behind a transaction
+// pooler, whose statements then land on server sessions that lack them
+// (SQLSTATE 26000) or already have them (42P05).
+func explain(err error) error {
+	code := sqlState(err)
+	msg := err.Error()
+	if (code == "26000" || code == "42P05") && strings.Contains(msg, `"stmtcache_`) && !strings.Contains(msg, pgxCacheHint) {
+		return fmt.Errorf("%w (%s)", err, pgxCacheHint)
+	}
+	return err
 }
 
 // quoteName quotes a name for a message, shortening very long names.

@@ -885,3 +885,37 @@ func TestLeaseSchemaCreationIgnoresLockNames(t *testing.T) {
 	}
 	releaseLease(t, g)
 }
+
+// TestFirstUsesOnAFreshDatabaseShareASmallPool: 16 LeaseLocks' first
+// tries at once, on a database without the tables and a pool of one or two
+// connections, all succeed. The try that finds a table missing gives its
+// connection back before the upgrade takes one: held while it asked for
+// another, every try of the burst failed (each waiting for the pool).
+func TestFirstUsesOnAFreshDatabaseShareASmallPool(t *testing.T) {
+	admin := testdb.OpenPostgres(t, "pgx")
+	for _, drv := range testdb.Drivers {
+		for _, size := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/pool %d", drv, size), func(t *testing.T) {
+				db := testdb.OpenPostgresDSN(t, drv, testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin)))
+				db.SetMaxOpenConns(size)
+				errs := make([]error, 16)
+				var wg sync.WaitGroup
+				for i := range errs {
+					wg.Go(func() {
+						l, err := advisorylock.NewLeaseLock(db, fmt.Sprintf("%s/%d", testdb.UniqueName(t), i))
+						if err == nil {
+							ctx, cancel := context.WithTimeout(context.Background(), wait)
+							defer cancel()
+							_, err = l.TryDo(ctx, func(context.Context, advisorylock.Lease) error { return nil })
+						}
+						errs[i] = err
+					})
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
+					t.Fatalf("first tries on a fresh database, pool of %d: %v", size, err)
+				}
+			})
+		}
+	}
+}

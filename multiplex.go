@@ -200,6 +200,7 @@ func (mp *muxPool) unreserve(keys []int64) {
 // from the handle's pool like any acquire's (WithPoolWait); if none comes
 // and the pool has a session, that one is used.
 func (mp *muxPool) choose(budget context.Context, l *Lock) (*muxSession, error) {
+	size := mp.size()
 	mp.mu.Lock()
 	for {
 		var best *muxSession
@@ -208,7 +209,7 @@ func (mp *muxPool) choose(budget context.Context, l *Lock) (*muxSession, error) 
 				best = s
 			}
 		}
-		full := len(mp.sessions)+mp.opening >= mp.key.size
+		full := len(mp.sessions)+mp.opening >= size
 		if best != nil && (best.inflight == 0 || full) {
 			best.inflight++
 			mp.mu.Unlock()
@@ -257,6 +258,17 @@ func (mp *muxPool) choose(budget context.Context, l *Lock) (*muxSession, error) 
 	return s, nil
 }
 
+// size is how many sessions mp may keep: WithMultiplexing's count, but
+// fewer than the handle's SetMaxOpenConns limit (and at least one), so
+// that sessions holding locks leave the pool a connection. The limit is
+// read at each choice: it may be set after New.
+func (mp *muxPool) size() int {
+	if limit := maxOpenConns(mp.key.db); limit > 0 && mp.key.size >= limit {
+		return max(limit-1, 1)
+	}
+	return mp.key.size
+}
+
 // leaveIfIdle takes mp out of muxPools once it has no session and nothing
 // under way. mp.mu is held.
 func (mp *muxPool) leaveIfIdle() {
@@ -300,7 +312,7 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 		// set's statement may have taken some of its keys: see below.)
 		mp.unreserve(keys)
 		s.done()
-		return nil, fmt.Errorf("%w (the server's lock table holds max_locks_per_transaction × max_connections locks; raise max_locks_per_transaction to hold more at once)", err)
+		return nil, fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
 	}
 	if err != nil {
 		// The session may hold the keys now, or be mid-statement: end it.

@@ -774,3 +774,30 @@ func TestMultiplexingAtTheServersLockTableLimit(t *testing.T) {
 	}
 	releaseAll(t, guards)
 }
+
+// TestMultiplexingLeavesThePoolAConnection holds 200 names from a pool of
+// SetMaxOpenConns(2) with WithMultiplexing(4), taken 16 at a time: the
+// shared sessions are bounded to one fewer than the pool's limit, so the
+// held locks leave a connection for the application's own statements.
+func TestMultiplexingLeavesThePoolAConnection(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgres(t, drv)
+			db.SetMaxOpenConns(2)
+			admin := testdb.OpenPostgres(t, drv)
+			names, keys := muxNames(t, 200)
+			guards := holdAll(t, db, names, 16, quiet, advisorylock.WithMultiplexing(4))
+			defer releaseAll(t, guards)
+
+			if s := distinct(pgKeySessions(t, admin, keys)); len(s) != 1 {
+				t.Errorf("the names are held by %d server sessions, want 1 (the pool's limit is 2): %v", len(s), s)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			var one int
+			if err := db.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+				t.Errorf("a statement beside the held locks: %v, want a free connection", err)
+			}
+		})
+	}
+}

@@ -268,6 +268,12 @@ func WithRunRetention(d time.Duration) Option {
 // release timeout instead. Guard.Conn returns nil for a lock held on a
 // shared session.
 //
+// The shared sessions stay fewer than the handle's SetMaxOpenConns limit
+// m (read at each try; a pool without a limit is not bounded): at most
+// m-1 whatever sessions says, so that held locks leave the application's
+// other statements a connection. With m = 1 the one session takes the
+// pool's only connection while it holds a lock.
+//
 // sessions below 1 is refused. It applies to New and NewSet, and not
 // with WithMinHold; RLock on a Lock with it returns ErrUnsupported, and
 // on SQLite, whose Locks are rows, it changes nothing. A backend must

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,4 +138,34 @@ func admitOnce(ctx context.Context, db *sql.DB, f *advisorylock.Fence, token adv
 		return err
 	}
 	return tx.Commit()
+}
+
+// TestLeaseLockThroughTransactionPoolWithPgxDefaultsSaysWhatToSet: pgx
+// as it comes caches prepared statements per connection, which a
+// transaction pool moves between server sessions, so a lease's statement
+// fails (SQLSTATE 26000, "stmtcache_…" does not exist). The error says
+// what to set, and keeps the driver's error reachable.
+func TestLeaseLockThroughTransactionPoolWithPgxDefaultsSaysWhatToSet(t *testing.T) {
+	txDSN, _ := testdb.PgBouncer(t)
+	db := testdb.OpenPostgresDSN(t, "pgx", txDSN)
+	testdb.KeepBusy(t, "postgres", txDSN, testdb.PgBouncerPoolSize)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for range 200 {
+		l := poolerLeaseLock(t, db, testdb.UniqueName(t))
+		g, err := l.TryLock(ctx)
+		if err == nil {
+			if err := g.Release(ctx); err != nil && !strings.Contains(err.Error(), "stmtcache_") {
+				t.Fatalf("Release: %v", err)
+			}
+			continue
+		}
+		var s interface{ SQLState() string }
+		if !errors.As(err, &s) || s.SQLState() != "26000" || !strings.Contains(err.Error(), "default_query_exec_mode=exec") {
+			t.Fatalf("TryLock through a transaction pool with pgx's statement cache: %v; want the driver's 26000, reachable, and what to set", err)
+		}
+		t.Logf("the error: %v", err)
+		return
+	}
+	t.Fatal("200 tries through the transaction pool never lost a prepared statement: the pooler did not move one")
 }

@@ -64,6 +64,9 @@ mutation "a missing key loses every lock on the shared session" multiplex.go \
 mutation "a lost set's other keys stay held on the shared session" multiplex.go \
 	's/if len\(rest\) > 0 && s\.unlockLocked/if false \&\& len(rest) > 0 \&\& s.unlockLocked/' \
 	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
+mutation "shared sessions may take every connection of a limited pool" multiplex.go \
+	's/size := mp\.size\(\)/size := mp.key.size/' \
+	'^TestMultiplexingLeavesThePoolAConnection$'
 mutation "a set waits for its names in the given order, not key order" set.go \
 	's/return cmp\.Compare\(a\.key, b\.key\)/return 0 * cmp.Compare(a.key, b.key)/' \
 	'^TestMultiplexedAndSetRowsUnderFaults$'
@@ -317,6 +320,12 @@ mutation "lease release waits for the WAL flush" backend_postgres.go \
 mutation "a forgotten LeaseGuard is never cleaned up" lease.go \
 	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
 	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
+mutation "a missing table is created while the try holds its connection" backend_postgres.go \
+	's/\t\terr := p\.runOn\(ctx, db, stmt\)\n/\t\terr := p.runOn(ctx, db, func(on querier) error { err := stmt(on); if sqlState(err) == "42P01" { _ = upgradePostgresSchema(ctx, db); err = stmt(on) }; return err })\n/' \
+	'^TestFirstUsesOnAFreshDatabaseShareASmallPool$'
+mutation "pgx's statement cache behind a transaction pooler fails with no fix named" errors.go \
+	's/return &lockError\{name: name, op: op, err: explain\(err\)\}/return \&lockError{name: name, op: op, err: err}/' \
+	'^TestLeaseLockThroughTransactionPoolWithPgxDefaultsSaysWhatToSet$'
 
 # --- Leader election -----------------------------------------------------------
 mutation "a term does not grow (PostgreSQL)" backend_postgres_election.go \
@@ -587,9 +596,16 @@ mutation "gocron OncePerTick keys the run by the firing time" extra/advisorylock
 mutation "gocron Tick truncates an interval's firing instead of rounding it" extra/advisorylockcron/cron.go \
 	's/return fired\.Round\(every\.Delay\)/return fired.Truncate(every.Delay)/' \
 	'^TestOncePerTickRunsEachMinuteOnceOnAFakeClock$' extra/advisorylockgocron
+mutation "robfig/cron records a failed TickJob's tick done" extra/advisorylockcron/cron.go \
+	's/\t\treturn j\(ctx, tick\)/\t\t_ = j(ctx, tick)/' \
+	'^TestTickJobsErrorLeavesTheTickToRunAgain$' extra/advisorylockcron
 mutation "gocron OncePerTick records a failed tick done" extra/advisorylockgocron/once.go \
 	's/return fn\(ctx, tick\)/_ = fn(ctx, tick); return nil/' \
 	'^TestOncePerTickRunsAFailedTickAgain$' extra/advisorylockgocron
+
+mutation "advisorylocktest Memory's Revoke leaves a Lock's name taken" extra/advisorylocktest/memory.go \
+	's/\tdelete\(m\.locks, key\)\n//' \
+	'^(TestMemoryRevokeFreesTheNameBeforeTheHolderKnows|TestMemoryRevokeLosesTheHold)$' extra/advisorylocktest
 
 # --- Elections, lost locks, min-hold windows, config files --------------------
 # The MySQL election: who leads, and the term it records.

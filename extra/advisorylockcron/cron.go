@@ -48,10 +48,10 @@ const DefaultMinHold = time.Second
 // pass the same window. The lock's first use runs its first-use checks
 // (and on PostgreSQL and MySQL creates the advisorylock_windows table).
 //
-// The job is not told if the lock is lost while it runs (a robfig/cron
-// job has no context); call the Lock's TryDo in the job yourself where
-// that matters. OnOneReplica panics if db is nil or advisorylock.New
-// refuses opts, as a wiring mistake.
+// A cron.Job is not told if the lock is lost while it runs (it has no
+// context); a TickJob is, through its ctx, and can return an error.
+// OnOneReplica panics if db is nil or advisorylock.New refuses opts, as a
+// wiring mistake.
 func OnOneReplica(logger cron.Logger, db advisorylock.DB, name string, opts ...advisorylock.Option) cron.JobWrapper {
 	opts = append([]advisorylock.Option{advisorylock.WithMinHold(DefaultMinHold)}, opts...)
 	lock, err := advisorylock.New(db, name, opts...)
@@ -60,9 +60,8 @@ func OnOneReplica(logger cron.Logger, db advisorylock.DB, name string, opts ...a
 	}
 	return func(j cron.Job) cron.Job {
 		return cron.FuncJob(func() {
-			ran, err := lock.TryDo(context.Background(), func(context.Context) error {
-				j.Run()
-				return nil
+			ran, err := lock.TryDo(context.Background(), func(ctx context.Context) error {
+				return run(ctx, j, time.Time{})
 			})
 			switch {
 			case err != nil && ran: // lost while the job ran, or the release failed
@@ -83,12 +82,15 @@ func OnOneReplica(logger cron.Logger, db advisorylock.DB, name string, opts ...a
 // returns, and every other replica skips it, logging at Info level
 // ("skip"). Replicas whose clocks or schedulers are apart by less than
 // half the schedule's interval agree on the tick; no window needs
-// choosing. A job that panics leaves its tick not done (a replica firing
-// later runs it) and the panic goes on up the chain.
+// choosing. A TickJob that returns an error leaves its tick not done (a
+// replica firing it later runs it), and the error is logged at Error
+// level ("run"); a job that panics leaves it not done too, and the panic
+// goes on up the chain.
 //
 // schedule must be the job's own (cron.ParseStandard of its spec, or
-// cron.Every). The job reads its tick if it is a TickFunc: put OncePerTick
-// last in the chain, next to the job, so that no other wrapper hides it.
+// cron.Every). The job reads its tick if it is a TickFunc or a TickJob:
+// put OncePerTick last in the chain, next to the job, so that no other
+// wrapper hides it.
 // opts are passed to advisorylock.New (not advisorylock.WithMinHold);
 // advisorylock.WithRunRetention must exceed the interval. The firing time
 // is read from the system clock. OncePerTick panics if db is nil or
@@ -106,13 +108,8 @@ func oncePerTick(now func() time.Time, logger cron.Logger, db advisorylock.DB, n
 	return func(j cron.Job) cron.Job {
 		return cron.FuncJob(func() {
 			tick := Tick(schedule, now())
-			ran, err := lock.TryDoOnce(context.Background(), tick.UTC().Format(time.RFC3339Nano), func(context.Context) error {
-				if tj, ok := j.(TickFunc); ok {
-					tj(tick)
-				} else {
-					j.Run()
-				}
-				return nil
+			ran, err := lock.TryDoOnce(context.Background(), tick.UTC().Format(time.RFC3339Nano), func(ctx context.Context) error {
+				return run(ctx, j, tick)
 			})
 			switch {
 			case err != nil && ran:
@@ -149,3 +146,32 @@ type TickFunc func(tick time.Time)
 
 // Run runs f with the zero time: f is not under OncePerTick.
 func (f TickFunc) Run() { f(time.Time{}) }
+
+// TickJob is a job that can fail without a panic: its error leaves the
+// tick not done under OncePerTick (a replica firing the tick later runs it
+// again) and is logged at Error level ("run") by either wrapper. ctx ends
+// if the lock is lost while the job runs; tick is the tick it runs for
+// under OncePerTick, the zero time under OnOneReplica. Like TickFunc it
+// must be next to the wrapper in the chain, or the wrapper sees only Run.
+type TickJob func(ctx context.Context, tick time.Time) error
+
+// Run runs f with a background context and the zero time, outside the
+// wrappers, and logs its error to cron.DefaultLogger.
+func (f TickJob) Run() {
+	if err := f(context.Background(), time.Time{}); err != nil {
+		cron.DefaultLogger.Error(err, "run")
+	}
+}
+
+// run runs j for tick under the lock's ctx: a TickJob's error is the run's.
+func run(ctx context.Context, j cron.Job, tick time.Time) error {
+	switch j := j.(type) {
+	case TickJob:
+		return j(ctx, tick)
+	case TickFunc:
+		j(tick)
+	default:
+		j.Run()
+	}
+	return nil
+}

@@ -226,3 +226,47 @@ func TestOncePerTickTellsTheJobItsTick(t *testing.T) {
 		t.Fatalf("logged %v and errors %v; want one skip", log.infos, log.errs)
 	}
 }
+
+// A TickJob says its tick failed by returning an error: the error is
+// logged and the tick is not done, so its next firing runs it again; once
+// it succeeds, later firings skip it. Under OnOneReplica its error is
+// logged too.
+func TestTickJobsErrorLeavesTheTickToRunAgain(t *testing.T) {
+	db := testdb.OpenPostgres(t, "pgx")
+	clock := testdb.FakeClockAt(time.Date(2026, 12, 3, 2, 0, 0, 0, time.UTC))
+	failed := errors.New("the report failed")
+	var ran []time.Time
+	job := advisorylockcron.TickJob(func(ctx context.Context, tick time.Time) error {
+		if ctx.Err() != nil {
+			t.Errorf("the job's context ended before it ran: %v", ctx.Err())
+		}
+		ran = append(ran, tick)
+		if len(ran) == 1 {
+			return failed
+		}
+		return nil
+	})
+	log := &errorLog{}
+	wrapped := cron.NewChain(advisorylockcron.OncePerTickAt(clock.Now, log, db, testdb.UniqueName(t), cron.Every(time.Hour))).Then(job)
+	for range 3 { // fails, runs again, done
+		clock.Add(time.Minute)
+		wrapped.Run()
+	}
+	tick := time.Date(2026, 12, 3, 2, 0, 0, 0, time.UTC)
+	if len(ran) != 2 || !ran[0].Equal(tick) || !ran[1].Equal(tick) {
+		t.Errorf("the job ran for %v, want twice for %v (failed, then again)", ran, tick)
+	}
+	if len(log.errs) != 1 || !errors.Is(log.errs[0], failed) {
+		t.Errorf("errors logged: %v, want the job's one", log.errs)
+	}
+	if len(log.infos) != 1 || !strings.HasPrefix(log.infos[0], "skip") {
+		t.Errorf("logged %q, want the third firing's skip", log.infos)
+	}
+
+	log = &errorLog{}
+	ran = nil
+	advisorylockcron.OnOneReplica(log, db, testdb.UniqueName(t))(job).Run()
+	if len(ran) != 1 || len(log.errs) != 1 || !errors.Is(log.errs[0], failed) {
+		t.Errorf("under OnOneReplica: ran %d times, errors logged %v; want one run and its error", len(ran), log.errs)
+	}
+}

@@ -75,9 +75,13 @@ func (m *Memory) Options() []advisorylock.Option {
 func (m *Memory) OpenDB() *sql.DB { return sql.OpenDB(noStatements{}) }
 
 // Revoke frees every hold of the Lock or LeaseLock named name, as an
-// operator deleting its rows would: its holder's next renewal (within a
-// third of its TTL) finds it gone and closes the Guard's Lost channel, and
-// a waiter can take it at once. A semaphore's slots are not revoked.
+// operator deleting its rows would: another lock on m can take it at
+// once, while the holder learns of it only at its next renewal (a third
+// of its TTL, 10s by default), which finds it gone and closes the Guard's
+// Lost channel. Renewals run on real timers, so a test Clock does not
+// hasten them: a test that waits for Lost gives the holder a short TTL
+// (advisorylock.WithLeaseTTL(time.Second), the shortest, closes it within
+// about 333ms). A semaphore's slots are not revoked.
 func (m *Memory) Revoke(name string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

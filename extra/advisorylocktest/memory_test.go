@@ -260,6 +260,30 @@ func TestMemoryRevokeLosesTheHold(t *testing.T) {
 	mustTryAndRelease(t, memLock(t, mem, "x"))
 }
 
+// Revoke frees the name at once, but its holder learns of it only at its
+// next renewal (a third of the TTL, 10 s by default): meanwhile another
+// lock on the same Memory takes the name while the first Guard's Lost is
+// still open, as after an operator deleted the row of a database.
+func TestMemoryRevokeFreesTheNameBeforeTheHolderKnows(t *testing.T) {
+	mem := advisorylocktest.NewMemory()
+	g, err := memLock(t, mem, "x", quiet).TryLock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = g.Release(context.Background()) }()
+	mem.Revoke("x")
+	other, err := memLock(t, mem, "x").TryLock(context.Background())
+	if err != nil {
+		t.Fatalf("TryLock after Revoke = %v, want the name free at once", err)
+	}
+	defer release(t, other)
+	select {
+	case <-g.Lost():
+		t.Fatal("the revoked holder was told before its renewal: update the README's Revoke paragraph")
+	default:
+	}
+}
+
 func TestMemorySharedHolders(t *testing.T) {
 	mem := advisorylocktest.NewMemory()
 	l := memLock(t, mem, "catalog")

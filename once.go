@@ -26,7 +26,8 @@ import (
 // It costs TryDo's round trips and two more: a read of the record under
 // the lock, and its write. The records live in advisorylock_runs (see
 // Schema), on the connection pool beside the held one: the pool needs one
-// more connection than the lock holds. An empty run key, a nil fn or a
+// more connection than the lock holds, and a call that finds none free
+// within WithPoolWait returns ErrPoolUnavailable. An empty run key, a nil fn or a
 // Lock with WithMinHold (whose windows already make one run per window)
 // are refused.
 func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Context) error) (ran bool, err error) {
@@ -44,8 +45,12 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 	}
 	done, unsupported := false, false
 	ran, err = tryDo(ctx, l.name, l.TryLock, func(ctx context.Context) error {
+		// The record's statements take a second connection while the lock
+		// holds one: their checkout waits at most WithPoolWait, as a try's,
+		// so that holders that have taken the whole pool do not wait for
+		// each other until their callers give up.
 		var err error
-		if done, err = rec.RunDone(ctx, l.db, l.name, run); err != nil {
+		if done, err = rec.RunDone(withPoolWait(ctx, l.cfg.poolWait), l.db, l.name, run); err != nil {
 			unsupported = errors.Is(err, ErrUnsupported) // the store keeps no runs: nothing ran
 			return wrapErr(l.name, "try do once", err)
 		}
@@ -57,7 +62,7 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 		}
 		// Recorded before the release, also if the lock was lost as fn
 		// returned (fn's work is done either way), bounded as a release.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.releaseTimeout)
+		rctx, cancel := context.WithTimeout(withPoolWait(context.WithoutCancel(ctx), l.cfg.poolWait), l.cfg.releaseTimeout)
 		defer cancel()
 		if err := rec.RecordRun(rctx, l.db, l.name, run, l.cfg.clock.Now(), l.cfg.runRetention); err != nil {
 			return wrapErr(l.name, "try do once", fmt.Errorf("advisorylock: run %q ran but was not recorded done, so it may run again: %w", run, err))

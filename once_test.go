@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -408,4 +409,38 @@ func TestTryDoOnceBoundsTheRecordByTheReleaseTimeout(t *testing.T) {
 			t.Fatal("TryDoOnce waited for its record 10s past a 300ms release timeout")
 		}
 	})
+}
+
+// A burst of TryDoOnce calls on a small pool, each holding its lock's
+// connection while its run record is read on another, does not hang until
+// the callers' contexts end: the record's checkout waits at most
+// WithPoolWait, as a try's does, so a call that finds the pool taken by
+// the other holders returns ErrPoolUnavailable and lets its lock go.
+func TestTryDoOnceBurstOnASmallPoolDoesNotHang(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgres(t, drv)
+			db.SetMaxOpenConns(2)
+			base := testdb.UniqueName(t)
+			if _, err := newLock(t, db, base).TryDoOnce(context.Background(), "warm", func(context.Context) error { return nil }); err != nil {
+				t.Fatal(err) // the tables exist before the burst
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			const callers = 16
+			errs := make(chan error, callers)
+			for i := range callers {
+				l := newLock(t, db, base+"/"+strconv.Itoa(i), advisorylock.WithPoolWait(200*time.Millisecond))
+				go func() {
+					_, err := l.TryDoOnce(ctx, "run", func(context.Context) error { return nil })
+					errs <- err
+				}()
+			}
+			for range callers {
+				if err := <-errs; err != nil && !errors.Is(err, advisorylock.ErrPoolUnavailable) {
+					t.Fatalf("a TryDoOnce of the burst: %v, want nil or ErrPoolUnavailable (a hang ends with the caller's context)", err)
+				}
+			}
+		})
+	}
 }

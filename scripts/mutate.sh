@@ -178,6 +178,9 @@ mutation "a checked session's facts carry over to every session" conn_guard.go \
 mutation "Guard.Conn's statements leave the session's facts standing" conn_guard.go \
 	's/\n\tforgetSession\(s\.p\.conn\)\n/\n/' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
+mutation "TryDoOnce's record read waits for the pool as long as the caller" once.go \
+	's/rec\.RunDone\(withPoolWait\(ctx, l\.cfg\.poolWait\), /rec.RunDone(ctx, /' \
+	'^TestTryDoOnceBurstOnASmallPoolDoesNotHang$'
 mutation "a discarded pgxpool connection goes back to the pgxpool with its lock" conn_guard.go \
 	's/\t\tcloseSession\(dc\)\n/\t\t_ = dc\n/' \
 	'^TestDiscardedLockOnAPgxpoolIsFreed$'

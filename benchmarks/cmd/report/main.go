@@ -48,7 +48,7 @@ type group struct {
 // name; any other Benchmark function of the package runs in the group
 // "other benchmarks" (see otherGroup).
 var knownBenchmarks = []string{"BenchmarkPG", "BenchmarkSQLite", "BenchmarkPaired", "BenchmarkRoundTrips",
-	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkLeaseHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired", "BenchmarkPeers"}
+	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkLeaseHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired", "BenchmarkPeers", "BenchmarkMissCost"}
 
 // groups returns the suite; other, when not "", is the -bench expression
 // of the benchmarks no group names (see otherGroup). The full run takes
@@ -65,13 +65,14 @@ func groups(quick bool, count int, other string) []group {
 		{"handoff, goose session locker (1s)", `^BenchmarkHandoff$/^goose_session$`, "6x", min(count, 3), false},
 		{"scaling", `^BenchmarkScaling$`, "300ms", min(count, 3), false},
 		{"MySQL paired ratios", `^(BenchmarkMySQLPaired|BenchmarkMySQLHandoffPaired)$`, "300ms", count, true},
+		{"miss cost", `^BenchmarkMissCost$`, "400x", count, true},
 	}
 	gs = append(gs, peerGroups(count)...)
 	if other != "" {
 		gs = append(gs, group{"other benchmarks", other, "300ms", count, false})
 	}
 	if quick {
-		short := map[string]string{"300ms": "100ms", "300x": "100x", "200x": "20x", "40x": "10x", "6x": "3x"}
+		short := map[string]string{"300ms": "100ms", "300x": "100x", "400x": "100x", "200x": "20x", "40x": "10x", "6x": "3x"}
 		for i := range gs {
 			gs[i].benchtime = cmp.Or(short[gs[i].benchtime], gs[i].benchtime)
 			gs[i].passes = 1

@@ -175,22 +175,27 @@ func (g gate) met(x float64) bool {
 }
 
 const (
-	tryGateWhat     = "uncontended `TryLock`+`Release` (pool checkout included) ≤ 1.10× the bare two statements (keys as literals) on a pinned connection"
+	tryGateWhat     = "uncontended `TryLock`+`Release` (pool checkout included) ≤ 1.25× the bare two statements (keys as literals) on a pinned connection"
 	handoffGateWhat = "handoff p50 ≤ 1.25× the same handoff done with bare statements on two pinned connections"
 )
 
 var (
-	tryGate     = gate{tryGateWhat, "1.10×", true, 1.10}
+	tryGate     = gate{tryGateWhat, "1.25×", true, 1.25}
 	handoffGate = gate{handoffGateWhat, "1.25×", true, 1.25}
 	leaseHand   = gate{"`LeaseLock` handoff p50 ≤ 3× the session `Lock` handoff (both held 5 ms, paired)", "3×", true, 3}
 	leaseGoose  = gate{"`LeaseLock` handoff p50 ≥ 20× faster than goose's table locker (polling every 20 ms)", "20×", false, 20}
 	leaseGrowth = gate{"`LeaseLock` handoff p99 after a 200 ms wait ≤ 1.25× its p99 after a 50 ms wait (a handoff does not grow with the wait)", "1.25×", true, 1.25}
 	leaseGate   = gate{"`LeaseLock` acquire+release ≥ 1.5× faster than goose's table locker", "1.5×", false, 1.5}
-	sqliteLock  = gate{"SQLite: `TryLock`+`Release` ≤ 1.10× its bare statements (upsert + delete)", "1.10×", true, 1.10}
-	sqliteLease = gate{"SQLite: `LeaseLock` `TryLock`+`Release` ≤ 1.10× its bare statements (the upsert with its read of the token counter, the release)", "1.10×", true, 1.10}
+	sqliteLock  = gate{"SQLite: `TryLock`+`Release` ≤ 1.25× its bare statements (upsert + delete)", "1.25×", true, 1.25}
+	sqliteLease = gate{"SQLite: `LeaseLock` `TryLock`+`Release` ≤ 1.25× its bare statements (the upsert with its read of the token counter, the release)", "1.25×", true, 1.25}
 	sqliteHand  = gate{"SQLite: handoff p50 ≤ 1.25× the bare upsert polled as often", "1.25×", true, 1.25}
 	sqliteTail  = gate{"SQLite under contention: `Lock`+`Release` p99 ≤ 20× its p50 (32 goroutines over 256 names, one file)", "20×", true, 20}
-	mysqlTry    = gate{"MySQL/MariaDB: `TryLock`+`Release` ≤ 1.10× its bare statements (`GET_LOCK` with its read of shared holders, `RELEASE_LOCK`; literal names, pinned connection)", "1.10×", true, 1.10}
+	mysqlTry    = gate{"MySQL/MariaDB: `TryLock`+`Release` ≤ 1.25× its bare statements (`GET_LOCK` with its read of shared holders, `RELEASE_LOCK`; literal names, pinned connection)", "1.25×", true, 1.25}
+	missCost    = gate{"a missed `TryLock` with 10,000 advisory locks held ≤ 1.5× one with 100 held (p50, alternating rounds; `MissCost`)", "1.5×", true, 1.5}
+	peerThrough = gate{"throughput of 32 goroutines over 256 names (blocking `Lock`, `Release`) ≥ redislock's in the same run (`Peers/throughput`)", "1×", false, 1}
+	muxThrough  = gate{"multiplexed throughput ≥ pinned, same driver, same run (`Peers/throughput`)", "1×", false, 1}
+	muxHandoff  = gate{"multiplexed handoff p50 ≤ 1.25× pinned, same driver, same run (`Peers/handoff`)", "1.25×", true, 1.25}
+	muxTail     = gate{"multiplexed handoff p99 ≤ 5× its p50 (`Peers/handoff`)", "5×", true, 5}
 	mysqlHand   = gate{"MySQL/MariaDB: handoff p50 ≤ 1.25× the bare handoff (`GET_LOCK` with its read of shared holders, `RELEASE_LOCK`) on two pinned connections", "1.25×", true, 1.25}
 )
 
@@ -242,6 +247,46 @@ func (r *report) checkTargets() []target {
 	ts = append(ts, r.sequentialTarget(sqliteHand, "sqlite", "p50-us", "BenchmarkHandoff/sqlite_lock/sqlite", "BenchmarkHandoff/sqlite_raw/sqlite"))
 	ts = append(ts, r.pairedTarget(sqliteTail, "sqlite (`SQLiteContention`)", "BenchmarkSQLiteContention", "p99-x-p50"))
 	ts = append(ts, r.mysqlTargets()...)
+	for _, d := range pgDrivers {
+		ts = append(ts, r.pairedTarget(missCost, d.label, "BenchmarkMissCost/"+d.id, "x-few"))
+	}
+	ts = append(ts, r.peerTargets()...)
+	return ts
+}
+
+// peerTargets checks SPEC 11.3's per-entity gates on BenchmarkPeers:
+// throughput against redislock's, pinned and multiplexed, and multiplexed
+// against pinned (throughput, handoff p50 and its tail), per driver.
+func (r *report) peerTargets() []target {
+	var ts []target
+	ratioOf := func(res *results, bench, num, den string) (float64, bool) {
+		n, nok := res.median("BenchmarkPeers/"+bench, num)
+		d, dok := res.median("BenchmarkPeers/"+bench, den)
+		return n / d, nok && dok && d > 0
+	}
+	check := func(g gate, driver, bench, num, den string) {
+		t := target{what: g.what, driver: driver, limit: g.limit, measured: "not measured", unpinned: "–"}
+		if x, ok := ratioOf(r.res, bench, num, den); ok {
+			met := g.met(x)
+			t.met, t.measured = &met, fine(x, g.bound)
+		}
+		if x, ok := ratioOf(r.unp, bench, num, den); ok {
+			t.unpinned = fine(x, g.bound)
+			if !g.met(x) {
+				t.unpinned += " (over)"
+			}
+		}
+		ts = append(ts, t)
+	}
+	for _, d := range pgDrivers {
+		id := d.id
+		for _, mode := range []string{"pinned", "mux"} {
+			check(peerThrough, d.label+" "+mode, "throughput", id+"-"+mode+"-ops/s", "redislock-ops/s")
+		}
+		check(muxThrough, d.label, "throughput", id+"-mux-ops/s", id+"-pinned-ops/s")
+		check(muxHandoff, d.label, "handoff", id+"-mux-p50-us", id+"-pinned-p50-us")
+		check(muxTail, d.label, "handoff", id+"-mux-p99-us", id+"-mux-p50-us")
+	}
 	return ts
 }
 

@@ -41,9 +41,10 @@ func fakeOptions(s *fakeServer) []advisorylock.Option {
 // eventLog is an Observer that keeps each event as a line, "type
 // outcome cause reason" with the fields that are set.
 type eventLog struct {
-	mu     sync.Mutex
-	lines  []string
-	events []advisorylock.Event
+	mu      sync.Mutex
+	lines   []string
+	events  []advisorylock.Event
+	changed chan struct{} // closed and replaced at each event
 }
 
 func (o *eventLog) Observe(ctx context.Context, e advisorylock.Event) context.Context {
@@ -52,7 +53,34 @@ func (o *eventLog) Observe(ctx context.Context, e advisorylock.Event) context.Co
 	defer o.mu.Unlock()
 	o.lines = append(o.lines, line)
 	o.events = append(o.events, e)
+	if o.changed != nil {
+		close(o.changed)
+		o.changed = nil
+	}
 	return ctx
+}
+
+// await waits until line has been seen.
+func (o *eventLog) await(t *testing.T, line string) {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		o.mu.Lock()
+		if slices.Contains(o.lines, line) {
+			o.mu.Unlock()
+			return
+		}
+		if o.changed == nil {
+			o.changed = make(chan struct{})
+		}
+		ch := o.changed
+		o.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("the observer never saw %q; it saw %q", line, o.seen())
+		}
+	}
 }
 
 func (o *eventLog) seen() []string {
@@ -87,10 +115,11 @@ func TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt(t *testing.T) {
 	if n := s.discards(); n != 0 {
 		t.Fatalf("a clean release discarded %d connections; want it recycled", n)
 	}
-	g = mustTry(t, l)
-	defer mustRelease(t, g)
-	if again := s.holder(l.Key()); again != session {
-		t.Fatalf("the next TryLock ran on session %d, not on the recycled %d", again, session)
+	s.mu.Lock()
+	open := s.open[session]
+	s.mu.Unlock()
+	if st := db.Stats(); !open || st.InUse != 0 || st.Idle == 0 {
+		t.Fatalf("after a clean release: session open %v, %d in use, %d idle; want it idle in the pool", open, st.InUse, st.Idle)
 	}
 }
 
@@ -131,6 +160,36 @@ func TestEngineCancelledAcquireSendsNothing(t *testing.T) {
 	}
 	if st := db.Stats(); st.OpenConnections != 0 || s.count("try") != 0 {
 		t.Fatalf("a cancelled acquire opened %d connections and sent %d tries", st.OpenConnections, s.count("try"))
+	}
+}
+
+func TestEngineCheckoutEndsWithItsContextOrThePoolWait(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	db.SetMaxOpenConns(1)
+	l := fakeLock(t, s, db, "job", advisorylock.WithPoolWait(time.Millisecond))
+	g := mustTry(t, fakeLock(t, s, db, "other")) // the pool's one connection
+	defer mustRelease(t, g)
+	tries := s.count("try")
+	if _, err := l.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrPoolUnavailable) {
+		t.Fatalf("TryLock on an exhausted pool: %v; want ErrPoolUnavailable after the pool wait", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(ctx) // a wait's checkout is bounded by ctx alone
+		done <- err
+	}()
+	waitForPool := time.Now().Add(wait)
+	for db.Stats().WaitCount < 2 && time.Now().Before(waitForPool) {
+		runtime.Gosched() // database/sql tells no event for a checkout in line
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock cancelled in the pool's line: %v; want context.Canceled", err)
+	}
+	if n := s.count("try") - tries; n != 0 {
+		t.Fatalf("acquires that never got a connection sent %d tries", n)
 	}
 }
 
@@ -364,10 +423,8 @@ func TestEngineForgottenGuardIsDiscarded(t *testing.T) {
 	if n := s.discards(); n != 1 {
 		t.Fatalf("%d connections discarded; want the forgotten guard's", n)
 	}
-	s.await(t, "the forgotten release event", func() bool { return slices.Contains(obs.seen(), "release") })
-	if got := obs.seen(); !slices.Contains(got, "discard forgotten") {
-		t.Fatalf("the observer saw %q; want a discard forgotten", got)
-	}
+	obs.await(t, "release")
+	obs.await(t, "discard forgotten")
 }
 
 func TestEngineObserverSeesEachAcquireInOrder(t *testing.T) {
@@ -454,12 +511,22 @@ func TestEngineSetTakesAllOrNone(t *testing.T) {
 			t.Fatalf("%q is held by session %d; want every name on session %d", n, h, first)
 		}
 	}
+	mustRelease(t, g)
+	for _, n := range names {
+		if h := s.holder(advisorylock.Key(n)); h != 0 {
+			t.Fatalf("after the set's release %q is held by session %d", n, h)
+		}
+	}
+	if n := s.discards(); n != 0 {
+		t.Fatalf("a clean release of a set discarded %d connections", n)
+	}
+	g = mustTry(t, set)
 	s.free(advisorylock.Key("c")) // one name lost loses the set
 	awaitLost(t, g)
 	mustRelease(t, g)
 	for _, n := range names {
 		if h := s.holder(advisorylock.Key(n)); h != 0 {
-			t.Fatalf("after the set's release %q is held by session %d", n, h)
+			t.Fatalf("after a lost set's release %q is held by session %d", n, h)
 		}
 	}
 }

@@ -384,13 +384,6 @@ func (b fakeBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key in
 	}
 }
 
-// waiters returns how many sessions wait for key in the server.
-func (s *fakeServer) waiters(key int64) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.waiting[key]
-}
-
 func (b fakeBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
 	var res advisorylock.SessionResult
 	err := b.run(ctx, "unlock", conn, key, func(session int64) error {

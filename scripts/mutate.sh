@@ -51,6 +51,12 @@ mutation "a grant that arrives after its caller cancelled is kept" advisorylock.
 mutation "a cancelled acquire recycles its connection" conn_guard.go \
 	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(discardCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1recycle(g.p.conn)/' \
 	'^(TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant|TestEngineCancelledWaitLeavesNoHold)$'
+mutation "a clean release discards the connection" conn_guard.go \
+	's/(key", s\.key\)\n\t\}\n\t)recycle\(s\.p\.conn\)/$1s.p.discard(discardError, nil)/' \
+	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
+mutation "a set's release lets go of its first name only" conn_guard.go \
+	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.l\.set, /unlockKeys(ctx, s.locker, \&s.p, s.l.set[:1], /' \
+	'^TestEngineSetTakesAllOrNone$'
 mutation "a failed unlock recycles the connection" conn_guard.go \
 	's/case err != nil:\n\t\ts\.p\.discard\(discardError, err\)\n\t\treturn err/case err != nil:\n\t\trecycle(s.p.conn)\n\t\treturn err/' \
 	'^TestEngineFailedStatementsDiscardTheConnection$'

@@ -646,3 +646,66 @@ func TestEngineMultiplexedSessionLostLosesOnlyItsLocks(t *testing.T) {
 		}
 	}
 }
+
+func TestEngineElectionLeaderLostHandsTheTermOn(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	type term struct {
+		who   string
+		token advisorylock.FencingToken
+		ctx   context.Context
+	}
+	terms := make(chan term, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	var runs sync.WaitGroup
+	for _, who := range []string{"a", "b"} {
+		e, err := advisorylock.NewElection(db, "leader", append(fakeOptions(s), advisorylock.WithOwner(who))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs.Add(1)
+		go func() {
+			defer runs.Done()
+			_ = e.Run(ctx, func(ctx context.Context, token advisorylock.FencingToken) error {
+				terms <- term{who, token, ctx}
+				<-ctx.Done()
+				return ctx.Err()
+			})
+		}()
+	}
+	defer func() {
+		cancel()
+		runs.Wait()
+	}()
+	first := <-terms
+	leader, err := advisorylock.NewElection(db, "leader", fakeOptions(s)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := leader.Leader(context.Background())
+	if err != nil || h == nil || h.Owner != first.who || h.Token != first.token {
+		t.Fatalf("Leader: %+v, %v; want %s with term %d", h, err, first.who, first.token)
+	}
+	s.kill(int64(h.PID))
+	select {
+	case <-first.ctx.Done():
+	case <-time.After(wait):
+		t.Fatal("the killed leader's lead kept running")
+	}
+	if cause := context.Cause(first.ctx); !errors.Is(cause, advisorylock.ErrLockLost) {
+		t.Fatalf("the lost leader's context ended with %v; want ErrLockLost", cause)
+	}
+	var next term
+	select {
+	case next = <-terms:
+	case <-time.After(wait):
+		t.Fatal("no candidate took over from the lost leader")
+	}
+	if next.token <= first.token {
+		t.Fatalf("after %s's term %d, %s leads with term %d; want a larger term", first.who, first.token, next.who, next.token)
+	}
+	h, err = leader.Leader(context.Background())
+	if err != nil || h == nil || h.Owner != next.who || h.Token != next.token {
+		t.Fatalf("Leader: %+v, %v; want %s with term %d", h, err, next.who, next.token)
+	}
+}

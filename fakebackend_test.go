@@ -36,6 +36,8 @@ type fakeServer struct {
 	before  func(op string, session, key int64) error
 	stall   func(op string, key int64) // called outside mu: may block
 	changed chan struct{}              // closed and replaced on every change
+	terms   map[string]fakeTerm        // each election's latest term
+	tokens  advisorylock.FencingToken  // the last term's token
 }
 
 func newFakeServer() *fakeServer {
@@ -45,6 +47,7 @@ func newFakeServer() *fakeServer {
 		holders: map[int64]int64{},
 		waiting: map[int64]int{},
 		stmts:   map[string]int{},
+		terms:   map[string]fakeTerm{},
 		changed: make(chan struct{}),
 	}
 }
@@ -425,18 +428,54 @@ func (b fakeBackend) SessionHolder(ctx context.Context, db advisorylock.DB, key 
 	return hs[0], nil
 }
 
-func (b fakeBackend) PrepareElections(context.Context, advisorylock.DB) error {
-	return advisorylock.ErrUnsupported
+// Elections: each term a row (name, session, owner, token), the token
+// from one counter.
+
+type fakeTerm struct {
+	session int64
+	owner   string
+	token   advisorylock.FencingToken
+	since   time.Time
+	ended   bool
+	key     int64
 }
-func (b fakeBackend) BeginTerm(context.Context, *sql.Conn, int64, string, string) (advisorylock.FencingToken, error) {
-	return 0, advisorylock.ErrUnsupported
+
+func (b fakeBackend) PrepareElections(context.Context, advisorylock.DB) error { return nil }
+
+func (b fakeBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (advisorylock.FencingToken, error) {
+	var token advisorylock.FencingToken
+	err := b.run(ctx, "begin term", conn, key, func(session int64) error {
+		b.s.tokens++
+		token = b.s.tokens
+		b.s.terms[name] = fakeTerm{session: session, owner: owner, token: token, since: time.Now(), key: key}
+		b.s.notifyLocked()
+		return nil
+	})
+	return token, err
 }
-func (b fakeBackend) TermHolder(context.Context, advisorylock.DB, int64, string) (*advisorylock.Holder, error) {
-	return nil, advisorylock.ErrUnsupported
+
+func (b fakeBackend) TermHolder(ctx context.Context, db advisorylock.DB, key int64, name string) (*advisorylock.Holder, error) {
+	b.s.mu.Lock()
+	defer b.s.mu.Unlock()
+	b.s.stmts["term holder"]++
+	t, ok := b.s.terms[name]
+	if !ok || t.ended || b.s.holders[key] != t.session {
+		return nil, nil
+	}
+	return &advisorylock.Holder{Name: name, Backend: "fake", Key: key, PID: int(t.session), Owner: t.owner, Token: t.token, Since: t.since}, nil
 }
-func (b fakeBackend) EndTerm(context.Context, *sql.Conn, string, advisorylock.FencingToken) error {
-	return advisorylock.ErrUnsupported
+
+func (b fakeBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
+	return b.run(ctx, "end term", conn, 0, func(int64) error {
+		if t, ok := b.s.terms[name]; ok && t.token == term {
+			t.ended = true
+			b.s.terms[name] = t
+			b.s.notifyLocked()
+		}
+		return nil
+	})
 }
+
 func (b fakeBackend) TryLockTx(context.Context, *sql.Tx, int64) (bool, error) {
 	return false, advisorylock.ErrUnsupported
 }

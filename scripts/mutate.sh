@@ -287,7 +287,7 @@ mutation "a resign leaves its term's row naming its session" election.go \
 	'^TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock$'
 mutation "a leader that lost its lock leads on" election.go \
 	's/t\.g\.h\.onLost\(cancel\)/t.g.h.onLost(nil)/' \
-	'^TestElectionKilledSessionIsTakenOver$'
+	'^(TestElectionKilledSessionIsTakenOver|TestEngineElectionLeaderLostHandsTheTermOn)$'
 mutation "a resigner on SQLite campaigns again at once" election.go \
 	's/pause = max\(pause, 2\*max\(e\.cfg\.poll, leaseWaitCap\)\)/_ = leaseWaitCap/' \
 	'^TestElectionThreeCandidatesTakeTurnsOnResign$'

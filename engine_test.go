@@ -147,6 +147,38 @@ func TestEngineTryMissReturnsTheConnectionToThePool(t *testing.T) {
 	}
 }
 
+func TestEngineDoHoldsTheLockForItsFunctionAlone(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job")
+	ran := false
+	err := l.Do(context.Background(), func(ctx context.Context) error {
+		ran = s.holder(l.Key()) != 0 && advisorylock.GuardFromContext(ctx) != nil
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("Do: %v; fn ran holding the lock: %v", err, ran)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_ = l.Do(context.Background(), func(context.Context) error { panic("fn fails") })
+	}()
+	if h := s.holder(l.Key()); h != 0 {
+		t.Fatalf("after Do (and a panicking Do), session %d holds the key", h)
+	}
+	s.take(l.Key())
+	ran, err = l.TryDo(context.Background(), func(context.Context) error {
+		t.Error("TryDo ran fn under a lock held elsewhere")
+		return nil
+	})
+	if ran || err != nil {
+		t.Fatalf("TryDo of a held lock: %v, %v; want false, nil", ran, err)
+	}
+	if st := db.Stats(); st.InUse != 0 || s.discards() != 0 {
+		t.Fatalf("after Do and TryDo: %d in use, %d discarded; want every connection recycled", st.InUse, s.discards())
+	}
+}
+
 func TestEngineCancelledAcquireSendsNothing(t *testing.T) {
 	t.Parallel()
 	s, db := openFake(t)

@@ -57,6 +57,12 @@ mutation "a clean release discards the connection" conn_guard.go \
 mutation "a set's release lets go of its first name only" conn_guard.go \
 	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.l\.set, /unlockKeys(ctx, s.locker, \&s.p, s.l.set[:1], /' \
 	'^TestEngineSetTakesAllOrNone$'
+mutation "Do keeps the lock after its function returns" advisorylock.go \
+	's/relErr := g\.Release\(ctx\)/relErr := error(nil)/' \
+	'^TestEngineDoHoldsTheLockForItsFunctionAlone$'
+mutation "TryDo's miss is an error" advisorylock.go \
+	's/if errors\.Is\(err, ErrNotAcquired\) \{\n\t\treturn false, nil/if errors.Is(err, ErrNotAcquired) \&\& false {\n\t\treturn false, nil/' \
+	'^TestEngineDoHoldsTheLockForItsFunctionAlone$'
 mutation "a failed unlock recycles the connection" conn_guard.go \
 	's/case err != nil:\n\t\ts\.p\.discard\(discardError, err\)\n\t\treturn err/case err != nil:\n\t\trecycle(s.p.conn)\n\t\treturn err/' \
 	'^TestEngineFailedStatementsDiscardTheConnection$'

@@ -563,10 +563,10 @@ func TestEngineSetTakesAllOrNone(t *testing.T) {
 	}
 }
 
-func TestEngineSemaphoreGivesEachSlotOnce(t *testing.T) {
+func TestEngineSemaphoreGivesEachSlotOnceAndAWaiterTheFreedOne(t *testing.T) {
 	t.Parallel()
 	s, db := openFake(t)
-	sem, err := advisorylock.NewSemaphore(db, "pool", 2, fakeOptions(s)...)
+	sem, err := advisorylock.NewSemaphore(db, "pool", 2, append(fakeOptions(s), advisorylock.WithPollInterval(time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -585,13 +585,22 @@ func TestEngineSemaphoreGivesEachSlotOnce(t *testing.T) {
 	if _, err := sem.TryAcquire(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 		t.Fatalf("a third TryAcquire of two slots: %v; want ErrNotAcquired", err)
 	}
+	got := make(chan *advisorylock.Guard, 1)
+	go func() {
+		g, err := sem.Acquire(ctx) // waits, polling, for a slot
+		if err != nil {
+			t.Error(err)
+		}
+		got <- g
+	}()
+	s.await(t, "the Acquire to try every slot", func() bool { return s.stmts["try any"] >= 4 })
 	mustRelease(t, g1)
-	g3, err := sem.TryAcquire(ctx)
-	if err != nil {
-		t.Fatalf("TryAcquire after a slot's release: %v", err)
+	g3 := <-got
+	if g3 == nil {
+		t.FailNow()
 	}
 	if g3.Slot() != g1.Slot() {
-		t.Fatalf("the freed slot was %d, the new holder took %d", g1.Slot(), g3.Slot())
+		t.Fatalf("the freed slot was %d, the waiter took %d", g1.Slot(), g3.Slot())
 	}
 	mustRelease(t, g2)
 	mustRelease(t, g3)

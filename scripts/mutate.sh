@@ -63,6 +63,9 @@ mutation "Do keeps the lock after its function returns" advisorylock.go \
 mutation "TryDo's miss is an error" advisorylock.go \
 	's/if errors\.Is\(err, ErrNotAcquired\) \{\n\t\treturn false, nil/if errors.Is(err, ErrNotAcquired) \&\& false {\n\t\treturn false, nil/' \
 	'^TestEngineDoHoldsTheLockForItsFunctionAlone$'
+mutation "a semaphore guard reports slot 0" advisorylock.go \
+	's/\tg\.slot = slot\n/\tg.slot = 0 * slot\n/' \
+	'^TestEngineSemaphoreGivesEachSlotOnceAndAWaiterTheFreedOne$'
 mutation "a failed unlock recycles the connection" conn_guard.go \
 	's/case err != nil:\n\t\ts\.p\.discard\(discardError, err\)\n\t\treturn err/case err != nil:\n\t\trecycle(s.p.conn)\n\t\treturn err/' \
 	'^TestEngineFailedStatementsDiscardTheConnection$'

@@ -38,6 +38,47 @@ mutation() {
 	names+=("$1") files+=("$2") edits+=("$3") tests+=("$4") pkgs+=("${5:-.}")
 }
 
+# --- The engine against a fake backend (engine_test.go: no database) ------------
+mutation "a release recycles a lost lock's connection" conn_guard.go \
+	's/if gone, why := s\.isLost\(\); gone \{/if gone, why := s.isLost(); gone \&\& false {/' \
+	'^(TestEngineReleaseOfALostLockDiscardsItsConnection|TestEngineLossIsToldToLostDoAndTheObserver)$'
+mutation "a loss does not close Lost" advisorylock.go \
+	's/(h\.isGone, h\.lostErr, h\.lostCause = true, err, cause\n)\tif h\.lostCh != nil \{\n\t\tclose\(h\.lostCh\)\n\t\}\n/$1/' \
+	'^TestEngineReleaseOfALostLockDiscardsItsConnection$'
+mutation "a loss does not cancel Do's context" advisorylock.go \
+	's/\tif f != nil \{\n\t\tf\(err\)\n\t\}\n/\t_ = f\n/' \
+	'^TestEngineLossIsToldToLostDoAndTheObserver$'
+mutation "a loss is not told to the Observer" advisorylock.go \
+	's/if cause != "" \{/if cause == "never" {/' \
+	'^TestEngineLossIsToldToLostDoAndTheObserver$'
+mutation "a try keeps its connection after a definite miss" advisorylock.go \
+	's/if !wait \{\n\t\t\tcg\.recycle\(\)\n\t\t\treturn nil, ErrNotAcquired/if !wait {\n\t\t\tcg.take()\n\t\t\treturn nil, ErrNotAcquired/' \
+	'^TestEngineTryMissReturnsTheConnectionToThePool$'
+mutation "a grant that arrives after its caller cancelled is kept" advisorylock.go \
+	's/if ctx\.Err\(\) != nil \{\n(\t+)\/\/ Cancelled as it was granted/if ctx.Err() != nil \&\& false {\n$1\/\/ Cancelled as it was granted/' \
+	'^TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant$'
+mutation "a cancelled acquire recycles its connection" conn_guard.go \
+	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(discardCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1recycle(g.p.conn)/' \
+	'^(TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant|TestEngineCancelledWaitLeavesNoHold)$'
+mutation "a clean release discards the connection" conn_guard.go \
+	's/(key", s\.key\)\n\t\}\n\t)recycle\(s\.p\.conn\)/$1s.p.discard(discardError, nil)/' \
+	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
+mutation "a set's release lets go of its first name only" conn_guard.go \
+	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.l\.set, /unlockKeys(ctx, s.locker, \&s.p, s.l.set[:1], /' \
+	'^TestEngineSetTakesAllOrNone$'
+mutation "Do keeps the lock after its function returns" advisorylock.go \
+	's/relErr := g\.Release\(ctx\)/relErr := error(nil)/' \
+	'^TestEngineDoHoldsTheLockForItsFunctionAlone$'
+mutation "TryDo's miss is an error" advisorylock.go \
+	's/if errors\.Is\(err, ErrNotAcquired\) \{\n\t\treturn false, nil/if errors.Is(err, ErrNotAcquired) \&\& false {\n\t\treturn false, nil/' \
+	'^TestEngineDoHoldsTheLockForItsFunctionAlone$'
+mutation "a semaphore guard reports slot 0" advisorylock.go \
+	's/\tg\.slot = slot\n/\tg.slot = 0 * slot\n/' \
+	'^TestEngineSemaphoreGivesEachSlotOnceAndAWaiterTheFreedOne$'
+mutation "a failed unlock recycles the connection" conn_guard.go \
+	's/case err != nil:\n\t\ts\.p\.discard\(discardError, err\)\n\t\treturn err/case err != nil:\n\t\trecycle(s.p.conn)\n\t\treturn err/' \
+	'^TestEngineFailedStatementsDiscardTheConnection$'
+
 # --- Multiplexed sessions and sets -------------------------------------------
 mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
 	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/sctx, cancel := context.WithTimeout(ctx, mp.key.timeout)/' \
@@ -47,7 +88,7 @@ mutation "a name held in the process is tried again on its shared session" multi
 	'^(TestMultiplexingExcludesInProcessAndHandsOff|TestMultiplexedAndSetRowsUnderFaults|TestMultiplexedSessionKilledUnderContention)$'
 mutation "a shared session that ends tells none of its locks" multiplex.go \
 	's/for _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}/_ = holds/' \
-	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours|TestMultiplexedSessionKilledUnderContention|TestMultiplexedAndSetRowsUnderFaults)$'
+	'^(TestMultiplexingSessionKilledLosesOnlyItsLocks|TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours|TestMultiplexedSessionKilledUnderContention|TestMultiplexedAndSetRowsUnderFaults|TestEngineMultiplexedSessionLostLosesOnlyItsLocks)$'
 mutation "a forgotten guard on a shared session discards the session" multiplex.go \
 	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(CauseSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
 	'^TestForgottenMultiplexedGuardIsCleanedUp$'
@@ -60,7 +101,7 @@ mutation "a shared session's keep-alive is never started" multiplex.go \
 	'^TestMultiplexedSessionKilledUnderContention$'
 mutation "a missing key loses every lock on the shared session" multiplex.go \
 	's/if h := s\.holds\[k\]; !held\[i\] && h != nil \{/if h := s.holds[k]; h != nil \&\& (!held[i] || slices.Contains(held, false)) {/' \
-	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
+	'^(TestMultiplexedKeepAliveLosesOnlyTheMissingKeys|TestEngineMultiplexedSessionLostLosesOnlyItsLocks)$'
 mutation "a lost set's other keys stay held on the shared session" multiplex.go \
 	's/if len\(rest\) > 0 && s\.unlockLocked/if false \&\& len(rest) > 0 \&\& s.unlockLocked/' \
 	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
@@ -153,13 +194,13 @@ mutation "a semaphore's waiter that cannot hear never goes back to slices" semap
 # --- Locks (session advisory locks on PostgreSQL) ---------------------------
 mutation "keep-alive never reports a loss" conn_guard.go \
 	's/if err == nil && held \{/if _ = held; true {/' \
-	'^(TestSoak|TestKilledSessionsUnderLoad|TestNetworkCutsUnderLoad|TestKilledSessionClosesLostAndCancelsDo)$'
+	'^(TestSoak|TestKilledSessionsUnderLoad|TestNetworkCutsUnderLoad|TestKilledSessionClosesLostAndCancelsDo|TestEngineLossIsToldToLostDoAndTheObserver)$'
 mutation "55P03: a timed-out slice is a miss without asking the session" backend_postgres.go \
 	's/(== "55P03".*\{\n\t\treturn )p\.holds\(ctx, conn, key\)/$1SessionResult{}, nil/' \
 	'^TestLockTimeoutRacingAGrantIsAGrantOnARealServer$'
 mutation "a discarded connection goes back to the pool" conn_guard.go \
 	's/_ = conn\.Raw\(func\(any\) error \{ return driver\.ErrBadConn \}\)/_ = conn.Raw(func(any) error { _ = driver.ErrBadConn; return nil })/' \
-	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection)$'
+	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection|TestEngineFailedStatementsDiscardTheConnection|TestEngineForgottenGuardIsDiscarded)$'
 mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
 	's/case !p\.bounded:\n\t\treturn stmt\(driverCtx, p\.conn\)/case true:\n\t\treturn stmt(driverCtx, p.conn)/' \
 	'^TestNetworkCutLosesLocksBeforeExpiry$'
@@ -204,7 +245,7 @@ mutation "8 s wait slices" advisorylock.go \
 	'^TestWaiterDoesNotStallCreateIndexConcurrently$'
 mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go \
 	's/slice = min\(slice, time\.Until\(dl\)\)/slice = max(slice, 10*time.Second+0*time.Until(dl))/' \
-	'^TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection$'
+	'^(TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection|TestEngineLockTimeoutReturnsATimeoutError)$'
 
 # Look-alikes and clusters whose locks exclude nothing, told by the server.
 mutation "YugabyteDB is taken for PostgreSQL" backend_postgres.go \
@@ -366,7 +407,7 @@ mutation "a resign leaves its term's row naming its session" election.go \
 	'^TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock$'
 mutation "a leader that lost its lock leads on" election.go \
 	's/t\.g\.h\.onLost\(cancel\)/t.g.h.onLost(nil)/' \
-	'^TestElectionKilledSessionIsTakenOver$'
+	'^(TestElectionKilledSessionIsTakenOver|TestEngineElectionLeaderLostHandsTheTermOn)$'
 mutation "a resigner on SQLite campaigns again at once" election.go \
 	's/pause = max\(pause, 2\*max\(e\.cfg\.poll, leaseWaitCap\)\)/_ = leaseWaitCap/' \
 	'^TestElectionThreeCandidatesTakeTurnsOnResign$'

@@ -1,0 +1,752 @@
+package advisorylock_test
+
+// The engine's promises (acquire, wait, keep-alive, loss, release),
+// proven in seconds against the fake backend of fakebackend_test.go,
+// through the public API only: these tests need no database, run under
+// -short, and are how a rewrite of the engine is checked while it is
+// written. The real servers prove the dialects (lock_test.go and the rest).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+)
+
+// fakeLock returns a Lock on the fake backend, whose keep-alive checks
+// often (so that a loss is seen at once), logging nothing.
+func fakeLock(t *testing.T, s *fakeServer, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Lock {
+	t.Helper()
+	return newLock(t, db, name, append(fakeOptions(s), opts...)...)
+}
+
+// fakeOptions are the options of every lock of the engine tests.
+func fakeOptions(s *fakeServer) []advisorylock.Option {
+	return []advisorylock.Option{
+		advisorylock.WithBackend(fakeBackend{s}),
+		advisorylock.WithKeepAlive(time.Millisecond),
+		advisorylock.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
+	}
+}
+
+// eventLog is an Observer that keeps each event as a line, "type
+// outcome cause reason" with the fields that are set.
+type eventLog struct {
+	mu      sync.Mutex
+	lines   []string
+	events  []advisorylock.Event
+	changed chan struct{} // closed and replaced at each event
+}
+
+func (o *eventLog) Observe(ctx context.Context, e advisorylock.Event) context.Context {
+	line := strings.Join(strings.Fields(fmt.Sprint(e.Type, " ", e.Outcome, " ", e.Cause, " ", e.Reason)), " ")
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.lines = append(o.lines, line)
+	o.events = append(o.events, e)
+	if o.changed != nil {
+		close(o.changed)
+		o.changed = nil
+	}
+	return ctx
+}
+
+// await waits until line has been seen.
+func (o *eventLog) await(t *testing.T, line string) {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		o.mu.Lock()
+		if slices.Contains(o.lines, line) {
+			o.mu.Unlock()
+			return
+		}
+		if o.changed == nil {
+			o.changed = make(chan struct{})
+		}
+		ch := o.changed
+		o.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("the observer never saw %q; it saw %q", line, o.seen())
+		}
+	}
+}
+
+func (o *eventLog) seen() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.lines)
+}
+
+// awaitLost waits for g's Lost channel to close.
+func awaitLost(t *testing.T, g *advisorylock.Guard) {
+	t.Helper()
+	select {
+	case <-g.Lost():
+	case <-time.After(wait):
+		t.Fatal("the loss was never told on Lost()")
+	}
+}
+
+func TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job")
+	g := mustTry(t, l)
+	session := s.holder(l.Key())
+	if session == 0 {
+		t.Fatal("TryLock returned a guard, but no session holds the key")
+	}
+	mustRelease(t, g)
+	if h := s.holder(l.Key()); h != 0 {
+		t.Fatalf("after Release, session %d still holds the key", h)
+	}
+	if n := s.discards(); n != 0 {
+		t.Fatalf("a clean release discarded %d connections; want it recycled", n)
+	}
+	s.mu.Lock()
+	open := s.open[session]
+	s.mu.Unlock()
+	if st := db.Stats(); !open || st.InUse != 0 || st.Idle == 0 {
+		t.Fatalf("after a clean release: session open %v, %d in use, %d idle; want it idle in the pool", open, st.InUse, st.Idle)
+	}
+}
+
+func TestEngineTryMissReturnsTheConnectionToThePool(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job")
+	other := s.take(l.Key())
+	_, err := l.TryLock(context.Background())
+	if !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("TryLock of a held lock: %v; want ErrNotAcquired", err)
+	}
+	if !strings.Contains(err.Error(), "job") {
+		t.Errorf("the miss %q does not name the lock", err)
+	}
+	st := db.Stats()
+	if st.InUse != 0 || st.Idle == 0 || s.discards() != 0 {
+		t.Fatalf("after a definite miss: %d in use, %d idle, %d discarded; want the connection back in the pool", st.InUse, st.Idle, s.discards())
+	}
+	if n := s.count("wait"); n != 0 {
+		t.Fatalf("a try waited (%d wait statements)", n)
+	}
+	if h := s.holder(l.Key()); h != other {
+		t.Fatalf("the key's holder is %d, want the other session %d", h, other)
+	}
+}
+
+func TestEngineDoHoldsTheLockForItsFunctionAlone(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job")
+	ran := false
+	err := l.Do(context.Background(), func(ctx context.Context) error {
+		ran = s.holder(l.Key()) != 0 && advisorylock.GuardFromContext(ctx) != nil
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("Do: %v; fn ran holding the lock: %v", err, ran)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_ = l.Do(context.Background(), func(context.Context) error { panic("fn fails") })
+	}()
+	if h := s.holder(l.Key()); h != 0 {
+		t.Fatalf("after Do (and a panicking Do), session %d holds the key", h)
+	}
+	s.take(l.Key())
+	ran, err = l.TryDo(context.Background(), func(context.Context) error {
+		t.Error("TryDo ran fn under a lock held elsewhere")
+		return nil
+	})
+	if ran || err != nil {
+		t.Fatalf("TryDo of a held lock: %v, %v; want false, nil", ran, err)
+	}
+	if st := db.Stats(); st.InUse != 0 || s.discards() != 0 {
+		t.Fatalf("after Do and TryDo: %d in use, %d discarded; want every connection recycled", st.InUse, s.discards())
+	}
+}
+
+func TestEngineCancelledAcquireSendsNothing(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, acquire := range []func(context.Context) (*advisorylock.Guard, error){l.TryLock, l.Lock} {
+		if _, err := acquire(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("acquire on a cancelled context: %v; want context.Canceled", err)
+		}
+	}
+	if st := db.Stats(); st.OpenConnections != 0 || s.count("try") != 0 {
+		t.Fatalf("a cancelled acquire opened %d connections and sent %d tries", st.OpenConnections, s.count("try"))
+	}
+}
+
+func TestEngineCheckoutEndsWithItsContextOrThePoolWait(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	db.SetMaxOpenConns(1)
+	l := fakeLock(t, s, db, "job", advisorylock.WithPoolWait(time.Millisecond))
+	g := mustTry(t, fakeLock(t, s, db, "other")) // the pool's one connection
+	defer mustRelease(t, g)
+	tries := s.count("try")
+	if _, err := l.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrPoolUnavailable) {
+		t.Fatalf("TryLock on an exhausted pool: %v; want ErrPoolUnavailable after the pool wait", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(ctx) // a wait's checkout is bounded by ctx alone
+		done <- err
+	}()
+	waitForPool := time.Now().Add(wait)
+	for db.Stats().WaitCount < 2 && time.Now().Before(waitForPool) {
+		runtime.Gosched() // database/sql tells no event for a checkout in line
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock cancelled in the pool's line: %v; want context.Canceled", err)
+	}
+	if n := s.count("try") - tries; n != 0 {
+		t.Fatalf("acquires that never got a connection sent %d tries", n)
+	}
+}
+
+func TestEngineCancelledWaitLeavesNoHold(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	obs := &eventLog{}
+	l := fakeLock(t, s, db, "job", advisorylock.WithObserver(obs))
+	other := s.take(l.Key())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(ctx)
+		done <- err
+	}()
+	s.await(t, "the Lock to wait in the server", func() bool { return s.waiting[l.Key()] == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled wait returned %v; want context.Canceled", err)
+	}
+	s.free(l.Key())
+	s.await(t, "the waiter to leave", func() bool { return s.waiting[l.Key()] == 0 })
+	if h := s.holder(l.Key()); h != 0 && h != other {
+		t.Fatalf("after a cancelled wait, session %d holds the key", h)
+	}
+	// The wait's statement was cut short: the server may have granted
+	// it, so its connection is discarded.
+	if got := obs.seen(); !slices.Contains(got, "acquire_end canceled") || !slices.Contains(got, "discard canceled") {
+		t.Fatalf("the observer saw %q; want an acquire_end and a discard, canceled", got)
+	}
+	if n := s.discards(); n != 1 {
+		t.Fatalf("%d connections discarded; want the cancelled wait's", n)
+	}
+}
+
+func TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.onStatement(func(op string, _, _ int64) error {
+		if op == "try" {
+			cancel() // the caller goes as the server grants
+		}
+		return nil
+	})
+	g, err := l.TryLock(ctx)
+	if !errors.Is(err, context.Canceled) || g != nil {
+		t.Fatalf("TryLock cancelled as it was granted: %v, %v; want context.Canceled and no guard", g, err)
+	}
+	if h := s.holder(l.Key()); h != 0 {
+		t.Fatalf("session %d still holds a grant nobody received", h)
+	}
+	if n := s.discards(); n != 1 {
+		t.Fatalf("%d connections discarded; want the granted one", n)
+	}
+}
+
+func TestEngineWaitIsGrantedWhenTheHolderReleases(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job")
+	s.take(l.Key())
+	got := make(chan *advisorylock.Guard, 1)
+	go func() {
+		g, err := l.Lock(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- g
+	}()
+	s.await(t, "the Lock to wait in the server", func() bool { return s.waiting[l.Key()] == 1 })
+	s.free(l.Key())
+	g := <-got
+	if g == nil {
+		return
+	}
+	defer mustRelease(t, g)
+	if h := s.holder(l.Key()); h == 0 {
+		t.Fatal("Lock returned, but no session holds the key")
+	}
+}
+
+func TestEngineLockTimeoutReturnsATimeoutError(t *testing.T) {
+	t.Parallel()
+	for _, budget := range []time.Duration{0, 20 * time.Millisecond} {
+		t.Run(budget.String(), func(t *testing.T) {
+			t.Parallel()
+			s, db := openFake(t)
+			l := fakeLock(t, s, db, "job")
+			s.take(l.Key())
+			g, err := l.LockTimeout(context.Background(), budget)
+			var te *advisorylock.TimeoutError
+			if g != nil || !errors.As(err, &te) || !errors.Is(err, advisorylock.ErrTimeout) {
+				t.Fatalf("LockTimeout(%s) of a held lock: %v, %v; want a *TimeoutError", budget, g, err)
+			}
+			if te.Name != "job" || te.Budget != budget || te.Waited > budget+5*time.Second {
+				t.Errorf("TimeoutError %+v; want Name job, Budget %s, and a wait that ended soon after it", te, budget)
+			}
+			if budget == 0 && s.count("wait") != 0 {
+				t.Errorf("LockTimeout(0) waited; want one attempt")
+			}
+			if st := db.Stats(); st.InUse != 0 || s.discards() != 0 {
+				t.Fatalf("after the budget ran out: %d in use, %d discarded; want the connection recycled", st.InUse, s.discards())
+			}
+		})
+	}
+}
+
+// TestEngineLossIsToldToLostDoAndTheObserver kills the hold each way the
+// keep-alive can find it gone: the session lives on without the lock
+// (not_held), or its statements fail (session_ended).
+func TestEngineLossIsToldToLostDoAndTheObserver(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cause string
+		lose  func(s *fakeServer, key int64)
+	}{
+		{"not_held", func(s *fakeServer, key int64) { s.free(key) }},
+		{"session_ended", func(s *fakeServer, key int64) { s.kill(s.holder(key)) }},
+	} {
+		t.Run(tc.cause, func(t *testing.T) {
+			t.Parallel()
+			s, db := openFake(t)
+			obs := &eventLog{}
+			l := fakeLock(t, s, db, "job", advisorylock.WithObserver(obs))
+			var fnCtx context.Context
+			err := l.Do(context.Background(), func(ctx context.Context) error {
+				fnCtx = ctx
+				tc.lose(s, l.Key())
+				awaitLost(t, advisorylock.GuardFromContext(ctx))
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+					t.Error("the loss did not end fn's context")
+				}
+				return ctx.Err()
+			})
+			if !errors.Is(err, advisorylock.ErrLockLost) {
+				t.Fatalf("Do after a loss returned %v; want ErrLockLost", err)
+			}
+			if cause := context.Cause(fnCtx); !errors.Is(cause, advisorylock.ErrLockLost) {
+				t.Fatalf("fn's context ended with %v; want ErrLockLost", cause)
+			}
+			got := obs.seen()
+			want := []string{"acquire_start", "acquire_end acquired", "loss " + tc.cause, "discard lost", "release"}
+			if !slices.Equal(got, want) {
+				t.Fatalf("the observer saw %q; want %q", got, want)
+			}
+			if n := s.discards(); n != 1 {
+				t.Fatalf("%d connections discarded; want the lost lock's", n)
+			}
+		})
+	}
+}
+
+func TestEngineReleaseOfALostLockDiscardsItsConnection(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job")
+	g := mustTry(t, l)
+	lost := g.Lost() // asked before the loss: the loss must close it
+	s.free(l.Key())  // the session lives on, without the lock
+	select {
+	case <-lost:
+	case <-time.After(wait):
+		t.Fatal("the loss did not close Lost()")
+	}
+	if err := g.Release(context.Background()); err != nil {
+		t.Fatalf("Release of a lost lock: %v", err)
+	}
+	if st := db.Stats(); s.discards() != 1 || st.InUse != 0 {
+		t.Fatalf("after releasing a lost lock: %d discarded, %d in use; want its connection discarded", s.discards(), st.InUse)
+	}
+}
+
+func TestEngineFailedStatementsDiscardTheConnection(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"try", "unlock"} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			s, db := openFake(t)
+			obs := &eventLog{}
+			l := fakeLock(t, s, db, "job", advisorylock.WithKeepAlive(0), advisorylock.WithObserver(obs))
+			boom := errors.New("fake: connection reset")
+			s.failNext(op, boom)
+			g, err := l.TryLock(context.Background())
+			if op == "unlock" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = g.Release(context.Background())
+			}
+			if !errors.Is(err, boom) {
+				t.Fatalf("a failed %s returned %v; want the driver's error", op, err)
+			}
+			if h := s.holder(l.Key()); h != 0 {
+				t.Fatalf("after a failed %s, session %d holds the key", op, h)
+			}
+			if st := db.Stats(); s.discards() != 1 || st.InUse != 0 {
+				t.Fatalf("after a failed %s: %d discarded, %d in use; want the connection discarded", op, s.discards(), st.InUse)
+			}
+			if !slices.Contains(obs.seen(), "discard error") {
+				t.Fatalf("the observer saw %q; want a discard for error", obs.seen())
+			}
+		})
+	}
+}
+
+func TestEngineForgottenGuardIsDiscarded(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	obs := &eventLog{}
+	l := fakeLock(t, s, db, "job", advisorylock.WithObserver(obs))
+	dropGuard(t, func() any { return mustTry(t, l) })
+	deadline := time.Now().Add(wait)
+	for s.holder(l.Key()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a forgotten guard kept its lock")
+		}
+		runtime.GC()
+		s.mu.Lock()
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Millisecond): // another GC cycle
+		}
+	}
+	if n := s.discards(); n != 1 {
+		t.Fatalf("%d connections discarded; want the forgotten guard's", n)
+	}
+	obs.await(t, "release")
+	obs.await(t, "discard forgotten")
+}
+
+func TestEngineObserverSeesEachAcquireInOrder(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	obs := &eventLog{}
+	l := fakeLock(t, s, db, "job", advisorylock.WithObserver(obs))
+	mustRelease(t, mustTry(t, l))
+	s.take(l.Key())
+	_, _ = l.TryLock(context.Background())
+	want := []string{
+		"acquire_start", "acquire_end acquired", "release",
+		"acquire_start", "acquire_end not_acquired",
+	}
+	if got := obs.seen(); !slices.Equal(got, want) {
+		t.Fatalf("the observer saw %q; want %q", got, want)
+	}
+	for _, e := range obs.events {
+		if e.Name != "job" || e.Backend != "fake" || fmt.Sprint(e.Kind) != "lock" {
+			t.Fatalf("event %+v: want Name job, Backend fake, Kind lock", e)
+		}
+	}
+}
+
+func TestEngineRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	fake := advisorylock.WithBackend(fakeBackend{s})
+	if _, err := advisorylock.New(nil, "job", fake); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Errorf("New(nil): %v; want ErrUnsupported", err)
+	}
+	for name, opts := range map[string][]advisorylock.Option{
+		"empty name":         nil,
+		"negative keepalive": {advisorylock.WithKeepAlive(-time.Second)},
+		"zero multiplexing":  {advisorylock.WithMultiplexing(0)},
+	} {
+		lockName := "job"
+		if name == "empty name" {
+			lockName = ""
+		}
+		if _, err := advisorylock.New(db, lockName, append(opts, fake)...); err == nil {
+			t.Errorf("New with %s: no error", name)
+		}
+	}
+	l := fakeLock(t, s, db, "job")
+	if err := l.Do(context.Background(), nil); err == nil {
+		t.Error("Do(nil): no error")
+	}
+	// What the backend cannot do is refused at the first operation.
+	if _, err := l.TryRLock(context.Background()); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Errorf("TryRLock on a backend without shared locks: %v; want ErrUnsupported", err)
+	}
+	w := fakeLock(t, s, db, "window", advisorylock.WithMinHold(time.Minute))
+	if _, err := w.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrUnsupported) {
+		t.Errorf("WithMinHold on a backend without windows: %v; want ErrUnsupported", err)
+	}
+	if st := db.Stats(); st.InUse != 0 || s.discards() != 0 {
+		t.Fatalf("refusals left %d connections in use, %d discarded", st.InUse, s.discards())
+	}
+}
+
+func TestEngineSetTakesAllOrNone(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	names := []string{"a", "b", "c"}
+	set, err := advisorylock.NewSet(db, names, fakeOptions(s)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.take(advisorylock.Key("b"))
+	if _, err := set.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("TryLock of a set with one name held: %v; want ErrNotAcquired", err)
+	}
+	for _, n := range []string{"a", "c"} {
+		if h := s.holder(advisorylock.Key(n)); h != 0 {
+			t.Fatalf("a missed set left %q held by session %d", n, h)
+		}
+	}
+	s.free(advisorylock.Key("b"))
+	g := mustTry(t, set)
+	first := s.holder(advisorylock.Key("a"))
+	for _, n := range names {
+		if h := s.holder(advisorylock.Key(n)); h == 0 || h != first {
+			t.Fatalf("%q is held by session %d; want every name on session %d", n, h, first)
+		}
+	}
+	mustRelease(t, g)
+	for _, n := range names {
+		if h := s.holder(advisorylock.Key(n)); h != 0 {
+			t.Fatalf("after the set's release %q is held by session %d", n, h)
+		}
+	}
+	if n := s.discards(); n != 0 {
+		t.Fatalf("a clean release of a set discarded %d connections", n)
+	}
+	g = mustTry(t, set)
+	s.free(advisorylock.Key("c")) // one name lost loses the set
+	awaitLost(t, g)
+	mustRelease(t, g)
+	for _, n := range names {
+		if h := s.holder(advisorylock.Key(n)); h != 0 {
+			t.Fatalf("after a lost set's release %q is held by session %d", n, h)
+		}
+	}
+}
+
+func TestEngineSemaphoreGivesEachSlotOnceAndAWaiterTheFreedOne(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	sem, err := advisorylock.NewSemaphore(db, "pool", 2, append(fakeOptions(s), advisorylock.WithPollInterval(time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g1, err := sem.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := sem.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g1.Slot() == g2.Slot() {
+		t.Fatalf("two holders share slot %d", g1.Slot())
+	}
+	if _, err := sem.TryAcquire(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		t.Fatalf("a third TryAcquire of two slots: %v; want ErrNotAcquired", err)
+	}
+	got := make(chan *advisorylock.Guard, 1)
+	go func() {
+		g, err := sem.Acquire(ctx) // waits, polling, for a slot
+		if err != nil {
+			t.Error(err)
+		}
+		got <- g
+	}()
+	s.await(t, "the Acquire to try every slot", func() bool { return s.stmts["try any"] >= 4 })
+	mustRelease(t, g1)
+	g3 := <-got
+	if g3 == nil {
+		t.FailNow()
+	}
+	if g3.Slot() != g1.Slot() {
+		t.Fatalf("the freed slot was %d, the waiter took %d", g1.Slot(), g3.Slot())
+	}
+	mustRelease(t, g2)
+	mustRelease(t, g3)
+	if st := db.Stats(); st.InUse != 0 || s.discards() != 0 {
+		t.Fatalf("after every release: %d in use, %d discarded", st.InUse, s.discards())
+	}
+}
+
+func TestEngineMultiplexedSessionLostLosesOnlyItsLocks(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	var locks []*advisorylock.Lock
+	for i := range 6 {
+		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("tenant-", i), advisorylock.WithMultiplexing(2)))
+	}
+	// The first try stalls on its session, so the second opens another.
+	stalled, resume := make(chan struct{}), make(chan struct{})
+	s.onStatementStall(func(op string, key int64) {
+		if op == "try" && key == locks[0].Key() {
+			close(stalled)
+			<-resume
+		}
+	})
+	first := make(chan *advisorylock.Guard, 1)
+	go func() {
+		g, err := locks[0].TryLock(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		first <- g
+	}()
+	<-stalled
+	s.onStatementStall(nil)
+	guards := []*advisorylock.Guard{mustTry(t, locks[1])}
+	close(resume)
+	g := <-first
+	if g == nil {
+		t.FailNow()
+	}
+	guards = append(guards, g)
+	for _, l := range locks[2:] {
+		guards = append(guards, mustTry(t, l))
+	}
+	defer func() {
+		for _, g := range guards {
+			_ = g.Release(context.Background())
+		}
+	}()
+	sessions := map[int64][]*advisorylock.Guard{}
+	for _, g := range guards {
+		h := s.holder(g.Key())
+		sessions[h] = append(sessions[h], g)
+	}
+	if len(sessions) != 2 {
+		t.Fatalf("6 multiplexed locks on %d sessions; want 2", len(sessions))
+	}
+	busy, victim := s.holder(locks[0].Key()), s.holder(locks[1].Key())
+	if len(sessions[busy]) < len(sessions[victim]) {
+		busy, victim = victim, busy
+	}
+	// A key gone from a session that lives on loses that lock alone.
+	gone := sessions[busy][0]
+	s.free(gone.Key())
+	awaitLost(t, gone)
+	sessions[busy] = sessions[busy][1:]
+
+	s.kill(victim)
+	for _, g := range sessions[victim] {
+		awaitLost(t, g)
+	}
+	for h, gs := range sessions {
+		if h == victim {
+			continue
+		}
+		for _, g := range gs {
+			select {
+			case <-g.Lost():
+				t.Fatalf("a lock on the surviving session %d was lost with its neighbour's", h)
+			default:
+			}
+			if s.holder(g.Key()) != h {
+				t.Fatalf("a lock on session %d is no longer held there", h)
+			}
+		}
+	}
+}
+
+func TestEngineElectionLeaderLostHandsTheTermOn(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	type term struct {
+		who   string
+		token advisorylock.FencingToken
+		ctx   context.Context
+	}
+	terms := make(chan term, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	var runs sync.WaitGroup
+	for _, who := range []string{"a", "b"} {
+		e, err := advisorylock.NewElection(db, "leader", append(fakeOptions(s), advisorylock.WithOwner(who))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs.Add(1)
+		go func() {
+			defer runs.Done()
+			_ = e.Run(ctx, func(ctx context.Context, token advisorylock.FencingToken) error {
+				terms <- term{who, token, ctx}
+				<-ctx.Done()
+				return ctx.Err()
+			})
+		}()
+	}
+	defer func() {
+		cancel()
+		runs.Wait()
+	}()
+	first := <-terms
+	leader, err := advisorylock.NewElection(db, "leader", fakeOptions(s)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := leader.Leader(context.Background())
+	if err != nil || h == nil || h.Owner != first.who || h.Token != first.token {
+		t.Fatalf("Leader: %+v, %v; want %s with term %d", h, err, first.who, first.token)
+	}
+	s.kill(int64(h.PID))
+	select {
+	case <-first.ctx.Done():
+	case <-time.After(wait):
+		t.Fatal("the killed leader's lead kept running")
+	}
+	if cause := context.Cause(first.ctx); !errors.Is(cause, advisorylock.ErrLockLost) {
+		t.Fatalf("the lost leader's context ended with %v; want ErrLockLost", cause)
+	}
+	var next term
+	select {
+	case next = <-terms:
+	case <-time.After(wait):
+		t.Fatal("no candidate took over from the lost leader")
+	}
+	if next.token <= first.token {
+		t.Fatalf("after %s's term %d, %s leads with term %d; want a larger term", first.who, first.token, next.who, next.token)
+	}
+	h, err = leader.Leader(context.Background())
+	if err != nil || h == nil || h.Owner != next.who || h.Token != next.token {
+		t.Fatalf("Leader: %+v, %v; want %s with term %d", h, err, next.who, next.token)
+	}
+}

@@ -658,6 +658,7 @@ func TestNewElectionRefusesUnstorableNames(t *testing.T) {
 // TestElectionLeadPanicResigns: a panic in lead resigns before it goes
 // on, so another candidate can lead.
 func TestElectionLeadPanicResigns(t *testing.T) {
+	testdb.Slow(t, "about two seconds on 2 CPUs")
 	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
 		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
 		recovered := func() (v any) {

@@ -892,6 +892,7 @@ func TestLeaseSchemaCreationIgnoresLockNames(t *testing.T) {
 // connection back before the upgrade takes one: held while it asked for
 // another, every try of the burst failed (each waiting for the pool).
 func TestFirstUsesOnAFreshDatabaseShareASmallPool(t *testing.T) {
+	testdb.Slow(t, "a fresh database per pool size")
 	admin := testdb.OpenPostgres(t, "pgx")
 	for _, drv := range testdb.Drivers {
 		for _, size := range []int{1, 2} {

@@ -45,7 +45,12 @@ package advisorylock_test
 // PostgreSQL and MariaDB) get faults of their own in every round, beside
 // the others: sessions killed, connections reset, cuts, slow answers; a
 // set's grant is recorded as a grant of each of its names, and their
-// histories are checked with the rest.
+// histories are checked with the rest. The TryDoOnce row
+// (soak_once_test.go: replicas running a sequence of run keys once each,
+// on PostgreSQL, MariaDB and SQLite) gets its own faults while fn runs:
+// callers interrupted, sessions killed, cuts, resets; no key may complete
+// twice or be recorded without a fn that succeeded, and every key must be
+// done by the end.
 
 import (
 	"context"
@@ -132,6 +137,7 @@ func TestSoak(t *testing.T) {
 	sem := startSemaphoreLoad(t)
 	shared := startSharedLoads(t)
 	mux := startMuxLoads(t)
+	once := startOnceLoads(t)
 	var myFaults mysqlFaults
 	classes := soakFaults(t)
 
@@ -159,6 +165,9 @@ func TestSoak(t *testing.T) {
 				fmt.Sprintf("  multiplexed Lock on %-11s %v", m.backend+":", m.mux),
 				fmt.Sprintf("  set on %-11s %v", m.backend+":", m.set),
 				fmt.Sprintf("  %s multiplexed and set faults: %v", m.backend, m))
+		}
+		for _, o := range once {
+			lines = append(lines, fmt.Sprintf("  TryDoOnce on %-9s %v", o.backend+":", o))
 		}
 		lines = append(lines,
 			"  total:                    "+totals(pg.session, pg.lease, lite.lock, lite.lease, my.session, my.lease),
@@ -214,6 +223,9 @@ func TestSoak(t *testing.T) {
 	for _, s := range shared {
 		s.halt(t)
 	}
+	for _, o := range once {
+		o.halt(t)
+	}
 	muxSecs := []*sections{}
 	for _, m := range mux {
 		m.halt(t)
@@ -229,6 +241,9 @@ func TestSoak(t *testing.T) {
 	}
 	for _, m := range mux {
 		m.check(t)
+	}
+	for _, o := range once {
+		o.check(t) // its history too
 	}
 	checkHistory(t, slices.Concat(pg.secs, lite.secs, my.secs, muxSecs)...) // history hook
 	if myFaults.kills == 0 || myFaults.cuts == 0 || myFaults.resets == 0 {

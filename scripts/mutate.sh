@@ -584,10 +584,14 @@ mutation "TryDoOnce never records a run" once.go \
 	'^TestTryDoOnceRunsARunOnceAcrossReplicas$'
 mutation "TryDoOnce does not read the record" once.go \
 	's/if done, err = rec\.RunDone\(ctx, l\.db, l\.name, run\); err != nil \{/if done, err = false, nil; err != nil {/' \
-	'^TestTryDoOnceRunsARunOnceAcrossReplicas$'
+	'^(TestTryDoOnceRunsARunOnceAcrossReplicas|TestSoakTryDoOnce)$'
 mutation "TryDoOnce records a failed run" once.go \
 	's/if err := fn\(ctx\); err != nil \{\n\t\t\treturn err\n\t\t\}/_ = fn(ctx)/' \
-	'^TestTryDoOnceRunsAFailedRunAgain$'
+	'^(TestTryDoOnceRunsAFailedRunAgain|TestSoakTryDoOnce)$'
+# Under faults (soak_once_test.go): a run whose caller left mid-fn.
+mutation "TryDoOnce records a run interrupted by its caller" once.go \
+	's/if err := fn\(ctx\); err != nil \{/if err := fn(ctx); err != nil \&\& ctx.Err() == nil {/' \
+	'^TestSoakTryDoOnce$'
 mutation "SQLite prunes run records regardless of the retention" backend_sqlite_once.go \
 	's/now\.Add\(-keep\)\.UnixMilli\(\)/now.UnixMilli()/' \
 	'^TestTryDoOncePrunesRecordsPastTheRetention$'

@@ -624,6 +624,7 @@ func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
 			name += "/renewed"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // own name, file and helper process; most of it is waiting out the window
 			job := minHoldTask{Do: "hold", Kind: s.kind, Driver: s.driver, Name: testdb.UniqueName(t), Window: window, TTL: time.Second, Dir: t.TempDir(), Renew: s.renew}
 			switch s.driver {
 			case "sqlite":

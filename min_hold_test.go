@@ -158,6 +158,7 @@ func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAf
 func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
+		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		locks := make([]windowLock, minHoldReplicas)
@@ -203,6 +204,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
 func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
+		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		a := newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithPollInterval(5*time.Millisecond))
@@ -304,6 +306,7 @@ func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
 func TestMinHoldWindowIsTheDatabaseClocks(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
+		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		late := newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithClock(testdb.SkewedClock(-time.Hour)))

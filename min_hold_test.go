@@ -255,6 +255,7 @@ func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
 	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
+			t.Parallel() // a name of its own; mostly waiting out the windows
 			ctx := context.Background()
 			name := testdb.UniqueName(t)
 			window := 2 * time.Second // the waiter's window must outlast its release and a try under load

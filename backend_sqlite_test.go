@@ -716,6 +716,7 @@ type sqliteQuerier interface {
 // statement's row count, fails this.)
 func TestSQLiteContextEndingAtTheStatementGrantsNothingFalse(t *testing.T) {
 	testdb.Slow(t, "1,000 acquires racing their context's end")
+	t.Parallel() // a SQLite file of its own
 	_, db := sqliteFile(t, "")
 	db.SetMaxOpenConns(1) // every statement reports on the same connection
 	l := sqliteLock(t, db, testdb.UniqueName(t), advisorylock.WithReleaseTimeout(sqliteWait))

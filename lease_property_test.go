@@ -203,6 +203,7 @@ func TestLeaseStoreProperties(t *testing.T) {
 // expires_at set in the past) instead of a clock jump.
 func TestPostgresLeaseStoreProperties(t *testing.T) {
 	testdb.Slow(t, "property test: random interleavings on PostgreSQL")
+	t.Parallel() // names of its own; most of it is round trips
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			checkLeaseStore(t, testdb.OpenPostgres(t, drv), advisorylock.Postgres(), time.Minute, func(m *leaseModel) map[string]func(*rapid.T) {

@@ -158,6 +158,7 @@ func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAf
 func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
+		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		locks := make([]windowLock, minHoldReplicas)
@@ -203,6 +204,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
 func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
+		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		a := newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithPollInterval(5*time.Millisecond))
@@ -253,6 +255,7 @@ func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
 	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
+			t.Parallel() // a name of its own; mostly waiting out the windows
 			ctx := context.Background()
 			name := testdb.UniqueName(t)
 			window := 2 * time.Second // the waiter's window must outlast its release and a try under load
@@ -304,6 +307,7 @@ func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
 func TestMinHoldWindowIsTheDatabaseClocks(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
 	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
+		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		late := newWindowLock(t, kind, open(), name, advisorylock.WithMinHold(minHoldWindow), advisorylock.WithClock(testdb.SkewedClock(-time.Hour)))
@@ -624,6 +628,7 @@ func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
 			name += "/renewed"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // own name, file and helper process; most of it is waiting out the window
 			job := minHoldTask{Do: "hold", Kind: s.kind, Driver: s.driver, Name: testdb.UniqueName(t), Window: window, TTL: time.Second, Dir: t.TempDir(), Renew: s.renew}
 			switch s.driver {
 			case "sqlite":

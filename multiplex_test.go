@@ -195,6 +195,7 @@ func releaseAll(t *testing.T, guards []*advisorylock.Guard) {
 // after the release none is held.
 func TestMultiplexingHolds2000NamesOnFewSessions(t *testing.T) {
 	testdb.Slow(t, "2,000 names and a rival process, per server")
+	t.Parallel() // names of its own; the server shows them per key
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)

@@ -87,6 +87,7 @@ func docPages(t *testing.T) []string {
 // unused variable, an unchecked error that does not compile) fails here.
 func TestReadmeGoSnippetsCompile(t *testing.T) {
 	testdb.Slow(t, "compiles every README snippet with go build")
+	t.Parallel() // a folder of its own; no server
 	// A folder inside the module, so the snippets build against this
 	// module's code and dependencies; "_" keeps it out of ./... patterns.
 	dir, err := os.MkdirTemp(".", "_readme_snippets_")

@@ -391,6 +391,7 @@ func TestSQLiteKilledHolderFreesTheLockAtExpiry(t *testing.T) {
 // until the helper is done, and its context is never cancelled.
 func TestSQLiteLiveHolderKeepsTheLockAcrossTTLs(t *testing.T) {
 	testdb.Slow(t, "holds a lock across several TTLs")
+	t.Parallel() // a file and helper process of its own; mostly waiting
 	const ttl = 2 * time.Second
 	path, db := sqliteFile(t, "")
 	ctx := context.Background()

@@ -78,6 +78,7 @@ func TestMySQLDSNPasswordsNeverShow(t *testing.T) {
 // lockrun excludes across processes on MySQL, and -n reports a conflict
 // while another lockrun holds the lock.
 func TestLockrunOnMySQLExcludesAndReportsConflicts(t *testing.T) {
+	t.Parallel() // a name of its own
 	env := []string{"LOCKRUN_DSN=" + mysqlURL(t)}
 	name, d := lockName(t), newDir(t)
 	holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)

@@ -12,6 +12,7 @@ import (
 // the others exit 0 without running it, a failed command leaves the run
 // to the next lockrun (which runs it), and the next run key runs again.
 func TestOnceRunsACommandOncePerRunKey(t *testing.T) {
+	t.Parallel() // names and state of its own: overlaps with the other parallel tests
 	eachBackend(t, func(t *testing.T, env []string) {
 		name := lockName(t)
 		d := newDir(t)
@@ -133,6 +134,7 @@ func TestOnceRefusesAConfigFileWindowLeaseOrSlots(t *testing.T) {
 // first, then a row counting the older ones; a failed run is not among
 // them, and a name with runs but no holder is free.
 func TestStatusListsTheRunsRecordedDone(t *testing.T) {
+	t.Parallel() // names and state of its own: overlaps with the other parallel tests
 	eachBackend(t, func(t *testing.T, env []string) {
 		name := lockName(t)
 		keys := []string{"02:00", "02:01", "02:02", "02:03", "02:04", "02:05", "the run at 02:06"}

@@ -100,6 +100,7 @@ func TestSetsInOppositeOrdersNeverDeadlockNorOverlap(t *testing.T) {
 // them, and the command sees the set's name. -v names the set and the
 // name held; -w gives up on time with the conflict code.
 func TestSetNonblockRefusesWhileAnyNameIsHeld(t *testing.T) {
+	t.Parallel() // names and state of its own: overlaps with the other parallel tests
 	eachBackend(t, func(t *testing.T, env []string) {
 		names := []string{lockName(t) + "-a", lockName(t) + "-b", lockName(t) + "-c"}
 		set := setArgs(names...)
@@ -207,6 +208,7 @@ func TestSetIsRefusedInsideAWindowOnOneName(t *testing.T) {
 // its names is held elsewhere it exits 0 without running, leaving the run
 // to a later lockrun.
 func TestSetOnceRunsOncePerRunKey(t *testing.T) {
+	t.Parallel() // names and state of its own: overlaps with the other parallel tests
 	eachBackend(t, func(t *testing.T, env []string) {
 		a, b := lockName(t)+"-a", lockName(t)+"-b"
 		d := newDir(t)

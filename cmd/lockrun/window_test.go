@@ -139,6 +139,7 @@ func TestRunWithoutMinHoldIsRefusedInsideAWindow(t *testing.T) {
 // at nothing): it runs once the window has ended.
 func TestWaiterWithoutMinHoldRunsAfterTheWindow(t *testing.T) {
 	testdb.Slow(t, "waits out 3 s min-hold windows, per backend")
+	t.Parallel() // names and state of its own: overlaps with the other parallel tests
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
 		const window = 3 * time.Second

@@ -733,19 +733,35 @@ func TestNewRefusesBadInput(t *testing.T) {
 	}
 }
 
+// openPgxpool opens a pgxpool on the test server (maxConns, or pgxpool's
+// default for 0) and a *sql.DB over it (stdlib.OpenDBFromPool), both
+// closed at cleanup, the handle first.
+func openPgxpool(t *testing.T, maxConns int32) (*pgxpool.Pool, *sql.DB) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	return pool, db
+}
+
 // A lock that pgx's database/sql adapter over a pgxpool holds is freed
 // when its connection is discarded (here, a forgotten guard's cleanup):
 // closing the database/sql connection alone would hand the pgx connection,
 // its session and its lock back to the pgxpool.
 func TestDiscardedLockOnAPgxpoolIsFreed(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testdb.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
+	_, db := openPgxpool(t, 0)
 	name := testdb.UniqueName(t)
 	forgetGuard(t, newLock(t, db, name))
 	rival := newLock(t, testdb.OpenPostgres(t, "pgx"), name)
@@ -768,19 +784,7 @@ func TestDiscardedLockOnAPgxpoolIsFreed(t *testing.T) {
 // for the caller's context.
 func TestLocksOnAPgxpoolCountAgainstItsMaxConns(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testdb.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-
+	pool, db := openPgxpool(t, 2)
 	name := testdb.UniqueName(t)
 	take := func(l *advisorylock.Lock) *advisorylock.Guard {
 		t.Helper()

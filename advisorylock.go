@@ -181,6 +181,7 @@ type lockBackend struct {
 	bounded bool
 	rows    LeaseStore
 	windows WindowedSessionLocker // with WithMinHold on a session backend
+	claim   claim                 // what a session acquire takes (see claimOn)
 	// shared is how the Lock takes shared holds (RLock): the same backend
 	// in shared mode, nil where it has none; isShared marks that view.
 	shared   *lockBackend
@@ -297,6 +298,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 				return nil, err
 			}
 			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
+			lb.claim = l.claimOn(lb)
 			if l.cfg.multiplex > 0 {
 				if _, ok := b.(MultiKeyLocker); !ok {
 					return nil, fmt.Errorf("%w: backend %q cannot hold many locks on one session (WithMultiplexing)", ErrUnsupported, b.Name())
@@ -487,12 +489,12 @@ func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, 
 			return g, err
 		}
 	}
-	return acquireSession(ctx, budget, l, b, l.observedAs(b.isShared), lockClaim{l, b}, wait)
+	return acquireSession(ctx, budget, l, b, l.observedAs(b.isShared), b.claim, wait)
 }
 
 // A claim is what a session acquire takes on its pinned connection: a
-// Lock's key (with its window, or every key of its set; see lockClaim),
-// or any one of a Semaphore's slots (see slotClaim). slot is the slot
+// Lock's key (keyClaim), with its window (windowClaim), every key of its
+// set (setClaim), or any one of a Semaphore's slots (slotClaim). slot is the slot
 // taken, 0 for a Lock.
 type claim interface {
 	// try makes one attempt; OK false is a definite miss.
@@ -575,39 +577,42 @@ func tryWithin(ctx, budget context.Context, c claim, p *pinned, bound time.Durat
 	return c.try(ctx, p)
 }
 
-// lockClaim is a Lock's claim (see claim) where b locks with sessions.
-type lockClaim struct {
+// keyClaim is a plain Lock's claim (see claim): its one key, exclusive
+// or, on a backend's shared view, shared.
+type keyClaim struct {
 	l *Lock
-	b *lockBackend
+	s SessionLocker
 }
 
-func (c lockClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
-	res, err := c.l.trySession(ctx, c.b, p)
+func (c keyClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
+	res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		return c.s.TryLockSession(ctx, conn, c.l.key)
+	})
 	return 0, res, err
 }
 
-func (c lockClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
-	var res SessionResult
-	var err error
+func (c keyClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+	res, err := waitSession(ctx, budget, c.s, p, c.l.key)
+	return 0, res, err
+}
+
+func (c keyClaim) leave(ctx context.Context, p *pinned) error {
+	return endWait(ctx, c.s, p, c.l.key, c.l.cfg.releaseTimeout)
+}
+
+func (c keyClaim) held(int) *Lock { return c.l }
+
+// claimOn returns what a session acquire of l takes on b: its key, its
+// key with a window (WithMinHold), or every key of its set.
+func (l *Lock) claimOn(b *lockBackend) claim {
 	switch {
-	case c.b.windows != nil:
-		res, err = c.l.waitWindowed(ctx, budget, c.b.windows, p)
-	case c.l.set != nil:
-		res, err = c.l.waitSet(ctx, budget, c.b.session, p)
-	default:
-		res, err = c.l.waitSession(ctx, budget, c.b.session, p, c.l.key)
+	case b.windows != nil:
+		return windowClaim{l, b.windows}
+	case l.set != nil:
+		return setClaim{l, b.session}
 	}
-	return 0, res, err
+	return keyClaim{l, b.session}
 }
-
-func (c lockClaim) leave(ctx context.Context, p *pinned) error {
-	if c.l.set != nil {
-		return nil // waitSet let go of what it took
-	}
-	return endWait(ctx, c.b.session, p, c.l.key, c.l.cfg.releaseTimeout)
-}
-
-func (c lockClaim) held(int) *Lock { return c.l }
 
 // whyFailed says first why a statement of an acquire failed when a
 // context ended, keeping the driver's error reachable.
@@ -635,7 +640,7 @@ const (
 
 // waitSession waits in slices until it holds key, or budget ends between
 // slices (a definite miss: OK false, nil error).
-func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p *pinned, key int64) (SessionResult, error) {
+func waitSession(ctx, budget context.Context, session SessionLocker, p *pinned, key int64) (SessionResult, error) {
 	for {
 		slice, grace := maxSlice, sliceGrace
 		if dl, ok := budget.Deadline(); ok {

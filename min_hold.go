@@ -45,21 +45,32 @@ func checkRowWindows(cfg *config, s LeaseStore) error {
 	return nil
 }
 
-// trySession makes the one attempt of an acquire: the plain try, or with
-// a window the try that checks and records it.
-func (l *Lock) trySession(ctx context.Context, b *lockBackend, p *pinned) (SessionResult, error) {
-	if b.windows != nil {
-		return ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
-			return b.windows.TryLockSessionFor(ctx, conn, l.key, l.name, l.cfg.minHold)
-		})
-	}
-	if l.set != nil {
-		return l.trySet(ctx, b.session, p)
-	}
-	return ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
-		return b.session.TryLockSession(ctx, conn, l.key)
-	})
+// windowClaim is the claim (see claim) of a Lock with WithMinHold on a
+// session backend: its key, and the window after each grant.
+type windowClaim struct {
+	l *Lock
+	w WindowedSessionLocker
 }
+
+// try is the one statement that checks the window, takes the lock and
+// records the new window.
+func (c windowClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
+	res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		return c.w.TryLockSessionFor(ctx, conn, c.l.key, c.l.name, c.l.cfg.minHold)
+	})
+	return 0, res, err
+}
+
+func (c windowClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+	res, err := c.l.waitWindowed(ctx, budget, c.w, p)
+	return 0, res, err
+}
+
+func (c windowClaim) leave(ctx context.Context, p *pinned) error {
+	return endWait(ctx, c.w, p, c.l.key, c.l.cfg.releaseTimeout)
+}
+
+func (c windowClaim) held(int) *Lock { return c.l }
 
 // waitWindowed is waitSession for a Lock with a window: while a window is
 // open it sleeps until the window's end (asked of the database, whose
@@ -92,7 +103,7 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 			})
 		} else {
 			slice, cancel := context.WithTimeout(budget, maxSlice) // one server-side slice
-			res, err = l.waitSession(ctx, slice, w, p, l.key)
+			res, err = waitSession(ctx, slice, w, p, l.key)
 			cancel()
 			if err == nil && !res.OK && budget.Err() != nil {
 				return SessionResult{}, nil

@@ -279,7 +279,7 @@ func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionRes
 	for {
 		slot := rand.N(len(s.keys))
 		slice, cancel := context.WithTimeout(budget, semaphoreSlice)
-		res, err := s.slot(slot).waitSession(ctx, slice, c.locker, p, s.keys[slot])
+		res, err := waitSession(ctx, slice, c.locker, p, s.keys[slot])
 		cancel()
 		if err != nil || res.OK {
 			return slot, res, err

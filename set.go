@@ -79,6 +79,28 @@ func (l *Lock) keysOf() []int64 {
 	return []int64{l.key}
 }
 
+// setClaim is a set's claim (see claim): every one of its keys, on one
+// session, or none.
+type setClaim struct {
+	l *Lock
+	s SessionLocker
+}
+
+func (c setClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
+	res, err := c.l.trySet(ctx, c.s, p)
+	return 0, res, err
+}
+
+func (c setClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+	res, err := c.l.waitSet(ctx, budget, c.s, p)
+	return 0, res, err
+}
+
+// leave: waitSet lets go of what it took when it misses.
+func (c setClaim) leave(context.Context, *pinned) error { return nil }
+
+func (c setClaim) held(int) *Lock { return c.l }
+
 // trySet makes a set's one attempt on p's session: all or none.
 func (l *Lock) trySet(ctx context.Context, locker SessionLocker, p *pinned) (SessionResult, error) {
 	if m, ok := locker.(MultiKeyLocker); ok {
@@ -112,7 +134,7 @@ func (l *Lock) waitSet(ctx, budget context.Context, locker SessionLocker, p *pin
 			return locker.TryLockSession(ctx, conn, k)
 		})
 		if err == nil && !res.OK {
-			res, err = l.waitSession(ctx, budget, locker, p, k)
+			res, err = waitSession(ctx, budget, locker, p, k)
 		}
 		if err != nil {
 			return res, err

@@ -104,7 +104,9 @@ func (l *Lock) sharedView(b *lockBackend) *lockBackend {
 		return nil
 	}
 	if s, ok := b.session.(SharedSessionLocker); ok {
-		return &lockBackend{session: s.Shared(), bounded: b.bounded, isShared: true}
+		sb := &lockBackend{session: s.Shared(), bounded: b.bounded, isShared: true}
+		sb.claim = keyClaim{l, sb.session}
+		return sb
 	}
 	if b.rows != nil && b.rows.Traits().SharedRows {
 		return &lockBackend{rows: b.rows, isShared: true}

@@ -298,7 +298,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 				return nil, err
 			}
 			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
-			lb.claim = l.claimOn(lb)
+			lb.claim = l.claimOn(b, w)
 			if l.cfg.multiplex > 0 {
 				if _, ok := b.(MultiKeyLocker); !ok {
 					return nil, fmt.Errorf("%w: backend %q cannot hold many locks on one session (WithMultiplexing)", ErrUnsupported, b.Name())
@@ -401,8 +401,12 @@ type guarded interface{ hold() *hold }
 // names the operation in its error ("try lock", "rlock", ...).
 func acquire[G guarded](ctx context.Context, f frontEnd[G], op string, wait bool) (G, error) {
 	ctx, a := startAcquire(ctx, f, wait)
-	name, _ := f.settings()
-	g, err := take(ctx, ctx, f, wait)
+	name, cfg := f.settings()
+	var g G
+	err := context.Cause(ctx) // a done ctx never touches the pool
+	if err == nil {
+		g, err = f.take(ctx, poolBudget(ctx, cfg, wait), wait)
+	}
 	err = wrapErr(name, op, err)
 	a.end(g.hold(), err)
 	return g, err
@@ -411,17 +415,20 @@ func acquire[G guarded](ctx context.Context, f frontEnd[G], op string, wait bool
 // acquireWithin is a front end's wait bounded by d (one attempt when d <=
 // 0): running out of d is a *TimeoutError.
 func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d time.Duration) (G, error) {
-	ctx, a := startAcquire(ctx, f, d > 0)
-	name, _ := f.settings()
+	wait := d > 0
+	ctx, a := startAcquire(ctx, f, wait)
+	name, cfg := f.settings()
 	start := time.Now()
+	budget := ctx
+	if wait {
+		var cancel context.CancelFunc
+		budget, cancel = context.WithTimeoutCause(ctx, d, errBudget)
+		defer cancel()
+	}
 	var g G
-	var err error
-	if d <= 0 {
-		g, err = take(ctx, ctx, f, false)
-	} else {
-		budget, cancel := context.WithTimeoutCause(ctx, d, errBudget)
-		g, err = take(ctx, budget, f, true)
-		cancel()
+	err := context.Cause(budget)
+	if err == nil {
+		g, err = f.take(ctx, poolBudget(budget, cfg, wait), wait)
 	}
 	if err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
 		err = &TimeoutError{Name: name, Waited: time.Since(start), Budget: d}
@@ -432,18 +439,13 @@ func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d t
 	return g, err
 }
 
-// take runs f's take unless budget has ended; a try's pool checkout
-// waits at most WithPoolWait.
-func take[G guarded](ctx, budget context.Context, f frontEnd[G], wait bool) (G, error) {
-	if err := budget.Err(); err != nil {
-		var none G
-		return none, context.Cause(budget)
+// poolBudget returns the budget a front end's take gets: a try's pool
+// checkout waits at most WithPoolWait.
+func poolBudget(budget context.Context, cfg *config, wait bool) context.Context {
+	if wait {
+		return budget
 	}
-	if !wait {
-		_, cfg := f.settings()
-		budget = withPoolWait(budget, cfg.poolWait)
-	}
-	return f.take(ctx, budget, wait)
+	return withPoolWait(budget, cfg.poolWait)
 }
 
 // errBudget is the cause of a LockTimeout budget running out.
@@ -526,7 +528,9 @@ func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *o
 	defer cg.settle()
 	// A wait tries first too: a free lock costs the one cheap statement,
 	// and only a held one starts the server-side wait.
-	slot, res, err := tryWithin(ctx, budget, c, &s.p, 0)
+	actx, cancel := attemptContext(ctx, budget, 0)
+	slot, res, err := c.try(actx, &s.p)
+	cancel()
 	if wait && err == nil && !res.OK {
 		slot, res, err = c.wait(ctx, budget, &s.p)
 	}
@@ -559,22 +563,19 @@ func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *o
 	return g, nil
 }
 
-// tryWithin makes an attempt of an acquire. Under a budget it is bounded
-// as a wait slice is: on a dead network (a connection taken warm from the
-// pool is not pinged) it gives up a grace after the budget's end; without
-// one, after bound where bound is not 0 (a try between a wait's slices,
-// which must not hang either).
-func tryWithin(ctx, budget context.Context, c claim, p *pinned, bound time.Duration) (int, SessionResult, error) {
+// attemptContext bounds an attempt of an acquire. Under a budget it is
+// bounded as a wait slice is: on a dead network (a connection taken warm
+// from the pool is not pinged) it gives up a grace after the budget's
+// end; without one, after bound where bound is not 0 (a try between a
+// wait's slices, which must not hang either).
+func attemptContext(ctx, budget context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
 	if dl, ok := budget.Deadline(); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
-		defer cancel()
-	} else if bound > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, bound)
-		defer cancel()
+		return context.WithDeadline(ctx, dl.Add(budgetGrace))
 	}
-	return c.try(ctx, p)
+	if bound > 0 {
+		return context.WithTimeout(ctx, bound)
+	}
+	return ctx, func() {}
 }
 
 // keyClaim is a plain Lock's claim (see claim): its one key, exclusive
@@ -602,16 +603,16 @@ func (c keyClaim) leave(ctx context.Context, p *pinned) error {
 
 func (c keyClaim) held(int) *Lock { return c.l }
 
-// claimOn returns what a session acquire of l takes on b: its key, its
-// key with a window (WithMinHold), or every key of its set.
-func (l *Lock) claimOn(b *lockBackend) claim {
+// claimOn returns what a session acquire of l takes on s: its key, its
+// key with a window (w, for WithMinHold), or every key of its set.
+func (l *Lock) claimOn(s SessionLocker, w WindowedSessionLocker) claim {
 	switch {
-	case b.windows != nil:
-		return windowClaim{l, b.windows}
+	case w != nil:
+		return windowClaim{l, w}
 	case l.set != nil:
-		return setClaim{l, b.session}
+		return setClaim{l, s}
 	}
-	return keyClaim{l, b.session}
+	return keyClaim{l, s}
 }
 
 // whyFailed says first why a statement of an acquire failed when a

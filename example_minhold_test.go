@@ -14,8 +14,8 @@ import (
 // Cron on every replica: three replicas fire the same tick 100 ms apart,
 // and the report takes a few milliseconds. Plain TryDo would run it three
 // times (each replica releases before the next one tries); with
-// WithMinHold the name stays taken for a second after the grant, so the
-// tick runs it once.
+// WithMinHold the name stays taken for a minute after the grant (longer
+// than the replicas' clocks disagree), so the tick runs it once.
 func ExampleWithMinHold() {
 	var runs atomic.Int32
 	report := func(ctx context.Context) error {
@@ -27,7 +27,7 @@ func ExampleWithMinHold() {
 	for replica := range 3 {
 		db := exampleDB() // each replica has its own pool
 		defer db.Close()
-		lock, err := advisorylock.New(db, name, advisorylock.WithMinHold(time.Second))
+		lock, err := advisorylock.New(db, name, advisorylock.WithMinHold(time.Minute))
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -296,15 +296,7 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 	// The statement has the caller's values, never its end (see the rules
 	// above), and is bounded by the pool's timeout.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mp.key.timeout)
-	var res SessionResult
-	var err error
-	if l.set != nil {
-		res, err = l.trySet(sctx, mp.locker, &s.p)
-	} else {
-		res, err = ask(sctx, &s.p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
-			return mp.locker.TryLockSession(ctx, conn, l.key)
-		})
-	}
+	_, res, err := l.claimOn(mp.locker, nil).try(sctx, &s.p)
 	cancel()
 	if err != nil && sqlState(err) == pgOutOfSharedMemory && l.set == nil && !s.p.abandoned.Load() {
 		// The server's lock table is full: the try of one key took

@@ -287,7 +287,9 @@ func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionRes
 		if budget.Err() != nil {
 			return 0, SessionResult{}, nil
 		}
-		slot, res, err = tryWithin(ctx, budget, c, p, sliceGrace)
+		actx, cancel := attemptContext(ctx, budget, sliceGrace)
+		slot, res, err = c.try(actx, p)
+		cancel()
 		if err != nil || res.OK {
 			return slot, res, err
 		}
@@ -310,7 +312,9 @@ func (c slotClaim) waitWoken(ctx, budget context.Context, p *pinned, lw *leaseWa
 	for n := 1; ; n++ {
 		// A try first: a release between the acquire's first try and the
 		// join went unheard.
-		slot, res, err = tryWithin(ctx, budget, c, p, sliceGrace)
+		actx, cancel := attemptContext(ctx, budget, sliceGrace)
+		slot, res, err = c.try(actx, p)
+		cancel()
 		if err != nil || res.OK {
 			return slot, res, false, err
 		}

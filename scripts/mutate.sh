@@ -58,7 +58,7 @@ mutation "a grant that arrives after its caller cancelled is kept" advisorylock.
 	's/if ctx\.Err\(\) != nil \{\n(\t+)\/\/ Cancelled as it was granted/if ctx.Err() != nil \&\& false {\n$1\/\/ Cancelled as it was granted/' \
 	'^TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant$'
 mutation "a cancelled acquire recycles its connection" conn_guard.go \
-	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(discardCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1recycle(g.p.conn)/' \
+	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(ReasonCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1recycle(g.p.conn)/' \
 	'^(TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant|TestEngineCancelledWaitLeavesNoHold)$'
 mutation "a clean release discards the connection" conn_guard.go \
 	's/(key", s\.key\)\n\t\}\n\t)recycle\(s\.p\.conn\)/$1s.p.discard(discardError, nil)/' \
@@ -76,10 +76,16 @@ mutation "a semaphore guard reports slot 0" advisorylock.go \
 	's/\tg\.slot = slot\n/\tg.slot = 0 * slot\n/' \
 	'^TestEngineSemaphoreGivesEachSlotOnceAndAWaiterTheFreedOne$'
 mutation "a failed unlock recycles the connection" conn_guard.go \
-	's/case err != nil:\n\t\ts\.p\.discard\(discardError, err\)\n\t\treturn err/case err != nil:\n\t\trecycle(s.p.conn)\n\t\treturn err/' \
+	's/case err != nil:\n\t\ts\.p\.discard\(ReasonError, err\)\n\t\treturn err/case err != nil:\n\t\trecycle(s.p.conn)\n\t\treturn err/' \
 	'^TestEngineFailedStatementsDiscardTheConnection$'
 
 # --- Multiplexed sessions and sets -------------------------------------------
+mutation "a Lock with WithMinHold takes the plain claim, recording no window" advisorylock.go \
+	's/\tcase w != nil:\n\t\treturn windowClaim\{l, w\}/\tcase w != nil \&\& false:\n\t\treturn windowClaim{l, w}/' \
+	'^(TestMinHoldLockWaitsForTheWindow|TestMinHoldTryLockAndReleaseAreOneRoundTripEach)$'
+mutation "a set takes the claim of its first key alone" advisorylock.go \
+	's/\tcase l\.set != nil:\n\t\treturn setClaim\{l, s\}/\tcase l.set != nil \&\& false:\n\t\treturn setClaim{l, s}/' \
+	'^TestSetTakesAllOrNone$'
 mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
 	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/sctx, cancel := context.WithTimeout(ctx, mp.key.timeout)/' \
 	'^TestMultiplexingCancelledTriesSpareTheirNeighbours$'
@@ -121,7 +127,7 @@ mutation "a set is held while any one of its names is" set.go \
 	's/len\(held\) == len\(keys\) && !slices\.Contains\(held, false\), err/len(held) == len(keys) \&\& slices.Contains(held, true), err/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a lost pinned set's connection goes back to the pool with its other names" conn_guard.go \
-	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(discardLost, why\)/if gone, _ := s.isLost(); gone {\n\t\trecycle(s.p.conn)/' \
+	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(ReasonLost, why\)/if gone, _ := s.isLost(); gone {\n\t\trecycle(s.p.conn)/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a set of rows is lost only with its first name" set.go \
 	's/for _, p := range parts \{\n\t\tp\.onLost\(/for _, p := range parts[:1] {\n\t\tp.onLost(/' \
@@ -151,7 +157,7 @@ mutation "a lock its shared session's keep-alive lost stays reserved in the proc
 	's/\t\t\t\tdelete\(s\.holds, hk\)\n\t\t\t\tdelete\(mp\.held, hk\)\n/\t\t\t\tdelete(s.holds, hk)\n/' \
 	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
 mutation "an ended shared session frees its names before it tells its locks" multiplex.go \
-	's/(\tfor _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}\n)(\ts\.p\.discard\(discardLost, err\)\n)/$2$1/' \
+	's/(\tfor _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}\n)(\ts\.p\.discard\(ReasonLost, err\)\n)/$2$1/' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
 mutation "a lost set's other names are let go before it is told" multiplex.go \
 	's/(\tfor _, h := range gone \{\n.*?\n\t\}\n)(\tif len\(rest\) > 0 && s\.unlockLocked.*?\n\t\}\n)/$2$1/s' \
@@ -199,7 +205,7 @@ mutation "55P03: a timed-out slice is a miss without asking the session" backend
 	's/(== "55P03".*\{\n\t\treturn )p\.holds\(ctx, conn, key\)/$1SessionResult{}, nil/' \
 	'^TestLockTimeoutRacingAGrantIsAGrantOnARealServer$'
 mutation "a discarded connection goes back to the pool" conn_guard.go \
-	's/_ = conn\.Raw\(func\(any\) error \{ return driver\.ErrBadConn \}\)/_ = conn.Raw(func(any) error { _ = driver.ErrBadConn; return nil })/' \
+	's/closeSession\(dc\)\n\t\treturn driver\.ErrBadConn/closeSession(dc)\n\t\t_ = driver.ErrBadConn\n\t\treturn nil/' \
 	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection|TestEngineFailedStatementsDiscardTheConnection|TestEngineForgottenGuardIsDiscarded)$'
 mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
 	's/case !p\.bounded:\n\t\treturn stmt\(driverCtx, p\.conn\)/case true:\n\t\treturn stmt(driverCtx, p.conn)/' \
@@ -583,7 +589,7 @@ mutation "TryDoOnce never records a run" once.go \
 	's/rec\.RecordRun\(rctx, l\.db, l\.name, run, l\.cfg\.clock\.Now\(\), l\.cfg\.runRetention\)/func() error { _ = rctx; return nil }()/' \
 	'^TestTryDoOnceRunsARunOnceAcrossReplicas$'
 mutation "TryDoOnce does not read the record" once.go \
-	's/if done, err = rec\.RunDone\(ctx, l\.db, l\.name, run\); err != nil \{/if done, err = false, nil; err != nil {/' \
+	's/if done, err = rec\.RunDone\(withPoolWait\(ctx, l\.cfg\.poolWait\), l\.db, l\.name, run\); err != nil \{/if done, err = false, nil; err != nil {/' \
 	'^(TestTryDoOnceRunsARunOnceAcrossReplicas|TestSoakTryDoOnce)$'
 mutation "TryDoOnce records a failed run" once.go \
 	's/if err := fn\(ctx\); err != nil \{\n\t\t\treturn err\n\t\t\}/_ = fn(ctx)/' \
@@ -608,10 +614,10 @@ mutation "MySQL gives the run retention in the wrong unit" backend_mysql_once.go
 	's/strconv\.FormatInt\(keep\.Microseconds\(\), 10\)/strconv.FormatInt(keep.Milliseconds(), 10)/' \
 	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
 mutation "TryDoOnce records a run on its caller's context" once.go \
-	's/rctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithTimeout(ctx, l.cfg.releaseTimeout)/' \
+	's/rctx, cancel := context\.WithTimeout\(withPoolWait\(context\.WithoutCancel\(ctx\), l\.cfg\.poolWait\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithTimeout(withPoolWait(ctx, l.cfg.poolWait), l.cfg.releaseTimeout)/' \
 	'^TestTryDoOnceRecordsARunWhoseCallerLeftAsItReturned$'
 mutation "TryDoOnce's record waits without a bound" once.go \
-	's/rctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))/' \
+	's/rctx, cancel := context\.WithTimeout\(withPoolWait\(context\.WithoutCancel\(ctx\), l\.cfg\.poolWait\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithCancel(withPoolWait(context.WithoutCancel(ctx), l.cfg.poolWait))/' \
 	'^TestTryDoOnceBoundsTheRecordByTheReleaseTimeout$'
 mutation "Check proves no grants" lease.go \
 	's/return s\.CheckTables\(ctx, db, tables\.\.\.\)/_ = s; return nil/' \

@@ -235,7 +235,7 @@ type sessionHold struct {
 	watchMu sync.Mutex // held by a keep-alive check in flight
 	stopped bool
 	timer   *time.Timer
-	shared  *sharedConn // Guard.Conn's, made at its first call (under watchMu)
+	lent    *lentConn // WithConn's, while its fn runs (under watchMu)
 }
 
 // grant turns s, whose connection's session now holds l's lock, into a
@@ -253,12 +253,13 @@ func (s *sessionHold) grant(session int64) *Guard {
 }
 
 // release ends the hold within timeout: it takes the connection back from
-// Guard.Conn's user, unlocks and recycles it, or discards it where that
-// is not clean. ctx never ends (see doRelease); the bound is timeout's.
+// WithConn's fn (see waitLent), unlocks and recycles it, or discards it
+// where that is not clean. ctx never ends (see doRelease); the bound is
+// timeout's.
 func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	s.stopWatch()
-	if ok, err := s.endShared(ctx, deadline); !ok {
+	if ok, err := s.waitLent(deadline); !ok {
 		return err
 	}
 	if gone, why := s.isLost(); gone {
@@ -293,90 +294,13 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 // forget runs in the runtime's single cleanup goroutine, which must not
 // wait on I/O: stopping the keep-alive waits for a check in flight (up to
 // the release timeout on a dead network), so it and the discard run in a
-// goroutine of their own, as a forgotten lease's release does.
+// goroutine of their own, as a forgotten lease's release does. No
+// WithConn runs then: it keeps its Guard reachable.
 func (s *sessionHold) forget() {
 	go func() {
 		s.stopWatch()
-		if sh := s.sharedConn(); sh != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
-			_, _, running := sh.gate.close(ctx)
-			cancel()
-			_ = sh.pool.Close()
-			if running {
-				sh.gate.abandon(func() { s.p.discard(ReasonForgotten, nil) })
-				return
-			}
-		}
 		s.p.discard(ReasonForgotten, nil)
 	}()
-}
-
-// userConn returns the connection as Guard.Conn gives it to the user,
-// made at the first call (see sharedConn). Once the hold has ended it is
-// one whose every statement fails.
-func (s *sessionHold) userConn() *sql.Conn {
-	s.watchMu.Lock() // the keep-alive must not be on the connection now
-	defer s.watchMu.Unlock()
-	if s.shared == nil {
-		var ci driver.Conn
-		err := s.p.conn.Raw(func(dc any) error {
-			ci, _ = dc.(driver.Conn)
-			return nil
-		})
-		s.shared = newSharedConn(ci)
-		if gone, _ := s.isLost(); err != nil || ci == nil || s.stopped || gone {
-			s.shared.gate.shutNow()
-			_ = s.shared.pool.Close()
-		}
-	}
-	return s.shared.conn
-}
-
-// sharedConn returns Guard.Conn's connection, nil if it was never asked.
-func (s *sessionHold) sharedConn() *sharedConn {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	return s.shared
-}
-
-// errStatementRunning is the release's error when a statement on
-// Guard.Conn did not end even when cancelled (a dead network).
-var errStatementRunning = errors.New("a statement on Guard.Conn was still running at release and did not end when cancelled; its connection is discarded once it does, which frees the lock")
-
-// endShared takes the connection back from Guard.Conn's user before the
-// unlock: it waits for their statements in flight (until deadline, then
-// cancels them, see connGate.close), then closes the rows and rolls back
-// the transaction they left open, which keeps none of its writes. ok
-// false means the connection was discarded instead (a statement had to be
-// cancelled, which a driver may answer by giving up on the connection, or
-// ending what was left open failed), or is discarded once the last
-// statement in flight returns; the discard frees the lock.
-func (s *sessionHold) endShared(ctx context.Context, deadline time.Time) (ok bool, err error) {
-	sh := s.sharedConn()
-	if sh == nil {
-		return true, nil
-	}
-	defer sh.pool.Close()
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	forgetSession(s.p.conn)
-	open, cancelled, running := sh.gate.close(ctx)
-	switch {
-	case running:
-		sh.gate.abandon(func() { s.p.discard(ReasonNoAnswer, errStatementRunning) })
-		return false, errStatementRunning
-	case cancelled:
-		s.p.discard(ReasonCanceled, errConnReleased)
-		return false, nil
-	}
-	if gone, _ := s.isLost(); gone {
-		return true, nil // discarded by release, with whatever was open
-	}
-	if err := endHandles(open); err != nil {
-		s.p.discard(ReasonError, err)
-		return false, fmt.Errorf("rolling back what was left open on Guard.Conn: %w", err)
-	}
-	return true, nil
 }
 
 // check is the keep-alive: it runs every keepAlive on a timer (a held lock
@@ -390,12 +314,9 @@ func (s *sessionHold) check() {
 	if s.stopped {
 		return
 	}
-	if s.shared != nil {
-		if !s.shared.gate.tryOwn() { // Guard.Conn's user is on the connection
-			s.timer.Reset(s.l.cfg.keepAlive)
-			return
-		}
-		defer s.shared.gate.disown()
+	if s.lent != nil { // WithConn's fn is on the connection: step aside
+		s.timer.Reset(s.l.cfg.keepAlive)
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
 	keys := []int64{s.key}
@@ -409,9 +330,6 @@ func (s *sessionHold) check() {
 		s.timer.Reset(s.l.cfg.keepAlive)
 		return
 	}
-	if s.shared != nil {
-		s.shared.gate.shutNow() // the connection protects nothing now
-	}
 	cause := CauseSessionEnded
 	switch {
 	case err == nil:
@@ -424,7 +342,8 @@ func (s *sessionHold) check() {
 }
 
 // onPinned runs stmt on the pinned connection of g, a held session lock,
-// never at the same time as a keep-alive check; through ask, so a
+// never at the same time as a keep-alive check or WithConn's fn (it waits
+// for fn to return until ctx ends); through ask, so a
 // statement that gets no answer before ctx ends is abandoned and its
 // connection discarded (which frees the lock). A released guard, or one
 // of another kind, is ErrLockLost.
@@ -434,7 +353,9 @@ func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Contex
 	if !ok {
 		return zero, fmt.Errorf("%w: not a session lock", ErrLockLost)
 	}
-	s.watchMu.Lock()
+	if err := s.lockIdle(ctx); err != nil {
+		return zero, err
+	}
 	defer s.watchMu.Unlock()
 	if s.stopped {
 		return zero, fmt.Errorf("%w: released", ErrLockLost)
@@ -771,7 +692,7 @@ func rememberSession(conn *sql.Conn, fact string) {
 }
 
 // forgetSession drops every fact remembered for conn's session: code of
-// the user's ran on it (Guard.Conn), and a RESET ALL there would have
+// the user's ran on it (WithConn), and a RESET ALL there would have
 // undone settings the facts say it has. Its next try checks it again.
 func forgetSession(conn *sql.Conn) {
 	w, _, ok := driverConnOf(conn)

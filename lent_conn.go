@@ -61,20 +61,21 @@ type Conn interface {
 // locks: see WithMultiplexing), once the Guard was released or lost, and
 // when ctx ends before fn's turn.
 func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err error) {
+	name := quoteName(g.h.name)
 	s, ok := g.h.end.(*sessionHold)
 	if !ok {
-		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(g.h.name), errNoConn)
+		return fmt.Errorf("advisorylock: lock %s: %w", name, errNoConn)
 	}
 	c, lendErr := s.lend(ctx)
 	if lendErr != nil {
-		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(g.h.name), lendErr)
+		return fmt.Errorf("advisorylock: lock %s: %w", name, lendErr)
 	}
 	// The Guard stays reachable until fn has returned: a forgotten
 	// Guard's cleanup must not discard a connection in use.
 	defer runtime.KeepAlive(g)
 	defer func() {
 		if endErr := s.takeBack(c); endErr != nil && err == nil {
-			err = fmt.Errorf("advisorylock: lock %s: ending what fn left open on its connection: %w", quoteName(g.h.name), endErr)
+			err = fmt.Errorf("advisorylock: lock %s: ending what fn left open on its connection: %w", name, endErr)
 		}
 	}()
 	return fn(c)

@@ -321,15 +321,15 @@ func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if err := tx.Commit(); err == nil {
+				t.Fatal("Commit after WithConn succeeded")
+			}
 			var n int
 			if err := other.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 0 {
 				t.Fatalf("rows written by the transaction fn left open: %d, %v; want 0 (rolled back)", n, err)
 			}
 			if txRows.Next() {
 				t.Fatal("rows of the transaction fn left open still read")
-			}
-			if err := tx.Commit(); err == nil {
-				t.Fatal("Commit after WithConn succeeded")
 			}
 			if _, err := kept.ExecContext(ctx, "SELECT 1"); !errors.Is(err, sql.ErrConnDone) {
 				t.Fatalf("a statement on the Conn kept past fn = %v, want sql.ErrConnDone", err)

@@ -109,7 +109,7 @@ func TestSlotKeyIsTheDocumentedHashAndApartFromKey(t *testing.T) {
 // own pool, on a 3-slot semaphore: never more than 3 inside (an atomic
 // count), never two holders on one slot, inside every section the
 // holder's own session holds its slot's lock and no other slot's (asked
-// on Guard.Conn, which nothing else can change meanwhile: a slot lock
+// in Guard.WithConn, which nothing else can change meanwhile: a slot lock
 // left on a recycled connection shows at its next holder), and, read
 // from the server while they run, no session holding two slots.
 func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {

@@ -66,7 +66,7 @@ func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (co
 	}
 	p.conn = conn
 	if p.bounded {
-		p.closer = interruptible(conn)
+		p.sever = interruptible(conn)
 	}
 	return connGuard{p: p, ctx: caller, armed: true}, nil
 }
@@ -382,7 +382,7 @@ func (s *sessionHold) stopWatch() {
 type pinned struct {
 	conn      *sql.Conn
 	bounded   bool      // statements are bounded by ask (see endsWithContext)
-	closer    io.Closer // the driver connection where closing it ends a statement (see interruptible); nil: ask uses within
+	sever     func()    // closes the driver connection under a statement (see interruptible); nil: ask uses within
 	obs       *observed // told of discards; nil without an Observer
 	abandoned atomic.Bool
 }
@@ -428,7 +428,7 @@ func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx con
 	switch {
 	case !p.bounded:
 		return stmt(driverCtx, p.conn)
-	case p.closer != nil:
+	case p.sever != nil:
 		return watched(ctx, p, func() (T, error) { return stmt(driverCtx, p.conn) })
 	}
 	return within(ctx, func() (T, error) { return stmt(driverCtx, p.conn) }, func() {
@@ -444,7 +444,7 @@ func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx con
 // (see watchedUntil) and stmt gets ctx, which is then already what quiet
 // would give it.
 func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
-	if p.closer != nil && ctx.Done() == nil {
+	if p.sever != nil && ctx.Done() == nil {
 		return watchedUntil(deadline, p, func() (T, error) { return stmt(ctx, p.conn) })
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
@@ -511,7 +511,7 @@ func (c *cut) now() {
 	defer c.mu.Unlock()
 	if !c.answered {
 		c.made = true
-		_ = c.p.closer.Close()
+		c.p.sever()
 	}
 }
 
@@ -538,13 +538,31 @@ func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, er
 	return zero, fmt.Errorf("no answer from the database: %w", cause)
 }
 
-// interruptible returns conn's driver connection when closing it from
-// another goroutine ends a statement in flight on it at once, also on a
-// dead network, and is safe to do: lib/pq's, whose Close writes one
-// message and closes its socket (its own cancel watcher closes it so too),
-// so the statement's read fails. nil for any other driver, wrapped ones
-// included: their statements go through within.
-func interruptible(conn *sql.Conn) io.Closer {
+// interruptible returns, for lib/pq's connections, a function that
+// closes conn's driver connection from outside the statement running on
+// it; nil for any other driver, wrapped ones included (their statements
+// go through within). It is the one place where the library uses a driver
+// connection outside Conn.Raw (SPEC 11.1): the connection is taken inside
+// Raw, while no statement runs, and closed later by watched's timer,
+// while ask's statement holds it.
+//
+// lib/pq needs it: nothing database/sql sanctions ends its read on a dead
+// network. A cancelled context makes lib/pq send a cancel request over a
+// new connection and keep reading; it has no read deadline and no TCP
+// user timeout setting, and its default dialer only keeps Go's TCP
+// keepalives. Measured with a blackholed loopback connection (iptables,
+// PostgreSQL 127.0.0.1:5432, lib/pq v1.12.3, a 1s context): a statement
+// whose answer was lost returned after 2m31s (keepalive: 15s + 9 probes
+// of 15s), one whose query went unacknowledged was still blocked after
+// 3m20s (retransmissions: about 15 minutes at tcp_retries2 = 15). Left to
+// within, such a statement keeps its connection's pool slot that long
+// (TestReleaseDuringACutGivesBackItsPoolSlot), and within costs a
+// goroutine per statement. Closing lib/pq's connection is safe from
+// another goroutine: its Close writes one message and closes the socket
+// (its own cancel watcher closes it so too), so the read fails at once.
+// A dialer that sets TCP_USER_TIMEOUT (pq.NewConnector with a Dialer)
+// would bound the read too, but only for handles the user opens so.
+func interruptible(conn *sql.Conn) (sever func()) {
 	var c io.Closer
 	_ = conn.Raw(func(dc any) error {
 		if isLibPQConn(dc) {
@@ -552,7 +570,10 @@ func interruptible(conn *sql.Conn) io.Closer {
 		}
 		return nil
 	})
-	return c
+	if c == nil {
+		return nil
+	}
+	return func() { _ = c.Close() }
 }
 
 // isLibPQConn reports whether dc, a driver connection, is lib/pq's own,

@@ -205,10 +205,10 @@ mutation "statements on a pinned lib/pq connection wait out a dead network" conn
 	's/case !p\.bounded:\n\t\treturn stmt\(driverCtx, p\.conn\)/case true:\n\t\treturn stmt(driverCtx, p.conn)/' \
 	'^TestNetworkCutLosesLocksBeforeExpiry$'
 mutation "an unanswered lib/pq statement is left reading and keeps its pool slot" conn_guard.go \
-	's/p\.closer = interruptible\(conn\)/p.closer = nil/' \
+	's/p\.sever = interruptible\(conn\)/p.sever = nil/' \
 	'^TestReleaseDuringACutGivesBackItsPoolSlot$'
 mutation "the watchdog never closes the connection under a statement" conn_guard.go \
-	's/c\.made = true\n(\t+)_ = c\.p\.closer\.Close\(\)/c.made = true/' \
+	's/c\.made = true\n(\t+)c\.p\.sever\(\)/c.made = true/' \
 	'^(TestReleaseDuringACutGivesBackItsPoolSlot|TestNetworkCutLosesLocksBeforeExpiry)$'
 mutation "what a cut statement returns is taken for its answer" conn_guard.go \
 	's/if !wasCut \{/if _ = wasCut; true {/' \

@@ -38,7 +38,10 @@ type Conn interface {
 // then: keep fn to the few statements that need the lock's session), and
 // WithConn waits for a keep-alive check in flight before it calls fn.
 // Calls of WithConn on one Guard run one at a time; fn must not call
-// WithConn on the same Guard (it would wait for itself until ctx ends).
+// WithConn on the same Guard (it would wait for itself until ctx ends),
+// nor its Release (which would wait for fn, see below). A statement
+// whose own context ends while it runs may cost the connection (pgx
+// closes it), and with it the lock: Lost closes once fn has returned.
 //
 // When fn returns, WithConn closes the rows and statements it opened on
 // conn and left open and rolls back its transactions left open (their
@@ -61,21 +64,21 @@ type Conn interface {
 // locks: see WithMultiplexing), once the Guard was released or lost, and
 // when ctx ends before fn's turn.
 func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err error) {
-	name := quoteName(g.h.name)
+	name := g.h.name // the deferred func below must not keep g reachable
 	s, ok := g.h.end.(*sessionHold)
 	if !ok {
-		return fmt.Errorf("advisorylock: lock %s: %w", name, errNoConn)
+		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(name), errNoConn)
 	}
 	c, lendErr := s.lend(ctx)
 	if lendErr != nil {
-		return fmt.Errorf("advisorylock: lock %s: %w", name, lendErr)
+		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(name), lendErr)
 	}
 	// The Guard stays reachable until fn has returned: a forgotten
 	// Guard's cleanup must not discard a connection in use.
 	defer runtime.KeepAlive(g)
 	defer func() {
 		if endErr := s.takeBack(c); endErr != nil && err == nil {
-			err = fmt.Errorf("advisorylock: lock %s: ending what fn left open on its connection: %w", name, endErr)
+			err = fmt.Errorf("advisorylock: lock %s: ending what fn left open on its connection: %w", quoteName(name), endErr)
 		}
 	}()
 	return fn(c)
@@ -105,7 +108,9 @@ func GuardFromContext(ctx context.Context) *Guard {
 // the rows, statements and transactions fn opened on it, which end when
 // fn returns. Every statement's context is the caller's, also ended when
 // the lending is cut short (cancel): that is how Release ends statements
-// still running after its timeout.
+// still running after its timeout. (The join of a statement that returns
+// rows or a transaction lasts until fn returns: database/sql ends rows and
+// transactions whose context ends.)
 type lentConn struct {
 	ctx      context.Context // ends when fn has returned, or when Release cuts it short
 	cancel   context.CancelCauseFunc

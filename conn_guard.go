@@ -66,7 +66,7 @@ func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (co
 	}
 	p.conn = conn
 	if p.bounded {
-		p.closer = interruptible(conn)
+		p.sever = interruptible(conn)
 	}
 	return connGuard{p: p, ctx: caller, armed: true}, nil
 }
@@ -235,7 +235,7 @@ type sessionHold struct {
 	watchMu sync.Mutex // held by a keep-alive check in flight
 	stopped bool
 	timer   *time.Timer
-	shared  *sharedConn // Guard.Conn's, made at its first call (under watchMu)
+	lent    *lentConn // WithConn's, while its fn runs (under watchMu)
 }
 
 // grant turns s, whose connection's session now holds l's lock, into a
@@ -253,12 +253,13 @@ func (s *sessionHold) grant(session int64) *Guard {
 }
 
 // release ends the hold within timeout: it takes the connection back from
-// Guard.Conn's user, unlocks and recycles it, or discards it where that
-// is not clean. ctx never ends (see doRelease); the bound is timeout's.
+// WithConn's fn (see waitLent), unlocks and recycles it, or discards it
+// where that is not clean. ctx never ends (see doRelease); the bound is
+// timeout's.
 func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	s.stopWatch()
-	if ok, err := s.endShared(ctx, deadline); !ok {
+	if ok, err := s.waitLent(deadline); !ok {
 		return err
 	}
 	if gone, why := s.isLost(); gone {
@@ -293,90 +294,13 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 // forget runs in the runtime's single cleanup goroutine, which must not
 // wait on I/O: stopping the keep-alive waits for a check in flight (up to
 // the release timeout on a dead network), so it and the discard run in a
-// goroutine of their own, as a forgotten lease's release does.
+// goroutine of their own, as a forgotten lease's release does. No
+// WithConn runs then: it keeps its Guard reachable.
 func (s *sessionHold) forget() {
 	go func() {
 		s.stopWatch()
-		if sh := s.sharedConn(); sh != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
-			_, _, running := sh.gate.close(ctx)
-			cancel()
-			_ = sh.pool.Close()
-			if running {
-				sh.gate.abandon(func() { s.p.discard(ReasonForgotten, nil) })
-				return
-			}
-		}
 		s.p.discard(ReasonForgotten, nil)
 	}()
-}
-
-// userConn returns the connection as Guard.Conn gives it to the user,
-// made at the first call (see sharedConn). Once the hold has ended it is
-// one whose every statement fails.
-func (s *sessionHold) userConn() *sql.Conn {
-	s.watchMu.Lock() // the keep-alive must not be on the connection now
-	defer s.watchMu.Unlock()
-	if s.shared == nil {
-		var ci driver.Conn
-		err := s.p.conn.Raw(func(dc any) error {
-			ci, _ = dc.(driver.Conn)
-			return nil
-		})
-		s.shared = newSharedConn(ci)
-		if gone, _ := s.isLost(); err != nil || ci == nil || s.stopped || gone {
-			s.shared.gate.shutNow()
-			_ = s.shared.pool.Close()
-		}
-	}
-	return s.shared.conn
-}
-
-// sharedConn returns Guard.Conn's connection, nil if it was never asked.
-func (s *sessionHold) sharedConn() *sharedConn {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	return s.shared
-}
-
-// errStatementRunning is the release's error when a statement on
-// Guard.Conn did not end even when cancelled (a dead network).
-var errStatementRunning = errors.New("a statement on Guard.Conn was still running at release and did not end when cancelled; its connection is discarded once it does, which frees the lock")
-
-// endShared takes the connection back from Guard.Conn's user before the
-// unlock: it waits for their statements in flight (until deadline, then
-// cancels them, see connGate.close), then closes the rows and rolls back
-// the transaction they left open, which keeps none of its writes. ok
-// false means the connection was discarded instead (a statement had to be
-// cancelled, which a driver may answer by giving up on the connection, or
-// ending what was left open failed), or is discarded once the last
-// statement in flight returns; the discard frees the lock.
-func (s *sessionHold) endShared(ctx context.Context, deadline time.Time) (ok bool, err error) {
-	sh := s.sharedConn()
-	if sh == nil {
-		return true, nil
-	}
-	defer sh.pool.Close()
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	forgetSession(s.p.conn)
-	open, cancelled, running := sh.gate.close(ctx)
-	switch {
-	case running:
-		sh.gate.abandon(func() { s.p.discard(ReasonNoAnswer, errStatementRunning) })
-		return false, errStatementRunning
-	case cancelled:
-		s.p.discard(ReasonCanceled, errConnReleased)
-		return false, nil
-	}
-	if gone, _ := s.isLost(); gone {
-		return true, nil // discarded by release, with whatever was open
-	}
-	if err := endHandles(open); err != nil {
-		s.p.discard(ReasonError, err)
-		return false, fmt.Errorf("rolling back what was left open on Guard.Conn: %w", err)
-	}
-	return true, nil
 }
 
 // check is the keep-alive: it runs every keepAlive on a timer (a held lock
@@ -390,12 +314,9 @@ func (s *sessionHold) check() {
 	if s.stopped {
 		return
 	}
-	if s.shared != nil {
-		if !s.shared.gate.tryOwn() { // Guard.Conn's user is on the connection
-			s.timer.Reset(s.l.cfg.keepAlive)
-			return
-		}
-		defer s.shared.gate.disown()
+	if s.lent != nil { // WithConn's fn is on the connection: step aside
+		s.timer.Reset(s.l.cfg.keepAlive)
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
 	keys := []int64{s.key}
@@ -409,9 +330,6 @@ func (s *sessionHold) check() {
 		s.timer.Reset(s.l.cfg.keepAlive)
 		return
 	}
-	if s.shared != nil {
-		s.shared.gate.shutNow() // the connection protects nothing now
-	}
 	cause := CauseSessionEnded
 	switch {
 	case err == nil:
@@ -424,7 +342,8 @@ func (s *sessionHold) check() {
 }
 
 // onPinned runs stmt on the pinned connection of g, a held session lock,
-// never at the same time as a keep-alive check; through ask, so a
+// never at the same time as a keep-alive check or WithConn's fn (it waits
+// for fn to return until ctx ends); through ask, so a
 // statement that gets no answer before ctx ends is abandoned and its
 // connection discarded (which frees the lock). A released guard, or one
 // of another kind, is ErrLockLost.
@@ -434,7 +353,9 @@ func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Contex
 	if !ok {
 		return zero, fmt.Errorf("%w: not a session lock", ErrLockLost)
 	}
-	s.watchMu.Lock()
+	if err := s.lockIdle(ctx); err != nil {
+		return zero, err
+	}
 	defer s.watchMu.Unlock()
 	if s.stopped {
 		return zero, fmt.Errorf("%w: released", ErrLockLost)
@@ -461,7 +382,7 @@ func (s *sessionHold) stopWatch() {
 type pinned struct {
 	conn      *sql.Conn
 	bounded   bool      // statements are bounded by ask (see endsWithContext)
-	closer    io.Closer // the driver connection where closing it ends a statement (see interruptible); nil: ask uses within
+	sever     func()    // closes the driver connection under a statement (see interruptible); nil: ask uses within
 	obs       *observed // told of discards; nil without an Observer
 	abandoned atomic.Bool
 }
@@ -507,7 +428,7 @@ func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx con
 	switch {
 	case !p.bounded:
 		return stmt(driverCtx, p.conn)
-	case p.closer != nil:
+	case p.sever != nil:
 		return watched(ctx, p, func() (T, error) { return stmt(driverCtx, p.conn) })
 	}
 	return within(ctx, func() (T, error) { return stmt(driverCtx, p.conn) }, func() {
@@ -523,7 +444,7 @@ func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx con
 // (see watchedUntil) and stmt gets ctx, which is then already what quiet
 // would give it.
 func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
-	if p.closer != nil && ctx.Done() == nil {
+	if p.sever != nil && ctx.Done() == nil {
 		return watchedUntil(deadline, p, func() (T, error) { return stmt(ctx, p.conn) })
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
@@ -590,7 +511,7 @@ func (c *cut) now() {
 	defer c.mu.Unlock()
 	if !c.answered {
 		c.made = true
-		_ = c.p.closer.Close()
+		c.p.sever()
 	}
 }
 
@@ -617,13 +538,31 @@ func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, er
 	return zero, fmt.Errorf("no answer from the database: %w", cause)
 }
 
-// interruptible returns conn's driver connection when closing it from
-// another goroutine ends a statement in flight on it at once, also on a
-// dead network, and is safe to do: lib/pq's, whose Close writes one
-// message and closes its socket (its own cancel watcher closes it so too),
-// so the statement's read fails. nil for any other driver, wrapped ones
-// included: their statements go through within.
-func interruptible(conn *sql.Conn) io.Closer {
+// interruptible returns, for lib/pq's connections, a function that
+// closes conn's driver connection from outside the statement running on
+// it; nil for any other driver, wrapped ones included (their statements
+// go through within). It is the one place where the library uses a driver
+// connection outside Conn.Raw (SPEC 11.1): the connection is taken inside
+// Raw, while no statement runs, and closed later by watched's timer,
+// while ask's statement holds it.
+//
+// lib/pq needs it: nothing database/sql sanctions ends its read on a dead
+// network. A cancelled context makes lib/pq send a cancel request over a
+// new connection and keep reading; it has no read deadline and no TCP
+// user timeout setting, and its default dialer only keeps Go's TCP
+// keepalives. Measured with a blackholed loopback connection (iptables,
+// PostgreSQL 127.0.0.1:5432, lib/pq v1.12.3, a 1s context): a statement
+// whose answer was lost returned after 2m31s (keepalive: 15s + 9 probes
+// of 15s), one whose query went unacknowledged was still blocked after
+// 3m20s (retransmissions: about 15 minutes at tcp_retries2 = 15). Left to
+// within, such a statement keeps its connection's pool slot that long
+// (TestReleaseDuringACutGivesBackItsPoolSlot), and within costs a
+// goroutine per statement. Closing lib/pq's connection is safe from
+// another goroutine: its Close writes one message and closes the socket
+// (its own cancel watcher closes it so too), so the read fails at once.
+// A dialer that sets TCP_USER_TIMEOUT (pq.NewConnector with a Dialer)
+// would bound the read too, but only for handles the user opens so.
+func interruptible(conn *sql.Conn) (sever func()) {
 	var c io.Closer
 	_ = conn.Raw(func(dc any) error {
 		if isLibPQConn(dc) {
@@ -631,7 +570,10 @@ func interruptible(conn *sql.Conn) io.Closer {
 		}
 		return nil
 	})
-	return c
+	if c == nil {
+		return nil
+	}
+	return func() { _ = c.Close() }
 }
 
 // isLibPQConn reports whether dc, a driver connection, is lib/pq's own,
@@ -771,7 +713,7 @@ func rememberSession(conn *sql.Conn, fact string) {
 }
 
 // forgetSession drops every fact remembered for conn's session: code of
-// the user's ran on it (Guard.Conn), and a RESET ALL there would have
+// the user's ran on it (WithConn), and a RESET ALL there would have
 // undone settings the facts say it has. Its next try checks it again.
 func forgetSession(conn *sql.Conn) {
 	w, _, ok := driverConnOf(conn)

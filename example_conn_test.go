@@ -2,6 +2,7 @@ package advisorylock_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log"
 
@@ -80,11 +81,12 @@ func ExampleGuardFromContext() {
 		log.Fatal(err)
 	}
 	err = lock.Do(context.Background(), func(ctx context.Context) error {
-		conn := advisorylock.GuardFromContext(ctx).Conn()
-		var holds bool
-		err := conn.QueryRowContext(ctx, "SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&holds)
-		fmt.Println("this session holds the lock:", holds)
-		return err
+		return advisorylock.GuardFromContext(ctx).WithConn(ctx, func(conn advisorylock.Conn) error {
+			var holds bool
+			err := conn.QueryRowContext(ctx, "SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&holds)
+			fmt.Println("this session holds the lock:", holds)
+			return err
+		})
 	})
 	fmt.Println("err:", err)
 	// Output:
@@ -92,9 +94,9 @@ func ExampleGuardFromContext() {
 	// err: <nil>
 }
 
-// A transaction left open on the lock's connection is rolled back at
-// Release, before the unlock: none of its writes are kept.
-func ExampleGuard_Conn() {
+// A transaction that fn leaves open on the lock's connection is rolled
+// back when fn returns: none of its writes are kept.
+func ExampleGuard_WithConn() {
 	db := exampleDB()
 	defer db.Close()
 	ctx := context.Background()
@@ -106,16 +108,18 @@ func ExampleGuard_Conn() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	tx, err := g.Conn().BeginTx(ctx, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := tx.ExecContext(ctx, "CREATE TEMP TABLE example_guard_conn (v int)"); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("release:", g.Release(ctx))
-	fmt.Println("commit after release fails:", tx.Commit() != nil)
+	defer g.Release(ctx)
+	var tx *sql.Tx
+	err = g.WithConn(ctx, func(conn advisorylock.Conn) error {
+		if tx, err = conn.BeginTx(ctx, nil); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, "CREATE TEMP TABLE example_guard_conn (v int)")
+		return err
+	})
+	fmt.Println("WithConn:", err)
+	fmt.Println("commit after fn returned fails:", tx.Commit() != nil)
 	// Output:
-	// release: <nil>
-	// commit after release fails: true
+	// WithConn: <nil>
+	// commit after fn returned fails: true
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
@@ -14,7 +15,7 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
-// connServer is a server whose Lock pins a connection, as Guard.Conn's
+// connServer is a server whose Lock pins a connection, as WithConn's
 // tests see it.
 type connServer struct {
 	name string
@@ -68,11 +69,11 @@ func scratchTable(t *testing.T, db *sql.DB, s connServer) string {
 	return table
 }
 
-// TestGuardConnRunsQueriesInsideDoOnAPoolOfOne: with SetMaxOpenConns(1),
+// TestWithConnRunsQueriesInsideDoOnAPoolOfOne: with SetMaxOpenConns(1),
 // where a statement on the pool inside Do waits forever for the one
-// connection the lock pins, every kind of statement runs on Guard.Conn,
-// on the session that holds the lock.
-func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
+// connection the lock pins, every kind of statement runs on WithConn's
+// Conn, on the session that holds the lock.
+func TestWithConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 	t.Parallel()
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
@@ -84,54 +85,52 @@ func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			err := l.Do(ctx, func(ctx context.Context) error {
-				c := advisorylock.GuardFromContext(ctx).Conn()
-				if c == nil {
-					return errors.New("Guard.Conn() = nil for a lock that pins a connection")
-				}
-				var holds bool
-				if err := c.QueryRowContext(ctx, s.holdsQuery(name)).Scan(&holds); err != nil || !holds {
-					return fmt.Errorf("the session of Guard.Conn holds the lock: %v, %v; want true", holds, err)
-				}
-				if _, err := c.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
-					return fmt.Errorf("ExecContext: %w", err)
-				}
-				stmt, err := c.PrepareContext(ctx, "INSERT INTO "+table+" VALUES (2)")
-				if err != nil {
-					return fmt.Errorf("PrepareContext: %w", err)
-				}
-				if _, err := stmt.ExecContext(ctx); err != nil {
-					return fmt.Errorf("Stmt.ExecContext: %w", err)
-				}
-				if err := stmt.Close(); err != nil {
-					return fmt.Errorf("Stmt.Close: %w", err)
-				}
-				tx, err := c.BeginTx(ctx, nil)
-				if err != nil {
-					return fmt.Errorf("BeginTx: %w", err)
-				}
-				if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (3)"); err != nil {
-					return fmt.Errorf("Tx.ExecContext: %w", err)
-				}
-				if err := tx.Commit(); err != nil {
-					return fmt.Errorf("Commit: %w", err)
-				}
-				rows, err := c.QueryContext(ctx, "SELECT v FROM "+table+" ORDER BY v")
-				if err != nil {
-					return fmt.Errorf("QueryContext: %w", err)
-				}
-				defer rows.Close()
-				var got []int
-				for rows.Next() {
-					var v int
-					if err := rows.Scan(&v); err != nil {
-						return err
+				return advisorylock.GuardFromContext(ctx).WithConn(ctx, func(c advisorylock.Conn) error {
+					var holds bool
+					if err := c.QueryRowContext(ctx, s.holdsQuery(name)).Scan(&holds); err != nil || !holds {
+						return fmt.Errorf("the session of WithConn's Conn holds the lock: %v, %v; want true", holds, err)
 					}
-					got = append(got, v)
-				}
-				if err := rows.Err(); err != nil || fmt.Sprint(got) != "[1 2 3]" {
-					return fmt.Errorf("rows %v, %v; want [1 2 3]", got, err)
-				}
-				return nil
+					if _, err := c.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
+						return fmt.Errorf("ExecContext: %w", err)
+					}
+					stmt, err := c.PrepareContext(ctx, "INSERT INTO "+table+" VALUES (2)")
+					if err != nil {
+						return fmt.Errorf("PrepareContext: %w", err)
+					}
+					if _, err := stmt.ExecContext(ctx); err != nil {
+						return fmt.Errorf("Stmt.ExecContext: %w", err)
+					}
+					if err := stmt.Close(); err != nil {
+						return fmt.Errorf("Stmt.Close: %w", err)
+					}
+					tx, err := c.BeginTx(ctx, nil)
+					if err != nil {
+						return fmt.Errorf("BeginTx: %w", err)
+					}
+					if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (3)"); err != nil {
+						return fmt.Errorf("Tx.ExecContext: %w", err)
+					}
+					if err := tx.Commit(); err != nil {
+						return fmt.Errorf("Commit: %w", err)
+					}
+					rows, err := c.QueryContext(ctx, "SELECT v FROM "+table+" ORDER BY v")
+					if err != nil {
+						return fmt.Errorf("QueryContext: %w", err)
+					}
+					defer rows.Close()
+					var got []int
+					for rows.Next() {
+						var v int
+						if err := rows.Scan(&v); err != nil {
+							return err
+						}
+						got = append(got, v)
+					}
+					if err := rows.Err(); err != nil || fmt.Sprint(got) != "[1 2 3]" {
+						return fmt.Errorf("rows %v, %v; want [1 2 3]", got, err)
+					}
+					return nil
+				})
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -143,9 +142,10 @@ func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 	}
 }
 
-// TestGuardConnIsNilWithoutAPinnedConnection: a Lock on SQLite is a row
-// and pins no connection; GuardFromContext is nil outside Do.
-func TestGuardConnIsNilWithoutAPinnedConnection(t *testing.T) {
+// TestWithConnFailsWithoutAPinnedConnection: a Lock on SQLite is a row
+// and pins no connection: WithConn returns an error without calling fn;
+// GuardFromContext is nil outside Do.
+func TestWithConnFailsWithoutAPinnedConnection(t *testing.T) {
 	t.Parallel()
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
 	g, err := newLock(t, db, testdb.UniqueName(t)).TryLock(context.Background())
@@ -153,21 +153,22 @@ func TestGuardConnIsNilWithoutAPinnedConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mustRelease(t, g)
-	if c := g.Conn(); c != nil {
-		t.Fatalf("Guard.Conn() on SQLite = %v, want nil", c)
+	called := false
+	if err := g.WithConn(context.Background(), func(advisorylock.Conn) error { called = true; return nil }); err == nil || called {
+		t.Fatalf("WithConn on SQLite = %v, fn called %v; want an error, fn not called", err, called)
 	}
 	if g := advisorylock.GuardFromContext(context.Background()); g != nil {
 		t.Fatalf("GuardFromContext outside Do = %v, want nil", g)
 	}
 }
 
-// TestGuardConnSharesTheConnectionWithTheKeepAlive: with a keep-alive
-// every 20ms, a statement that runs for a second, rows left open and a
-// transaction left open (in which a statement failed: 25P02 on
-// PostgreSQL) on Guard.Conn for many intervals cost no false loss and no
-// error of the user's; once the connection is free again the keep-alive
-// still finds a real loss.
-func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
+// TestWithConnStepsTheKeepAliveAside: with a keep-alive every 20ms, a
+// statement that runs for a second, rows left open and a transaction left
+// open (in which a statement failed: 25P02 on PostgreSQL) in one WithConn
+// for many intervals cost no false loss and no error of the user's; once
+// fn has returned the keep-alive still finds a real loss, and WithConn
+// then refuses.
+func TestWithConnStepsTheKeepAliveAside(t *testing.T) {
 	testdb.Slow(t, "statements of a second under a keep-alive, per server")
 	const keepAlive = 20 * time.Millisecond
 	for _, s := range connServers {
@@ -182,55 +183,60 @@ func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer g.Release(ctx)
-			c := g.Conn()
-			notLost := func(what string) {
-				t.Helper()
+			notLost := func(what string) error {
 				select {
 				case <-g.Lost():
-					t.Fatalf("lost while %s on Guard.Conn", what)
+					return fmt.Errorf("lost while %s in WithConn", what)
 				default:
+					return nil
 				}
 			}
-
-			if _, err := c.ExecContext(ctx, s.sleep); err != nil {
-				t.Fatalf("a long statement: %v", err)
-			}
-			notLost("a long statement ran")
-
-			rows, err := c.QueryContext(ctx, s.rows)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rows.Next()
-			time.Sleep(20 * keepAlive) // rows open over many keep-alive intervals
-			n := 1
-			for rows.Next() {
-				n++
-			}
-			if err := rows.Err(); err != nil || n != 100000 {
-				t.Fatalf("read %d rows with open rows over keep-alives: %v", n, err)
-			}
-			notLost("rows were open")
-
-			tx, err := c.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.ExecContext(ctx, s.fail); err == nil {
-				t.Fatalf("%s did not fail", s.fail)
-			}
-			time.Sleep(20 * keepAlive) // a (failed) transaction open over many intervals
-			if err := tx.Rollback(); err != nil {
-				t.Fatalf("Rollback: %v", err)
-			}
-			notLost("a transaction was open")
-
-			// The connection is free again: the keep-alive runs, and a
-			// real loss is found.
 			var pid int64
-			if err := c.QueryRowContext(ctx, s.pid).Scan(&pid); err != nil {
+			err = g.WithConn(ctx, func(c advisorylock.Conn) error {
+				if _, err := c.ExecContext(ctx, s.sleep); err != nil {
+					return fmt.Errorf("a long statement: %w", err)
+				}
+				if err := notLost("a long statement ran"); err != nil {
+					return err
+				}
+				rows, err := c.QueryContext(ctx, s.rows)
+				if err != nil {
+					return err
+				}
+				rows.Next()
+				time.Sleep(20 * keepAlive) // rows open over many keep-alive intervals
+				n := 1
+				for rows.Next() {
+					n++
+				}
+				if err := rows.Err(); err != nil || n != 100000 {
+					return fmt.Errorf("read %d rows with open rows over keep-alives: %v", n, err)
+				}
+				if err := notLost("rows were open"); err != nil {
+					return err
+				}
+				tx, err := c.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, s.fail); err == nil {
+					return fmt.Errorf("%s did not fail", s.fail)
+				}
+				time.Sleep(20 * keepAlive) // a (failed) transaction open over many intervals
+				if err := tx.Rollback(); err != nil {
+					return fmt.Errorf("Rollback: %w", err)
+				}
+				if err := notLost("a transaction was open"); err != nil {
+					return err
+				}
+				return c.QueryRowContext(ctx, s.pid).Scan(&pid)
+			})
+			if err != nil {
 				t.Fatal(err)
 			}
+
+			// fn has returned: the keep-alive runs, and a real loss is
+			// found.
 			if _, err := s.open(t).Exec(fmt.Sprintf(s.kill, pid)); err != nil {
 				t.Fatal(err)
 			}
@@ -239,18 +245,20 @@ func TestGuardConnSharesTheConnectionWithTheKeepAlive(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatal("Lost() did not close after the session was ended")
 			}
-			if _, err := c.ExecContext(ctx, "SELECT 1"); err == nil {
-				t.Fatal("a statement on Guard.Conn of a lost lock succeeded")
+			called := false
+			if err := g.WithConn(ctx, func(advisorylock.Conn) error { called = true; return nil }); !errors.Is(err, advisorylock.ErrLockLost) || called {
+				t.Fatalf("WithConn of a lost lock = %v, fn called %v; want ErrLockLost, fn not called", err, called)
 			}
 		})
 	}
 }
 
-// TestGuardConnLeftOpenAtReleaseIsRolledBack: a transaction left open on
-// Guard.Conn at Release is rolled back before the unlock (its write is
-// not kept) and rows left open are closed; the lock is free, the pool's
-// connection is back and usable, and statements on Conn fail afterwards.
-func TestGuardConnLeftOpenAtReleaseIsRolledBack(t *testing.T) {
+// TestWithConnEndsWhatFnLeftOpen: when fn returns, the transaction it
+// left open is rolled back (its write is not kept), its rows and
+// statements are closed, and the Conn it kept fails with sql.ErrConnDone;
+// the lock stays held on a usable session, and Release frees it and
+// gives the connection back to the pool.
+func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
 	t.Parallel()
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
@@ -265,15 +273,78 @@ func TestGuardConnLeftOpenAtReleaseIsRolledBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c := g.Conn()
-			tx, err := c.BeginTx(ctx, nil)
+			var (
+				kept   advisorylock.Conn
+				tx     *sql.Tx
+				txRows *sql.Rows
+				rows   *sql.Rows
+				stmt   *sql.Stmt
+			)
+			err = g.WithConn(ctx, func(c advisorylock.Conn) (err error) {
+				kept = c
+				if stmt, err = c.PrepareContext(ctx, "SELECT 1"); err != nil {
+					return err
+				}
+				if rows, err = c.QueryContext(ctx, s.rows); err != nil {
+					return err
+				}
+				if !rows.Next() {
+					return fmt.Errorf("no rows: %v", rows.Err())
+				}
+				if err := rows.Close(); err != nil { // one statement at a time: rows first
+					return err
+				}
+				if rows, err = c.QueryContext(ctx, "SELECT 1"); err != nil {
+					return err
+				}
+				return nil
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
+			if rows.Next() {
+				t.Fatal("rows left open by fn still read after WithConn")
+			}
+			if _, err := stmt.ExecContext(ctx); err == nil {
+				t.Fatal("a statement prepared in fn ran after WithConn")
+			}
+			err = g.WithConn(ctx, func(c advisorylock.Conn) (err error) {
+				if tx, err = c.BeginTx(ctx, nil); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
+					return err
+				}
+				txRows, err = tx.QueryContext(ctx, "SELECT v FROM "+table)
+				return err
+			})
+			if err != nil {
 				t.Fatal(err)
 			}
-			rows, err := tx.QueryContext(ctx, "SELECT v FROM "+table)
+			if err := tx.Commit(); err == nil {
+				t.Fatal("Commit after WithConn succeeded")
+			}
+			var n int
+			if err := other.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 0 {
+				t.Fatalf("rows written by the transaction fn left open: %d, %v; want 0 (rolled back)", n, err)
+			}
+			if txRows.Next() {
+				t.Fatal("rows of the transaction fn left open still read")
+			}
+			if _, err := kept.ExecContext(ctx, "SELECT 1"); !errors.Is(err, sql.ErrConnDone) {
+				t.Fatalf("a statement on the Conn kept past fn = %v, want sql.ErrConnDone", err)
+			}
+			var one int
+			if err := kept.QueryRowContext(ctx, "SELECT 1").Scan(&one); !errors.Is(err, sql.ErrConnDone) {
+				t.Fatalf("a row on the Conn kept past fn = %v, want sql.ErrConnDone", err)
+			}
+			err = g.WithConn(ctx, func(c advisorylock.Conn) error {
+				var holds bool
+				if err := c.QueryRowContext(ctx, s.holdsQuery(name)).Scan(&holds); err != nil || !holds {
+					return fmt.Errorf("the session still holds the lock: %v, %v; want true", holds, err)
+				}
+				return nil
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -281,21 +352,8 @@ func TestGuardConnLeftOpenAtReleaseIsRolledBack(t *testing.T) {
 			if _, err := newLock(t, other, name).TryLock(ctx); err != nil {
 				t.Fatalf("TryLock after Release: %v", err)
 			}
-			var n int
-			if err := other.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 0 {
-				t.Fatalf("rows written by the transaction left open: %d, %v; want 0 (rolled back)", n, err)
-			}
-			if rows.Next() {
-				t.Fatal("rows left open at Release still read")
-			}
-			if err := tx.Commit(); err == nil {
-				t.Fatal("Commit after Release succeeded")
-			}
-			if _, err := c.ExecContext(ctx, "SELECT 1"); err == nil {
-				t.Fatal("a statement on Guard.Conn after Release succeeded")
-			}
-			if g.Conn() == nil {
-				t.Fatal("Guard.Conn() after Release = nil, want a Conn whose statements fail")
+			if err := g.WithConn(ctx, func(advisorylock.Conn) error { return nil }); !errors.Is(err, advisorylock.ErrLockLost) {
+				t.Fatalf("WithConn after Release = %v, want ErrLockLost", err)
 			}
 			if err := db.PingContext(ctx); err != nil {
 				t.Fatalf("the pool after Release: %v", err)
@@ -307,11 +365,10 @@ func TestGuardConnLeftOpenAtReleaseIsRolledBack(t *testing.T) {
 	}
 }
 
-// TestReleaseWhileAStatementRunsOnGuardConn: Release gives a statement in
-// flight on Guard.Conn the release timeout to end, then cancels it and
-// discards the connection, which frees the lock at once; the statement
-// fails.
-func TestReleaseWhileAStatementRunsOnGuardConn(t *testing.T) {
+// TestReleaseWhileWithConnRunsAStatement: Release gives fn the release
+// timeout to return, then cancels its statement in flight and discards
+// the connection, which frees the lock at once; the statement fails.
+func TestReleaseWhileWithConnRunsAStatement(t *testing.T) {
 	const releaseTimeout = 300 * time.Millisecond
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -324,16 +381,30 @@ func TestReleaseWhileAStatementRunsOnGuardConn(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c := g.Conn()
-			var pid int
-			if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
+			pids := make(chan int, 1)
 			ran := make(chan error, 1)
 			go func() {
-				_, err := c.ExecContext(ctx, "SELECT pg_sleep(60)")
-				ran <- err
+				var stmtErr error
+				ran <- g.WithConn(ctx, func(c advisorylock.Conn) error {
+					var pid int
+					if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+						return err
+					}
+					pids <- pid
+					_, stmtErr = c.ExecContext(context.Background(), "SELECT pg_sleep(60)")
+					return nil
+				})
+				if stmtErr == nil {
+					ran <- errors.New("the statement running at Release succeeded")
+				}
+				close(ran)
 			}()
+			var pid int
+			select {
+			case pid = <-pids:
+			case err := <-ran:
+				t.Fatal(err)
+			}
 			admin := testdb.OpenPostgres(t, "pgx")
 			testdb.WaitFor(t, wait, func() bool {
 				var running bool
@@ -347,8 +418,10 @@ func TestReleaseWhileAStatementRunsOnGuardConn(t *testing.T) {
 			if took := time.Since(start); took > releaseTimeout+timeoutSlack {
 				t.Fatalf("Release took %v with a release timeout of %v", took, releaseTimeout)
 			}
-			if err := <-ran; err == nil {
-				t.Fatal("the statement running at Release succeeded")
+			for err := range ran {
+				if err != nil {
+					t.Fatal(err)
+				}
 			}
 			testdb.WaitFor(t, wait, func() bool {
 				g, err := newLock(t, admin, name).TryLock(ctx)
@@ -361,95 +434,109 @@ func TestReleaseWhileAStatementRunsOnGuardConn(t *testing.T) {
 	}
 }
 
-// TestForgottenGuardWithConnIsCleanedUp: a Guard dropped without Release,
-// with a transaction left open on its Conn, is cleaned up: the connection
-// is discarded (the transaction's write is not kept) and the lock freed.
+// TestReleaseWhileWithConnDoesNotReturn: fn that does not return even
+// when its statements are cancelled keeps the connection: Release
+// returns an error after the release timeout, fn's statements fail from
+// then on, and the lock is freed (its connection discarded) when fn
+// returns.
+func TestReleaseWhileWithConnDoesNotReturn(t *testing.T) {
+	const releaseTimeout = 300 * time.Millisecond
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db := testdb.OpenPostgres(t, drv)
+			admin := testdb.OpenPostgres(t, "pgx")
+			name := testdb.UniqueName(t)
+			l := newLock(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout), quiet)
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			g, err := l.TryLock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inFn, released := make(chan struct{}), make(chan struct{})
+			ran := make(chan error, 1)
+			go func() {
+				ran <- g.WithConn(ctx, func(c advisorylock.Conn) error {
+					close(inFn)
+					<-released // user code that outlasts the release
+					if _, err := c.ExecContext(ctx, "SELECT 1"); err == nil {
+						return errors.New("a statement in fn after Release gave up on it succeeded")
+					}
+					return nil
+				})
+			}()
+			<-inFn
+			start := time.Now()
+			if err := g.Release(context.Background()); err == nil {
+				t.Fatal("Release while fn did not return = nil, want an error")
+			}
+			if took := time.Since(start); took > releaseTimeout+timeoutSlack {
+				t.Fatalf("Release took %v with a release timeout of %v", took, releaseTimeout)
+			}
+			if g, err := newLock(t, admin, name).TryLock(ctx); err == nil {
+				mustRelease(t, g)
+				t.Fatal("the lock was free while fn still had its connection")
+			}
+			close(released)
+			if err := <-ran; err != nil {
+				t.Fatal(err)
+			}
+			testdb.WaitFor(t, wait, func() bool {
+				g, err := newLock(t, admin, name).TryLock(ctx)
+				if err == nil {
+					mustRelease(t, g)
+				}
+				return err == nil
+			}, "the lock to be free once fn returned")
+			testdb.WaitFor(t, wait, func() bool { return db.Stats().InUse == 0 }, "the connection to be discarded")
+		})
+	}
+}
+
+// TestForgottenGuardWithConnIsCleanedUp: a Guard reachable only through
+// a running WithConn is not cleaned up under fn (its statements keep
+// running on the lock's session); dropped after, without Release, it is:
+// the connection is discarded and the lock freed.
 func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
 			db := s.open(t)
-			table := scratchTable(t, db, s)
 			name := testdb.UniqueName(t)
-			l := newLock(t, db, name, quiet)
-			txCtx, endTx := context.WithCancel(context.Background())
-			defer endTx() // ends database/sql's watch of the dropped transaction
+			var logs syncBuffer
+			l := newLock(t, db, name, advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			ctx := context.Background()
 			func() {
-				g, err := l.TryLock(context.Background())
+				g, err := l.TryLock(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
-				tx, err := g.Conn().BeginTx(txCtx, nil)
+				err = g.WithConn(ctx, func(c advisorylock.Conn) error {
+					for i := 0; i < 20; i++ {
+						runtime.GC()
+						var holds bool
+						if err := c.QueryRowContext(ctx, s.holdsQuery(name)).Scan(&holds); err != nil || !holds {
+							return fmt.Errorf("statement %d in fn, with the Guard reachable only through WithConn: holds %v, %v; want true", i, holds, err)
+						}
+					}
+					return nil
+				})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := tx.Exec("INSERT INTO " + table + " VALUES (1)"); err != nil {
-					t.Fatal(err)
+				if strings.Contains(logs.String(), "never released") {
+					t.Fatal("the Guard was cleaned up while WithConn ran")
 				}
 			}()
 			other := newLock(t, s.open(t), name)
 			testdb.WaitFor(t, wait, func() bool {
 				runtime.GC()
-				g, err := other.TryLock(context.Background())
+				g, err := other.TryLock(ctx)
 				if err != nil {
 					return false
 				}
 				mustRelease(t, g)
 				return db.Stats().InUse == 0
-			}, "a forgotten guard with a Conn in use kept its lock or connection")
-			var n int
-			if err := db.QueryRow("SELECT count(*) FROM " + table).Scan(&n); err != nil || n != 0 {
-				t.Fatalf("rows written by the forgotten guard's transaction: %d, %v; want 0", n, err)
-			}
-		})
-	}
-}
-
-// TestReleaseWhileAStatementThatCannotBeCancelledRuns: a statement on
-// Guard.Conn whose context cannot end is not cut short: Release returns an
-// error after the release timeout, and the lock is freed when the
-// statement returns (its connection discarded).
-func TestReleaseWhileAStatementThatCannotBeCancelledRuns(t *testing.T) {
-	testdb.Slow(t, "waits out statements of seconds")
-	const releaseTimeout = 300 * time.Millisecond
-	for _, drv := range testdb.Drivers {
-		t.Run(drv, func(t *testing.T) {
-			db := testdb.OpenPostgres(t, drv)
-			name := testdb.UniqueName(t)
-			l := newLock(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout), quiet)
-			g, err := l.TryLock(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := g.Conn()
-			var pid int
-			if err := c.QueryRowContext(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				t.Fatal(err)
-			}
-			ran := make(chan error, 1)
-			go func() {
-				_, err := c.ExecContext(context.Background(), "SELECT pg_sleep(2)")
-				ran <- err
-			}()
-			admin := testdb.OpenPostgres(t, "pgx")
-			testdb.WaitFor(t, wait, func() bool {
-				var running bool
-				err := admin.QueryRow("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep(2)%' AND state = 'active')", pid).Scan(&running)
-				return err == nil && running
-			}, "the statement to run")
-			if err := g.Release(context.Background()); err == nil {
-				t.Fatal("Release while a statement that cannot be cancelled ran = nil, want an error")
-			}
-			if err := <-ran; err != nil {
-				t.Fatalf("the statement: %v; want it to run to its end", err)
-			}
-			testdb.WaitFor(t, wait, func() bool {
-				g, err := newLock(t, admin, name).TryLock(context.Background())
-				if err == nil {
-					mustRelease(t, g)
-				}
-				return err == nil
-			}, "the lock to be free once the statement returned")
-			testdb.WaitFor(t, wait, func() bool { return db.Stats().InUse == 0 }, "the connection to be discarded")
+			}, "a forgotten guard kept its lock or connection after WithConn")
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 // (not_held), whether nobody holds the lock now (MySQL's IS_USED_LOCK
 // answers NULL) or another session took it (IS_USED_LOCK names another
 // connection; pg_locks shows another pid). The lock is freed on the
-// holder's own session, in a transaction on Guard.Conn, during which the
+// holder's own session, in a transaction in WithConn, during which the
 // keep-alive steps aside: the other session's grant comes before the next
 // check. Releasing the lost Guard then leaves the other session's lock
 // alone.
@@ -50,22 +51,27 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer func() { _ = g.Release(context.Background()) }() // on a failure; releasing twice is harmless
-				tx, err := g.Conn().BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := tx.ExecContext(ctx, b.unlockAll); err != nil {
-					t.Fatalf("freeing the lock on its own session: %v", err)
-				}
 				other := newLock(t, b.open(t), name)
 				var og *advisorylock.Guard
-				if taken {
-					if og, err = other.TryLock(ctx); err != nil {
-						t.Fatalf("TryLock from another session after the holder's session freed the lock: %v", err)
+				err = g.WithConn(ctx, func(c advisorylock.Conn) error {
+					tx, err := c.BeginTx(ctx, nil)
+					if err != nil {
+						return err
 					}
+					if _, err := tx.ExecContext(ctx, b.unlockAll); err != nil {
+						return fmt.Errorf("freeing the lock on its own session: %w", err)
+					}
+					if taken {
+						if og, err = other.TryLock(ctx); err != nil {
+							return fmt.Errorf("TryLock from another session after the holder's session freed the lock: %w", err)
+						}
+					}
+					return tx.Commit()
+				})
+				if og != nil {
 					defer mustRelease(t, og)
 				}
-				if err := tx.Commit(); err != nil {
+				if err != nil {
 					t.Fatal(err)
 				}
 				select {

@@ -476,8 +476,8 @@ func TestMultiplexingExcludesInProcessAndHandsOff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if g.Conn() != nil {
-				t.Error("Guard.Conn of a multiplexed lock is not nil")
+			if err := g.WithConn(ctx, func(advisorylock.Conn) error { return nil }); err == nil {
+				t.Error("WithConn of a multiplexed lock = nil, want an error: it pins no connection")
 			}
 			if _, err := b.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 				t.Fatalf("second TryLock in the process: %v, want ErrNotAcquired", err)

@@ -216,8 +216,8 @@ func TestMySQLCancelledWaitLeavesNoLock(t *testing.T) {
 }
 
 // TestMySQLReleaseOfALockTakenTwiceFreesIt: a session may take a named
-// lock more than once (here a GET_LOCK of the held lock's name, run on
-// Guard.Conn), and one RELEASE_LOCK then leaves it held: Release must not
+// lock more than once (here a GET_LOCK of the held lock's name, run in
+// WithConn), and one RELEASE_LOCK then leaves it held: Release must not
 // put the connection back in the pool with the lock, so after it another
 // pool takes the lock.
 func TestMySQLReleaseOfALockTakenTwiceFreesIt(t *testing.T) {
@@ -226,7 +226,10 @@ func TestMySQLReleaseOfALockTakenTwiceFreesIt(t *testing.T) {
 	db := testdb.OpenMySQL(t)
 	g := mustTry(t, newLock(t, db, name))
 	var again int
-	if err := g.Conn().QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", mysqlLockName(name)).Scan(&again); err != nil || again != 1 {
+	err := g.WithConn(ctx, func(c advisorylock.Conn) error {
+		return c.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", mysqlLockName(name)).Scan(&again)
+	})
+	if err != nil || again != 1 {
 		t.Fatalf("GET_LOCK of the held lock on its own session = %d, %v; want 1", again, err)
 	}
 	_ = g.Release(ctx) // may say the session still held it; the lock must be freed either way

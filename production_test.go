@@ -733,22 +733,26 @@ func TestRememberedSessionTriesWithoutItsChecks(t *testing.T) {
 				db.SetMaxIdleConns(1)
 			}
 			// Statements of the user's on the lock's connection
-			// (Guard.Conn) may undo the session's settings: the next try
+			// (WithConn) may undo the session's settings: the next try
 			// checks the session again and sends them again.
 			g, err := l.TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := g.Conn().ExecContext(ctx, "RESET ALL"); err != nil {
+			err = g.WithConn(ctx, func(c advisorylock.Conn) error {
+				_, err := c.ExecContext(ctx, "RESET ALL")
+				return err
+			})
+			if err != nil {
 				t.Fatal(err)
 			}
 			mustRelease(t, g)
 			tryRelease()
 			if q := lastTry(); !checked(q) {
-				t.Fatalf("the first try after Guard.Conn ran statements skipped its checks: %s", q)
+				t.Fatalf("the first try after WithConn ran statements skipped its checks: %s", q)
 			}
 			if v := userTimeout(); v != "15s" && v != "15000" {
-				t.Fatalf("tcp_user_timeout after RESET ALL on Guard.Conn and a new try = %q, want 15s", v)
+				t.Fatalf("tcp_user_timeout after RESET ALL in WithConn and a new try = %q, want 15s", v)
 			}
 			// Shared tries on a remembered session stay shared: beside
 			// another shared holder, and refused beside an exclusive one.

@@ -108,9 +108,9 @@ func (s *Semaphore) Check(ctx context.Context) error { return s.lock.Check(ctx) 
 
 // TryAcquire makes one attempt and returns a Guard on a free slot (its
 // Slot says which, its Key is the slot's key, and on PostgreSQL and
-// MySQL its Conn is the slot's pinned connection), or an error matching
-// ErrNotAcquired when every slot is held. As Lock's
-// TryLock, a done ctx returns its error without touching the pool, the
+// MySQL its WithConn lends the slot's pinned connection), or an error
+// matching ErrNotAcquired when every slot is held. As Lock's TryLock, a
+// done ctx returns its error without touching the pool, the
 // pool checkout waits at most WithPoolWait (then ErrPoolUnavailable), and
 // an acquire cancelled even as it is granted closes its connection, which
 // frees the slot.

@@ -109,7 +109,7 @@ func TestSlotKeyIsTheDocumentedHashAndApartFromKey(t *testing.T) {
 // own pool, on a 3-slot semaphore: never more than 3 inside (an atomic
 // count), never two holders on one slot, inside every section the
 // holder's own session holds its slot's lock and no other slot's (asked
-// on Guard.Conn, which nothing else can change meanwhile: a slot lock
+// in Guard.WithConn, which nothing else can change meanwhile: a slot lock
 // left on a recycled connection shows at its next holder), and, read
 // from the server while they run, no session holding two slots.
 func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
@@ -132,7 +132,7 @@ func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 				return fmt.Errorf("two holders on slot %d", slot)
 			}
 			defer bySlot[slot].Add(-1)
-			if own, err := slotsOfSession(ctx, g.Conn(), backend, name, slots); err != nil || (own != nil && !slices.Equal(own, []int{slot})) {
+			if own, err := slotsOfSession(ctx, g, backend, name, slots); err != nil || (own != nil && !slices.Equal(own, []int{slot})) {
 				return fmt.Errorf("the holder of slot %d: its own session holds slots %v (%v)", slot, own, err)
 			}
 			time.Sleep(2 * time.Millisecond) // a section's work
@@ -282,7 +282,7 @@ func TestSemaphoreReleaseLeavesNoSlotOnTheConnection(t *testing.T) {
 				t.Fatalf("round %d: TryAcquire of a free semaphore: %v", round, err)
 			}
 			got[g.Slot()]++
-			if own, err := slotsOfSession(ctx, g.Conn(), backend, name, slots); err != nil || (own != nil && !slices.Equal(own, []int{g.Slot()})) {
+			if own, err := slotsOfSession(ctx, g, backend, name, slots); err != nil || (own != nil && !slices.Equal(own, []int{g.Slot()})) {
 				t.Fatalf("round %d: the holder of slot %d: its session holds slots %v (%v)", round, g.Slot(), own, err)
 			}
 			mustRelease(t, g)
@@ -364,10 +364,10 @@ func slotsPerSession(t *testing.T, admin *sql.DB, backend, name string, slots in
 	return per
 }
 
-// slotsOfSession lists the slots of name (of slots) whose lock conn's
-// own session holds, asked on conn; nil for SQLite, whose slots have no
-// session.
-func slotsOfSession(ctx context.Context, conn advisorylock.Conn, backend, name string, slots int) ([]int, error) {
+// slotsOfSession lists the slots of name (of slots) whose lock g's own
+// session holds, asked in g's WithConn; nil for SQLite, whose slots have
+// no session.
+func slotsOfSession(ctx context.Context, g *advisorylock.Guard, backend, name string, slots int) (own []int, err error) {
 	var q string
 	switch backend {
 	case "postgres":
@@ -387,20 +387,23 @@ func slotsOfSession(ctx context.Context, conn advisorylock.Conn, backend, name s
 	default:
 		return nil, nil
 	}
-	rows, err := conn.QueryContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	own := []int{}
-	for rows.Next() {
-		var i int
-		if err := rows.Scan(&i); err != nil {
-			return nil, err
+	err = g.WithConn(ctx, func(conn advisorylock.Conn) error {
+		rows, err := conn.QueryContext(ctx, q)
+		if err != nil {
+			return err
 		}
-		own = append(own, i)
-	}
-	return own, rows.Err()
+		defer rows.Close()
+		own = []int{}
+		for rows.Next() {
+			var i int
+			if err := rows.Scan(&i); err != nil {
+				return err
+			}
+			own = append(own, i)
+		}
+		return rows.Err()
+	})
+	return own, err
 }
 
 // slotSnapshot reads which session holds each slot of name, in one

@@ -259,8 +259,8 @@ type setLoss struct {
 }
 
 // setLosses are the pinned sets of PostgreSQL (both drivers) and MariaDB,
-// whose name is unlocked on the set's own session in a transaction on
-// Guard.Conn (during which the keep-alive steps aside; the other holder
+// whose name is unlocked on the set's own session in a transaction in
+// WithConn (during which the keep-alive steps aside; the other holder
 // is a Lock of another pool), and SQLite's sets of rows, whose row is
 // deleted, or handed to another owner.
 func setLosses() []setLoss {
@@ -268,21 +268,24 @@ func setLosses() []setLoss {
 	onOwnSession := func(unlock string, arg func(key int64) any, open func(t *testing.T) *sql.DB) func(*testing.T, context.Context, *sql.DB, string, int64, bool) {
 		return func(t *testing.T, fctx context.Context, _ *sql.DB, name string, key int64, taken bool) {
 			t.Helper()
-			tx, err := advisorylock.GuardFromContext(fctx).Conn().BeginTx(fctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.ExecContext(fctx, unlock, arg(key)); err != nil {
-				t.Fatalf("letting go of %s on the set's own session: %v", name, err)
-			}
-			if taken {
-				g, err := newLock(t, open(t), name, quiet).TryLock(fctx)
+			err := advisorylock.GuardFromContext(fctx).WithConn(fctx, func(c advisorylock.Conn) error {
+				tx, err := c.BeginTx(fctx, nil)
 				if err != nil {
-					t.Fatalf("another session's TryLock of %s, let go of by the set's session: %v", name, err)
+					return err
 				}
-				t.Cleanup(func() { _ = g.Release(context.Background()) })
-			}
-			if err := tx.Commit(); err != nil {
+				if _, err := tx.ExecContext(fctx, unlock, arg(key)); err != nil {
+					return fmt.Errorf("letting go of %s on the set's own session: %w", name, err)
+				}
+				if taken {
+					g, err := newLock(t, open(t), name, quiet).TryLock(fctx)
+					if err != nil {
+						return fmt.Errorf("another session's TryLock of %s, let go of by the set's session: %w", name, err)
+					}
+					t.Cleanup(func() { _ = g.Release(context.Background()) })
+				}
+				return tx.Commit()
+			})
+			if err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -211,10 +211,10 @@ mutation "statements on a pinned lib/pq connection wait out a dead network" conn
 	's/case !p\.bounded:\n\t\treturn stmt\(driverCtx, p\.conn\)/case true:\n\t\treturn stmt(driverCtx, p.conn)/' \
 	'^TestNetworkCutLosesLocksBeforeExpiry$'
 mutation "an unanswered lib/pq statement is left reading and keeps its pool slot" conn_guard.go \
-	's/p\.closer = interruptible\(conn\)/p.closer = nil/' \
+	's/p\.sever = interruptible\(conn\)/p.sever = nil/' \
 	'^TestReleaseDuringACutGivesBackItsPoolSlot$'
 mutation "the watchdog never closes the connection under a statement" conn_guard.go \
-	's/c\.made = true\n(\t+)_ = c\.p\.closer\.Close\(\)/c.made = true/' \
+	's/c\.made = true\n(\t+)c\.p\.sever\(\)/c.made = true/' \
 	'^(TestReleaseDuringACutGivesBackItsPoolSlot|TestNetworkCutLosesLocksBeforeExpiry)$'
 mutation "what a cut statement returns is taken for its answer" conn_guard.go \
 	's/if !wasCut \{/if _ = wasCut; true {/' \
@@ -222,7 +222,7 @@ mutation "what a cut statement returns is taken for its answer" conn_guard.go \
 mutation "a checked session's facts carry over to every session" conn_guard.go \
 	's/sessionFact\{w, fact\}/sessionFact{func() weak.Pointer[byte] { _ = w; return weak.Pointer[byte]{} }(), fact}/g' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
-mutation "Guard.Conn's statements leave the session's facts standing" conn_guard.go \
+mutation "WithConn's statements leave the session's facts standing" lent_conn.go \
 	's/\n\tforgetSession\(s\.p\.conn\)\n/\n/' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
 mutation "TryDoOnce's record read waits for the pool as long as the caller" once.go \
@@ -497,15 +497,18 @@ mutation "LockTx: a slice without the lock is not rolled back to its savepoint" 
 mutation "LockTx: the caller's ctx reaches the driver" transaction_lock.go \
 	's/context\.WithTimeout\(context\.WithoutCancel\(ctx\), slice\+sliceGrace\)/context.WithTimeout(ctx, slice+sliceGrace)/' \
 	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
-mutation "Guard.Conn: the keep-alive does not step aside" lent_conn.go \
-	's/if g\.ours \|\| g\.shut \|\| g\.running > 0 \|\| len\(g\.handles\) > 0 \{/if g.ours || g.shut {/' \
-	'^TestGuardConnSharesTheConnectionWithTheKeepAlive$'
-mutation "Guard.Conn: Release leaves the transaction open" lent_conn.go \
-	's/if err := open\[i\]\.end\(\); err != nil/if err := error(nil); err != nil/' \
-	'^TestGuardConnLeftOpenAtReleaseIsRolledBack$'
-mutation "Guard.Conn: Release waits for a running statement forever" lent_conn.go \
-	's/if !g\.waitIdle\(ctx\) \{/if !g.waitIdle(context.Background()) {/' \
-	'^TestReleaseWhileAStatementRunsOnGuardConn$'
+mutation "WithConn: the keep-alive runs while fn runs" conn_guard.go \
+	"s/if s\\.lent != nil \\{ \\/\\/ WithConn's fn is on the connection: step aside/if false \\&\\& s.lent != nil {/" \
+	'^TestWithConnStepsTheKeepAliveAside$'
+mutation "WithConn: a transaction fn left open is not rolled back when fn returns" lent_conn.go \
+	's/if err := tx\.Rollback\(\); !errors\.Is/if err := func() error { _ = tx; return nil }(); !errors.Is/' \
+	'^TestWithConnEndsWhatFnLeftOpen$'
+mutation "WithConn: Release waits for fn forever" lent_conn.go \
+	's/if !returnsBy\(c, time\.Until\(deadline\)\) \{/if !returnsBy(c, time.Hour) {/' \
+	'^TestReleaseWhileWithConnRunsAStatement$'
+mutation "WithConn: a forgotten Guard's cleanup runs while fn uses its connection" lent_conn.go \
+	's/defer runtime\.KeepAlive\(g\)/defer runtime.KeepAlive(nil)/' \
+	'^TestForgottenGuardWithConnIsCleanedUp$'
 
 # --- lockrun ------------------------------------------------------------------
 mutation "lockrun does not read a MySQL DSN for a pooler" cmd/lockrun/dsn_mysql.go \

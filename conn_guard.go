@@ -230,7 +230,9 @@ type sessionHold struct {
 	l       *Lock
 	locker  SessionLocker
 	p       pinned
-	session int64 // the server session that granted it; 0 if unknown
+	session int64   // the server session that granted it; 0 if unknown
+	keys    []int64 // what it holds: l's key, or its set's keys
+	one     [1]int64
 
 	watchMu sync.Mutex // held by a keep-alive check in flight
 	stopped bool
@@ -244,6 +246,11 @@ func (s *sessionHold) grant(session int64) *Guard {
 	l := s.l
 	s.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: s}
 	s.session = session
+	s.keys = l.set
+	if s.keys == nil {
+		s.one[0] = l.key
+		s.keys = s.one[:]
+	}
 	if l.cfg.keepAlive > 0 {
 		s.watchMu.Lock()
 		s.timer = time.AfterFunc(l.cfg.keepAlive, s.check)
@@ -266,8 +273,8 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		s.p.discard(ReasonLost, why)
 		return nil
 	}
-	if s.l != nil && s.l.set != nil {
-		if err := unlockKeys(ctx, s.locker, &s.p, s.l.set, time.Until(deadline)); err != nil {
+	if len(s.keys) > 1 {
+		if err := unlockKeys(ctx, s.locker, &s.p, s.keys, time.Until(deadline)); err != nil {
 			s.p.discard(ReasonError, err)
 			return err
 		}
@@ -319,11 +326,7 @@ func (s *sessionHold) check() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.relTO)
-	keys := []int64{s.key}
-	if s.l != nil && s.l.set != nil {
-		keys = s.l.set
-	}
-	held, err := heldOn(ctx, s.locker, &s.p, keys)
+	held, err := heldOn(ctx, s.locker, &s.p, s.keys)
 	timedOut := ctx.Err() != nil
 	cancel()
 	if err == nil && held {

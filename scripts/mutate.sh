@@ -64,7 +64,7 @@ mutation "a clean release discards the connection" conn_guard.go \
 	's/(key", s\.key\)\n\t\}\n\t)recycle\(s\.p\.conn\)/$1s.p.discard(discardError, nil)/' \
 	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
 mutation "a set's release lets go of its first name only" conn_guard.go \
-	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.l\.set, /unlockKeys(ctx, s.locker, \&s.p, s.l.set[:1], /' \
+	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.keys, /unlockKeys(ctx, s.locker, \&s.p, s.keys[:1], /' \
 	'^TestEngineSetTakesAllOrNone$'
 mutation "Do keeps the lock after its function returns" advisorylock.go \
 	's/relErr := g\.Release\(ctx\)/relErr := error(nil)/' \
@@ -121,7 +121,7 @@ mutation "a set waits for its names in the given order, not key order" set.go \
 # the process; holders told before the names are freed (set_test.go,
 # mux_fault_test.go, multiplex_test.go):
 mutation "a pinned set's keep-alive checks its first name only" conn_guard.go \
-	's/if s\.l != nil && s\.l\.set != nil \{\n\t\tkeys = s\.l\.set/if false \&\& s.l != nil \&\& s.l.set != nil {\n\t\tkeys = s.l.set/' \
+	's/held, err := heldOn\(ctx, s\.locker, &s\.p, s\.keys\)/held, err := heldOn(ctx, s.locker, \&s.p, s.keys[:1])/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a set is held while any one of its names is" set.go \
 	's/len\(held\) == len\(keys\) && !slices\.Contains\(held, false\), err/len(held) == len(keys) \&\& slices.Contains(held, true), err/' \

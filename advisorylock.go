@@ -44,54 +44,54 @@
 // # Writing a backend
 //
 // PostgreSQL, MySQL and SQLite are built in (Postgres, MySQL, SQLite). Another database
-// plugs in through WithBackend with a value that implements Backend (a
+// plugs in through WithBackend with a value that implements backend.Backend (a
 // name, a Validate, and its Traits: facts such as whether its driver ends
 // statements with their context) and one or both of its capability
-// interfaces: SessionLocker, for locks tied to a pinned connection's
-// session (its statements return a SessionResult), and LeaseStore, for
-// locks and leases kept as rows (its statements take a LeaseRequest, whose
+// interfaces: backend.SessionLocker, for locks tied to a pinned connection's
+// session (its statements return a backend.SessionResult), and backend.LeaseStore, for
+// locks and leases kept as rows (its statements take a backend.LeaseRequest, whose
 // Kind names the row, and a grant returns its FencingToken; it also keeps and
 // checks the tables). Every method is one round trip; the package owns
 // connections, retries, keep-alives and the lease schedule. Users of the
 // built-in backends need none of these types.
 //
-// WithMinHold (once per window) needs more of a backend. A LeaseStore
-// honours LeaseRequest.MinHold (its rows stay taken until the grant plus
+// WithMinHold (once per window) needs more of a backend. A backend.LeaseStore
+// honours backend.LeaseRequest.MinHold (its rows stay taken until the grant plus
 // MinHold, through renewals, releases and the holder's death) and says so
-// in its Traits (KeepsWindows). A SessionLocker, whose locks end
+// in its backend.Traits (KeepsWindows). A backend.SessionLocker, whose locks end
 // with their session, keeps windows elsewhere and implements
 // WindowedSessionLocker: a try that checks and records the window in the
 // statement that takes the lock, a claim that records it after a wait's
 // grant, and the window's remaining time and holder. Without them the
 // option is refused with ErrUnsupported at the first operation.
 //
-// An Election on a LeaseStore needs nothing more (its lease's token is the
-// term); a SessionLocker records each term in a row beside the lock and
+// An Election on a backend.LeaseStore needs nothing more (its lease's token is the
+// term); a backend.SessionLocker records each term in a row beside the lock and
 // ends it when the leader resigns (PrepareElections, BeginTerm,
-// TermHolder, EndTerm). A SessionLocker also takes its locks in the
+// TermHolder, EndTerm). A backend.SessionLocker also takes its locks in the
 // caller's transaction (TryLockTx, WaitLockTx: Lock.LockTx). Shared locks
-// (RLock) need SharedSessionLocker, or a LeaseStore that keeps them as
-// "shared" rows (Traits.SharedRows, and LeaseHolders); without either
-// RLock returns ErrUnsupported. A LeaseStore also keeps TryDoOnce's
+// (RLock) need backend.SharedSessionLocker, or a backend.LeaseStore that keeps them as
+// "shared" rows (backend.Traits.SharedRows, and LeaseHolders); without either
+// RLock returns ErrUnsupported. A backend.LeaseStore also keeps TryDoOnce's
 // records of runs done (RunDone, RecordRun), for the Locks of its
-// Backend, and may signal a lease's release to a listener
-// (Traits.SignalsReleases, and ListenReleases), so that a LeaseLock waiter
+// backend.Backend, and may signal a lease's release to a listener
+// (backend.Traits.SignalsReleases, and ListenReleases), so that a LeaseLock waiter
 // is woken by the release, not its poll. A backend that cannot do one of
 // these returns an error matching ErrUnsupported from its methods (a
-// SessionLocker without terms from PrepareElections, without transaction
-// locks from TryLockTx, a LeaseStore without runs from RunDone and
+// backend.SessionLocker without terms from PrepareElections, without transaction
+// locks from TryLockTx, a backend.LeaseStore without runs from RunDone and
 // RecordRun), and the operation that needs it fails with that error.
 //
 // The rest is optional, each an interface in backend.go that the library
 // looks for and the built-in backends implement (they use nothing else):
-// Configurer (statement forms per driver, WithDeadHolderTimeout on the
-// server), MultiKeyLocker (many keys on one session: a Semaphore's
+// backend.Configurer (statement forms per driver, WithDeadHolderTimeout on the
+// server), backend.MultiplexLocker (many keys on one session: a Semaphore's
 // slots, a set's keys and multiplexed locks, each in one statement, and
 // a slot's release that signals the semaphore's waiters); and a
-// LeaseStore may keep a LeaseLock waiter's place in line, to which the
+// backend.LeaseStore may keep a LeaseLock waiter's place in line, to which the
 // holder's release hands the lease, and where releases are not heard
 // wake the waiter sleeping in line on the server (QueueLease,
-// ListenGrants, SleepInLine: "Waiters in line" in LeaseStore's
+// ListenGrants, SleepInLine: "Waiters in line" in backend.LeaseStore's
 // documentation). The
 // package's own tests run a backend of a third party's making through
 // each.
@@ -111,6 +111,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // DB is what a lock needs from a handle. *sql.DB and *sqlx.DB satisfy it.
@@ -156,6 +158,31 @@ type Holder struct {
 	Shared      bool         // a shared holder (RLock), not an exclusive one
 }
 
+// holderOf returns h, as a backend reported it, as a Holder; nil for nil.
+func holderOf(h *backend.Holder) *Holder {
+	if h == nil {
+		return nil
+	}
+	return &Holder{
+		Name: h.Name, Backend: h.Backend, Key: h.Key, PID: h.PID, User: h.User,
+		Application: h.Application, ClientAddr: h.ClientAddr, Owner: h.Owner,
+		Token: FencingToken(h.Token), Since: h.Since, ExpiresAt: h.ExpiresAt,
+		Slot: h.Slot, Shared: h.Shared,
+	}
+}
+
+// holdersOf returns hs as Holders, with err.
+func holdersOf(hs []*backend.Holder, err error) ([]*Holder, error) {
+	if hs == nil {
+		return nil, err
+	}
+	out := make([]*Holder, len(hs))
+	for i, h := range hs {
+		out[i] = holderOf(h)
+	}
+	return out, err
+}
+
 // Lock is a named lock. It is safe for concurrent use; every acquire takes
 // its own hold, so two acquires of one Lock exclude each other, in one
 // process as across processes.
@@ -177,10 +204,10 @@ type Lock struct {
 // session lock (session, and bounded when its statements go through
 // within), or as a lease row (rows).
 type lockBackend struct {
-	session SessionLocker
+	session backend.SessionLocker
 	bounded bool
-	rows    LeaseStore
-	windows WindowedSessionLocker // with WithMinHold on a session backend
+	rows    backend.LeaseStore
+	windows backend.WindowedSessionLocker // with WithMinHold on a session backend
 	// shared is how the Lock takes shared holds (RLock): the same backend
 	// in shared mode, nil where it has none; isShared marks that view.
 	shared   *lockBackend
@@ -194,14 +221,14 @@ type lockBackend struct {
 }
 
 // sessionSettings are what a Lock gave Configure for the sessions it
-// pins (see Configurer).
+// pins (see backend.Configurer).
 type sessionSettings struct {
 	deadHolder   time.Duration
 	serverChecks bool
 }
 
-// backend returns the Backend that b locks with.
-func (b *lockBackend) backend() Backend {
+// backend returns the backend.Backend that b locks with.
+func (b *lockBackend) backend() backend.Backend {
 	if b.session != nil {
 		return b.session
 	}
@@ -273,15 +300,15 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			return nil, err
 		}
 		switch b := b.(type) {
-		case SessionLocker:
+		case backend.SessionLocker:
 			var settings sessionSettings
-			if c, ok := b.(Configurer); ok {
+			if c, ok := b.(backend.Configurer); ok {
 				d := l.cfg.deadHolder
 				if b.Traits().EndsIdleSessions && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
-					d = 0 // see Traits.EndsIdleSessions
+					d = 0 // see backend.Traits.EndsIdleSessions
 				}
 				settings = sessionSettings{deadHolder: d, serverChecks: l.cfg.serverChecks}
-				s, ok := c.Configure(l.db, d, l.cfg.serverChecks).(SessionLocker)
+				s, ok := c.Configure(l.db, d, l.cfg.serverChecks).(backend.SessionLocker)
 				if !ok {
 					return nil, fmt.Errorf("%w: backend %q configured for a Lock is no SessionLocker", ErrUnsupported, b.Name())
 				}
@@ -298,7 +325,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			}
 			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
 			if l.cfg.multiplex > 0 {
-				if _, ok := b.(MultiKeyLocker); !ok {
+				if _, ok := b.(backend.MultiplexLocker); !ok {
 					return nil, fmt.Errorf("%w: backend %q cannot hold many locks on one session (WithMultiplexing)", ErrUnsupported, b.Name())
 				}
 				lb.muxed = true
@@ -307,7 +334,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			}
 			lb.shared = l.sharedView(lb)
 			return lb, nil
-		case LeaseStore:
+		case backend.LeaseStore:
 			if err := checkRowWindows(&l.cfg, b); err != nil {
 				return nil, err
 			}
@@ -366,7 +393,7 @@ func (l *Lock) observedAs(shared bool) *observed {
 	if ob := p.Load(); ob != nil || l.cfg.observer == nil {
 		return ob
 	}
-	return observedOf(p, l.db, &l.cfg, kind, l.name, func() Backend {
+	return observedOf(p, l.db, &l.cfg, kind, l.name, func() backend.Backend {
 		if b := l.setup.v.Load(); b != nil {
 			return b.backend()
 		}
@@ -496,10 +523,10 @@ func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, 
 // taken, 0 for a Lock.
 type claim interface {
 	// try makes one attempt; OK false is a definite miss.
-	try(ctx context.Context, p *pinned) (slot int, res SessionResult, err error)
+	try(ctx context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
 	// wait waits until it holds the claim or budget ends (OK false with
 	// a nil error: a definite miss).
-	wait(ctx, budget context.Context, p *pinned) (slot int, res SessionResult, err error)
+	wait(ctx, budget context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
 	// leave lets go of what a wait that missed may have left on the
 	// session; an error means the connection must be discarded.
 	leave(ctx context.Context, p *pinned) error
@@ -562,7 +589,7 @@ func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *o
 // pool is not pinged) it gives up a grace after the budget's end; without
 // one, after bound where bound is not 0 (a try between a wait's slices,
 // which must not hang either).
-func tryWithin(ctx, budget context.Context, c claim, p *pinned, bound time.Duration) (int, SessionResult, error) {
+func tryWithin(ctx, budget context.Context, c claim, p *pinned, bound time.Duration) (int, backend.SessionResult, error) {
 	if dl, ok := budget.Deadline(); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, dl.Add(budgetGrace))
@@ -581,13 +608,13 @@ type lockClaim struct {
 	b *lockBackend
 }
 
-func (c lockClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
+func (c lockClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
 	res, err := c.l.trySession(ctx, c.b, p)
 	return 0, res, err
 }
 
-func (c lockClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
-	var res SessionResult
+func (c lockClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
+	var res backend.SessionResult
 	var err error
 	switch {
 	case c.b.windows != nil:
@@ -635,7 +662,7 @@ const (
 
 // waitSession waits in slices until it holds key, or budget ends between
 // slices (a definite miss: OK false, nil error).
-func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p *pinned, key int64) (SessionResult, error) {
+func (l *Lock) waitSession(ctx, budget context.Context, session backend.SessionLocker, p *pinned, key int64) (backend.SessionResult, error) {
 	for {
 		slice, grace := maxSlice, sliceGrace
 		if dl, ok := budget.Deadline(); ok {
@@ -646,10 +673,10 @@ func (l *Lock) waitSession(ctx, budget context.Context, session SessionLocker, p
 			<-budget.Done() // due now: let its cause be set
 		}
 		if budget.Err() != nil {
-			return SessionResult{}, nil
+			return backend.SessionResult{}, nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, slice+grace)
-		res, err := askWaiting(sctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		res, err := askWaiting(sctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return session.WaitLockSession(ctx, conn, key, slice)
 		})
 		cancel()
@@ -668,9 +695,9 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	if err != nil {
 		return nil, wrapErr(l.name, "holder", err)
 	}
-	var h *Holder
+	var h *backend.Holder
 	if l.set != nil {
-		h, err = l.setHolder(ctx, func(i int) (*Holder, error) {
+		h, err = l.setHolder(ctx, func(i int) (*backend.Holder, error) {
 			if b.rows != nil {
 				req := l.rowRequest("")
 				req.Name, req.Key = l.setNames[i], l.set[i]
@@ -678,7 +705,7 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 			}
 			return b.session.SessionHolder(ctx, l.db, l.set[i])
 		})
-		return h, wrapErr(l.name, "holder", err)
+		return holderOf(h), wrapErr(l.name, "holder", err)
 	}
 	if b.rows != nil {
 		h, err = b.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
@@ -688,7 +715,7 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
 	}
-	return h, wrapErr(l.name, "holder", err)
+	return holderOf(h), wrapErr(l.name, "holder", err)
 }
 
 // Do waits for the lock (as Lock does), runs fn, and releases the lock when

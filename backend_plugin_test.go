@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/lib/pq"
 )
@@ -34,14 +35,14 @@ func newMapBackend() *mapBackend {
 }
 
 func (m *mapBackend) Name() string                                    { return "map" }
-func (m *mapBackend) Validate(context.Context, advisorylock.DB) error { return nil }
-func (m *mapBackend) Traits() advisorylock.Traits                     { return advisorylock.Traits{} }
+func (m *mapBackend) Validate(context.Context, backend.DB) error { return nil }
+func (m *mapBackend) Traits() backend.Traits                          { return backend.Traits{} }
 func (m *mapBackend) Schema() string                                  { return "" }
-func (m *mapBackend) CheckTables(context.Context, advisorylock.DB, ...string) error {
+func (m *mapBackend) CheckTables(context.Context, backend.DB, ...string) error {
 	return nil
 }
 
-func (m *mapBackend) row(r advisorylock.LeaseRequest) *mapRow {
+func (m *mapBackend) row(r backend.LeaseRequest) *mapRow {
 	id := r.Name
 	if r.Kind == "lock" {
 		id = "lock:" + r.Name
@@ -52,7 +53,7 @@ func (m *mapBackend) row(r advisorylock.LeaseRequest) *mapRow {
 	return m.rows[id]
 }
 
-func (m *mapBackend) AcquireLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (m *mapBackend) AcquireLease(_ context.Context, _ backend.DB, r backend.LeaseRequest) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	row := m.row(r)
@@ -63,7 +64,7 @@ func (m *mapBackend) AcquireLease(_ context.Context, _ advisorylock.DB, r adviso
 	return row.gen, nil
 }
 
-func (m *mapBackend) RenewLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (m *mapBackend) RenewLease(_ context.Context, _ backend.DB, r backend.LeaseRequest) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	row := m.row(r)
@@ -74,7 +75,7 @@ func (m *mapBackend) RenewLease(_ context.Context, _ advisorylock.DB, r advisory
 	return row.gen, nil
 }
 
-func (m *mapBackend) ReleaseLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) error {
+func (m *mapBackend) ReleaseLease(_ context.Context, _ backend.DB, r backend.LeaseRequest) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if row := m.row(r); row.owner == r.Owner {
@@ -83,7 +84,7 @@ func (m *mapBackend) ReleaseLease(_ context.Context, _ advisorylock.DB, r adviso
 	return nil
 }
 
-func (m *mapBackend) LeaseHolder(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
+func (m *mapBackend) LeaseHolder(_ context.Context, _ backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	row := m.row(r)
@@ -93,7 +94,7 @@ func (m *mapBackend) LeaseHolder(_ context.Context, _ advisorylock.DB, r advisor
 	return &advisorylock.Holder{Backend: m.Name(), Owner: row.owner, Token: row.gen, ExpiresAt: row.expires}, nil
 }
 
-func (m *mapBackend) AdmitToken(_ context.Context, _ *sql.Tx, resource string, token advisorylock.FencingToken) error {
+func (m *mapBackend) AdmitToken(_ context.Context, _ *sql.Tx, resource string, token uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if hi := m.fences[resource]; !hi.Admits(token) {
@@ -105,21 +106,21 @@ func (m *mapBackend) AdmitToken(_ context.Context, _ *sql.Tx, resource string, t
 
 // LeaseHolders is never called: the map keeps no shared rows (its Traits
 // are zero).
-func (m *mapBackend) LeaseHolders(context.Context, advisorylock.DB, advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
+func (m *mapBackend) LeaseHolders(context.Context, backend.DB, backend.LeaseRequest) ([]*backend.Holder, error) {
 	return nil, errors.New("map: LeaseHolders called on a store without shared rows")
 }
 
 // RunDone and RecordRun: the map keeps no runs.
-func (m *mapBackend) RunDone(context.Context, advisorylock.DB, string, string) (bool, error) {
+func (m *mapBackend) RunDone(context.Context, backend.DB, string, string) (bool, error) {
 	return false, fmt.Errorf("%w: the map keeps no runs", advisorylock.ErrUnsupported)
 }
-func (m *mapBackend) RecordRun(context.Context, advisorylock.DB, string, string, time.Time, time.Duration) error {
+func (m *mapBackend) RecordRun(context.Context, backend.DB, string, string, time.Time, time.Duration) error {
 	return fmt.Errorf("%w: the map keeps no runs", advisorylock.ErrUnsupported)
 }
 
 // ListenReleases is never called: the map signals no releases (see
 // listeningMapBackend for one that does).
-func (m *mapBackend) ListenReleases(context.Context, advisorylock.DB, *sql.Conn, func(), func(int64)) error {
+func (m *mapBackend) ListenReleases(context.Context, backend.DB, *sql.Conn, func(), func(int64)) error {
 	return errors.New("map: ListenReleases called on a store that signals no releases")
 }
 

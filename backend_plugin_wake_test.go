@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -22,7 +23,7 @@ type listeningMapBackend struct {
 	misses   *atomic.Int32 // acquires that found the lease held
 }
 
-func (m listeningMapBackend) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (m listeningMapBackend) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	g, err := m.mapBackend.AcquireLease(ctx, db, r)
 	if errors.Is(err, advisorylock.ErrNotAcquired) {
 		m.misses.Add(1)
@@ -30,14 +31,14 @@ func (m listeningMapBackend) AcquireLease(ctx context.Context, db advisorylock.D
 	return g, err
 }
 
-var _ advisorylock.LeaseStore = listeningMapBackend{}
+var _ backend.LeaseStore = listeningMapBackend{}
 
 // Traits says the store signals releases, so that the library listens.
-func (m listeningMapBackend) Traits() advisorylock.Traits {
-	return advisorylock.Traits{SignalsReleases: true}
+func (m listeningMapBackend) Traits() backend.Traits {
+	return backend.Traits{SignalsReleases: true}
 }
 
-func (m listeningMapBackend) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {
+func (m listeningMapBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	err := m.mapBackend.ReleaseLease(ctx, db, r)
 	select {
 	case m.releases <- r.Key:
@@ -46,7 +47,7 @@ func (m listeningMapBackend) ReleaseLease(ctx context.Context, db advisorylock.D
 	return err
 }
 
-func (m listeningMapBackend) ListenReleases(ctx context.Context, _ advisorylock.DB, _ *sql.Conn, ready func(), released func(key int64)) error {
+func (m listeningMapBackend) ListenReleases(ctx context.Context, _ backend.DB, _ *sql.Conn, ready func(), released func(key int64)) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // fakeServer is the fake database: its sessions (one per driver
@@ -278,9 +279,9 @@ func (s *fakeServer) statementLocked(op string, session, key int64) error {
 type fakeBackend struct{ s *fakeServer }
 
 func (b fakeBackend) Name() string                                    { return "fake" }
-func (b fakeBackend) Validate(context.Context, advisorylock.DB) error { return nil }
-func (b fakeBackend) Traits() advisorylock.Traits {
-	return advisorylock.Traits{CancelsPromptly: true}
+func (b fakeBackend) Validate(context.Context, backend.DB) error { return nil }
+func (b fakeBackend) Traits() backend.Traits {
+	return backend.Traits{CancelsPromptly: true}
 }
 
 // sessionOf is the session behind conn: its driver connection's.
@@ -320,8 +321,8 @@ func (b fakeBackend) run(ctx context.Context, op string, conn *sql.Conn, key int
 	return f(session)
 }
 
-func (b fakeBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
-	var res advisorylock.SessionResult
+func (b fakeBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
+	var res backend.SessionResult
 	err := b.run(ctx, "try", conn, key, func(session int64) error {
 		res = b.s.tryLocked(session, key)
 		return nil
@@ -329,8 +330,8 @@ func (b fakeBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int
 	return res, err
 }
 
-func (s *fakeServer) tryLocked(session, key int64) advisorylock.SessionResult {
-	res := advisorylock.SessionResult{Session: session}
+func (s *fakeServer) tryLocked(session, key int64) backend.SessionResult {
+	res := backend.SessionResult{Session: session}
 	if h, ok := s.holders[key]; !ok || h == session {
 		s.holders[key] = session
 		res.OK = true
@@ -341,9 +342,9 @@ func (s *fakeServer) tryLocked(session, key int64) advisorylock.SessionResult {
 
 // WaitLockSession waits for key until slice ends, the key comes free, or
 // ctx ends (the statement is then cancelled, as a driver does).
-func (b fakeBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (advisorylock.SessionResult, error) {
+func (b fakeBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (backend.SessionResult, error) {
 	var ch chan struct{}
-	var res advisorylock.SessionResult
+	var res backend.SessionResult
 	err := b.run(ctx, "wait", conn, key, func(session int64) error {
 		res = b.s.tryLocked(session, key)
 		if !res.OK {
@@ -387,8 +388,8 @@ func (b fakeBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key in
 	}
 }
 
-func (b fakeBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
-	var res advisorylock.SessionResult
+func (b fakeBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
+	var res backend.SessionResult
 	err := b.run(ctx, "unlock", conn, key, func(session int64) error {
 		res = b.s.unlockLocked(session, key)
 		return nil
@@ -396,8 +397,8 @@ func (b fakeBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int6
 	return res, err
 }
 
-func (s *fakeServer) unlockLocked(session, key int64) advisorylock.SessionResult {
-	res := advisorylock.SessionResult{Session: session}
+func (s *fakeServer) unlockLocked(session, key int64) backend.SessionResult {
+	res := backend.SessionResult{Session: session}
 	if s.holders[key] == session {
 		delete(s.holders, key)
 		res.OK = true
@@ -420,7 +421,7 @@ func (b fakeBackend) SessionIdentity(ctx context.Context, conn *sql.Conn) (strin
 	return fmt.Sprint(session), err
 }
 
-func (b fakeBackend) SessionHolder(ctx context.Context, db advisorylock.DB, key int64) (*advisorylock.Holder, error) {
+func (b fakeBackend) SessionHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
 	hs, err := b.KeyHolders(ctx, db, []int64{key})
 	if err != nil {
 		return nil, err
@@ -440,9 +441,9 @@ type fakeTerm struct {
 	key     int64
 }
 
-func (b fakeBackend) PrepareElections(context.Context, advisorylock.DB) error { return nil }
+func (b fakeBackend) PrepareElections(context.Context, backend.DB) error { return nil }
 
-func (b fakeBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (advisorylock.FencingToken, error) {
+func (b fakeBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (uint64, error) {
 	var token advisorylock.FencingToken
 	err := b.run(ctx, "begin term", conn, key, func(session int64) error {
 		b.s.tokens++
@@ -454,7 +455,7 @@ func (b fakeBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, n
 	return token, err
 }
 
-func (b fakeBackend) TermHolder(ctx context.Context, db advisorylock.DB, key int64, name string) (*advisorylock.Holder, error) {
+func (b fakeBackend) TermHolder(ctx context.Context, db backend.DB, key int64, name string) (*backend.Holder, error) {
 	b.s.mu.Lock()
 	defer b.s.mu.Unlock()
 	b.s.stmts["term holder"]++
@@ -465,7 +466,7 @@ func (b fakeBackend) TermHolder(ctx context.Context, db advisorylock.DB, key int
 	return &advisorylock.Holder{Name: name, Backend: "fake", Key: key, PID: int(t.session), Owner: t.owner, Token: t.token, Since: t.since}, nil
 }
 
-func (b fakeBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
+func (b fakeBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term uint64) error {
 	return b.run(ctx, "end term", conn, 0, func(int64) error {
 		if t, ok := b.s.terms[name]; ok && t.token == term {
 			t.ended = true
@@ -488,9 +489,9 @@ func (b fakeBackend) WaitLockTx(context.Context, *sql.Tx, int64, time.Duration, 
 
 // MultiKeyLocker: sets, semaphores, multiplexed sessions.
 
-func (b fakeBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
+func (b fakeBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	var i int
-	var res advisorylock.SessionResult
+	var res backend.SessionResult
 	err := b.run(ctx, "try any", conn, keys[0], func(session int64) error {
 		res.Session = session
 		for i = range keys {
@@ -503,7 +504,7 @@ func (b fakeBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int6
 	return i, res, err
 }
 
-func (b fakeBackend) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64) ([]*advisorylock.Holder, error) {
+func (b fakeBackend) KeyHolders(ctx context.Context, db backend.DB, keys []int64) ([]*backend.Holder, error) {
 	b.s.mu.Lock()
 	defer b.s.mu.Unlock()
 	b.s.stmts["holders"]++
@@ -516,8 +517,8 @@ func (b fakeBackend) KeyHolders(ctx context.Context, db advisorylock.DB, keys []
 	return hs, nil
 }
 
-func (b fakeBackend) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	var res advisorylock.SessionResult
+func (b fakeBackend) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
+	var res backend.SessionResult
 	err := b.run(ctx, "try all", conn, keys[0], func(session int64) error {
 		res.Session = session
 		for _, k := range keys {
@@ -535,10 +536,10 @@ func (b fakeBackend) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int6
 	return res, err
 }
 
-func (b fakeBackend) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	var res advisorylock.SessionResult
+func (b fakeBackend) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
+	var res backend.SessionResult
 	err := b.run(ctx, "unlock all", conn, keys[0], func(session int64) error {
-		res = advisorylock.SessionResult{Session: session, OK: true}
+		res = backend.SessionResult{Session: session, OK: true}
 		for _, k := range keys {
 			if !b.s.unlockLocked(session, k).OK {
 				res.OK = false
@@ -560,11 +561,11 @@ func (b fakeBackend) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64)
 	return held, err
 }
 
-func (b fakeBackend) UnlockAndSignal(context.Context, *sql.Conn, int64, int64) (advisorylock.SessionResult, error) {
-	return advisorylock.SessionResult{}, advisorylock.ErrUnsupported
+func (b fakeBackend) UnlockAndSignal(context.Context, *sql.Conn, int64, int64) (backend.SessionResult, error) {
+	return backend.SessionResult{}, advisorylock.ErrUnsupported
 }
 
 var (
-	_ advisorylock.SessionLocker  = fakeBackend{}
+	_ backend.SessionLocker       = fakeBackend{}
 	_ advisorylock.MultiKeyLocker = fakeBackend{}
 )

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"pgregory.net/rapid"
 )
@@ -27,7 +28,7 @@ type propHolder struct {
 type leaseModel struct {
 	ctx      context.Context
 	db       *sql.DB
-	store    advisorylock.LeaseStore
+	store    backend.LeaseStore
 	ttl      time.Duration
 	now      time.Time
 	names    []string
@@ -43,8 +44,8 @@ const propTTL = 10 * time.Second
 // not expired.
 func (m *leaseModel) valid(h *propHolder) bool { return h.held && m.now.Before(h.until) }
 
-func (m *leaseModel) request(h *propHolder) advisorylock.LeaseRequest {
-	return advisorylock.LeaseRequest{Kind: "lease", Name: h.name, Owner: h.owner, Token: h.token, TTL: m.ttl, Now: m.now}
+func (m *leaseModel) request(h *propHolder) backend.LeaseRequest {
+	return backend.LeaseRequest{Kind: "lease", Name: h.name, Owner: h.owner, Token: h.token, TTL: m.ttl, Now: m.now}
 }
 
 func (m *leaseModel) acquire(t *rapid.T) {
@@ -61,7 +62,7 @@ func (m *leaseModel) acquire(t *rapid.T) {
 	}
 	m.acquires++
 	owner := fmt.Sprintf("owner-%d", m.acquires)
-	token, err := m.store.AcquireLease(m.ctx, m.db, advisorylock.LeaseRequest{Kind: "lease", Name: name, Owner: owner, TTL: m.ttl, Now: m.now})
+	token, err := m.store.AcquireLease(m.ctx, m.db, backend.LeaseRequest{Kind: "lease", Name: name, Owner: owner, TTL: m.ttl, Now: m.now})
 	switch {
 	case errors.Is(err, advisorylock.ErrNotAcquired):
 		if free {
@@ -171,7 +172,7 @@ func (m *leaseModel) check(t *rapid.T) {
 		if len(inForce) > 1 {
 			t.Fatalf("%d leases of %q in force at once", len(inForce), name)
 		}
-		got, err := m.store.LeaseHolder(m.ctx, m.db, advisorylock.LeaseRequest{Kind: "lease", Name: name, Now: m.now})
+		got, err := m.store.LeaseHolder(m.ctx, m.db, backend.LeaseRequest{Kind: "lease", Name: name, Now: m.now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,9 +216,9 @@ func TestPostgresLeaseStoreProperties(t *testing.T) {
 
 // checkLeaseStore runs the lease model against backend b on db, with
 // lease TTL ttl and the backend's own ways of time passing.
-func checkLeaseStore(t *testing.T, db *sql.DB, b advisorylock.Backend, ttl time.Duration, timeSteps func(*leaseModel) map[string]func(*rapid.T)) {
+func checkLeaseStore(t *testing.T, db *sql.DB, b backend.Backend, ttl time.Duration, timeSteps func(*leaseModel) map[string]func(*rapid.T)) {
 	ctx := context.Background()
-	store, ok := b.(advisorylock.LeaseStore)
+	store, ok := b.(backend.LeaseStore)
 	if !ok {
 		t.Fatalf("%T is not a LeaseStore", b)
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Observer sees what locks do, for metrics and traces: every acquire
@@ -117,9 +119,9 @@ func (list observers) Observe(ctx context.Context, e Event) context.Context {
 // Observer that keeps nothing costs no allocation.
 type Event struct {
 	// Type says what happened, and which of the fields below it sets (see
-	// each EventType); Backend, Kind and Name are always set.
+	// each EventType); backend.Backend, Kind and Name are always set.
 	Type EventType
-	// Backend is the backend's Name(): "postgres", "mysql", "sqlite", …;
+	// backend.Backend is the backend's Name(): "postgres", "mysql", "sqlite", …;
 	// "unknown" in the EventAcquireStart of the first acquire on a
 	// wrapped driver, which that acquire identifies by asking the
 	// database. It is the "backend" attribute of the metrics.
@@ -160,7 +162,7 @@ type Event struct {
 // EventType says what an Event reports, and which of its fields are set.
 type EventType string
 
-// The types of Event, with the fields each sets besides Backend, Kind and
+// The types of Event, with the fields each sets besides backend.Backend, Kind and
 // Name.
 const (
 	// EventAcquireStart: TryLock, Lock or LockTimeout (and the Do family
@@ -259,7 +261,7 @@ const (
 )
 
 // The kinds of lock, as Event.Kind names them; the first three are also
-// the kinds of LeaseRequest.
+// the kinds of backend.LeaseRequest.
 const (
 	kindLock        = "lock"
 	kindShared      = "shared"
@@ -429,7 +431,7 @@ const unknownBackend = "unknown"
 // backend "unknown": the "acquire_start" of a wrapped driver's first
 // acquire, whose first use identifies the backend by asking the database
 // (its "acquire_end" names the backend when that succeeded).
-func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind, name string, resolved func() Backend) *observed {
+func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind, name string, resolved func() backend.Backend) *observed {
 	b := localBackend(db, cfg)
 	if b == nil {
 		b = resolved()

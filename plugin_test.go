@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -23,25 +24,25 @@ import (
 // built-in's unexported methods), counting the calls of each interface
 // (and, where an interface has several jobs, of each job).
 type party struct {
-	inner advisorylock.Backend
+	inner backend.Backend
 	calls *calls
 }
 
 // wrap returns b as a party, counting into p's calls.
-func (p party) wrap(b advisorylock.Backend) advisorylock.SessionLocker {
+func (p party) wrap(b backend.Backend) backend.SessionLocker {
 	return party{inner: b, calls: p.calls}
 }
 
 // Configurer
-func (p party) Configure(db advisorylock.DB, deadHolder time.Duration, serverChecks bool) advisorylock.Backend {
+func (p party) Configure(db backend.DB, deadHolder time.Duration, serverChecks bool) backend.Backend {
 	p.calls.configure(settings{deadHolder, serverChecks})
-	return p.wrap(p.inner.(advisorylock.Configurer).Configure(db, deadHolder, serverChecks))
+	return p.wrap(p.inner.(backend.Configurer).Configure(db, deadHolder, serverChecks))
 }
 
 // SharedSessionLocker
-func (p party) Shared() advisorylock.SessionLocker {
+func (p party) Shared() backend.SessionLocker {
 	p.calls.add("SharedSessionLocker")
-	return p.wrap(p.inner.(advisorylock.SharedSessionLocker).Shared())
+	return p.wrap(p.inner.(backend.SharedSessionLocker).Shared())
 }
 
 // calls counts the calls of each optional interface, by its name, and
@@ -86,24 +87,24 @@ func (c *calls) count(iface string) int {
 	return c.n[iface]
 }
 
-func (p party) session() advisorylock.SessionLocker { return p.inner.(advisorylock.SessionLocker) }
-func (p party) store() advisorylock.LeaseStore      { return p.inner.(advisorylock.LeaseStore) }
+func (p party) session() backend.SessionLocker { return p.inner.(backend.SessionLocker) }
+func (p party) store() backend.LeaseStore      { return p.inner.(backend.LeaseStore) }
 
 func (p party) Name() string { return "party-" + p.inner.Name() }
-func (p party) Validate(ctx context.Context, db advisorylock.DB) error {
+func (p party) Validate(ctx context.Context, db backend.DB) error {
 	return p.inner.Validate(ctx, db)
 }
-func (p party) Traits() advisorylock.Traits {
+func (p party) Traits() backend.Traits {
 	p.calls.add("Traits")
 	return p.inner.Traits()
 }
-func (p party) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
+func (p party) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	return p.session().TryLockSession(ctx, conn, key)
 }
-func (p party) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (advisorylock.SessionResult, error) {
+func (p party) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (backend.SessionResult, error) {
 	return p.session().WaitLockSession(ctx, conn, key, slice)
 }
-func (p party) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
+func (p party) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	return p.session().UnlockSession(ctx, conn, key)
 }
 func (p party) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (bool, error) {
@@ -112,48 +113,48 @@ func (p party) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (boo
 func (p party) SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error) {
 	return p.session().SessionIdentity(ctx, conn)
 }
-func (p party) SessionHolder(ctx context.Context, db advisorylock.DB, key int64) (*advisorylock.Holder, error) {
+func (p party) SessionHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
 	return p.session().SessionHolder(ctx, db, key)
 }
 
 // LeaseStore: the tables of the session backend's terms and windows are
 // checked through it.
-func (p party) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (p party) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	p.calls.add("LeaseStore.AcquireLease")
 	return p.store().AcquireLease(ctx, db, r)
 }
-func (p party) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (p party) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	return p.store().RenewLease(ctx, db, r)
 }
-func (p party) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {
+func (p party) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	return p.store().ReleaseLease(ctx, db, r)
 }
-func (p party) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
+func (p party) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	return p.store().LeaseHolder(ctx, db, r)
 }
-func (p party) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token advisorylock.FencingToken) error {
+func (p party) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token uint64) error {
 	return p.store().AdmitToken(ctx, tx, resource, token)
 }
 func (p party) Schema() string { return p.store().Schema() }
-func (p party) CheckTables(ctx context.Context, db advisorylock.DB, tables ...string) error {
+func (p party) CheckTables(ctx context.Context, db backend.DB, tables ...string) error {
 	p.calls.add("LeaseStore.CheckTables")
 	return p.store().CheckTables(ctx, db, tables...)
 }
-func (p party) LeaseHolders(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
+func (p party) LeaseHolders(ctx context.Context, db backend.DB, r backend.LeaseRequest) ([]*backend.Holder, error) {
 	return p.store().LeaseHolders(ctx, db, r)
 }
 
 // LeaseStore: TryDoOnce's records of runs, and a LeaseLock waiter's
 // listener.
-func (p party) RunDone(ctx context.Context, db advisorylock.DB, name, run string) (bool, error) {
+func (p party) RunDone(ctx context.Context, db backend.DB, name, run string) (bool, error) {
 	p.calls.add("LeaseStore.RunDone")
 	return p.store().RunDone(ctx, db, name, run)
 }
-func (p party) RecordRun(ctx context.Context, db advisorylock.DB, name, run string, now time.Time, keep time.Duration) error {
+func (p party) RecordRun(ctx context.Context, db backend.DB, name, run string, now time.Time, keep time.Duration) error {
 	p.calls.add("LeaseStore.RecordRun")
 	return p.store().RecordRun(ctx, db, name, run, now, keep)
 }
-func (p party) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
+func (p party) ListenReleases(ctx context.Context, db backend.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
 	p.calls.add("LeaseStore.ListenReleases")
 	return p.store().ListenReleases(ctx, db, conn, ready, released)
 }
@@ -161,7 +162,7 @@ func (p party) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql
 // LeaseStore's waiters in line: a LeaseLock waiter's place, the listener
 // that tells it a release handed it the lease, and its sleep in line
 // where releases are not heard.
-func (p party) QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (p party) QueueLease(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest) (uint64, error) {
 	p.calls.add("LeaseStore.QueueLease")
 	defer p.calls.add("LeaseStore.QueueLease returned")
 	q, ok := p.inner.(queuer)
@@ -170,7 +171,7 @@ func (p party) QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Con
 	}
 	return q.QueueLease(ctx, db, conn, r)
 }
-func (p party) SleepInLine(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest, d time.Duration) (bool, error) {
+func (p party) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest, d time.Duration) (bool, error) {
 	p.calls.add("LeaseStore.SleepInLine")
 	q, ok := p.inner.(queuer)
 	if !ok {
@@ -178,7 +179,7 @@ func (p party) SleepInLine(ctx context.Context, db advisorylock.DB, conn *sql.Co
 	}
 	return q.SleepInLine(ctx, db, conn, r, d)
 }
-func (p party) ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
+func (p party) ListenGrants(ctx context.Context, db backend.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
 	p.calls.add("LeaseStore.ListenGrants")
 	q, ok := p.inner.(queuer)
 	if !ok {
@@ -188,23 +189,23 @@ func (p party) ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.C
 }
 
 // MultiKeyLocker: a semaphore's slots, a set's keys, multiplexed locks.
-func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
+func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	p.calls.add("MultiKeyLocker")
 	return p.inner.(advisorylock.MultiKeyLocker).TryLockAny(ctx, conn, keys)
 }
-func (p party) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64) ([]*advisorylock.Holder, error) {
+func (p party) KeyHolders(ctx context.Context, db backend.DB, keys []int64) ([]*backend.Holder, error) {
 	p.calls.add("MultiKeyLocker")
 	return p.inner.(advisorylock.MultiKeyLocker).KeyHolders(ctx, db, keys)
 }
-func (p party) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
+func (p party) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
 	p.calls.add("MultiKeyLocker.TryLockAll")
 	return p.inner.(advisorylock.MultiKeyLocker).TryLockAll(ctx, conn, keys)
 }
-func (p party) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
+func (p party) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
 	p.calls.add("MultiKeyLocker.TryLockAll")
 	return p.inner.(advisorylock.MultiKeyLocker).UnlockAll(ctx, conn, keys)
 }
-func (p party) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (advisorylock.SessionResult, error) {
+func (p party) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (backend.SessionResult, error) {
 	p.calls.add("MultiKeyLocker.UnlockAndSignal")
 	return p.inner.(advisorylock.MultiKeyLocker).UnlockAndSignal(ctx, conn, key, signal)
 }
@@ -214,26 +215,26 @@ func (p party) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bo
 }
 
 // SharedSessionLocker
-func (p party) SessionHolders(ctx context.Context, db advisorylock.DB, key int64) ([]*advisorylock.Holder, error) {
+func (p party) SessionHolders(ctx context.Context, db backend.DB, key int64) ([]*backend.Holder, error) {
 	p.calls.add("SharedSessionLocker")
-	return p.inner.(advisorylock.SharedSessionLocker).SessionHolders(ctx, db, key)
+	return p.inner.(backend.SharedSessionLocker).SessionHolders(ctx, db, key)
 }
 func (p party) EndWait(ctx context.Context, conn *sql.Conn, key int64) error {
 	p.calls.add("SharedSessionLocker.EndWait")
-	return p.inner.(advisorylock.SharedSessionLocker).EndWait(ctx, conn, key)
+	return p.inner.(backend.SharedSessionLocker).EndWait(ctx, conn, key)
 }
 
 // SessionLocker: an Election's terms.
-func (p party) PrepareElections(ctx context.Context, db advisorylock.DB) error {
+func (p party) PrepareElections(ctx context.Context, db backend.DB) error {
 	return p.session().PrepareElections(ctx, db)
 }
-func (p party) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (advisorylock.FencingToken, error) {
+func (p party) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (uint64, error) {
 	return p.session().BeginTerm(ctx, conn, key, name, owner)
 }
-func (p party) TermHolder(ctx context.Context, db advisorylock.DB, key int64, name string) (*advisorylock.Holder, error) {
+func (p party) TermHolder(ctx context.Context, db backend.DB, key int64, name string) (*backend.Holder, error) {
 	return p.session().TermHolder(ctx, db, key, name)
 }
-func (p party) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
+func (p party) EndTerm(ctx context.Context, conn *sql.Conn, name string, term uint64) error {
 	p.calls.add("SessionLocker.EndTerm")
 	return p.session().EndTerm(ctx, conn, name, term)
 }
@@ -255,18 +256,18 @@ func (p party) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time
 // queuer is a LeaseStore with waiters in line that may sleep in line
 // (see LeaseStore).
 type queuer interface {
-	advisorylock.LeaseStore
-	QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error)
+	backend.LeaseStore
+	QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r backend.LeaseRequest) (advisorylock.FencingToken, error)
 	ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error
-	SleepInLine(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest, d time.Duration) (bool, error)
+	SleepInLine(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r backend.LeaseRequest, d time.Duration) (bool, error)
 }
 
 // The interfaces a party implements, checked by the compiler.
 var _ interface {
-	advisorylock.Configurer
+	backend.Configurer
 	queuer
 	advisorylock.MultiKeyLocker
-	advisorylock.SharedSessionLocker
+	backend.SharedSessionLocker
 } = party{}
 
 // partyOps runs, through a third party's backend, an operation of each
@@ -274,7 +275,7 @@ var _ interface {
 // its work: exclusion against the built-in backend on the same name, a
 // semaphore's slot, a shared hold, a term that ends on resign, a run
 // recorded done.
-func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
+func partyOps(t *testing.T, db *sql.DB, b backend.Backend) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -392,7 +393,7 @@ func TestWithPoolerCheckFalseSkipsTheProbe(t *testing.T) {
 // countingLocker is the PostgreSQL backend, counting (and on demand
 // failing) the probe's identity reads.
 type countingLocker struct {
-	advisorylock.SessionLocker
+	backend.SessionLocker
 	identities atomic.Int64
 	fail       atomic.Pointer[error] // returned once by SessionIdentity, then cleared
 }
@@ -405,9 +406,9 @@ func (c *countingLocker) SessionIdentity(ctx context.Context, conn *sql.Conn) (s
 	return c.SessionLocker.SessionIdentity(ctx, conn)
 }
 
-func postgresLocker(t *testing.T) advisorylock.SessionLocker {
+func postgresLocker(t *testing.T) backend.SessionLocker {
 	t.Helper()
-	s, ok := advisorylock.Postgres().(advisorylock.SessionLocker)
+	s, ok := advisorylock.Postgres().(backend.SessionLocker)
 	if !ok {
 		t.Fatal("Postgres() is not a SessionLocker")
 	}

@@ -14,8 +14,8 @@ import (
 )
 
 // listeningMapBackend is a third party's LeaseStore that signals
-// releases (Traits.SignalsReleases): the map backend, whose releases it
-// tells its listener of through a channel.
+// releases (a ReleaseListener): the map backend, whose releases it tells
+// its listener of through a channel.
 type listeningMapBackend struct {
 	*mapBackend
 	releases chan int64
@@ -31,12 +31,7 @@ func (m listeningMapBackend) AcquireLease(ctx context.Context, db backend.DB, r 
 	return g, err
 }
 
-var _ backend.LeaseStore = listeningMapBackend{}
-
-// Traits says the store signals releases, so that the library listens.
-func (m listeningMapBackend) Traits() backend.Traits {
-	return backend.Traits{SignalsReleases: true}
-}
+var _ backend.ReleaseListener = listeningMapBackend{}
 
 func (m listeningMapBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	err := m.mapBackend.ReleaseLease(ctx, db, r)

@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/backend"
 )
 
@@ -38,7 +37,7 @@ type fakeServer struct {
 	stall   func(op string, key int64) // called outside mu: may block
 	changed chan struct{}              // closed and replaced on every change
 	terms   map[string]fakeTerm        // each election's latest term
-	tokens  advisorylock.FencingToken  // the last term's token
+	tokens  uint64                     // the last term's token
 }
 
 func newFakeServer() *fakeServer {
@@ -274,12 +273,11 @@ func (s *fakeServer) statementLocked(op string, session, key int64) error {
 	return nil
 }
 
-// fakeBackend is the backend contract (a SessionLocker and a
-// MultiKeyLocker) over a fakeServer.
+// fakeBackend is the backend contract (a SessionLocker with terms and
+// many keys per session) over a fakeServer.
 type fakeBackend struct{ s *fakeServer }
 
-func (b fakeBackend) Name() string                                    { return "fake" }
-func (b fakeBackend) Validate(context.Context, backend.DB) error { return nil }
+func (b fakeBackend) Name() string { return "fake" }
 func (b fakeBackend) Traits() backend.Traits {
 	return backend.Traits{CancelsPromptly: true}
 }
@@ -435,7 +433,7 @@ func (b fakeBackend) SessionHolder(ctx context.Context, db backend.DB, key int64
 type fakeTerm struct {
 	session int64
 	owner   string
-	token   advisorylock.FencingToken
+	token   uint64
 	since   time.Time
 	ended   bool
 	key     int64
@@ -444,7 +442,7 @@ type fakeTerm struct {
 func (b fakeBackend) PrepareElections(context.Context, backend.DB) error { return nil }
 
 func (b fakeBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (uint64, error) {
-	var token advisorylock.FencingToken
+	var token uint64
 	err := b.run(ctx, "begin term", conn, key, func(session int64) error {
 		b.s.tokens++
 		token = b.s.tokens
@@ -463,7 +461,7 @@ func (b fakeBackend) TermHolder(ctx context.Context, db backend.DB, key int64, n
 	if !ok || t.ended || b.s.holders[key] != t.session {
 		return nil, nil
 	}
-	return &advisorylock.Holder{Name: name, Backend: "fake", Key: key, PID: int(t.session), Owner: t.owner, Token: t.token, Since: t.since}, nil
+	return &backend.Holder{Name: name, Backend: "fake", Key: key, PID: int(t.session), Owner: t.owner, Token: t.token, Since: t.since}, nil
 }
 
 func (b fakeBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term uint64) error {
@@ -477,17 +475,8 @@ func (b fakeBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, t
 	})
 }
 
-func (b fakeBackend) TryLockTx(context.Context, *sql.Tx, int64) (bool, error) {
-	return false, advisorylock.ErrUnsupported
-}
-func (b fakeBackend) TxSettings(context.Context, *sql.Tx) (map[string]string, error) {
-	return nil, advisorylock.ErrUnsupported
-}
-func (b fakeBackend) WaitLockTx(context.Context, *sql.Tx, int64, time.Duration, map[string]string) (bool, error) {
-	return false, advisorylock.ErrUnsupported
-}
-
-// MultiKeyLocker: sets, semaphores, multiplexed sessions.
+// SlotLocker, SetLocker, MultiplexLocker: semaphores, sets, multiplexed
+// sessions.
 
 func (b fakeBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	var i int
@@ -508,10 +497,10 @@ func (b fakeBackend) KeyHolders(ctx context.Context, db backend.DB, keys []int64
 	b.s.mu.Lock()
 	defer b.s.mu.Unlock()
 	b.s.stmts["holders"]++
-	hs := make([]*advisorylock.Holder, len(keys))
+	hs := make([]*backend.Holder, len(keys))
 	for i, k := range keys {
 		if h, ok := b.s.holders[k]; ok {
-			hs[i] = &advisorylock.Holder{Backend: "fake", Key: k, PID: int(h)}
+			hs[i] = &backend.Holder{Backend: "fake", Key: k, PID: int(h)}
 		}
 	}
 	return hs, nil
@@ -561,11 +550,10 @@ func (b fakeBackend) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64)
 	return held, err
 }
 
-func (b fakeBackend) UnlockAndSignal(context.Context, *sql.Conn, int64, int64) (backend.SessionResult, error) {
-	return backend.SessionResult{}, advisorylock.ErrUnsupported
-}
-
 var (
-	_ backend.SessionLocker       = fakeBackend{}
-	_ advisorylock.MultiKeyLocker = fakeBackend{}
+	_ backend.SessionIdentifier = fakeBackend{}
+	_ backend.TermKeeper        = fakeBackend{}
+	_ backend.SlotLocker        = fakeBackend{}
+	_ backend.SetLocker         = fakeBackend{}
+	_ backend.MultiplexLocker   = fakeBackend{}
 )

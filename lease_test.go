@@ -401,7 +401,7 @@ func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {
 			t.Fatalf("AcquireLease: %v", err)
 		}
 		granted := time.Now()
-		if token <= g.Token() {
+		if token <= uint64(g.Token()) {
 			t.Fatalf("grant token %d, want more than %d", token, g.Token())
 		}
 		assertHeldElsewhere(t, b)

@@ -298,8 +298,9 @@ type keyDropper struct {
 }
 
 var _ interface {
+	backend.Validator
 	backend.Configurer
-	advisorylock.MultiKeyLocker
+	backend.MultiplexLocker
 } = keyDropper{}
 
 // newKeyDropper wraps the backend of srv, a muxServer's name.
@@ -320,28 +321,9 @@ func (d keyDropper) Configure(db backend.DB, deadHolder time.Duration, serverChe
 	return d
 }
 
-func (d keyDropper) multi() advisorylock.MultiKeyLocker {
-	return d.SessionLocker.(advisorylock.MultiKeyLocker)
-}
-
-func (d keyDropper) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
-	return d.multi().TryLockAny(ctx, conn, keys)
-}
-
-func (d keyDropper) KeyHolders(ctx context.Context, db backend.DB, keys []int64) ([]*backend.Holder, error) {
-	return d.multi().KeyHolders(ctx, db, keys)
-}
-
-func (d keyDropper) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
-	return d.multi().TryLockAll(ctx, conn, keys)
-}
-
-func (d keyDropper) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
-	return d.multi().UnlockAll(ctx, conn, keys)
-}
-
-func (d keyDropper) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (backend.SessionResult, error) {
-	return d.multi().UnlockAndSignal(ctx, conn, key, signal)
+// Validate validates as the wrapped backend does.
+func (d keyDropper) Validate(ctx context.Context, db backend.DB) error {
+	return d.SessionLocker.(backend.Validator).Validate(ctx, db)
 }
 
 func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
@@ -362,7 +344,7 @@ func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) 
 		}
 		d.dropped <- k
 	}
-	return d.multi().HeldKeys(ctx, conn, keys)
+	return d.SessionLocker.(backend.MultiplexLocker).HeldKeys(ctx, conn, keys)
 }
 
 // TestMultiplexedKeepAliveLosesOnlyTheMissingKeys: when a live shared

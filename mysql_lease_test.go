@@ -86,7 +86,7 @@ func TestMySQLLeaseTokensGrowAndSurviveRowDeletion(t *testing.T) {
 func renewOnce(db *sql.DB, name, owner string, token advisorylock.FencingToken) error {
 	store := advisorylock.MySQL().(backend.LeaseStore)
 	_, err := store.RenewLease(context.Background(), db, backend.LeaseRequest{
-		Kind: "lease", Name: name, Owner: owner, Token: token, TTL: time.Minute})
+		Kind: "lease", Name: name, Owner: owner, Token: uint64(token), TTL: time.Minute})
 	return err
 }
 

@@ -41,60 +41,10 @@
 // Locks are not fair (waiters are not served in arrival order), and a Lock
 // is not a lease on PostgreSQL: it lasts exactly as long as its session.
 //
-// # Writing a backend
-//
-// PostgreSQL, MySQL and SQLite are built in (Postgres, MySQL, SQLite). Another database
-// plugs in through WithBackend with a value that implements backend.Backend (a
-// name, a Validate, and its Traits: facts such as whether its driver ends
-// statements with their context) and one or both of its capability
-// interfaces: backend.SessionLocker, for locks tied to a pinned connection's
-// session (its statements return a backend.SessionResult), and backend.LeaseStore, for
-// locks and leases kept as rows (its statements take a backend.LeaseRequest, whose
-// Kind names the row, and a grant returns its FencingToken; it also keeps and
-// checks the tables). Every method is one round trip; the package owns
-// connections, retries, keep-alives and the lease schedule. Users of the
-// built-in backends need none of these types.
-//
-// WithMinHold (once per window) needs more of a backend. A backend.LeaseStore
-// honours backend.LeaseRequest.MinHold (its rows stay taken until the grant plus
-// MinHold, through renewals, releases and the holder's death) and says so
-// in its backend.Traits (KeepsWindows). A backend.SessionLocker, whose locks end
-// with their session, keeps windows elsewhere and implements
-// WindowedSessionLocker: a try that checks and records the window in the
-// statement that takes the lock, a claim that records it after a wait's
-// grant, and the window's remaining time and holder. Without them the
-// option is refused with ErrUnsupported at the first operation.
-//
-// An Election on a backend.LeaseStore needs nothing more (its lease's token is the
-// term); a backend.SessionLocker records each term in a row beside the lock and
-// ends it when the leader resigns (PrepareElections, BeginTerm,
-// TermHolder, EndTerm). A backend.SessionLocker also takes its locks in the
-// caller's transaction (TryLockTx, WaitLockTx: Lock.LockTx). Shared locks
-// (RLock) need backend.SharedSessionLocker, or a backend.LeaseStore that keeps them as
-// "shared" rows (backend.Traits.SharedRows, and LeaseHolders); without either
-// RLock returns ErrUnsupported. A backend.LeaseStore also keeps TryDoOnce's
-// records of runs done (RunDone, RecordRun), for the Locks of its
-// backend.Backend, and may signal a lease's release to a listener
-// (backend.Traits.SignalsReleases, and ListenReleases), so that a LeaseLock waiter
-// is woken by the release, not its poll. A backend that cannot do one of
-// these returns an error matching ErrUnsupported from its methods (a
-// backend.SessionLocker without terms from PrepareElections, without transaction
-// locks from TryLockTx, a backend.LeaseStore without runs from RunDone and
-// RecordRun), and the operation that needs it fails with that error.
-//
-// The rest is optional, each an interface in backend.go that the library
-// looks for and the built-in backends implement (they use nothing else):
-// backend.Configurer (statement forms per driver, WithDeadHolderTimeout on the
-// server), backend.MultiplexLocker (many keys on one session: a Semaphore's
-// slots, a set's keys and multiplexed locks, each in one statement, and
-// a slot's release that signals the semaphore's waiters); and a
-// backend.LeaseStore may keep a LeaseLock waiter's place in line, to which the
-// holder's release hands the lease, and where releases are not heard
-// wake the waiter sleeping in line on the server (QueueLease,
-// ListenGrants, SleepInLine: "Waiters in line" in backend.LeaseStore's
-// documentation). The
-// package's own tests run a backend of a third party's making through
-// each.
+// PostgreSQL, MySQL and SQLite are built in (Postgres, MySQL, SQLite),
+// and picked from the handle's driver. Another database plugs in with
+// WithBackend; package backend holds the contract such a backend
+// implements.
 package advisorylock
 
 import (

@@ -1724,7 +1724,7 @@ func (p *postgres) CheckTables(ctx context.Context, db backend.DB, tables ...str
 // share wakes, which only makes a waiter look early.
 const pgReleaseChannel = "advisorylock_leases"
 
-// ListenReleases listens for lease releases (see backend.LeaseStore):
+// ListenReleases listens for lease releases (see backend.ReleaseListener):
 // through db's Listen where db is a backend.Notifier, else on conn, which needs a
 // driver that delivers notifications to a connection of database/sql's
 // pool, as pgx's stdlib does (its Conn().WaitForNotification). lib/pq

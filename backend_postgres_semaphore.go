@@ -92,7 +92,7 @@ type rowsQuerier interface {
 }
 
 // errNoRowsQuerier makes KeyHolders fall back to one statement per slot
-// on a handle that cannot return rows (see MultiKeyLocker).
+// on a handle that cannot return rows (see backend.SlotLocker).
 var errNoRowsQuerier = fmt.Errorf("%w: the handle cannot return rows", ErrUnsupported)
 
 // KeyHolders reports, in one statement (one snapshot), the holders of a

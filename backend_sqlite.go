@@ -168,7 +168,7 @@ WHERE advisorylock_locks.expires_at <= excluded.acquired_at`
 	sqliteRenewLock   = `UPDATE advisorylock_locks SET expires_at = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4`
 	sqliteReleaseLock = `DELETE FROM advisorylock_locks WHERE key = ?1 AND owner = ?2`
 
-	// Shared holds (see backend.Traits.SharedRows). A shared holder's row goes in
+	// Shared holds (see backend.SharedRowStore). A shared holder's row goes in
 	// only while no exclusive row (owner not '', the summary's) and no
 	// waiting writer's claim is live; a waiting writer claims the key
 	// (any writer may take a claim over) while shared holders keep it
@@ -429,7 +429,7 @@ func (s sqliteBackend) withdrawClaim(ctx context.Context, db DB, r backend.Lease
 
 // acquireRow takes a lock row (kindLock) or a shared holder's row
 // (kindShared) in one statement; a waiting writer that missed claims the
-// key in a second (see backend.Traits.SharedRows).
+// key in a second (see backend.SharedRowStore).
 func (sqliteBackend) acquireRow(ctx context.Context, q querier, r backend.LeaseRequest, now, exp int64) (bool, error) {
 	stmt := sqliteAcquireLock
 	if r.Kind == kindShared {

@@ -409,7 +409,7 @@ func (l *inLine) withdraw(ctx context.Context) {
 
 // claimLease is acquireLease for a waiting writer of a Lock that can be
 // held shared: each attempt, with one owner label for the whole wait,
-// claims the row while shared holders have it (see backend.Traits.SharedRows), so
+// claims the row while shared holders have it (see backend.SharedRowStore), so
 // that no new shared holder enters. While shared holders are in, the
 // waiter tries again every poll interval, which keeps its claim fresh;
 // while an exclusive holder is, it waits as acquireLease does, reading

@@ -12,7 +12,7 @@ import (
 )
 
 // releaseWatch fans out the lease releases that one listener hears (see
-// backend.LeaseStore.ListenReleases) to the LeaseLock waiters of one *sql.DB, each woken
+// backend.ReleaseListener) to the LeaseLock waiters of one *sql.DB, each woken
 // when a release of its key is heard, and every waiter when the listener
 // (re)starts or stops, since a release may have gone unheard meanwhile.
 // A wake only makes a waiter try again at once: the row and the

@@ -119,9 +119,9 @@ func (list observers) Observe(ctx context.Context, e Event) context.Context {
 // Observer that keeps nothing costs no allocation.
 type Event struct {
 	// Type says what happened, and which of the fields below it sets (see
-	// each EventType); backend.Backend, Kind and Name are always set.
+	// each EventType); Backend, Kind and Name are always set.
 	Type EventType
-	// backend.Backend is the backend's Name(): "postgres", "mysql", "sqlite", …;
+	// Backend is the backend's Name(): "postgres", "mysql", "sqlite", …;
 	// "unknown" in the EventAcquireStart of the first acquire on a
 	// wrapped driver, which that acquire identifies by asking the
 	// database. It is the "backend" attribute of the metrics.
@@ -162,7 +162,7 @@ type Event struct {
 // EventType says what an Event reports, and which of its fields are set.
 type EventType string
 
-// The types of Event, with the fields each sets besides backend.Backend, Kind and
+// The types of Event, with the fields each sets besides Backend, Kind and
 // Name.
 const (
 	// EventAcquireStart: TryLock, Lock or LockTimeout (and the Do family

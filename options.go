@@ -280,8 +280,9 @@ func WithRunRetention(d time.Duration) Option {
 //
 // sessions below 1 is refused. It applies to New and NewSet, and not
 // with WithMinHold; RLock on a Lock with it returns ErrUnsupported, and
-// on SQLite, whose Locks are rows, it changes nothing. A backend must
-// implement MultiKeyLocker.
+// on SQLite, whose Locks are rows, it changes nothing. A backend given
+// with WithBackend must support it (see package backend), else the first
+// operation returns ErrUnsupported.
 func WithMultiplexing(sessions int) Option {
 	return func(c *config) { c.multiplex = sessions; c.set(optMultiplexing) }
 }

@@ -38,8 +38,10 @@ import (
 // concurrent tries spread over the slots: on PostgreSQL and MySQL in one
 // statement that stops at the first slot it gets. On PostgreSQL, where
 // the handle's notifications can be heard (pgx, or a handle wrapped by
-// extra/advisorylockpq; see backend.LeaseStore.ListenReleases for the listener's
-// connection), a slot's release notifies, and a waiter tries
+// extra/advisorylockpq; while waiters wait, one listener per handle keeps
+// a connection of the pool, or the wrapper's own, and none listens on a
+// pool limited to fewer than four), a slot's release notifies, and a
+// waiter tries
 // every slot when it hears one, else at each poll (WithPollInterval,
 // backing off to half a second: a slot freed by a holder whose session
 // died sends nothing). Elsewhere (lib/pq unwrapped, MySQL) a wait waits

@@ -17,7 +17,7 @@ import (
 // order, and every acquire takes them in that order, so two sets that
 // share names never wait for each other in a cycle. On a session backend a
 // grant holds every key on one session: a try takes all or none (one
-// statement where the backend is a MultiKeyLocker, else one per key,
+// statement where the backend is a backend.SetLocker, else one per key,
 // letting go of what it took on a miss), a wait takes them one after another,
 // each waited for server-side. On a row backend each name is a row of its
 // own, taken in key order; the set is held while all its rows are.

@@ -200,11 +200,12 @@ type MultiplexLocker interface {
 }
 
 // ReleaseSignaler is a SessionLocker whose Semaphore slot releases wake
-// the semaphore's waiters. The library uses it where the backend is also
-// a ReleaseListener: a Semaphore's waiters then listen for the signal
-// under the semaphore's key, and try every slot at once when a slot is
-// released. Without it, a slot's release is an UnlockSession and waiters
-// look again at their next poll.
+// the semaphore's waiters. The library releases every slot of a Semaphore
+// with UnlockAndSignal; where the backend is also a ReleaseListener, the
+// semaphore's waiters listen for the signal under the semaphore's key,
+// and try every slot at once when a slot is released. Without it, a
+// slot's release is an UnlockSession and waiters look again at their
+// next poll (or wait server-side on one slot, where nothing is heard).
 type ReleaseSignaler interface {
 	SessionLocker
 	// UnlockAndSignal releases key as UnlockSession does and, if it
@@ -301,9 +302,10 @@ type ReleaseListener interface {
 // holder's release, in the release's own statement, so that the waiter,
 // told by the release's signal, holds the lease without a statement (and
 // a durable commit) of its own. The library queues a waiter only where it
-// hears releases (see ListenGrants) or, on a LeaseSleeper, where it can
-// sleep in line, and not for a LeaseLock with WithMinHold. Without it,
-// waiters try the row when a release is heard and at their polls.
+// hears releases (the store is also a ReleaseListener, and ListenGrants
+// listens) or, on a LeaseSleeper, where it can sleep in line, and not for
+// a LeaseLock with WithMinHold. Without it, waiters try the row when a
+// release is heard and at their polls.
 //
 // Beside LeaseStore's contract:
 //   - While a place is live, AcquireLease grants the lease to no one but

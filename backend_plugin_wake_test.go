@@ -133,8 +133,8 @@ func TestPassedOverWaiterQueuesWithoutTrying(t *testing.T) {
 	// asked for before the release and answered after it is granted).
 	var tries, queues int
 	testdb.WaitFor(t, testdb.HandoffWait, func() bool {
-		answered := c.count("LeaseStore.QueueLease returned")
-		queues, tries = c.count("LeaseStore.QueueLease"), c.count("LeaseStore.AcquireLease")
+		answered := c.count("LeaseQueuer.QueueLease returned")
+		queues, tries = c.count("LeaseQueuer.QueueLease"), c.count("LeaseStore.AcquireLease")
 		return answered >= 2 && answered == queues && tries == queues
 	}, "the second waiter never asked for a place in line after its listener listened")
 
@@ -150,7 +150,7 @@ func TestPassedOverWaiterQueuesWithoutTrying(t *testing.T) {
 	if n := c.count("LeaseStore.AcquireLease"); n != tries {
 		t.Errorf("the passed-over waiter tried to take the lease %d times after the handover; want none", n-tries)
 	}
-	if n := c.count("LeaseStore.QueueLease"); n != queues+1 {
+	if n := c.count("LeaseQueuer.QueueLease"); n != queues+1 {
 		t.Errorf("the passed-over waiter asked for a place %d times after the handover; want once", n-queues)
 	}
 	if err := gf.Release(context.Background()); err != nil {

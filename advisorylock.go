@@ -41,60 +41,10 @@
 // Locks are not fair (waiters are not served in arrival order), and a Lock
 // is not a lease on PostgreSQL: it lasts exactly as long as its session.
 //
-// # Writing a backend
-//
-// PostgreSQL, MySQL and SQLite are built in (Postgres, MySQL, SQLite). Another database
-// plugs in through WithBackend with a value that implements Backend (a
-// name, a Validate, and its Traits: facts such as whether its driver ends
-// statements with their context) and one or both of its capability
-// interfaces: SessionLocker, for locks tied to a pinned connection's
-// session (its statements return a SessionResult), and LeaseStore, for
-// locks and leases kept as rows (its statements take a LeaseRequest, whose
-// Kind names the row, and a grant returns its FencingToken; it also keeps and
-// checks the tables). Every method is one round trip; the package owns
-// connections, retries, keep-alives and the lease schedule. Users of the
-// built-in backends need none of these types.
-//
-// WithMinHold (once per window) needs more of a backend. A LeaseStore
-// honours LeaseRequest.MinHold (its rows stay taken until the grant plus
-// MinHold, through renewals, releases and the holder's death) and says so
-// in its Traits (KeepsWindows). A SessionLocker, whose locks end
-// with their session, keeps windows elsewhere and implements
-// WindowedSessionLocker: a try that checks and records the window in the
-// statement that takes the lock, a claim that records it after a wait's
-// grant, and the window's remaining time and holder. Without them the
-// option is refused with ErrUnsupported at the first operation.
-//
-// An Election on a LeaseStore needs nothing more (its lease's token is the
-// term); a SessionLocker records each term in a row beside the lock and
-// ends it when the leader resigns (PrepareElections, BeginTerm,
-// TermHolder, EndTerm). A SessionLocker also takes its locks in the
-// caller's transaction (TryLockTx, WaitLockTx: Lock.LockTx). Shared locks
-// (RLock) need SharedSessionLocker, or a LeaseStore that keeps them as
-// "shared" rows (Traits.SharedRows, and LeaseHolders); without either
-// RLock returns ErrUnsupported. A LeaseStore also keeps TryDoOnce's
-// records of runs done (RunDone, RecordRun), for the Locks of its
-// Backend, and may signal a lease's release to a listener
-// (Traits.SignalsReleases, and ListenReleases), so that a LeaseLock waiter
-// is woken by the release, not its poll. A backend that cannot do one of
-// these returns an error matching ErrUnsupported from its methods (a
-// SessionLocker without terms from PrepareElections, without transaction
-// locks from TryLockTx, a LeaseStore without runs from RunDone and
-// RecordRun), and the operation that needs it fails with that error.
-//
-// The rest is optional, each an interface in backend.go that the library
-// looks for and the built-in backends implement (they use nothing else):
-// Configurer (statement forms per driver, WithDeadHolderTimeout on the
-// server), MultiKeyLocker (many keys on one session: a Semaphore's
-// slots, a set's keys and multiplexed locks, each in one statement, and
-// a slot's release that signals the semaphore's waiters); and a
-// LeaseStore may keep a LeaseLock waiter's place in line, to which the
-// holder's release hands the lease, and where releases are not heard
-// wake the waiter sleeping in line on the server (QueueLease,
-// ListenGrants, SleepInLine: "Waiters in line" in LeaseStore's
-// documentation). The
-// package's own tests run a backend of a third party's making through
-// each.
+// PostgreSQL, MySQL and SQLite are built in (Postgres, MySQL, SQLite),
+// and picked from the handle's driver. Another database plugs in with
+// WithBackend; package backend holds the contract such a backend
+// implements.
 package advisorylock
 
 import (
@@ -111,6 +61,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // DB is what a lock needs from a handle. *sql.DB and *sqlx.DB satisfy it.
@@ -156,6 +108,31 @@ type Holder struct {
 	Shared      bool         // a shared holder (RLock), not an exclusive one
 }
 
+// holderOf returns h, as a backend reported it, as a Holder; nil for nil.
+func holderOf(h *backend.Holder) *Holder {
+	if h == nil {
+		return nil
+	}
+	return &Holder{
+		Name: h.Name, Backend: h.Backend, Key: h.Key, PID: h.PID, User: h.User,
+		Application: h.Application, ClientAddr: h.ClientAddr, Owner: h.Owner,
+		Token: FencingToken(h.Token), Since: h.Since, ExpiresAt: h.ExpiresAt,
+		Slot: h.Slot, Shared: h.Shared,
+	}
+}
+
+// holdersOf returns hs as Holders, with err.
+func holdersOf(hs []*backend.Holder, err error) ([]*Holder, error) {
+	if hs == nil {
+		return nil, err
+	}
+	out := make([]*Holder, len(hs))
+	for i, h := range hs {
+		out[i] = holderOf(h)
+	}
+	return out, err
+}
+
 // Lock is a named lock. It is safe for concurrent use; every acquire takes
 // its own hold, so two acquires of one Lock exclude each other, in one
 // process as across processes.
@@ -177,11 +154,11 @@ type Lock struct {
 // session lock (session, and bounded when its statements go through
 // within), or as a lease row (rows).
 type lockBackend struct {
-	session SessionLocker
+	session backend.SessionLocker
 	bounded bool
-	rows    LeaseStore
-	windows WindowedSessionLocker // with WithMinHold on a session backend
-	claim   claim                 // what a session acquire takes (see claimOn)
+	rows    backend.LeaseStore
+	windows backend.WindowedSessionLocker // with WithMinHold on a session backend
+	claim   claim                         // what a session acquire takes (see claimOn)
 	// shared is how the Lock takes shared holds (RLock): the same backend
 	// in shared mode, nil where it has none; isShared marks that view.
 	shared   *lockBackend
@@ -195,14 +172,14 @@ type lockBackend struct {
 }
 
 // sessionSettings are what a Lock gave Configure for the sessions it
-// pins (see Configurer).
+// pins (see backend.Configurer).
 type sessionSettings struct {
 	deadHolder   time.Duration
 	serverChecks bool
 }
 
-// backend returns the Backend that b locks with.
-func (b *lockBackend) backend() Backend {
+// backend returns the backend.Backend that b locks with.
+func (b *lockBackend) backend() backend.Backend {
 	if b.session != nil {
 		return b.session
 	}
@@ -274,15 +251,15 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			return nil, err
 		}
 		switch b := b.(type) {
-		case SessionLocker:
+		case backend.SessionLocker:
 			var settings sessionSettings
-			if c, ok := b.(Configurer); ok {
+			if c, ok := b.(backend.Configurer); ok {
 				d := l.cfg.deadHolder
 				if b.Traits().EndsIdleSessions && (l.cfg.keepAlive <= 0 || !l.cfg.deadHolderSet) {
-					d = 0 // see Traits.EndsIdleSessions
+					d = 0 // see backend.Traits.EndsIdleSessions
 				}
 				settings = sessionSettings{deadHolder: d, serverChecks: l.cfg.serverChecks}
-				s, ok := c.Configure(l.db, d, l.cfg.serverChecks).(SessionLocker)
+				s, ok := c.Configure(l.db, d, l.cfg.serverChecks).(backend.SessionLocker)
 				if !ok {
 					return nil, fmt.Errorf("%w: backend %q configured for a Lock is no SessionLocker", ErrUnsupported, b.Name())
 				}
@@ -300,7 +277,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
 			lb.claim = l.claimOn(b, w)
 			if l.cfg.multiplex > 0 {
-				if _, ok := b.(MultiKeyLocker); !ok {
+				if _, ok := b.(backend.MultiplexLocker); !ok {
 					return nil, fmt.Errorf("%w: backend %q cannot hold many locks on one session (WithMultiplexing)", ErrUnsupported, b.Name())
 				}
 				lb.muxed = true
@@ -309,7 +286,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			}
 			lb.shared = l.sharedView(lb)
 			return lb, nil
-		case LeaseStore:
+		case backend.LeaseStore:
 			if err := checkRowWindows(&l.cfg, b); err != nil {
 				return nil, err
 			}
@@ -368,7 +345,7 @@ func (l *Lock) observedAs(shared bool) *observed {
 	if ob := p.Load(); ob != nil || l.cfg.observer == nil {
 		return ob
 	}
-	return observedOf(p, l.db, &l.cfg, kind, l.name, func() Backend {
+	return observedOf(p, l.db, &l.cfg, kind, l.name, func() backend.Backend {
 		if b := l.setup.v.Load(); b != nil {
 			return b.backend()
 		}
@@ -500,10 +477,10 @@ func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, 
 // taken, 0 for a Lock.
 type claim interface {
 	// try makes one attempt; OK false is a definite miss.
-	try(ctx context.Context, p *pinned) (slot int, res SessionResult, err error)
+	try(ctx context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
 	// wait waits until it holds the claim or budget ends (OK false with
 	// a nil error: a definite miss).
-	wait(ctx, budget context.Context, p *pinned) (slot int, res SessionResult, err error)
+	wait(ctx, budget context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
 	// leave lets go of what a wait that missed may have left on the
 	// session; an error means the connection must be discarded.
 	leave(ctx context.Context, p *pinned) error
@@ -582,17 +559,17 @@ func attemptContext(ctx, budget context.Context, bound time.Duration) (context.C
 // or, on a backend's shared view, shared.
 type keyClaim struct {
 	l *Lock
-	s SessionLocker
+	s backend.SessionLocker
 }
 
-func (c keyClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
-	res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+func (c keyClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
+	res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 		return c.s.TryLockSession(ctx, conn, c.l.key)
 	})
 	return 0, res, err
 }
 
-func (c keyClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+func (c keyClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
 	res, err := waitSession(ctx, budget, c.s, p, c.l.key)
 	return 0, res, err
 }
@@ -605,7 +582,7 @@ func (c keyClaim) held(int) *Lock { return c.l }
 
 // claimOn returns what a session acquire of l takes on s: its key, its
 // key with a window (w, for WithMinHold), or every key of its set.
-func (l *Lock) claimOn(s SessionLocker, w WindowedSessionLocker) claim {
+func (l *Lock) claimOn(s backend.SessionLocker, w backend.WindowedSessionLocker) claim {
 	switch {
 	case w != nil:
 		return windowClaim{l, w}
@@ -641,7 +618,7 @@ const (
 
 // waitSession waits in slices until it holds key, or budget ends between
 // slices (a definite miss: OK false, nil error).
-func waitSession(ctx, budget context.Context, session SessionLocker, p *pinned, key int64) (SessionResult, error) {
+func waitSession(ctx, budget context.Context, session backend.SessionLocker, p *pinned, key int64) (backend.SessionResult, error) {
 	for {
 		slice, grace := maxSlice, sliceGrace
 		if dl, ok := budget.Deadline(); ok {
@@ -652,10 +629,10 @@ func waitSession(ctx, budget context.Context, session SessionLocker, p *pinned, 
 			<-budget.Done() // due now: let its cause be set
 		}
 		if budget.Err() != nil {
-			return SessionResult{}, nil
+			return backend.SessionResult{}, nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, slice+grace)
-		res, err := askWaiting(sctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		res, err := askWaiting(sctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return session.WaitLockSession(ctx, conn, key, slice)
 		})
 		cancel()
@@ -674,9 +651,9 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	if err != nil {
 		return nil, wrapErr(l.name, "holder", err)
 	}
-	var h *Holder
+	var h *backend.Holder
 	if l.set != nil {
-		h, err = l.setHolder(ctx, func(i int) (*Holder, error) {
+		h, err = l.setHolder(ctx, func(i int) (*backend.Holder, error) {
 			if b.rows != nil {
 				req := l.rowRequest("")
 				req.Name, req.Key = l.setNames[i], l.set[i]
@@ -684,7 +661,7 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 			}
 			return b.session.SessionHolder(ctx, l.db, l.set[i])
 		})
-		return h, wrapErr(l.name, "holder", err)
+		return holderOf(h), wrapErr(l.name, "holder", err)
 	}
 	if b.rows != nil {
 		h, err = b.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
@@ -694,7 +671,7 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
 	}
-	return h, wrapErr(l.name, "holder", err)
+	return holderOf(h), wrapErr(l.name, "holder", err)
 }
 
 // Do waits for the lock (as Lock does), runs fn, and releases the lock when

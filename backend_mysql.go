@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // MySQL returns the MySQL and MariaDB backend (MariaDB 10.3+, MySQL 8.0+;
@@ -62,7 +64,7 @@ import (
 // WithMinHold: a Lock's windows are rows of advisorylock_windows, written
 // by the statement that calls GET_LOCK (see backend_mysql_minhold.go); a
 // LeaseLock keeps its window in its row's expires_at.
-func MySQL() Backend { return mysqlBackend{} }
+func MySQL() backend.Backend { return mysqlBackend{} }
 
 type mysqlBackend struct {
 	// waitTimeout is the wait_timeout, in seconds, a Lock's sessions get
@@ -79,7 +81,7 @@ type mysqlBackend struct {
 // Configure returns m with the statement forms of db's driver (see forDB)
 // and the dead-holder setting for the sessions a Lock pins (see forLock);
 // it has no per-session server checks to leave out.
-func (m mysqlBackend) Configure(db DB, deadHolder time.Duration, _ bool) Backend {
+func (m mysqlBackend) Configure(db backend.DB, deadHolder time.Duration, _ bool) backend.Backend {
 	return m.forDB(db).forLock(deadHolder)
 }
 
@@ -119,14 +121,27 @@ func (m mysqlBackend) forLock(d time.Duration) mysqlBackend {
 	return m
 }
 
-// The capabilities the MySQL backend has, each an interface of
-// backend.go that a third party's backend may implement too.
+// The capabilities the MySQL backend has, each an interface of package
+// backend that a third party's backend may implement too. It has no
+// transaction locks (GET_LOCK's lock belongs to the session and outlives
+// the transaction, so LockTx is refused before anything is sent), no sets
+// in one statement (an exclusive try is more than a GET_LOCK where the key
+// may have shared holders, see backend_mysql_shared.go, so a set takes
+// and releases its keys one statement each), and no release signals or
+// waiters in line (MySQL has no notifications: a semaphore's waiters wait
+// server-side on a slot, in slices).
 var (
-	_ Configurer            = mysqlBackend{}
-	_ MultiKeyLocker        = mysqlBackend{}
-	_ SharedSessionLocker   = mysqlBackend{}
-	_ WindowedSessionLocker = mysqlBackend{}
-	_ LeaseStore            = mysqlBackend{}
+	_ backend.Validator             = mysqlBackend{}
+	_ backend.Configurer            = mysqlBackend{}
+	_ backend.SessionIdentifier     = mysqlBackend{}
+	_ backend.TermKeeper            = mysqlBackend{}
+	_ backend.SharedSessionLocker   = mysqlBackend{}
+	_ backend.WindowedSessionLocker = mysqlBackend{}
+	_ backend.SlotLocker            = mysqlBackend{}
+	_ backend.MultiplexLocker       = mysqlBackend{}
+	_ backend.TableChecker          = mysqlBackend{}
+	_ backend.TokenAdmitter         = mysqlBackend{}
+	_ backend.RunRecorder           = mysqlBackend{}
 )
 
 func (mysqlBackend) Name() string { return "mysql" }
@@ -135,8 +150,8 @@ func (mysqlBackend) Name() string { return "mysql" }
 // ends, also on a dead network; wait_timeout ends a live session too once
 // it is idle that long (see forLock); a LeaseLock's rows keep
 // WithMinHold's window (see backend_mysql_minhold.go).
-func (mysqlBackend) Traits() Traits {
-	return Traits{CancelsPromptly: true, EndsIdleSessions: true, KeepsWindows: true}
+func (mysqlBackend) Traits() backend.Traits {
+	return backend.Traits{CancelsPromptly: true, EndsIdleSessions: true, KeepsWindows: true}
 }
 
 func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
@@ -151,7 +166,7 @@ func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 // costs two round trips, once per *sql.DB (one where the version alone
 // refuses the server); an error from the server or the pool is returned
 // wrapped.
-func (mysqlBackend) Validate(ctx context.Context, db DB) error {
+func (mysqlBackend) Validate(ctx context.Context, db backend.DB) error {
 	var s mysqlServer
 	err := mysqlRun(ctx, db, func(q querier) error {
 		var comment sql.NullString // a proxy may answer NULL
@@ -266,7 +281,7 @@ func mysqlLockName(key int64) string {
 // TryLockSession makes one GET_LOCK attempt with no wait; a grant while
 // shared holders are in is let go again, a miss (see
 // backend_mysql_shared.go).
-func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	if m.shared {
 		return m.tryShared(ctx, conn, key)
 	}
@@ -294,7 +309,7 @@ func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key in
 // that no new shared holder enters, and waits for them to leave for the
 // rest of the slice (see backend_mysql_shared.go); the next slice finds
 // the GET_LOCK its own, and EndWait lets it go if the wait ends first.
-func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
+func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (backend.SessionResult, error) {
 	end := time.Now().Add(slice)
 	slice = max(slice, time.Millisecond)
 	secs := strconv.FormatFloat(slice.Seconds(), 'f', 3, 64)
@@ -318,31 +333,31 @@ func (m mysqlBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key i
 // exclude nothing on the primary; the error makes the acquire discard the
 // connection, which frees a lock granted there. A grant on a session
 // whose wait_timeout is longer than the Lock's sets it (see forLock).
-func (m mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, error) {
+func (m mysqlBackend) getLock(ctx context.Context, conn *sql.Conn, getLock string) (backend.SessionResult, error) {
 	r, _, err := m.lockStatement(ctx, conn, getLock)
 	return r, err
 }
 
 // lockStatement is getLock returning the first column too: any value
 // from 1 up is a grant, whose session gets the Lock's wait_timeout.
-func (m mysqlBackend) lockStatement(ctx context.Context, conn *sql.Conn, getLock string) (SessionResult, int64, error) {
+func (m mysqlBackend) lockStatement(ctx context.Context, conn *sql.Conn, getLock string) (backend.SessionResult, int64, error) {
 	var got sql.NullInt64
 	var readOnly bool
 	var waitTimeout int64
-	var r SessionResult
+	var r backend.SessionResult
 	err := conn.QueryRowContext(ctx, getLock+", CONNECTION_ID(), @@read_only, @@session.wait_timeout").Scan(&got, &r.Session, &readOnly, &waitTimeout)
 	return m.lockOutcome(ctx, conn, r, got, readOnly, waitTimeout, err)
 }
 
 // lockOutcome is what a lock statement's row (see lockStatement) means.
-func (m mysqlBackend) lockOutcome(ctx context.Context, conn *sql.Conn, r SessionResult, got sql.NullInt64, readOnly bool, waitTimeout int64, err error) (SessionResult, int64, error) {
+func (m mysqlBackend) lockOutcome(ctx context.Context, conn *sql.Conn, r backend.SessionResult, got sql.NullInt64, readOnly bool, waitTimeout int64, err error) (backend.SessionResult, int64, error) {
 	switch {
 	case err != nil:
-		return SessionResult{}, 0, err
+		return backend.SessionResult{}, 0, err
 	case readOnly:
-		return SessionResult{}, 0, errReadOnly
+		return backend.SessionResult{}, 0, errReadOnly
 	case !got.Valid: // an error on the server, such as the statement being killed
-		return SessionResult{}, 0, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
+		return backend.SessionResult{}, 0, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
 	}
 	r.OK = got.Int64 == 1
 	if got.Int64 >= 1 && m.waitTimeout > 0 && waitTimeout > m.waitTimeout {
@@ -364,13 +379,13 @@ func (m mysqlBackend) setWaitTimeout(ctx context.Context, conn *sql.Conn) error 
 // (nobody holds it: OK false) or 0 (another session holds it: this
 // connection's statements reach another server session than the one that
 // took the lock, reported as ErrTransactionPooler).
-func (m mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+func (m mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	if m.shared {
 		return m.unlockShared(ctx, conn, key)
 	}
 	name := mysqlLockName(key)
 	var released, holder sql.NullInt64
-	var r SessionResult
+	var r backend.SessionResult
 	err := errNotPrepared
 	if m.prepared != nil {
 		unquoted := name[1 : len(name)-1]
@@ -381,7 +396,7 @@ func (m mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int
 	}
 	switch {
 	case err != nil:
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	case released.Valid && released.Int64 == 0:
 		return r, fmt.Errorf("%w: the unlock ran on server session %d, which did not hold the lock; session %d holds it", ErrTransactionPooler, r.Session, holder.Int64)
 	case holder.Valid && holder.Int64 == r.Session:
@@ -469,7 +484,7 @@ func (mysqlBackend) SessionIdentity(ctx context.Context, conn *sql.Conn) (string
 
 // SessionHolder reports a holder of key (see SessionHolders): the
 // exclusive one, else a shared one.
-func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
+func (m mysqlBackend) SessionHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
 	hs, err := m.SessionHolders(ctx, db, key)
 	if len(hs) == 0 || err != nil {
 		return nil, err
@@ -478,7 +493,7 @@ func (m mysqlBackend) SessionHolder(ctx context.Context, db DB, key int64) (*Hol
 }
 
 // ---------------------------------------------------------------------------
-// Leases and fences: the LeaseStore half of the MySQL backend.
+// Leases and fences: the backend.LeaseStore half of the MySQL backend.
 
 // mysqlSteps are the schema's upgrade steps; advisorylock_schema records
 // those applied, and the first use that finds a table missing applies the
@@ -571,7 +586,7 @@ func mysqlExpires(ttl time.Duration) string {
 var errMySQLNoLockRows = fmt.Errorf("%w: a MySQL Lock is a session lock, not a lease row", ErrUnsupported)
 
 // checkLeaseName refuses requests the tables cannot serve.
-func checkLeaseName(r LeaseRequest) error {
+func checkLeaseName(r backend.LeaseRequest) error {
 	if r.Kind != kindLease {
 		return errMySQLNoLockRows
 	}
@@ -586,7 +601,7 @@ func checkLeaseName(r LeaseRequest) error {
 // result. The VALUES row is evaluated even when the name exists, so the
 // update path always sets LAST_INSERT_ID again: to the new token, or to 0
 // when the row is held. The grant commits durably (InnoDB).
-func (m mysqlBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
+func (m mysqlBackend) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	if err := checkLeaseName(r); err != nil {
 		return 0, err
 	}
@@ -608,7 +623,7 @@ ON DUPLICATE KEY UPDATE
 // RenewLease extends the lease by its TTL from the database's now (with
 // r.MinHold, never before the window's end) if r.Owner and r.Token still
 // hold it unexpired; ErrLeaseLost otherwise.
-func (m mysqlBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
+func (m mysqlBackend) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	if err := checkLeaseName(r); err != nil {
 		return 0, err
 	}
@@ -617,19 +632,19 @@ func (m mysqlBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Fe
 		expires = "GREATEST(" + expires + ", " + mysqlAfterGrant(r.MinHold) + ")"
 	}
 	stmt := `UPDATE advisorylock_leases SET expires_at = ` + expires + `, generation = LAST_INSERT_ID(generation)
-WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND generation = ` + strconv.FormatInt(r.Token.Int64(), 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
+WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND generation = ` + strconv.FormatInt(int64(r.Token), 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
 	token, err := m.execToken(ctx, db, stmt)
-	if err == nil && FencingToken(token) != r.Token {
+	if err == nil && uint64(token) != r.Token {
 		err = fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
 	}
 	return m.grant(token, err)
 }
 
-func (mysqlBackend) grant(token int64, err error) (FencingToken, error) {
+func (mysqlBackend) grant(token int64, err error) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return FencingToken(token), nil
+	return uint64(token), nil
 }
 
 // execToken runs stmt and returns the value it passed to LAST_INSERT_ID,
@@ -650,11 +665,11 @@ func (mysqlBackend) execToken(ctx context.Context, db DB, stmt string) (int64, e
 // ReleaseLease frees the lease if grant r.Token still holds it (with
 // Token 0, whatever r.Owner holds); the row stays, so the token never goes
 // down. With r.MinHold it stays taken by its owner until the window's end.
-func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
+func (mysqlBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	if err := checkLeaseName(r); err != nil {
 		return err
 	}
-	which := "generation = " + strconv.FormatInt(r.Token.Int64(), 10) + " AND owner IS NOT NULL"
+	which := "generation = " + strconv.FormatInt(int64(r.Token), 10) + " AND owner IS NOT NULL"
 	if r.Token == 0 {
 		which = "owner = " + mysqlHex(r.Owner)
 	}
@@ -670,26 +685,15 @@ func (mysqlBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) err
 	})
 }
 
-// LeaseHolders lists the one live holder of r: the store keeps no shared
-// rows (a Lock's shared holds are session locks).
-func (m mysqlBackend) LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error) {
-	return oneHolder(m.LeaseHolder(ctx, db, r))
-}
-
-// ListenReleases returns ErrUnsupported: MySQL has no notifications.
-func (mysqlBackend) ListenReleases(context.Context, DB, *sql.Conn, func(), func(int64)) error {
-	return errNoReleaseSignals
-}
-
 // LeaseHolder reports the lease's holder, or nil when it is free or
 // expired by the database clock.
-func (m mysqlBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+func (m mysqlBackend) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	if err := checkLeaseName(r); err != nil {
 		return nil, err
 	}
 	stmt := `SELECT owner, generation, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)
 FROM advisorylock_leases WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)`
-	h := &Holder{Name: r.Name, Backend: m.Name(), Key: r.Key}
+	h := &backend.Holder{Name: r.Name, Backend: m.Name(), Key: r.Key}
 	var gen, since, expires int64
 	err := mysqlLeaseRun(ctx, db, func(q querier) error {
 		return q.QueryRowContext(ctx, stmt).Scan(&h.Owner, &gen, &since, &expires)
@@ -700,30 +704,32 @@ FROM advisorylock_leases WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner I
 	if err != nil {
 		return nil, err
 	}
-	h.Token, h.Since, h.ExpiresAt = FencingToken(gen), time.UnixMicro(since), time.UnixMicro(expires)
+	h.Token, h.Since, h.ExpiresAt = uint64(gen), time.UnixMicro(since), time.UnixMicro(expires)
 	return h, nil
 }
 
 // AdmitToken stores token as resource's highest in tx if it is not lower
 // than the stored one, in one upsert that locks the row either way (so
 // the caller's write commits before any later admit of the resource);
-// otherwise it reads the highest and returns a *StaleTokenError. As in
-// AcquireLease, LAST_INSERT_ID reports the outcome: the token, or 0.
-func (mysqlBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
-	key, tok := mysqlHash(resource), strconv.FormatInt(token.Int64(), 10)
+// otherwise it reads the highest and returns it. As in AcquireLease,
+// LAST_INSERT_ID reports the outcome: the token, or 0.
+func (mysqlBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token uint64) (uint64, error) {
+	key, tok := mysqlHash(resource), strconv.FormatUint(token, 10)
 	result, err := tx.ExecContext(ctx, "INSERT INTO advisorylock_fences (resource_hash, resource, token) VALUES ("+key+", "+mysqlHex(resource)+", LAST_INSERT_ID("+tok+"))"+
 		" ON DUPLICATE KEY UPDATE token = IF(token <= "+tok+", LAST_INSERT_ID("+tok+"), token + LAST_INSERT_ID(0))")
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if id, err := result.LastInsertId(); err != nil || id == token.Int64() {
-		return err
+	if id, err := result.LastInsertId(); err != nil {
+		return 0, err
+	} else if id == int64(token) {
+		return token, nil
 	}
 	var highest int64
 	if err := tx.QueryRowContext(ctx, "SELECT token FROM advisorylock_fences WHERE resource_hash = "+key).Scan(&highest); err != nil {
-		return fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
+		return 0, fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
 	}
-	return &StaleTokenError{Resource: resource, Token: token, Highest: FencingToken(highest)}
+	return uint64(highest), nil
 }
 
 // ensureMySQLTables creates the library's tables (see createMySQLTables)
@@ -916,7 +922,7 @@ var mysqlTableColumns = map[string]string{
 // statements per table that match no row, that the user may read, insert
 // and update each of tables: a missing grant comes back as the server's
 // own 1142, as the first operation would get it.
-func (mysqlBackend) CheckTables(ctx context.Context, db DB, tables ...string) error {
+func (mysqlBackend) CheckTables(ctx context.Context, db backend.DB, tables ...string) error {
 	if err := ensureMySQLTables(ctx, db, tables...); err != nil {
 		return err
 	}
@@ -957,23 +963,23 @@ const mysqlUnknownStatement = 1243
 // tryPrepared is grabExclusive's try as a prepared statement; it returns
 // errNotPrepared where nothing ran (no cache, refused, the table missing:
 // the text path creates it), and the caller sends the text.
-func (m mysqlBackend) tryPrepared(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, int, error) {
+func (m mysqlBackend) tryPrepared(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, int, error) {
 	if m.prepared == nil {
-		return SessionResult{}, grabMissed, errNotPrepared
+		return backend.SessionResult{}, grabMissed, errNotPrepared
 	}
 	name := mysqlLockName(key)
 	unquoted := name[1 : len(name)-1]
 	var got sql.NullInt64
 	var readOnly bool
 	var waitTimeout int64
-	var r SessionResult
+	var r backend.SessionResult
 	err := m.prepared.queryRow(ctx, conn, myTryPrepared, []any{unquoted, key, unquoted + ":s"}, &got, &r.Session, &readOnly, &waitTimeout)
 	if errors.Is(err, errNotPrepared) {
-		return SessionResult{}, grabMissed, err
+		return backend.SessionResult{}, grabMissed, err
 	}
 	r, state, err := m.lockOutcome(ctx, conn, r, got, readOnly, waitTimeout, err)
 	if err != nil {
-		return SessionResult{}, grabMissed, err
+		return backend.SessionResult{}, grabMissed, err
 	}
 	r.OK = state == grabbed
 	return r, int(state), nil

@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Elections on MySQL and MariaDB. The leader holds the election's named
@@ -31,14 +33,14 @@ const mysqlElectionsTable = `CREATE TABLE IF NOT EXISTS advisorylock_elections (
 
 // PrepareElections creates the tables unless advisorylock_elections
 // exists (one round trip when it does), once per *sql.DB.
-func (mysqlBackend) PrepareElections(ctx context.Context, db DB) error {
+func (mysqlBackend) PrepareElections(ctx context.Context, db backend.DB) error {
 	return ensureMySQLTable(ctx, db, "advisorylock_elections")
 }
 
 // BeginTerm records a new term of name, led by owner, on conn, whose
 // session holds the election's lock. The new term goes through
 // LAST_INSERT_ID(expr), which the server reports with the result.
-func (m mysqlBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error) {
+func (m mysqlBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (uint64, error) {
 	o := mysqlHex(owner)
 	stmt := `INSERT INTO advisorylock_elections (name_hash, name, owner, term, connection_id, user, host, since)
 VALUES (` + mysqlHash(name) + `, ` + mysqlHex(name) + `, ` + o + `, LAST_INSERT_ID(` + mysqlNowMicros + `), CONNECTION_ID(), ` + mysqlUser + `, ` + mysqlHost + `, UTC_TIMESTAMP(6))
@@ -52,16 +54,16 @@ ON DUPLICATE KEY UPDATE term = LAST_INSERT_ID(GREATEST(term + 1, ` + mysqlNowMic
 	if err != nil {
 		return 0, err
 	}
-	return ParseFencingToken(term)
+	return termToken(term)
 }
 
 // TermHolder reports name's latest term while the connection that began
 // it still holds key's lock, or nil. User and ClientAddr are the leader's
 // USER() at its term's start.
-func (m mysqlBackend) TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error) {
+func (m mysqlBackend) TermHolder(ctx context.Context, db backend.DB, key int64, name string) (*backend.Holder, error) {
 	stmt := `SELECT owner, term, connection_id, user, host, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', since)
 FROM advisorylock_elections WHERE name_hash = ` + mysqlHash(name) + ` AND connection_id = IS_USED_LOCK(` + mysqlLockName(key) + `)`
-	h := &Holder{Backend: m.Name()}
+	h := &backend.Holder{Backend: m.Name()}
 	var term, since int64
 	err := mysqlLeaseRun(ctx, db, func(q querier) error {
 		return q.QueryRowContext(ctx, stmt).Scan(&h.Owner, &term, &h.PID, &h.User, &h.ClientAddr, &since)
@@ -72,14 +74,14 @@ FROM advisorylock_elections WHERE name_hash = ` + mysqlHash(name) + ` AND connec
 	if err != nil {
 		return nil, err
 	}
-	h.Token, h.Since = FencingToken(term), time.UnixMicro(since)
+	h.Token, h.Since = uint64(term), time.UnixMicro(since)
 	return h, nil
 }
 
 // EndTerm marks term of name ended in its row, on conn, the resigning
 // leader's (see termEnder).
-func (m mysqlBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
+func (m mysqlBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term uint64) error {
 	_, err := conn.ExecContext(ctx, `UPDATE advisorylock_elections SET connection_id = 0 WHERE name_hash = `+mysqlHash(name)+
-		` AND term = `+strconv.FormatInt(term.Int64(), 10)+` AND connection_id = CONNECTION_ID()`)
+		` AND term = `+strconv.FormatUint(term, 10)+` AND connection_id = CONNECTION_ID()`)
 	return err
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"strconv"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Windows (WithMinHold) on MySQL. A named lock ends with its session, so
@@ -87,7 +89,7 @@ ON DUPLICATE KEY UPDATE
 // PrepareWindows creates the tables (advisorylock_windows among them)
 // unless advisorylock_windows exists, once per *sql.DB. Where it exists
 // (say, created by an administrator from Schema) it writes nothing.
-func (mysqlBackend) PrepareWindows(ctx context.Context, db DB) error {
+func (mysqlBackend) PrepareWindows(ctx context.Context, db backend.DB) error {
 	return ensureMySQLTable(ctx, db, "advisorylock_windows")
 }
 
@@ -96,7 +98,7 @@ func (mysqlBackend) PrepareWindows(ctx context.Context, db DB) error {
 // try ever takes a second one. A deadlock or lock wait timeout (InnoDB,
 // while the statement waits for the row) is retried a few times, after
 // letting go of whatever the rolled-back statement's GET_LOCK took.
-func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
+func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (backend.SessionResult, error) {
 	stmt := m.mysqlWindowUpsert(key, name, window, true)
 	for range 5 {
 		id, err := execWindow(ctx, conn, stmt)
@@ -105,7 +107,7 @@ func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key
 			// it made is not, so let it go (the session held no lock on
 			// key before the try) before trying again.
 			if _, err := conn.ExecContext(ctx, "DO RELEASE_LOCK("+mysqlLockName(key)+")"); err != nil {
-				return SessionResult{}, err
+				return backend.SessionResult{}, err
 			}
 			continue
 		}
@@ -115,9 +117,9 @@ func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key
 		if err != nil || id != 0 {
 			return m.windowGrant(ctx, conn, id, err)
 		}
-		return SessionResult{}, nil // refused: a window is open, or the lock is held
+		return backend.SessionResult{}, nil // refused: a window is open, or the lock is held
 	}
-	return SessionResult{}, nil
+	return backend.SessionResult{}, nil
 }
 
 // execWindow runs a window upsert and returns what it reported (see
@@ -132,7 +134,7 @@ func execWindow(ctx context.Context, conn *sql.Conn, stmt string) (int64, error)
 
 // ClaimWindow records the window of a lock the session was just granted,
 // or releases the lock when an earlier window is open.
-func (m mysqlBackend) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
+func (m mysqlBackend) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (backend.SessionResult, error) {
 	id, err := execWindow(ctx, conn, m.mysqlWindowUpsert(key, name, window, false))
 	if err != nil || id != 0 {
 		return m.windowGrant(ctx, conn, id, err)
@@ -141,22 +143,22 @@ func (m mysqlBackend) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64
 	if err == nil && !r.OK {
 		err = errors.New("advisorylock: releasing a lock granted in another grant's window: the session did not hold it")
 	}
-	return SessionResult{Session: r.Session}, err
+	return backend.SessionResult{Session: r.Session}, err
 }
 
 // windowGrant is the grant a window upsert reported as id (see
 // mysqlWindowUpsert), or its error; it sets the session's wait_timeout
 // where the upsert found it longer than the Lock's.
-func (m mysqlBackend) windowGrant(ctx context.Context, conn *sql.Conn, id int64, err error) (SessionResult, error) {
+func (m mysqlBackend) windowGrant(ctx context.Context, conn *sql.Conn, id int64, err error) (backend.SessionResult, error) {
 	if err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	if id%2 == 1 {
 		if err := m.setWaitTimeout(ctx, conn); err != nil {
-			return SessionResult{}, err
+			return backend.SessionResult{}, err
 		}
 	}
-	return SessionResult{OK: true, Session: id / 2}, nil
+	return backend.SessionResult{OK: true, Session: id / 2}, nil
 }
 
 // WindowLeft asks the database how long key's window stays open.
@@ -169,10 +171,10 @@ func (mysqlBackend) WindowLeft(ctx context.Context, conn *sql.Conn, key int64) (
 
 // WindowHolder reports the grant whose window on key is open (ExpiresAt
 // the window's end), or nil.
-func (m mysqlBackend) WindowHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
+func (m mysqlBackend) WindowHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
 	stmt := `SELECT name, connection_id, user, host, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', taken_until)
 FROM advisorylock_windows WHERE lock_key = ` + strconv.FormatInt(key, 10) + ` AND taken_until > UTC_TIMESTAMP(6)`
-	h := &Holder{Backend: m.Name(), Key: key}
+	h := &backend.Holder{Backend: m.Name(), Key: key}
 	var name []byte
 	var since, until int64
 	err := mysqlLeaseRun(ctx, db, func(q querier) error {

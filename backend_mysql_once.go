@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Runs done on MySQL (Lock.TryDoOnce): one row per (name, run) in
@@ -22,7 +24,7 @@ const mysqlRunsTable = `CREATE TABLE IF NOT EXISTS advisorylock_runs (
 ) ENGINE=InnoDB`
 
 // RunDone reads the record of run, one round trip.
-func (m mysqlBackend) RunDone(ctx context.Context, db DB, name, run string) (bool, error) {
+func (m mysqlBackend) RunDone(ctx context.Context, db backend.DB, name, run string) (bool, error) {
 	var n int
 	err := mysqlLeaseRun(ctx, db, func(q querier) error {
 		return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM advisorylock_runs WHERE name_hash = "+mysqlHash(name)+" AND run_hash = "+mysqlHash(run)).Scan(&n)
@@ -33,7 +35,7 @@ func (m mysqlBackend) RunDone(ctx context.Context, db DB, name, run string) (boo
 // RecordRun writes the record of run (committed when the statement returns),
 // then deletes the name's other records past the retention: two round
 // trips.
-func (m mysqlBackend) RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error {
+func (m mysqlBackend) RecordRun(ctx context.Context, db backend.DB, name, run string, now time.Time, keep time.Duration) error {
 	err := mysqlLeaseRun(ctx, db, func(q querier) error {
 		_, err := q.ExecContext(ctx, "INSERT IGNORE INTO advisorylock_runs (name_hash, run_hash, name, run, done_at) VALUES ("+
 			mysqlHash(name)+", "+mysqlHash(run)+", "+mysqlHex(name)+", "+mysqlHex(run)+", UTC_TIMESTAMP(6))")

@@ -3,9 +3,10 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // TryLockAny tries a semaphore's slot keys in order in one statement and
@@ -14,7 +15,7 @@ import (
 // one granted (a GET_LOCK that fails with an error answers NULL, which is
 // not 1: the next key is tried). Like a Lock's try it also reads the
 // session, read_only and the session's wait_timeout (see getLock).
-func (m mysqlBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
+func (m mysqlBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	var b strings.Builder
 	b.WriteString("SELECT CASE")
 	for i, key := range keys {
@@ -23,13 +24,13 @@ func (m mysqlBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int
 	b.WriteString(" ELSE -1 END, CONNECTION_ID(), @@read_only, @@session.wait_timeout")
 	var got, waitTimeout int64
 	var readOnly bool
-	var r SessionResult
+	var r backend.SessionResult
 	err := conn.QueryRowContext(ctx, b.String()).Scan(&got, &r.Session, &readOnly, &waitTimeout)
 	switch {
 	case err != nil:
-		return 0, SessionResult{}, err
+		return 0, backend.SessionResult{}, err
 	case readOnly:
-		return 0, SessionResult{}, errReadOnly
+		return 0, backend.SessionResult{}, errReadOnly
 	case got < 0:
 		return 0, r, nil
 	}
@@ -40,37 +41,13 @@ func (m mysqlBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int
 	return int(got), r, nil
 }
 
-// TryLockAll is unsupported: an exclusive try is more than a GET_LOCK
-// where the key may have shared holders (see backend_mysql_shared.go), so
-// a set's try takes its keys one TryLockSession each.
-func (mysqlBackend) TryLockAll(context.Context, *sql.Conn, []int64) (SessionResult, error) {
-	return SessionResult{}, errOneKeyAtATime
-}
-
-// UnlockAll is unsupported, as TryLockAll: a set's release lets go of its
-// keys one UnlockSession each.
-func (mysqlBackend) UnlockAll(context.Context, *sql.Conn, []int64) (SessionResult, error) {
-	return SessionResult{}, errOneKeyAtATime
-}
-
-// UnlockAndSignal is unsupported: MySQL has no notifications, so a
-// semaphore's waiters wait server-side on a slot, in slices, and a slot's
-// release is an UnlockSession.
-func (mysqlBackend) UnlockAndSignal(context.Context, *sql.Conn, int64, int64) (SessionResult, error) {
-	return SessionResult{}, errNoReleaseSignals
-}
-
-// errOneKeyAtATime makes a set's try and release fall back to one
-// statement per key (see MultiKeyLocker).
-var errOneKeyAtATime = fmt.Errorf("%w: one key at a time", ErrUnsupported)
-
 // KeyHolders reports, in one statement, the holders of a semaphore's
 // slot keys: holders[i] holds keys[i], nil when free; the connection id
 // from IS_USED_LOCK, the user and host from the process list where the
 // user may see them, as SessionHolder does. The statement reads the slots
 // one after another, microseconds apart: a snapshot but for a slot that
 // changes hands within them.
-func (m mysqlBackend) KeyHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
+func (m mysqlBackend) KeyHolders(ctx context.Context, db backend.DB, keys []int64) ([]*backend.Holder, error) {
 	var used strings.Builder
 	for i, key := range keys {
 		if i > 0 {
@@ -80,10 +57,10 @@ func (m mysqlBackend) KeyHolders(ctx context.Context, db DB, keys []int64) ([]*H
 	}
 	q := "SELECT u.i, u.id, COALESCE(p.USER, ''), COALESCE(p.HOST, '') FROM (" + used.String() +
 		") AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id WHERE u.id IS NOT NULL ORDER BY u.i"
-	holders := make([]*Holder, len(keys))
+	holders := make([]*backend.Holder, len(keys))
 	err := mysqlRun(ctx, db, func(on querier) error {
 		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
-			h := &Holder{Backend: m.Name()}
+			h := &backend.Holder{Backend: m.Name()}
 			var i int
 			var id int64
 			if err := rows.Scan(&i, &id, &h.User, &h.ClientAddr); err != nil {

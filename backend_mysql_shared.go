@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Shared locks on MySQL and MariaDB (RLock). GET_LOCK has no shared mode,
@@ -75,7 +77,7 @@ func mysqlHoldsShared(key int64) string {
 }
 
 // Shared returns the backend in shared mode.
-func (m mysqlBackend) Shared() SessionLocker {
+func (m mysqlBackend) Shared() backend.SessionLocker {
 	m.shared = true
 	return m
 }
@@ -95,14 +97,14 @@ const (
 // looks in a second statement, which finds the table missing unless a
 // shared holder's administrator created it meanwhile; its session is
 // remembered so that it does not ask again.
-func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int64, head, grab string) (SessionResult, int, error) {
+func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int64, head, grab string) (backend.SessionResult, int, error) {
 	stmt := head + "CASE " + grab + " WHEN 1 THEN IF(" + mysqlReadersIn(key) + ", 2, 1) WHEN 0 THEN 0 END"
 	r, got, err := m.lockStatement(ctx, conn, stmt)
 	if mysqlErrno(err) == mysqlNoSuchTable && !sessionKnows(conn, mysqlMayNotCreate) {
 		created, unlockErr := createMySQLTablesOn(ctx, conn)
 		switch {
 		case unlockErr != nil: // the session may still hold the schema lock
-			return SessionResult{}, grabMissed, fmt.Errorf("advisorylock: releasing the schema lock: %w", unlockErr)
+			return backend.SessionResult{}, grabMissed, fmt.Errorf("advisorylock: releasing the schema lock: %w", unlockErr)
 		case created == nil:
 			r, got, err = m.lockStatement(ctx, conn, stmt)
 		case mysqlErrno(created) == mysqlDenied:
@@ -115,7 +117,7 @@ func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int
 		}
 	}
 	if err != nil {
-		return SessionResult{}, grabMissed, err
+		return backend.SessionResult{}, grabMissed, err
 	}
 	r.OK = got == grabbed
 	return r, int(got), nil
@@ -148,16 +150,16 @@ const mysqlReaderPoll = 20 * time.Millisecond
 // waitForReaders waits, holding the GET_LOCK, until no shared holder of
 // key is in (a grant) or end passes (a miss that keeps the GET_LOCK: see
 // EndWait). Each look is one round trip that sleeps on the server first.
-func (m mysqlBackend) waitForReaders(ctx context.Context, conn *sql.Conn, key int64, r SessionResult, end time.Time) (SessionResult, error) {
+func (m mysqlBackend) waitForReaders(ctx context.Context, conn *sql.Conn, key int64, r backend.SessionResult, end time.Time) (backend.SessionResult, error) {
 	// SLEEP answers 0, or 1 when interrupted: either way the look follows.
 	stmt := "SELECT SLEEP(" + strconv.FormatFloat(mysqlReaderPoll.Seconds(), 'f', 3, 64) + ") >= 0 AND " + mysqlReadersIn(key)
 	for time.Now().Before(end) {
 		var in sql.NullBool
 		if err := conn.QueryRowContext(ctx, stmt).Scan(&in); err != nil {
-			return SessionResult{}, err
+			return backend.SessionResult{}, err
 		}
 		if !in.Valid {
-			return SessionResult{}, errors.New("advisorylock: looking for shared holders returned NULL")
+			return backend.SessionResult{}, errors.New("advisorylock: looking for shared holders returned NULL")
 		}
 		if !in.Bool {
 			r.OK = true
@@ -179,7 +181,7 @@ func (mysqlBackend) EndWait(ctx context.Context, conn *sql.Conn, key int64) erro
 // tryShared inserts the shared holder's row, with its holder lock, then
 // checks that no session holds the key's GET_LOCK; on a miss it takes
 // both back.
-func (m mysqlBackend) tryShared(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+func (m mysqlBackend) tryShared(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	k := strconv.FormatInt(key, 10)
 	insert := "INSERT INTO advisorylock_shared (lock_key, conn_id, acquired_at) VALUES (" + k + ", CONNECTION_ID(), IF(GET_LOCK(" +
 		mysqlHolderLock(key, "CONNECTION_ID()") + ", 0) = 1, UTC_TIMESTAMP(6), NULL)) ON DUPLICATE KEY UPDATE acquired_at = VALUES(acquired_at)"
@@ -192,30 +194,30 @@ func (m mysqlBackend) tryShared(ctx context.Context, conn *sql.Conn, key int64) 
 		err = errors.Join(err, unlockErr) // an error discards the connection, schema lock and all
 	}
 	if err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	r, err := m.getLock(ctx, conn, "SELECT IS_FREE_LOCK("+mysqlLockName(key)+")")
 	if err != nil || r.OK {
 		return r, err
 	}
 	_, err = m.unlockShared(ctx, conn, key)
-	return SessionResult{Session: r.Session}, err
+	return backend.SessionResult{Session: r.Session}, err
 }
 
 // waitShared waits server-side, for at most the slice, for the key's
 // GET_LOCK to be free (taking it for an instant when a writer held it),
 // then tries.
-func (m mysqlBackend) waitShared(ctx context.Context, conn *sql.Conn, key int64, head, secs string) (SessionResult, error) {
+func (m mysqlBackend) waitShared(ctx context.Context, conn *sql.Conn, key int64, head, secs string) (backend.SessionResult, error) {
 	name := mysqlLockName(key)
 	var free sql.NullBool
 	err := conn.QueryRowContext(ctx, head+"IF(IS_FREE_LOCK("+name+"), 1, GET_LOCK("+name+", "+secs+") AND RELEASE_LOCK("+name+"))").Scan(&free)
 	switch {
 	case err != nil:
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	case !free.Valid:
-		return SessionResult{}, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
+		return backend.SessionResult{}, errors.New("advisorylock: GET_LOCK returned NULL (the server ended the wait with an error)")
 	case !free.Bool:
-		return SessionResult{}, nil
+		return backend.SessionResult{}, nil
 	}
 	return m.tryShared(ctx, conn, key)
 }
@@ -226,7 +228,7 @@ func (m mysqlBackend) waitShared(ctx context.Context, conn *sql.Conn, key int64,
 // go: OK false if it held none, ErrTransactionPooler if another session
 // holds it. A deadlock or lock wait timeout (InnoDB, against concurrent
 // shared holders of the key) deleted nothing and is retried.
-func (mysqlBackend) unlockShared(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+func (mysqlBackend) unlockShared(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	del := "DELETE FROM advisorylock_shared WHERE lock_key = " + strconv.FormatInt(key, 10) +
 		" AND (conn_id = CONNECTION_ID() OR IS_USED_LOCK(" + mysqlHolderLock(key, "conn_id") + ") IS NULL)"
 	_, err := conn.ExecContext(ctx, del)
@@ -234,12 +236,12 @@ func (mysqlBackend) unlockShared(ctx context.Context, conn *sql.Conn, key int64)
 		_, err = conn.ExecContext(ctx, del)
 	}
 	if err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	var released sql.NullInt64
-	var r SessionResult
+	var r backend.SessionResult
 	if err := conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+mysqlHolderLock(key, "CONNECTION_ID()")+"), CONNECTION_ID()").Scan(&released, &r.Session); err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	if released.Valid && released.Int64 == 0 {
 		return r, fmt.Errorf("%w: the unlock ran on server session %d, whose shared hold another session has", ErrTransactionPooler, r.Session)
@@ -252,11 +254,11 @@ func (mysqlBackend) unlockShared(ctx context.Context, conn *sql.Conn, key int64)
 // rows) or, when none is in, the session holding its GET_LOCK (a writer
 // holding it while shared holders are in is still waiting). User and host
 // come from the process list where the user may see them (PROCESS).
-func (m mysqlBackend) SessionHolders(ctx context.Context, db DB, key int64) ([]*Holder, error) {
+func (m mysqlBackend) SessionHolders(ctx context.Context, db backend.DB, key int64) ([]*backend.Holder, error) {
 	k := strconv.FormatInt(key, 10)
 	stmt := "SELECT s.conn_id, COALESCE(p.USER, ''), COALESCE(p.HOST, ''), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', s.acquired_at) FROM advisorylock_shared s " +
 		"LEFT JOIN information_schema.PROCESSLIST p ON p.ID = s.conn_id WHERE s.lock_key = " + k + " AND IS_USED_LOCK(" + mysqlHolderLock(key, "s.conn_id") + ") = s.conn_id ORDER BY s.conn_id"
-	var hs []*Holder
+	var hs []*backend.Holder
 	err := mysqlRun(ctx, db, func(q querier) error {
 		hs = nil
 		rows, err := q.QueryContext(ctx, stmt)
@@ -265,7 +267,7 @@ func (m mysqlBackend) SessionHolders(ctx context.Context, db DB, key int64) ([]*
 		}
 		defer rows.Close()
 		for rows.Next() {
-			h := &Holder{Backend: m.Name(), Key: key, Shared: true}
+			h := &backend.Holder{Backend: m.Name(), Key: key, Shared: true}
 			var since int64
 			if err := rows.Scan(&h.PID, &h.User, &h.ClientAddr, &since); err != nil {
 				return err
@@ -282,17 +284,17 @@ func (m mysqlBackend) SessionHolders(ctx context.Context, db DB, key int64) ([]*
 	if h == nil || err != nil {
 		return nil, err
 	}
-	return []*Holder{h}, nil
+	return []*backend.Holder{h}, nil
 }
 
 // exclusiveHolder reads the holder's connection id from IS_USED_LOCK, and
 // its user and host from the process list where the user may see them
 // (PROCESS privilege). Since stays zero: the server does not say when a
 // named lock was taken.
-func (m mysqlBackend) exclusiveHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
+func (m mysqlBackend) exclusiveHolder(ctx context.Context, db DB, key int64) (*backend.Holder, error) {
 	stmt := "SELECT u.id, COALESCE(p.USER, ''), COALESCE(p.HOST, '') FROM (SELECT IS_USED_LOCK(" + mysqlLockName(key) +
 		") AS id) AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id"
-	h := &Holder{Backend: m.Name(), Key: key}
+	h := &backend.Holder{Backend: m.Name(), Key: key}
 	var id sql.NullInt64
 	err := mysqlRun(ctx, db, func(q querier) error {
 		return q.QueryRowContext(ctx, stmt).Scan(&id, &h.User, &h.ClientAddr)

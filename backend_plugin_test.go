@@ -11,37 +11,39 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/lib/pq"
 )
 
 // mapBackend is a third backend, written outside the package: leases kept
-// in a map. It proves Backend is pluggable through exported names alone.
+// in a map. It proves Backend is pluggable through exported names alone,
+// and that a LeaseStore needs nothing more: it implements one optional
+// interface (TokenAdmitter), and the library takes the documented
+// fallbacks for the rest.
 type mapBackend struct {
 	mu     sync.Mutex
 	rows   map[string]*mapRow
-	fences map[string]advisorylock.FencingToken
+	fences map[string]uint64
 }
 
 type mapRow struct {
 	owner   string
-	gen     advisorylock.FencingToken
+	gen     uint64
 	expires time.Time
 }
 
 func newMapBackend() *mapBackend {
-	return &mapBackend{rows: map[string]*mapRow{}, fences: map[string]advisorylock.FencingToken{}}
+	return &mapBackend{rows: map[string]*mapRow{}, fences: map[string]uint64{}}
 }
 
-func (m *mapBackend) Name() string                                    { return "map" }
-func (m *mapBackend) Validate(context.Context, advisorylock.DB) error { return nil }
-func (m *mapBackend) Traits() advisorylock.Traits                     { return advisorylock.Traits{} }
-func (m *mapBackend) Schema() string                                  { return "" }
-func (m *mapBackend) CheckTables(context.Context, advisorylock.DB, ...string) error {
-	return nil
-}
+var _ backend.TokenAdmitter = (*mapBackend)(nil)
 
-func (m *mapBackend) row(r advisorylock.LeaseRequest) *mapRow {
+func (m *mapBackend) Name() string           { return "map" }
+func (m *mapBackend) Traits() backend.Traits { return backend.Traits{} }
+func (m *mapBackend) Schema() string         { return "" }
+
+func (m *mapBackend) row(r backend.LeaseRequest) *mapRow {
 	id := r.Name
 	if r.Kind == "lock" {
 		id = "lock:" + r.Name
@@ -52,29 +54,29 @@ func (m *mapBackend) row(r advisorylock.LeaseRequest) *mapRow {
 	return m.rows[id]
 }
 
-func (m *mapBackend) AcquireLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (m *mapBackend) AcquireLease(_ context.Context, _ backend.DB, r backend.LeaseRequest) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	row := m.row(r)
 	if row.owner != "" && r.Now.Before(row.expires) {
-		return 0, advisorylock.ErrNotAcquired
+		return 0, backend.ErrNotAcquired
 	}
 	row.owner, row.gen, row.expires = r.Owner, row.gen+1, r.Now.Add(r.TTL)
 	return row.gen, nil
 }
 
-func (m *mapBackend) RenewLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (m *mapBackend) RenewLease(_ context.Context, _ backend.DB, r backend.LeaseRequest) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	row := m.row(r)
 	if row.owner != r.Owner || !r.Now.Before(row.expires) {
-		return 0, advisorylock.ErrLeaseLost
+		return 0, backend.ErrLeaseLost
 	}
 	row.expires = r.Now.Add(r.TTL)
 	return row.gen, nil
 }
 
-func (m *mapBackend) ReleaseLease(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) error {
+func (m *mapBackend) ReleaseLease(_ context.Context, _ backend.DB, r backend.LeaseRequest) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if row := m.row(r); row.owner == r.Owner {
@@ -83,44 +85,21 @@ func (m *mapBackend) ReleaseLease(_ context.Context, _ advisorylock.DB, r adviso
 	return nil
 }
 
-func (m *mapBackend) LeaseHolder(_ context.Context, _ advisorylock.DB, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
+func (m *mapBackend) LeaseHolder(_ context.Context, _ backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	row := m.row(r)
 	if row.owner == "" || !r.Now.Before(row.expires) {
 		return nil, nil
 	}
-	return &advisorylock.Holder{Backend: m.Name(), Owner: row.owner, Token: row.gen, ExpiresAt: row.expires}, nil
+	return &backend.Holder{Backend: m.Name(), Owner: row.owner, Token: row.gen, ExpiresAt: row.expires}, nil
 }
 
-func (m *mapBackend) AdmitToken(_ context.Context, _ *sql.Tx, resource string, token advisorylock.FencingToken) error {
+func (m *mapBackend) AdmitToken(_ context.Context, _ *sql.Tx, resource string, token uint64) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if hi := m.fences[resource]; !hi.Admits(token) {
-		return &advisorylock.StaleTokenError{Resource: resource, Token: token, Highest: hi}
-	}
-	m.fences[resource] = token
-	return nil
-}
-
-// LeaseHolders is never called: the map keeps no shared rows (its Traits
-// are zero).
-func (m *mapBackend) LeaseHolders(context.Context, advisorylock.DB, advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
-	return nil, errors.New("map: LeaseHolders called on a store without shared rows")
-}
-
-// RunDone and RecordRun: the map keeps no runs.
-func (m *mapBackend) RunDone(context.Context, advisorylock.DB, string, string) (bool, error) {
-	return false, fmt.Errorf("%w: the map keeps no runs", advisorylock.ErrUnsupported)
-}
-func (m *mapBackend) RecordRun(context.Context, advisorylock.DB, string, string, time.Time, time.Duration) error {
-	return fmt.Errorf("%w: the map keeps no runs", advisorylock.ErrUnsupported)
-}
-
-// ListenReleases is never called: the map signals no releases (see
-// listeningMapBackend for one that does).
-func (m *mapBackend) ListenReleases(context.Context, advisorylock.DB, *sql.Conn, func(), func(int64)) error {
-	return errors.New("map: ListenReleases called on a store that signals no releases")
+	m.fences[resource] = max(m.fences[resource], token)
+	return m.fences[resource], nil
 }
 
 // noDB is a handle the map backend never uses.
@@ -146,8 +125,8 @@ func TestThirdBackendPlugsIn(t *testing.T) {
 	if h, err := l.Holder(ctx); err != nil || h == nil || h.Backend != "map" {
 		t.Fatalf("Holder = %+v, %v", h, err)
 	}
-	// A store without shared rows (zero Traits) lists its one holder
-	// through LeaseHolder, and refuses shared holds.
+	// A store without shared rows (no SharedRowStore) lists its one
+	// holder through LeaseHolder, and refuses shared holds.
 	if hs, err := l.Holders(ctx); err != nil || len(hs) != 1 || hs[0].Backend != "map" {
 		t.Fatalf("Holders = %+v, %v; want the one holder", hs, err)
 	}
@@ -156,8 +135,8 @@ func TestThirdBackendPlugsIn(t *testing.T) {
 	}
 	mustRelease(t, g)
 
-	// A store that keeps no runs: TryDoOnce fails with ErrUnsupported and
-	// runs nothing.
+	// A store that keeps no runs (no RunRecorder): TryDoOnce fails with
+	// ErrUnsupported and runs nothing.
 	ran, err := l.TryDoOnce(ctx, "r", func(context.Context) error {
 		t.Error("TryDoOnce ran fn on a store that keeps no runs")
 		return nil

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // listeningMapBackend is a third party's LeaseStore that signals
-// releases (Traits.SignalsReleases): the map backend, whose releases it
-// tells its listener of through a channel.
+// releases (a ReleaseListener): the map backend, whose releases it tells
+// its listener of through a channel.
 type listeningMapBackend struct {
 	*mapBackend
 	releases chan int64
@@ -22,7 +23,7 @@ type listeningMapBackend struct {
 	misses   *atomic.Int32 // acquires that found the lease held
 }
 
-func (m listeningMapBackend) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (m listeningMapBackend) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	g, err := m.mapBackend.AcquireLease(ctx, db, r)
 	if errors.Is(err, advisorylock.ErrNotAcquired) {
 		m.misses.Add(1)
@@ -30,14 +31,9 @@ func (m listeningMapBackend) AcquireLease(ctx context.Context, db advisorylock.D
 	return g, err
 }
 
-var _ advisorylock.LeaseStore = listeningMapBackend{}
+var _ backend.ReleaseListener = listeningMapBackend{}
 
-// Traits says the store signals releases, so that the library listens.
-func (m listeningMapBackend) Traits() advisorylock.Traits {
-	return advisorylock.Traits{SignalsReleases: true}
-}
-
-func (m listeningMapBackend) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {
+func (m listeningMapBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	err := m.mapBackend.ReleaseLease(ctx, db, r)
 	select {
 	case m.releases <- r.Key:
@@ -46,7 +42,7 @@ func (m listeningMapBackend) ReleaseLease(ctx context.Context, db advisorylock.D
 	return err
 }
 
-func (m listeningMapBackend) ListenReleases(ctx context.Context, _ advisorylock.DB, _ *sql.Conn, ready func(), released func(key int64)) error {
+func (m listeningMapBackend) ListenReleases(ctx context.Context, _ backend.DB, _ *sql.Conn, ready func(), released func(key int64)) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -137,8 +133,8 @@ func TestPassedOverWaiterQueuesWithoutTrying(t *testing.T) {
 	// asked for before the release and answered after it is granted).
 	var tries, queues int
 	testdb.WaitFor(t, testdb.HandoffWait, func() bool {
-		answered := c.count("LeaseStore.QueueLease returned")
-		queues, tries = c.count("LeaseStore.QueueLease"), c.count("LeaseStore.AcquireLease")
+		answered := c.count("LeaseQueuer.QueueLease returned")
+		queues, tries = c.count("LeaseQueuer.QueueLease"), c.count("LeaseStore.AcquireLease")
 		return answered >= 2 && answered == queues && tries == queues
 	}, "the second waiter never asked for a place in line after its listener listened")
 
@@ -154,7 +150,7 @@ func TestPassedOverWaiterQueuesWithoutTrying(t *testing.T) {
 	if n := c.count("LeaseStore.AcquireLease"); n != tries {
 		t.Errorf("the passed-over waiter tried to take the lease %d times after the handover; want none", n-tries)
 	}
-	if n := c.count("LeaseStore.QueueLease"); n != queues+1 {
+	if n := c.count("LeaseQueuer.QueueLease"); n != queues+1 {
 		t.Errorf("the passed-over waiter asked for a place %d times after the handover; want once", n-queues)
 	}
 	if err := gf.Release(context.Background()); err != nil {

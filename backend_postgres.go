@@ -16,6 +16,8 @@ import (
 	"time"
 	"unicode/utf8"
 	"weak"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Postgres returns the PostgreSQL backend: Lock is a session advisory lock
@@ -32,7 +34,7 @@ import (
 // unknown drivers), except in lib/pq's try and unlock, which are prepared
 // once per connection (see preparedStatements), and in a lease's steps,
 // prepared once per session by name (see pgSteps).
-func Postgres() Backend { return &postgres{} }
+func Postgres() backend.Backend { return &postgres{} }
 
 type postgres struct {
 	// params sends keys as arguments (pgx) instead of literals (lib/pq and
@@ -55,13 +57,24 @@ type postgres struct {
 }
 
 // The capabilities the PostgreSQL backend has, each an interface of
-// backend.go that a third party's backend may implement too.
+// package backend that a third party's backend may implement too.
 var (
-	_ Configurer            = (*postgres)(nil)
-	_ MultiKeyLocker        = (*postgres)(nil)
-	_ SharedSessionLocker   = (*postgres)(nil)
-	_ WindowedSessionLocker = (*postgres)(nil)
-	_ LeaseStore            = (*postgres)(nil)
+	_ backend.Validator             = (*postgres)(nil)
+	_ backend.Configurer            = (*postgres)(nil)
+	_ backend.SessionIdentifier     = (*postgres)(nil)
+	_ backend.TermKeeper            = (*postgres)(nil)
+	_ backend.TxLocker              = (*postgres)(nil)
+	_ backend.SharedSessionLocker   = (*postgres)(nil)
+	_ backend.WindowedSessionLocker = (*postgres)(nil)
+	_ backend.SlotLocker            = (*postgres)(nil)
+	_ backend.SetLocker             = (*postgres)(nil)
+	_ backend.MultiplexLocker       = (*postgres)(nil)
+	_ backend.ReleaseSignaler       = (*postgres)(nil)
+	_ backend.TableChecker          = (*postgres)(nil)
+	_ backend.TokenAdmitter         = (*postgres)(nil)
+	_ backend.RunRecorder           = (*postgres)(nil)
+	_ backend.ReleaseListener       = (*postgres)(nil)
+	_ backend.LeaseSleeper          = (*postgres)(nil)
 )
 
 func (p *postgres) Name() string { return "postgres" }
@@ -69,7 +82,7 @@ func (p *postgres) Name() string { return "postgres" }
 // Configure returns a copy of p with the statement forms of db's driver
 // (see forDB) and the settings for the sessions a Lock pins (see
 // forLock).
-func (p *postgres) Configure(db DB, deadHolder time.Duration, serverChecks bool) Backend {
+func (p *postgres) Configure(db backend.DB, deadHolder time.Duration, serverChecks bool) backend.Backend {
 	return p.forDB(db).forLock(deadHolder, serverChecks)
 }
 
@@ -90,7 +103,7 @@ func (p *postgres) forDB(db DB) *postgres {
 // (and the same one round trip per step) with pg_try_advisory_lock_shared,
 // pg_advisory_lock_shared and pg_advisory_unlock_shared, and a keep-alive
 // that looks for the session's ShareLock in pg_locks.
-func (p *postgres) Shared() SessionLocker {
+func (p *postgres) Shared() backend.SessionLocker {
 	c := *p
 	c.shared = true
 	if c.tryLock == "" { // not configured: a backend used outside a Lock
@@ -166,7 +179,7 @@ func (p *postgres) forLock(d time.Duration, serverChecks bool) *postgres {
 // Check finds a replica's DSN at start-up. Since a new connection can
 // reach another server (DNS moved by a failover), the statements check
 // for a standby on every connection too (see TryLockSession).
-func (p *postgres) Validate(ctx context.Context, db DB) error {
+func (p *postgres) Validate(ctx context.Context, db backend.DB) error {
 	var version string
 	var standby bool
 	if _, err := p.queryRow(ctx, db, "SELECT version(), pg_is_in_recovery()", nil, &version, &standby); err != nil {
@@ -209,8 +222,8 @@ var errStandby = fmt.Errorf("%w: the server is a hot standby (read-only, in reco
 // need it. A LeaseLock's rows keep WithMinHold's window in expires_at
 // (see backend_postgres_minhold.go). A lease's release notifies its
 // listeners (see ListenReleases).
-func (p *postgres) Traits() Traits {
-	return Traits{CancelsPromptly: p.cancelsPromptly(), KeepsWindows: true, SignalsReleases: true}
+func (p *postgres) Traits() backend.Traits {
+	return backend.Traits{CancelsPromptly: p.cancelsPromptly(), KeepsWindows: true}
 }
 
 // cancelsPromptly reports whether p's driver ends a statement when its
@@ -683,7 +696,7 @@ func (p *postgres) execute(ctx context.Context, conn *sql.Conn, name, text strin
 // someone resets them on that connection), so a session that has, by a
 // grant or by a miss, is remembered (see checkedSession) and later tries
 // send only the lock function: the bare statement a user would write.
-func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	text, why := p.tryLock, p.whyMissed
 	if text == "" { // not configured: a backend used outside a Lock
 		text, why = pgTryLock, pgWhyMissed
@@ -695,24 +708,24 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 			bare = pgTryLockSharedBare
 		}
 		ok, err := p.hotStatement(ctx, conn, bare, key)
-		return SessionResult{OK: ok}, err
+		return backend.SessionResult{OK: ok}, err
 	}
 	ok, err := p.rowStatement(ctx, conn, text, key)
 	if ok {
 		rememberSession(conn, fact)
 	}
 	if ok || err != nil || why == "" {
-		return SessionResult{OK: ok}, err
+		return backend.SessionResult{OK: ok}, err
 	}
 	var standby, granted, applied bool
 	if err := conn.QueryRowContext(ctx, why).Scan(&standby, &granted, &applied); err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	if standby {
-		return SessionResult{}, errStandby
+		return backend.SessionResult{}, errStandby
 	}
 	rememberSession(conn, fact)
-	return SessionResult{OK: granted}, nil
+	return backend.SessionResult{OK: granted}, nil
 }
 
 // checkedSession is the fact (see rememberSession) that a session has
@@ -738,7 +751,7 @@ func (p *postgres) checkedSession() string {
 // lock it was granted while giving up). So a timeout costs one more round
 // trip, to ask whether the session holds the lock; if it does, that is a
 // grant.
-func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (SessionResult, error) {
+func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (backend.SessionResult, error) {
 	ms := max(slice.Milliseconds(), 1)
 	wait := pgWait
 	if p.shared {
@@ -755,10 +768,10 @@ func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int6
 		return p.holds(ctx, conn, key)
 	}
 	if err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	n, err := res.RowsAffected()
-	return SessionResult{OK: n == 1}, err
+	return backend.SessionResult{OK: n == 1}, err
 }
 
 // waitStatementSlack is how much longer than its lock_timeout a waiting
@@ -771,25 +784,25 @@ const waitStatementSlack = 500 * time.Millisecond
 // than one server session (a transaction-mode pooler), reported as
 // ErrTransactionPooler; nobody holding it is OK false. (In shared mode
 // other sessions hold it too, so only the first says anything.)
-func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	unlock := pgUnlock
 	if p.shared {
 		unlock = pgUnlockShared
 	}
 	ok, err := p.hotStatement(ctx, conn, unlock, key)
 	if ok || err != nil {
-		return SessionResult{OK: ok}, err
+		return backend.SessionResult{OK: ok}, err
 	}
 	return p.unlockMissed(ctx, conn, key)
 }
 
 // unlockMissed finds out why an unlock of key found it not held (see
 // UnlockSession).
-func (p *postgres) unlockMissed(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
+func (p *postgres) unlockMissed(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	// Rare, so written with literals for every driver.
 	where := advisoryWhere(key) + " AND l.mode = '" + p.lockMode() + "'"
 	var here, anywhere bool
-	var r SessionResult
+	var r backend.SessionResult
 	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND "+where+
 		"), EXISTS (SELECT FROM pg_locks l WHERE "+where+"), pg_backend_pid()").Scan(&here, &anywhere, &r.Session)
 	switch {
@@ -818,8 +831,8 @@ func (p *postgres) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) 
 // holds reports whether conn's session holds key on a primary, and which
 // session it is. A lock held on a server that is now in recovery (a
 // primary demoted by a failover) is not held: it excludes nothing.
-func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (SessionResult, error) {
-	var r SessionResult
+func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
+	var r backend.SessionResult
 	err := conn.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "+advisoryWhere(key)+" AND l.mode = '"+p.lockMode()+"' AND l.pid = pg_backend_pid()) AND NOT pg_is_in_recovery(), pg_backend_pid()").Scan(&r.OK, &r.Session)
 	return r, err
 }
@@ -829,7 +842,7 @@ func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (Sessio
 // statement. A session that has not passed TryLockSession's checks (a
 // standby, the dead-holder settings) takes the first key with
 // TryLockSession, which makes them, and the rest after.
-func (p *postgres) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error) {
+func (p *postgres) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
 	if !sessionKnows(conn, p.checkedSession()) {
 		res, err := p.TryLockSession(ctx, conn, keys[0])
 		if err != nil || !res.OK || len(keys) == 1 {
@@ -839,22 +852,22 @@ func (p *postgres) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64)
 			return res, err
 		}
 		_, err = p.UnlockSession(ctx, conn, keys[0])
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	var all bool
 	var undone int64
 	err := conn.QueryRowContext(ctx, "WITH t AS MATERIALIZED (SELECT k, pg_try_advisory_lock(k) AS ok FROM unnest("+pgKeyArray(keys)+
 		") AS k), a AS MATERIALIZED (SELECT coalesce(bool_and(ok), false) AS ok FROM t) "+
 		"SELECT a.ok, (SELECT count(pg_advisory_unlock(t.k)) FROM t WHERE t.ok AND NOT a.ok) FROM a").Scan(&all, &undone)
-	return SessionResult{OK: all}, err
+	return backend.SessionResult{OK: all}, err
 }
 
 // UnlockAll releases keys in one statement; OK false when the session did
 // not hold one of them.
-func (p *postgres) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (SessionResult, error) {
+func (p *postgres) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
 	var all bool
 	err := conn.QueryRowContext(ctx, "SELECT coalesce(bool_and(pg_advisory_unlock(k)), true) FROM unnest("+pgKeyArray(keys)+") AS k").Scan(&all)
-	return SessionResult{OK: all}, err
+	return backend.SessionResult{OK: all}, err
 }
 
 // pgKeyArray is keys as an int8[] literal.
@@ -907,7 +920,7 @@ func (p *postgres) SessionIdentity(ctx context.Context, conn *sql.Conn) (string,
 
 // SessionHolder reads pg_locks joined with pg_stat_activity: a holder of
 // key, shared or exclusive (see SessionHolders).
-func (p *postgres) SessionHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
+func (p *postgres) SessionHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
 	hs, err := p.sessionHolders(ctx, db, key, " LIMIT 1")
 	if len(hs) == 0 || err != nil {
 		return nil, err
@@ -920,7 +933,7 @@ func (p *postgres) SessionHolder(ctx context.Context, db DB, key int64) (*Holder
 // acquire statement started while that is still its latest statement, and
 // otherwise its session's start (an earlier bound). Without
 // pg_read_all_stats, other roles' sessions show their pid alone.
-func (p *postgres) SessionHolders(ctx context.Context, db DB, key int64) ([]*Holder, error) {
+func (p *postgres) SessionHolders(ctx context.Context, db backend.DB, key int64) ([]*backend.Holder, error) {
 	return p.sessionHolders(ctx, db, key, "")
 }
 
@@ -930,9 +943,9 @@ const pgHolders = `SELECT l.pid, l.mode = 'ShareLock', coalesce(a.application_na
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE `
 
-func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit string) ([]*Holder, error) {
+func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit string) ([]*backend.Holder, error) {
 	q := pgHolders + advisoryWhere(key) + ` ORDER BY l.pid` + limit
-	var hs []*Holder
+	var hs []*backend.Holder
 	err := p.run(ctx, db, func(on querier) error {
 		hs = nil // run may run it twice
 		rows, err := on.QueryContext(ctx, q)
@@ -941,7 +954,7 @@ func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit s
 		}
 		defer rows.Close()
 		for rows.Next() {
-			h := &Holder{Backend: p.Name(), Key: key}
+			h := &backend.Holder{Backend: p.Name(), Key: key}
 			var since sql.NullTime
 			if err := rows.Scan(&h.PID, &h.Shared, &h.Application, &h.ClientAddr, &since); err != nil {
 				return err
@@ -958,11 +971,11 @@ func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit s
 }
 
 // ---------------------------------------------------------------------------
-// Leases and fences: the LeaseStore half of the PostgreSQL backend.
+// Leases and fences: the backend.LeaseStore half of the PostgreSQL backend.
 //
 // A LeaseLock is a row in advisorylock_leases and a Fence a row in
 // advisorylock_fences. Every lease time comes from the database clock
-// (now()), never from the application: LeaseRequest.Now is ignored here.
+// (now()), never from the application: backend.LeaseRequest.Now is ignored here.
 // Each step is one autocommit statement, sent in one round trip (see
 // statement).
 
@@ -1303,7 +1316,7 @@ var errNoLockRows = fmt.Errorf("%w: a PostgreSQL Lock is a session lock, not a l
 // AcquireLease takes the lease if it is free or expired and returns the
 // new generation; ErrNotAcquired if it is held. The grant commits
 // durably: a lost grant could hand one token out twice after a crash.
-func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
+func (p *postgres) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	if r.Kind != kindLease {
 		return 0, errNoLockRows
 	}
@@ -1315,12 +1328,12 @@ func (p *postgres) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (Fen
 	if !found {
 		return 0, ErrNotAcquired
 	}
-	return FencingToken(gen), nil
+	return uint64(gen), nil
 }
 
 // RenewLease extends the lease by its TTL from the database's now, if
 // r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
-func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
+func (p *postgres) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	if r.Kind != kindLease {
 		return 0, errNoLockRows
 	}
@@ -1330,7 +1343,7 @@ func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Fenci
 	if r.MinHold > 0 {
 		found, err = p.renewLeaseWindow(ctx, db, r, &gen)
 	} else {
-		found, err = p.queryRow(ctx, db, pgRenewLease, []any{ttlMillis(r.TTL), r.Name, r.Owner, r.Token.Int64()}, &gen)
+		found, err = p.queryRow(ctx, db, pgRenewLease, []any{ttlMillis(r.TTL), r.Name, r.Owner, int64(r.Token)}, &gen)
 	}
 	if err != nil {
 		return 0, err
@@ -1338,14 +1351,14 @@ func (p *postgres) RenewLease(ctx context.Context, db DB, r LeaseRequest) (Fenci
 	if !found {
 		return 0, fmt.Errorf("%w: it expired or was taken over", ErrLeaseLost)
 	}
-	return FencingToken(gen), nil
+	return uint64(gen), nil
 }
 
 // ReleaseLease frees the lease if grant r.Token still holds it (with
 // Token 0, whatever r.Owner holds); the row stays, so the generation never
 // goes down. With r.MinHold it stays taken by its owner until the window's
 // end.
-func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
+func (p *postgres) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	if r.Kind != kindLease {
 		return errNoLockRows
 	}
@@ -1356,7 +1369,7 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 	if r.MinHold > 0 {
 		return p.releaseLeaseWindow(ctx, db, r)
 	}
-	return p.exec(ctx, db, pgReleaseLease, r.Name, r.Token.Int64(), key)
+	return p.exec(ctx, db, pgReleaseLease, r.Name, int64(r.Token), key)
 }
 
 // QueueLease gives r.Owner the place next in line for the held lease, or
@@ -1365,7 +1378,7 @@ func (p *postgres) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) erro
 // r.Owner's, or another waiter's place is live. The place lasts r.TTL and
 // commits durably (see pgQueueLease). It runs on conn, where the waiter
 // sleeps in line (see SleepInLine), else on a connection of db's.
-func (p *postgres) QueueLease(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest) (FencingToken, error) {
+func (p *postgres) QueueLease(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest) (uint64, error) {
 	if r.Kind != kindLease {
 		return 0, errNoLockRows
 	}
@@ -1380,7 +1393,7 @@ func (p *postgres) QueueLease(ctx context.Context, db DB, conn *sql.Conn, r Leas
 	if !found {
 		return 0, ErrNotAcquired
 	}
-	return FencingToken(gen), nil
+	return uint64(gen), nil
 }
 
 // SleepInLine sleeps up to d on conn, where r.Owner took the place of
@@ -1390,7 +1403,7 @@ func (p *postgres) QueueLease(ctx context.Context, db DB, conn *sql.Conn, r Leas
 // pgSleepInLine). Through a transaction-mode pooler it sleeps nowhere
 // (ErrUnsupported): the sleep would keep a server connection, and the
 // place's backend is not the sleeper's.
-func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r LeaseRequest, d time.Duration) (granted bool, err error) {
+func (p *postgres) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest, d time.Duration) (granted bool, err error) {
 	if err := checkPooler(ctx, db, p); err != nil {
 		if errors.Is(err, ErrTransactionPooler) {
 			return false, fmt.Errorf("%w: %w", ErrUnsupported, err)
@@ -1401,7 +1414,7 @@ func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r Lea
 	// Four statements, so literals on every driver: without arguments lib/pq
 	// and pgx send them as one simple-protocol message, and report the
 	// command tag of the last.
-	sleep, err := inline(pgSleepInLine, []any{r.Token.Int64(), max(d.Milliseconds(), 1), r.Name, r.Owner})
+	sleep, err := inline(pgSleepInLine, []any{int64(r.Token), max(d.Milliseconds(), 1), r.Name, r.Owner})
 	if err != nil {
 		return false, err
 	}
@@ -1435,57 +1448,54 @@ func (p *postgres) SleepInLine(ctx context.Context, db DB, conn *sql.Conn, r Lea
 	return false, err
 }
 
-// LeaseHolders lists the one live holder of r: the store keeps no shared
-// rows (a Lock's shared holds are session locks).
-func (p *postgres) LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error) {
-	return oneHolder(p.LeaseHolder(ctx, db, r))
-}
-
 // LeaseHolder reports the lease's holder, or nil when it is free or
 // expired by the database clock.
-func (p *postgres) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+func (p *postgres) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	if r.Kind != kindLease {
 		return nil, errNoLockRows
 	}
-	h := &Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
+	h := &backend.Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
 	var gen int64
 	found, err := p.queryRow(ctx, db, pgLeaseHolder, []any{r.Name}, &h.Owner, &gen, &h.Since, &h.ExpiresAt)
 	if !found || err != nil {
 		return nil, err
 	}
-	h.Token = FencingToken(gen)
+	h.Token = uint64(gen)
 	return h, nil
 }
 
 // AdmitToken stores token as resource's highest in tx if it is not lower
-// than the stored one; otherwise it reads the highest and returns a
-// *StaleTokenError. The table must exist: a missing table aborts tx
-// (Fence creates it at its first Admit). A read-only transaction (a hot
+// than the stored one; otherwise it reads the highest and returns it. The
+// table must exist: a missing table aborts tx (Fence creates it at its
+// first Admit). A read-only transaction (a hot
 // standby's, or one begun READ ONLY) is an error matching ErrUnsupported.
-func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
-	q, args, err := p.statement(pgAdmitToken, resource, token.Int64())
+func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token uint64) (uint64, error) {
+	q, args, err := p.statement(pgAdmitToken, resource, int64(token))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var got int64
 	err = tx.QueryRowContext(ctx, q, args...).Scan(&got)
 	if sqlState(err) == "25006" {
 		// The transaction is read-only, which aborts it: it cannot ask
 		// the server whether it is a standby.
-		return fmt.Errorf("%w: the transaction is read-only (on a hot standby, or begun READ ONLY), and admitting a token writes; run the fenced transaction on the primary: %w", ErrUnsupported, err)
+		return 0, fmt.Errorf("%w: the transaction is read-only (on a hot standby, or begun READ ONLY), and admitting a token writes; run the fenced transaction on the primary: %w", ErrUnsupported, err)
 	}
-	if !errors.Is(err, sql.ErrNoRows) {
-		return err
+	switch {
+	case err == nil:
+		return token, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return 0, err
 	}
 	q, args, err = p.statement(pgHighestToken, resource)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var highest int64
 	if err := tx.QueryRowContext(ctx, q, args...).Scan(&highest); err != nil {
-		return fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
+		return 0, fmt.Errorf("advisorylock: reading the highest token after a stale one: %w", err)
 	}
-	return &StaleTokenError{Resource: resource, Token: token, Highest: FencingToken(highest)}
+	return uint64(highest), nil
 }
 
 // queryRow runs a statement that returns at most one row into dest, on a
@@ -1686,7 +1696,7 @@ var pgTableColumns = map[string]string{
 // it. The data-modifying WITH clauses run on no rows; the CASE calls
 // nextval only when the privilege is missing, to raise its error. Only
 // leases and elections draw tokens from the sequence.
-func (p *postgres) CheckTables(ctx context.Context, db DB, tables ...string) error {
+func (p *postgres) CheckTables(ctx context.Context, db backend.DB, tables ...string) error {
 	var with []string
 	probe := "SELECT 0"
 	for i, t := range tables {
@@ -1714,22 +1724,22 @@ func (p *postgres) CheckTables(ctx context.Context, db DB, tables ...string) err
 // share wakes, which only makes a waiter look early.
 const pgReleaseChannel = "advisorylock_leases"
 
-// ListenReleases listens for lease releases (see LeaseStore):
-// through db's Listen where db is a Notifier, else on conn, which needs a
+// ListenReleases listens for lease releases (see backend.ReleaseListener):
+// through db's Listen where db is a backend.Notifier, else on conn, which needs a
 // driver that delivers notifications to a connection of database/sql's
 // pool, as pgx's stdlib does (its Conn().WaitForNotification). lib/pq
 // hands them only to a pq.Listener, so on a plain lib/pq handle, and
 // behind a transaction-mode pooler (where a LISTEN stays on whichever
 // server session ran it), it returns ErrUnsupported and waiters poll.
 // The pooler is told by the probe New uses, once per *sql.DB.
-func (p *postgres) ListenReleases(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64)) error {
+func (p *postgres) ListenReleases(ctx context.Context, db backend.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
 	return p.ListenGrants(ctx, db, conn, ready, func(key int64, _ string) { released(key) })
 }
 
 // ListenGrants is ListenReleases that also names the owner a release
-// handed the lease to (see leaseQueuer).
-func (p *postgres) ListenGrants(ctx context.Context, db DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
-	n, own := db.(Notifier)
+// handed the lease to (see backend.LeaseQueuer).
+func (p *postgres) ListenGrants(ctx context.Context, db backend.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
+	n, own := db.(backend.Notifier)
 	if !p.params && !own {
 		return fmt.Errorf("%w: the driver delivers no notifications to a pooled connection", ErrUnsupported)
 	}

@@ -3,6 +3,8 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Elections on PostgreSQL. The leader holds the session lock of the
@@ -48,7 +50,7 @@ WHERE e.name = $1::text AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'a
 // them) unless advisorylock_elections and the token sequence exist, once
 // per *sql.DB. Where they exist (say, created by an administrator from
 // Schema) it writes nothing.
-func (p *postgres) PrepareElections(ctx context.Context, db DB) error {
+func (p *postgres) PrepareElections(ctx context.Context, db backend.DB) error {
 	_, err := cachedVerdict(ctx, db, "postgres elections", func(ctx context.Context) (struct{}, error) {
 		var exist bool
 		if _, err := p.queryRow(ctx, db, pgElectionsExist, nil, &exist); err != nil || exist {
@@ -62,7 +64,7 @@ func (p *postgres) PrepareElections(ctx context.Context, db DB) error {
 // BeginTerm records a new term of name, led by owner, on conn, whose
 // session holds the election's lock (see pgBeginTerm). On a hot standby
 // the write fails: that is an error matching ErrUnsupported.
-func (p *postgres) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (FencingToken, error) {
+func (p *postgres) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (uint64, error) {
 	q, args, err := p.statement(pgBeginTerm, name, owner)
 	if err != nil {
 		return 0, err
@@ -71,26 +73,26 @@ func (p *postgres) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, nam
 	if err := conn.QueryRowContext(ctx, q, args...).Scan(&term); err != nil {
 		return 0, p.explain(ctx, p.onStandby(ctx, conn, err))
 	}
-	return ParseFencingToken(term)
+	return termToken(term)
 }
 
 // TermHolder reports name's latest term while the session that began it
 // still holds key's lock, or nil.
-func (p *postgres) TermHolder(ctx context.Context, db DB, key int64, name string) (*Holder, error) {
-	h := &Holder{Backend: p.Name()}
+func (p *postgres) TermHolder(ctx context.Context, db backend.DB, key int64, name string) (*backend.Holder, error) {
+	h := &backend.Holder{Backend: p.Name()}
 	var term int64
 	found, err := p.queryRow(ctx, db, pgTermHolder, []any{name, key}, &h.Owner, &term, &h.PID, &h.Application, &h.ClientAddr, &h.Since)
 	if !found || err != nil {
 		return nil, err
 	}
-	h.Token = FencingToken(term)
+	h.Token = uint64(term)
 	return h, nil
 }
 
 // EndTerm marks term of name ended in its row, on conn, the resigning
 // leader's (see termEnder).
-func (p *postgres) EndTerm(ctx context.Context, conn *sql.Conn, name string, term FencingToken) error {
-	q, args, err := p.statement(pgEndTerm, name, term.Int64())
+func (p *postgres) EndTerm(ctx context.Context, conn *sql.Conn, name string, term uint64) error {
+	q, args, err := p.statement(pgEndTerm, name, int64(term))
 	if err != nil {
 		return err
 	}

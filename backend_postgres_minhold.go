@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Windows (WithMinHold) on PostgreSQL. A session lock ends with its
@@ -90,7 +92,7 @@ WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL`
 // PrepareWindows creates the tables (advisorylock_windows among them)
 // unless advisorylock_windows exists, once per *sql.DB. Where it exists
 // (say, created by an administrator from Schema) it writes nothing.
-func (p *postgres) PrepareWindows(ctx context.Context, db DB) error {
+func (p *postgres) PrepareWindows(ctx context.Context, db backend.DB) error {
 	_, err := cachedVerdict(ctx, db, "postgres windows", func(ctx context.Context) (struct{}, error) {
 		var exist bool
 		if _, err := p.queryRow(ctx, db, pgWindowsExist, nil, &exist); err != nil || exist {
@@ -115,25 +117,25 @@ func (p *postgres) PrepareWindows(ctx context.Context, db DB) error {
 // session that lacks the Lock's dead-holder settings (see forLock) sends
 // them, one more round trip, once per session. On a hot standby the
 // window's write fails: that is an error matching ErrUnsupported.
-func (p *postgres) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
+func (p *postgres) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (backend.SessionResult, error) {
 	q, args, err := p.statement(pgTryLockWindow, key, name, ttlMillis(window))
 	if err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	var marker string
 	err = conn.QueryRowContext(ctx, q, args...).Scan(&marker)
 	if errors.Is(err, sql.ErrNoRows) {
-		return SessionResult{}, p.noRowAnswers(ctx)
+		return backend.SessionResult{}, p.noRowAnswers(ctx)
 	}
 	if err != nil {
-		return SessionResult{}, p.onStandby(ctx, conn, err)
+		return backend.SessionResult{}, p.onStandby(ctx, conn, err)
 	}
 	if p.deadHolder != "" && (marker == "" || !strings.Contains(p.deadHolder, "'advisorylock.dead_holder', '"+marker+"'")) {
 		if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
-			return SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
+			return backend.SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
 		}
 	}
-	return SessionResult{OK: true}, nil
+	return backend.SessionResult{OK: true}, nil
 }
 
 // noRowAnswers is nil when no row from a session statement is its answer
@@ -148,15 +150,15 @@ func (p *postgres) noRowAnswers(ctx context.Context) error {
 
 // ClaimWindow records the window of a lock the session was just granted,
 // or unlocks it when an earlier window is open (see pgClaimWindow).
-func (p *postgres) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (SessionResult, error) {
+func (p *postgres) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (backend.SessionResult, error) {
 	q, args, err := p.statement(pgClaimWindow, key, name, ttlMillis(window))
 	if err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
-	var r SessionResult
+	var r backend.SessionResult
 	err = conn.QueryRowContext(ctx, q, args...).Scan(&r.Session)
 	if errors.Is(err, sql.ErrNoRows) {
-		return SessionResult{}, p.noRowAnswers(ctx)
+		return backend.SessionResult{}, p.noRowAnswers(ctx)
 	}
 	r.OK = err == nil
 	return r, err
@@ -174,8 +176,8 @@ func (p *postgres) WindowLeft(ctx context.Context, conn *sql.Conn, key int64) (t
 }
 
 // WindowHolder reports the grant whose window on key is open, or nil.
-func (p *postgres) WindowHolder(ctx context.Context, db DB, key int64) (*Holder, error) {
-	h := &Holder{Backend: p.Name(), Key: key}
+func (p *postgres) WindowHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
+	h := &backend.Holder{Backend: p.Name(), Key: key}
 	found, err := p.queryRow(ctx, db, pgWindowHolder, []any{key}, &h.Name, &h.PID, &h.Application, &h.ClientAddr, &h.Since, &h.ExpiresAt)
 	if !found || err != nil {
 		return nil, err
@@ -185,10 +187,10 @@ func (p *postgres) WindowHolder(ctx context.Context, db DB, key int64) (*Holder,
 
 // renewLeaseWindow and releaseLeaseWindow are RenewLease's and
 // ReleaseLease's statements for a lease with a window.
-func (p *postgres) renewLeaseWindow(ctx context.Context, db DB, r LeaseRequest, gen *int64) (bool, error) {
-	return p.queryRow(ctx, db, pgRenewLeaseWindow, []any{ttlMillis(r.TTL), r.Name, r.Owner, r.Token.Int64(), ttlMillis(r.MinHold)}, gen)
+func (p *postgres) renewLeaseWindow(ctx context.Context, db DB, r backend.LeaseRequest, gen *int64) (bool, error) {
+	return p.queryRow(ctx, db, pgRenewLeaseWindow, []any{ttlMillis(r.TTL), r.Name, r.Owner, int64(r.Token), ttlMillis(r.MinHold)}, gen)
 }
 
-func (p *postgres) releaseLeaseWindow(ctx context.Context, db DB, r LeaseRequest) error {
-	return p.exec(ctx, db, pgReleaseLeaseWindow, r.Name, r.Token.Int64(), ttlMillis(r.MinHold))
+func (p *postgres) releaseLeaseWindow(ctx context.Context, db DB, r backend.LeaseRequest) error {
+	return p.exec(ctx, db, pgReleaseLeaseWindow, r.Name, int64(r.Token), ttlMillis(r.MinHold))
 }

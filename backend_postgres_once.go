@@ -3,6 +3,8 @@ package advisorylock
 import (
 	"context"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Runs done on PostgreSQL (Lock.TryDoOnce): one row per (name, run) in
@@ -27,7 +29,7 @@ INSERT INTO advisorylock_runs (name, run, done_at) VALUES ($1::text, $2::text, n
 )
 
 // RunDone reads the record of run, one round trip.
-func (p *postgres) RunDone(ctx context.Context, db DB, name, run string) (bool, error) {
+func (p *postgres) RunDone(ctx context.Context, db backend.DB, name, run string) (bool, error) {
 	var done bool
 	_, err := p.queryRow(ctx, db, pgRunDone, []any{name, run}, &done)
 	return done, err
@@ -35,6 +37,6 @@ func (p *postgres) RunDone(ctx context.Context, db DB, name, run string) (bool, 
 
 // RecordRun writes the record of run and prunes the name's old ones, one round
 // trip, committed when it returns.
-func (p *postgres) RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error {
+func (p *postgres) RecordRun(ctx context.Context, db backend.DB, name, run string, now time.Time, keep time.Duration) error {
 	return p.exec(ctx, db, pgRecordRun, name, run, keep.Milliseconds())
 }

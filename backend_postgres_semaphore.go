@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // TryLockAny tries a semaphore's slot keys in order in one statement and
@@ -17,7 +19,7 @@ import (
 // A session that has passed both checks is remembered as a Lock's try
 // remembers it, under the same fact (see checkedSession): later tries on
 // it, a semaphore's or a Lock's, send the lock functions alone.
-func (p *postgres) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
+func (p *postgres) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	fact := p.checkedSession()
 	checks := !sessionKnows(conn, fact)
 	args := make([]any, len(keys))
@@ -26,7 +28,7 @@ func (p *postgres) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64)
 	}
 	q, args, err := p.statement(pgTryAny(len(keys), checks), args...)
 	if err != nil {
-		return 0, SessionResult{}, err
+		return 0, backend.SessionResult{}, err
 	}
 	var got int
 	var mark string
@@ -38,21 +40,21 @@ func (p *postgres) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64)
 	}
 	switch {
 	case err != nil:
-		return 0, SessionResult{}, err
+		return 0, backend.SessionResult{}, err
 	case got == -2:
-		return 0, SessionResult{}, errStandby
+		return 0, backend.SessionResult{}, errStandby
 	case got < 0:
-		return 0, SessionResult{}, nil
+		return 0, backend.SessionResult{}, nil
 	}
 	if checks {
 		if p.deadHolder != "" && mark != strconv.FormatInt(p.mark, 10) {
 			if _, err := conn.ExecContext(ctx, p.deadHolder); err != nil {
-				return 0, SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
+				return 0, backend.SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
 			}
 		}
 		rememberSession(conn, fact)
 	}
-	return got, SessionResult{OK: true}, nil
+	return got, backend.SessionResult{OK: true}, nil
 }
 
 // pgTryAny is the statement that tries n keys ($1 to $n) in order and
@@ -90,7 +92,7 @@ type rowsQuerier interface {
 }
 
 // errNoRowsQuerier makes KeyHolders fall back to one statement per slot
-// on a handle that cannot return rows (see MultiKeyLocker).
+// on a handle that cannot return rows (see backend.SlotLocker).
 var errNoRowsQuerier = fmt.Errorf("%w: the handle cannot return rows", ErrUnsupported)
 
 // KeyHolders reports, in one statement (one snapshot), the holders of a
@@ -98,7 +100,7 @@ var errNoRowsQuerier = fmt.Errorf("%w: the handle cannot return rows", ErrUnsupp
 // pg_locks joined with pg_stat_activity, as SessionHolder does; Since is
 // the start of the holder's try while that is still its latest
 // statement, else its session's start (an earlier bound).
-func (p *postgres) KeyHolders(ctx context.Context, db DB, keys []int64) ([]*Holder, error) {
+func (p *postgres) KeyHolders(ctx context.Context, db backend.DB, keys []int64) ([]*backend.Holder, error) {
 	var values strings.Builder
 	for i, key := range keys {
 		if i > 0 {
@@ -114,10 +116,10 @@ JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = s.classid::bigint::oid AND l.objid = s.objid::bigint::oid
 LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 ORDER BY s.i`
-	holders := make([]*Holder, len(keys))
+	holders := make([]*backend.Holder, len(keys))
 	err := p.run(ctx, db, func(on querier) error {
 		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
-			h := &Holder{Backend: p.Name()}
+			h := &backend.Holder{Backend: p.Name()}
 			var i int
 			var since sql.NullTime
 			if err := rows.Scan(&i, &h.PID, &h.Application, &h.ClientAddr, &since); err != nil {
@@ -162,20 +164,20 @@ const pgUnlockAndSignal = `SELECT WHERE CASE WHEN pg_advisory_unlock($1::bigint)
 // waiters' listener hears as it hears a lease's release (see
 // ListenReleases). A key found not held is looked into as UnlockSession
 // does, and notifies nothing.
-func (p *postgres) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (SessionResult, error) {
+func (p *postgres) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (backend.SessionResult, error) {
 	if p.shared {
-		return SessionResult{}, fmt.Errorf("%w: a shared hold is no semaphore slot", ErrUnsupported)
+		return backend.SessionResult{}, fmt.Errorf("%w: a shared hold is no semaphore slot", ErrUnsupported)
 	}
 	q, args, err := p.statement(pgUnlockAndSignal, key, strconv.FormatInt(signal, 10))
 	if err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	res, err := conn.ExecContext(ctx, q, args...)
 	if err != nil {
-		return SessionResult{}, err
+		return backend.SessionResult{}, err
 	}
 	if n, err := res.RowsAffected(); n == 1 || err != nil {
-		return SessionResult{OK: n == 1}, err
+		return backend.SessionResult{OK: n == 1}, err
 	}
 	return p.unlockMissed(ctx, conn, key)
 }

@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // SQLite returns the SQLite backend. A Lock is a lease row in
@@ -26,13 +28,18 @@ import (
 // SQLITE_BUSY and SQLITE_LOCKED mean another connection is writing: every
 // statement retries them, with a short jittered backoff, for as long as
 // its context allows, and reports them only with the context's error.
-func SQLite() Backend { return sqliteBackend{} }
+func SQLite() backend.Backend { return sqliteBackend{} }
 
 type sqliteBackend struct{}
 
-// The SQLite backend is a LeaseStore with shared rows (see Traits) and
-// runs, and no more.
-var _ LeaseStore = sqliteBackend{}
+// The SQLite backend is a LeaseStore with shared rows, runs and fences,
+// and no more.
+var (
+	_ backend.Validator      = sqliteBackend{}
+	_ backend.SharedRowStore = sqliteBackend{}
+	_ backend.RunRecorder    = sqliteBackend{}
+	_ backend.TokenAdmitter  = sqliteBackend{}
+)
 
 // sqliteSteps are the schema's upgrade steps, one statement each, every
 // one idempotent (processes sharing the file may run them at once).
@@ -161,7 +168,7 @@ WHERE advisorylock_locks.expires_at <= excluded.acquired_at`
 	sqliteRenewLock   = `UPDATE advisorylock_locks SET expires_at = ?3 WHERE key = ?1 AND owner = ?2 AND expires_at > ?4`
 	sqliteReleaseLock = `DELETE FROM advisorylock_locks WHERE key = ?1 AND owner = ?2`
 
-	// Shared holds (see Traits.SharedRows). A shared holder's row goes in
+	// Shared holds (see backend.SharedRowStore). A shared holder's row goes in
 	// only while no exclusive row (owner not '', the summary's) and no
 	// waiting writer's claim is live; a waiting writer claims the key
 	// (any writer may take a claim over) while shared holders keep it
@@ -206,7 +213,7 @@ WHERE name = ?1 AND owner = ?2`
 	sqliteLeaseHolder = `SELECT owner, generation, acquired_at, expires_at FROM advisorylock_leases
 WHERE name = ?1 AND owner IS NOT NULL AND expires_at > ?2`
 
-	// With a window (LeaseRequest.MinHold, ?5 or ?4 in milliseconds), a
+	// With a window (backend.LeaseRequest.MinHold, ?5 or ?4 in milliseconds), a
 	// renewal or release never moves expires_at before the window's end:
 	// a lock row is kept instead of deleted, a lease row keeps its owner
 	// for Holder to show, until then.
@@ -272,16 +279,9 @@ func (sqliteBackend) Name() string { return "sqlite" }
 // Traits: a lease row keeps WithMinHold's window in its expiry; a Lock's
 // shared holds are rows of advisorylock_shared (see LeaseHolders); a
 // release is heard by no one (waiters poll).
-func (sqliteBackend) Traits() Traits { return Traits{KeepsWindows: true, SharedRows: true} }
-
-// ListenReleases returns ErrUnsupported: SQLite has no notifications.
-func (sqliteBackend) ListenReleases(context.Context, DB, *sql.Conn, func(), func(int64)) error {
-	return errNoReleaseSignals
+func (sqliteBackend) Traits() backend.Traits {
+	return backend.Traits{KeepsWindows: true}
 }
-
-// CheckTables has no grants to prove: a SQLite database is a file, and
-// Validate, at the first operation, creates the tables.
-func (sqliteBackend) CheckTables(context.Context, DB, ...string) error { return nil }
 
 // Schema returns the DDL of advisorylock_locks, advisorylock_leases,
 // advisorylock_fences, the token counter and the schema version table,
@@ -300,7 +300,7 @@ func (sqliteBackend) Schema() string {
 }
 
 // Validate refuses an in-memory database and creates the tables.
-func (s sqliteBackend) Validate(ctx context.Context, db DB) error {
+func (s sqliteBackend) Validate(ctx context.Context, db backend.DB) error {
 	return retryBusy(ctx, busyNewcomer, func() error {
 		conn, err := takeConn(ctx, db)
 		if err != nil {
@@ -382,7 +382,7 @@ func (sqliteBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 
 // AcquireLease takes the row if it is absent, free or expired, in one
 // upsert.
-func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
+func (s sqliteBackend) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	r.TTL = max(r.TTL, r.MinHold) // the row stays taken for the window too
 	now, exp := leaseTimes(r)
 	token := int64(1) // a lock row's grant; a lease row returns its generation
@@ -410,7 +410,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 	if r.Wait && r.Retry && r.Kind == kindLock {
 		s.withdrawClaim(ctx, db, r)
 	}
-	return FencingToken(token), nil
+	return uint64(token), nil
 }
 
 // withdrawClaim ends the claim a waiting writer may have left while it
@@ -420,7 +420,7 @@ func (s sqliteBackend) AcquireLease(ctx context.Context, db DB, r LeaseRequest) 
 // its own, after the grant's: run retries a busy statement from the
 // start, and a grant must not be tried twice. If it fails, the claim
 // expires by itself with the writer's TTL.
-func (s sqliteBackend) withdrawClaim(ctx context.Context, db DB, r LeaseRequest) {
+func (s sqliteBackend) withdrawClaim(ctx context.Context, db DB, r backend.LeaseRequest) {
 	_ = s.run(ctx, db, busyHolder, func(q querier) error {
 		_, err := q.ExecContext(ctx, sqliteWithdrawClaim, r.Key, r.Owner)
 		return err
@@ -429,8 +429,8 @@ func (s sqliteBackend) withdrawClaim(ctx context.Context, db DB, r LeaseRequest)
 
 // acquireRow takes a lock row (kindLock) or a shared holder's row
 // (kindShared) in one statement; a waiting writer that missed claims the
-// key in a second (see Traits.SharedRows).
-func (sqliteBackend) acquireRow(ctx context.Context, q querier, r LeaseRequest, now, exp int64) (bool, error) {
+// key in a second (see backend.SharedRowStore).
+func (sqliteBackend) acquireRow(ctx context.Context, q querier, r backend.LeaseRequest, now, exp int64) (bool, error) {
 	stmt := sqliteAcquireLock
 	if r.Kind == kindShared {
 		stmt = sqliteAcquireShared
@@ -449,7 +449,7 @@ func (sqliteBackend) acquireRow(ctx context.Context, q querier, r LeaseRequest, 
 
 // RenewLease extends the row if r.Owner (and, for a lease, r.Token) still
 // holds it unexpired; ErrLeaseLost otherwise.
-func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
+func (s sqliteBackend) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	now, exp := leaseTimes(r)
 	var n int64
 	err := s.run(ctx, db, busyHolder, func(q querier) error {
@@ -491,7 +491,7 @@ func (s sqliteBackend) RenewLease(ctx context.Context, db DB, r LeaseRequest) (F
 // waits for a busy database as long as ctx allows, plus one statement's
 // busy_timeout (an interrupt does not end the driver's busy wait): keep
 // busy_timeout below the release timeout.
-func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) error {
+func (s sqliteBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	now, _ := leaseTimes(r)
 	return s.run(ctx, db, busyHolder, func(q querier) error {
 		var err error
@@ -522,7 +522,7 @@ func (s sqliteBackend) ReleaseLease(ctx context.Context, db DB, r LeaseRequest) 
 // r.Now. For a Lock (kindLock) that is its exclusive row, else one of its
 // shared holders; for a shared holder (kindShared), what keeps it out: the
 // exclusive row, else a waiting writer's claim (Owner the writer's).
-func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
+func (s sqliteBackend) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	switch r.Kind {
 	case kindShared:
 		return s.sharedBlocker(ctx, db, r)
@@ -533,22 +533,22 @@ func (s sqliteBackend) LeaseHolder(ctx context.Context, db DB, r LeaseRequest) (
 		}
 		return hs[0], nil
 	}
-	return s.oneHolder(ctx, db, r, sqliteLeaseHolder, r.Name, func(h *Holder) []any { return []any{&h.Owner, &h.Token} })
+	return s.oneHolder(ctx, db, r, sqliteLeaseHolder, r.Name, func(h *backend.Holder) []any { return []any{&h.Owner, &h.Token} })
 }
 
 // sharedBlocker reports what keeps a shared holder of r.Key out.
-func (s sqliteBackend) sharedBlocker(ctx context.Context, db DB, r LeaseRequest) (*Holder, error) {
-	return s.oneHolder(ctx, db, r, sqliteSharedBlocker, r.Key, func(h *Holder) []any { return []any{&h.Name, &h.Owner} })
+func (s sqliteBackend) sharedBlocker(ctx context.Context, db DB, r backend.LeaseRequest) (*backend.Holder, error) {
+	return s.oneHolder(ctx, db, r, sqliteSharedBlocker, r.Key, func(h *backend.Holder) []any { return []any{&h.Name, &h.Owner} })
 }
 
 // oneHolder reads the one row of query (its arguments: arg, then r.Now)
 // into a Holder of r: the columns fields names, then the row's acquired
 // and expiry times; nil when the query finds no row.
-func (s sqliteBackend) oneHolder(ctx context.Context, db DB, r LeaseRequest, query string, arg any, fields func(h *Holder) []any) (*Holder, error) {
+func (s sqliteBackend) oneHolder(ctx context.Context, db DB, r backend.LeaseRequest, query string, arg any, fields func(h *backend.Holder) []any) (*backend.Holder, error) {
 	now, _ := leaseTimes(r)
-	var h *Holder
+	var h *backend.Holder
 	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
-		h = &Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
+		h = &backend.Holder{Name: r.Name, Backend: "sqlite", Key: r.Key}
 		var since, until int64
 		err := q.QueryRowContext(ctx, query, arg, now).Scan(append(fields(h), &since, &until)...)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -566,9 +566,9 @@ func (s sqliteBackend) oneHolder(ctx context.Context, db DB, r LeaseRequest, que
 
 // LeaseHolders lists every live holder of r.Key as of r.Now: the
 // exclusive row first, then the shared holders' rows.
-func (s sqliteBackend) LeaseHolders(ctx context.Context, db DB, r LeaseRequest) ([]*Holder, error) {
+func (s sqliteBackend) LeaseHolders(ctx context.Context, db backend.DB, r backend.LeaseRequest) ([]*backend.Holder, error) {
 	now, _ := leaseTimes(r)
-	var hs []*Holder
+	var hs []*backend.Holder
 	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
 		hs = nil // run may run it again
 		rows, err := q.QueryContext(ctx, sqliteHolders, r.Key, now)
@@ -577,7 +577,7 @@ func (s sqliteBackend) LeaseHolders(ctx context.Context, db DB, r LeaseRequest) 
 		}
 		defer rows.Close()
 		for rows.Next() {
-			h := &Holder{Backend: "sqlite", Key: r.Key}
+			h := &backend.Holder{Backend: "sqlite", Key: r.Key}
 			var since, until int64
 			if err := rows.Scan(&h.Name, &h.Owner, &since, &until, &h.Shared); err != nil {
 				return err
@@ -591,30 +591,27 @@ func (s sqliteBackend) LeaseHolders(ctx context.Context, db DB, r LeaseRequest) 
 }
 
 // AdmitToken keeps the higher of token and the stored one, in tx, and
-// returns *StaleTokenError if the stored one was higher. A busy database
+// returns it. A busy database
 // is retried for a short while only (busyInTx): if it stays busy,
 // or the transaction's WAL snapshot is stale, the error says to roll back
 // and retry the transaction, which BEGIN IMMEDIATE avoids.
-func (sqliteBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token FencingToken) error {
-	var highest FencingToken
+func (sqliteBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token uint64) (uint64, error) {
+	var highest uint64
 	err := withTables(ctx, tx, busyInTx, func() error {
 		return tx.QueryRowContext(ctx, sqliteAdmitToken, resource, int64(token)).Scan(&highest)
 	})
 	if err != nil {
 		if isBusy(err) {
-			return fmt.Errorf("advisorylock: sqlite: database busy inside the transaction; roll back and retry it (begin it IMMEDIATE to avoid this): %w", err)
+			return 0, fmt.Errorf("advisorylock: sqlite: database busy inside the transaction; roll back and retry it (begin it IMMEDIATE to avoid this): %w", err)
 		}
-		return err
+		return 0, err
 	}
-	if highest > token {
-		return &StaleTokenError{Resource: resource, Token: token, Highest: highest}
-	}
-	return nil
+	return max(highest, token), nil
 }
 
 // leaseTimes returns r.Now and r.Now+r.TTL in Unix milliseconds. A zero
 // Now means the system clock.
-func leaseTimes(r LeaseRequest) (now, expires int64) {
+func leaseTimes(r backend.LeaseRequest) (now, expires int64) {
 	t := r.Now
 	if t.IsZero() {
 		t = time.Now()

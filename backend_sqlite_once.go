@@ -3,6 +3,8 @@ package advisorylock
 import (
 	"context"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Runs done on SQLite (Lock.TryDoOnce): one row per (name, run) in
@@ -19,7 +21,7 @@ const sqliteRunsTable = `CREATE TABLE IF NOT EXISTS advisorylock_runs (
 )`
 
 // RunDone reads the record of run, one statement.
-func (s sqliteBackend) RunDone(ctx context.Context, db DB, name, run string) (bool, error) {
+func (s sqliteBackend) RunDone(ctx context.Context, db backend.DB, name, run string) (bool, error) {
 	var n int
 	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
 		return q.QueryRowContext(ctx, "SELECT count(*) FROM advisorylock_runs WHERE name = ? AND run = ?", name, run).Scan(&n)
@@ -30,7 +32,7 @@ func (s sqliteBackend) RunDone(ctx context.Context, db DB, name, run string) (bo
 // RecordRun writes the record of run, then deletes the name's other records past
 // the retention: two statements, each committed on its own (the record
 // first, so that a prune that fails loses nothing).
-func (s sqliteBackend) RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error {
+func (s sqliteBackend) RecordRun(ctx context.Context, db backend.DB, name, run string, now time.Time, keep time.Duration) error {
 	if now.IsZero() {
 		now = time.Now()
 	}

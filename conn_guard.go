@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // connGuard owns a checked-out connection from checkout until the outcome
@@ -156,7 +158,7 @@ func connectionLimit(err error) string {
 
 // poolWaitKey carries a try's WithPoolWait in its context to the places
 // that take connections for it: the first-use checks and the lease
-// statements, whose signatures (Backend's, for one) have no room for it.
+// statements, whose signatures (backend.Backend's, for one) have no room for it.
 type poolWaitKey struct{}
 
 // withPoolWait bounds, by d, every pool checkout made for ctx.
@@ -228,7 +230,7 @@ const closeSessionTimeout = time.Second
 type sessionHold struct {
 	hold
 	l       *Lock
-	locker  SessionLocker
+	locker  backend.SessionLocker
 	p       pinned
 	session int64   // the server session that granted it; 0 if unknown
 	keys    []int64 // what it holds: l's key, or its set's keys
@@ -281,7 +283,7 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		recycle(s.p.conn)
 		return nil
 	}
-	res, err := askUntil(ctx, deadline, &s.p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+	res, err := askUntil(ctx, deadline, &s.p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 		return unlockHeld(ctx, s.locker, conn, s.l)
 	})
 	switch {
@@ -391,10 +393,10 @@ type pinned struct {
 }
 
 // endsWithContext reports whether b's driver ends a statement promptly
-// when its context ends (see Traits.CancelsPromptly). Statements of other
+// when its context ends (see backend.Traits.CancelsPromptly). Statements of other
 // drivers go through within: lib/pq, for one, waits for a cancel request
 // that a dead network never delivers (lib/pq#620).
-func endsWithContext(b Backend) bool { return b.Traits().CancelsPromptly }
+func endsWithContext(b backend.Backend) bool { return b.Traits().CancelsPromptly }
 
 // discard discards the connection, for reason, unless ask already does.
 func (p *pinned) discard(reason Reason, err error) {

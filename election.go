@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Election elects one leader among the replicas that campaign on a name:
@@ -69,7 +71,7 @@ var errResigned = errors.New("advisorylock: leadership resigned")
 // electionBackend is how an Election elects, learnt at its first
 // operation: terms recorded beside a session lock, or a lease.
 type electionBackend struct {
-	terms SessionLocker // nil on a row backend
+	terms backend.TermKeeper // nil on a row backend
 }
 
 // NewElection returns an Election on name. It does no I/O (see New): it
@@ -112,7 +114,7 @@ func (e *Election) Check(ctx context.Context) error {
 	case eb.terms != nil: // terms, beside a session lock
 		err = checkTables(ctx, e.db, eb.terms, "advisorylock_elections")
 	default: // the leader's lease
-		var s LeaseStore
+		var s backend.LeaseStore
 		if s, err = e.lease.store(ctx); err == nil {
 			err = checkTables(ctx, e.db, s, "advisorylock_leases")
 		}
@@ -127,10 +129,13 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 		if err != nil {
 			return nil, err
 		}
-		terms, ok := b.(SessionLocker)
-		if !ok {
+		if _, ok := b.(backend.SessionLocker); !ok {
 			_, err := e.lease.store(ctx)
 			return &electionBackend{}, err
+		}
+		terms, ok := b.(backend.TermKeeper)
+		if !ok {
+			return nil, fmt.Errorf("%w: backend %q records no election terms", ErrUnsupported, b.Name())
 		}
 		if _, err := e.lock.backend(ctx); err != nil {
 			return nil, err
@@ -320,7 +325,8 @@ func (e *Election) campaign(ctx context.Context) (term, error) {
 		return term{}, err
 	}
 	token, err := onLeaderConn(ctx, g, e.cfg.releaseTimeout, func(ctx context.Context, conn *sql.Conn) (FencingToken, error) {
-		return b.terms.BeginTerm(ctx, conn, e.lock.key, e.name, e.owner)
+		t, err := b.terms.BeginTerm(ctx, conn, e.lock.key, e.name, e.owner)
+		return FencingToken(t), err
 	})
 	if err != nil {
 		_ = g.Release(ctx) // discards the connection (see onLeaderConn)
@@ -439,7 +445,7 @@ func (e *Election) endTerm(ctx context.Context, t term) {
 		return
 	}
 	_, _ = onLeaderConn(context.WithoutCancel(ctx), t.g, e.cfg.releaseTimeout, func(ctx context.Context, conn *sql.Conn) (struct{}, error) {
-		return struct{}{}, b.terms.EndTerm(ctx, conn, e.name, t.token)
+		return struct{}{}, b.terms.EndTerm(ctx, conn, e.name, uint64(t.token))
 	})
 }
 
@@ -456,7 +462,9 @@ func (e *Election) Leader(ctx context.Context) (*Holder, error) {
 	}
 	var h *Holder
 	if b.terms != nil {
-		h, err = b.terms.TermHolder(ctx, e.db, e.lock.key, e.name)
+		var th *backend.Holder
+		th, err = b.terms.TermHolder(ctx, e.db, e.lock.key, e.name)
+		h = holderOf(th)
 	} else if h, err = e.lease.Holder(ctx); h != nil {
 		h.Owner = ownerLabelOf(h.Owner)
 	}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Sentinel errors. Every error the package returns about a lock names the
@@ -13,14 +15,14 @@ import (
 // errors.As), so callers branch with errors.Is.
 var (
 	// ErrNotAcquired means the lock is held by someone else right now.
-	ErrNotAcquired = errors.New("advisorylock: held elsewhere")
+	ErrNotAcquired = backend.ErrNotAcquired
 	// ErrTimeout is matched by *TimeoutError.
 	ErrTimeout = errors.New("advisorylock: timed out")
 	// ErrLockLost means a held lock is gone: its session ended, or its
 	// lease row expired or was taken over.
 	ErrLockLost = errors.New("advisorylock: lock lost")
 	// ErrLeaseLost is matched by *LeaseLostError.
-	ErrLeaseLost = errors.New("advisorylock: lease lost")
+	ErrLeaseLost = backend.ErrLeaseLost
 	// ErrStaleToken is matched by *StaleTokenError.
 	ErrStaleToken = errors.New("advisorylock: stale fencing token")
 	// ErrPoolUnavailable means no connection could be checked out of the
@@ -33,7 +35,7 @@ var (
 	ErrTransactionPooler = errors.New("advisorylock: transaction-mode pooler in the way (session locks cannot work there; use LeaseLock)")
 	// ErrUnsupported means the handle cannot be locked safely: an unknown
 	// driver without WithBackend, an in-memory SQLite database, a nil handle.
-	ErrUnsupported = errors.New("advisorylock: unsupported")
+	ErrUnsupported = backend.ErrUnsupported
 )
 
 // TimeoutError reports that a bounded acquire ended without the lock.

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // fakeServer is the fake database: its sessions (one per driver
@@ -37,7 +37,7 @@ type fakeServer struct {
 	stall   func(op string, key int64) // called outside mu: may block
 	changed chan struct{}              // closed and replaced on every change
 	terms   map[string]fakeTerm        // each election's latest term
-	tokens  advisorylock.FencingToken  // the last term's token
+	tokens  uint64                     // the last term's token
 }
 
 func newFakeServer() *fakeServer {
@@ -273,14 +273,13 @@ func (s *fakeServer) statementLocked(op string, session, key int64) error {
 	return nil
 }
 
-// fakeBackend is the backend contract (a SessionLocker and a
-// MultiKeyLocker) over a fakeServer.
+// fakeBackend is the backend contract (a SessionLocker with terms and
+// many keys per session) over a fakeServer.
 type fakeBackend struct{ s *fakeServer }
 
-func (b fakeBackend) Name() string                                    { return "fake" }
-func (b fakeBackend) Validate(context.Context, advisorylock.DB) error { return nil }
-func (b fakeBackend) Traits() advisorylock.Traits {
-	return advisorylock.Traits{CancelsPromptly: true}
+func (b fakeBackend) Name() string { return "fake" }
+func (b fakeBackend) Traits() backend.Traits {
+	return backend.Traits{CancelsPromptly: true}
 }
 
 // sessionOf is the session behind conn: its driver connection's.
@@ -320,8 +319,8 @@ func (b fakeBackend) run(ctx context.Context, op string, conn *sql.Conn, key int
 	return f(session)
 }
 
-func (b fakeBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
-	var res advisorylock.SessionResult
+func (b fakeBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
+	var res backend.SessionResult
 	err := b.run(ctx, "try", conn, key, func(session int64) error {
 		res = b.s.tryLocked(session, key)
 		return nil
@@ -329,8 +328,8 @@ func (b fakeBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key int
 	return res, err
 }
 
-func (s *fakeServer) tryLocked(session, key int64) advisorylock.SessionResult {
-	res := advisorylock.SessionResult{Session: session}
+func (s *fakeServer) tryLocked(session, key int64) backend.SessionResult {
+	res := backend.SessionResult{Session: session}
 	if h, ok := s.holders[key]; !ok || h == session {
 		s.holders[key] = session
 		res.OK = true
@@ -341,9 +340,9 @@ func (s *fakeServer) tryLocked(session, key int64) advisorylock.SessionResult {
 
 // WaitLockSession waits for key until slice ends, the key comes free, or
 // ctx ends (the statement is then cancelled, as a driver does).
-func (b fakeBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (advisorylock.SessionResult, error) {
+func (b fakeBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (backend.SessionResult, error) {
 	var ch chan struct{}
-	var res advisorylock.SessionResult
+	var res backend.SessionResult
 	err := b.run(ctx, "wait", conn, key, func(session int64) error {
 		res = b.s.tryLocked(session, key)
 		if !res.OK {
@@ -387,8 +386,8 @@ func (b fakeBackend) WaitLockSession(ctx context.Context, conn *sql.Conn, key in
 	}
 }
 
-func (b fakeBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
-	var res advisorylock.SessionResult
+func (b fakeBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
+	var res backend.SessionResult
 	err := b.run(ctx, "unlock", conn, key, func(session int64) error {
 		res = b.s.unlockLocked(session, key)
 		return nil
@@ -396,8 +395,8 @@ func (b fakeBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int6
 	return res, err
 }
 
-func (s *fakeServer) unlockLocked(session, key int64) advisorylock.SessionResult {
-	res := advisorylock.SessionResult{Session: session}
+func (s *fakeServer) unlockLocked(session, key int64) backend.SessionResult {
+	res := backend.SessionResult{Session: session}
 	if s.holders[key] == session {
 		delete(s.holders, key)
 		res.OK = true
@@ -420,7 +419,7 @@ func (b fakeBackend) SessionIdentity(ctx context.Context, conn *sql.Conn) (strin
 	return fmt.Sprint(session), err
 }
 
-func (b fakeBackend) SessionHolder(ctx context.Context, db advisorylock.DB, key int64) (*advisorylock.Holder, error) {
+func (b fakeBackend) SessionHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
 	hs, err := b.KeyHolders(ctx, db, []int64{key})
 	if err != nil {
 		return nil, err
@@ -434,16 +433,16 @@ func (b fakeBackend) SessionHolder(ctx context.Context, db advisorylock.DB, key 
 type fakeTerm struct {
 	session int64
 	owner   string
-	token   advisorylock.FencingToken
+	token   uint64
 	since   time.Time
 	ended   bool
 	key     int64
 }
 
-func (b fakeBackend) PrepareElections(context.Context, advisorylock.DB) error { return nil }
+func (b fakeBackend) PrepareElections(context.Context, backend.DB) error { return nil }
 
-func (b fakeBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (advisorylock.FencingToken, error) {
-	var token advisorylock.FencingToken
+func (b fakeBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (uint64, error) {
+	var token uint64
 	err := b.run(ctx, "begin term", conn, key, func(session int64) error {
 		b.s.tokens++
 		token = b.s.tokens
@@ -454,7 +453,7 @@ func (b fakeBackend) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, n
 	return token, err
 }
 
-func (b fakeBackend) TermHolder(ctx context.Context, db advisorylock.DB, key int64, name string) (*advisorylock.Holder, error) {
+func (b fakeBackend) TermHolder(ctx context.Context, db backend.DB, key int64, name string) (*backend.Holder, error) {
 	b.s.mu.Lock()
 	defer b.s.mu.Unlock()
 	b.s.stmts["term holder"]++
@@ -462,10 +461,10 @@ func (b fakeBackend) TermHolder(ctx context.Context, db advisorylock.DB, key int
 	if !ok || t.ended || b.s.holders[key] != t.session {
 		return nil, nil
 	}
-	return &advisorylock.Holder{Name: name, Backend: "fake", Key: key, PID: int(t.session), Owner: t.owner, Token: t.token, Since: t.since}, nil
+	return &backend.Holder{Name: name, Backend: "fake", Key: key, PID: int(t.session), Owner: t.owner, Token: t.token, Since: t.since}, nil
 }
 
-func (b fakeBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
+func (b fakeBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, term uint64) error {
 	return b.run(ctx, "end term", conn, 0, func(int64) error {
 		if t, ok := b.s.terms[name]; ok && t.token == term {
 			t.ended = true
@@ -476,21 +475,12 @@ func (b fakeBackend) EndTerm(ctx context.Context, conn *sql.Conn, name string, t
 	})
 }
 
-func (b fakeBackend) TryLockTx(context.Context, *sql.Tx, int64) (bool, error) {
-	return false, advisorylock.ErrUnsupported
-}
-func (b fakeBackend) TxSettings(context.Context, *sql.Tx) (map[string]string, error) {
-	return nil, advisorylock.ErrUnsupported
-}
-func (b fakeBackend) WaitLockTx(context.Context, *sql.Tx, int64, time.Duration, map[string]string) (bool, error) {
-	return false, advisorylock.ErrUnsupported
-}
+// SlotLocker, SetLocker, MultiplexLocker: semaphores, sets, multiplexed
+// sessions.
 
-// MultiKeyLocker: sets, semaphores, multiplexed sessions.
-
-func (b fakeBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
+func (b fakeBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	var i int
-	var res advisorylock.SessionResult
+	var res backend.SessionResult
 	err := b.run(ctx, "try any", conn, keys[0], func(session int64) error {
 		res.Session = session
 		for i = range keys {
@@ -503,21 +493,21 @@ func (b fakeBackend) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int6
 	return i, res, err
 }
 
-func (b fakeBackend) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64) ([]*advisorylock.Holder, error) {
+func (b fakeBackend) KeyHolders(ctx context.Context, db backend.DB, keys []int64) ([]*backend.Holder, error) {
 	b.s.mu.Lock()
 	defer b.s.mu.Unlock()
 	b.s.stmts["holders"]++
-	hs := make([]*advisorylock.Holder, len(keys))
+	hs := make([]*backend.Holder, len(keys))
 	for i, k := range keys {
 		if h, ok := b.s.holders[k]; ok {
-			hs[i] = &advisorylock.Holder{Backend: "fake", Key: k, PID: int(h)}
+			hs[i] = &backend.Holder{Backend: "fake", Key: k, PID: int(h)}
 		}
 	}
 	return hs, nil
 }
 
-func (b fakeBackend) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	var res advisorylock.SessionResult
+func (b fakeBackend) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
+	var res backend.SessionResult
 	err := b.run(ctx, "try all", conn, keys[0], func(session int64) error {
 		res.Session = session
 		for _, k := range keys {
@@ -535,10 +525,10 @@ func (b fakeBackend) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int6
 	return res, err
 }
 
-func (b fakeBackend) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	var res advisorylock.SessionResult
+func (b fakeBackend) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
+	var res backend.SessionResult
 	err := b.run(ctx, "unlock all", conn, keys[0], func(session int64) error {
-		res = advisorylock.SessionResult{Session: session, OK: true}
+		res = backend.SessionResult{Session: session, OK: true}
 		for _, k := range keys {
 			if !b.s.unlockLocked(session, k).OK {
 				res.OK = false
@@ -560,11 +550,10 @@ func (b fakeBackend) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64)
 	return held, err
 }
 
-func (b fakeBackend) UnlockAndSignal(context.Context, *sql.Conn, int64, int64) (advisorylock.SessionResult, error) {
-	return advisorylock.SessionResult{}, advisorylock.ErrUnsupported
-}
-
 var (
-	_ advisorylock.SessionLocker  = fakeBackend{}
-	_ advisorylock.MultiKeyLocker = fakeBackend{}
+	_ backend.SessionIdentifier = fakeBackend{}
+	_ backend.TermKeeper        = fakeBackend{}
+	_ backend.SlotLocker        = fakeBackend{}
+	_ backend.SetLocker         = fakeBackend{}
+	_ backend.MultiplexLocker   = fakeBackend{}
 )

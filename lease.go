@@ -16,24 +16,27 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Schema returns the DDL of the tables that backend b keeps (leases, the
 // SQLite lock rows, fences), for teams that run schema changes through
 // their own migration tool. The package also creates them on first use.
 // It returns "" for a backend without tables.
-func Schema(b Backend) string {
-	if s, ok := b.(LeaseStore); ok {
+func Schema(b backend.Backend) string {
+	if s, ok := b.(backend.LeaseStore); ok {
 		return s.Schema()
 	}
 	return ""
 }
 
-// checkTables, where b can, creates b's tables if they are missing and
-// proves the role may read and write tables (names of the library's own),
-// so that Check refuses a missing grant as the first operation would.
-func checkTables(ctx context.Context, db DB, b Backend, tables ...string) error {
-	if s, ok := b.(LeaseStore); ok {
+// checkTables, where b can (a TableChecker), creates b's tables if they
+// are missing and proves the role may read and write tables (names of the
+// library's own), so that Check refuses a missing grant as the first
+// operation would.
+func checkTables(ctx context.Context, db DB, b backend.Backend, tables ...string) error {
+	if s, ok := b.(backend.TableChecker); ok {
 		return s.CheckTables(ctx, db, tables...)
 	}
 	return nil
@@ -53,9 +56,9 @@ func localDeadline(sent time.Time, ttl time.Duration) time.Time {
 // leaseState is a held lease: its request, its local deadline and its
 // keeper. It never points at the Guard that owns it.
 type leaseState struct {
-	store LeaseStore
+	store backend.LeaseStore
 	db    DB
-	req   LeaseRequest
+	req   backend.LeaseRequest
 	clock Clock
 	hold  // the Guard's state; leaseState is its end
 
@@ -93,16 +96,16 @@ var hostPID = sync.OnceValue(func() string {
 
 // acquireLease takes a lease row: one attempt, or (wait) attempts until
 // budget ends, waiting for the row to read free between them.
-func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wait bool) (*leaseState, error) {
+func acquireLease(ctx, budget context.Context, store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest, wait bool) (*leaseState, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if wait && req.Kind == kindLock && store.Traits().SharedRows {
+	if _, shared := store.(backend.SharedRowStore); wait && req.Kind == kindLock && shared {
 		return claimLease(ctx, budget, store, db, cfg, req)
 	}
 	var wake <-chan struct{} // nil: releases are not heard, and waiting is polling
 	if wait && req.Kind == kindLease {
-		queue, queues := store.(leaseQueuer)
+		queue, queues := store.(backend.LeaseQueuer)
 		queues = queues && cfg.minHold == 0
 		owner := ""
 		if queues {
@@ -133,26 +136,26 @@ func acquireLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *con
 
 // inLine is a LeaseLock waiter that queues (see waitInLine).
 type inLine struct {
-	store   leaseQueuer
+	store   backend.LeaseQueuer
 	db      DB
 	cfg     *config
-	req     LeaseRequest  // Owner set for the whole wait
-	lw      *leaseWaiter  // where releases are heard; nil where they are not
-	placed  time.Time     // when the last place the store confirmed was sent; zero before one
-	queued  bool          // that place is believed live
-	token   FencingToken  // the token of its grant
-	cannot  bool          // the store said it keeps no places (ErrUnsupported): wait as acquireLease does
-	asked   bool          // a place was asked for, so a wait that ends withdraws it
-	sleeper leaseSleeper  // where it may sleep in line once releases are known unheard; nil once it cannot
-	conn    *sql.Conn     // the connection it sleeps in line on, kept until the wait ends
-	slot    chan struct{} // the sleepers' slot it holds while it keeps conn
+	req     backend.LeaseRequest // Owner set for the whole wait
+	lw      *leaseWaiter         // where releases are heard; nil where they are not
+	placed  time.Time            // when the last place the store confirmed was sent; zero before one
+	queued  bool                 // that place is believed live
+	token   FencingToken         // the token of its grant
+	cannot  bool                 // the store said it keeps no places (ErrUnsupported): wait as acquireLease does
+	asked   bool                 // a place was asked for, so a wait that ends withdraws it
+	sleeper backend.LeaseSleeper // where it may sleep in line once releases are known unheard; nil once it cannot
+	conn    *sql.Conn            // the connection it sleeps in line on, kept until the wait ends
+	slot    chan struct{}        // the sleepers' slot it holds while it keeps conn
 }
 
-// sleeper returns store as a leaseSleeper where a waiter on db may sleep
+// sleeper returns store as a backend.LeaseSleeper where a waiter on db may sleep
 // in line: the store can, and db's pool can spare the connection the
 // waiter keeps (see sparesAConn).
-func sleeper(store LeaseStore, db DB) leaseSleeper {
-	s, ok := store.(leaseSleeper)
+func sleeper(store backend.LeaseStore, db DB) backend.LeaseSleeper {
+	s, ok := store.(backend.LeaseSleeper)
 	if !ok || !sparesAConn(db) {
 		return nil
 	}
@@ -187,7 +190,7 @@ func sleepSlots(ctx context.Context, db DB) chan struct{} {
 const sleepGrace = time.Second
 
 // waitInLine is acquireLease for a LeaseLock waiter that hears releases
-// on a store whose waiters queue (leaseQueuer). After a miss it takes the
+// on a store whose waiters queue (backend.LeaseQueuer). After a miss it takes the
 // place next in line, renewing it every renew interval while it waits,
 // and the holder's release hands it the lease: told so by the release's
 // signal, or else by reading the row at its next wake or poll, it holds
@@ -201,7 +204,7 @@ const sleepGrace = time.Second
 // server instead, on a connection it keeps for the whole wait, and the release
 // that hands it the lease wakes it. A wait that ends without the lease
 // withdraws the place, and frees a lease handed over meanwhile.
-func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *config, req LeaseRequest, lw *leaseWaiter, s leaseSleeper) (_ *leaseState, err error) {
+func waitInLine(ctx, budget context.Context, store backend.LeaseQueuer, db DB, cfg *config, req backend.LeaseRequest, lw *leaseWaiter, s backend.LeaseSleeper) (_ *leaseState, err error) {
 	l := &inLine{store: store, db: db, cfg: cfg, req: req, lw: lw, sleeper: s}
 	defer func() { l.letGo(err == nil) }()
 	longest := max(cfg.poll, leaseWaitCap)
@@ -231,7 +234,7 @@ func waitInLine(ctx, budget context.Context, store leaseQueuer, db DB, cfg *conf
 func (l *inLine) wait(budget context.Context, pause time.Duration, poll *time.Timer) (woken, granted bool, err error) {
 	if l.queued && l.conn != nil && l.sleeps() {
 		req := l.req
-		req.Token = l.token
+		req.Token = uint64(l.token)
 		sleep, cancel := context.WithTimeout(budget, pause+sleepGrace)
 		granted, err := l.sleeper.SleepInLine(sleep, l.db, l.conn, req, pause)
 		cancel()
@@ -358,7 +361,7 @@ func (l *inLine) queue(budget context.Context) error {
 	token, err := l.store.QueueLease(budget, l.db, l.conn, req)
 	switch {
 	case err == nil:
-		l.placed, l.token, l.queued = sent, token, true
+		l.placed, l.token, l.queued = sent, FencingToken(token), true
 	case errors.Is(err, ErrNotAcquired):
 		l.queued = false // the place went (or was never had); l.placed stays, should it have been handed the lease
 	case errors.Is(err, ErrUnsupported):
@@ -386,7 +389,7 @@ func (l *inLine) pause(h *Holder, pause time.Duration) time.Duration {
 // its local deadline from when its place was sent.
 func (l *inLine) handedOver(token FencingToken) *leaseState {
 	req := l.req
-	req.Token, req.TTL = token, l.cfg.ttl
+	req.Token, req.TTL = uint64(token), l.cfg.ttl
 	return keepLease(l.store, l.db, l.cfg, req, l.placed)
 }
 
@@ -406,12 +409,12 @@ func (l *inLine) withdraw(ctx context.Context) {
 
 // claimLease is acquireLease for a waiting writer of a Lock that can be
 // held shared: each attempt, with one owner label for the whole wait,
-// claims the row while shared holders have it (see Traits.SharedRows), so
+// claims the row while shared holders have it (see backend.SharedRowStore), so
 // that no new shared holder enters. While shared holders are in, the
 // waiter tries again every poll interval, which keeps its claim fresh;
 // while an exclusive holder is, it waits as acquireLease does, reading
 // only. A wait that ends without the lock withdraws its claim.
-func claimLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
+func claimLease(ctx, budget context.Context, store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest) (*leaseState, error) {
 	req.Owner, req.Wait = ownerLabel(cfg.owner), true
 	for {
 		s, err := tryLease(ctx, budget, store, db, cfg, req)
@@ -435,7 +438,7 @@ func claimLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *confi
 
 // waitForTurn waits one poll interval while shared holders have the row,
 // else until the exclusive holder has gone (see waitUntilFree).
-func waitForTurn(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) error {
+func waitForTurn(budget context.Context, store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest) error {
 	h, err := holderNow(budget, store, db, cfg, req)
 	switch {
 	case err != nil:
@@ -455,19 +458,19 @@ func waitForTurn(budget context.Context, store LeaseStore, db DB, cfg *config, r
 
 // holderNow reads the row's holder as of now (nil when free or
 // expired); a read that fails because budget ended returns budget's cause.
-func holderNow(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*Holder, error) {
+func holderNow(budget context.Context, store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest) (*Holder, error) {
 	req.Now = cfg.clock.Now()
 	h, err := store.LeaseHolder(budget, db, req)
 	if err != nil && budget.Err() != nil {
 		return nil, context.Cause(budget)
 	}
-	return h, err
+	return holderOf(h), err
 }
 
 // tryLease makes one attempt. An attempt whose outcome is unknown may
 // have granted the lease without our hearing of it: it frees that grant,
 // unless nothing was sent.
-func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest) (*leaseState, error) {
+func tryLease(ctx, budget context.Context, store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest) (*leaseState, error) {
 	if req.Owner == "" {
 		req.Owner = ownerLabel(cfg.owner)
 	}
@@ -504,7 +507,7 @@ func tryLease(ctx, budget context.Context, store LeaseStore, db DB, cfg *config,
 // fight for the database's writer. A LeaseLock waiter backs off (see
 // pollPause), so that a hundred waiting replicas do not send thousands of
 // queries a second; a Lock kept as a row (SQLite) polls every interval.
-func waitUntilFree(budget context.Context, store LeaseStore, db DB, cfg *config, req LeaseRequest, wake <-chan struct{}) error {
+func waitUntilFree(budget context.Context, store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest, wake <-chan struct{}) error {
 	longest := cfg.poll
 	if req.Kind == kindLease {
 		longest = max(cfg.poll, leaseWaitCap)
@@ -566,7 +569,7 @@ func pollPause(interval, longest time.Duration, n int) time.Duration {
 // without our knowing: the owner label is unique to that acquire, so this
 // can free nobody else's lease. It is bounded by the release timeout, also
 // when it runs in the background.
-func abandonLease(store LeaseStore, db DB, timeout time.Duration, clock Clock, req LeaseRequest) {
+func abandonLease(store backend.LeaseStore, db DB, timeout time.Duration, clock Clock, req backend.LeaseRequest) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req.Now = clock.Now()
@@ -576,7 +579,7 @@ func abandonLease(store LeaseStore, db DB, timeout time.Duration, clock Clock, r
 // keepLease holds a granted lease. Its keeper starts at the first
 // renewal, on a timer: a lease released before then (most are) costs no
 // goroutine.
-func keepLease(store LeaseStore, db DB, cfg *config, req LeaseRequest, sent time.Time) *leaseState {
+func keepLease(store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest, sent time.Time) *leaseState {
 	s := &leaseState{store: store, db: db, req: req, clock: cfg.clock, deadline: localDeadline(sent, req.TTL)}
 	s.hold = hold{name: req.Name, key: req.Key, logger: cfg.log(), relTO: cfg.releaseTimeout, end: s}
 	// A grant that arrived past its local deadline (a slow answer) is lost
@@ -642,7 +645,7 @@ func (s *leaseState) forget() {
 // lostErr is the error a lost grant reports.
 func (s *leaseState) lostErr() error {
 	if s.req.Kind == kindLease {
-		return &LeaseLostError{Name: s.req.Name, Token: s.req.Token}
+		return &LeaseLostError{Name: s.req.Name, Token: FencingToken(s.req.Token)}
 	}
 	return ErrLockLost
 }
@@ -763,8 +766,8 @@ func (l *Lock) acquireRow(ctx, budget context.Context, b *lockBackend, wait bool
 	return newGuard(&s.hold), nil
 }
 
-func (l *Lock) rowRequest(owner string) LeaseRequest {
-	return LeaseRequest{Kind: kindLock, Name: l.name, Key: l.key, Owner: owner, TTL: l.cfg.ttl, Now: l.cfg.clock.Now()}
+func (l *Lock) rowRequest(owner string) backend.LeaseRequest {
+	return backend.LeaseRequest{Kind: kindLock, Name: l.name, Key: l.key, Owner: owner, TTL: l.cfg.ttl, Now: l.cfg.clock.Now()}
 }
 
 // LeaseLock is a named lease with fencing tokens, kept as a row that holds
@@ -778,7 +781,7 @@ type LeaseLock struct {
 	name  string
 	key   int64
 	cfg   config
-	setup firstUse[LeaseStore]
+	setup firstUse[backend.LeaseStore]
 	obs   atomic.Pointer[observed] // see observed
 	kind  string                   // what its events say it is: "lease", or "election"
 }
@@ -820,7 +823,7 @@ func leaseConfig(db DB, name, what string, takes optionSet, opts []Option) (conf
 
 // newLeaseLock returns a LeaseLock of kind on name with cfg, checked.
 func newLeaseLock(db DB, name string, cfg config, kind string) *LeaseLock {
-	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[LeaseStore](), kind: kind}
+	return &LeaseLock{db: db, name: name, key: Key(name), cfg: cfg, setup: newFirstUse[backend.LeaseStore](), kind: kind}
 }
 
 // Check runs the first-use work now (see New), for a service that wants
@@ -837,8 +840,8 @@ func (l *LeaseLock) Check(ctx context.Context) error {
 }
 
 // store returns l's backend, doing the first-use work once.
-func (l *LeaseLock) store(ctx context.Context) (LeaseStore, error) {
-	s, err := l.setup.get(ctx, func(ctx context.Context) (*LeaseStore, error) {
+func (l *LeaseLock) store(ctx context.Context) (backend.LeaseStore, error) {
+	s, err := l.setup.get(ctx, func(ctx context.Context) (*backend.LeaseStore, error) {
 		s, err := leaseStoreOf(ctx, l.db, &l.cfg)
 		if err != nil {
 			return nil, err
@@ -863,12 +866,12 @@ func storableName(name string) error {
 }
 
 // leaseStoreOf resolves db's backend and requires it to keep leases.
-func leaseStoreOf(ctx context.Context, db DB, cfg *config) (*LeaseStore, error) {
+func leaseStoreOf(ctx context.Context, db DB, cfg *config) (*backend.LeaseStore, error) {
 	b, err := resolveBackend(ctx, db, cfg)
 	if err != nil {
 		return nil, err
 	}
-	s, ok := b.(LeaseStore)
+	s, ok := b.(backend.LeaseStore)
 	if !ok {
 		return nil, fmt.Errorf("%w: backend %q keeps no leases", ErrUnsupported, b.Name())
 	}
@@ -900,7 +903,7 @@ func (l *LeaseLock) observed() *observed {
 	if ob := l.obs.Load(); ob != nil || l.cfg.observer == nil {
 		return ob
 	}
-	return observedOf(&l.obs, l.db, &l.cfg, l.kind, l.name, func() Backend {
+	return observedOf(&l.obs, l.db, &l.cfg, l.kind, l.name, func() backend.Backend {
 		if s := l.setup.v.Load(); s != nil {
 			return *s
 		}
@@ -917,12 +920,12 @@ func (l *LeaseLock) take(ctx, budget context.Context, wait bool) (*LeaseGuard, e
 	if err != nil {
 		return nil, err
 	}
-	req := LeaseRequest{Kind: kindLease, Name: l.name, Key: l.key}
+	req := backend.LeaseRequest{Kind: kindLease, Name: l.name, Key: l.key}
 	s, err := acquireLease(ctx, budget, store, l.db, &l.cfg, req, wait)
 	if err != nil {
 		return nil, err
 	}
-	lease := Lease{name: l.name, token: s.req.Token, s: s}
+	lease := Lease{name: l.name, token: FencingToken(s.req.Token), s: s}
 	g := &LeaseGuard{g: Guard{h: &s.hold}, lease: lease} // one allocation for both
 	runtime.AddCleanup(g, (*hold).forgotten, &s.hold)
 	return g, nil
@@ -936,11 +939,11 @@ func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 	if err != nil {
 		return nil, wrapErr(l.name, "holder", err)
 	}
-	h, err := store.LeaseHolder(ctx, l.db, LeaseRequest{Kind: kindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
+	h, err := store.LeaseHolder(ctx, l.db, backend.LeaseRequest{Kind: kindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
 	}
-	return h, wrapErr(l.name, "holder", err)
+	return holderOf(h), wrapErr(l.name, "holder", err)
 }
 
 // Do waits for the lease, runs fn with it, and releases it when fn

@@ -4,10 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // FencingToken identifies a lease grant: it is at least 1 and strictly
@@ -26,6 +27,13 @@ func ParseFencingToken(v int64) (FencingToken, error) {
 		return 0, fmt.Errorf("advisorylock: invalid fencing token %d (tokens start at 1)", v)
 	}
 	return FencingToken(v), nil
+}
+
+// termToken converts a stored term to a token as ParseFencingToken does,
+// for a backend's BeginTerm.
+func termToken(v int64) (uint64, error) {
+	t, err := ParseFencingToken(v)
+	return uint64(t), err
 }
 
 // Int64 returns the token as a BIGINT value.
@@ -77,7 +85,7 @@ type Fence struct {
 	db       DB
 	resource string
 	cfg      config
-	setup    firstUse[LeaseStore]
+	setup    firstUse[backend.LeaseStore]
 }
 
 // NewFence returns a Fence for resource. It does no I/O (see New): it
@@ -92,7 +100,7 @@ func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
 	if err != nil {
 		return nil, fmt.Errorf("advisorylock: fence %s: %w", quoteName(resource), err)
 	}
-	return &Fence{db: db, resource: resource, cfg: cfg, setup: newFirstUse[LeaseStore]()}, nil
+	return &Fence{db: db, resource: resource, cfg: cfg, setup: newFirstUse[backend.LeaseStore]()}, nil
 }
 
 // fenceOptions are the options a Fence takes: how to find the backend,
@@ -114,8 +122,8 @@ func (f *Fence) Check(ctx context.Context) error {
 }
 
 // store returns f's backend, doing the first-use work once.
-func (f *Fence) store(ctx context.Context) (LeaseStore, error) {
-	s, err := f.setup.get(ctx, func(ctx context.Context) (*LeaseStore, error) {
+func (f *Fence) store(ctx context.Context) (backend.LeaseStore, error) {
+	s, err := f.setup.get(ctx, func(ctx context.Context) (*backend.LeaseStore, error) {
 		s, err := leaseStoreOf(ctx, f.db, &f.cfg)
 		if err != nil {
 			return nil, err
@@ -144,10 +152,16 @@ func (f *Fence) Admit(ctx context.Context, tx *sql.Tx, token FencingToken) error
 	if err != nil {
 		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
 	}
-	err = store.AdmitToken(ctx, tx, f.resource, token)
-	var stale *StaleTokenError
-	if err != nil && !errors.As(err, &stale) {
+	admitter, ok := store.(backend.TokenAdmitter)
+	if !ok {
+		return fmt.Errorf("advisorylock: fence %s: %w: backend %q keeps no fences", quoteName(f.resource), ErrUnsupported, store.Name())
+	}
+	highest, err := admitter.AdmitToken(ctx, tx, f.resource, uint64(token))
+	if err != nil {
 		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
 	}
-	return err
+	if highest > uint64(token) {
+		return &StaleTokenError{Resource: f.resource, Token: token, Highest: FencingToken(highest)}
+	}
+	return nil
 }

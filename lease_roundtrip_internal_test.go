@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/internal/testdb"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // pgxPingAfter is how long a pgx stdlib connection may sit idle before
@@ -24,11 +26,11 @@ func TestLeaseStepsAreOneRoundTrip(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			db.SetMaxOpenConns(1) // one connection: the warm-up warms the measured one
-			store := LeaseStore(Postgres().(*postgres).forDB(db))
+			store := Postgres().(*postgres).forDB(db)
 			ctx := context.Background()
-			req := LeaseRequest{Kind: kindLease, Name: testdb.UniqueName(t), Key: 1, Owner: "roundtrip", TTL: time.Minute}
+			req := backend.LeaseRequest{Kind: kindLease, Name: testdb.UniqueName(t), Key: 1, Owner: "roundtrip", TTL: time.Minute}
 			resource := testdb.UniqueName(t)
-			var token FencingToken
+			var token uint64
 
 			steps := []struct {
 				name string
@@ -64,7 +66,7 @@ func TestLeaseStepsAreOneRoundTrip(t *testing.T) {
 						return 0, err
 					}
 					defer tx.Rollback()
-					trips, err := counted(proxy, func() error { return store.AdmitToken(ctx, tx, resource, token) })
+					trips, err := counted(proxy, func() error { _, err := store.AdmitToken(ctx, tx, resource, token); return err })
 					if err != nil {
 						return 0, err
 					}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"go.uber.org/goleak"
 )
@@ -393,14 +394,14 @@ func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {
 
 		// A holder that stops renewing: its lease ends TTL after the
 		// database granted it, whatever the application clock said.
-		store := advisorylock.Postgres().(advisorylock.LeaseStore)
-		dead := advisorylock.LeaseRequest{Kind: "lease", Name: name, Owner: "dead holder", TTL: ttl, Now: behind.Now()}
+		store := advisorylock.Postgres().(backend.LeaseStore)
+		dead := backend.LeaseRequest{Kind: "lease", Name: name, Owner: "dead holder", TTL: ttl, Now: behind.Now()}
 		token, err := store.AcquireLease(ctx, db, dead)
 		if err != nil {
 			t.Fatalf("AcquireLease: %v", err)
 		}
 		granted := time.Now()
-		if token <= g.Token() {
+		if token <= uint64(g.Token()) {
 			t.Fatalf("grant token %d, want more than %d", token, g.Token())
 		}
 		assertHeldElsewhere(t, b)
@@ -832,12 +833,12 @@ FROM information_schema.columns WHERE table_name IN ('advisorylock_leases', 'adv
 
 func TestPostgresKeepsNoLockRows(t *testing.T) {
 	db := testdb.OpenPostgres(t, "postgres")
-	store := advisorylock.Postgres().(advisorylock.LeaseStore)
-	req := advisorylock.LeaseRequest{Kind: "lock", Name: testdb.UniqueName(t), Owner: "x", TTL: time.Second}
+	store := advisorylock.Postgres().(backend.LeaseStore)
+	req := backend.LeaseRequest{Kind: "lock", Name: testdb.UniqueName(t), Owner: "x", TTL: time.Second}
 	if _, err := store.AcquireLease(context.Background(), db, req); !errors.Is(err, advisorylock.ErrUnsupported) {
 		t.Fatalf("AcquireLease of a \"lock\" row on PostgreSQL = %v, want ErrUnsupported", err)
 	}
-	if _, ok := advisorylock.Postgres().(advisorylock.SessionLocker); !ok {
+	if _, ok := advisorylock.Postgres().(backend.SessionLocker); !ok {
 		t.Fatal("Postgres() is no longer a SessionLocker")
 	}
 }

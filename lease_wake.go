@@ -7,30 +7,12 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
-// Notifier is a DB that delivers PostgreSQL notifications to the library
-// on a connection of its own, for a driver that hands them to no
-// connection of database/sql's pool: lib/pq gives them only to a
-// pq.Listener, which extra/advisorylockpq's DB runs. Where a DB is a
-// Notifier, PostgreSQL LeaseLock waiters on it are woken by the releases
-// they wait for through Listen, whatever the driver, and the listener
-// takes no connection from the pool.
-//
-// Listen LISTENs on channel until ctx ends or its connection fails
-// (then it returns an error, and the library calls it again while
-// waiters wait). It calls ready once it listens, and again whenever it
-// listens anew after a reconnect (notifications sent meanwhile are lost,
-// so every waiter then looks again), and notify with the payload of each
-// notification it receives. A notification lost costs a waiter latency,
-// never safety: it still polls, less often.
-type Notifier interface {
-	DB
-	Listen(ctx context.Context, channel string, ready func(), notify func(payload string)) error
-}
-
 // releaseWatch fans out the lease releases that one listener hears (see
-// LeaseStore.ListenReleases) to the LeaseLock waiters of one *sql.DB, each woken
+// backend.ReleaseListener) to the LeaseLock waiters of one *sql.DB, each woken
 // when a release of its key is heard, and every waiter when the listener
 // (re)starts or stops, since a release may have gone unheard meanwhile.
 // A wake only makes a waiter try again at once: the row and the
@@ -44,7 +26,7 @@ type Notifier interface {
 // remain. Where the store says it cannot listen on db (an error matching
 // ErrUnsupported), the watch is off for good and waiters poll.
 type releaseWatch struct {
-	store LeaseStore
+	store backend.LeaseStore
 	db    DB
 
 	mu      sync.Mutex
@@ -100,11 +82,11 @@ var errNoReleaseSignals = fmt.Errorf("%w: the store signals no lease releases", 
 // listener if none runs; nil when releases cannot be heard (the store
 // signals no releases, or the watch is off), and the waiter polls. owner
 // is the waiter's label where it queues (see waitInLine), else "".
-func joinReleases(ctx context.Context, store LeaseStore, db DB, key int64, owner string) *leaseWaiter {
-	if !store.Traits().SignalsReleases {
+func joinReleases(ctx context.Context, store backend.LeaseStore, db DB, key int64, owner string) *leaseWaiter {
+	if _, ok := store.(backend.ReleaseListener); !ok {
 		return nil
 	}
-	if _, own := db.(Notifier); !own && !sparesAConn(db) {
+	if _, own := db.(backend.Notifier); !own && !sparesAConn(db) {
 		return nil
 	}
 	w, err := cachedVerdict(ctx, db, "release watch", func(context.Context) (*releaseWatch, error) {
@@ -189,14 +171,14 @@ func (w *releaseWatch) run() {
 
 // listen runs one listener on a connection of its own, which it discards
 // afterwards: it never goes back to the pool in the listening state. A
-// Notifier listens on a connection it keeps itself: the store is given
+// backend.Notifier listens on a connection it keeps itself: the store is given
 // no connection then.
 func (w *releaseWatch) listen(ctx context.Context) error {
 	wake := func() { w.wake(nil, "") }
 	granted := func(key int64, grantee string) { w.wake(&key, grantee) }
 	released := func(key int64) { w.wake(&key, "") }
-	var conn *sql.Conn // nil for a Notifier
-	if _, ok := w.db.(Notifier); !ok {
+	var conn *sql.Conn // nil for a backend.Notifier
+	if _, ok := w.db.(backend.Notifier); !ok {
 		checkout, cancel := context.WithTimeout(ctx, listenCheckout)
 		c, err := w.db.Conn(checkout)
 		cancel()
@@ -206,10 +188,13 @@ func (w *releaseWatch) listen(ctx context.Context) error {
 		defer discard(c)
 		conn = c
 	}
-	if q, ok := w.store.(leaseQueuer); ok {
+	if q, ok := w.store.(backend.LeaseQueuer); ok {
 		return q.ListenGrants(ctx, w.db, conn, wake, granted)
 	}
-	return w.store.ListenReleases(ctx, w.db, conn, wake, released)
+	if l, ok := w.store.(backend.ReleaseListener); ok {
+		return l.ListenReleases(ctx, w.db, conn, wake, released)
+	}
+	return errNoReleaseSignals
 }
 
 // isOff reports whether the watch is off for good: nobody's releases

@@ -12,6 +12,8 @@ import (
 	"weak"
 
 	"github.com/advisorylock/advisorylock/internal/testdb"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // wakeWait bounds every wait in the wake tests.
@@ -536,7 +538,7 @@ func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
 // taken on conn (a connection of db's, backend pid) where it may sleep.
 type inLinePlace struct {
 	store          *postgres
-	holder, waiter LeaseRequest // with their tokens
+	holder, waiter backend.LeaseRequest // with their tokens
 	conn           *sql.Conn
 	pid            int
 }
@@ -548,7 +550,7 @@ func placeInLine(ctx context.Context, t *testing.T, db, admin *sql.DB) inLinePla
 	t.Helper()
 	name := testdb.UniqueName(t)
 	l := inLinePlace{store: Postgres().(*postgres).forDB(db)}
-	l.holder = LeaseRequest{Kind: kindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
+	l.holder = backend.LeaseRequest{Kind: kindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
 	l.waiter = l.holder
 	l.waiter.Owner = "waiter in line"
 	var err error
@@ -577,7 +579,7 @@ func (l inLinePlace) releaseUncommitted(ctx context.Context, t *testing.T, admin
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = release.Rollback() })
-	if _, err := release.ExecContext(ctx, pgReleaseLease, l.holder.Name, l.holder.Token.Int64(), strconv.FormatInt(l.holder.Key, 10)); err != nil {
+	if _, err := release.ExecContext(ctx, pgReleaseLease, l.holder.Name, int64(l.holder.Token), strconv.FormatInt(l.holder.Key, 10)); err != nil {
 		t.Fatal(err)
 	}
 	return release

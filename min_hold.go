@@ -5,29 +5,31 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Once per window (WithMinHold): a grant keeps the name taken until the
 // window after it ends, whatever the holder does. The window is recorded
 // at the grant, in the statement that takes the lock, so a holder that
 // dies keeps it too; the release is unchanged. Row backends keep the
-// window in the row's expiry (LeaseRequest.MinHold); session backends,
+// window in the row's expiry (backend.LeaseRequest.MinHold); session backends,
 // whose locks end with their session, keep it in a row of their own
-// (WindowedSessionLocker).
+// (backend.WindowedSessionLocker).
 
 // errNoWindows is the first-use error of a Lock or LeaseLock with
 // WithMinHold on a backend that cannot keep windows.
-func errNoWindows(b Backend) error {
+func errNoWindows(b backend.Backend) error {
 	return fmt.Errorf("%w: backend %q cannot keep a name taken after a release (WithMinHold)", ErrUnsupported, b.Name())
 }
 
 // windowsFor returns the session locker's windows for a Lock with
 // WithMinHold, made ready; nil without the option.
-func (l *Lock) windowsFor(ctx context.Context, b SessionLocker) (WindowedSessionLocker, error) {
+func (l *Lock) windowsFor(ctx context.Context, b backend.SessionLocker) (backend.WindowedSessionLocker, error) {
 	if l.cfg.minHold <= 0 {
 		return nil, nil
 	}
-	w, ok := b.(WindowedSessionLocker)
+	w, ok := b.(backend.WindowedSessionLocker)
 	if !ok {
 		return nil, errNoWindows(b)
 	}
@@ -38,7 +40,7 @@ func (l *Lock) windowsFor(ctx context.Context, b SessionLocker) (WindowedSession
 }
 
 // checkRowWindows refuses WithMinHold on a row backend that ignores it.
-func checkRowWindows(cfg *config, s LeaseStore) error {
+func checkRowWindows(cfg *config, s backend.LeaseStore) error {
 	if cfg.minHold > 0 && !s.Traits().KeepsWindows {
 		return errNoWindows(s)
 	}
@@ -49,19 +51,19 @@ func checkRowWindows(cfg *config, s LeaseStore) error {
 // session backend: its key, and the window after each grant.
 type windowClaim struct {
 	l *Lock
-	w WindowedSessionLocker
+	w backend.WindowedSessionLocker
 }
 
 // try is the one statement that checks the window, takes the lock and
 // records the new window.
-func (c windowClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
-	res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+func (c windowClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
+	res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 		return c.w.TryLockSessionFor(ctx, conn, c.l.key, c.l.name, c.l.cfg.minHold)
 	})
 	return 0, res, err
 }
 
-func (c windowClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+func (c windowClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
 	res, err := c.l.waitWindowed(ctx, budget, c.w, p)
 	return 0, res, err
 }
@@ -79,26 +81,26 @@ func (c windowClaim) held(int) *Lock { return c.l }
 // its own, letting the lock go again if a window opened meanwhile. OK
 // false with a nil error means budget ended: the session then holds no
 // lock.
-func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker, p *pinned) (SessionResult, error) {
+func (l *Lock) waitWindowed(ctx, budget context.Context, w backend.WindowedSessionLocker, p *pinned) (backend.SessionResult, error) {
 	for {
 		left, err := askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (time.Duration, error) {
 			return w.WindowLeft(ctx, conn, l.key)
 		})
 		if err != nil {
-			return SessionResult{}, err
+			return backend.SessionResult{}, err
 		}
-		var res SessionResult
+		var res backend.SessionResult
 		if left > 0 {
 			// In steps of at most a slice, each followed by a statement: a
 			// connection idle for a whole window could be cut by a proxy or
 			// idle_session_timeout.
 			if !sleepWithin(budget, min(left, maxSlice)) {
-				return SessionResult{}, nil
+				return backend.SessionResult{}, nil
 			}
 			if left > maxSlice {
 				continue
 			}
-			res, err = askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+			res, err = askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 				return w.TryLockSessionFor(ctx, conn, l.key, l.name, l.cfg.minHold)
 			})
 		} else {
@@ -106,10 +108,10 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w WindowedSessionLocker
 			res, err = waitSession(ctx, slice, w, p, l.key)
 			cancel()
 			if err == nil && !res.OK && budget.Err() != nil {
-				return SessionResult{}, nil
+				return backend.SessionResult{}, nil
 			}
 			if err == nil && res.OK {
-				res, err = askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+				res, err = askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 					return w.ClaimWindow(ctx, conn, l.key, l.name, l.cfg.minHold)
 				})
 			}
@@ -145,7 +147,7 @@ func sleepWithin(budget context.Context, d time.Duration) bool {
 
 // windowHolder reports the holder of an open window of a Lock with
 // WithMinHold, nil without the option or when no window is open.
-func (l *Lock) windowHolder(ctx context.Context, b *lockBackend) (*Holder, error) {
+func (l *Lock) windowHolder(ctx context.Context, b *lockBackend) (*backend.Holder, error) {
 	if b.windows == nil {
 		return nil, nil
 	}

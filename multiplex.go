@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Multiplexing (WithMultiplexing): the session locks of every Lock on one
@@ -32,7 +34,7 @@ import (
 //   - A session that holds no lock and runs no statement goes back to the
 //     pool (retire): the pool never lends a session that holds locks.
 //   - One keep-alive per session asks, in one statement, which of its
-//     keys it still holds (MultiKeyLocker.HeldKeys).
+//     keys it still holds (backend.MultiplexLocker).
 //
 // A wait (Lock, LockTimeout) tries on a shared session first, then waits
 // server-side on a connection of its own, which holds the lock if it is
@@ -62,7 +64,7 @@ var muxPools = struct {
 // muxPool is the shared sessions of one muxKey.
 type muxPool struct {
 	key     muxKey
-	locker  MultiKeyLocker
+	locker  backend.MultiplexLocker
 	bounded bool
 	logger  *slog.Logger
 	obs     *observed // told of discards: the first Lock's that opened a session
@@ -116,7 +118,7 @@ func muxKeyOf(l *Lock, lb *lockBackend) muxKey {
 
 // muxPoolOf makes the pool of key for l's sessions on lb.
 func muxPoolOf(l *Lock, lb *lockBackend, key muxKey) *muxPool {
-	return &muxPool{key: key, locker: lb.session.(MultiKeyLocker), bounded: lb.bounded, logger: l.cfg.log(),
+	return &muxPool{key: key, locker: lb.session.(backend.MultiplexLocker), bounded: lb.bounded, logger: l.cfg.log(),
 		obs: l.observedAs(false), held: map[int64]*muxHold{}}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -287,7 +288,7 @@ func rivalWorker(ctx context.Context, t *testing.T, db *sql.DB, opts []advisoryl
 // with fail set, the next check runs a statement the server refuses and
 // returns its error.
 type keyDropper struct {
-	advisorylock.SessionLocker
+	backend.SessionLocker
 	unlock  string // the statement that lets go of a key on the session; its one argument is arg's
 	arg     func(int64) any
 	drop    *atomic.Int64 // the key to let go of; 0: none
@@ -297,16 +298,17 @@ type keyDropper struct {
 }
 
 var _ interface {
-	advisorylock.Configurer
-	advisorylock.MultiKeyLocker
+	backend.Validator
+	backend.Configurer
+	backend.MultiplexLocker
 } = keyDropper{}
 
 // newKeyDropper wraps the backend of srv, a muxServer's name.
 func newKeyDropper(srv string) keyDropper {
-	d := keyDropper{SessionLocker: advisorylock.Postgres().(advisorylock.SessionLocker), unlock: "SELECT pg_advisory_unlock($1)", arg: func(k int64) any { return k },
+	d := keyDropper{SessionLocker: advisorylock.Postgres().(backend.SessionLocker), unlock: "SELECT pg_advisory_unlock($1)", arg: func(k int64) any { return k },
 		drop: new(atomic.Int64), then: new(atomic.Pointer[func(int64)]), fail: new(atomic.Bool), dropped: make(chan int64, 1)}
 	if srv == "mysql" {
-		d.SessionLocker = advisorylock.MySQL().(advisorylock.SessionLocker)
+		d.SessionLocker = advisorylock.MySQL().(backend.SessionLocker)
 		d.unlock, d.arg = "SELECT RELEASE_LOCK(?) = 1", func(k int64) any { return fmt.Sprintf("advisorylock:v1:%016x", uint64(k)) }
 	}
 	return d
@@ -314,33 +316,14 @@ func newKeyDropper(srv string) keyDropper {
 
 // Configure keeps the fault on the backend configured for the handle and
 // for a Lock.
-func (d keyDropper) Configure(db advisorylock.DB, deadHolder time.Duration, serverChecks bool) advisorylock.Backend {
-	d.SessionLocker = d.SessionLocker.(advisorylock.Configurer).Configure(db, deadHolder, serverChecks).(advisorylock.SessionLocker)
+func (d keyDropper) Configure(db backend.DB, deadHolder time.Duration, serverChecks bool) backend.Backend {
+	d.SessionLocker = d.SessionLocker.(backend.Configurer).Configure(db, deadHolder, serverChecks).(backend.SessionLocker)
 	return d
 }
 
-func (d keyDropper) multi() advisorylock.MultiKeyLocker {
-	return d.SessionLocker.(advisorylock.MultiKeyLocker)
-}
-
-func (d keyDropper) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
-	return d.multi().TryLockAny(ctx, conn, keys)
-}
-
-func (d keyDropper) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64) ([]*advisorylock.Holder, error) {
-	return d.multi().KeyHolders(ctx, db, keys)
-}
-
-func (d keyDropper) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	return d.multi().TryLockAll(ctx, conn, keys)
-}
-
-func (d keyDropper) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	return d.multi().UnlockAll(ctx, conn, keys)
-}
-
-func (d keyDropper) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (advisorylock.SessionResult, error) {
-	return d.multi().UnlockAndSignal(ctx, conn, key, signal)
+// Validate validates as the wrapped backend does.
+func (d keyDropper) Validate(ctx context.Context, db backend.DB) error {
+	return d.SessionLocker.(backend.Validator).Validate(ctx, db)
 }
 
 func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
@@ -361,7 +344,7 @@ func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) 
 		}
 		d.dropped <- k
 	}
-	return d.multi().HeldKeys(ctx, conn, keys)
+	return d.SessionLocker.(backend.MultiplexLocker).HeldKeys(ctx, conn, keys)
 }
 
 // TestMultiplexedKeepAliveLosesOnlyTheMissingKeys: when a live shared

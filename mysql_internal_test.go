@@ -10,6 +10,8 @@ import (
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // TestMySQLServersAreCheckedByWhatTheyReport: what Validate reads of a
@@ -116,7 +118,7 @@ func TestMySQLWindowedTryRetriesAFirstInsertAndADeadlock(t *testing.T) {
 	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(14, 2)) // granted to connection 7
 	mock.ExpectExec(upsert).WillReturnResult(sqlmock.NewResult(0, 0))  // refused: a window is open
 	b := mysqlBackend{}
-	if r, err := b.TryLockSessionFor(ctx, conn, key, "n", time.Second); err != nil || r != (SessionResult{OK: true, Session: 7}) {
+	if r, err := b.TryLockSessionFor(ctx, conn, key, "n", time.Second); err != nil || r != (backend.SessionResult{OK: true, Session: 7}) {
 		t.Fatalf("TryLockSessionFor = %+v, %v; want granted to session 7", r, err)
 	}
 	if r, err := b.TryLockSessionFor(ctx, conn, key, "n", time.Second); err != nil || r.OK {

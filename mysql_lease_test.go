@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/go-sql-driver/mysql"
 )
@@ -83,9 +84,9 @@ func TestMySQLLeaseTokensGrowAndSurviveRowDeletion(t *testing.T) {
 // renewOnce runs one renew of a grant through the backend, as the keeper
 // would.
 func renewOnce(db *sql.DB, name, owner string, token advisorylock.FencingToken) error {
-	store := advisorylock.MySQL().(advisorylock.LeaseStore)
-	_, err := store.RenewLease(context.Background(), db, advisorylock.LeaseRequest{
-		Kind: "lease", Name: name, Owner: owner, Token: token, TTL: time.Minute})
+	store := advisorylock.MySQL().(backend.LeaseStore)
+	_, err := store.RenewLease(context.Background(), db, backend.LeaseRequest{
+		Kind: "lease", Name: name, Owner: owner, Token: uint64(token), TTL: time.Minute})
 	return err
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/go-sql-driver/mysql"
 )
@@ -539,7 +540,7 @@ func TestWrappedMySQLDriverIsDetectedByAskingTheDatabase(t *testing.T) {
 // wraps the MySQL backend through the exported interface alone and
 // counts the calls, proving that a session-lock backend plugs in.
 type countingSessions struct {
-	advisorylock.SessionLocker
+	backend.SessionLocker
 	mu    sync.Mutex
 	calls map[string]int
 }
@@ -552,24 +553,24 @@ func (c *countingSessions) count(op string) {
 
 func (c *countingSessions) Name() string { return "counting" }
 
-func (c *countingSessions) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
+func (c *countingSessions) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	c.count("try")
 	return c.SessionLocker.TryLockSession(ctx, conn, key)
 }
 
-func (c *countingSessions) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (advisorylock.SessionResult, error) {
+func (c *countingSessions) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (backend.SessionResult, error) {
 	c.count("wait")
 	return c.SessionLocker.WaitLockSession(ctx, conn, key, slice)
 }
 
-func (c *countingSessions) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
+func (c *countingSessions) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	c.count("unlock")
 	return c.SessionLocker.UnlockSession(ctx, conn, key)
 }
 
 func TestSessionLockerPlugsInOnMariaDB(t *testing.T) {
 	ctx := context.Background()
-	inner, ok := advisorylock.MySQL().(advisorylock.SessionLocker)
+	inner, ok := advisorylock.MySQL().(backend.SessionLocker)
 	if !ok {
 		t.Fatal("MySQL() is not a SessionLocker")
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Observer sees what locks do, for metrics and traces: every acquire
@@ -259,7 +261,7 @@ const (
 )
 
 // The kinds of lock, as Event.Kind names them; the first three are also
-// the kinds of LeaseRequest.
+// the kinds of backend.LeaseRequest.
 const (
 	kindLock        = "lock"
 	kindShared      = "shared"
@@ -429,7 +431,7 @@ const unknownBackend = "unknown"
 // backend "unknown": the "acquire_start" of a wrapped driver's first
 // acquire, whose first use identifies the backend by asking the database
 // (its "acquire_end" names the backend when that succeeded).
-func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind, name string, resolved func() Backend) *observed {
+func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind, name string, resolved func() backend.Backend) *observed {
 	b := localBackend(db, cfg)
 	if b == nil {
 		b = resolved()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // TryDoOnce runs fn at most once for the pair (the Lock's name, run),
@@ -72,14 +74,14 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 	return ran && !done && !unsupported, err
 }
 
-// runRecorder returns the LeaseStore that keeps l's runs: l's backend,
-// after the first-use work (see Lock.backend).
-func (l *Lock) runRecorder(ctx context.Context) (LeaseStore, error) {
+// runRecorder returns what keeps l's runs: l's backend, after the
+// first-use work (see Lock.backend), where it is a RunRecorder.
+func (l *Lock) runRecorder(ctx context.Context) (backend.RunRecorder, error) {
 	lb, err := l.backend(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rec, ok := lb.backend().(LeaseStore)
+	rec, ok := lb.backend().(backend.RunRecorder)
 	if !ok {
 		return nil, fmt.Errorf("%w: backend %q records no runs (TryDoOnce needs a LeaseStore)", ErrUnsupported, lb.backend().Name())
 	}

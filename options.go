@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Option configures a Lock, LeaseLock, Semaphore, Election or Fence. A
@@ -37,7 +39,7 @@ const (
 )
 
 type config struct {
-	backend        Backend
+	backend        backend.Backend
 	ttl            time.Duration
 	poll           time.Duration
 	pollSet        bool // by WithPollInterval (Election.Observe has its own default)
@@ -141,7 +143,9 @@ func (c *config) log() *slog.Logger {
 
 // WithBackend sets the backend instead of detecting it from db.Driver().
 // It is required where the driver cannot be detected, such as go-sqlmock.
-func WithBackend(b Backend) Option { return func(c *config) { c.backend = b; c.set(optBackend) } }
+func WithBackend(b backend.Backend) Option {
+	return func(c *config) { c.backend = b; c.set(optBackend) }
+}
 
 // WithLeaseTTL sets how long a lease lives without renewal [30s]; a d
 // outside [1s, 24h] is refused. A holder renews every third of it, so a holder that
@@ -276,8 +280,9 @@ func WithRunRetention(d time.Duration) Option {
 //
 // sessions below 1 is refused. It applies to New and NewSet, and not
 // with WithMinHold; RLock on a Lock with it returns ErrUnsupported, and
-// on SQLite, whose Locks are rows, it changes nothing. A backend must
-// implement MultiKeyLocker.
+// on SQLite, whose Locks are rows, it changes nothing. A backend given
+// with WithBackend must support it (see package backend), else the first
+// operation returns ErrUnsupported.
 func WithMultiplexing(sessions int) Option {
 	return func(c *config) { c.multiplex = sessions; c.set(optMultiplexing) }
 }

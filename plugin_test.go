@@ -2,7 +2,7 @@ package advisorylock_test
 
 // The plug-in contract: a backend of a third party's making gets every
 // capability the built-in ones have, through the exported interfaces of
-// backend.go alone.
+// package backend alone.
 
 import (
 	"context"
@@ -14,34 +14,55 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // party is a backend as a third party writes one: a type of its own that
-// implements the optional interfaces of backend.go by forwarding to a
-// built-in backend through those same interfaces only (it cannot see the
-// built-in's unexported methods), counting the calls of each interface
-// (and, where an interface has several jobs, of each job).
+// implements every optional interface of package backend by forwarding to
+// a built-in backend through those same interfaces only (it cannot see
+// the built-in's unexported methods), answering ErrUnsupported where the
+// built-in lacks one, and counting the calls of each interface (and,
+// where an interface has several jobs, of each job).
 type party struct {
-	inner advisorylock.Backend
+	inner backend.Backend
 	calls *calls
 }
 
+// The interfaces a party implements, checked by the compiler.
+var _ interface {
+	backend.SessionLocker
+	backend.LeaseStore
+	backend.Validator
+	backend.Configurer
+	backend.SessionIdentifier
+	backend.TermKeeper
+	backend.TxLocker
+	backend.SharedSessionLocker
+	backend.SlotLocker
+	backend.SetLocker
+	backend.MultiplexLocker
+	backend.ReleaseSignaler
+	backend.TableChecker
+	backend.TokenAdmitter
+	backend.RunRecorder
+	backend.SharedRowStore
+	backend.ReleaseListener
+	backend.LeaseSleeper
+} = party{}
+
+// innerAs returns p's built-in backend as T, counting a call of iface;
+// false where the built-in is no T (the party then answers
+// ErrUnsupported, as a backend may where its driver lacks a capability).
+func innerAs[T any](p party, iface string) (T, bool) {
+	p.calls.add(iface)
+	t, ok := p.inner.(T)
+	return t, ok
+}
+
 // wrap returns b as a party, counting into p's calls.
-func (p party) wrap(b advisorylock.Backend) advisorylock.SessionLocker {
+func (p party) wrap(b backend.Backend) backend.SessionLocker {
 	return party{inner: b, calls: p.calls}
-}
-
-// Configurer
-func (p party) Configure(db advisorylock.DB, deadHolder time.Duration, serverChecks bool) advisorylock.Backend {
-	p.calls.configure(settings{deadHolder, serverChecks})
-	return p.wrap(p.inner.(advisorylock.Configurer).Configure(db, deadHolder, serverChecks))
-}
-
-// SharedSessionLocker
-func (p party) Shared() advisorylock.SessionLocker {
-	p.calls.add("SharedSessionLocker")
-	return p.wrap(p.inner.(advisorylock.SharedSessionLocker).Shared())
 }
 
 // calls counts the calls of each optional interface, by its name, and
@@ -59,7 +80,6 @@ type settings struct {
 }
 
 func (c *calls) configure(s settings) {
-	c.add("Configurer")
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.settings = append(c.settings, s)
@@ -78,7 +98,7 @@ func (c *calls) add(iface string) {
 	c.n[iface]++
 }
 
-func (p party) heldKeysCalls() int { return p.calls.count("MultiKeyLocker.HeldKeys") }
+func (p party) heldKeysCalls() int { return p.calls.count("MultiplexLocker") }
 
 func (c *calls) count(iface string) int {
 	c.mu.Lock()
@@ -86,195 +106,246 @@ func (c *calls) count(iface string) int {
 	return c.n[iface]
 }
 
-func (p party) session() advisorylock.SessionLocker { return p.inner.(advisorylock.SessionLocker) }
-func (p party) store() advisorylock.LeaseStore      { return p.inner.(advisorylock.LeaseStore) }
+func (p party) session() backend.SessionLocker { return p.inner.(backend.SessionLocker) }
+func (p party) store() backend.LeaseStore      { return p.inner.(backend.LeaseStore) }
 
+// Backend, SessionLocker and LeaseStore: the required methods.
 func (p party) Name() string { return "party-" + p.inner.Name() }
-func (p party) Validate(ctx context.Context, db advisorylock.DB) error {
-	return p.inner.Validate(ctx, db)
-}
-func (p party) Traits() advisorylock.Traits {
+func (p party) Traits() backend.Traits {
 	p.calls.add("Traits")
 	return p.inner.Traits()
 }
-func (p party) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
+func (p party) TryLockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	return p.session().TryLockSession(ctx, conn, key)
 }
-func (p party) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (advisorylock.SessionResult, error) {
+func (p party) WaitLockSession(ctx context.Context, conn *sql.Conn, key int64, slice time.Duration) (backend.SessionResult, error) {
 	return p.session().WaitLockSession(ctx, conn, key, slice)
 }
-func (p party) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (advisorylock.SessionResult, error) {
+func (p party) UnlockSession(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	return p.session().UnlockSession(ctx, conn, key)
 }
 func (p party) HoldsSession(ctx context.Context, conn *sql.Conn, key int64) (bool, error) {
 	return p.session().HoldsSession(ctx, conn, key)
 }
-func (p party) SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error) {
-	return p.session().SessionIdentity(ctx, conn)
-}
-func (p party) SessionHolder(ctx context.Context, db advisorylock.DB, key int64) (*advisorylock.Holder, error) {
+func (p party) SessionHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
 	return p.session().SessionHolder(ctx, db, key)
 }
-
-// LeaseStore: the tables of the session backend's terms and windows are
-// checked through it.
-func (p party) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (p party) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	p.calls.add("LeaseStore.AcquireLease")
 	return p.store().AcquireLease(ctx, db, r)
 }
-func (p party) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (p party) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	return p.store().RenewLease(ctx, db, r)
 }
-func (p party) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {
+func (p party) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	return p.store().ReleaseLease(ctx, db, r)
 }
-func (p party) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
+func (p party) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	return p.store().LeaseHolder(ctx, db, r)
 }
-func (p party) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token advisorylock.FencingToken) error {
-	return p.store().AdmitToken(ctx, tx, resource, token)
-}
 func (p party) Schema() string { return p.store().Schema() }
-func (p party) CheckTables(ctx context.Context, db advisorylock.DB, tables ...string) error {
-	p.calls.add("LeaseStore.CheckTables")
-	return p.store().CheckTables(ctx, db, tables...)
-}
-func (p party) LeaseHolders(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
-	return p.store().LeaseHolders(ctx, db, r)
+
+// Validator
+func (p party) Validate(ctx context.Context, db backend.DB) error {
+	if v, ok := innerAs[backend.Validator](p, "Validator"); ok {
+		return v.Validate(ctx, db)
+	}
+	return nil
 }
 
-// LeaseStore: TryDoOnce's records of runs, and a LeaseLock waiter's
-// listener.
-func (p party) RunDone(ctx context.Context, db advisorylock.DB, name, run string) (bool, error) {
-	p.calls.add("LeaseStore.RunDone")
-	return p.store().RunDone(ctx, db, name, run)
-}
-func (p party) RecordRun(ctx context.Context, db advisorylock.DB, name, run string, now time.Time, keep time.Duration) error {
-	p.calls.add("LeaseStore.RecordRun")
-	return p.store().RecordRun(ctx, db, name, run, now, keep)
-}
-func (p party) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
-	p.calls.add("LeaseStore.ListenReleases")
-	return p.store().ListenReleases(ctx, db, conn, ready, released)
+// Configurer
+func (p party) Configure(db backend.DB, deadHolder time.Duration, serverChecks bool) backend.Backend {
+	c, _ := innerAs[backend.Configurer](p, "Configurer")
+	p.calls.configure(settings{deadHolder, serverChecks})
+	return p.wrap(c.Configure(db, deadHolder, serverChecks))
 }
 
-// LeaseStore's waiters in line: a LeaseLock waiter's place, the listener
-// that tells it a release handed it the lease, and its sleep in line
-// where releases are not heard.
-func (p party) QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
-	p.calls.add("LeaseStore.QueueLease")
-	defer p.calls.add("LeaseStore.QueueLease returned")
-	q, ok := p.inner.(queuer)
-	if !ok {
-		return 0, advisorylock.ErrUnsupported
+// SessionIdentifier: the pooler probe.
+func (p party) SessionIdentity(ctx context.Context, conn *sql.Conn) (string, error) {
+	if s, ok := innerAs[backend.SessionIdentifier](p, "SessionIdentifier"); ok {
+		return s.SessionIdentity(ctx, conn)
 	}
-	return q.QueueLease(ctx, db, conn, r)
-}
-func (p party) SleepInLine(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest, d time.Duration) (bool, error) {
-	p.calls.add("LeaseStore.SleepInLine")
-	q, ok := p.inner.(queuer)
-	if !ok {
-		return false, advisorylock.ErrUnsupported
-	}
-	return q.SleepInLine(ctx, db, conn, r, d)
-}
-func (p party) ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
-	p.calls.add("LeaseStore.ListenGrants")
-	q, ok := p.inner.(queuer)
-	if !ok {
-		return advisorylock.ErrUnsupported
-	}
-	return q.ListenGrants(ctx, db, conn, ready, released)
+	return "", backend.ErrUnsupported
 }
 
-// MultiKeyLocker: a semaphore's slots, a set's keys, multiplexed locks.
-func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, advisorylock.SessionResult, error) {
-	p.calls.add("MultiKeyLocker")
-	return p.inner.(advisorylock.MultiKeyLocker).TryLockAny(ctx, conn, keys)
+// TermKeeper: an Election's terms.
+func (p party) PrepareElections(ctx context.Context, db backend.DB) error {
+	if k, ok := innerAs[backend.TermKeeper](p, "TermKeeper.PrepareElections"); ok {
+		return k.PrepareElections(ctx, db)
+	}
+	return backend.ErrUnsupported
 }
-func (p party) KeyHolders(ctx context.Context, db advisorylock.DB, keys []int64) ([]*advisorylock.Holder, error) {
-	p.calls.add("MultiKeyLocker")
-	return p.inner.(advisorylock.MultiKeyLocker).KeyHolders(ctx, db, keys)
+func (p party) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (uint64, error) {
+	if k, ok := innerAs[backend.TermKeeper](p, "TermKeeper.BeginTerm"); ok {
+		return k.BeginTerm(ctx, conn, key, name, owner)
+	}
+	return 0, backend.ErrUnsupported
 }
-func (p party) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	p.calls.add("MultiKeyLocker.TryLockAll")
-	return p.inner.(advisorylock.MultiKeyLocker).TryLockAll(ctx, conn, keys)
+func (p party) TermHolder(ctx context.Context, db backend.DB, key int64, name string) (*backend.Holder, error) {
+	if k, ok := innerAs[backend.TermKeeper](p, "TermKeeper.TermHolder"); ok {
+		return k.TermHolder(ctx, db, key, name)
+	}
+	return nil, backend.ErrUnsupported
 }
-func (p party) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (advisorylock.SessionResult, error) {
-	p.calls.add("MultiKeyLocker.TryLockAll")
-	return p.inner.(advisorylock.MultiKeyLocker).UnlockAll(ctx, conn, keys)
+func (p party) EndTerm(ctx context.Context, conn *sql.Conn, name string, term uint64) error {
+	if k, ok := innerAs[backend.TermKeeper](p, "TermKeeper.EndTerm"); ok {
+		return k.EndTerm(ctx, conn, name, term)
+	}
+	return backend.ErrUnsupported
 }
-func (p party) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (advisorylock.SessionResult, error) {
-	p.calls.add("MultiKeyLocker.UnlockAndSignal")
-	return p.inner.(advisorylock.MultiKeyLocker).UnlockAndSignal(ctx, conn, key, signal)
+
+// TxLocker: transaction locks (none over MySQL).
+func (p party) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
+	if l, ok := innerAs[backend.TxLocker](p, "TxLocker.TryLockTx"); ok {
+		return l.TryLockTx(ctx, tx, key)
+	}
+	return false, backend.ErrUnsupported
 }
-func (p party) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
-	p.calls.add("MultiKeyLocker.HeldKeys")
-	return p.inner.(advisorylock.MultiKeyLocker).HeldKeys(ctx, conn, keys)
+func (p party) TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error) {
+	if l, ok := innerAs[backend.TxLocker](p, "TxLocker.WaitLockTx"); ok {
+		return l.TxSettings(ctx, tx)
+	}
+	return nil, backend.ErrUnsupported
+}
+func (p party) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error) {
+	if l, ok := innerAs[backend.TxLocker](p, "TxLocker.WaitLockTx"); ok {
+		return l.WaitLockTx(ctx, tx, key, slice, prev)
+	}
+	return false, backend.ErrUnsupported
 }
 
 // SharedSessionLocker
-func (p party) SessionHolders(ctx context.Context, db advisorylock.DB, key int64) ([]*advisorylock.Holder, error) {
-	p.calls.add("SharedSessionLocker")
-	return p.inner.(advisorylock.SharedSessionLocker).SessionHolders(ctx, db, key)
+func (p party) Shared() backend.SessionLocker {
+	s, _ := innerAs[backend.SharedSessionLocker](p, "SharedSessionLocker")
+	return p.wrap(s.Shared())
+}
+func (p party) SessionHolders(ctx context.Context, db backend.DB, key int64) ([]*backend.Holder, error) {
+	s, _ := innerAs[backend.SharedSessionLocker](p, "SharedSessionLocker")
+	return s.SessionHolders(ctx, db, key)
 }
 func (p party) EndWait(ctx context.Context, conn *sql.Conn, key int64) error {
-	p.calls.add("SharedSessionLocker.EndWait")
-	return p.inner.(advisorylock.SharedSessionLocker).EndWait(ctx, conn, key)
+	s, _ := innerAs[backend.SharedSessionLocker](p, "SharedSessionLocker.EndWait")
+	return s.EndWait(ctx, conn, key)
 }
 
-// SessionLocker: an Election's terms.
-func (p party) PrepareElections(ctx context.Context, db advisorylock.DB) error {
-	return p.session().PrepareElections(ctx, db)
+// SlotLocker: a semaphore's slots.
+func (p party) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
+	if l, ok := innerAs[backend.SlotLocker](p, "SlotLocker"); ok {
+		return l.TryLockAny(ctx, conn, keys)
+	}
+	return 0, backend.SessionResult{}, backend.ErrUnsupported
 }
-func (p party) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (advisorylock.FencingToken, error) {
-	return p.session().BeginTerm(ctx, conn, key, name, owner)
-}
-func (p party) TermHolder(ctx context.Context, db advisorylock.DB, key int64, name string) (*advisorylock.Holder, error) {
-	return p.session().TermHolder(ctx, db, key, name)
-}
-func (p party) EndTerm(ctx context.Context, conn *sql.Conn, name string, term advisorylock.FencingToken) error {
-	p.calls.add("SessionLocker.EndTerm")
-	return p.session().EndTerm(ctx, conn, name, term)
-}
-
-// SessionLocker: transaction locks (ErrUnsupported over MySQL).
-func (p party) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
-	p.calls.add("SessionLocker.TryLockTx")
-	return p.session().TryLockTx(ctx, tx, key)
-}
-func (p party) TxSettings(ctx context.Context, tx *sql.Tx) (map[string]string, error) {
-	p.calls.add("SessionLocker.WaitLockTx")
-	return p.session().TxSettings(ctx, tx)
-}
-func (p party) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice time.Duration, prev map[string]string) (bool, error) {
-	p.calls.add("SessionLocker.WaitLockTx")
-	return p.session().WaitLockTx(ctx, tx, key, slice, prev)
+func (p party) KeyHolders(ctx context.Context, db backend.DB, keys []int64) ([]*backend.Holder, error) {
+	if l, ok := innerAs[backend.SlotLocker](p, "SlotLocker"); ok {
+		return l.KeyHolders(ctx, db, keys)
+	}
+	return nil, backend.ErrUnsupported
 }
 
-// queuer is a LeaseStore with waiters in line that may sleep in line
-// (see LeaseStore).
-type queuer interface {
-	advisorylock.LeaseStore
-	QueueLease(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error)
-	ListenGrants(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error
-	SleepInLine(ctx context.Context, db advisorylock.DB, conn *sql.Conn, r advisorylock.LeaseRequest, d time.Duration) (bool, error)
+// SetLocker: a set's keys (one statement each over MySQL).
+func (p party) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
+	if l, ok := innerAs[backend.SetLocker](p, "SetLocker"); ok {
+		return l.TryLockAll(ctx, conn, keys)
+	}
+	return backend.SessionResult{}, backend.ErrUnsupported
+}
+func (p party) UnlockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
+	if l, ok := innerAs[backend.SetLocker](p, "SetLocker"); ok {
+		return l.UnlockAll(ctx, conn, keys)
+	}
+	return backend.SessionResult{}, backend.ErrUnsupported
 }
 
-// The interfaces a party implements, checked by the compiler.
-var _ interface {
-	advisorylock.Configurer
-	queuer
-	advisorylock.MultiKeyLocker
-	advisorylock.SharedSessionLocker
-} = party{}
+// MultiplexLocker: multiplexed locks' keep-alive.
+func (p party) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error) {
+	l, _ := innerAs[backend.MultiplexLocker](p, "MultiplexLocker")
+	return l.HeldKeys(ctx, conn, keys)
+}
+
+// ReleaseSignaler: a semaphore's slot release (a plain release over
+// MySQL).
+func (p party) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (backend.SessionResult, error) {
+	if s, ok := innerAs[backend.ReleaseSignaler](p, "ReleaseSignaler"); ok {
+		return s.UnlockAndSignal(ctx, conn, key, signal)
+	}
+	return backend.SessionResult{}, backend.ErrUnsupported
+}
+
+// TableChecker: the tables of the session backend's terms and windows
+// are checked through it too.
+func (p party) CheckTables(ctx context.Context, db backend.DB, tables ...string) error {
+	if c, ok := innerAs[backend.TableChecker](p, "TableChecker"); ok {
+		return c.CheckTables(ctx, db, tables...)
+	}
+	return nil
+}
+
+// TokenAdmitter: a Fence.
+func (p party) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token uint64) (uint64, error) {
+	if a, ok := innerAs[backend.TokenAdmitter](p, "TokenAdmitter"); ok {
+		return a.AdmitToken(ctx, tx, resource, token)
+	}
+	return 0, backend.ErrUnsupported
+}
+
+// RunRecorder: TryDoOnce's records of runs.
+func (p party) RunDone(ctx context.Context, db backend.DB, name, run string) (bool, error) {
+	if r, ok := innerAs[backend.RunRecorder](p, "RunRecorder.RunDone"); ok {
+		return r.RunDone(ctx, db, name, run)
+	}
+	return false, backend.ErrUnsupported
+}
+func (p party) RecordRun(ctx context.Context, db backend.DB, name, run string, now time.Time, keep time.Duration) error {
+	if r, ok := innerAs[backend.RunRecorder](p, "RunRecorder.RecordRun"); ok {
+		return r.RecordRun(ctx, db, name, run, now, keep)
+	}
+	return backend.ErrUnsupported
+}
+
+// SharedRowStore: never used over a session backend (its Locks are
+// session locks).
+func (p party) LeaseHolders(ctx context.Context, db backend.DB, r backend.LeaseRequest) ([]*backend.Holder, error) {
+	if s, ok := innerAs[backend.SharedRowStore](p, "SharedRowStore"); ok {
+		return s.LeaseHolders(ctx, db, r)
+	}
+	return nil, backend.ErrUnsupported
+}
+
+// ReleaseListener, LeaseQueuer and LeaseSleeper: a LeaseLock waiter's
+// place in line, the listener that tells it a release handed it the
+// lease, and its sleep in line where releases are not heard.
+func (p party) ListenReleases(ctx context.Context, db backend.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
+	if l, ok := innerAs[backend.ReleaseListener](p, "ReleaseListener"); ok {
+		return l.ListenReleases(ctx, db, conn, ready, released)
+	}
+	return backend.ErrUnsupported
+}
+func (p party) QueueLease(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest) (uint64, error) {
+	defer p.calls.add("LeaseQueuer.QueueLease returned")
+	if q, ok := innerAs[backend.LeaseQueuer](p, "LeaseQueuer.QueueLease"); ok {
+		return q.QueueLease(ctx, db, conn, r)
+	}
+	return 0, backend.ErrUnsupported
+}
+func (p party) ListenGrants(ctx context.Context, db backend.DB, conn *sql.Conn, ready func(), released func(key int64, grantee string)) error {
+	if q, ok := innerAs[backend.LeaseQueuer](p, "LeaseQueuer.ListenGrants"); ok {
+		return q.ListenGrants(ctx, db, conn, ready, released)
+	}
+	return backend.ErrUnsupported
+}
+func (p party) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest, d time.Duration) (bool, error) {
+	if s, ok := innerAs[backend.LeaseSleeper](p, "LeaseSleeper"); ok {
+		return s.SleepInLine(ctx, db, conn, r, d)
+	}
+	return false, backend.ErrUnsupported
+}
 
 // partyOps runs, through a third party's backend, an operation of each
 // kind that looks for an optional interface, and checks that each did
 // its work: exclusion against the built-in backend on the same name, a
 // semaphore's slot, a shared hold, a term that ends on resign, a run
 // recorded done.
-func partyOps(t *testing.T, db *sql.DB, b advisorylock.Backend) {
+func partyOps(t *testing.T, db *sql.DB, b backend.Backend) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
@@ -389,8 +460,7 @@ func wantCalls(t *testing.T, c *calls, ifaces ...string) {
 // excludes, tunes itself per driver, configures its sessions, takes a
 // semaphore's slots in one statement, shared holds, transaction locks
 // (waiting for one too), checks its tables, ends its terms, records runs
-// and listens for a LeaseLock waiter: every optional interface, and
-// every optional job of LeaseStore, is called.
+// and listens for a LeaseLock waiter: every optional interface is called.
 func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -414,7 +484,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 			defer func() { _ = tx.Rollback() }()
 			done := make(chan error, 1)
 			go func() { done <- newLock(t, db, name, advisorylock.WithBackend(b)).LockTx(ctx, tx) }()
-			testdb.WaitFor(t, wait, func() bool { return c.count("SessionLocker.WaitLockTx") > 0 }, "LockTx never waited through the third party's WaitLockTx")
+			testdb.WaitFor(t, wait, func() bool { return c.count("TxLocker.WaitLockTx") > 0 }, "LockTx never waited through the third party's WaitLockTx")
 			mustRelease(t, holder)
 			if err := <-done; err != nil {
 				t.Fatalf("LockTx through the third party: %v", err)
@@ -437,13 +507,13 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				}
 				lgot <- err
 			}()
-			testdb.WaitFor(t, wait, func() bool { return c.count("LeaseStore.ListenGrants") > 0 && c.count("LeaseStore.QueueLease") > 0 },
+			testdb.WaitFor(t, wait, func() bool { return c.count("LeaseQueuer.ListenGrants") > 0 && c.count("LeaseQueuer.QueueLease") > 0 },
 				"a LeaseLock waiter never listened through the third party's ListenGrants, or never queued through its QueueLease")
-			lease := []string{"LeaseStore.QueueLease", "LeaseStore.ListenGrants"}
+			lease := []string{"LeaseQueuer.QueueLease", "LeaseQueuer.ListenGrants"}
 			if drv == "postgres" {
-				testdb.WaitFor(t, wait, func() bool { return c.count("LeaseStore.SleepInLine") > 0 },
+				testdb.WaitFor(t, wait, func() bool { return c.count("LeaseSleeper") > 0 },
 					"a LeaseLock waiter on lib/pq never slept in line through the third party's SleepInLine")
-				lease = append(lease, "LeaseStore.SleepInLine")
+				lease = append(lease, "LeaseSleeper")
 			}
 			if err := lg.Release(ctx); err != nil {
 				t.Fatal(err)
@@ -452,7 +522,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 				t.Fatalf("LeaseLock.Lock through the third party: %v", err)
 			}
 
-			wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "MultiKeyLocker.UnlockAndSignal", "SharedSessionLocker", "SessionLocker.TryLockTx", "SessionLocker.WaitLockTx", "SessionLocker.EndTerm", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
+			wantCalls(t, c, "Validator", "Configurer", "Traits", "SessionIdentifier", "SlotLocker", "MultiplexLocker", "SetLocker", "ReleaseSignaler", "SharedSessionLocker", "TxLocker.TryLockTx", "TxLocker.WaitLockTx", "TermKeeper.PrepareElections", "TermKeeper.BeginTerm", "TermKeeper.EndTerm", "TableChecker", "RunRecorder.RunDone", "RunRecorder.RecordRun")
 			wantCalls(t, c, lease...)
 			if want := (settings{serverChecks: true}); !c.gave(want) {
 				t.Errorf("Configure was given %+v, never %+v (the handle, before any Lock's settings)", c.settings, want)
@@ -468,9 +538,9 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 // built-in MySQL backend, whose sessions end when idle (the dead-holder
 // setting is passed only with a keep-alive and an explicit timeout) and
 // whose exclusive wait that runs out while shared holders drain lets go
-// of what it took (EndWait); its TryLockAll answers ErrUnsupported, so a
-// set's keys go one statement each, and its TryLockTx, so LockTx is
-// refused.
+// of what it took (EndWait). MySQL is no SetLocker or TxLocker, so the
+// party answers ErrUnsupported there: a set's keys go one statement each,
+// and LockTx is refused.
 func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 	db := testdb.OpenMySQL(t)
 	c := &calls{n: map[string]int{}}
@@ -503,7 +573,7 @@ func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
 		t.Fatalf("Commit after the refused LockTx: %v", err)
 	}
 
-	wantCalls(t, c, "Configurer", "Traits", "MultiKeyLocker", "MultiKeyLocker.HeldKeys", "MultiKeyLocker.TryLockAll", "MultiKeyLocker.UnlockAndSignal", "SharedSessionLocker", "SharedSessionLocker.EndWait", "SessionLocker.EndTerm", "SessionLocker.TryLockTx", "LeaseStore.CheckTables", "LeaseStore.RunDone", "LeaseStore.RecordRun")
+	wantCalls(t, c, "Validator", "Configurer", "Traits", "SessionIdentifier", "SlotLocker", "MultiplexLocker", "SetLocker", "ReleaseSignaler", "SharedSessionLocker", "SharedSessionLocker.EndWait", "TermKeeper.PrepareElections", "TermKeeper.BeginTerm", "TermKeeper.EndTerm", "TxLocker.TryLockTx", "TableChecker", "RunRecorder.RunDone", "RunRecorder.RecordRun")
 	if want := (settings{deadHolder: 10 * time.Second, serverChecks: true}); !c.gave(want) {
 		t.Errorf("Configure was given %+v, never %+v (the Lock's WithDeadHolderTimeout with a keep-alive)", c.settings, want)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // PoolerMode is what DetectPooler saw.
@@ -350,7 +352,7 @@ func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
 	if err != nil {
 		return PoolerNotSeen, probeError(err)
 	}
-	s, ok := b.(SessionLocker)
+	s, ok := b.(backend.SessionIdentifier)
 	if !ok {
 		return PoolerNotSeen, nil
 	}
@@ -368,7 +370,7 @@ const secondConnWait = time.Second
 
 // probePooler runs the probe and returns what it saw, and why, for
 // messages.
-func probePooler(ctx context.Context, db DB, s SessionLocker) (PoolerMode, string, error) {
+func probePooler(ctx context.Context, db DB, s backend.SessionIdentifier) (PoolerMode, string, error) {
 	paired := maxOpenConns(db) != 1
 	for range probeRounds {
 		why, stillPaired, err := probeRound(ctx, db, s, paired)
@@ -386,7 +388,7 @@ func probePooler(ctx context.Context, db DB, s SessionLocker) (PoolerMode, strin
 // probeRound runs one round of the probe (see DetectPooler). why is
 // non-empty when it saw multiplexing. paired reports whether later rounds
 // should still try two connections.
-func probeRound(ctx context.Context, db DB, s SessionLocker, paired bool) (why string, stillPaired bool, err error) {
+func probeRound(ctx context.Context, db DB, s backend.SessionIdentifier, paired bool) (why string, stillPaired bool, err error) {
 	a, err := borrow(ctx, db, !endsWithContext(s))
 	if err != nil {
 		return "", paired, err
@@ -425,7 +427,7 @@ func probeRound(ctx context.Context, db DB, s SessionLocker, paired bool) (why s
 // identity within secondConnWait. It returns a nil conn, and no error,
 // when that takes longer: a pool at its SetMaxOpenConns limit, or a
 // pooler with no free server session, must not hold the probe up.
-func secondSession(ctx context.Context, db DB, s SessionLocker) (conn *sql.Conn, id, why string, err error) {
+func secondSession(ctx context.Context, db DB, s backend.SessionIdentifier) (conn *sql.Conn, id, why string, err error) {
 	bctx, cancel := context.WithTimeout(ctx, secondConnWait)
 	defer cancel()
 	conn, err = db.Conn(bctx)
@@ -457,7 +459,7 @@ func secondSession(ctx context.Context, db DB, s SessionLocker) (conn *sql.Conn,
 // sessionOf reads conn's server session identity. A prepared statement
 // that vanished or already exists is a sign of multiplexing, returned as
 // why.
-func sessionOf(ctx context.Context, s SessionLocker, conn *sql.Conn) (id, why string, err error) {
+func sessionOf(ctx context.Context, s backend.SessionIdentifier, conn *sql.Conn) (id, why string, err error) {
 	id, err = s.SessionIdentity(ctx, conn)
 	switch code := sqlState(err); code {
 	case "26000", "42P05":
@@ -495,8 +497,13 @@ func (e *poolerError) Error() string {
 func (e *poolerError) Unwrap() error { return e.err }
 
 // checkPooler refuses session locks on db when the probe sees a
-// transaction-mode pooler, probing once per *sql.DB (see verdicts).
-func checkPooler(ctx context.Context, db DB, s SessionLocker) error {
+// transaction-mode pooler, probing once per *sql.DB (see verdicts). A
+// backend that cannot name sessions (no SessionIdentifier) is not probed.
+func checkPooler(ctx context.Context, db DB, b backend.SessionLocker) error {
+	s, ok := b.(backend.SessionIdentifier)
+	if !ok {
+		return nil
+	}
 	seen, err := cachedVerdict(ctx, db, "pooler", func(ctx context.Context) (poolerSeen, error) {
 		mode, why, err := probePooler(ctx, db, s)
 		return poolerSeen{mode, why}, err

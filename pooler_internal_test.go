@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/internal/testdb"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // TestProbeRoundRate measures how often ONE round of the pooler probe sees
@@ -67,7 +69,7 @@ func bouncerDSN(drv, dsn string) string {
 // multiplexing.
 func roundsSeeing(t *testing.T, db *sql.DB, drv string, paired bool, n int) int {
 	t.Helper()
-	s := SessionLocker(Postgres().(*postgres).forDB(db))
+	s := backend.SessionIdentifier(Postgres().(*postgres).forDB(db))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	seen := 0

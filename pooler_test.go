@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -377,7 +378,7 @@ func TestWithPoolerCheckFalseSkipsTheProbe(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			_, _, tx := poolerDBs(t, drv)
-			counter := &countingLocker{SessionLocker: postgresLocker(t)}
+			counter := &countingLocker{SessionIdentifier: postgresLocker(t)}
 			l, err := advisorylock.New(tx, testdb.UniqueName(t), advisorylock.WithBackend(counter), advisorylock.WithPoolerCheck(false))
 			if err != nil || l == nil {
 				t.Fatalf("New with WithPoolerCheck(false) through a transaction pool = %v, want a Lock", err)
@@ -392,7 +393,7 @@ func TestWithPoolerCheckFalseSkipsTheProbe(t *testing.T) {
 // countingLocker is the PostgreSQL backend, counting (and on demand
 // failing) the probe's identity reads.
 type countingLocker struct {
-	advisorylock.SessionLocker
+	backend.SessionIdentifier
 	identities atomic.Int64
 	fail       atomic.Pointer[error] // returned once by SessionIdentity, then cleared
 }
@@ -402,12 +403,12 @@ func (c *countingLocker) SessionIdentity(ctx context.Context, conn *sql.Conn) (s
 	if err := c.fail.Swap(nil); err != nil {
 		return "", *err
 	}
-	return c.SessionLocker.SessionIdentity(ctx, conn)
+	return c.SessionIdentifier.SessionIdentity(ctx, conn)
 }
 
-func postgresLocker(t *testing.T) advisorylock.SessionLocker {
+func postgresLocker(t *testing.T) backend.SessionIdentifier {
 	t.Helper()
-	s, ok := advisorylock.Postgres().(advisorylock.SessionLocker)
+	s, ok := advisorylock.Postgres().(backend.SessionIdentifier)
 	if !ok {
 		t.Fatal("Postgres() is not a SessionLocker")
 	}
@@ -435,7 +436,7 @@ func TestNewProbesOncePerDB(t *testing.T) {
 			}
 		}
 	}
-	one := &countingLocker{SessionLocker: postgresLocker(t)}
+	one := &countingLocker{SessionIdentifier: postgresLocker(t)}
 	newLocks(t, testdb.OpenPostgres(t, "postgres"), one, 1)
 	perProbe := one.identities.Load()
 	if perProbe == 0 {
@@ -443,7 +444,7 @@ func TestNewProbesOncePerDB(t *testing.T) {
 	}
 
 	db := testdb.OpenPostgres(t, "postgres")
-	many := &countingLocker{SessionLocker: postgresLocker(t)}
+	many := &countingLocker{SessionIdentifier: postgresLocker(t)}
 	newLocks(t, db, many, 32)
 	if got := many.identities.Load(); got != perProbe {
 		t.Fatalf("32 concurrent New calls read %d identities, one probe reads %d", got, perProbe)
@@ -459,7 +460,7 @@ func TestNewProbesOncePerDB(t *testing.T) {
 // operation, and the next one probes again.
 func TestNewDoesNotKeepAFailedProbe(t *testing.T) {
 	db := testdb.OpenPostgres(t, "postgres")
-	c := &countingLocker{SessionLocker: postgresLocker(t)}
+	c := &countingLocker{SessionIdentifier: postgresLocker(t)}
 	boom := errors.New("injected identity failure")
 	c.fail.Store(&boom)
 	_, err := newAndCheck(db, testdb.UniqueName(t), advisorylock.WithBackend(c))

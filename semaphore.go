@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Semaphore is a named counting semaphore: at most Slots holders at once,
@@ -36,8 +38,10 @@ import (
 // concurrent tries spread over the slots: on PostgreSQL and MySQL in one
 // statement that stops at the first slot it gets. On PostgreSQL, where
 // the handle's notifications can be heard (pgx, or a handle wrapped by
-// extra/advisorylockpq; see LeaseStore.ListenReleases for the listener's
-// connection), a slot's release notifies, and a waiter tries
+// extra/advisorylockpq; while waiters wait, one listener per handle keeps
+// a connection of the pool, or the wrapper's own, and none listens on a
+// pool limited to fewer than four), a slot's release notifies, and a
+// waiter tries
 // every slot when it hears one, else at each poll (WithPollInterval,
 // backing off to half a second: a slot freed by a holder whose session
 // died sends nothing). Elsewhere (lib/pq unwrapped, MySQL) a wait waits
@@ -182,20 +186,22 @@ func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
 // slotHolders reads the holder of every slot, nil for a free one: in one
 // statement where the backend can, else slot by slot.
 func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder, error) {
-	if l, ok := b.session.(MultiKeyLocker); ok {
+	if l, ok := b.session.(backend.SlotLocker); ok {
 		hs, err := l.KeyHolders(ctx, s.db, s.keys)
 		if !errors.Is(err, ErrUnsupported) {
-			return hs, err
+			return holdersOf(hs, err)
 		}
 	}
 	holders := make([]*Holder, len(s.keys))
 	for i, key := range s.keys {
+		var h *backend.Holder
 		var err error
 		if b.rows != nil {
-			holders[i], err = b.rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
+			h, err = b.rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
 		} else {
-			holders[i], err = b.session.SessionHolder(ctx, s.db, key)
+			h, err = b.session.SessionHolder(ctx, s.db, key)
 		}
+		holders[i] = holderOf(h)
 		if err != nil {
 			return nil, err
 		}
@@ -230,9 +236,9 @@ func (s *Semaphore) slot(i int) *Lock {
 
 // unlockHeld releases l's key on conn, whose session holds it: a
 // Semaphore's slot with a signal to the semaphore's waiters, where the
-// backend sends one (see MultiKeyLocker.UnlockAndSignal).
-func unlockHeld(ctx context.Context, locker SessionLocker, conn *sql.Conn, l *Lock) (SessionResult, error) {
-	if m, ok := locker.(MultiKeyLocker); ok && l.kind == kindSemaphore {
+// backend sends one (see backend.ReleaseSignaler).
+func unlockHeld(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, l *Lock) (backend.SessionResult, error) {
+	if m, ok := locker.(backend.ReleaseSignaler); ok && l.kind == kindSemaphore {
 		res, err := m.UnlockAndSignal(ctx, conn, l.key, Key(l.name))
 		if !errors.Is(err, ErrUnsupported) {
 			return res, err
@@ -244,10 +250,10 @@ func unlockHeld(ctx context.Context, locker SessionLocker, conn *sql.Conn, l *Lo
 // hearReleases registers a waiter for the signals of the semaphore's slot
 // releases (see UnlockAndSignal), under the semaphore's Key; nil where
 // they cannot be heard.
-func (s *Semaphore) hearReleases(ctx context.Context, locker SessionLocker) *leaseWaiter {
-	store, isStore := locker.(LeaseStore)
-	_, isMulti := locker.(MultiKeyLocker)
-	if !isStore || !isMulti {
+func (s *Semaphore) hearReleases(ctx context.Context, locker backend.SessionLocker) *leaseWaiter {
+	store, isStore := locker.(backend.LeaseStore)
+	_, signals := locker.(backend.ReleaseSignaler)
+	if !isStore || !signals {
 		return nil
 	}
 	return joinReleases(ctx, store, s.db, s.lock.key, "")
@@ -257,17 +263,17 @@ func (s *Semaphore) hearReleases(ctx context.Context, locker SessionLocker) *lea
 // each a session lock.
 type slotClaim struct {
 	s      *Semaphore
-	locker SessionLocker
+	locker backend.SessionLocker
 }
 
-func (c slotClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
+func (c slotClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
 	return c.s.trySlots(ctx, c.locker, p)
 }
 
 // wait waits until it holds a slot or budget ends: woken by the slots'
 // releases where they are heard (see waitWoken), else server-side on one
 // slot, chosen at random, for a slice, then trying every slot.
-func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
 	s := c.s
 	if lw := s.hearReleases(ctx, c.locker); lw != nil {
 		slot, res, deaf, err := c.waitWoken(ctx, budget, p, lw)
@@ -285,7 +291,7 @@ func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionRes
 			return slot, res, err
 		}
 		if budget.Err() != nil {
-			return 0, SessionResult{}, nil
+			return 0, backend.SessionResult{}, nil
 		}
 		actx, cancel := attemptContext(ctx, budget, sliceGrace)
 		slot, res, err = c.try(actx, p)
@@ -304,7 +310,7 @@ func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionRes
 // release without losing the connection. deaf is true, with nothing
 // held, once nobody can be heard (the store said it cannot listen on
 // the handle): the wait goes on in slices.
-func (c slotClaim) waitWoken(ctx, budget context.Context, p *pinned, lw *leaseWaiter) (slot int, res SessionResult, deaf bool, err error) {
+func (c slotClaim) waitWoken(ctx, budget context.Context, p *pinned, lw *leaseWaiter) (slot int, res backend.SessionResult, deaf bool, err error) {
 	cfg := &c.s.lock.cfg
 	longest := max(cfg.poll, leaseWaitCap)
 	poll := time.NewTimer(pollPause(cfg.poll, longest, 0))
@@ -319,11 +325,11 @@ func (c slotClaim) waitWoken(ctx, budget context.Context, p *pinned, lw *leaseWa
 			return slot, res, false, err
 		}
 		if lw.w.isOff() {
-			return 0, SessionResult{}, true, nil
+			return 0, backend.SessionResult{}, true, nil
 		}
 		select {
 		case <-budget.Done():
-			return 0, SessionResult{}, false, nil
+			return 0, backend.SessionResult{}, false, nil
 		case <-lw.wake:
 		case <-poll.C:
 			poll.Reset(pollPause(cfg.poll, longest, n))
@@ -339,27 +345,27 @@ func (c slotClaim) held(slot int) *Lock { return c.s.slot(slot) }
 
 // trySlots tries every slot, from a random start, and takes at most one;
 // OK false is a definite miss.
-func (s *Semaphore) trySlots(ctx context.Context, locker SessionLocker, p *pinned) (int, SessionResult, error) {
+func (s *Semaphore) trySlots(ctx context.Context, locker backend.SessionLocker, p *pinned) (int, backend.SessionResult, error) {
 	start := rand.N(len(s.keys))
 	keys := append(append(make([]int64, 0, len(s.keys)), s.keys[start:]...), s.keys[:start]...)
 	type answer struct {
 		i   int
-		res SessionResult
+		res backend.SessionResult
 	}
 	a, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (answer, error) {
 		i, res, err := tryAny(ctx, locker, conn, keys)
 		return answer{i, res}, err
 	})
 	if err != nil || !a.res.OK {
-		return 0, SessionResult{}, err
+		return 0, backend.SessionResult{}, err
 	}
 	return (start + a.i) % len(s.keys), a.res, nil
 }
 
 // tryAny tries keys in order on conn and takes at most one: in one
 // statement where the backend can, else one TryLockSession per key.
-func tryAny(ctx context.Context, locker SessionLocker, conn *sql.Conn, keys []int64) (int, SessionResult, error) {
-	if a, ok := locker.(MultiKeyLocker); ok {
+func tryAny(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
+	if a, ok := locker.(backend.SlotLocker); ok {
 		i, res, err := a.TryLockAny(ctx, conn, keys)
 		if !errors.Is(err, ErrUnsupported) {
 			return i, res, err
@@ -371,18 +377,18 @@ func tryAny(ctx context.Context, locker SessionLocker, conn *sql.Conn, keys []in
 			return i, res, err
 		}
 	}
-	return 0, SessionResult{}, nil
+	return 0, backend.SessionResult{}, nil
 }
 
 // rowRequest is the lease request of slot i where slots are rows.
-func (s *Semaphore) rowRequest(i int) LeaseRequest {
+func (s *Semaphore) rowRequest(i int) backend.LeaseRequest {
 	cfg := &s.lock.cfg
-	return LeaseRequest{Kind: kindLock, Name: s.name, Key: s.keys[i], TTL: cfg.ttl, Now: cfg.clock.Now()}
+	return backend.LeaseRequest{Kind: kindLock, Name: s.name, Key: s.keys[i], TTL: cfg.ttl, Now: cfg.clock.Now()}
 }
 
 // acquireRows takes a slot kept as a lease row (SQLite): tries every slot
 // from a random start, and while waiting polls until a slot reads free.
-func (s *Semaphore) acquireRows(ctx, budget context.Context, rows LeaseStore, wait bool) (*Guard, error) {
+func (s *Semaphore) acquireRows(ctx, budget context.Context, rows backend.LeaseStore, wait bool) (*Guard, error) {
 	for {
 		g, err := s.tryRows(ctx, budget, rows)
 		if !wait || !errors.Is(err, ErrNotAcquired) {
@@ -396,7 +402,7 @@ func (s *Semaphore) acquireRows(ctx, budget context.Context, rows LeaseStore, wa
 
 // tryRows makes one attempt on every slot, from a random start, and
 // stops at the first it gets.
-func (s *Semaphore) tryRows(ctx, budget context.Context, rows LeaseStore) (*Guard, error) {
+func (s *Semaphore) tryRows(ctx, budget context.Context, rows backend.LeaseStore) (*Guard, error) {
 	start := rand.N(len(s.keys))
 	for n := range s.keys {
 		slot := (start + n) % len(s.keys)
@@ -416,7 +422,7 @@ func (s *Semaphore) tryRows(ctx, budget context.Context, rows LeaseStore) (*Guar
 // waitRows polls every poll interval until a slot's row reads free or
 // expired, or budget ends. It only reads, so waiters do not fight for
 // SQLite's single writer.
-func (s *Semaphore) waitRows(budget context.Context, rows LeaseStore) error {
+func (s *Semaphore) waitRows(budget context.Context, rows backend.LeaseStore) error {
 	cfg := &s.lock.cfg
 	poll := time.NewTimer(pollPause(cfg.poll, cfg.poll, 0))
 	defer poll.Stop()
@@ -438,7 +444,7 @@ func (s *Semaphore) waitRows(budget context.Context, rows LeaseStore) error {
 }
 
 // anyRowFree reports whether some slot's row is free or expired.
-func (s *Semaphore) anyRowFree(ctx context.Context, rows LeaseStore) (bool, error) {
+func (s *Semaphore) anyRowFree(ctx context.Context, rows backend.LeaseStore) (bool, error) {
 	for i := range s.keys {
 		h, err := rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
 		if err != nil || h == nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
@@ -774,7 +775,7 @@ func TestSemaphorePoolWaitBoundsTheCheckout(t *testing.T) {
 // still taking one slot per holder.
 func TestSemaphoreOnAPluggedInSessionLocker(t *testing.T) {
 	ctx := context.Background()
-	inner, ok := advisorylock.MySQL().(advisorylock.SessionLocker)
+	inner, ok := advisorylock.MySQL().(backend.SessionLocker)
 	if !ok {
 		t.Fatal("MySQL() is not a SessionLocker")
 	}

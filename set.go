@@ -9,13 +9,15 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // A set (NewSet) is one Lock over several names. Its keys are kept in key
 // order, and every acquire takes them in that order, so two sets that
 // share names never wait for each other in a cycle. On a session backend a
 // grant holds every key on one session: a try takes all or none (one
-// statement where the backend is a MultiKeyLocker, else one per key,
+// statement where the backend is a backend.SetLocker, else one per key,
 // letting go of what it took on a miss), a wait takes them one after another,
 // each waited for server-side. On a row backend each name is a row of its
 // own, taken in key order; the set is held while all its rows are.
@@ -83,15 +85,15 @@ func (l *Lock) keysOf() []int64 {
 // session, or none.
 type setClaim struct {
 	l *Lock
-	s SessionLocker
+	s backend.SessionLocker
 }
 
-func (c setClaim) try(ctx context.Context, p *pinned) (int, SessionResult, error) {
+func (c setClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
 	res, err := c.l.trySet(ctx, c.s, p)
 	return 0, res, err
 }
 
-func (c setClaim) wait(ctx, budget context.Context, p *pinned) (int, SessionResult, error) {
+func (c setClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
 	res, err := c.l.waitSet(ctx, budget, c.s, p)
 	return 0, res, err
 }
@@ -102,9 +104,9 @@ func (c setClaim) leave(context.Context, *pinned) error { return nil }
 func (c setClaim) held(int) *Lock { return c.l }
 
 // trySet makes a set's one attempt on p's session: all or none.
-func (l *Lock) trySet(ctx context.Context, locker SessionLocker, p *pinned) (SessionResult, error) {
-	if m, ok := locker.(MultiKeyLocker); ok {
-		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+func (l *Lock) trySet(ctx context.Context, locker backend.SessionLocker, p *pinned) (backend.SessionResult, error) {
+	if m, ok := locker.(backend.SetLocker); ok {
+		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return m.TryLockAll(ctx, conn, l.set)
 		})
 		if !errors.Is(err, ErrUnsupported) {
@@ -112,25 +114,25 @@ func (l *Lock) trySet(ctx context.Context, locker SessionLocker, p *pinned) (Ses
 		}
 	}
 	for i, k := range l.set {
-		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return locker.TryLockSession(ctx, conn, k)
 		})
 		if err != nil || !res.OK {
 			if uerr := unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout); uerr != nil {
-				return SessionResult{}, errors.Join(err, uerr)
+				return backend.SessionResult{}, errors.Join(err, uerr)
 			}
 			return res, err
 		}
 	}
-	return SessionResult{OK: true}, nil
+	return backend.SessionResult{OK: true}, nil
 }
 
 // waitSet waits for a set's keys in key order on p's session, each
 // server-side, holding those it has; if budget ends first it lets go of
 // them (OK false, nil error: a definite miss).
-func (l *Lock) waitSet(ctx, budget context.Context, locker SessionLocker, p *pinned) (SessionResult, error) {
+func (l *Lock) waitSet(ctx, budget context.Context, locker backend.SessionLocker, p *pinned) (backend.SessionResult, error) {
 	for i, k := range l.set {
-		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return locker.TryLockSession(ctx, conn, k)
 		})
 		if err == nil && !res.OK {
@@ -141,17 +143,17 @@ func (l *Lock) waitSet(ctx, budget context.Context, locker SessionLocker, p *pin
 		}
 		if !res.OK {
 			err := endWait(ctx, locker, p, k, l.cfg.releaseTimeout)
-			return SessionResult{}, errors.Join(err, unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout))
+			return backend.SessionResult{}, errors.Join(err, unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout))
 		}
 	}
-	return SessionResult{OK: true}, nil
+	return backend.SessionResult{OK: true}, nil
 }
 
 // unlockKeys releases keys on p's session, within timeout each; an error
 // means the session may still hold some and must be discarded.
-func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int64, timeout time.Duration) error {
-	if m, ok := locker.(MultiKeyLocker); ok && len(keys) > 1 {
-		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+func unlockKeys(ctx context.Context, locker backend.SessionLocker, p *pinned, keys []int64, timeout time.Duration) error {
+	if m, ok := locker.(backend.SetLocker); ok && len(keys) > 1 {
+		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return m.UnlockAll(ctx, conn, keys)
 		})
 		if err == nil && !res.OK {
@@ -162,7 +164,7 @@ func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int
 		}
 	}
 	for _, k := range keys {
-		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context, conn *sql.Conn) (SessionResult, error) {
+		res, err := askUntil(context.WithoutCancel(ctx), time.Now().Add(timeout), p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return locker.UnlockSession(ctx, conn, k)
 		})
 		if err != nil {
@@ -176,9 +178,9 @@ func unlockKeys(ctx context.Context, locker SessionLocker, p *pinned, keys []int
 }
 
 // heldOn reports whether p's session still holds every one of keys: one
-// statement where the backend is a MultiKeyLocker, else one per key.
-func heldOn(ctx context.Context, locker SessionLocker, p *pinned, keys []int64) (bool, error) {
-	if m, ok := locker.(MultiKeyLocker); ok && len(keys) > 1 {
+// statement where the backend is a MultiplexLocker, else one per key.
+func heldOn(ctx context.Context, locker backend.SessionLocker, p *pinned, keys []int64) (bool, error) {
+	if m, ok := locker.(backend.MultiplexLocker); ok && len(keys) > 1 {
 		held, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) ([]bool, error) {
 			return m.HeldKeys(ctx, conn, keys)
 		})
@@ -197,7 +199,7 @@ func heldOn(ctx context.Context, locker SessionLocker, p *pinned, keys []int64) 
 
 // setHolder reports the holder of the first key of l's set that someone
 // holds, by holder (which reads one key).
-func (l *Lock) setHolder(ctx context.Context, holder func(i int) (*Holder, error)) (*Holder, error) {
+func (l *Lock) setHolder(ctx context.Context, holder func(i int) (*backend.Holder, error)) (*backend.Holder, error) {
 	for i, n := range l.setNames {
 		h, err := holder(i)
 		if err != nil || h != nil {

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Shared holds, as sync.RWMutex spells them: RLock, TryRLock and
@@ -82,9 +84,9 @@ func (l *Lock) holdersOn(ctx context.Context, b *lockBackend) ([]*Holder, error)
 	case b.rows != nil:
 		hs, err = rowHolders(ctx, l.db, b.rows, l.rowRequest(""))
 	default:
-		var h *Holder
+		var h *backend.Holder
 		if h, err = l.windowHolder(ctx, b); h != nil || err != nil {
-			hs = []*Holder{h}
+			hs = []*Holder{holderOf(h)}
 		} else {
 			hs, err = sessionHolders(ctx, l.db, b.session, l.key)
 		}
@@ -103,12 +105,12 @@ func (l *Lock) sharedView(b *lockBackend) *lockBackend {
 	if l.cfg.minHold > 0 {
 		return nil
 	}
-	if s, ok := b.session.(SharedSessionLocker); ok {
+	if s, ok := b.session.(backend.SharedSessionLocker); ok {
 		sb := &lockBackend{session: s.Shared(), bounded: b.bounded, isShared: true}
 		sb.claim = keyClaim{l, sb.session}
 		return sb
 	}
-	if b.rows != nil && b.rows.Traits().SharedRows {
+	if _, ok := b.rows.(backend.SharedRowStore); ok {
 		return &lockBackend{rows: b.rows, isShared: true}
 	}
 	return nil
@@ -126,10 +128,10 @@ func (l *Lock) sharedOf(b *lockBackend) (*lockBackend, error) {
 }
 
 // endWait lets go of what a wait that ended without the lock may have
-// left on the session (see SharedSessionLocker.EndWait), within the
+// left on the session (see backend.SharedSessionLocker.EndWait), within the
 // release timeout; an error means the connection must be discarded.
-func endWait(ctx context.Context, s SessionLocker, p *pinned, key int64, timeout time.Duration) error {
-	w, ok := s.(SharedSessionLocker)
+func endWait(ctx context.Context, s backend.SessionLocker, p *pinned, key int64, timeout time.Duration) error {
+	w, ok := s.(backend.SharedSessionLocker)
 	if !ok {
 		return nil
 	}
@@ -141,27 +143,27 @@ func endWait(ctx context.Context, s SessionLocker, p *pinned, key int64, timeout
 
 // sessionHolders lists the holders of key on a session backend: all of
 // them where it can, else the one SessionHolder reports.
-func sessionHolders(ctx context.Context, db DB, s SessionLocker, key int64) ([]*Holder, error) {
-	if l, ok := s.(SharedSessionLocker); ok {
-		return l.SessionHolders(ctx, db, key)
+func sessionHolders(ctx context.Context, db DB, s backend.SessionLocker, key int64) ([]*Holder, error) {
+	if l, ok := s.(backend.SharedSessionLocker); ok {
+		return holdersOf(l.SessionHolders(ctx, db, key))
 	}
 	return oneHolder(s.SessionHolder(ctx, db, key))
 }
 
 // rowHolders lists the holders of a Lock kept as rows.
-func rowHolders(ctx context.Context, db DB, s LeaseStore, r LeaseRequest) ([]*Holder, error) {
-	if s.Traits().SharedRows {
-		return s.LeaseHolders(ctx, db, r)
+func rowHolders(ctx context.Context, db DB, s backend.LeaseStore, r backend.LeaseRequest) ([]*Holder, error) {
+	if s, ok := s.(backend.SharedRowStore); ok {
+		return holdersOf(s.LeaseHolders(ctx, db, r))
 	}
 	return oneHolder(s.LeaseHolder(ctx, db, r))
 }
 
 // oneHolder lists h, a backend's one holder: none when h is nil.
-func oneHolder(h *Holder, err error) ([]*Holder, error) {
+func oneHolder(h *backend.Holder, err error) ([]*Holder, error) {
 	if h == nil || err != nil {
 		return nil, err
 	}
-	return []*Holder{h}, nil
+	return []*Holder{holderOf(h)}, nil
 }
 
 // sharedSide is a Lock seen by the Observer as its shared holds.

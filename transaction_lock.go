@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // TryLockTx makes one attempt to take the lock in tx, the caller's
@@ -97,7 +99,7 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 
 // waitTx waits in slices until the lock is granted in tx or ctx ends;
 // prev are tx's settings, which a slice puts back.
-func (l *Lock) waitTx(ctx context.Context, b SessionLocker, tx *sql.Tx, prev map[string]string) error {
+func (l *Lock) waitTx(ctx context.Context, b backend.TxLocker, tx *sql.Tx, prev map[string]string) error {
 	for {
 		slice := maxSlice
 		if dl, ok := ctx.Deadline(); ok {
@@ -121,18 +123,23 @@ func (l *Lock) waitTx(ctx context.Context, b SessionLocker, tx *sql.Tx, prev map
 
 // txBackend returns l's backend for transaction locks. It runs the
 // first-use checks a Lock's other operations do, except the pooler probe:
-// a transaction lock needs no session of its own.
-func (l *Lock) txBackend(ctx context.Context) (SessionLocker, error) {
+// a transaction lock needs no session of its own. A backend that is no
+// TxLocker has no transaction locks: LockTx is refused before anything is
+// sent.
+func (l *Lock) txBackend(ctx context.Context) (backend.TxLocker, error) {
 	b, err := resolveBackend(ctx, l.db, &l.cfg)
 	if err != nil {
 		return nil, err
 	}
-	t, ok := b.(SessionLocker)
-	if !ok {
+	if _, ok := b.(backend.SessionLocker); !ok {
 		return nil, errNoTxLocks(b)
 	}
 	if l.cfg.minHold > 0 {
 		return nil, fmt.Errorf("%w: WithMinHold does not apply to a lock taken in a transaction (the window would end with it); use TryLock or TryDo", ErrUnsupported)
+	}
+	t, ok := b.(backend.TxLocker)
+	if !ok {
+		return nil, errNoTxLocks(b)
 	}
 	return t, nil
 }
@@ -168,6 +175,6 @@ func txAcquired(a acquiring, l *Lock, err error) {
 
 // errNoTxLocks refuses LockTx on b, a backend without transaction-scoped
 // locks.
-func errNoTxLocks(b Backend) error {
+func errNoTxLocks(b backend.Backend) error {
 	return fmt.Errorf("%w: backend %q has no transaction-scoped locks (LockTx needs PostgreSQL's pg_advisory_xact_lock); use Lock or LeaseLock", ErrUnsupported, b.Name())
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // muxEngines are the servers the multiplexing benchmarks run on: both
@@ -161,12 +162,12 @@ func BenchmarkMuxHeld(b *testing.B) {
 			lockB, heldB, usedB := perName(start, made), perName(released, held), perName(made, released)
 
 			conn := pin(b, db)
-			var locker advisorylock.MultiKeyLocker
+			var locker backend.MultiplexLocker
 			if engine == "mysql" {
-				locker = advisorylock.MySQL().(advisorylock.MultiKeyLocker)
+				locker = advisorylock.MySQL().(backend.MultiplexLocker)
 				takeMySQL(b, conn, keys)
 			} else {
-				locker = advisorylock.Postgres().(advisorylock.MultiKeyLocker)
+				locker = advisorylock.Postgres().(backend.MultiplexLocker)
 				takePG(b, conn, keys)
 			}
 			lat := make([]time.Duration, b.N)

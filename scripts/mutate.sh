@@ -182,7 +182,7 @@ mutation "a Notifier's notifications are not listened to (lib/pq waiters poll)" 
 	's/\tif own \{\n\t\treturn n\.Listen\(ctx, pgReleaseChannel, ready, heard\)/\tif own {\n\t\t_ = n\n\t\treturn ErrUnsupported/' \
 	'^(TestWaiterWakesOnRelease|TestWaiterWakesAfterItsListenerWasKilled|TestSemaphoreWaiterWakesOnRelease)$' extra/advisorylockpq
 mutation "a Notifier's listener takes a connection of the pool" lease_wake.go \
-	's/if _, ok := w\.db\.\(Notifier\); !ok \{/if _, ok := w.db.(Notifier); !ok || true {/' \
+	's/if _, ok := w\.db\.\(backend\.Notifier\); !ok \{/if _, ok := w.db.(backend.Notifier); !ok || true {/' \
 	'^TestListenerTakesNoPoolConnection$' extra/advisorylockpq
 mutation "a semaphore slot's release notifies nobody" backend_postgres_semaphore.go \
 	"s/pg_notify\('\\\` \\+ pgReleaseChannel \\+ \\\`', \\\$2::text\)/pg_notify('nobody', \\\$2::text)/" \
@@ -202,7 +202,7 @@ mutation "keep-alive never reports a loss" conn_guard.go \
 	's/if err == nil && held \{/if _ = held; true {/' \
 	'^(TestSoak|TestKilledSessionsUnderLoad|TestNetworkCutsUnderLoad|TestKilledSessionClosesLostAndCancelsDo|TestEngineLossIsToldToLostDoAndTheObserver)$'
 mutation "55P03: a timed-out slice is a miss without asking the session" backend_postgres.go \
-	's/(== "55P03".*\{\n\t\treturn )p\.holds\(ctx, conn, key\)/$1SessionResult{}, nil/' \
+	's/(== "55P03".*\{\n\t\treturn )p\.holds\(ctx, conn, key\)/$1backend.SessionResult{}, nil/' \
 	'^TestLockTimeoutRacingAGrantIsAGrantOnARealServer$'
 mutation "a discarded connection goes back to the pool" conn_guard.go \
 	's/closeSession\(dc\)\n\t\treturn driver\.ErrBadConn/closeSession(dc)\n\t\t_ = driver.ErrBadConn\n\t\treturn nil/' \
@@ -238,7 +238,7 @@ mutation "a miss leaves the last grant's note standing" backend_postgres.go \
 	"s/THEN set_config\('advisorylock\.granted', '', false\) IS NULL/THEN false/" \
 	'^TestMissedTryReadsNoLockTable$'
 mutation "a session whose try missed is checked again at every try" backend_postgres.go \
-	's/\t\treturn SessionResult\{\}, errStandby\n\t\}\n\trememberSession\(conn, fact\)\n/\t\treturn SessionResult{}, errStandby\n\t}\n\tif granted {\n\t\trememberSession(conn, fact)\n\t}\n/' \
+	's/\t\treturn backend\.SessionResult\{\}, errStandby\n\t\}\n\trememberSession\(conn, fact\)\n/\t\treturn backend.SessionResult{}, errStandby\n\t}\n\tif granted {\n\t\trememberSession(conn, fact)\n\t}\n/' \
 	'^TestMissedTryReadsNoLockTable$'
 mutation "a semaphore's try skips a new session's checks" backend_postgres_semaphore.go \
 	's/checks := !sessionKnows\(conn, fact\)/checks := !sessionKnows(conn, fact) && len(keys) == 0/' \

@@ -26,19 +26,19 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/lib/pq"
 )
 
 // DB is a lib/pq *sql.DB whose notifications reach the library through a
-// pq.Listener (see advisorylock.Notifier). It embeds the *sql.DB, so it
+// pq.Listener (see backend.Notifier). It embeds the *sql.DB, so it
 // is used wherever the handle is.
 type DB struct {
 	*sql.DB
 	dsn string
 }
 
-var _ advisorylock.Notifier = (*DB)(nil)
+var _ backend.Notifier = (*DB)(nil)
 
 // Wrap returns db with a listener on dsn, which must name the server and
 // database that db connects to (the DSN db was opened with). The
@@ -54,7 +54,7 @@ const (
 	listenRetryMax = time.Second
 )
 
-// Listen implements advisorylock.Notifier with a pq.Listener on the DSN:
+// Listen implements backend.Notifier with a pq.Listener on the DSN:
 // it listens on channel until ctx ends, calling ready once it listens and
 // again after each reconnect (notifications sent while it was away are
 // lost), and notify with each payload. It returns an error when the

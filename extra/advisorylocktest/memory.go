@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Memory is an in-memory backend: an advisorylock.LeaseStore that keeps
@@ -34,8 +35,8 @@ type Memory struct {
 	shared map[int64]map[string]*memRow // shared holders' rows, by key and owner
 	claims map[int64]*memRow            // a waiting writer's claim, by key
 	leases map[string]*memLease         // a LeaseLock's row, by name
-	fences map[string]advisorylock.FencingToken
-	last   advisorylock.FencingToken       // the highest token granted
+	fences map[string]uint64
+	last   uint64                          // the highest token granted
 	runs   map[string]map[string]time.Time // runs recorded done, by name and run
 }
 
@@ -52,7 +53,7 @@ func (r *memRow) live(now time.Time) bool { return r != nil && r.expires.After(n
 type memLease struct {
 	memRow
 	held  bool
-	token advisorylock.FencingToken
+	token uint64
 }
 
 // NewMemory returns an empty Memory.
@@ -97,28 +98,20 @@ func (m *Memory) Revoke(name string) {
 // Name returns "memory", as Holder.Backend shows it.
 func (m *Memory) Name() string { return "memory" }
 
-// Validate accepts any handle: m runs no statements.
-func (m *Memory) Validate(ctx context.Context, db advisorylock.DB) error { return nil }
-
 // Schema returns "": m keeps no tables.
 func (m *Memory) Schema() string { return "" }
 
-// CheckTables returns nil: m keeps no tables, so there are no grants to
-// prove.
-func (m *Memory) CheckTables(ctx context.Context, db advisorylock.DB, tables ...string) error {
-	return nil
-}
-
 // Traits reports that m honours LeaseRequest.MinHold
-// (advisorylock.WithMinHold) and keeps shared rows (RLock); it signals no
-// releases, so LeaseLock waiters poll.
-func (m *Memory) Traits() advisorylock.Traits {
-	return advisorylock.Traits{KeepsWindows: true, SharedRows: true}
+// (advisorylock.WithMinHold). It keeps shared rows (RLock: LeaseHolders)
+// and signals no releases (it is no backend.ReleaseListener), so
+// LeaseLock waiters poll.
+func (m *Memory) Traits() backend.Traits {
+	return backend.Traits{KeepsWindows: true}
 }
 
 // RunDone reports whether run of name is recorded done. A done ctx
 // returns its cause.
-func (m *Memory) RunDone(ctx context.Context, db advisorylock.DB, name, run string) (bool, error) {
+func (m *Memory) RunDone(ctx context.Context, db backend.DB, name, run string) (bool, error) {
 	if err := m.begin(ctx); err != nil {
 		return false, err
 	}
@@ -130,7 +123,7 @@ func (m *Memory) RunDone(ctx context.Context, db advisorylock.DB, name, run stri
 // RecordRun records run of name done at now (a record already there is
 // kept), and deletes name's other records older than keep before now. A
 // done ctx returns its cause.
-func (m *Memory) RecordRun(ctx context.Context, db advisorylock.DB, name, run string, now time.Time, keep time.Duration) error {
+func (m *Memory) RecordRun(ctx context.Context, db backend.DB, name, run string, now time.Time, keep time.Duration) error {
 	if err := m.begin(ctx); err != nil {
 		return err
 	}
@@ -151,14 +144,8 @@ func (m *Memory) RecordRun(ctx context.Context, db advisorylock.DB, name, run st
 	return nil
 }
 
-// ListenReleases returns an error matching advisorylock.ErrUnsupported:
-// m signals no releases (see Traits), so the library never calls it.
-func (m *Memory) ListenReleases(ctx context.Context, db advisorylock.DB, conn *sql.Conn, ready func(), released func(key int64)) error {
-	return fmt.Errorf("%w: advisorylocktest.Memory signals no lease releases", advisorylock.ErrUnsupported)
-}
-
 // now is r.Now, or the system clock's time where it is zero.
-func now(r advisorylock.LeaseRequest) time.Time {
+func now(r backend.LeaseRequest) time.Time {
 	if r.Now.IsZero() {
 		return time.Now()
 	}
@@ -177,7 +164,7 @@ func (m *Memory) begin(ctx context.Context) error {
 		m.shared = map[int64]map[string]*memRow{}
 		m.claims = map[int64]*memRow{}
 		m.leases = map[string]*memLease{}
-		m.fences = map[string]advisorylock.FencingToken{}
+		m.fences = map[string]uint64{}
 		m.runs = map[string]map[string]time.Time{}
 	}
 	return nil
@@ -185,18 +172,18 @@ func (m *Memory) begin(ctx context.Context) error {
 
 // errKind refuses a request of a kind m does not know.
 func errKind(k string) error {
-	return fmt.Errorf("%w: advisorylocktest: Memory has no rows of kind %q", advisorylock.ErrUnsupported, k)
+	return fmt.Errorf("%w: advisorylocktest: Memory has no rows of kind %q", backend.ErrUnsupported, k)
 }
 
 // AcquireLease takes the row of r if it is free or expired and returns
 // the grant, whose token is higher than any m granted before; an error
-// matching advisorylock.ErrNotAcquired if it is held. A Lock's row
+// matching backend.ErrNotAcquired if it is held. A Lock's row
 // ("lock") is held by a live exclusive row or a live shared holder; a
 // waiting writer (r.Wait) that misses claims the key, which keeps new
 // shared holders out until its grant, its release or its claim's expiry.
 // A shared holder's row ("shared") is held by a live exclusive row or a
 // live claim. A done ctx returns its cause.
-func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (m *Memory) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	if err := m.begin(ctx); err != nil {
 		return 0, err
 	}
@@ -209,7 +196,7 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 			if r.Wait {
 				m.claims[r.Key] = row
 			}
-			return 0, advisorylock.ErrNotAcquired
+			return 0, backend.ErrNotAcquired
 		}
 		m.locks[r.Key] = row
 		if c := m.claims[r.Key]; c != nil && c.owner == r.Owner {
@@ -217,7 +204,7 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 		}
 	case "shared":
 		if m.locks[r.Key].live(t) || m.claims[r.Key].live(t) {
-			return 0, advisorylock.ErrNotAcquired
+			return 0, backend.ErrNotAcquired
 		}
 		if m.shared[r.Key] == nil {
 			m.shared[r.Key] = map[string]*memRow{}
@@ -225,7 +212,7 @@ func (m *Memory) AcquireLease(ctx context.Context, db advisorylock.DB, r advisor
 		m.shared[r.Key][r.Owner] = row
 	case "lease":
 		if l := m.leases[r.Name]; l != nil && l.held && l.live(t) {
-			return 0, advisorylock.ErrNotAcquired
+			return 0, backend.ErrNotAcquired
 		}
 		m.leases[r.Name] = &memLease{memRow: *row, held: true, token: m.last + 1}
 	default:
@@ -247,9 +234,9 @@ func (m *Memory) sharedIn(key int64, t time.Time) bool {
 
 // RenewLease extends the row by r.TTL from r.Now (with r.MinHold, never
 // before the window's end) if r.Owner, and for a lease r.Token, still
-// hold it unexpired; an error matching advisorylock.ErrLeaseLost
+// hold it unexpired; an error matching backend.ErrLeaseLost
 // otherwise. A done ctx returns its cause.
-func (m *Memory) RenewLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (advisorylock.FencingToken, error) {
+func (m *Memory) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	if err := m.begin(ctx); err != nil {
 		return 0, err
 	}
@@ -269,7 +256,7 @@ func (m *Memory) RenewLease(ctx context.Context, db advisorylock.DB, r advisoryl
 		return 0, errKind(r.Kind)
 	}
 	if !row.live(t) || row.owner != r.Owner {
-		return 0, fmt.Errorf("%w: advisorylocktest: its row expired or was taken over", advisorylock.ErrLeaseLost)
+		return 0, fmt.Errorf("%w: advisorylocktest: its row expired or was taken over", backend.ErrLeaseLost)
 	}
 	row.expires = later(t.Add(r.TTL), row.acquired.Add(r.MinHold))
 	return max(r.Token, 1), nil
@@ -280,7 +267,7 @@ func (m *Memory) RenewLease(ctx context.Context, db advisorylock.DB, r advisoryl
 // whose outcome was unknown, whatever r.Owner holds, and its claim). A row
 // held by someone else is left alone. With r.MinHold the row stays taken
 // until the window's end. A done ctx returns its cause.
-func (m *Memory) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) error {
+func (m *Memory) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	if err := m.begin(ctx); err != nil {
 		return err
 	}
@@ -332,7 +319,7 @@ func (m *Memory) ReleaseLease(ctx context.Context, db advisorylock.DB, r advisor
 // for a shared holder ("shared") what keeps it out, the exclusive
 // holder or else a waiting writer's claim (Name ""); for a lease its
 // holder and token. A done ctx returns its cause.
-func (m *Memory) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
+func (m *Memory) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	if err := m.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -368,7 +355,7 @@ func (m *Memory) LeaseHolder(ctx context.Context, db advisorylock.DB, r advisory
 // exclusive one first, then the shared ones in the order they came (the
 // list of a store with shared rows, for Lock.Holders). A done ctx returns its
 // cause.
-func (m *Memory) LeaseHolders(ctx context.Context, db advisorylock.DB, r advisorylock.LeaseRequest) ([]*advisorylock.Holder, error) {
+func (m *Memory) LeaseHolders(ctx context.Context, db backend.DB, r backend.LeaseRequest) ([]*backend.Holder, error) {
 	if err := m.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -377,8 +364,8 @@ func (m *Memory) LeaseHolders(ctx context.Context, db advisorylock.DB, r advisor
 }
 
 // holders lists key's live holders at t (m locked).
-func (m *Memory) holders(key int64, t time.Time) []*advisorylock.Holder {
-	var hs []*advisorylock.Holder
+func (m *Memory) holders(key int64, t time.Time) []*backend.Holder {
+	var hs []*backend.Holder
 	if row := m.locks[key]; row.live(t) {
 		hs = append(hs, m.holder(key, row, false))
 	}
@@ -397,26 +384,24 @@ func (m *Memory) holders(key int64, t time.Time) []*advisorylock.Holder {
 	return hs
 }
 
-func (m *Memory) holder(key int64, row *memRow, shared bool) *advisorylock.Holder {
-	return &advisorylock.Holder{Name: row.name, Backend: m.Name(), Key: key, Owner: row.owner,
+func (m *Memory) holder(key int64, row *memRow, shared bool) *backend.Holder {
+	return &backend.Holder{Name: row.name, Backend: m.Name(), Key: key, Owner: row.owner,
 		Since: row.acquired, ExpiresAt: row.expires, Shared: shared}
 }
 
 // AdmitToken stores token as resource's highest if it is not lower than
-// the stored one; a lower token gets a *advisorylock.StaleTokenError. It
-// takes effect at once: unlike a database's, it is not undone when tx
+// the stored one, and returns the highest (token, if admitted; a higher
+// one refuses it, and Fence.Admit returns a *advisorylock.StaleTokenError).
+// It takes effect at once: unlike a database's, it is not undone when tx
 // rolls back, and tx (which may come from any handle, such as OpenDB's)
 // runs nothing. A done ctx returns its cause.
-func (m *Memory) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token advisorylock.FencingToken) error {
+func (m *Memory) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token uint64) (uint64, error) {
 	if err := m.begin(ctx); err != nil {
-		return err
+		return 0, err
 	}
 	defer m.mu.Unlock()
-	if highest := m.fences[resource]; highest > token {
-		return &advisorylock.StaleTokenError{Resource: resource, Token: token, Highest: highest}
-	}
-	m.fences[resource] = token
-	return nil
+	m.fences[resource] = max(m.fences[resource], token)
+	return m.fences[resource], nil
 }
 
 func later(a, b time.Time) time.Time {
@@ -433,6 +418,10 @@ func earlier(a, b time.Time) time.Time {
 	return b
 }
 
-// Memory is a LeaseStore whose Traits say it keeps windows and shared
-// rows, and which keeps runs.
-var _ advisorylock.LeaseStore = (*Memory)(nil)
+// Memory is a LeaseStore whose Traits say it keeps windows, and which
+// keeps shared rows, runs and fences.
+var (
+	_ backend.SharedRowStore = (*Memory)(nil)
+	_ backend.RunRecorder    = (*Memory)(nil)
+	_ backend.TokenAdmitter  = (*Memory)(nil)
+)

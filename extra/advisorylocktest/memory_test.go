@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/extra/advisorylocktest"
 )
 
@@ -500,7 +501,7 @@ func TestMemoryOnlyTheHolderRenewsAndReleases(t *testing.T) {
 	start := newTestClock().Now()
 	for _, kind := range []string{"lock", "shared", "lease"} {
 		mem := advisorylocktest.NewMemory()
-		req := advisorylock.LeaseRequest{Kind: kind, Name: "x", Key: advisorylock.Key("x"), Owner: "a/1", TTL: time.Minute, Now: start}
+		req := backend.LeaseRequest{Kind: kind, Name: "x", Key: advisorylock.Key("x"), Owner: "a/1", TTL: time.Minute, Now: start}
 		token, err := mem.AcquireLease(ctx, nil, req)
 		if err != nil {
 			t.Fatal(err)
@@ -530,7 +531,7 @@ func TestMemoryOnlyTheHolderRenewsAndReleases(t *testing.T) {
 
 // holderOf reads r's holder as the library would for r's kind: a lease's
 // holder, or the first of a key's holders.
-func holderOf(mem *advisorylocktest.Memory, r advisorylock.LeaseRequest) (*advisorylock.Holder, error) {
+func holderOf(mem *advisorylocktest.Memory, r backend.LeaseRequest) (*backend.Holder, error) {
 	if r.Kind == "lease" {
 		return mem.LeaseHolder(context.Background(), nil, r)
 	}

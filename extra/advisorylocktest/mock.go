@@ -3,6 +3,7 @@ package advisorylocktest
 import (
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // Mock sets go-sqlmock expectations for one backend's lock statements, in
@@ -122,7 +123,7 @@ func (m *Mock) ExpectLeaseRelease() { m.d.releaseLease(m) }
 // dialect is one backend's statements, as sqlmock expectations added to
 // m's Sqlmock for the lock m names (any lock when m.name is "").
 type dialect interface {
-	backend() advisorylock.Backend
+	backend() backend.Backend
 	// try expects one acquire attempt of a Lock, granted when won.
 	try(m *Mock, won bool)
 	// waitGranted expects a waiting acquire of a Lock, granted in its

@@ -10,6 +10,7 @@ import (
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/backend"
 )
 
 // This file alone knows the library's statements. Each pattern matches
@@ -32,7 +33,7 @@ func rowCount(ok bool) driver.Result {
 // Execs whose row count is the answer.
 type postgresStatements struct{}
 
-func (postgresStatements) backend() advisorylock.Backend { return advisorylock.Postgres() }
+func (postgresStatements) backend() backend.Backend { return advisorylock.Postgres() }
 
 // pgCall matches a call of fn on m's key: a decimal literal, which the
 // library writes in parentheses when negative, and casts to bigint in
@@ -108,7 +109,7 @@ const mysqlSession = int64(1)
 // it (which would be one more statement).
 const mysqlWaitTimeout = int64(1)
 
-func (mysqlStatements) backend() advisorylock.Backend { return advisorylock.MySQL() }
+func (mysqlStatements) backend() backend.Backend { return advisorylock.MySQL() }
 
 // mysqlLockName matches the server-side name of m's lock: the key in hex.
 func mysqlLockName(m *Mock) string {
@@ -179,7 +180,7 @@ func (mysqlStatements) releaseLease(m *Mock) {
 // whose row count is the answer.
 type sqliteStatements struct{}
 
-func (sqliteStatements) backend() advisorylock.Backend { return advisorylock.SQLite() }
+func (sqliteStatements) backend() backend.Backend { return advisorylock.SQLite() }
 
 // sqliteArgs are the arguments of a statement whose first is m's key (or
 // name, for a lease) and whose others are any; nil (no check) for any lock.

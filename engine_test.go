@@ -750,3 +750,33 @@ func TestEngineElectionLeaderLostHandsTheTermOn(t *testing.T) {
 		t.Fatalf("Leader: %+v, %v; want %s with term %d", h, err, next.who, next.token)
 	}
 }
+
+func TestEngineWithConnStepsTheKeepAliveAside(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	l := fakeLock(t, s, db, "job") // a keep-alive check every millisecond
+	g := mustTry(t, l)
+	defer mustRelease(t, g)
+	s.await(t, "a keep-alive check", func() bool { return s.stmts["holds"] > 0 })
+	var checks int
+	err := g.WithConn(context.Background(), func(c advisorylock.Conn) error {
+		before := s.count("holds")
+		if _, err := c.ExecContext(context.Background(), "SELECT 1"); err != nil {
+			return err
+		}
+		// An absence, so a window, not an event: a hundred keep-alive
+		// intervals pass while fn is on the connection, and no check
+		// may run on it meanwhile.
+		time.Sleep(100 * time.Millisecond)
+		checks = s.count("holds") - before
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("WithConn: %v", err)
+	}
+	if checks != 0 {
+		t.Fatalf("%d keep-alive checks ran on the connection while WithConn's fn did; want none", checks)
+	}
+	after := s.count("holds")
+	s.await(t, "the keep-alive to check again after fn", func() bool { return s.stmts["holds"] > after })
+}

@@ -262,6 +262,7 @@ func (s *fakeServer) statement(op string, session, key int64) error {
 
 func (s *fakeServer) statementLocked(op string, session, key int64) error {
 	s.stmts[op]++
+	s.notifyLocked() // a count is a change: await may wait for one
 	if s.before != nil {
 		if err := s.before(op, session, key); err != nil {
 			return err

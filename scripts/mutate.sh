@@ -499,7 +499,7 @@ mutation "LockTx: the caller's ctx reaches the driver" transaction_lock.go \
 	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
 mutation "WithConn: the keep-alive runs while fn runs" conn_guard.go \
 	"s/if s\\.lent != nil \\{ \\/\\/ WithConn's fn is on the connection: step aside/if false \\&\\& s.lent != nil {/" \
-	'^TestWithConnStepsTheKeepAliveAside$'
+	'^(TestWithConnStepsTheKeepAliveAside|TestEngineWithConnStepsTheKeepAliveAside)$'
 mutation "WithConn: a transaction fn left open is not rolled back when fn returns" lent_conn.go \
 	's/if err := tx\.Rollback\(\); !errors\.Is/if err := func() error { _ = tx; return nil }(); !errors.Is/' \
 	'^TestWithConnEndsWhatFnLeftOpen$'

@@ -566,7 +566,7 @@ func mysqlHex(s string) string {
 // mysqlHash writes the key of a name: its SHA-256, as a hex literal.
 func mysqlHash(s string) string {
 	sum := sha256.Sum256([]byte(s))
-	return "X'" + hex.EncodeToString(sum[:]) + "'"
+	return mysqlHex(string(sum[:]))
 }
 
 // mysqlExpires is now plus the lease's TTL.

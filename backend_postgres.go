@@ -637,8 +637,8 @@ func (ps *preparedStatements) size() int {
 //
 // What it buys: the LeaseLock handoff gate on lib/pq (SPEC 11.3: p50 ≤ 3x
 // the session Lock's). Benchmarks, BenchmarkLeaseHandoffPaired/
-// leaselock_vs_advisorylock/pq, 3 paired runs each, unpinned, 2026-12-06:
-// median 2.89x (2.31–2.98x) with the steps prepared, 3.97x (3.21–4.32x)
+// leaselock_vs_advisorylock/pq, 6 paired runs each, unpinned, 2026-12-06:
+// median 2.93x (2.31–3.12x) with the steps prepared, 3.70x (3.20–4.32x)
 // with them as text; the round trips are the same.
 var pgSteps = stepNames(map[string]string{
 	pgAcquireLease: "acquire", pgRenewLease: "renew", pgReleaseLease: "release", pgAbandonLease: "abandon",

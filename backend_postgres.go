@@ -298,8 +298,13 @@ const (
 // statement returns text and its arguments in the form the driver sends
 // in one round trip: pgx sends arguments with the statement and caches it
 // by its text, so they stay arguments; lib/pq (and unknown drivers) send a
-// statement with arguments as two round trips, so they are written into
-// the text as literals.
+// statement with arguments as two round trips (Parse and Describe, then
+// Bind and Execute), so they are written into the text as literals.
+//
+// What the literals buy: a round trip per statement on lib/pq. Sent as
+// arguments there, a TryDo with WithMinHold takes 3 round trips instead of
+// 2, as does a LeaseLock's TryLock+Release with WithMinHold
+// (benchmarks, BenchmarkRoundTrips/trydo_minhold/pq, 2026-12-06).
 func (p *postgres) statement(text string, args ...any) (string, []any, error) {
 	if p.params {
 		return text, args, nil
@@ -311,7 +316,8 @@ func (p *postgres) statement(text string, args ...any) (string, []any, error) {
 // inline writes args into text's $n placeholders as SQL literals: an
 // int64 in decimal (in parentheses when negative, so that a cast binds to
 // the whole number), a string through quoteLiteral. The statement texts
-// hold no other '$'.
+// hold no other '$'. It and quoteLiteral are the only writers of values
+// into PostgreSQL text in this package.
 func inline(text string, args []any) (string, error) {
 	var b strings.Builder
 	for {
@@ -328,28 +334,56 @@ func inline(text string, args []any) (string, error) {
 		if n < 1 || n > len(args) {
 			return "", fmt.Errorf("advisorylock: statement placeholder %q has no argument", text[i:j])
 		}
-		lit, err := literal(args[n-1])
-		if err != nil {
-			return "", err
-		}
 		b.WriteString(text[:i])
-		b.WriteString(lit)
+		switch v := args[n-1].(type) {
+		case int64:
+			if v < 0 {
+				b.WriteString("(" + strconv.FormatInt(v, 10) + ")")
+			} else {
+				b.WriteString(strconv.FormatInt(v, 10))
+			}
+		case string:
+			lit, err := quoteLiteral(v)
+			if err != nil {
+				return "", err
+			}
+			b.WriteString(lit)
+		default:
+			return "", fmt.Errorf("advisorylock: cannot write a %T into SQL text", v)
+		}
 		text = text[j:]
 	}
 }
 
-// literal writes one statement argument as SQL text.
-func literal(v any) (string, error) {
-	switch v := v.(type) {
-	case int64:
-		if v < 0 {
-			return "(" + strconv.FormatInt(v, 10) + ")", nil
-		}
-		return strconv.FormatInt(v, 10), nil
-	case string:
-		return quoteLiteral(v)
+// quoteLiteral returns s as a PostgreSQL string constant that reads back
+// as exactly s whatever standard_conforming_strings says: an escape string
+// E'…' in which every backslash and every quote is doubled, so no escape
+// sequence can form. The session's client_encoding must be UTF8 (lib/pq
+// and pgx insist on it). A NUL byte or invalid UTF-8 is an error: a text
+// value cannot hold them.
+//
+// It is the only way a string reaches SQL text in this package.
+func quoteLiteral(s string) (string, error) {
+	if strings.IndexByte(s, 0) >= 0 {
+		return "", errors.New("advisorylock: a PostgreSQL text value cannot contain a NUL byte")
 	}
-	return "", fmt.Errorf("advisorylock: cannot write a %T into SQL text", v)
+	if !utf8.ValidString(s) {
+		return "", errors.New("advisorylock: a PostgreSQL text value must be valid UTF-8")
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 4)
+	b.WriteString(" E'")
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\\', '\'':
+			b.WriteByte(c)
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String(), nil
 }
 
 // rowStatement runs text on conn and reports whether it returned a row.
@@ -388,6 +422,15 @@ func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string
 // Execute, still one round trip, and skips the parse and plan. Preparing
 // costs one round trip, once per connection and statement, as pgx's
 // statement cache does.
+//
+// What it buys: client time within SPEC 11.3's 1.25x. Uncontended
+// TryLock+Release against the bare statements (benchmarks,
+// BenchmarkPaired/trylock_release_vs_raw_literal/pq, median of 5 paired
+// runs, unpinned, 2026-12-06) is 1.09x with the try and the unlock
+// prepared and 1.34x with them as text; on MariaDB (MySQL's forDB keeps
+// its try and unlock here too, see queryRow;
+// BenchmarkMySQLPaired/trylock_release_vs_raw_shared_read) 1.12x against
+// 1.41x. The round trips are the same either way.
 //
 // The driver's statement references its connection, so the cache keeps
 // the connections it holds from being collected. It holds at most as many
@@ -604,6 +647,12 @@ func (ps *preparedStatements) size() int {
 // statement a session lost (a pooler moved the connection, the application
 // ran DISCARD ALL or DEALLOCATE) runs as text, and every step on that
 // *sql.DB from then on.
+//
+// What it buys: the LeaseLock handoff gate on lib/pq (SPEC 11.3: p50 ≤ 3x
+// the session Lock's). Benchmarks, BenchmarkLeaseHandoffPaired/
+// leaselock_vs_advisorylock/pq, 6 paired runs each, unpinned, 2026-12-06:
+// median 2.93x (2.31–3.12x) with the steps prepared, 3.70x (3.20–4.32x)
+// with them as text; the round trips are the same.
 var pgSteps = stepNames(map[string]string{
 	pgAcquireLease: "acquire", pgRenewLease: "renew", pgReleaseLease: "release", pgAbandonLease: "abandon",
 	pgQueueLease: "queue", pgWokenInLine: "woken",
@@ -668,14 +717,11 @@ func (p *postgres) execute(ctx context.Context, conn *sql.Conn, name, text strin
 		}
 		p.prepared.addNamed(dc, name)
 	}
-	lits := make([]string, len(args))
-	for i, a := range args {
-		var err error
-		if lits[i], err = literal(a); err != nil {
-			return "", err
-		}
+	marks := make([]string, len(args))
+	for i := range args {
+		marks[i] = "$" + strconv.Itoa(i+1)
 	}
-	return "EXECUTE " + name + "(" + strings.Join(lits, ", ") + ")", nil
+	return inline("EXECUTE "+name+"("+strings.Join(marks, ", ")+")", args)
 }
 
 // TryLockSession reports no session: the statement asks only for the
@@ -1274,37 +1320,6 @@ WHERE l.owner = $4::text`
 const pgWokenInLine = `SELECT l.owner FROM advisorylock_leases AS l, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
 WHERE l.name = $1::text AND l.owner IS NOT NULL AND l.expires_at > now()
 FOR SHARE OF l`
-
-// quoteLiteral returns s as a PostgreSQL string constant that reads back
-// as exactly s whatever standard_conforming_strings says: an escape string
-// E'…' in which every backslash and every quote is doubled, so no escape
-// sequence can form. The session's client_encoding must be UTF8 (lib/pq
-// and pgx insist on it). A NUL byte or invalid UTF-8 is an error: a text
-// value cannot hold them.
-//
-// It is the only way a string reaches SQL text in this package.
-func quoteLiteral(s string) (string, error) {
-	if strings.IndexByte(s, 0) >= 0 {
-		return "", errors.New("advisorylock: a PostgreSQL text value cannot contain a NUL byte")
-	}
-	if !utf8.ValidString(s) {
-		return "", errors.New("advisorylock: a PostgreSQL text value must be valid UTF-8")
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 4)
-	b.WriteString(" E'")
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '\\', '\'':
-			b.WriteByte(c)
-			b.WriteByte(c)
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('\'')
-	return b.String(), nil
-}
 
 // ttlMillis is a lease's TTL as whole milliseconds, at least 1.
 func ttlMillis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
@@ -59,6 +60,41 @@ func lockStatementsPrepared(t *testing.T, db *sql.DB) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A new Lock on a handle that has served one sends no first-use
+// statements: what the handle's first use learned (which backend,
+// Validate's checks) is kept per *sql.DB, so a Lock made per entity or
+// per request takes and frees in the two lock steps, as one made once.
+func TestNewLockOnAWarmHandleTakesTwoRoundTrips(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			db, proxy := testdb.OpenPostgresProxied(t, drv)
+			db.SetMaxOpenConns(1)
+			cycle := func() int64 {
+				for {
+					l := newLock(t, db, testdb.UniqueName(t))
+					proxy.ResetCount()
+					start := time.Now()
+					mustRelease(t, mustTry(t, l))
+					// pgx pings a connection idle for a second at its next
+					// checkout: a cycle that slow is measured again.
+					if time.Since(start) < 500*time.Millisecond {
+						return proxy.RoundTrips()
+					}
+				}
+			}
+			// The handle's first use and its session's checks, then the
+			// session's first bare try, which both drivers prepare.
+			cycle()
+			cycle()
+			for i := range 3 {
+				if n := cycle(); n != 2 {
+					t.Fatalf("new Lock %d on a warm handle: TryLock and Release took %d round trips, want 2", i+3, n)
+				}
+			}
+		})
+	}
 }
 
 // On lib/pq, the try and the unlock are prepared once per session and

@@ -384,12 +384,21 @@ mutation "a term does not grow (PostgreSQL)" backend_postgres_election.go \
 mutation "Leader trusts a term whose session let go (PostgreSQL)" backend_postgres_election.go \
 	's/WHERE e\.name = \$1::text AND EXISTS/WHERE e.name = \$1::text AND true OR EXISTS/' \
 	'^TestElectionRunReturnsLeadsError$'
+mutation "a handle's first-use verdicts are decided again for every Lock" backend.go \
+	's/\tif pool == nil \{\n\t\treturn decide\(ctx\)/\tif true || pool == nil {\n\t\treturn decide(ctx)/' \
+	'^TestNewLockOnAWarmHandleTakesTwoRoundTrips$'
 mutation "lib/pq's prepared statements outgrow the pool" backend_postgres.go \
 	's/for len\(ps\.conns\) > open \{/for false \&\& len(ps.conns) > open {/' \
 	'^TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen$'
 mutation "a session that lost its prepared statements fails its steps" backend_postgres.go \
 	's/if sqlState\(err\) == "26000" \{/if false \&\& sqlState(err) == "26000" {/' \
 	'^TestLibPQLockAfterTheSessionLostItsPreparedStatements$'
+mutation "lib/pq's try and unlock go as text, parsed and planned each time" backend_postgres.go \
+	's/\tif p\.prepared == nil \{\n\t\treturn p\.rowStatement/\tif true || p.prepared == nil {\n\t\treturn p.rowStatement/' \
+	'^TestLibPQPreparesTheTryAndTheUnlockOncePerSession$'
+mutation "lib/pq sends a statement's arguments (two round trips)" backend_postgres.go \
+	's/\tif p\.params \{\n\t\treturn text, args, nil/\tif true || p.params {\n\t\treturn text, args, nil/' \
+	'^TestMinHoldTryLockAndReleaseAreOneRoundTripEach$'
 mutation "lib/pq's lease steps go as text, parsed and planned each time" backend_postgres.go \
 	's/if name := pgSteps\[text\]; name != ""/if name := pgSteps[text]; false \&\& name != ""/' \
 	'^TestLibPQPreparesTheLeaseStepsOncePerSession$'
@@ -402,6 +411,9 @@ mutation "after a session lost a lease step, every step still tries it prepared 
 mutation "a lease step another client prepared under its name fails" backend_postgres.go \
 	's/err != nil && sqlState\(err\) != "42P05"/err != nil/' \
 	'^TestLibPQLeaseStepPreparedByAnotherClientRuns$'
+mutation "MySQL: the exclusive try goes as text, parsed each time" backend_mysql.go \
+	's/\tif m\.prepared == nil \{\n\t\treturn SessionResult\{\}, grabMissed, errNotPrepared/\tif true || m.prepared == nil {\n\t\treturn SessionResult{}, grabMissed, errNotPrepared/' \
+	'^TestMySQLTryAndUnlockRunPrepared$'
 mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" backend_mysql.go \
 	's/if mysqlErrno\(err\) == mysqlUnknownStatement \{/if mysqlErrno(err) == mysqlUnknownStatement \&\& false {/' \
 	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'

@@ -412,7 +412,7 @@ mutation "a lease step another client prepared under its name fails" backend_pos
 	's/err != nil && sqlState\(err\) != "42P05"/err != nil/' \
 	'^TestLibPQLeaseStepPreparedByAnotherClientRuns$'
 mutation "MySQL: the exclusive try goes as text, parsed each time" backend_mysql.go \
-	's/\tif m\.prepared == nil \{\n\t\treturn SessionResult\{\}, grabMissed, errNotPrepared/\tif true || m.prepared == nil {\n\t\treturn SessionResult{}, grabMissed, errNotPrepared/' \
+	's/\tif m\.prepared == nil \{\n\t\treturn backend\.SessionResult\{\}, grabMissed, errNotPrepared/\tif true || m.prepared == nil {\n\t\treturn backend.SessionResult{}, grabMissed, errNotPrepared/' \
 	'^TestMySQLTryAndUnlockRunPrepared$'
 mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" backend_mysql.go \
 	's/if mysqlErrno\(err\) == mysqlUnknownStatement \{/if mysqlErrno(err) == mysqlUnknownStatement \&\& false {/' \

@@ -94,6 +94,13 @@ FLAGS
                     the exit code when the lock is not acquired [1]
     --lease         hold a lease with a fencing token instead of a session
                     lock; COMMAND gets LOCKRUN_FENCING_TOKEN
+    --lease-rows    keep the lock, the -l set or the --slots as lease rows
+                    renewed every TTL/3 instead of session locks: works
+                    behind a transaction-mode pooler (PgBouncer
+                    pool_mode=transaction, Supavisor, Neon's -pooler host,
+                    RDS Proxy); a dead holder's row is free after --ttl.
+                    Every process sharing NAME must agree on it. Not with
+                    -s on PostgreSQL or MySQL (no shared rows there)
     --ttl DURATION  how long a lease lives without renewal, from 1s to 24h
                     [30s]; also the lease of a SQLite lock
     --kill-after DURATION

@@ -3,6 +3,7 @@ package advisorylock_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -312,4 +313,113 @@ func rowsLock(t *testing.T, db *sql.DB, name string) *advisorylock.Lock {
 		t.Fatalf("New(%q, WithLeaseRows): %v", name, err)
 	}
 	return l
+}
+
+// TestLeaseRowsElectionKilledLeaderProcessIsTakenOver: a leader process
+// on rows behind PgBouncer's transaction pool is killed (SIGKILL); a
+// candidate in this process takes over once the dead leader's lease runs
+// out (not before a third of its TTL, and within the TTL and a poll), and
+// its term exceeds the dead leader's.
+func TestLeaseRowsElectionKilledLeaderProcessIsTakenOver(t *testing.T) {
+	testdb.Slow(t, "kills a leader process, waits out its lease")
+	txDSN, _ := testdb.PgBouncer(t)
+	for _, c := range []struct{ driver, params string }{{"postgres", ""}, {"pgx", "&default_query_exec_mode=exec"}} {
+		t.Run(c.driver, func(t *testing.T) {
+			name, dsn := testdb.UniqueName(t), txDSN+c.params
+			job, err := json.Marshal(electionJob{Backend: "pgbouncer/" + c.driver, DSN: dsn, Name: name, TTL: electionSQLTTL, Rows: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := testdb.HelperCommand(t, "TestElectionHelperProcess", "rows-leader", electionHelperEnv+"="+string(job))
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			opts := []advisorylock.Option{advisorylock.WithLeaseRows(), advisorylock.WithLeaseTTL(electionSQLTTL)}
+			e := newElection(t, testdb.OpenPostgresDSN(t, c.driver, dsn), name, opts...)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var dead *advisorylock.Holder
+			testdb.WaitFor(t, 30*time.Second, func() bool {
+				h, err := e.Leader(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dead = h
+				return h != nil && h.Owner == "helper"
+			}, "the helper never led")
+
+			terms := make(chan advisorylock.FencingToken, 1)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = e.Run(ctx, func(lctx context.Context, term advisorylock.FencingToken) error {
+					terms <- term
+					<-lctx.Done()
+					return lctx.Err()
+				})
+			}()
+			defer func() { cancel(); <-done }()
+			if err := cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			_ = cmd.Wait()
+			select {
+			case term := <-terms:
+				took := time.Since(killed)
+				t.Logf("rows takeover through PgBouncer after %v (TTL %v)", took, electionSQLTTL)
+				if term <= dead.Token {
+					t.Fatalf("term %v after the dead leader's %v", term, dead.Token)
+				}
+				if took < electionSQLTTL/3 || took > sqliteTakeoverIn {
+					t.Fatalf("takeover after %v, want between %v and %v", took, electionSQLTTL/3, sqliteTakeoverIn)
+				}
+			case <-ctx.Done():
+				t.Fatalf("no takeover after the leader was killed")
+			}
+		})
+	}
+}
+
+// TestLeaseRowsKeepTheMinHoldWindow: a Lock on rows with WithMinHold keeps
+// its name taken until the window's end, through its Release: another
+// handle's TryLock misses until then, and takes it after.
+func TestLeaseRowsKeepTheMinHoldWindow(t *testing.T) {
+	testdb.Slow(t, "waits out a min-hold window on each server")
+	const window = 2 * time.Second
+	for _, srv := range rowsServers() {
+		t.Run(srv.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			name := testdb.UniqueName(t)
+			open := func() *advisorylock.Lock {
+				l, err := advisorylock.New(srv.open(t), name, advisorylock.WithLeaseRows(), advisorylock.WithMinHold(window))
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				return l
+			}
+			la, lb := open(), open()
+			g, err := la.TryLock(ctx)
+			if err != nil {
+				t.Fatalf("TryLock: %v", err)
+			}
+			granted := time.Now()
+			if err := g.Release(ctx); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			if _, err := lb.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				t.Fatalf("TryLock inside the window after a Release = %v, want ErrNotAcquired", err)
+			}
+			var g2 *advisorylock.Guard
+			testdb.WaitFor(t, 5*window, func() bool {
+				g2, err = lb.TryLock(ctx)
+				return err == nil
+			}, "the name was not free after its window (%v)", window)
+			defer g2.Release(ctx)
+			if took := time.Since(granted); took < window-window/4 {
+				t.Fatalf("taken again %v after the grant, inside its %v window", took, window)
+			}
+		})
+	}
 }

@@ -314,10 +314,9 @@ func WithMultiplexing(sessions int) Option {
 // process of a fleet must make the same choice for a name. The first
 // operation picks rows where the backend is a LeaseStore (every built-in
 // backend is). On PostgreSQL, MySQL and MariaDB a Lock on rows has no
-// shared holds (RLock returns ErrUnsupported) and no windows (WithMinHold
-// is refused at the first operation with ErrUnsupported); TryDoOnce
-// works. It applies to New, NewSet, NewSemaphore and NewElection, not
-// with WithMultiplexing.
+// shared holds (RLock returns ErrUnsupported, naming the option);
+// WithMinHold keeps its window in the row, as on SQLite. It applies to
+// New, NewSet, NewSemaphore and NewElection, not with WithMultiplexing.
 func WithLeaseRows() Option {
 	return func(c *config) { c.leaseRows = true; c.set(optLeaseRows) }
 }

@@ -423,3 +423,49 @@ func TestLeaseRowsKeepTheMinHoldWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseRowsSetTakesAllOrNone: a set on rows holds all its names; a
+// set sharing one of them misses while it is held, and takes them all
+// after its Release.
+func TestLeaseRowsSetTakesAllOrNone(t *testing.T) {
+	testdb.Slow(t, "sets of rows through PgBouncer and on MariaDB")
+	for _, srv := range rowsServers() {
+		t.Run(srv.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			name := testdb.UniqueName(t)
+			set := func(names ...string) *advisorylock.Lock {
+				l, err := advisorylock.NewSet(srv.open(t), names, advisorylock.WithLeaseRows(), advisorylock.WithLeaseTTL(rowsTTL))
+				if err != nil {
+					t.Fatalf("NewSet: %v", err)
+				}
+				return l
+			}
+			ab, bc, c := set(name+"/a", name+"/b"), set(name+"/b", name+"/c"), rowsLock(t, srv.open(t), name+"/c")
+			g, err := ab.TryLock(ctx)
+			if err != nil {
+				t.Fatalf("TryLock of {a, b}: %v", err)
+			}
+			if _, err := bc.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				t.Fatalf("TryLock of {b, c} while {a, b} is held = %v, want ErrNotAcquired", err)
+			}
+			gc, err := c.TryLock(ctx)
+			if err != nil {
+				t.Fatalf("TryLock of c after {b, c} missed = %v, want it free (all or none)", err)
+			}
+			if err := gc.Release(ctx); err != nil {
+				t.Fatalf("Release of c: %v", err)
+			}
+			if err := g.Release(ctx); err != nil {
+				t.Fatalf("Release of {a, b}: %v", err)
+			}
+			g2, err := bc.TryLock(ctx)
+			if err != nil {
+				t.Fatalf("TryLock of {b, c} after the Release = %v, want the set", err)
+			}
+			if err := g2.Release(ctx); err != nil {
+				t.Fatalf("Release of {b, c}: %v", err)
+			}
+		})
+	}
+}

@@ -207,6 +207,7 @@ func TestLeaseRowsElectionThroughAPooler(t *testing.T) {
 			leading := make(chan term, 16)
 			var active atomic.Int32
 			overlap := make(chan int32, 1)
+			runErrs := make(chan error, 3)
 			elections := make([]*advisorylock.Election, 3)
 			var wg sync.WaitGroup
 			for i := range elections {
@@ -218,7 +219,7 @@ func TestLeaseRowsElectionThroughAPooler(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_ = e.Run(ctx, func(lctx context.Context, token advisorylock.FencingToken) error {
+					err := e.Run(ctx, func(lctx context.Context, token advisorylock.FencingToken) error {
 						if n := active.Add(1); n > 1 {
 							select {
 							case overlap <- n:
@@ -230,6 +231,9 @@ func TestLeaseRowsElectionThroughAPooler(t *testing.T) {
 						<-lctx.Done()
 						return nil
 					})
+					if ctx.Err() == nil {
+						runErrs <- err
+					}
 				}()
 			}
 			defer func() { cancel(); wg.Wait() }()
@@ -239,6 +243,8 @@ func TestLeaseRowsElectionThroughAPooler(t *testing.T) {
 				select {
 				case n := <-overlap:
 					t.Fatalf("%d leaders at once", n)
+				case err := <-runErrs:
+					t.Fatalf("Run returned while the election went on: %v", err)
 				case tm := <-leading:
 					if tm.token <= after.token {
 						t.Fatalf("term %d after term %d: terms must strictly increase", tm.token, after.token)

@@ -287,7 +287,7 @@ type leaseSleeper interface {
 type LeaseRequest struct {
 	// Kind says which row the request is about:
 	//   - "lock": the row behind a Lock on a backend without session
-	//     locks (advisorylock_locks, keyed by Key);
+	//     locks, or with WithLeaseRows (advisorylock_locks, keyed by Key);
 	//   - "shared": a shared holder's row of a Lock kept as rows (RLock;
 	//     see Traits.SharedRows), one per holder, keyed by Key and Owner;
 	//   - "lease": the row of a LeaseLock (advisorylock_leases, keyed by

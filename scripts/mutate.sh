@@ -740,6 +740,38 @@ mutation "lockrun: the config file's dsn is ignored" cmd/lockrun/dsn.go \
 	's/\{settings\["dsn"\]\.value, settings\["dsn"\]\.at\}/{"", settings["dsn"].at}/' \
 	'^(TestEveryConfigKeyActsAsItsFlag|TestCronJobWithConfigFileTakesTheClusterLock|TestConfigPrecedence)$' ./cmd/lockrun
 
+# --- Lease rows (WithLeaseRows): every kind behind a transaction pooler --------
+mutation "WithLeaseRows is ignored: a Lock keeps session locks" advisorylock.go \
+	's/ok \&\& l\.cfg\.leaseRows \{/ok \&\& false {/' \
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
+mutation "WithLeaseRows is ignored: an Election keeps session locks" election.go \
+	's/rows \&\& e\.cfg\.leaseRows/rows \&\& false/' \
+	'^TestLeaseRowsElectionThroughAPooler$'
+mutation "PostgreSQL: a lock row is taken while live" backend_postgres_rows.go \
+	's/WHERE NOT EXISTS \(SELECT FROM advisorylock_locks AS l WHERE l\.key = \$1::bigint AND l\.expires_at > now\(\)\)/WHERE true/; s/WHERE l\.expires_at <= now\(\)\nRETURNING token/WHERE true\nRETURNING token/' \
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
+mutation "PostgreSQL: a lock row's renewal ignores its owner" backend_postgres_rows.go \
+	's/WHERE key = \$1::bigint AND owner = \$2::text AND expires_at > now\(\)/WHERE key = \$1::bigint AND expires_at > now()/' \
+	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "PostgreSQL: a lock row's release frees nothing" backend_postgres_rows.go \
+	's/(USING \(SELECT set_config\(.synchronous_commit., .off., true\)\) AS relaxed\n)WHERE /$1WHERE false AND /' \
+	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "PostgreSQL: a lock row's release ends its window at once" backend_postgres_rows.go \
+	's/least\(expires_at, greatest\(now\(\), acquired_at \+ \$3::bigint/least(expires_at, greatest(now(), acquired_at + 0 * \$3::bigint/' \
+	'^TestLeaseRowsKeepTheMinHoldWindow$'
+mutation "MySQL: a lock row is taken while live" backend_mysql_rows.go \
+	's/owner = IF\(expires_at <= UTC_TIMESTAMP\(6\), /owner = IF(TRUE, /' \
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
+mutation "MySQL: a lock row's renewal ignores its owner" backend_mysql_rows.go \
+	's/ AND owner = ` \+ mysqlHex\(r\.Owner\) \+ ` AND expires_at > UTC_TIMESTAMP\(6\)`/ AND expires_at > UTC_TIMESTAMP(6)`/' \
+	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "MySQL: a lock row's release frees nothing" backend_mysql_rows.go \
+	's/stmt := "DELETE FROM advisorylock_locks" \+ which/stmt := "DELETE FROM advisorylock_locks" + which + " AND FALSE"/' \
+	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "lockrun --lease-rows is ignored" cmd/lockrun/run.go \
+	's/if o\.leaseRows \&\& !o\.lease \{/if false {/' \
+	'^TestTransactionPoolerTakesLeaseRows$' ./cmd/lockrun
+
 # --- Observer -----------------------------------------------------------------
 mutation "a second observer is not called" observer.go \
 	's/\treturn observers\{to, o\}/\treturn to/' \

@@ -32,7 +32,8 @@ type rowsServer struct {
 }
 
 // rowsServers are the servers of the row tests: PgBouncer's transaction
-// pool with each driver setting, and MariaDB.
+// pool with each driver setting, its session pool, where rows work the
+// same, and (last) MariaDB.
 func rowsServers() []rowsServer {
 	pgExpire := func(t *testing.T, key int64) {
 		t.Helper()
@@ -48,9 +49,15 @@ func rowsServers() []rowsServer {
 			return testdb.OpenPostgresDSN(t, driver, txDSN+params)
 		}
 	}
+	session := func(t *testing.T) *sql.DB {
+		t.Helper()
+		_, sessionDSN := testdb.PgBouncer(t)
+		return testdb.OpenPostgresDSN(t, "postgres", sessionDSN)
+	}
 	return []rowsServer{
 		{"pgbouncer transaction lib/pq", pooled("postgres", ""), pgExpire},
 		{"pgbouncer transaction pgx exec", pooled("pgx", "&default_query_exec_mode=exec"), pgExpire},
+		{"pgbouncer session lib/pq", session, pgExpire},
 		{"mariadb", func(t *testing.T) *sql.DB { t.Helper(); return testdb.OpenMySQL(t) }, func(t *testing.T, key int64) {
 			t.Helper()
 			direct := testdb.OpenMySQL(t)
@@ -195,7 +202,7 @@ func TestLeaseRowsSemaphoreAdmitsAtMostItsSlots(t *testing.T) {
 // write of a leader whose term has passed.
 func TestLeaseRowsElectionThroughAPooler(t *testing.T) {
 	testdb.Slow(t, "an election through PgBouncer, several terms")
-	for _, srv := range rowsServers()[:2] {
+	for _, srv := range rowsServers()[:3] { // the PostgreSQL ones
 		t.Run(srv.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

@@ -54,7 +54,8 @@ ON DUPLICATE KEY UPDATE
 }
 
 // renewLock extends r.Owner's live row by its TTL from now (with
-// r.MinHold, never before the window's end); ErrLeaseLost otherwise.
+// r.MinHold, never before the window's end); ErrLeaseLost otherwise. The
+// row's token comes back through LAST_INSERT_ID and must be the grant's.
 func (m mysqlBackend) renewLock(ctx context.Context, db DB, r LeaseRequest) (FencingToken, error) {
 	expires := mysqlExpires(r.TTL)
 	if r.MinHold > 0 {
@@ -63,7 +64,7 @@ func (m mysqlBackend) renewLock(ctx context.Context, db DB, r LeaseRequest) (Fen
 	stmt := `UPDATE advisorylock_locks SET expires_at = ` + expires + `, token = LAST_INSERT_ID(token)
 WHERE lock_key = ` + strconv.FormatInt(r.Key, 10) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND expires_at > UTC_TIMESTAMP(6)`
 	token, err := m.execToken(ctx, db, stmt)
-	if err == nil && token == 0 {
+	if err == nil && FencingToken(token) != r.Token { // 0: no row matched
 		err = fmt.Errorf("%w: its row expired or was taken over", ErrLeaseLost)
 	}
 	return m.grant(token, err)

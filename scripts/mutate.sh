@@ -771,6 +771,9 @@ mutation "MySQL: a lock row's release frees nothing" backend_mysql_rows.go \
 mutation "lockrun --lease-rows is ignored" cmd/lockrun/run.go \
 	's/if o\.leaseRows \&\& !o\.lease \{/if false {/' \
 	'^TestTransactionPoolerTakesLeaseRows$' ./cmd/lockrun
+mutation "lockrun status skips lock rows" cmd/lockrun/status.go \
+	's/kinds = append\(kinds, "lock row"\)/_ = kinds/' \
+	'^TestTransactionPoolerTakesLeaseRows$' ./cmd/lockrun
 
 # --- Observer -----------------------------------------------------------------
 mutation "a second observer is not called" observer.go \

@@ -71,7 +71,8 @@ DESCRIPTION
     and the restart campaigns again.
 
     lockrun status prints which database it asks, then who holds the named
-    locks, as a table. Without names it lists every held lease; on SQLite
+    locks, as a table (a lock taken with --lease-rows on PostgreSQL or MySQL
+    as KIND lock row). Without names it lists every held lease; on SQLite
     every lock holder, shared ones and semaphore slots too, by name; on
     PostgreSQL every session advisory lock by key (their names are stored
     nowhere; a slot is a lock on its own key); on MySQL the shared holders

@@ -723,17 +723,21 @@ func TestTransactionPoolerWantsLease(t *testing.T) {
 }
 
 // Behind PgBouncer in transaction mode --lease-rows keeps a lock, a set
-// and slots as rows: each runs its command, and a second lockrun with -n
-// on the held name gets the conflict code.
+// and slots as rows: each runs its command, a second lockrun with -n on
+// the held name gets the conflict code, and lockrun status lists the
+// holder as a "lock row".
 func TestTransactionPoolerTakesLeaseRows(t *testing.T) {
 	t.Parallel()
 	txDSN, _ := testdb.PgBouncer(t)
 	env := []string{"LOCKRUN_DSN=" + txDSN}
 	name := lockName(t)
-	inner := lockrunBin(t) + " -n -E 7 --lease-rows " + name + " -- true; echo $?"
+	inner := lockrunBin(t) + " -n -E 7 --lease-rows " + name + " -- true; echo $?; " + lockrunBin(t) + " status " + name
 	code, stdout, stderr := runLockrun(t, env, "--lease-rows", name, "--", "sh", "-c", inner)
-	if code != 0 || strings.TrimSpace(stdout) != "7" {
+	if code != 0 || !strings.HasPrefix(stdout, "7\n") {
 		t.Errorf("--lease-rows through a transaction pooler, -n inside: exit %d, stdout %q, stderr %q; want 0 and the inner conflict code 7", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "lock row") {
+		t.Errorf("lockrun status of a name held with --lease-rows: stdout %q, stderr %q; want a \"lock row\" holder", stdout, stderr)
 	}
 	for _, args := range [][]string{
 		{"--lease-rows", "-l", name + "-a", "-l", name + "-b", "--", "echo", "ran"},

@@ -237,8 +237,12 @@ var errEmptyName = errors.New("advisorylock: empty name")
 // would refuse them. Later operations skip it.
 func (l *Lock) Check(ctx context.Context) error {
 	lb, err := l.backend(ctx)
-	if err == nil && lb.windows != nil { // a session lock's windows live in a table
+	switch {
+	case err != nil:
+	case lb.windows != nil: // a session lock's windows live in a table
 		err = checkTables(ctx, l.db, lb.session, "advisorylock_windows")
+	case lb.rows != nil: // so do rows
+		err = checkTables(ctx, l.db, lb.rows, "advisorylock_locks")
 	}
 	return wrapErr(l.name, "check", err)
 }
@@ -249,6 +253,9 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 		b, err := resolveBackend(ctx, l.db, &l.cfg)
 		if err != nil {
 			return nil, err
+		}
+		if s, ok := b.(backend.LeaseStore); ok && l.cfg.leaseRows { // see WithLeaseRows
+			return l.rowsBackend(s)
 		}
 		switch b := b.(type) {
 		case backend.SessionLocker:
@@ -287,15 +294,21 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			lb.shared = l.sharedView(lb)
 			return lb, nil
 		case backend.LeaseStore:
-			if err := checkRowWindows(&l.cfg, b); err != nil {
-				return nil, err
-			}
-			lb := &lockBackend{rows: b}
-			lb.shared = l.sharedView(lb)
-			return lb, nil
+			return l.rowsBackend(b)
 		}
 		return nil, fmt.Errorf("%w: backend %q implements neither SessionLocker nor LeaseStore", ErrUnsupported, b.Name())
 	})
+}
+
+// rowsBackend is how l locks where its holds are lease rows in s: on a
+// backend without session locks, or with WithLeaseRows.
+func (l *Lock) rowsBackend(s backend.LeaseStore) (*lockBackend, error) {
+	if err := checkRowWindows(&l.cfg, s); err != nil {
+		return nil, err
+	}
+	lb := &lockBackend{rows: s}
+	lb.shared = l.sharedView(lb)
+	return lb, nil
 }
 
 // Name returns the lock's name.

@@ -528,6 +528,7 @@ var mysqlSteps = [][]string{1: {
 	3: {mysqlElectionsTable}, // step 3: elections (NewElection; see backend_mysql_election.go)
 	4: {mysqlSharedTable},    // step 4: shared locks (RLock; see backend_mysql_shared.go)
 	5: {mysqlRunsTable},      // step 5: runs done (Lock.TryDoOnce; see backend_mysql_once.go)
+	6: {mysqlLocksTable},     // step 6: Locks kept as rows (WithLeaseRows; see backend_mysql_rows.go)
 }
 
 // mysqlSchemaVersions is the table of applied upgrade steps.
@@ -540,7 +541,8 @@ const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
 // advisorylock_windows and the schema version table, with every upgrade
 // step, for an administrator or a migration tool to run (it is
 // idempotent). The application's user then needs only the grants listed
-// at its end. MySQL's Lock needs no table, unless it has WithMinHold.
+// at its end. MySQL's Lock needs no table, unless it has WithMinHold
+// (advisorylock_windows) or WithLeaseRows (advisorylock_locks).
 func (mysqlBackend) Schema() string {
 	var b strings.Builder
 	b.WriteString(mysqlSchemaVersions + ";\n")
@@ -559,6 +561,7 @@ func (mysqlBackend) Schema() string {
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_elections TO app; -- Election
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON db.advisorylock_shared TO app; -- RLock
 --   GRANT SELECT, INSERT, DELETE ON db.advisorylock_runs TO app; -- Lock.TryDoOnce
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON db.advisorylock_locks TO app; -- WithLeaseRows
 --   GRANT SELECT ON db.advisorylock_schema TO app;
 `)
 	return b.String()
@@ -589,12 +592,10 @@ func mysqlExpires(ttl time.Duration) string {
 	return "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(ttlMillis(ttl)*1000, 10) + " MICROSECOND"
 }
 
-var errMySQLNoLockRows = fmt.Errorf("%w: a MySQL Lock is a session lock, not a lease row", ErrUnsupported)
-
 // checkLeaseName refuses requests the tables cannot serve.
 func checkLeaseName(r backend.LeaseRequest) error {
-	if r.Kind != kindLease {
-		return errMySQLNoLockRows
+	if r.Kind == kindShared {
+		return errMySQLNoSharedRows
 	}
 	return nil
 }
@@ -610,6 +611,9 @@ func checkLeaseName(r backend.LeaseRequest) error {
 func (m mysqlBackend) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	if err := checkLeaseName(r); err != nil {
 		return 0, err
+	}
+	if r.Kind == kindLock {
+		return m.acquireLock(ctx, db, r)
 	}
 	owner, expires := mysqlHex(r.Owner), mysqlExpires(max(r.TTL, r.MinHold)) // the row stays taken for the window too
 	stmt := `INSERT INTO advisorylock_leases (name_hash, name, owner, generation, acquired_at, expires_at)
@@ -632,6 +636,9 @@ ON DUPLICATE KEY UPDATE
 func (m mysqlBackend) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	if err := checkLeaseName(r); err != nil {
 		return 0, err
+	}
+	if r.Kind == kindLock {
+		return m.renewLock(ctx, db, r)
 	}
 	expires := mysqlExpires(r.TTL)
 	if r.MinHold > 0 { // never before the window's end
@@ -671,9 +678,12 @@ func (mysqlBackend) execToken(ctx context.Context, db DB, stmt string) (int64, e
 // ReleaseLease frees the lease if grant r.Token still holds it (with
 // Token 0, whatever r.Owner holds); the row stays, so the token never goes
 // down. With r.MinHold it stays taken by its owner until the window's end.
-func (mysqlBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
+func (m mysqlBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	if err := checkLeaseName(r); err != nil {
 		return err
+	}
+	if r.Kind == kindLock {
+		return m.releaseLock(ctx, db, r)
 	}
 	which := "generation = " + strconv.FormatInt(int64(r.Token), 10) + " AND owner IS NOT NULL"
 	if r.Token == 0 {
@@ -696,6 +706,9 @@ func (mysqlBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.L
 func (m mysqlBackend) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	if err := checkLeaseName(r); err != nil {
 		return nil, err
+	}
+	if r.Kind == kindLock {
+		return m.lockHolder(ctx, db, r)
 	}
 	stmt := `SELECT owner, generation, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)
 FROM advisorylock_leases WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)`
@@ -922,6 +935,7 @@ var mysqlTableColumns = map[string]string{
 	"advisorylock_fences":    "resource_hash",
 	"advisorylock_windows":   "lock_key",
 	"advisorylock_elections": "name_hash",
+	"advisorylock_locks":     "lock_key",
 }
 
 // CheckTables creates the tables if they are missing and proves, with two

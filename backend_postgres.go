@@ -1070,6 +1070,9 @@ var postgresSteps = [][]string{
 		// the handover wakes if it sleeps in line there.
 		`ALTER TABLE advisorylock_leases ADD COLUMN IF NOT EXISTS next_pid integer`,
 	},
+	8: { // Locks kept as rows (WithLeaseRows; see backend_postgres_rows.go)
+		postgresLocksTable,
+	},
 }
 
 // pgSchemaVersions is the table of applied upgrade steps.
@@ -1096,8 +1099,8 @@ var schemaLock = func() string {
 // idempotent: run it again after an upgrade of this package). The role
 // the application connects as then needs only the grants listed at its
 // end. PostgreSQL's Lock needs no table, unless it has WithMinHold
-// (advisorylock_windows); an Election records its terms in
-// advisorylock_elections.
+// (advisorylock_windows) or WithLeaseRows (advisorylock_locks); an
+// Election records its terms in advisorylock_elections.
 func (p *postgres) Schema() string {
 	var b strings.Builder
 	b.WriteString(pgSchemaVersions + ";\n")
@@ -1112,6 +1115,7 @@ func (p *postgres) Schema() string {
 -- The application's role needs (no CREATE, no superuser):
 --   GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections TO app;
 --   GRANT SELECT, INSERT, DELETE ON advisorylock_runs TO app; -- Lock.TryDoOnce
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON advisorylock_locks TO app; -- WithLeaseRows
 --   GRANT USAGE ON SEQUENCE advisorylock_token_seq TO app;
 --   GRANT SELECT ON advisorylock_schema TO app;
 `)
@@ -1324,16 +1328,15 @@ FOR SHARE OF l`
 // ttlMillis is a lease's TTL as whole milliseconds, at least 1.
 func ttlMillis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
-// errNoLockRows refuses kindLock requests: a Lock on PostgreSQL is a
-// session lock and keeps no row.
-var errNoLockRows = fmt.Errorf("%w: a PostgreSQL Lock is a session lock, not a lease row", ErrUnsupported)
-
 // AcquireLease takes the lease if it is free or expired and returns the
 // new generation; ErrNotAcquired if it is held. The grant commits
 // durably: a lost grant could hand one token out twice after a crash.
 func (p *postgres) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
-	if r.Kind != kindLease {
-		return 0, errNoLockRows
+	switch r.Kind {
+	case kindLock:
+		return p.acquireLock(ctx, db, r)
+	case kindShared:
+		return 0, errNoSharedRows
 	}
 	var gen int64
 	found, err := p.queryRow(ctx, db, pgAcquireLease, []any{r.Name, r.Owner, ttlMillis(max(r.TTL, r.MinHold))}, &gen)
@@ -1349,8 +1352,11 @@ func (p *postgres) AcquireLease(ctx context.Context, db backend.DB, r backend.Le
 // RenewLease extends the lease by its TTL from the database's now, if
 // r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
 func (p *postgres) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
-	if r.Kind != kindLease {
-		return 0, errNoLockRows
+	switch r.Kind {
+	case kindLock:
+		return p.renewLock(ctx, db, r)
+	case kindShared:
+		return 0, errNoSharedRows
 	}
 	var gen int64
 	var found bool
@@ -1374,8 +1380,11 @@ func (p *postgres) RenewLease(ctx context.Context, db backend.DB, r backend.Leas
 // goes down. With r.MinHold it stays taken by its owner until the window's
 // end.
 func (p *postgres) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
-	if r.Kind != kindLease {
-		return errNoLockRows
+	switch r.Kind {
+	case kindLock:
+		return p.releaseLock(ctx, db, r)
+	case kindShared:
+		return errNoSharedRows
 	}
 	key := strconv.FormatInt(r.Key, 10)
 	if r.Token == 0 {
@@ -1395,7 +1404,7 @@ func (p *postgres) ReleaseLease(ctx context.Context, db backend.DB, r backend.Le
 // sleeps in line (see SleepInLine), else on a connection of db's.
 func (p *postgres) QueueLease(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest) (uint64, error) {
 	if r.Kind != kindLease {
-		return 0, errNoLockRows
+		return 0, fmt.Errorf("%w: only a LeaseLock's waiters queue", ErrUnsupported)
 	}
 	if conn != nil {
 		db = onConn{conn, db}
@@ -1466,8 +1475,11 @@ func (p *postgres) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Con
 // LeaseHolder reports the lease's holder, or nil when it is free or
 // expired by the database clock.
 func (p *postgres) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
-	if r.Kind != kindLease {
-		return nil, errNoLockRows
+	switch r.Kind {
+	case kindLock:
+		return p.lockHolder(ctx, db, r)
+	case kindShared:
+		return nil, errNoSharedRows
 	}
 	h := &backend.Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
 	var gen int64
@@ -1702,6 +1714,7 @@ var pgTableColumns = map[string]string{
 	"advisorylock_fences":    "resource",
 	"advisorylock_windows":   "key",
 	"advisorylock_elections": "name",
+	"advisorylock_locks":     "key",
 }
 
 // CheckTables creates the tables if they are missing and proves, in one
@@ -1715,7 +1728,7 @@ func (p *postgres) CheckTables(ctx context.Context, db backend.DB, tables ...str
 	var with []string
 	probe := "SELECT 0"
 	for i, t := range tables {
-		if t == "advisorylock_leases" || t == "advisorylock_elections" {
+		if t == "advisorylock_leases" || t == "advisorylock_elections" || t == "advisorylock_locks" {
 			probe = "SELECT CASE WHEN has_sequence_privilege('advisorylock_token_seq', 'USAGE') THEN 0 ELSE nextval('advisorylock_token_seq') END"
 		}
 		c := pgTableColumns[t]

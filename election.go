@@ -25,9 +25,10 @@ import (
 // within WithDeadHolderTimeout. Each leader then records its term, a
 // FencingToken from the source leases take theirs from (larger than every
 // token issued before it), in a row naming the leader
-// (advisorylock_elections; see Schema). On SQLite the leader holds a
-// LeaseLock on the name, whose token is the term: a dead leader is
-// replaced within the lease TTL.
+// (advisorylock_elections; see Schema). On SQLite, and on any backend
+// with WithLeaseRows (behind a transaction-mode pooler, say), the leader
+// holds a LeaseLock on the name, whose token is the term: a dead leader
+// is replaced within the lease TTL.
 //
 // Two leaders at once: a leader learns that its session was killed (or
 // cut off) at its next keep-alive check (WithKeepAlive [10s]), and a
@@ -85,7 +86,8 @@ type electionBackend struct {
 // WithKeepAlive bounds how long a leader whose session died goes on
 // leading (see Election); WithDeadHolderTimeout, WithLeaseTTL (SQLite),
 // WithPollInterval (Observe), WithObserver (events of kind
-// "election") and WithLogger apply as they do to locks.
+// "election") and WithLogger apply as they do to locks; WithLeaseRows
+// elects through a lease on any backend (see Election).
 func NewElection(db DB, name string, opts ...Option) (*Election, error) {
 	cfg, err := leaseConfig(db, name, "an Election", lockOptions&^(optMinHold|optRunRetention|optMultiplexing), opts)
 	if err != nil {
@@ -129,7 +131,8 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, ok := b.(backend.SessionLocker); !ok {
+		_, session := b.(backend.SessionLocker)
+		if _, rows := b.(backend.LeaseStore); !session || rows && e.cfg.leaseRows { // see WithLeaseRows
 			_, err := e.lease.store(ctx)
 			return &electionBackend{}, err
 		}

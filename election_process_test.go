@@ -19,7 +19,8 @@ const electionHelperEnv = "ADVISORYLOCK_ELECTION_JOB"
 // electionJob tells an election helper process where to campaign.
 type electionJob struct {
 	Backend, DSN, Name string
-	TTL                time.Duration // WithLeaseTTL (SQLite)
+	TTL                time.Duration // WithLeaseTTL (SQLite, and rows)
+	Rows               bool          // WithLeaseRows
 }
 
 // TestElectionHelperProcess is the body of the helper processes: a
@@ -34,7 +35,11 @@ func TestElectionHelperProcess(t *testing.T) {
 		t.Fatalf("helper process: bad %s: %v", electionHelperEnv, err)
 	}
 	db := openElectionDB(t, job.Backend, job.DSN)
-	e := newElection(t, db, job.Name, advisorylock.WithOwner("helper"), advisorylock.WithLeaseTTL(job.TTL))
+	opts := []advisorylock.Option{advisorylock.WithOwner("helper"), advisorylock.WithLeaseTTL(job.TTL)}
+	if job.Rows {
+		opts = append(opts, advisorylock.WithLeaseRows())
+	}
+	e := newElection(t, db, job.Name, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	err := e.Run(ctx, func(ctx context.Context, term advisorylock.FencingToken) error {

@@ -47,6 +47,9 @@ func openElectionDB(t *testing.T, name, dsn string) *sql.DB {
 	case "sqlite":
 		return testdb.OpenSQLite(t, dsn, "")
 	}
+	if driver, ok := strings.CutPrefix(name, "pgbouncer/"); ok { // dsn is the pool's
+		return testdb.OpenPostgresDSN(t, driver, dsn)
+	}
 	return testdb.OpenPostgres(t, strings.TrimPrefix(name, "postgres/"))
 }
 

@@ -31,8 +31,10 @@ var (
 	// error is wrapped with it.
 	ErrPoolUnavailable = errors.New("advisorylock: no connection available")
 	// ErrTransactionPooler means session locks were refused because
-	// sessions are multiplexed by a transaction-mode pooler. Use LeaseLock.
-	ErrTransactionPooler = errors.New("advisorylock: transaction-mode pooler in the way (session locks cannot work there; use LeaseLock)")
+	// sessions are multiplexed by a transaction-mode pooler. Use LeaseLock,
+	// or WithLeaseRows for a Lock, a set, a Semaphore or an Election: both
+	// keep their holds in rows, one autocommit statement at a time.
+	ErrTransactionPooler = errors.New("advisorylock: transaction-mode pooler in the way (session locks cannot work there; use LeaseLock, or WithLeaseRows for a Lock, a set, a Semaphore or an Election)")
 	// ErrUnsupported means the handle cannot be locked safely: an unknown
 	// driver without WithBackend, an in-memory SQLite database, a nil handle.
 	ErrUnsupported = backend.ErrUnsupported

@@ -220,7 +220,7 @@ func ExampleDetectPooler() {
 	}
 	switch mode {
 	case advisorylock.PoolerTransaction:
-		fmt.Println("sessions are multiplexed: use LeaseLock")
+		fmt.Println("sessions are multiplexed: use LeaseLock or WithLeaseRows")
 	case advisorylock.PoolerNotSeen:
 		fmt.Println("no pooler seen")
 	}

@@ -803,7 +803,7 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 
 // leaseOptions are the options a LeaseLock takes: not those of a pinned
 // session (keep-alive, dead-holder timeout, pooler probe).
-const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck | optRunRetention | optMultiplexing)
+const leaseOptions = optAll &^ (optKeepAlive | optDeadHolder | optPoolerCheck | optRunRetention | optMultiplexing | optLeaseRows)
 
 // leaseConfig is constructed for a name kept in a row: the name and the
 // owner label must be storable too.

@@ -831,12 +831,14 @@ FROM information_schema.columns WHERE table_name IN ('advisorylock_leases', 'adv
 	return s
 }
 
-func TestPostgresKeepsNoLockRows(t *testing.T) {
+// TestPostgresKeepsNoSharedRows: PostgreSQL keeps "lock" rows (for
+// WithLeaseRows) but no shared holders as rows, and stays a SessionLocker.
+func TestPostgresKeepsNoSharedRows(t *testing.T) {
 	db := testdb.OpenPostgres(t, "postgres")
 	store := advisorylock.Postgres().(backend.LeaseStore)
-	req := backend.LeaseRequest{Kind: "lock", Name: testdb.UniqueName(t), Owner: "x", TTL: time.Second}
+	req := backend.LeaseRequest{Kind: "shared", Name: testdb.UniqueName(t), Owner: "x", TTL: time.Second}
 	if _, err := store.AcquireLease(context.Background(), db, req); !errors.Is(err, advisorylock.ErrUnsupported) {
-		t.Fatalf("AcquireLease of a \"lock\" row on PostgreSQL = %v, want ErrUnsupported", err)
+		t.Fatalf("AcquireLease of a \"shared\" row on PostgreSQL = %v, want ErrUnsupported", err)
 	}
 	if _, ok := advisorylock.Postgres().(backend.SessionLocker); !ok {
 		t.Fatal("Postgres() is no longer a SessionLocker")

@@ -57,6 +57,7 @@ type config struct {
 	minHold        time.Duration
 	runRetention   time.Duration // see WithRunRetention
 	multiplex      int           // see WithMultiplexing; 0: off
+	leaseRows      bool          // see WithLeaseRows
 	given          optionSet     // the options passed, for configFor
 }
 
@@ -80,16 +81,17 @@ const (
 	optPoolWait
 	optRunRetention
 	optMultiplexing
+	optLeaseRows
 
 	// optAll is every option; each constructor takes optAll less what
 	// cannot apply to it.
-	optAll = optMultiplexing<<1 - 1
+	optAll = optLeaseRows<<1 - 1
 )
 
 var optionNames = [...]string{"WithBackend", "WithLeaseTTL", "WithPollInterval", "WithKeepAlive",
 	"WithReleaseTimeout", "WithPoolerCheck", "WithServerChecks", "WithLogger", "WithClock", "WithOwner",
 	"WithObserver", "WithMinHold", "WithDeadHolderTimeout", "WithPoolWait", "WithRunRetention",
-	"WithMultiplexing"}
+	"WithMultiplexing", "WithLeaseRows"}
 
 // set records that an option was given.
 func (c *config) set(o optionSet) { c.given |= o }
@@ -287,6 +289,43 @@ func WithMultiplexing(sessions int) Option {
 	return func(c *config) { c.multiplex = sessions; c.set(optMultiplexing) }
 }
 
+// WithLeaseRows keeps the holds of a Lock, its shared side, a set
+// (NewSet), a Semaphore and an Election on lease rows, as SQLite does,
+// instead of session locks: on PostgreSQL in advisorylock_locks (an
+// Election in advisorylock_leases, its term the lease's token), on MySQL
+// and MariaDB likewise (see Schema). Every statement of a row is one
+// autocommit round trip that pins no connection, so the holds work behind
+// a transaction-mode pooler (PgBouncer pool_mode=transaction, Supavisor's
+// transaction mode, Neon's -pooler host, RDS Proxy), where session locks
+// are refused with ErrTransactionPooler; the pooler check is skipped.
+// On a backend that keeps only rows (SQLite) it changes nothing.
+//
+// The trade, against session locks:
+//   - the hold is renewed in the background every TTL/3 (WithLeaseTTL),
+//     a statement each, and no connection is held in between;
+//   - a holder that cannot renew believes its hold lost at a local
+//     deadline (TTL less one renew interval, on its own clock) before the
+//     database can grant it again: Guard.Lost closes and Do's context is
+//     cancelled, with CauseExpired or CauseTakenOver;
+//   - after a holder dies its row stays taken until the TTL runs out: a
+//     waiter takes over within the TTL, not at once as when a session
+//     ends (a Release frees the row at once);
+//   - waiters poll (WithPollInterval, backing off toward the holder's
+//     expiry) instead of waiting on the server;
+//   - each grant gets a new row token; an Election's term is its lease's
+//     FencingToken, larger than every earlier one.
+//
+// Rows and session locks of one name do not exclude each other: every
+// process of a fleet must make the same choice for a name. The first
+// operation picks rows where the backend is a LeaseStore (every built-in
+// backend is). On PostgreSQL, MySQL and MariaDB a Lock on rows has no
+// shared holds (RLock returns ErrUnsupported, naming the option);
+// WithMinHold keeps its window in the row, as on SQLite. It applies to
+// New, NewSet, NewSemaphore and NewElection, not with WithMultiplexing.
+func WithLeaseRows() Option {
+	return func(c *config) { c.leaseRows = true; c.set(optLeaseRows) }
+}
+
 // WithDeadHolderTimeout sets how soon PostgreSQL frees the session lock of
 // a holder that vanished without closing its socket (a host powered off,
 // a network blackhole) [20s; 0 leaves the server's settings, with which
@@ -345,6 +384,8 @@ func (c *config) check(takes optionSet) error {
 		return bad("WithMultiplexing(%d) needs at least one session", c.multiplex)
 	case c.multiplex > 0 && c.minHold > 0:
 		return bad("WithMultiplexing does not combine with WithMinHold")
+	case c.multiplex > 0 && c.leaseRows:
+		return bad("WithMultiplexing does not combine with WithLeaseRows (a lease row pins no session to share)")
 	case c.deadHolder < 0:
 		return bad("WithDeadHolderTimeout(%s) is negative (0 leaves the server's settings)", c.deadHolder)
 	}

@@ -349,7 +349,12 @@ func splitList(v string) []string {
 func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
 	cfg := newConfig(nil)
 	b, err := resolveBackend(ctx, db, &cfg)
-	if err != nil {
+	switch code := sqlState(err); {
+	case code == "26000" || code == "42P05":
+		// The first-use check's statement met another client's prepared
+		// statement, or lost its own: a sign, as in sessionOf.
+		return PoolerTransaction, nil
+	case err != nil:
 		return PoolerNotSeen, probeError(err)
 	}
 	s, ok := b.(backend.SessionIdentifier)

@@ -208,7 +208,7 @@ func TestExportedSurfaceStaysSmall(t *testing.T) {
 		dir                      string
 		maxNames, maxWithMembers int
 	}{
-		{".", 156, 199},
+		{".", 157, 200}, // WithLeaseRows: one name more
 		{"backend", 30, 106},
 	}
 	for _, p := range pages {

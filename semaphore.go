@@ -30,9 +30,10 @@ import (
 //     Lock is (a held slot uses a connection of the pool; a holder whose
 //     session ends frees its slot, at once for a closed socket and within
 //     WithDeadHolderTimeout for a vanished host);
-//   - on SQLite a lease row in advisorylock_locks, renewed in the
-//     background (a holder that dies frees its slot when its lease
-//     expires, within WithLeaseTTL).
+//   - on SQLite, and on any backend with WithLeaseRows (behind a
+//     transaction-mode pooler, say), a lease row in advisorylock_locks,
+//     renewed in the background (a holder that dies frees its slot when
+//     its lease expires, within WithLeaseTTL).
 //
 // A try takes one free slot, chosen from a random start so that
 // concurrent tries spread over the slots: on PostgreSQL and MySQL in one

@@ -19,8 +19,9 @@ import (
 // grant holds every key on one session: a try takes all or none (one
 // statement where the backend is a backend.SetLocker, else one per key,
 // letting go of what it took on a miss), a wait takes them one after another,
-// each waited for server-side. On a row backend each name is a row of its
-// own, taken in key order; the set is held while all its rows are.
+// each waited for server-side. On a row backend (SQLite, or any backend
+// with WithLeaseRows) each name is a row of its own, taken in key order;
+// the set is held while all its rows are.
 
 // NewSet returns one Lock over names: a grant holds all of them, Release
 // frees all, and the loss of any one is the loss of the set (Lost closes,

@@ -124,6 +124,7 @@ func soakFaults(t *testing.T) []*faultClass {
 
 func TestSoak(t *testing.T) {
 	testdb.Slow(t, "soak: a minute of load with every fault")
+	testdb.PgBouncer(t) // started before the goroutine check: it runs for the whole process
 	checkGoroutines(t)
 	d := soakDuration(t)
 	pg := startPGLoad(t, 2, 2, func() time.Duration {
@@ -133,6 +134,7 @@ func TestSoak(t *testing.T) {
 		return rand.N(20 * time.Millisecond)
 	})
 	lite := startSQLiteLoad(t, 2, 1)
+	rows := startRowsLoad(t, 2)
 	my := startMySQLLoad(t, 2, 1, holdBriefly)
 	sem := startSemaphoreLoad(t)
 	shared := startSharedLoads(t)
@@ -152,6 +154,7 @@ func TestSoak(t *testing.T) {
 			"  LeaseLock on PostgreSQL:  "+pg.lease.String(),
 			"  Lock on SQLite:           "+lite.lock.String(),
 			"  LeaseLock on SQLite:      "+lite.lease.String(),
+			"  Lock on rows, PgBouncer:  "+rows.lock.String(),
 			"  Lock on MySQL:            "+my.session.String(),
 			"  LeaseLock on MySQL:       "+my.lease.String(),
 			"  MySQL faults:             "+myFaults.String(),
@@ -218,6 +221,7 @@ func TestSoak(t *testing.T) {
 	}
 	pg.halt(t)
 	lite.halt(t)
+	rows.halt(t)
 	my.halt(t)
 	sem.halt(t)
 	for _, s := range shared {
@@ -234,6 +238,7 @@ func TestSoak(t *testing.T) {
 	report("done")
 	pg.check(t)
 	lite.check(t)
+	rows.check(t)
 	my.check(t)
 	sem.check(t)
 	for _, s := range shared {
@@ -245,14 +250,14 @@ func TestSoak(t *testing.T) {
 	for _, o := range once {
 		o.check(t) // its history too
 	}
-	checkHistory(t, slices.Concat(pg.secs, lite.secs, my.secs, muxSecs)...) // history hook
+	checkHistory(t, slices.Concat(pg.secs, lite.secs, rows.secs, my.secs, muxSecs)...) // history hook
 	if myFaults.kills == 0 || myFaults.cuts == 0 || myFaults.resets == 0 {
 		t.Errorf("vacuous: MySQL faults %v", &myFaults)
 	}
 	if sem.figs.faults.Load() == 0 || sem.figs.losses.Load() == 0 {
 		t.Errorf("vacuous: no semaphore holder was killed and told: %v", sem.figs)
 	}
-	for _, f := range []*figures{pg.session, pg.lease, lite.lock, lite.lease, my.session, my.lease, sem.figs} {
+	for _, f := range []*figures{pg.session, pg.lease, lite.lock, lite.lease, rows.lock, my.session, my.lease, sem.figs} {
 		if f.acquired.Load() == 0 {
 			t.Errorf("a kind of worker never acquired its lock: %v", f)
 		}

@@ -146,7 +146,8 @@ type LeaseStore interface {
 type LeaseRequest struct {
 	// Kind says which row the request is about:
 	//   - "lock": the row behind a Lock on a backend without session
-	//     locks (advisorylock_locks, keyed by Key);
+	//     locks, or with advisorylock.WithLeaseRows (advisorylock_locks,
+	//     keyed by Key; a grant's token is any value >= 1);
 	//   - "shared": a shared holder's row of a Lock kept as rows (RLock;
 	//     see SharedRowStore), one per holder, keyed by Key and Owner;
 	//   - "lease": the row of a LeaseLock (advisorylock_leases, keyed by

@@ -644,7 +644,7 @@ mutation "PostgreSQL Check proves no INSERT grant" backend_postgres.go \
 	's/,\n\t\t\tfmt\.Sprintf\("i%d AS \(INSERT INTO %s \(%s\) SELECT %\[3\]s FROM %\[2\]s WHERE false RETURNING 1\)", i, t, c\)\)/)/' \
 	'^TestCheckRefusesAPartialGrant$'
 mutation "PostgreSQL Check proves no grant on the token sequence" backend_postgres.go \
-	's/if t == "advisorylock_leases" \|\| t == "advisorylock_elections" \{/if false \&\& (t == "advisorylock_leases" || t == "advisorylock_elections") {/' \
+	's/if t == "advisorylock_leases" \|\| t == "advisorylock_elections" \|\| t == "advisorylock_locks" \{/if false \&\& (t == "advisorylock_leases" || t == "advisorylock_elections") {/' \
 	'^TestCheckRefusesAPartialGrant$'
 mutation "MySQL Check proves no UPDATE grant" backend_mysql.go \
 	's/\t\t\tfmt\.Sprintf\("UPDATE %s SET %s = %\[2\]s WHERE FALSE", t, c\),\n//; s/\t\tc := mysqlTableColumns\[t\]\n/\t\t_ = mysqlTableColumns[t]\n/' \
@@ -760,6 +760,41 @@ mutation "lockrun: a false boolean in the config file turns its flag on" cmd/loc
 mutation "lockrun: the config file's dsn is ignored" cmd/lockrun/dsn.go \
 	's/\{settings\["dsn"\]\.value, settings\["dsn"\]\.at\}/{"", settings["dsn"].at}/' \
 	'^(TestEveryConfigKeyActsAsItsFlag|TestCronJobWithConfigFileTakesTheClusterLock|TestConfigPrecedence)$' ./cmd/lockrun
+
+# --- Lease rows (WithLeaseRows): every kind behind a transaction pooler --------
+mutation "WithLeaseRows is ignored: a Lock keeps session locks" advisorylock.go \
+	's/ok \&\& l\.cfg\.leaseRows \{/ok \&\& false {/' \
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
+mutation "WithLeaseRows is ignored: an Election keeps session locks" election.go \
+	's/rows \&\& e\.cfg\.leaseRows/rows \&\& false/' \
+	'^TestLeaseRowsElectionThroughAPooler$'
+mutation "PostgreSQL: a lock row is taken while live" backend_postgres_rows.go \
+	's/WHERE NOT EXISTS \(SELECT FROM advisorylock_locks AS l WHERE l\.key = \$1::bigint AND l\.expires_at > now\(\)\)/WHERE true/; s/WHERE l\.expires_at <= now\(\)\nRETURNING token/WHERE true\nRETURNING token/' \
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
+mutation "PostgreSQL: a lock row's renewal ignores its owner" backend_postgres_rows.go \
+	's/WHERE key = \$1::bigint AND owner = \$2::text AND expires_at > now\(\)/WHERE key = \$1::bigint AND expires_at > now()/' \
+	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "PostgreSQL: a lock row's release frees nothing" backend_postgres_rows.go \
+	's/(USING \(SELECT set_config\(.synchronous_commit., .off., true\)\) AS relaxed\n)WHERE /$1WHERE false AND /' \
+	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "PostgreSQL: a lock row's release ends its window at once" backend_postgres_rows.go \
+	's/least\(expires_at, greatest\(now\(\), acquired_at \+ \$3::bigint/least(expires_at, greatest(now(), acquired_at + 0 * \$3::bigint/' \
+	'^TestLeaseRowsKeepTheMinHoldWindow$'
+mutation "MySQL: a lock row is taken while live" backend_mysql_rows.go \
+	's/owner = IF\(expires_at <= UTC_TIMESTAMP\(6\), /owner = IF(TRUE, /' \
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
+mutation "MySQL: a lock row's renewal ignores its owner" backend_mysql_rows.go \
+	's/ AND owner = ` \+ mysqlHex\(r\.Owner\) \+ ` AND expires_at > UTC_TIMESTAMP\(6\)`/ AND expires_at > UTC_TIMESTAMP(6)`/' \
+	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "MySQL: a lock row's release frees nothing" backend_mysql_rows.go \
+	's/stmt := "DELETE FROM advisorylock_locks" \+ which/stmt := "DELETE FROM advisorylock_locks" + which + " AND FALSE"/' \
+	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "lockrun --lease-rows is ignored" cmd/lockrun/run.go \
+	's/if o\.leaseRows \&\& !o\.lease \{/if false {/' \
+	'^TestTransactionPoolerTakesLeaseRows$' ./cmd/lockrun
+mutation "lockrun status skips lock rows" cmd/lockrun/status.go \
+	's/kinds = append\(kinds, "lock row"\)/_ = kinds/' \
+	'^TestTransactionPoolerTakesLeaseRows$' ./cmd/lockrun
 
 # --- Observer -----------------------------------------------------------------
 mutation "a second observer is not called" observer.go \

@@ -21,6 +21,7 @@ type options struct {
 	conflictCode int
 	doneCode     int // --done-exit-code: --once's exit code when the command did not run
 	lease        bool
+	leaseRows    bool          // --lease-rows: a Lock, set or slots kept as lease rows
 	ttl          time.Duration // 0: the library's default
 	killAfter    time.Duration
 	minHold      time.Duration
@@ -78,6 +79,8 @@ var flags = []flagSpec{
 		value: func(o *options, v string) (err error) { o.doneCode, err = parseExitCode(v); return err }},
 	{long: []string{"lease"}, config: true, help: "hold a lease with a fencing token",
 		bool: func(o *options) { o.lease = true }},
+	{long: []string{"lease-rows"}, config: true, help: "keep the lock, set or slots as lease rows (works behind a transaction pooler)",
+		bool: func(o *options) { o.leaseRows = true }},
 	{long: []string{"ttl"}, config: true, help: "how long a lease lives without renewal", value: setTTL},
 	{long: []string{"kill-after"}, config: true, help: "grace between SIGTERM and SIGKILL after a lost lock",
 		value: func(o *options, v string) (err error) { o.killAfter, err = parseSeconds(v); return err }},
@@ -164,7 +167,7 @@ var subcommands = []string{"status", "completion", "elect"}
 
 // runOnly are the flags that apply only to taking a lock for a command:
 // given with a subcommand, before or after its word, they are refused.
-var runOnly = []string{"nonblock", "wait", "conflict-exit-code", "done-exit-code", "lease", "ttl", "kill-after", "min-hold", "once", "shared", "lock"}
+var runOnly = []string{"nonblock", "wait", "conflict-exit-code", "done-exit-code", "lease", "lease-rows", "ttl", "kill-after", "min-hold", "once", "shared", "lock"}
 
 // parseArgs reads the command line:
 //

@@ -177,6 +177,7 @@ func TestEveryConfigKeyActsAsItsFlag(t *testing.T) {
 		"conflict-exit-code": {"9", []string{"-E", "9"}},
 		"done-exit-code":     {"3", []string{"--done-exit-code", "3"}},
 		"lease":              {"true", []string{"--lease"}},
+		"lease-rows":         {"true", []string{"--lease-rows"}},
 		"ttl":                {"90s", []string{"--ttl", "90s"}},
 		"kill-after":         {"4", []string{"--kill-after", "4"}},
 		"min-hold":           {"5m", []string{"--min-hold", "5m"}},

@@ -71,7 +71,8 @@ DESCRIPTION
     and the restart campaigns again.
 
     lockrun status prints which database it asks, then who holds the named
-    locks, as a table. Without names it lists every held lease; on SQLite
+    locks, as a table (a lock taken with --lease-rows on PostgreSQL or MySQL
+    as KIND lock row). Without names it lists every held lease; on SQLite
     every lock holder, shared ones and semaphore slots too, by name; on
     PostgreSQL every session advisory lock by key (their names are stored
     nowhere; a slot is a lock on its own key); on MySQL the shared holders
@@ -94,6 +95,13 @@ FLAGS
                     the exit code when the lock is not acquired [1]
     --lease         hold a lease with a fencing token instead of a session
                     lock; COMMAND gets LOCKRUN_FENCING_TOKEN
+    --lease-rows    keep the lock, the -l set or the --slots as lease rows
+                    renewed every TTL/3 instead of session locks: works
+                    behind a transaction-mode pooler (PgBouncer
+                    pool_mode=transaction, Supavisor, Neon's -pooler host,
+                    RDS Proxy); a dead holder's row is free after --ttl.
+                    Every process sharing NAME must agree on it. Not with
+                    -s on PostgreSQL or MySQL (no shared rows there)
     --ttl DURATION  how long a lease lives without renewal, from 1s to 24h
                     [30s]; also the lease of a SQLite lock
     --kill-after DURATION

@@ -710,7 +710,7 @@ func TestTransactionPoolerWantsLease(t *testing.T) {
 	env := []string{"LOCKRUN_DSN=" + txDSN}
 	name := lockName(t)
 	code, stdout, stderr := runLockrun(t, env, name, "--", "echo", "ran")
-	if code != exitConfig || !strings.Contains(stderr, "--lease") || strings.Contains(stderr, "LeaseLock") || stdout != "" {
+	if code != exitConfig || !strings.Contains(stderr, "--lease-rows") || strings.Contains(stderr, "LeaseLock") || stdout != "" {
 		t.Errorf("session lock through a transaction pooler: exit %d, stdout %q, stderr %q; want %d and a hint to use --lease", code, stdout, stderr, exitConfig)
 	}
 	checkOneLineError(t, stdout, stderr)
@@ -718,6 +718,33 @@ func TestTransactionPoolerWantsLease(t *testing.T) {
 		code, stdout, stderr = runLockrun(t, env, "--lease", name, "--", "sh", "-c", `echo "$LOCKRUN_FENCING_TOKEN"`)
 		if code != 0 || strings.TrimSpace(stdout) == "" {
 			t.Errorf("--lease through a transaction pooler: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+		}
+	}
+}
+
+// Behind PgBouncer in transaction mode --lease-rows keeps a lock, a set
+// and slots as rows: each runs its command, a second lockrun with -n on
+// the held name gets the conflict code, and lockrun status lists the
+// holder as a "lock row".
+func TestTransactionPoolerTakesLeaseRows(t *testing.T) {
+	t.Parallel()
+	txDSN, _ := testdb.PgBouncer(t)
+	env := []string{"LOCKRUN_DSN=" + txDSN}
+	name := lockName(t)
+	inner := lockrunBin(t) + " -n -E 7 --lease-rows " + name + " -- true; echo $?; " + lockrunBin(t) + " status " + name
+	code, stdout, stderr := runLockrun(t, env, "--lease-rows", name, "--", "sh", "-c", inner)
+	if code != 0 || !strings.HasPrefix(stdout, "7\n") {
+		t.Errorf("--lease-rows through a transaction pooler, -n inside: exit %d, stdout %q, stderr %q; want 0 and the inner conflict code 7", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "lock row") {
+		t.Errorf("lockrun status of a name held with --lease-rows: stdout %q, stderr %q; want a \"lock row\" holder", stdout, stderr)
+	}
+	for _, args := range [][]string{
+		{"--lease-rows", "-l", name + "-a", "-l", name + "-b", "--", "echo", "ran"},
+		{"--lease-rows", "--slots", "2", name + "-slots", "--", "echo", "ran"},
+	} {
+		if code, stdout, stderr := runLockrun(t, env, args...); code != 0 || stdout != "ran\n" {
+			t.Errorf("lockrun %q through a transaction pooler: exit %d, stdout %q, stderr %q", args, code, stdout, stderr)
 		}
 	}
 }

@@ -330,6 +330,9 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	if o.minHold > 0 {
 		opts = append(opts, advisorylock.WithMinHold(o.minHold))
 	}
+	if o.leaseRows && !o.lease { // a LeaseLock is a row already
+		opts = append(opts, advisorylock.WithLeaseRows())
+	}
 	if o.shared && (o.lease || o.minHold > 0) {
 		return nil, errors.New("-s takes a lock shared; a lease or a min-hold window (from the config file) is exclusive")
 	}
@@ -357,7 +360,7 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sessionTarget{l: l, db: db, names: []string{o.name}, shared: o.shared, gated: o.minHold == 0 && db.kind != "sqlite"}, nil
+	return sessionTarget{l: l, db: db, names: []string{o.name}, shared: o.shared, gated: o.minHold == 0 && db.kind != "sqlite" && !o.leaseRows}, nil
 }
 
 // newSetTarget makes the set of the -l locks (NewSet): from here on
@@ -372,7 +375,7 @@ func newSetTarget(db *database, o *options, say *reporter, opts []advisorylock.O
 		return nil, err
 	}
 	o.name, say.lock = l.Name(), l.Name()
-	return sessionTarget{l: l, db: db, names: strings.Split(l.Name(), ","), gated: db.kind != "sqlite"}, nil
+	return sessionTarget{l: l, db: db, names: strings.Split(l.Name(), ","), gated: db.kind != "sqlite" && !o.leaseRows}, nil
 }
 
 // ownerLabel is host:pid, the label lease rows record.
@@ -637,10 +640,10 @@ func failed(say *reporter, o *options, err error) int {
 		return o.conflictCode
 	case errors.Is(err, advisorylock.ErrTransactionPooler):
 		if o.isSet() {
-			say.errorf("lock %q: the database is reached through a transaction-mode pooler (such as PgBouncer with pool_mode=transaction), where a session lock cannot hold; a set of -l locks is session locks, and --lease, which works there, takes one NAME", o.name)
+			say.errorf("lock %q: the database is reached through a transaction-mode pooler (such as PgBouncer with pool_mode=transaction), where a session lock cannot hold; run lockrun with --lease-rows, which keeps the set as lease rows and works there", o.name)
 			return exitConfig
 		}
-		say.errorf("lock %q: the database is reached through a transaction-mode pooler (such as PgBouncer with pool_mode=transaction), where a session lock cannot hold; run lockrun with --lease, which works there", o.name)
+		say.errorf("lock %q: the database is reached through a transaction-mode pooler (such as PgBouncer with pool_mode=transaction), where a session lock cannot hold; run lockrun with --lease-rows (or --lease, for a fencing token), which works there", o.name)
 		return exitConfig
 	}
 	say.errorf("%s", plain(err))

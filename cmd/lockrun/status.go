@@ -74,7 +74,11 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 			}
 			rows, found = append(rows, hs...), len(hs) > 0
 		}
-		for _, kind := range []string{"lock", "lease"} {
+		kinds := []string{"lock", "lease"}
+		if db.kind != "sqlite" { // SQLite's locks are rows already, listed as locks
+			kinds = append(kinds, "lock row")
+		}
+		for _, kind := range kinds {
 			hs, err := holdersOf(ctx, db, kind, name, say)
 			if err != nil {
 				return nil, err
@@ -200,8 +204,9 @@ func slotHolders(ctx context.Context, db *database, name string, slots int, say 
 	return rows, err
 }
 
-// holdersOf lists every holder of name as a Lock (shared ones too), or
-// its holder as a LeaseLock.
+// holdersOf lists every holder of name as a Lock (shared ones too), as
+// a Lock kept as lease rows ("lock row": lockrun --lease-rows), or its
+// holder as a LeaseLock.
 func holdersOf(ctx context.Context, db *database, kind, name string, say *reporter) ([]*advisorylock.Holder, error) {
 	if kind == "lease" {
 		h, err := holderOf(ctx, db, kind, name, say)
@@ -210,7 +215,11 @@ func holdersOf(ctx context.Context, db *database, kind, name string, say *report
 		}
 		return []*advisorylock.Holder{h}, nil
 	}
-	l, err := advisorylock.New(db, name, advisorylock.WithPoolerCheck(false), advisorylock.WithLogger(say.logger()))
+	opts := []advisorylock.Option{advisorylock.WithPoolerCheck(false), advisorylock.WithLogger(say.logger())}
+	if kind == "lock row" {
+		opts = append(opts, advisorylock.WithLeaseRows())
+	}
+	l, err := advisorylock.New(db, name, opts...)
 	if err != nil {
 		return nil, err
 	}

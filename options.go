@@ -317,8 +317,8 @@ func WithMultiplexing(sessions int) Option {
 //
 // Rows and session locks of one name do not exclude each other: every
 // process of a fleet must make the same choice for a name. The first
-// operation picks rows where the backend is a LeaseStore (every built-in
-// backend is). On PostgreSQL, MySQL and MariaDB a Lock on rows has no
+// operation picks rows where the backend keeps leases (every built-in
+// backend does). On PostgreSQL, MySQL and MariaDB a Lock on rows has no
 // shared holds (RLock returns ErrUnsupported, naming the option);
 // WithMinHold keeps its window in the row, as on SQLite. It applies to
 // New, NewSet, NewSemaphore and NewElection, not with WithMultiplexing.

@@ -467,11 +467,8 @@ func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, 
 			return nil, err
 		}
 	}
-	if b.rows != nil && l.set != nil {
-		return l.acquireRowSet(ctx, budget, b, wait)
-	}
 	if b.rows != nil {
-		return l.acquireRow(ctx, budget, b, wait)
+		return l.acquireRows(ctx, budget, b, wait)
 	}
 	if b.muxed {
 		// A try on a shared session; a wait that finds the lock taken

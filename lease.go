@@ -752,18 +752,45 @@ func (s *leaseState) lose(cause Cause, lostErr, why error) {
 	s.hold.lose(cause, lostErr)
 }
 
-// acquireRow takes a Lock that is kept as a lease row (SQLite): an
-// exclusive row, or with b.isShared a shared holder's row.
-func (l *Lock) acquireRow(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
-	req := l.rowRequest("")
-	if b.isShared {
-		req.Kind = kindShared
+// acquireRows takes a Lock kept as lease rows (on SQLite, or with
+// WithLeaseRows): its row, exclusive or (b.isShared) a shared holder's,
+// or a set's rows in key order, each taken as a Lock's row is. On a miss
+// or an error it releases the rows it took.
+func (l *Lock) acquireRows(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
+	reqs := l.rowRequests(b.isShared)
+	parts := make([]*hold, 0, len(reqs))
+	for _, req := range reqs {
+		s, err := acquireLease(ctx, budget, b.rows, l.db, &l.cfg, req, wait)
+		if err != nil {
+			for _, p := range parts {
+				_ = p.doRelease(ctx)
+			}
+			return nil, err
+		}
+		parts = append(parts, &s.hold)
 	}
-	s, err := acquireLease(ctx, budget, b.rows, l.db, &l.cfg, req, wait)
-	if err != nil {
-		return nil, err
+	if len(parts) == 1 {
+		return newGuard(parts[0]), nil
 	}
-	return newGuard(&s.hold), nil
+	return newGuard(l.setOfRows(parts)), nil
+}
+
+// rowRequests are the lease requests of l's rows: its one row, or each
+// name's of its set.
+func (l *Lock) rowRequests(shared bool) []backend.LeaseRequest {
+	if l.set == nil {
+		req := l.rowRequest("")
+		if shared {
+			req.Kind = kindShared
+		}
+		return []backend.LeaseRequest{req}
+	}
+	reqs := make([]backend.LeaseRequest, len(l.set))
+	for i, k := range l.set {
+		reqs[i] = l.rowRequest("")
+		reqs[i].Name, reqs[i].Key = l.setNames[i], k
+	}
+	return reqs
 }
 
 func (l *Lock) rowRequest(owner string) backend.LeaseRequest {

@@ -213,23 +213,9 @@ func (l *Lock) setHolder(ctx context.Context, holder func(i int) (*backend.Holde
 	return nil, nil
 }
 
-// acquireRowSet takes a set's rows in key order, each as a Lock's row is
-// taken; on a miss or an error it releases those it took. The set's hold
-// is lost when any row's is.
-func (l *Lock) acquireRowSet(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
-	parts := make([]*hold, 0, len(l.set))
-	for i, k := range l.set {
-		req := l.rowRequest("")
-		req.Name, req.Key = l.setNames[i], k
-		s, err := acquireLease(ctx, budget, b.rows, l.db, &l.cfg, req, wait)
-		if err != nil {
-			for _, p := range parts {
-				_ = p.doRelease(ctx)
-			}
-			return nil, err
-		}
-		parts = append(parts, &s.hold)
-	}
+// setOfRows makes one hold of parts, a set's rows, held: it is lost when
+// any part is, with that part's cause.
+func (l *Lock) setOfRows(parts []*hold) *hold {
 	sh := &rowSetHold{parts: parts}
 	sh.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: sh}
 	for _, p := range parts {
@@ -240,7 +226,7 @@ func (l *Lock) acquireRowSet(ctx, budget context.Context, b *lockBackend, wait b
 			sh.lose(cause, err)
 		})
 	}
-	return newGuard(&sh.hold), nil
+	return &sh.hold
 }
 
 // rowSetHold is a set held as rows: one lease hold per name.

@@ -91,7 +91,8 @@ func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err err
 // where the lock pins no connection (a Lock on SQLite, a lease row, a
 // session shared by several locks: see WithMultiplexing). It behaves as a
 // *sql.Conn does, one statement at a time (close rows before the next
-// statement), and every call returns a Conn on the same lending.
+// statement), and every call returns a Conn on the same lending. Conn
+// waits for a keep-alive check in flight.
 //
 // Deprecated: use WithConn, which lends the connection for the length of
 // a callback. Conn cannot know when you are done with the rows,
@@ -193,27 +194,23 @@ func newLentConn(conn *sql.Conn) *lentConn {
 	return c
 }
 
-// on returns the connection to run a statement on (closedConn once the
-// lending is over), and ctx joined with the lending's end; done ends the
-// statement's turn as a user of the lending and, unless keepJoined, the
-// join.
+// on returns the connection to run a statement on (closedConn, and ctx
+// as it is, once the lending is over), and ctx joined with the lending's
+// end; done ends the statement's turn as a user of the lending and,
+// unless keepJoined, the join.
 func (c *lentConn) on(ctx context.Context, keepJoined bool) (conn *sql.Conn, joined context.Context, done func()) {
-	conn = closedConn()
-	entered := c.enter()
-	if entered {
-		conn = c.conn
+	if !c.enter() {
+		return closedConn(), ctx, func() {}
 	}
 	joined, cancel := context.WithCancelCause(ctx)
 	unwatch := context.AfterFunc(c.ctx, func() { cancel(context.Cause(c.ctx)) })
 	context.AfterFunc(joined, func() { unwatch() }) // a join kept past the call ends with ctx too
-	return conn, joined, func() {
+	return c.conn, joined, func() {
 		if !keepJoined {
 			unwatch()
 			cancel(nil)
 		}
-		if entered {
-			c.leave()
-		}
+		c.leave()
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -330,6 +332,49 @@ func TestGuardConnAndWithConnShareOneLending(t *testing.T) {
 			if _, err := c.ExecContext(ctx, "SELECT 1"); !errors.Is(err, sql.ErrConnDone) {
 				t.Fatalf("Guard.Conn after Release = %v, want sql.ErrConnDone", err)
 			}
+		})
+	}
+}
+
+// TestForgottenGuardConnIsCleanedUp: a Guard reachable only through its
+// deprecated Conn is not cleaned up while the Conn is kept (its
+// statements keep running on the lock's session); once both are dropped
+// without Release, it is: the connection is discarded and the lock freed.
+func TestForgottenGuardConnIsCleanedUp(t *testing.T) {
+	for _, s := range connServers {
+		t.Run(s.name, func(t *testing.T) {
+			db := s.open(t)
+			name := testdb.UniqueName(t)
+			var logs syncBuffer
+			l := newLock(t, db, name, advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			ctx := context.Background()
+			func() {
+				g, err := l.TryLock(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := guardConn(g)
+				for i := 0; i < 20; i++ {
+					runtime.GC()
+					var holds bool
+					if err := c.QueryRowContext(ctx, s.holdsQuery(name)).Scan(&holds); err != nil || !holds {
+						t.Fatalf("statement %d on Guard.Conn, with the Guard reachable only through it: holds %v, %v; want true", i, holds, err)
+					}
+				}
+				if strings.Contains(logs.String(), "never released") {
+					t.Fatal("the Guard was cleaned up while its Conn was kept")
+				}
+			}()
+			other := newLock(t, s.open(t), name)
+			testdb.WaitFor(t, wait, func() bool {
+				runtime.GC()
+				g, err := other.TryLock(ctx)
+				if err != nil {
+					return false
+				}
+				mustRelease(t, g)
+				return db.Stats().InUse == 0
+			}, "a forgotten guard kept its lock or connection after its Conn was dropped")
 		})
 	}
 }

@@ -110,9 +110,9 @@ func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err err
 // the lock; a statement that does not end when cancelled (statements on a
 // Stmt or a Tx keep the context they were given) makes Release return an
 // error, and the connection is discarded when it returns. From the start
-// of Release (or once the lock was lost, if Conn is first called then)
-// every statement on the Conn fails with sql.ErrConnDone, and so do its
-// rows, statements and transactions.
+// of Release every statement on the Conn fails with sql.ErrConnDone, and
+// what it returned is ended (Commit fails); so does every statement on a
+// Conn asked for once the Guard was released or lost.
 //
 // WithConn on a Guard whose Conn was called runs fn on Conn's lending:
 // what fn leaves open stays open until Release, and its calls do not wait

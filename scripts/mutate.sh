@@ -503,6 +503,9 @@ mutation "WithConn: the keep-alive runs while fn runs" conn_guard.go \
 mutation "Guard.Conn (deprecated): the keep-alive runs while Conn is lent" conn_guard.go \
 	's/if s\.lent != nil \{ \/\/ the connection is lent \(WithConn, Guard\.Conn\): step aside/if s.lent != nil \&\& !s.lent.untilRelease {/' \
 	'^TestGuardConnStepsTheKeepAliveAside$'
+mutation "Guard.Conn (deprecated): a forgotten Guard's cleanup runs while its Conn is in use" lent_conn.go \
+	's/return guardConn\{lentConn: s\.lendUntilRelease\(\), g: g\}/return guardConn{lentConn: s.lendUntilRelease()}/' \
+	'^TestForgottenGuardConnIsCleanedUp$'
 mutation "WithConn: a transaction fn left open is not rolled back when fn returns" lent_conn.go \
 	's/if err := tx\.Rollback\(\); !errors\.Is/if err := func() error { _ = tx; return nil }(); !errors.Is/' \
 	'^TestWithConnEndsWhatFnLeftOpen$'

@@ -508,7 +508,7 @@ mutation "Guard.Conn (deprecated): a forgotten Guard's cleanup runs while its Co
 	'^TestForgottenGuardConnIsCleanedUp$'
 mutation "WithConn: a transaction fn left open is not rolled back when fn returns" lent_conn.go \
 	's/if err := tx\.Rollback\(\); !errors\.Is/if err := func() error { _ = tx; return nil }(); !errors.Is/' \
-	'^TestWithConnEndsWhatFnLeftOpen$'
+	'^(TestWithConnEndsWhatFnLeftOpen|TestGuardConnReleaseEndsWhatWasLeftOpen)$'
 mutation "WithConn: Release waits for fn forever" lent_conn.go \
 	's/if !returnsBy\(c, time\.Until\(deadline\)\) \{/if !returnsBy(c, time.Hour) {/' \
 	'^TestReleaseWhileWithConnRunsAStatement$'

@@ -239,7 +239,7 @@ type sessionHold struct {
 	watchMu sync.Mutex // held by a keep-alive check in flight
 	stopped bool
 	timer   *time.Timer
-	lent    *lentConn // WithConn's, while its fn runs (under watchMu)
+	lent    *lentConn // WithConn's while its fn runs, Guard.Conn's until the release (under watchMu)
 }
 
 // grant turns s, whose connection's session now holds l's lock, into a
@@ -261,8 +261,8 @@ func (s *sessionHold) grant(session int64) *Guard {
 	return newGuard(&s.hold)
 }
 
-// release ends the hold within timeout: it takes the connection back from
-// WithConn's fn (see waitLent), unlocks and recycles it, or discards it
+// release ends the hold within timeout: it takes the lent connection back
+// (see waitLent), unlocks and recycles it, or discards it
 // where that is not clean. ctx never ends (see doRelease); the bound is
 // timeout's.
 func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error {
@@ -304,7 +304,8 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 // wait on I/O: stopping the keep-alive waits for a check in flight (up to
 // the release timeout on a dead network), so it and the discard run in a
 // goroutine of their own, as a forgotten lease's release does. No
-// WithConn runs then: it keeps its Guard reachable.
+// WithConn runs then, and Guard.Conn's Conn is gone: both keep their Guard
+// reachable.
 func (s *sessionHold) forget() {
 	go func() {
 		s.stopWatch()
@@ -323,7 +324,7 @@ func (s *sessionHold) check() {
 	if s.stopped {
 		return
 	}
-	if s.lent != nil { // WithConn's fn is on the connection: step aside
+	if s.lent != nil { // the connection is lent (WithConn, Guard.Conn): step aside
 		s.timer.Reset(s.l.cfg.keepAlive)
 		return
 	}
@@ -350,8 +351,9 @@ func (s *sessionHold) check() {
 // never at the same time as a keep-alive check or WithConn's fn (it waits
 // for fn to return until ctx ends); through ask, so a
 // statement that gets no answer before ctx ends is abandoned and its
-// connection discarded (which frees the lock). A released guard, or one
-// of another kind, is ErrLockLost.
+// connection discarded (which frees the lock). A released guard, one of
+// another kind, or one whose connection is lent until the release
+// (Guard.Conn) is ErrLockLost.
 func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
 	var zero T
 	s, ok := g.h.end.(*sessionHold)
@@ -362,8 +364,11 @@ func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Contex
 		return zero, err
 	}
 	defer s.watchMu.Unlock()
-	if s.stopped {
+	switch {
+	case s.stopped:
 		return zero, fmt.Errorf("%w: released", ErrLockLost)
+	case s.lent != nil:
+		return zero, fmt.Errorf("%w: its connection is lent to Guard.Conn until the release", ErrLockLost)
 	}
 	return ask(ctx, &s.p, stmt)
 }

@@ -365,73 +365,94 @@ func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
 	}
 }
 
-// TestReleaseWhileWithConnRunsAStatement: Release gives fn the release
-// timeout to return, then cancels its statement in flight and discards
-// the connection, which frees the lock at once; the statement fails.
+// lenders lend a Guard's connection to fn: WithConn, and the deprecated
+// Guard.Conn (until the release), on which fn runs at once.
+var lenders = []struct {
+	name string
+	lend func(ctx context.Context, g *advisorylock.Guard, fn func(advisorylock.Conn) error) error
+}{
+	{"WithConn", func(ctx context.Context, g *advisorylock.Guard, fn func(advisorylock.Conn) error) error {
+		return g.WithConn(ctx, fn)
+	}},
+	{"Conn", func(_ context.Context, g *advisorylock.Guard, fn func(advisorylock.Conn) error) error {
+		return fn(guardConn(g))
+	}},
+}
+
+// TestReleaseWhileWithConnRunsAStatement: Release gives fn (or a
+// statement on the deprecated Guard.Conn) the release timeout to return,
+// then cancels its statement in flight and discards the connection,
+// which frees the lock at once; the statement fails.
 func TestReleaseWhileWithConnRunsAStatement(t *testing.T) {
 	const releaseTimeout = 300 * time.Millisecond
-	for _, drv := range testdb.Drivers {
-		t.Run(drv, func(t *testing.T) {
-			db := testdb.OpenPostgres(t, drv)
-			name := testdb.UniqueName(t)
-			l := newLock(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout))
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
-			defer cancel()
-			g, err := l.TryLock(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pids := make(chan int, 1)
-			ran := make(chan error, 1)
-			go func() {
-				var stmtErr error
-				ran <- g.WithConn(ctx, func(c advisorylock.Conn) error {
-					var pid int
-					if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-						return err
-					}
-					pids <- pid
-					_, stmtErr = c.ExecContext(context.Background(), "SELECT pg_sleep(60)")
-					return nil
-				})
-				if stmtErr == nil {
-					ran <- errors.New("the statement running at Release succeeded")
-				}
-				close(ran)
-			}()
-			var pid int
-			select {
-			case pid = <-pids:
-			case err := <-ran:
-				t.Fatal(err)
-			}
-			admin := testdb.OpenPostgres(t, "pgx")
-			testdb.WaitFor(t, wait, func() bool {
-				var running bool
-				err := admin.QueryRow("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep(60)%' AND state = 'active')", pid).Scan(&running)
-				return err == nil && running
-			}, "the statement to run")
-			start := time.Now()
-			if err := g.Release(context.Background()); err != nil {
-				t.Fatalf("Release while a statement ran: %v", err)
-			}
-			if took := time.Since(start); took > releaseTimeout+timeoutSlack {
-				t.Fatalf("Release took %v with a release timeout of %v", took, releaseTimeout)
-			}
-			for err := range ran {
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			testdb.WaitFor(t, wait, func() bool {
-				g, err := newLock(t, admin, name).TryLock(ctx)
-				if err == nil {
-					mustRelease(t, g)
-				}
-				return err == nil
-			}, "the lock to be free")
-		})
+	for _, lender := range lenders {
+		for _, drv := range testdb.Drivers {
+			t.Run(lender.name+"/"+drv, func(t *testing.T) {
+				releaseWhileAStatementRuns(t, drv, releaseTimeout, lender.lend)
+			})
+		}
 	}
+}
+
+func releaseWhileAStatementRuns(t *testing.T, drv string, releaseTimeout time.Duration, lend func(ctx context.Context, g *advisorylock.Guard, fn func(advisorylock.Conn) error) error) {
+	db := testdb.OpenPostgres(t, drv)
+	name := testdb.UniqueName(t)
+	l := newLock(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	g, err := l.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := make(chan int, 1)
+	ran := make(chan error, 1)
+	go func() {
+		var stmtErr error
+		ran <- lend(ctx, g, func(c advisorylock.Conn) error {
+			var pid int
+			if err := c.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				return err
+			}
+			pids <- pid
+			_, stmtErr = c.ExecContext(context.Background(), "SELECT pg_sleep(60)")
+			return nil
+		})
+		if stmtErr == nil {
+			ran <- errors.New("the statement running at Release succeeded")
+		}
+		close(ran)
+	}()
+	var pid int
+	select {
+	case pid = <-pids:
+	case err := <-ran:
+		t.Fatal(err)
+	}
+	admin := testdb.OpenPostgres(t, "pgx")
+	testdb.WaitFor(t, wait, func() bool {
+		var running bool
+		err := admin.QueryRow("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep(60)%' AND state = 'active')", pid).Scan(&running)
+		return err == nil && running
+	}, "the statement to run")
+	start := time.Now()
+	if err := g.Release(context.Background()); err != nil {
+		t.Fatalf("Release while a statement ran: %v", err)
+	}
+	if took := time.Since(start); took > releaseTimeout+timeoutSlack {
+		t.Fatalf("Release took %v with a release timeout of %v", took, releaseTimeout)
+	}
+	for err := range ran {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	testdb.WaitFor(t, wait, func() bool {
+		g, err := newLock(t, admin, name).TryLock(ctx)
+		if err == nil {
+			mustRelease(t, g)
+		}
+		return err == nil
+	}, "the lock to be free")
 }
 
 // TestReleaseWhileWithConnDoesNotReturn: fn that does not return even

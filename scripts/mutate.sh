@@ -510,11 +510,17 @@ mutation "LockTx: the caller's ctx reaches the driver" transaction_lock.go \
 	's/context\.WithTimeout\(context\.WithoutCancel\(ctx\), slice\+sliceGrace\)/context.WithTimeout(ctx, slice+sliceGrace)/' \
 	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
 mutation "WithConn: the keep-alive runs while fn runs" conn_guard.go \
-	"s/if s\\.lent != nil \\{ \\/\\/ WithConn's fn is on the connection: step aside/if false \\&\\& s.lent != nil {/" \
+	's/if s\.lent != nil \{ \/\/ the connection is lent \(WithConn, Guard\.Conn\): step aside/if false \&\& s.lent != nil {/' \
 	'^(TestWithConnStepsTheKeepAliveAside|TestEngineWithConnStepsTheKeepAliveAside)$'
+mutation "Guard.Conn (deprecated): the keep-alive runs while Conn is lent" conn_guard.go \
+	's/if s\.lent != nil \{ \/\/ the connection is lent \(WithConn, Guard\.Conn\): step aside/if s.lent != nil \&\& !s.lent.untilRelease {/' \
+	'^TestGuardConnStepsTheKeepAliveAside$'
+mutation "Guard.Conn (deprecated): a forgotten Guard's cleanup runs while its Conn is in use" lent_conn.go \
+	's/return guardConn\{lentConn: s\.lendUntilRelease\(\), g: g\}/return guardConn{lentConn: s.lendUntilRelease()}/' \
+	'^TestForgottenGuardConnIsCleanedUp$'
 mutation "WithConn: a transaction fn left open is not rolled back when fn returns" lent_conn.go \
 	's/if err := tx\.Rollback\(\); !errors\.Is/if err := func() error { _ = tx; return nil }(); !errors.Is/' \
-	'^TestWithConnEndsWhatFnLeftOpen$'
+	'^(TestWithConnEndsWhatFnLeftOpen|TestGuardConnReleaseEndsWhatWasLeftOpen)$'
 mutation "WithConn: Release waits for fn forever" lent_conn.go \
 	's/if !returnsBy\(c, time\.Until\(deadline\)\) \{/if !returnsBy(c, time.Hour) {/' \
 	'^TestReleaseWhileWithConnRunsAStatement$'

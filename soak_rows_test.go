@@ -44,33 +44,10 @@ func startRowsLoad(t *testing.T, workers int) *rowsLoad {
 		l.pools = append(l.pools, db)
 		for range workers {
 			lock := newLock(t, db, l.name, opts...)
-			l.wg.Go(func() { l.worker(ctx, lock, db, secs) })
+			l.wg.Go(func() { lockDoWorker(ctx, lock, db, secs, l.counter, &l.bumps, l.lock) })
 		}
 	}
 	return l
-}
-
-// worker runs Lock.Do until ctx ends; each section marks its entry and
-// exit in the counter row and bumps the counter in between.
-func (l *rowsLoad) worker(ctx context.Context, lock *advisorylock.Lock, db *sql.DB, secs *sections) {
-	for ctx.Err() == nil {
-		start := time.Now()
-		var sec *section
-		err := lock.Do(ctx, func(fctx context.Context) error {
-			l.lock.acquiredAfter(time.Since(start))
-			sec = secs.enter(fctx, nil)
-			defer secs.exit(sec)
-			return counted(fctx, l.counter, db, func() error {
-				err := l.counter.Bump(fctx, db)
-				if err == nil {
-					l.bumps.Add(1)
-				}
-				return err
-			})
-		})
-		secs.record(start, sec) // history hook
-		l.lock.outcome(ctx, err, false)
-	}
 }
 
 // halt stops the workers (failing t if they hang) and counts the

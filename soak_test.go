@@ -476,7 +476,7 @@ func startSQLiteLoad(t *testing.T, lockWorkers, leaseWorkers int) *sqliteLoad {
 		l.pools = append(l.pools, db)
 		for range lockWorkers {
 			lock := newLock(t, db, l.name, opts...)
-			l.wg.Go(func() { l.lockWorker(ctx, lock, db, lockSecs) })
+			l.wg.Go(func() { lockDoWorker(ctx, lock, db, lockSecs, l.counter, &l.bumps, l.lock) })
 		}
 		for range leaseWorkers {
 			ll, f := fencedLease(t, db, l.leaseName, opts...)
@@ -486,26 +486,27 @@ func startSQLiteLoad(t *testing.T, lockWorkers, leaseWorkers int) *sqliteLoad {
 	return l
 }
 
-// lockWorker runs Lock.Do until ctx ends; each section marks its entry
-// and exit in the counter row and bumps the counter in between.
-func (l *sqliteLoad) lockWorker(ctx context.Context, lock *advisorylock.Lock, db *sql.DB, secs *sections) {
+// lockDoWorker runs Lock.Do until ctx ends; each section marks its entry
+// and exit in the counter row and bumps the counter in between, counting
+// the bumps that succeeded; fig gets each acquire's time and outcome.
+func lockDoWorker(ctx context.Context, lock *advisorylock.Lock, db *sql.DB, secs *sections, counter *testdb.Counter, bumps *atomic.Int64, fig *figures) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		var sec *section
 		err := lock.Do(ctx, func(fctx context.Context) error {
-			l.lock.acquiredAfter(time.Since(start))
+			fig.acquiredAfter(time.Since(start))
 			sec = secs.enter(fctx, nil)
 			defer secs.exit(sec)
-			return counted(fctx, l.counter, db, func() error {
-				err := l.counter.Bump(fctx, db)
+			return counted(fctx, counter, db, func() error {
+				err := counter.Bump(fctx, db)
 				if err == nil {
-					l.bumps.Add(1)
+					bumps.Add(1)
 				}
 				return err
 			})
 		})
 		secs.record(start, sec) // history hook
-		l.lock.outcome(ctx, err, false)
+		fig.outcome(ctx, err, false)
 	}
 }
 

@@ -30,7 +30,7 @@ var (
 	// pool, or, for a lease statement (which runs on the handle itself
 	// where it can), none could be dialed: nothing was sent. The driver's
 	// error is wrapped with it.
-	ErrPoolUnavailable = errors.New("advisorylock: no connection available")
+	ErrPoolUnavailable = dbutil.ErrPoolUnavailable
 	// ErrTransactionPooler means session locks were refused because
 	// sessions are multiplexed by a transaction-mode pooler. Use LeaseLock,
 	// or WithLeaseRows for a Lock, a set, a Semaphore or an Election: both

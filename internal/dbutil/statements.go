@@ -74,7 +74,7 @@ func TakeConn(ctx context.Context, db backend.DB) (*sql.Conn, error) {
 	return conn, nil
 }
 
-// poolWaitKey carries a try's WithPoolWait in its context to the places
+// poolWaitKey carries a try's advisorylock.WithPoolWait in its context to the places
 // that take connections for it: the first-use checks and the lease
 // statements, whose signatures (backend.Backend's, for one) have no room for it.
 type poolWaitKey struct{}

@@ -417,9 +417,9 @@ func (s sqliteBackend) withdrawClaim(ctx context.Context, db backend.DB, r backe
 	})
 }
 
-// acquireRow takes a lock row (backend.KindLock) or a shared holder's row
-// (backend.KindShared) in one statement; a waiting writer that missed claims the
-// key in a second (see backend.SharedRowStore).
+// acquireRow takes a lock row (backend.KindLock) or a shared holder's
+// row (backend.KindShared) in one statement; a waiting writer that missed
+// claims the key in a second (see backend.SharedRowStore).
 func (sqliteBackend) acquireRow(ctx context.Context, q dbutil.Querier, r backend.LeaseRequest, now, exp int64) (bool, error) {
 	stmt := sqliteAcquireLock
 	if r.Kind == backend.KindShared {
@@ -509,9 +509,9 @@ func (s sqliteBackend) ReleaseLease(ctx context.Context, db backend.DB, r backen
 }
 
 // LeaseHolder reads the row; nil when it is absent, free or expired as of
-// r.Now. For a Lock (backend.KindLock) that is its exclusive row, else one of its
-// shared holders; for a shared holder (backend.KindShared), what keeps it out: the
-// exclusive row, else a waiting writer's claim (Owner the writer's).
+// r.Now. For a Lock (backend.KindLock) that is its exclusive row, else one
+// of its shared holders; for a shared holder (backend.KindShared), what
+// keeps it out: the exclusive row, else a waiting writer's claim (Owner the writer's).
 func (s sqliteBackend) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	switch r.Kind {
 	case backend.KindShared:

@@ -63,6 +63,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // DB is what a lock needs from a handle. *sql.DB and *sqlx.DB satisfy it.
@@ -202,7 +203,7 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	if err != nil {
 		return nil, wrapErr(name, "new", err)
 	}
-	return newLock(db, name, cfg, kindLock), nil
+	return newLock(db, name, cfg, backend.KindLock), nil
 }
 
 // lockOptions are the options a Lock takes: all of them.
@@ -353,7 +354,7 @@ func (l *Lock) observed() *observed { return l.observedAs(false) }
 func (l *Lock) observedAs(shared bool) *observed {
 	p, kind := &l.obs, l.kind
 	if shared {
-		p, kind = &l.sobs, kindShared
+		p, kind = &l.sobs, backend.KindShared
 	}
 	if ob := p.Load(); ob != nil || l.cfg.observer == nil {
 		return ob
@@ -435,7 +436,7 @@ func poolBudget(budget context.Context, cfg *config, wait bool) context.Context 
 	if wait {
 		return budget
 	}
-	return withPoolWait(budget, cfg.poolWait)
+	return dbutil.WithPoolWait(budget, cfg.poolWait)
 }
 
 // errBudget is the cause of a LockTimeout budget running out.

@@ -10,12 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // MySQL returns the MySQL and MariaDB backend (MariaDB 10.3+, MySQL 8.0+;
@@ -138,6 +138,7 @@ func (m mysqlBackend) forLock(d time.Duration) mysqlBackend {
 // server-side on a slot, in slices).
 var (
 	_ backend.Validator             = mysqlBackend{}
+	_ backend.Recognizer            = mysqlBackend{}
 	_ backend.Configurer            = mysqlBackend{}
 	_ backend.SessionIdentifier     = mysqlBackend{}
 	_ backend.TermKeeper            = mysqlBackend{}
@@ -160,7 +161,9 @@ func (mysqlBackend) Traits() backend.Traits {
 	return backend.Traits{CancelsPromptly: true, EndsIdleSessions: true, KeepsWindows: true}
 }
 
-func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
+// Recognizes reports a MySQL or MariaDB server: one that answers
+// CONNECTION_ID() and @@version.
+func (mysqlBackend) Recognizes(ctx context.Context, conn *sql.Conn) bool {
 	var id int64
 	var v string
 	return conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@version").Scan(&id, &v) == nil
@@ -174,7 +177,7 @@ func (mysqlBackend) isServedBy(ctx context.Context, conn *sql.Conn) bool {
 // wrapped.
 func (mysqlBackend) Validate(ctx context.Context, db backend.DB) error {
 	var s mysqlServer
-	err := mysqlRun(ctx, db, func(q querier) error {
+	err := mysqlRun(ctx, db, func(q dbutil.Querier) error {
 		var comment sql.NullString // a proxy may answer NULL
 		if err := q.QueryRowContext(ctx, "SELECT @@version, @@version_comment, @@read_only").Scan(&s.version, &comment, &s.readOnly); err != nil {
 			return err
@@ -594,7 +597,7 @@ func mysqlExpires(ttl time.Duration) string {
 
 // checkLeaseName refuses requests the tables cannot serve.
 func checkLeaseName(r backend.LeaseRequest) error {
-	if r.Kind == kindShared {
+	if r.Kind == backend.KindShared {
 		return errMySQLNoSharedRows
 	}
 	return nil
@@ -612,7 +615,7 @@ func (m mysqlBackend) AcquireLease(ctx context.Context, db backend.DB, r backend
 	if err := checkLeaseName(r); err != nil {
 		return 0, err
 	}
-	if r.Kind == kindLock {
+	if r.Kind == backend.KindLock {
 		return m.acquireLock(ctx, db, r)
 	}
 	owner, expires := mysqlHex(r.Owner), mysqlExpires(max(r.TTL, r.MinHold)) // the row stays taken for the window too
@@ -637,7 +640,7 @@ func (m mysqlBackend) RenewLease(ctx context.Context, db backend.DB, r backend.L
 	if err := checkLeaseName(r); err != nil {
 		return 0, err
 	}
-	if r.Kind == kindLock {
+	if r.Kind == backend.KindLock {
 		return m.renewLock(ctx, db, r)
 	}
 	expires := mysqlExpires(r.TTL)
@@ -664,7 +667,7 @@ func (mysqlBackend) grant(token int64, err error) (uint64, error) {
 // or 0 when it passed none.
 func (mysqlBackend) execToken(ctx context.Context, db DB, stmt string) (int64, error) {
 	var token int64
-	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+	err := mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		res, err := q.ExecContext(ctx, stmt)
 		if err != nil {
 			return err
@@ -682,7 +685,7 @@ func (m mysqlBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend
 	if err := checkLeaseName(r); err != nil {
 		return err
 	}
-	if r.Kind == kindLock {
+	if r.Kind == backend.KindLock {
 		return m.releaseLock(ctx, db, r)
 	}
 	which := "generation = " + strconv.FormatInt(int64(r.Token), 10) + " AND owner IS NOT NULL"
@@ -695,7 +698,7 @@ func (m mysqlBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend
 		set = "owner = IF(" + end + " > UTC_TIMESTAMP(6), owner, NULL), expires_at = LEAST(expires_at, GREATEST(UTC_TIMESTAMP(6), " + end + "))"
 	}
 	stmt := "UPDATE advisorylock_leases SET " + set + " WHERE name_hash = " + mysqlHash(r.Name) + " AND " + which
-	return mysqlLeaseRun(ctx, db, func(q querier) error {
+	return mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		_, err := q.ExecContext(ctx, stmt)
 		return err
 	})
@@ -707,14 +710,14 @@ func (m mysqlBackend) LeaseHolder(ctx context.Context, db backend.DB, r backend.
 	if err := checkLeaseName(r); err != nil {
 		return nil, err
 	}
-	if r.Kind == kindLock {
+	if r.Kind == backend.KindLock {
 		return m.lockHolder(ctx, db, r)
 	}
 	stmt := `SELECT owner, generation, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)
 FROM advisorylock_leases WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)`
 	h := &backend.Holder{Name: r.Name, Backend: m.Name(), Key: r.Key}
 	var gen, since, expires int64
-	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+	err := mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		return q.QueryRowContext(ctx, stmt).Scan(&h.Owner, &gen, &since, &expires)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
@@ -756,7 +759,7 @@ func (mysqlBackend) AdmitToken(ctx context.Context, tx *sql.Tx, resource string,
 // when they do.
 func ensureMySQLTables(ctx context.Context, db DB, tables ...string) error {
 	var n int
-	err := mysqlRun(ctx, db, func(q querier) error {
+	err := mysqlRun(ctx, db, func(q dbutil.Querier) error {
 		return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('"+
 			strings.Join(tables, "', '")+"')").Scan(&n)
 	})
@@ -768,7 +771,7 @@ func ensureMySQLTables(ctx context.Context, db DB, tables ...string) error {
 
 // ensureMySQLTable is ensureMySQLTables for one table, once per *sql.DB.
 func ensureMySQLTable(ctx context.Context, db DB, table string) error {
-	_, err := cachedVerdict(ctx, db, "mysql table "+table, func(ctx context.Context) (struct{}, error) {
+	_, err := dbutil.CachedVerdict(ctx, db, "mysql table "+table, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, ensureMySQLTables(ctx, db, table)
 	})
 	return err
@@ -783,7 +786,7 @@ const mysqlSchemaLock = "'advisorylock:schema'"
 // uses all succeed. The connection is discarded if the unlock does not
 // answer.
 func createMySQLTables(ctx context.Context, db DB) error {
-	conn, err := takeConn(ctx, db)
+	conn, err := dbutil.TakeConn(ctx, db)
 	if err != nil {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
 	}
@@ -805,7 +808,7 @@ func createMySQLTablesOn(ctx context.Context, conn *sql.Conn) (err, unlockErr er
 	}
 	_, unlockErr = conn.ExecContext(ctx, "DO RELEASE_LOCK("+mysqlSchemaLock+")")
 	switch {
-	case mysqlErrno(err) == mysqlDenied:
+	case dbutil.MySQLErrno(err) == mysqlDenied:
 		return fmt.Errorf("advisorylock: creating tables: the database user may not create them; an administrator creates them from Schema(MySQL()) and grants what its end lists: %w", err), unlockErr
 	case err != nil:
 		return fmt.Errorf("advisorylock: creating tables: %w", err), unlockErr
@@ -818,7 +821,7 @@ func createMySQLTablesOn(ctx context.Context, conn *sql.Conn) (err, unlockErr er
 func applyMySQLSteps(ctx context.Context, conn *sql.Conn) error {
 	current := 0
 	err := conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM advisorylock_schema").Scan(&current)
-	if err != nil && mysqlErrno(err) != mysqlNoSuchTable {
+	if err != nil && dbutil.MySQLErrno(err) != mysqlNoSuchTable {
 		return err
 	}
 	if current >= len(mysqlSteps)-1 {
@@ -841,9 +844,9 @@ func applyMySQLSteps(ctx context.Context, conn *sql.Conn) error {
 }
 
 // mysqlRun runs stmt where statements that hold no lock run (see
-// statementsOn).
-func mysqlRun(ctx context.Context, db DB, stmt func(q querier) error) error {
-	q, done, err := statementsOn(ctx, db)
+// dbutil.StatementsOn).
+func mysqlRun(ctx context.Context, db DB, stmt func(q dbutil.Querier) error) error {
+	q, done, err := dbutil.StatementsOn(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -852,7 +855,7 @@ func mysqlRun(ctx context.Context, db DB, stmt func(q querier) error) error {
 	if err != nil && ctx.Err() != nil { // say why first (a LockTimeout's budget), keep the driver's error
 		err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
 	}
-	return unreachable(err)
+	return dbutil.Unreachable(err)
 }
 
 // MySQL error numbers the lease statements act on.
@@ -863,11 +866,6 @@ const (
 	mysqlNoSuchTable  = 1146 // ER_NO_SUCH_TABLE
 	mysqlLockWaitTime = 1205 // ER_LOCK_WAIT_TIMEOUT: nothing was written
 	mysqlDeadlock     = 1213 // ER_LOCK_DEADLOCK: rolled back, nothing was written
-
-	// A new connection refused at a connection limit (see connectionLimit).
-	mysqlTooManyConnections     = 1040 // ER_CON_COUNT_ERROR: max_connections
-	mysqlTooManyUserConnections = 1203 // ER_TOO_MANY_USER_CONNECTIONS: max_user_connections
-	mysqlUserResourceExceeded   = 1226 // ER_USER_LIMIT_REACHED: a user's MAX_USER_CONNECTIONS
 )
 
 // mysqlLeaseRun runs a lease statement as mysqlRun does. A missing table
@@ -876,10 +874,10 @@ const (
 // wrote nothing and is retried while ctx allows, a few times. No rows from
 // a statement whose context ended is an unknown outcome, not "held" or
 // "free".
-func mysqlLeaseRun(ctx context.Context, db DB, stmt func(q querier) error) error {
+func mysqlLeaseRun(ctx context.Context, db DB, stmt func(q dbutil.Querier) error) error {
 	err := mysqlRun(ctx, db, stmt)
 	for tries := 0; err != nil && tries < 5 && ctx.Err() == nil; tries++ {
-		switch mysqlErrno(err) {
+		switch dbutil.MySQLErrno(err) {
 		case mysqlNoSuchTable:
 			if tries > 0 {
 				return err
@@ -902,30 +900,11 @@ func mysqlLeaseRun(ctx context.Context, db DB, stmt func(q querier) error) error
 // mysqlRefusesPrivilege reports whether err is the server's refusal of a
 // privilege the user lacks (see deniedByServer).
 func mysqlRefusesPrivilege(err error) bool {
-	switch mysqlErrno(err) {
+	switch dbutil.MySQLErrno(err) {
 	case mysqlDenied, mysqlColumnDenied, mysqlDBDenied:
 		return true
 	}
 	return false
-}
-
-// mysqlErrno returns the server's error number carried by err (the Number
-// field of go-sql-driver's *MySQLError, read without importing the
-// driver), or 0.
-func mysqlErrno(err error) uint16 {
-	for ; err != nil; err = errors.Unwrap(err) {
-		v := reflect.ValueOf(err)
-		if v.Kind() == reflect.Pointer && !v.IsNil() {
-			v = v.Elem()
-		}
-		if v.Kind() != reflect.Struct {
-			continue
-		}
-		if f := v.FieldByName("Number"); f.IsValid() && f.Kind() == reflect.Uint16 {
-			return uint16(f.Uint())
-		}
-	}
-	return 0
 }
 
 // mysqlTableColumns names, for each table a Check probes, a column every
@@ -955,7 +934,7 @@ func (mysqlBackend) CheckTables(ctx context.Context, db backend.DB, tables ...st
 			// when it inserts no row.
 			"INSERT INTO " + t + " SELECT * FROM " + t + " WHERE FALSE",
 		} {
-			err := mysqlRun(ctx, db, func(q querier) error {
+			err := mysqlRun(ctx, db, func(q dbutil.Querier) error {
 				_, err := q.ExecContext(ctx, probe)
 				return err
 			})
@@ -1019,7 +998,7 @@ func (ps *preparedStatements) queryRow(ctx context.Context, conn *sql.Conn, text
 	err := conn.Raw(func(dc any) error {
 		st, a, err := ps.stmt(ctx, dc, text)
 		added = a
-		if n := mysqlErrno(err); n != 0 {
+		if n := dbutil.MySQLErrno(err); n != 0 {
 			if n != mysqlNoSuchTable {
 				ps.refused.Store(true)
 			}
@@ -1037,7 +1016,7 @@ func (ps *preparedStatements) queryRow(ctx context.Context, conn *sql.Conn, text
 			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
 		}
 		rows, err := sq.QueryContext(ctx, nv)
-		if mysqlErrno(err) == mysqlUnknownStatement {
+		if dbutil.MySQLErrno(err) == mysqlUnknownStatement {
 			ps.forget(dc)
 			return errNotPrepared
 		}

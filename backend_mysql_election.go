@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Elections on MySQL and MariaDB. The leader holds the election's named
@@ -65,7 +66,7 @@ func (m mysqlBackend) TermHolder(ctx context.Context, db backend.DB, key int64, 
 FROM advisorylock_elections WHERE name_hash = ` + mysqlHash(name) + ` AND connection_id = IS_USED_LOCK(` + mysqlLockName(key) + `)`
 	h := &backend.Holder{Backend: m.Name()}
 	var term, since int64
-	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+	err := mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		return q.QueryRowContext(ctx, stmt).Scan(&h.Owner, &term, &h.PID, &h.User, &h.ClientAddr, &since)
 	})
 	if errors.Is(err, sql.ErrNoRows) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Windows (WithMinHold) on MySQL. A named lock ends with its session, so
@@ -102,7 +103,7 @@ func (m mysqlBackend) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key
 	stmt := m.mysqlWindowUpsert(key, name, window, true)
 	for range 5 {
 		id, err := execWindow(ctx, conn, stmt)
-		if n := mysqlErrno(err); (n == mysqlDeadlock || n == mysqlLockWaitTime) && ctx.Err() == nil {
+		if n := dbutil.MySQLErrno(err); (n == mysqlDeadlock || n == mysqlLockWaitTime) && ctx.Err() == nil {
 			// Concurrent first inserts of a key, rolled back; a GET_LOCK
 			// it made is not, so let it go (the session held no lock on
 			// key before the try) before trying again.
@@ -177,7 +178,7 @@ FROM advisorylock_windows WHERE lock_key = ` + strconv.FormatInt(key, 10) + ` AN
 	h := &backend.Holder{Backend: m.Name(), Key: key}
 	var name []byte
 	var since, until int64
-	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+	err := mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		return q.QueryRowContext(ctx, stmt).Scan(&name, &h.PID, &h.User, &h.ClientAddr, &since, &until)
 	})
 	if errors.Is(err, sql.ErrNoRows) {

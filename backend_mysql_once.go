@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Runs done on MySQL (Lock.TryDoOnce): one row per (name, run) in
@@ -26,7 +27,7 @@ const mysqlRunsTable = `CREATE TABLE IF NOT EXISTS advisorylock_runs (
 // RunDone reads the record of run, one round trip.
 func (m mysqlBackend) RunDone(ctx context.Context, db backend.DB, name, run string) (bool, error) {
 	var n int
-	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+	err := mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		return q.QueryRowContext(ctx, "SELECT COUNT(*) FROM advisorylock_runs WHERE name_hash = "+mysqlHash(name)+" AND run_hash = "+mysqlHash(run)).Scan(&n)
 	})
 	return n > 0, err
@@ -36,7 +37,7 @@ func (m mysqlBackend) RunDone(ctx context.Context, db backend.DB, name, run stri
 // then deletes the name's other records past the retention: two round
 // trips.
 func (m mysqlBackend) RecordRun(ctx context.Context, db backend.DB, name, run string, now time.Time, keep time.Duration) error {
-	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+	err := mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		_, err := q.ExecContext(ctx, "INSERT IGNORE INTO advisorylock_runs (name_hash, run_hash, name, run, done_at) VALUES ("+
 			mysqlHash(name)+", "+mysqlHash(run)+", "+mysqlHex(name)+", "+mysqlHex(run)+", UTC_TIMESTAMP(6))")
 		return err
@@ -44,7 +45,7 @@ func (m mysqlBackend) RecordRun(ctx context.Context, db backend.DB, name, run st
 	if err != nil {
 		return err
 	}
-	return mysqlLeaseRun(ctx, db, func(q querier) error {
+	return mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		_, err := q.ExecContext(ctx, "DELETE FROM advisorylock_runs WHERE name_hash = "+mysqlHash(name)+" AND run_hash <> "+mysqlHash(run)+
 			" AND done_at < UTC_TIMESTAMP(6) - INTERVAL "+strconv.FormatInt(keep.Microseconds(), 10)+" MICROSECOND")
 		return err

@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 
 	"context"
 	"database/sql"
@@ -81,7 +82,7 @@ func (mysqlBackend) releaseLock(ctx context.Context, db backend.DB, r backend.Le
 	if r.MinHold > 0 && r.Token != 0 {
 		stmt = "UPDATE advisorylock_locks SET expires_at = LEAST(expires_at, GREATEST(UTC_TIMESTAMP(6), " + mysqlAfterGrant(r.MinHold) + "))" + which
 	}
-	return mysqlLeaseRun(ctx, db, func(q querier) error {
+	return mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		_, err := q.ExecContext(ctx, stmt)
 		return err
 	})
@@ -93,7 +94,7 @@ func (m mysqlBackend) lockHolder(ctx context.Context, db backend.DB, r backend.L
 FROM advisorylock_locks WHERE lock_key = ` + strconv.FormatInt(r.Key, 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
 	h := &backend.Holder{Backend: m.Name(), Key: r.Key}
 	var token, since, expires int64
-	err := mysqlLeaseRun(ctx, db, func(q querier) error {
+	err := mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		return q.QueryRowContext(ctx, stmt).Scan(&h.Name, &h.Owner, &token, &since, &expires)
 	})
 	if errors.Is(err, sql.ErrNoRows) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // TryLockAny tries a semaphore's slot keys in order in one statement and
@@ -58,7 +59,7 @@ func (m mysqlBackend) KeyHolders(ctx context.Context, db backend.DB, keys []int6
 	q := "SELECT u.i, u.id, COALESCE(p.USER, ''), COALESCE(p.HOST, '') FROM (" + used.String() +
 		") AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id WHERE u.id IS NOT NULL ORDER BY u.i"
 	holders := make([]*backend.Holder, len(keys))
-	err := mysqlRun(ctx, db, func(on querier) error {
+	err := mysqlRun(ctx, db, func(on dbutil.Querier) error {
 		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
 			h := &backend.Holder{Backend: m.Name()}
 			var i int

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Shared locks on MySQL and MariaDB (RLock). GET_LOCK has no shared mode,
@@ -100,18 +101,18 @@ const (
 func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int64, head, grab string) (backend.SessionResult, int, error) {
 	stmt := head + "CASE " + grab + " WHEN 1 THEN IF(" + mysqlReadersIn(key) + ", 2, 1) WHEN 0 THEN 0 END"
 	r, got, err := m.lockStatement(ctx, conn, stmt)
-	if mysqlErrno(err) == mysqlNoSuchTable && !sessionKnows(conn, mysqlMayNotCreate) {
+	if dbutil.MySQLErrno(err) == mysqlNoSuchTable && !sessionKnows(conn, mysqlMayNotCreate) {
 		created, unlockErr := createMySQLTablesOn(ctx, conn)
 		switch {
 		case unlockErr != nil: // the session may still hold the schema lock
 			return backend.SessionResult{}, grabMissed, fmt.Errorf("advisorylock: releasing the schema lock: %w", unlockErr)
 		case created == nil:
 			r, got, err = m.lockStatement(ctx, conn, stmt)
-		case mysqlErrno(created) == mysqlDenied:
+		case dbutil.MySQLErrno(created) == mysqlDenied:
 			rememberSession(conn, mysqlMayNotCreate)
 		}
 	}
-	if mysqlErrno(err) == mysqlNoSuchTable {
+	if dbutil.MySQLErrno(err) == mysqlNoSuchTable {
 		if r, got, err = m.lockStatement(ctx, conn, head+grab); err == nil && got == grabbed {
 			got, err = readersIn(ctx, conn, key)
 		}
@@ -133,7 +134,7 @@ func readersIn(ctx context.Context, conn *sql.Conn, key int64) (int64, error) {
 	var in bool
 	err := conn.QueryRowContext(ctx, "SELECT "+mysqlReadersIn(key)).Scan(&in)
 	switch {
-	case mysqlErrno(err) == mysqlNoSuchTable:
+	case dbutil.MySQLErrno(err) == mysqlNoSuchTable:
 		return grabbed, nil
 	case err != nil:
 		return grabMissed, err
@@ -186,7 +187,7 @@ func (m mysqlBackend) tryShared(ctx context.Context, conn *sql.Conn, key int64) 
 	insert := "INSERT INTO advisorylock_shared (lock_key, conn_id, acquired_at) VALUES (" + k + ", CONNECTION_ID(), IF(GET_LOCK(" +
 		mysqlHolderLock(key, "CONNECTION_ID()") + ", 0) = 1, UTC_TIMESTAMP(6), NULL)) ON DUPLICATE KEY UPDATE acquired_at = VALUES(acquired_at)"
 	_, err := conn.ExecContext(ctx, insert)
-	if mysqlErrno(err) == mysqlNoSuchTable {
+	if dbutil.MySQLErrno(err) == mysqlNoSuchTable {
 		var unlockErr error
 		if err, unlockErr = createMySQLTablesOn(ctx, conn); err == nil && unlockErr == nil {
 			_, err = conn.ExecContext(ctx, insert)
@@ -232,7 +233,7 @@ func (mysqlBackend) unlockShared(ctx context.Context, conn *sql.Conn, key int64)
 	del := "DELETE FROM advisorylock_shared WHERE lock_key = " + strconv.FormatInt(key, 10) +
 		" AND (conn_id = CONNECTION_ID() OR IS_USED_LOCK(" + mysqlHolderLock(key, "conn_id") + ") IS NULL)"
 	_, err := conn.ExecContext(ctx, del)
-	for tries := 0; tries < 3 && (mysqlErrno(err) == mysqlDeadlock || mysqlErrno(err) == mysqlLockWaitTime) && ctx.Err() == nil; tries++ {
+	for tries := 0; tries < 3 && (dbutil.MySQLErrno(err) == mysqlDeadlock || dbutil.MySQLErrno(err) == mysqlLockWaitTime) && ctx.Err() == nil; tries++ {
 		_, err = conn.ExecContext(ctx, del)
 	}
 	if err != nil {
@@ -259,7 +260,7 @@ func (m mysqlBackend) SessionHolders(ctx context.Context, db backend.DB, key int
 	stmt := "SELECT s.conn_id, COALESCE(p.USER, ''), COALESCE(p.HOST, ''), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', s.acquired_at) FROM advisorylock_shared s " +
 		"LEFT JOIN information_schema.PROCESSLIST p ON p.ID = s.conn_id WHERE s.lock_key = " + k + " AND IS_USED_LOCK(" + mysqlHolderLock(key, "s.conn_id") + ") = s.conn_id ORDER BY s.conn_id"
 	var hs []*backend.Holder
-	err := mysqlRun(ctx, db, func(q querier) error {
+	err := mysqlRun(ctx, db, func(q dbutil.Querier) error {
 		hs = nil
 		rows, err := q.QueryContext(ctx, stmt)
 		if err != nil {
@@ -277,7 +278,7 @@ func (m mysqlBackend) SessionHolders(ctx context.Context, db backend.DB, key int
 		}
 		return rows.Err()
 	})
-	if err != nil && mysqlErrno(err) != mysqlNoSuchTable || len(hs) > 0 {
+	if err != nil && dbutil.MySQLErrno(err) != mysqlNoSuchTable || len(hs) > 0 {
 		return hs, err
 	}
 	h, err := m.exclusiveHolder(ctx, db, key)
@@ -296,7 +297,7 @@ func (m mysqlBackend) exclusiveHolder(ctx context.Context, db DB, key int64) (*b
 		") AS id) AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id"
 	h := &backend.Holder{Backend: m.Name(), Key: key}
 	var id sql.NullInt64
-	err := mysqlRun(ctx, db, func(q querier) error {
+	err := mysqlRun(ctx, db, func(q dbutil.Querier) error {
 		return q.QueryRowContext(ctx, stmt).Scan(&id, &h.User, &h.ClientAddr)
 	})
 	if err != nil || !id.Valid {

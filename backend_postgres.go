@@ -18,6 +18,7 @@ import (
 	"weak"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Postgres returns the PostgreSQL backend: Lock is a session advisory lock
@@ -60,6 +61,7 @@ type postgres struct {
 // package backend that a third party's backend may implement too.
 var (
 	_ backend.Validator             = (*postgres)(nil)
+	_ backend.Recognizer            = (*postgres)(nil)
 	_ backend.Configurer            = (*postgres)(nil)
 	_ backend.SessionIdentifier     = (*postgres)(nil)
 	_ backend.TermKeeper            = (*postgres)(nil)
@@ -230,7 +232,8 @@ func (p *postgres) Traits() backend.Traits {
 // context ends: pgx.
 func (p *postgres) cancelsPromptly() bool { return p.params }
 
-func (p *postgres) isServedBy(ctx context.Context, conn *sql.Conn) bool {
+// Recognizes reports a server whose version() names PostgreSQL.
+func (p *postgres) Recognizes(ctx context.Context, conn *sql.Conn) bool {
 	var v string
 	return conn.QueryRowContext(ctx, "SELECT version()").Scan(&v) == nil && strings.Contains(v, "PostgreSQL")
 }
@@ -469,11 +472,11 @@ var errNotPrepared = errors.New("advisorylock: statement not prepared")
 // handle that is neither a *sql.DB nor embeds one, whose open connections
 // cannot be counted (its statements go as text).
 func preparedStatementsOf(db DB) *preparedStatements {
-	pool := sqlDBOf(db)
+	pool := dbutil.SQLDBOf(db)
 	if pool == nil {
 		return nil
 	}
-	ps, _ := cachedVerdict(context.Background(), db, "prepared statements", func(context.Context) (*preparedStatements, error) {
+	ps, _ := dbutil.CachedVerdict(context.Background(), db, "prepared statements", func(context.Context) (*preparedStatements, error) {
 		return &preparedStatements{pool: weak.Make(pool), conns: map[any]*connStatements{}}, nil
 	})
 	return ps
@@ -499,7 +502,7 @@ func (ps *preparedStatements) exec(ctx context.Context, conn *sql.Conn, text str
 			return errNotPrepared
 		}
 		res, err := se.ExecContext(ctx, []driver.NamedValue{{Ordinal: 1, Value: key}})
-		if sqlState(err) == "26000" {
+		if dbutil.SQLState(err) == "26000" {
 			ps.forget(dc)
 			return errNotPrepared
 		}
@@ -673,11 +676,11 @@ func stepNames(steps map[string]string) map[string]string {
 // sendStep runs text, the statement of the step name, by send on a
 // connection of db's: on (taken from db when it is not a connection),
 // prepared there by name first if the session lacks it (see pgSteps).
-func (p *postgres) sendStep(ctx context.Context, db DB, on querier, name, text string, args []any, send func(on querier, q string, args []any) error) error {
+func (p *postgres) sendStep(ctx context.Context, db DB, on dbutil.Querier, name, text string, args []any, send func(on dbutil.Querier, q string, args []any) error) error {
 	conn, ok := on.(*sql.Conn)
 	if !ok {
 		var err error
-		if conn, err = takeConn(ctx, db); err != nil {
+		if conn, err = dbutil.TakeConn(ctx, db); err != nil {
 			return err
 		}
 		defer conn.Close()
@@ -685,7 +688,7 @@ func (p *postgres) sendStep(ctx context.Context, db DB, on querier, name, text s
 	q, err := p.execute(ctx, conn, name, text, args)
 	if err == nil {
 		err = send(conn, q, nil)
-		if sqlState(err) != "26000" {
+		if dbutil.SQLState(err) != "26000" {
 			return err
 		}
 		p.prepared.stepsAsText.Store(true) // the session lost it: nothing ran
@@ -712,7 +715,7 @@ func (p *postgres) execute(ctx context.Context, conn *sql.Conn, name, text strin
 	if !p.prepared.hasNamed(dc, name) {
 		// Already there (42P05): prepared by this connection before the
 		// cache dropped it, or, behind a pooler, by another: the same text.
-		if _, err := conn.ExecContext(ctx, "PREPARE "+name+" AS "+text); err != nil && sqlState(err) != "42P05" {
+		if _, err := conn.ExecContext(ctx, "PREPARE "+name+" AS "+text); err != nil && dbutil.SQLState(err) != "42P05" {
 			return "", err
 		}
 		p.prepared.addNamed(dc, name)
@@ -810,7 +813,7 @@ func (p *postgres) WaitLockSession(ctx context.Context, conn *sql.Conn, key int6
 		q = strings.Replace(q, "SELECT pg_advisory_lock", p.deadHolder+"; SELECT pg_advisory_lock", 1)
 	}
 	res, err := conn.ExecContext(ctx, q)
-	if code := sqlState(err); code == "55P03" || code == "57014" && ctx.Err() == nil {
+	if code := dbutil.SQLState(err); code == "55P03" || code == "57014" && ctx.Err() == nil {
 		return p.holds(ctx, conn, key)
 	}
 	if err != nil {
@@ -992,7 +995,7 @@ WHERE `
 func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit string) ([]*backend.Holder, error) {
 	q := pgHolders + advisoryWhere(key) + ` ORDER BY l.pid` + limit
 	var hs []*backend.Holder
-	err := p.run(ctx, db, func(on querier) error {
+	err := p.run(ctx, db, func(on dbutil.Querier) error {
 		hs = nil // run may run it twice
 		rows, err := on.QueryContext(ctx, q)
 		if err != nil {
@@ -1333,9 +1336,9 @@ func ttlMillis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 // durably: a lost grant could hand one token out twice after a crash.
 func (p *postgres) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	switch r.Kind {
-	case kindLock:
+	case backend.KindLock:
 		return p.acquireLock(ctx, db, r)
-	case kindShared:
+	case backend.KindShared:
 		return 0, errNoSharedRows
 	}
 	var gen int64
@@ -1353,9 +1356,9 @@ func (p *postgres) AcquireLease(ctx context.Context, db backend.DB, r backend.Le
 // r.Owner and r.Token still hold it unexpired; ErrLeaseLost otherwise.
 func (p *postgres) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	switch r.Kind {
-	case kindLock:
+	case backend.KindLock:
 		return p.renewLock(ctx, db, r)
-	case kindShared:
+	case backend.KindShared:
 		return 0, errNoSharedRows
 	}
 	var gen int64
@@ -1381,9 +1384,9 @@ func (p *postgres) RenewLease(ctx context.Context, db backend.DB, r backend.Leas
 // end.
 func (p *postgres) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	switch r.Kind {
-	case kindLock:
+	case backend.KindLock:
 		return p.releaseLock(ctx, db, r)
-	case kindShared:
+	case backend.KindShared:
 		return errNoSharedRows
 	}
 	key := strconv.FormatInt(r.Key, 10)
@@ -1403,11 +1406,11 @@ func (p *postgres) ReleaseLease(ctx context.Context, db backend.DB, r backend.Le
 // commits durably (see pgQueueLease). It runs on conn, where the waiter
 // sleeps in line (see SleepInLine), else on a connection of db's.
 func (p *postgres) QueueLease(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest) (uint64, error) {
-	if r.Kind != kindLease {
+	if r.Kind != backend.KindLease {
 		return 0, fmt.Errorf("%w: only a LeaseLock's waiters queue", ErrUnsupported)
 	}
 	if conn != nil {
-		db = onConn{conn, db}
+		db = dbutil.OnConn{Kept: conn, DB: db}
 	}
 	var gen int64
 	found, err := p.queryRow(ctx, db, pgQueueLease, []any{r.Name, r.Owner, ttlMillis(r.TTL)}, &gen)
@@ -1434,7 +1437,7 @@ func (p *postgres) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Con
 		}
 		return false, err
 	}
-	on := onConn{conn, db}
+	on := dbutil.OnConn{Kept: conn, DB: db}
 	// Four statements, so literals on every driver: without arguments lib/pq
 	// and pgx send them as one simple-protocol message, and report the
 	// command tag of the last.
@@ -1443,7 +1446,7 @@ func (p *postgres) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Con
 		return false, err
 	}
 	var mine int64
-	err = p.run(ctx, on, func(on querier) error {
+	err = p.run(ctx, on, func(on dbutil.Querier) error {
 		res, err := on.ExecContext(ctx, sleep)
 		if err == nil {
 			mine, err = res.RowsAffected()
@@ -1455,7 +1458,7 @@ func (p *postgres) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Con
 		// Cut short by ctx, whose cancel the DO block may have caught: the
 		// sleep overran, or the wait ended (a grant meanwhile is withdrawn).
 		return false, cmp.Or(err, context.Cause(ctx))
-	case sqlState(err) != "57014":
+	case dbutil.SQLState(err) != "57014":
 		return err == nil && mine == 1, err
 	}
 	// The cancel landed outside the DO block (or a statement_timeout cut
@@ -1465,7 +1468,7 @@ func (p *postgres) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Con
 		var owner string
 		var found bool
 		found, err = p.queryRow(ctx, on, pgWokenInLine, []any{r.Name}, &owner)
-		if sqlState(err) != "57014" || ctx.Err() != nil {
+		if dbutil.SQLState(err) != "57014" || ctx.Err() != nil {
 			return found && owner == r.Owner, err
 		}
 	}
@@ -1476,9 +1479,9 @@ func (p *postgres) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Con
 // expired by the database clock.
 func (p *postgres) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
 	switch r.Kind {
-	case kindLock:
+	case backend.KindLock:
 		return p.lockHolder(ctx, db, r)
-	case kindShared:
+	case backend.KindShared:
 		return nil, errNoSharedRows
 	}
 	h := &backend.Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
@@ -1503,7 +1506,7 @@ func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, 
 	}
 	var got int64
 	err = tx.QueryRowContext(ctx, q, args...).Scan(&got)
-	if sqlState(err) == "25006" {
+	if dbutil.SQLState(err) == "25006" {
 		// The transaction is read-only, which aborts it: it cannot ask
 		// the server whether it is a standby.
 		return 0, fmt.Errorf("%w: the transaction is read-only (on a hot standby, or begun READ ONLY), and admitting a token writes; run the fenced transaction on the primary: %w", ErrUnsupported, err)
@@ -1528,7 +1531,7 @@ func (p *postgres) AdmitToken(ctx context.Context, tx *sql.Tx, resource string, 
 // queryRow runs a statement that returns at most one row into dest, on a
 // connection of db's (see run); found is false when it returned none.
 func (p *postgres) queryRow(ctx context.Context, db DB, text string, args []any, dest ...any) (found bool, err error) {
-	err = p.runStatement(ctx, db, text, args, func(on querier, q string, args []any) error {
+	err = p.runStatement(ctx, db, text, args, func(on dbutil.Querier, q string, args []any) error {
 		return on.QueryRowContext(ctx, q, args...).Scan(dest...)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
@@ -1539,7 +1542,7 @@ func (p *postgres) queryRow(ctx context.Context, db DB, text string, args []any,
 
 // exec runs a statement that returns no rows, as queryRow does.
 func (p *postgres) exec(ctx context.Context, db DB, text string, args ...any) error {
-	return p.runStatement(ctx, db, text, args, func(on querier, q string, args []any) error {
+	return p.runStatement(ctx, db, text, args, func(on dbutil.Querier, q string, args []any) error {
 		_, err := on.ExecContext(ctx, q, args...)
 		return err
 	})
@@ -1548,9 +1551,9 @@ func (p *postgres) exec(ctx context.Context, db DB, text string, args ...any) er
 // runStatement runs text with args by send, in the form statement writes
 // (see run), except a lease's step on lib/pq (see pgSteps), which runs
 // prepared on the connection's session.
-func (p *postgres) runStatement(ctx context.Context, db DB, text string, args []any, send func(on querier, q string, args []any) error) error {
+func (p *postgres) runStatement(ctx context.Context, db DB, text string, args []any, send func(on dbutil.Querier, q string, args []any) error) error {
 	if name := pgSteps[text]; name != "" && p.prepared != nil && !p.prepared.stepsAsText.Load() {
-		return p.run(ctx, db, func(on querier) error {
+		return p.run(ctx, db, func(on dbutil.Querier) error {
 			return p.sendStep(ctx, db, on, name, text, args, send)
 		})
 	}
@@ -1558,17 +1561,17 @@ func (p *postgres) runStatement(ctx context.Context, db DB, text string, args []
 	if err != nil {
 		return err
 	}
-	return p.run(ctx, db, func(on querier) error { return send(on, q, args) })
+	return p.run(ctx, db, func(on dbutil.Querier) error { return send(on, q, args) })
 }
 
-// run runs stmt where statements run (see statementsOn), bounded by ctx
+// run runs stmt where statements run (see dbutil.StatementsOn), bounded by ctx
 // also where the driver does not end a statement with ctx (see within): a
 // lease step stuck on a dead network must not hold an acquire, a renewal
 // or a release. If a table is missing it creates the tables and runs stmt
 // again, once. A name too long for the primary key's index is reported as
 // ErrUnsupported, and no rows from a statement whose context ended as an
 // unknown outcome.
-func (p *postgres) run(ctx context.Context, db DB, stmt func(on querier) error) error {
+func (p *postgres) run(ctx context.Context, db DB, stmt func(on dbutil.Querier) error) error {
 	return p.bound(ctx, func() error {
 		err := p.runOn(ctx, db, stmt)
 		// A relation (a table, the sequence) or a column that an upgrade
@@ -1576,9 +1579,9 @@ func (p *postgres) run(ctx context.Context, db DB, stmt func(on querier) error) 
 		// upgrade takes a connection of its own only once stmt's is back:
 		// on a small pool, a burst of first uses that each held one while
 		// asking for another would leave none for any of them.
-		if code := sqlState(err); code == "42P01" || code == "42703" {
+		if code := dbutil.SQLState(err); code == "42P01" || code == "42703" {
 			if err := upgradePostgresSchema(ctx, db); err != nil {
-				return p.runOn(ctx, db, func(querier) error { return err }) // a standby says so
+				return p.runOn(ctx, db, func(dbutil.Querier) error { return err }) // a standby says so
 			}
 			err = p.runOn(ctx, db, stmt)
 		}
@@ -1586,24 +1589,24 @@ func (p *postgres) run(ctx context.Context, db DB, stmt func(on querier) error) 
 	})
 }
 
-// runOn runs stmt on a querier of statementsOn, and says if its error is
+// runOn runs stmt on a dbutil.Querier of dbutil.StatementsOn, and says if its error is
 // a hot standby's refusal (see onStandby).
-func (p *postgres) runOn(ctx context.Context, db DB, stmt func(on querier) error) error {
-	on, done, err := statementsOn(ctx, db)
+func (p *postgres) runOn(ctx context.Context, db DB, stmt func(on dbutil.Querier) error) error {
+	on, done, err := dbutil.StatementsOn(ctx, db)
 	if err != nil {
 		return err
 	}
 	defer done()
-	return p.onStandby(ctx, on, unreachable(stmt(on)))
+	return p.onStandby(ctx, on, dbutil.Unreachable(stmt(on)))
 }
 
 // explain turns the errors of a lease statement that mean something else
 // than they say into what they mean.
 func (p *postgres) explain(ctx context.Context, err error) error {
-	if sqlState(err) == "54000" { // program_limit_exceeded: the index row is too big
+	if dbutil.SQLState(err) == "54000" { // program_limit_exceeded: the index row is too big
 		return fmt.Errorf("%w: the name is too long to be a PostgreSQL index key (a btree entry holds about 2.7kB after compression): %w", ErrUnsupported, err)
 	}
-	if sqlState(err) == "42501" { // insufficient_privilege
+	if dbutil.SQLState(err) == "42501" { // insufficient_privilege
 		return fmt.Errorf("advisorylock: the database role lacks a privilege on the library's tables; an administrator grants it (see Schema for the grants): %w", err)
 	}
 	if errors.Is(err, sql.ErrNoRows) && ctx.Err() != nil {
@@ -1620,8 +1623,8 @@ func (p *postgres) explain(ctx context.Context, err error) error {
 // trip, on such errors only). Lease statements need no check of their
 // own: on a standby they fail (25006, or 55000 from pg_current_wal_lsn,
 // or 0A000 from a read-write BEGIN).
-func (p *postgres) onStandby(ctx context.Context, on querier, err error) error {
-	switch sqlState(err) {
+func (p *postgres) onStandby(ctx context.Context, on dbutil.Querier, err error) error {
+	switch dbutil.SQLState(err) {
 	case "25006", "55000", "0A000":
 	default:
 		return err
@@ -1651,7 +1654,7 @@ func (p *postgres) bound(ctx context.Context, f func() error) error {
 // step's tables and no version table is version 0: every step is
 // idempotent.
 func upgradePostgresSchema(ctx context.Context, db DB) error {
-	conn, err := takeConn(ctx, db)
+	conn, err := dbutil.TakeConn(ctx, db)
 	if err != nil {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
 	}
@@ -1662,7 +1665,7 @@ func upgradePostgresSchema(ctx context.Context, db DB) error {
 	}
 	defer tx.Rollback()
 	if err := applySteps(ctx, tx); err != nil {
-		if sqlState(err) == "42501" {
+		if dbutil.SQLState(err) == "42501" {
 			return fmt.Errorf("advisorylock: creating tables: the database role may not create them; an administrator creates them from Schema(Postgres()) and grants what its end lists: %w", err)
 		}
 		return fmt.Errorf("advisorylock: creating tables: %w", err)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Elections on PostgreSQL. The leader holds the session lock of the
@@ -51,7 +52,7 @@ WHERE e.name = $1::text AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'a
 // per *sql.DB. Where they exist (say, created by an administrator from
 // Schema) it writes nothing.
 func (p *postgres) PrepareElections(ctx context.Context, db backend.DB) error {
-	_, err := cachedVerdict(ctx, db, "postgres elections", func(ctx context.Context) (struct{}, error) {
+	_, err := dbutil.CachedVerdict(ctx, db, "postgres elections", func(ctx context.Context) (struct{}, error) {
 		var exist bool
 		if _, err := p.queryRow(ctx, db, pgElectionsExist, nil, &exist); err != nil || exist {
 			return struct{}{}, err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Windows (WithMinHold) on PostgreSQL. A session lock ends with its
@@ -93,7 +94,7 @@ WHERE name = $1::text AND generation = $2::bigint AND owner IS NOT NULL`
 // unless advisorylock_windows exists, once per *sql.DB. Where it exists
 // (say, created by an administrator from Schema) it writes nothing.
 func (p *postgres) PrepareWindows(ctx context.Context, db backend.DB) error {
-	_, err := cachedVerdict(ctx, db, "postgres windows", func(ctx context.Context) (struct{}, error) {
+	_, err := dbutil.CachedVerdict(ctx, db, "postgres windows", func(ctx context.Context) (struct{}, error) {
 		var exist bool
 		if _, err := p.queryRow(ctx, db, pgWindowsExist, nil, &exist); err != nil || exist {
 			return struct{}{}, err
@@ -102,7 +103,7 @@ func (p *postgres) PrepareWindows(ctx context.Context, db backend.DB) error {
 		if err == nil {
 			return struct{}{}, nil
 		}
-		on, done, cerr := statementsOn(ctx, db)
+		on, done, cerr := dbutil.StatementsOn(ctx, db)
 		if cerr != nil {
 			return struct{}{}, err
 		}

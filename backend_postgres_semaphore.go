@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // TryLockAny tries a semaphore's slot keys in order in one statement and
@@ -85,7 +86,7 @@ func pgTryAny(n int, checks bool) string {
 	return b.String()
 }
 
-// rowsQuerier is a querier that also returns rows: *sql.DB, *sql.Conn and
+// rowsQuerier is a dbutil.Querier that also returns rows: *sql.DB, *sql.Conn and
 // the handles that embed a *sql.DB (sqlx).
 type rowsQuerier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -117,7 +118,7 @@ JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 ORDER BY s.i`
 	holders := make([]*backend.Holder, len(keys))
-	err := p.run(ctx, db, func(on querier) error {
+	err := p.run(ctx, db, func(on dbutil.Querier) error {
 		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
 			h := &backend.Holder{Backend: p.Name()}
 			var i int
@@ -134,7 +135,7 @@ ORDER BY s.i`
 }
 
 // eachRow runs q on on and calls f for each row.
-func eachRow(ctx context.Context, on querier, q string, f func(rows *sql.Rows) error) error {
+func eachRow(ctx context.Context, on dbutil.Querier, q string, f func(rows *sql.Rows) error) error {
 	rq, ok := on.(rowsQuerier)
 	if !ok {
 		return errNoRowsQuerier

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Transaction-scoped locks (Lock.LockTx) on PostgreSQL:
@@ -97,7 +99,7 @@ func (p *postgres) WaitLockTx(ctx context.Context, tx *sql.Tx, key int64, slice 
 		_, err := tx.ExecContext(p.quiet(ctx), q)
 		return err
 	})
-	if code := sqlState(err); code == "55P03" || code == "57014" {
+	if code := dbutil.SQLState(err); code == "55P03" || code == "57014" {
 		return false, p.bound(ctx, func() error {
 			_, err := tx.ExecContext(p.quiet(ctx), pgUndoWaitTx)
 			return err

@@ -15,6 +15,7 @@ import (
 	"weak"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // connGuard owns a checked-out connection from checkout until the outcome
@@ -46,7 +47,7 @@ func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (co
 	caller := ctx
 	if poolWait > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, poolWait, errPoolWait)
+		ctx, cancel = context.WithTimeoutCause(ctx, poolWait, dbutil.ErrPoolWait)
 		defer cancel()
 	}
 	var conn *sql.Conn
@@ -64,7 +65,7 @@ func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (co
 		if caller.Err() != nil {
 			return connGuard{}, context.Cause(caller)
 		}
-		return connGuard{}, unavailable(ctx, err)
+		return connGuard{}, dbutil.Unavailable(ctx, err)
 	}
 	p.conn = conn
 	if p.bounded {
@@ -101,7 +102,7 @@ func (g *connGuard) take() { g.armed = false }
 // see checkout). Hand it back with giveBack.
 func borrow(ctx context.Context, db DB, bounded bool) (*sql.Conn, error) {
 	p := &pinned{bounded: bounded}
-	cg, err := checkout(ctx, db, p, poolWaitOf(ctx))
+	cg, err := checkout(ctx, db, p, dbutil.PoolWaitOf(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -118,66 +119,6 @@ func giveBack(conn *sql.Conn, clean bool) {
 	} else {
 		discard(conn)
 	}
-}
-
-// errPoolWait is the cause of a checkout that WithPoolWait ended.
-var errPoolWait = errors.New("no connection came free within the pool wait (WithPoolWait)")
-
-// unavailable is the ErrPoolUnavailable of a checkout from ctx that
-// failed with err: the checkout's cause when ctx ended it (the pool wait),
-// else the driver's error, kept reachable with errors.As, and the limit
-// named when the server refused the connection at its connection limit.
-func unavailable(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		err = context.Cause(ctx)
-	} else if limit := connectionLimit(err); limit != "" {
-		return fmt.Errorf("%w: the server refused a new connection at %s: %w", ErrPoolUnavailable, limit, err)
-	}
-	return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
-}
-
-// connectionLimit names the server's connection limit that err reports
-// was reached, or is "": PostgreSQL's SQLSTATE 53300 (max_connections
-// less the reserved slots, or a role's or a database's CONNECTION LIMIT),
-// MySQL's 1040 (max_connections), 1203 (max_user_connections) and 1226
-// (a user's MAX_USER_CONNECTIONS).
-func connectionLimit(err error) string {
-	if sqlState(err) == "53300" {
-		return "its connection limit (max_connections, or the role's or database's CONNECTION LIMIT)"
-	}
-	switch mysqlErrno(err) {
-	case mysqlTooManyConnections:
-		return "its connection limit (max_connections)"
-	case mysqlTooManyUserConnections:
-		return "its per-user connection limit (max_user_connections)"
-	case mysqlUserResourceExceeded:
-		return "the user's connection limit (MAX_USER_CONNECTIONS)"
-	}
-	return ""
-}
-
-// poolWaitKey carries a try's WithPoolWait in its context to the places
-// that take connections for it: the first-use checks and the lease
-// statements, whose signatures (backend.Backend's, for one) have no room for it.
-type poolWaitKey struct{}
-
-// withPoolWait bounds, by d, every pool checkout made for ctx.
-func withPoolWait(ctx context.Context, d time.Duration) context.Context {
-	return context.WithValue(ctx, poolWaitKey{}, d)
-}
-
-// poolWaitOf is the bound withPoolWait put in ctx, or 0.
-func poolWaitOf(ctx context.Context) time.Duration {
-	d, _ := ctx.Value(poolWaitKey{}).(time.Duration)
-	return d
-}
-
-// mayWaitForPool reports whether a checkout from db can wait for a
-// connection to come free: only a pool with a limit can be exhausted
-// (other handles are assumed to be).
-func mayWaitForPool(db DB) bool {
-	pool := sqlDBOf(db)
-	return pool == nil || pool.Stats().MaxOpenConnections > 0
 }
 
 // recycle returns a connection whose session holds none of our locks.

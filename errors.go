@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Sentinel errors. Every error the package returns about a lock names the
@@ -29,7 +30,7 @@ var (
 	// pool, or, for a lease statement (which runs on the handle itself
 	// where it can), none could be dialed: nothing was sent. The driver's
 	// error is wrapped with it.
-	ErrPoolUnavailable = errors.New("advisorylock: no connection available")
+	ErrPoolUnavailable = dbutil.ErrPoolUnavailable
 	// ErrTransactionPooler means session locks were refused because
 	// sessions are multiplexed by a transaction-mode pooler. Use LeaseLock,
 	// or WithLeaseRows for a Lock, a set, a Semaphore or an Election: both
@@ -127,7 +128,7 @@ const pgxCacheHint = "pgx's cached prepared statements do not survive a transact
 // pooler, whose statements then land on server sessions that lack them
 // (SQLSTATE 26000) or already have them (42P05).
 func explain(err error) error {
-	code := sqlState(err)
+	code := dbutil.SQLState(err)
 	msg := err.Error()
 	if (code == "26000" || code == "42P05") && strings.Contains(msg, `"stmtcache_`) && !strings.Contains(msg, pgxCacheHint) {
 		return fmt.Errorf("%w (%s)", err, pgxCacheHint)
@@ -150,18 +151,5 @@ func quoteName(name string) string {
 // insufficient_privilege (42501), MySQL's errors 1142, 1143 and 1044.
 // Trying again does not heal it; an administrator's grant does.
 func deniedByServer(err error) bool {
-	return sqlState(err) == "42501" || mysqlRefusesPrivilege(err)
-}
-
-// sqlState returns the SQLSTATE of a driver error (lib/pq and pgx both
-// expose SQLState), or "".
-func sqlState(err error) string {
-	if err == nil {
-		return ""
-	}
-	var s interface{ SQLState() string }
-	if errors.As(err, &s) {
-		return s.SQLState()
-	}
-	return ""
+	return dbutil.SQLState(err) == "42501" || mysqlRefusesPrivilege(err)
 }

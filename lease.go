@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Schema returns the DDL of the tables that backend b keeps (leases, the
@@ -100,11 +101,11 @@ func acquireLease(ctx, budget context.Context, store backend.LeaseStore, db DB, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if _, shared := store.(backend.SharedRowStore); wait && req.Kind == kindLock && shared {
+	if _, shared := store.(backend.SharedRowStore); wait && req.Kind == backend.KindLock && shared {
 		return claimLease(ctx, budget, store, db, cfg, req)
 	}
 	var wake <-chan struct{} // nil: releases are not heard, and waiting is polling
-	if wait && req.Kind == kindLease {
+	if wait && req.Kind == backend.KindLease {
 		queue, queues := store.(backend.LeaseQueuer)
 		queues = queues && cfg.minHold == 0
 		owner := ""
@@ -179,7 +180,7 @@ const maxSleepersUnlimited = 16
 // sleepSlots returns db's sleepers' slots (see maxSleepers): a channel
 // that holds one value per waiter sleeping in line.
 func sleepSlots(ctx context.Context, db DB) chan struct{} {
-	slots, _ := cachedVerdict(ctx, db, "sleepers in line", func(context.Context) (chan struct{}, error) {
+	slots, _ := dbutil.CachedVerdict(ctx, db, "sleepers in line", func(context.Context) (chan struct{}, error) {
 		return make(chan struct{}, maxSleepers(db)), nil
 	})
 	return slots
@@ -268,7 +269,7 @@ func (l *inLine) keepConn(budget context.Context) error {
 		l.sleeper = nil // enough sleep already
 		return nil
 	}
-	c, err := takeConn(budget, l.db)
+	c, err := dbutil.TakeConn(budget, l.db)
 	if err != nil {
 		<-slots
 		l.sleeper = nil
@@ -509,7 +510,7 @@ func tryLease(ctx, budget context.Context, store backend.LeaseStore, db DB, cfg 
 // queries a second; a Lock kept as a row (SQLite) polls every interval.
 func waitUntilFree(budget context.Context, store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest, wake <-chan struct{}) error {
 	longest := cfg.poll
-	if req.Kind == kindLease {
+	if req.Kind == backend.KindLease {
 		longest = max(cfg.poll, leaseWaitCap)
 	}
 	poll := time.NewTimer(pollPause(cfg.poll, longest, 0))
@@ -644,7 +645,7 @@ func (s *leaseState) forget() {
 
 // lostErr is the error a lost grant reports.
 func (s *leaseState) lostErr() error {
-	if s.req.Kind == kindLease {
+	if s.req.Kind == backend.KindLease {
 		return &LeaseLostError{Name: s.req.Name, Token: FencingToken(s.req.Token)}
 	}
 	return ErrLockLost
@@ -781,7 +782,7 @@ func (l *Lock) rowRequests(shared bool) []backend.LeaseRequest {
 	if l.set == nil {
 		req := l.rowRequest("")
 		if shared {
-			req.Kind = kindShared
+			req.Kind = backend.KindShared
 		}
 		return []backend.LeaseRequest{req}
 	}
@@ -794,7 +795,7 @@ func (l *Lock) rowRequests(shared bool) []backend.LeaseRequest {
 }
 
 func (l *Lock) rowRequest(owner string) backend.LeaseRequest {
-	return backend.LeaseRequest{Kind: kindLock, Name: l.name, Key: l.key, Owner: owner, TTL: l.cfg.ttl, Now: l.cfg.clock.Now()}
+	return backend.LeaseRequest{Kind: backend.KindLock, Name: l.name, Key: l.key, Owner: owner, TTL: l.cfg.ttl, Now: l.cfg.clock.Now()}
 }
 
 // LeaseLock is a named lease with fencing tokens, kept as a row that holds
@@ -825,7 +826,7 @@ func NewLeaseLock(db DB, name string, opts ...Option) (*LeaseLock, error) {
 	if err != nil {
 		return nil, wrapErr(name, "new lease", err)
 	}
-	return newLeaseLock(db, name, cfg, kindLease), nil
+	return newLeaseLock(db, name, cfg, backend.KindLease), nil
 }
 
 // leaseOptions are the options a LeaseLock takes: not those of a pinned
@@ -947,7 +948,7 @@ func (l *LeaseLock) take(ctx, budget context.Context, wait bool) (*LeaseGuard, e
 	if err != nil {
 		return nil, err
 	}
-	req := backend.LeaseRequest{Kind: kindLease, Name: l.name, Key: l.key}
+	req := backend.LeaseRequest{Kind: backend.KindLease, Name: l.name, Key: l.key}
 	s, err := acquireLease(ctx, budget, store, l.db, &l.cfg, req, wait)
 	if err != nil {
 		return nil, err
@@ -966,7 +967,7 @@ func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 	if err != nil {
 		return nil, wrapErr(l.name, "holder", err)
 	}
-	h, err := store.LeaseHolder(ctx, l.db, backend.LeaseRequest{Kind: kindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
+	h, err := store.LeaseHolder(ctx, l.db, backend.LeaseRequest{Kind: backend.KindLease, Name: l.name, Key: l.key, Now: l.cfg.clock.Now()})
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/advisorylock/advisorylock/internal/testdb"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // pgxPingAfter is how long a pgx stdlib connection may sit idle before
@@ -28,7 +29,7 @@ func TestLeaseStepsAreOneRoundTrip(t *testing.T) {
 			db.SetMaxOpenConns(1) // one connection: the warm-up warms the measured one
 			store := Postgres().(*postgres).forDB(db)
 			ctx := context.Background()
-			req := backend.LeaseRequest{Kind: kindLease, Name: testdb.UniqueName(t), Key: 1, Owner: "roundtrip", TTL: time.Minute}
+			req := backend.LeaseRequest{Kind: backend.KindLease, Name: testdb.UniqueName(t), Key: 1, Owner: "roundtrip", TTL: time.Minute}
 			resource := testdb.UniqueName(t)
 			var token uint64
 
@@ -166,11 +167,11 @@ func TestNoRowsFromAnEndedContextIsNoAnswer(t *testing.T) {
 	db := testdb.OpenPostgres(t, "pgx")
 	p := &postgres{params: true}
 	ctx, cancel := context.WithCancel(context.Background())
-	err := p.run(ctx, db, func(querier) error { cancel(); return sql.ErrNoRows })
+	err := p.run(ctx, db, func(dbutil.Querier) error { cancel(); return sql.ErrNoRows })
 	if errors.Is(err, sql.ErrNoRows) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("no rows from a statement whose context ended = %v, want an unknown outcome wrapping context.Canceled", err)
 	}
-	if err := p.run(context.Background(), db, func(querier) error { return sql.ErrNoRows }); !errors.Is(err, sql.ErrNoRows) {
+	if err := p.run(context.Background(), db, func(dbutil.Querier) error { return sql.ErrNoRows }); !errors.Is(err, sql.ErrNoRows) {
 		t.Fatalf("no rows with the context alive = %v, want sql.ErrNoRows", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // releaseWatch fans out the lease releases that one listener hears (see
@@ -89,7 +90,7 @@ func joinReleases(ctx context.Context, store backend.LeaseStore, db DB, key int6
 	if _, own := db.(backend.Notifier); !own && !sparesAConn(db) {
 		return nil
 	}
-	w, err := cachedVerdict(ctx, db, "release watch", func(context.Context) (*releaseWatch, error) {
+	w, err := dbutil.CachedVerdict(ctx, db, "release watch", func(context.Context) (*releaseWatch, error) {
 		return &releaseWatch{store: store, db: db, waiters: map[*leaseWaiter]struct{}{}}, nil
 	})
 	if err != nil {

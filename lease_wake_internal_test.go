@@ -9,11 +9,11 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"weak"
 
 	"github.com/advisorylock/advisorylock/internal/testdb"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // wakeWait bounds every wait in the wake tests.
@@ -32,14 +32,8 @@ func openNamed(t *testing.T, drv string) (*sql.DB, string) {
 
 // watchOf returns db's release watch, nil if none was made.
 func watchOf(db *sql.DB) *releaseWatch {
-	verdicts.mu.Lock()
-	v := verdicts.m[weak.Make(db)]["release watch"]
-	verdicts.mu.Unlock()
-	if v == nil {
-		return nil
-	}
-	<-v.done
-	w, _ := v.val.(*releaseWatch)
+	v, _ := dbutil.Decided(db, "release watch")
+	w, _ := v.(*releaseWatch)
 	return w
 }
 
@@ -550,7 +544,7 @@ func placeInLine(ctx context.Context, t *testing.T, db, admin *sql.DB) inLinePla
 	t.Helper()
 	name := testdb.UniqueName(t)
 	l := inLinePlace{store: Postgres().(*postgres).forDB(db)}
-	l.holder = backend.LeaseRequest{Kind: kindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
+	l.holder = backend.LeaseRequest{Kind: backend.KindLease, Name: name, Key: Key(name), Owner: "holder", TTL: time.Minute}
 	l.waiter = l.holder
 	l.waiter.Owner = "waiter in line"
 	var err error
@@ -772,7 +766,7 @@ func TestHandoverSignalsOnlyASessionSleepingInLine(t *testing.T) {
 		t.Fatalf("the release handed the lease to %q, want the place's owner", owner)
 	}
 	err = <-ended
-	if sqlState(err) != "57014" || !strings.Contains(err.Error(), "statement timeout") {
+	if dbutil.SQLState(err) != "57014" || !strings.Contains(err.Error(), "statement timeout") {
 		t.Fatalf("the other session's statement ended with %v; want its own statement timeout, not a cancel", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Multiplexing (WithMultiplexing): the session locks of every Lock on one
@@ -300,7 +301,7 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mp.key.timeout)
 	_, res, err := l.claimOn(mp.locker, nil).try(sctx, &s.p)
 	cancel()
-	if err != nil && sqlState(err) == pgOutOfSharedMemory && l.set == nil && !s.p.abandoned.Load() {
+	if err != nil && dbutil.SQLState(err) == pgOutOfSharedMemory && l.set == nil && !s.p.abandoned.Load() {
 		// The server's lock table is full: the try of one key took
 		// nothing and the session, which answered, is as it was. (A
 		// set's statement may have taken some of its keys: see below.)

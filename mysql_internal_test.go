@@ -12,6 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // TestMySQLServersAreCheckedByWhatTheyReport: what Validate reads of a
@@ -72,11 +73,11 @@ func TestMySQLLockNamesAreShortLowercaseAndDistinct(t *testing.T) {
 
 func TestMySQLErrnoIsReadThroughWrapping(t *testing.T) {
 	err := fmt.Errorf("lease: %w", &mysql.MySQLError{Number: 1146, Message: "no such table"})
-	if n := mysqlErrno(err); n != mysqlNoSuchTable {
-		t.Fatalf("mysqlErrno = %d, want %d", n, mysqlNoSuchTable)
+	if n := dbutil.MySQLErrno(err); n != mysqlNoSuchTable {
+		t.Fatalf("dbutil.MySQLErrno = %d, want %d", n, mysqlNoSuchTable)
 	}
-	if n := mysqlErrno(errors.New("other")); n != 0 {
-		t.Fatalf("mysqlErrno of a plain error = %d, want 0", n)
+	if n := dbutil.MySQLErrno(errors.New("other")); n != 0 {
+		t.Fatalf("dbutil.MySQLErrno of a plain error = %d, want 0", n)
 	}
 }
 

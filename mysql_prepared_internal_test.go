@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -95,7 +96,7 @@ func TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain(t *testing.T
 		st := m.prepared.conns[dc].byText[myUnlockPrepared]
 		m.prepared.mu.Unlock()
 		_, err := st.(driver.StmtQueryContext).QueryContext(ctx, []driver.NamedValue{{Ordinal: 1, Value: "x"}, {Ordinal: 2, Value: "x"}})
-		errno1243 = mysqlErrno(err) == mysqlUnknownStatement
+		errno1243 = dbutil.MySQLErrno(err) == mysqlUnknownStatement
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -260,12 +260,9 @@ const (
 	ReasonNoAnswer Reason = "no_answer"
 )
 
-// The kinds of lock, as Event.Kind names them; the first three are also
-// the kinds of backend.LeaseRequest.
+// The kinds of lock, as Event.Kind names them, beside backend.KindLock,
+// KindShared and KindLease (the kinds of backend.LeaseRequest).
 const (
-	kindLock        = "lock"
-	kindShared      = "shared"
-	kindLease       = "lease"
 	kindSemaphore   = "semaphore"
 	kindElection    = "election"
 	kindTransaction = "transaction"

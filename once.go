@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // TryDoOnce runs fn at most once for the pair (the Lock's name, run),
@@ -52,7 +53,7 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 		// so that holders that have taken the whole pool do not wait for
 		// each other until their callers give up.
 		var err error
-		if done, err = rec.RunDone(withPoolWait(ctx, l.cfg.poolWait), l.db, l.name, run); err != nil {
+		if done, err = rec.RunDone(dbutil.WithPoolWait(ctx, l.cfg.poolWait), l.db, l.name, run); err != nil {
 			unsupported = errors.Is(err, ErrUnsupported) // the store keeps no runs: nothing ran
 			return wrapErr(l.name, "try do once", err)
 		}
@@ -64,7 +65,7 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 		}
 		// Recorded before the release, also if the lock was lost as fn
 		// returned (fn's work is done either way), bounded as a release.
-		rctx, cancel := context.WithTimeout(withPoolWait(context.WithoutCancel(ctx), l.cfg.poolWait), l.cfg.releaseTimeout)
+		rctx, cancel := context.WithTimeout(dbutil.WithPoolWait(context.WithoutCancel(ctx), l.cfg.poolWait), l.cfg.releaseTimeout)
 		defer cancel()
 		if err := rec.RecordRun(rctx, l.db, l.name, run, l.cfg.clock.Now(), l.cfg.runRetention); err != nil {
 			return wrapErr(l.name, "try do once", fmt.Errorf("advisorylock: run %q ran but was not recorded done, so it may run again: %w", run, err))

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // PoolerMode is what DetectPooler saw.
@@ -349,7 +350,7 @@ func splitList(v string) []string {
 func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
 	cfg := newConfig(nil)
 	b, err := resolveBackend(ctx, db, &cfg)
-	switch code := sqlState(err); {
+	switch code := dbutil.SQLState(err); {
 	case code == "26000" || code == "42P05":
 		// The first-use check's statement met another client's prepared
 		// statement, or lost its own: a sign, as in sessionOf.
@@ -466,7 +467,7 @@ func secondSession(ctx context.Context, db DB, s backend.SessionIdentifier) (con
 // why.
 func sessionOf(ctx context.Context, s backend.SessionIdentifier, conn *sql.Conn) (id, why string, err error) {
 	id, err = s.SessionIdentity(ctx, conn)
-	switch code := sqlState(err); code {
+	switch code := dbutil.SQLState(err); code {
 	case "26000", "42P05":
 		return "", "a prepared statement was not on the session it was prepared on (SQLSTATE " + code + ")", nil
 	}
@@ -509,7 +510,7 @@ func checkPooler(ctx context.Context, db DB, b backend.SessionLocker) error {
 	if !ok {
 		return nil
 	}
-	seen, err := cachedVerdict(ctx, db, "pooler", func(ctx context.Context) (poolerSeen, error) {
+	seen, err := dbutil.CachedVerdict(ctx, db, "pooler", func(ctx context.Context) (poolerSeen, error) {
 		mode, why, err := probePooler(ctx, db, s)
 		return poolerSeen{mode, why}, err
 	})

@@ -384,7 +384,7 @@ func tryAny(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, k
 // rowRequest is the lease request of slot i where slots are rows.
 func (s *Semaphore) rowRequest(i int) backend.LeaseRequest {
 	cfg := &s.lock.cfg
-	return backend.LeaseRequest{Kind: kindLock, Name: s.name, Key: s.keys[i], TTL: cfg.ttl, Now: cfg.clock.Now()}
+	return backend.LeaseRequest{Kind: backend.KindLock, Name: s.name, Key: s.keys[i], TTL: cfg.ttl, Now: cfg.clock.Now()}
 }
 
 // acquireRows takes a slot kept as a lease row (SQLite): tries every slot

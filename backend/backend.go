@@ -144,14 +144,8 @@ type LeaseStore interface {
 
 // LeaseRequest describes one lease statement.
 type LeaseRequest struct {
-	// Kind says which row the request is about:
-	//   - "lock": the row behind a Lock on a backend without session
-	//     locks, or with advisorylock.WithLeaseRows (advisorylock_locks,
-	//     keyed by Key; a grant's token is any value >= 1);
-	//   - "shared": a shared holder's row of a Lock kept as rows (RLock;
-	//     see SharedRowStore), one per holder, keyed by Key and Owner;
-	//   - "lease": the row of a LeaseLock (advisorylock_leases, keyed by
-	//     Name, with a generation that is the fencing token).
+	// Kind says which row the request is about: KindLock, KindShared
+	// or KindLease.
 	Kind  string
 	Name  string
 	Key   int64
@@ -173,3 +167,18 @@ type LeaseRequest struct {
 	// claim, which a grant then ends. A first attempt has none to end.
 	Retry bool
 }
+
+// The kinds of LeaseRequest, the values of its Kind. They are also the
+// advisorylock package's Event.Kind of the same locks.
+const (
+	// KindLock is the row behind a Lock on a backend without session
+	// locks, or with advisorylock.WithLeaseRows (advisorylock_locks,
+	// keyed by Key; a grant's token is any value >= 1).
+	KindLock = "lock"
+	// KindShared is a shared holder's row of a Lock kept as rows (RLock;
+	// see SharedRowStore), one per holder, keyed by Key and Owner.
+	KindShared = "shared"
+	// KindLease is the row of a LeaseLock (advisorylock_leases, keyed by
+	// Name, with a generation that is the fencing token).
+	KindLease = "lease"
+)

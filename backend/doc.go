@@ -35,11 +35,12 @@
 //
 // # How the library uses each interface
 //
-// At the first operation on a handle: Validator (refuse a handle that
-// cannot be locked safely; without it, no check), Configurer (adjust to
-// the driver and to a Lock's settings; without it, the Backend as it is,
-// and WithDeadHolderTimeout changes nothing on the server),
-// SessionIdentifier (the transaction-pooler probe; without it, no probe)
+// At the first operation on a handle: Recognizer (tell the database
+// behind a wrapped driver; without it, not a candidate), Validator
+// (refuse a handle that cannot be locked safely; without it, no check),
+// Configurer (adjust to the driver and to a Lock's settings; without it,
+// the Backend as it is, and WithDeadHolderTimeout changes nothing on the
+// server), SessionIdentifier (the transaction-pooler probe; without it, no probe)
 // and TableChecker (Check proves the tables and grants; without it,
 // nothing to prove).
 //

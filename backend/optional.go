@@ -26,6 +26,20 @@ type Validator interface {
 	Validate(ctx context.Context, db DB) error
 }
 
+// Recognizer is a Backend that can tell, from a connection, whether the
+// database behind it is one it serves. The library calls Recognizes to
+// pick a backend for a handle whose driver it cannot name (a wrapped
+// driver, such as otelsql's) and that was given no WithBackend: once per
+// *sql.DB, on a connection of the handle, asking its candidates in turn
+// (the built-in backends) and taking the first that says yes. A backend
+// given with WithBackend is used without asking. Without it, a candidate
+// is not considered. Recognizes sends at most one statement and returns
+// false on any error.
+type Recognizer interface {
+	Backend
+	Recognizes(ctx context.Context, conn *sql.Conn) bool
+}
+
 // Configurer is a Backend that adjusts itself to the handle it is given
 // (its driver's statement forms) and to the settings of a Lock's
 // sessions. The library calls Configure once it knows the handle, with

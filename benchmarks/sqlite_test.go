@@ -96,7 +96,7 @@ WHERE raw_locks.expires_at <= excluded.acquired_at`
 
 // setupSQLiteRawLeaseTokens is LeaseLock's own statements, bare, on
 // tables of the same shape (sqliteAcquireLease and sqliteReleaseLease in
-// backend_sqlite.go): the upsert takes its generation from a token
+// internal/sqlitebackend/sqlite.go): the upsert takes its generation from a token
 // counter, which a trigger keeps above every generation a deleted row
 // had, so that tokens never go down. That read is what raw_lease leaves
 // out.

@@ -147,7 +147,7 @@ mutation "MySQL: a set's or shared session's keep-alive takes another connection
 mutation "PostgreSQL: a set's or shared session's keep-alive takes another session's lock for its own" backend_postgres.go \
 	's/l\.objsubid = 1 AND l\.pid = pg_backend_pid\(\) AND l\.mode = \x27ExclusiveLock\x27/l.objsubid = 1 AND l.mode = \x27ExclusiveLock\x27/' \
 	'^(TestSetLosesOneNameAlone|TestMultiplexedKeepAliveLosesOnlyTheMissingKeys)$'
-mutation "SQLite: a Lock's renewal extends another owner's row" backend_sqlite.go \
+mutation "SQLite: a Lock's renewal extends another owner's row" internal/sqlitebackend/sqlite.go \
 	's/(sqliteRenewLock   = `UPDATE advisorylock_locks SET expires_at = \?3 WHERE key = \?1 AND )owner = \?2/$1?2 = ?2/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "an ended shared session leaves its names reserved in the process" multiplex.go \
@@ -226,7 +226,7 @@ mutation "WithConn's statements leave the session's facts standing" lent_conn.go
 	's/\n\tforgetSession\(s\.p\.conn\)\n/\n/' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
 mutation "TryDoOnce's record read waits for the pool as long as the caller" once.go \
-	's/rec\.RunDone\(withPoolWait\(ctx, l\.cfg\.poolWait\), /rec.RunDone(ctx, /' \
+	's/rec\.RunDone\(dbutil\.WithPoolWait\(ctx, l\.cfg\.poolWait\), /rec.RunDone(ctx, /' \
 	'^TestTryDoOnceBurstOnASmallPoolDoesNotHang$'
 mutation "a discarded pgxpool connection goes back to the pgxpool with its lock" conn_guard.go \
 	's/\t\tcloseSession\(dc\)\n/\t\t_ = dc\n/' \
@@ -351,10 +351,10 @@ mutation "lease tokens do not grow (PostgreSQL)" backend_postgres.go \
 mutation "the fence admits a token one lower (PostgreSQL)" backend_postgres.go \
 	's/WHERE f\.token <= EXCLUDED\.token/WHERE f.token <= EXCLUDED.token + 1/' \
 	'^(TestFenceAdmitsEqualAndHigherAndRefusesLower|TestPostgresLeaseStoreProperties)$'
-mutation "lease renew revives an expired lease (SQLite)" backend_sqlite.go \
+mutation "lease renew revives an expired lease (SQLite)" internal/sqlitebackend/sqlite.go \
 	's/(WHERE name = \?1 AND owner = \?2 AND generation = \?3) AND expires_at > \?5/$1/' \
 	'^TestLeaseStoreProperties$'
-mutation "a Lock on SQLite is taken over before it expires" backend_sqlite.go \
+mutation "a Lock on SQLite is taken over before it expires" internal/sqlitebackend/sqlite.go \
 	's/WHERE advisorylock_locks\.expires_at <= excluded\.acquired_at/WHERE advisorylock_locks.expires_at <= excluded.acquired_at + 1000/' \
 	'^(TestSoak|TestSQLiteLockIsExclusiveAcrossProcesses|TestSQLiteKilledHolderFreesTheLockAtExpiry|TestSQLiteLiveHolderKeepsTheLockAcrossTTLs)$'
 mutation "local deadline counts from the answer (acquire and renew)" lease.go \
@@ -371,7 +371,7 @@ mutation "a forgotten LeaseGuard is never cleaned up" lease.go \
 	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
 	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
 mutation "a missing table is created while the try holds its connection" backend_postgres.go \
-	's/\t\terr := p\.runOn\(ctx, db, stmt\)\n/\t\terr := p.runOn(ctx, db, func(on querier) error { err := stmt(on); if sqlState(err) == "42P01" { _ = upgradePostgresSchema(ctx, db); err = stmt(on) }; return err })\n/' \
+	's/\t\terr := p\.runOn\(ctx, db, stmt\)\n/\t\terr := p.runOn(ctx, db, func(on dbutil.Querier) error { err := stmt(on); if dbutil.SQLState(err) == "42P01" { _ = upgradePostgresSchema(ctx, db); err = stmt(on) }; return err })\n/' \
 	'^TestFirstUsesOnAFreshDatabaseShareASmallPool$'
 mutation "pgx's statement cache behind a transaction pooler fails with no fix named" errors.go \
 	's/return &lockError\{name: name, op: op, err: explain\(err\)\}/return \&lockError{name: name, op: op, err: err}/' \
@@ -384,14 +384,14 @@ mutation "a term does not grow (PostgreSQL)" backend_postgres_election.go \
 mutation "Leader trusts a term whose session let go (PostgreSQL)" backend_postgres_election.go \
 	's/WHERE e\.name = \$1::text AND EXISTS/WHERE e.name = \$1::text AND true OR EXISTS/' \
 	'^TestElectionRunReturnsLeadsError$'
-mutation "a handle's first-use verdicts are decided again for every Lock" backend.go \
+mutation "a handle's first-use verdicts are decided again for every Lock" internal/dbutil/verdict.go \
 	's/\tif pool == nil \{\n\t\treturn decide\(ctx\)/\tif true || pool == nil {\n\t\treturn decide(ctx)/' \
 	'^TestNewLockOnAWarmHandleTakesTwoRoundTrips$'
 mutation "lib/pq's prepared statements outgrow the pool" backend_postgres.go \
 	's/for len\(ps\.conns\) > open \{/for false \&\& len(ps.conns) > open {/' \
 	'^TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen$'
 mutation "a session that lost its prepared statements fails its steps" backend_postgres.go \
-	's/if sqlState\(err\) == "26000" \{/if false \&\& sqlState(err) == "26000" {/' \
+	's/if dbutil\.SQLState\(err\) == "26000" \{/if false \&\& dbutil.SQLState(err) == "26000" {/' \
 	'^TestLibPQLockAfterTheSessionLostItsPreparedStatements$'
 mutation "lib/pq's try and unlock go as text, parsed and planned each time" backend_postgres.go \
 	's/\tif p\.prepared == nil \{\n\t\treturn p\.rowStatement/\tif true || p.prepared == nil {\n\t\treturn p.rowStatement/' \
@@ -403,22 +403,22 @@ mutation "lib/pq's lease steps go as text, parsed and planned each time" backend
 	's/if name := pgSteps\[text\]; name != ""/if name := pgSteps[text]; false \&\& name != ""/' \
 	'^TestLibPQPreparesTheLeaseStepsOncePerSession$'
 mutation "a lease step whose statement the session lost fails" backend_postgres.go \
-	's/\t\tif sqlState\(err\) != "26000" \{\n\t\t\treturn err/\t\tif true {\n\t\t\treturn err/' \
+	's/\t\tif dbutil\.SQLState\(err\) != "26000" \{\n\t\t\treturn err/\t\tif true {\n\t\t\treturn err/' \
 	'^TestLibPQLeaseAfterTheSessionLostItsPreparedSteps$'
 mutation "after a session lost a lease step, every step still tries it prepared first" backend_postgres.go \
 	's/\t\tp\.prepared\.stepsAsText\.Store\(true\)/\t\t_ = 0/' \
 	'^TestLibPQLeaseAfterTheSessionLostItsPreparedSteps$'
 mutation "a lease step another client prepared under its name fails" backend_postgres.go \
-	's/err != nil && sqlState\(err\) != "42P05"/err != nil/' \
+	's/err != nil && dbutil\.SQLState\(err\) != "42P05"/err != nil/' \
 	'^TestLibPQLeaseStepPreparedByAnotherClientRuns$'
 mutation "MySQL: the exclusive try goes as text, parsed each time" backend_mysql.go \
 	's/\tif m\.prepared == nil \{\n\t\treturn backend\.SessionResult\{\}, grabMissed, errNotPrepared/\tif true || m.prepared == nil {\n\t\treturn backend.SessionResult{}, grabMissed, errNotPrepared/' \
 	'^TestMySQLTryAndUnlockRunPrepared$'
 mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" backend_mysql.go \
-	's/if mysqlErrno\(err\) == mysqlUnknownStatement \{/if mysqlErrno(err) == mysqlUnknownStatement \&\& false {/' \
+	's/if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{/if dbutil.MySQLErrno(err) == mysqlUnknownStatement \&\& false {/' \
 	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'
 mutation "MySQL: statements a session lost are never prepared again" backend_mysql.go \
-	's/(if mysqlErrno\(err\) == mysqlUnknownStatement \{\n\t\t\t)ps\.forget\(dc\)/$1_ = dc/' \
+	's/(if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{\n\t\t\t)ps\.forget\(dc\)/$1_ = dc/' \
 	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'
 mutation "a resign leaves its term's row naming its session" election.go \
 	's/\te\.endTerm\(ctx, t\)\n/\t_ = t\n/' \
@@ -451,35 +451,35 @@ mutation "MySQL shared holder does not check the GET_LOCK after its row" backend
 mutation "MySQL writer's wait that ends keeps the GET_LOCK on the pooled session" backend_mysql_shared.go \
 	's/RELEASE_LOCK\("\+name\+"\), 0\)"\)/0, 0)")/' \
 	'^TestSharedHoldersCoexistAndExcludeWriters$'
-mutation "SQLite lease token counter forgets deleted rows" backend_sqlite.go \
+mutation "SQLite lease token counter forgets deleted rows" internal/sqlitebackend/sqlite.go \
 	's/SET last = max\(last, OLD\.generation\)/SET last = last/' \
 	'^TestSQLiteSchemaUpgradesARoundOneFile$'
-mutation "SQLite lock row ignores shared rows (no summary row)" backend_sqlite.go \
+mutation "SQLite lock row ignores shared rows (no summary row)" internal/sqlitebackend/sqlite.go \
 	"s/BEGIN \\\` \\+ sqliteKeepSummary \\+ \\\` VALUES \\(NEW\\.key[^\\n]*; END\\\`/BEGIN SELECT 1; END\\\`/" \
 	'^(TestSharedAndExclusiveHoldersNeverOverlap|TestSQLiteExclusiveGrantWaitsForTheLatestSharedExpiry)$'
-mutation "SQLite summary row keeps the newest reader's expiry, not the latest" backend_sqlite.go \
+mutation "SQLite summary row keeps the newest reader's expiry, not the latest" internal/sqlitebackend/sqlite.go \
 	's/THEN max\(advisorylock_locks\.expires_at, excluded\.expires_at\)/THEN excluded.expires_at/' \
 	'^TestSQLiteExclusiveGrantWaitsForTheLatestSharedExpiry$'
-mutation "SQLite summary row ignores shared renewals" backend_sqlite.go \
+mutation "SQLite summary row ignores shared renewals" internal/sqlitebackend/sqlite.go \
 	's/BEGIN UPDATE advisorylock_locks SET expires_at = max\(expires_at, NEW\.expires_at\)/BEGIN UPDATE advisorylock_locks SET expires_at = expires_at/' \
 	'^TestSQLiteRenewedReaderKeepsExclusiveGrantsOut$'
-mutation "SQLite summary row outlives the readers' releases" backend_sqlite.go \
+mutation "SQLite summary row outlives the readers' releases" internal/sqlitebackend/sqlite.go \
 	's/(AFTER DELETE ON advisorylock_shared\nBEGIN\n).*\n.*\n/${1}\tSELECT 1;\n/' \
 	'^TestSQLiteExclusiveGrantGoesInOnceTheLastReaderReleases$'
-mutation "SQLite summary row keeps a released reader's expiry" backend_sqlite.go \
+mutation "SQLite summary row keeps a released reader's expiry" internal/sqlitebackend/sqlite.go \
 	's/\tUPDATE advisorylock_locks SET expires_at = \(SELECT max\(expires_at\) FROM advisorylock_shared WHERE key = OLD\.key\)[^\n]*\n//' \
 	'^TestSQLiteExclusiveGrantGoesInOnceTheLastReaderReleases$'
-mutation "SQLite shared holders take the summary row for an exclusive holder" backend_sqlite.go \
+mutation "SQLite shared holders take the summary row for an exclusive holder" internal/sqlitebackend/sqlite.go \
 	"s/WHERE key = \\?1 AND expires_at > \\?4 AND owner <> ''\\)/WHERE key = ?1 AND expires_at > ?4)/" \
 	'^TestSharedHoldersCoexistAndExcludeWriters$'
-mutation "SQLite Holders lists the summary row as an exclusive holder" backend_sqlite.go \
+mutation "SQLite Holders lists the summary row as an exclusive holder" internal/sqlitebackend/sqlite.go \
 	"s/(sqliteHolders = \\\`SELECT name, owner, acquired_at, expires_at, 0 FROM advisorylock_locks WHERE key = \\?1 AND expires_at > \\?2) AND owner <> ''/\\1/" \
 	'^TestSQLiteSharedSummaryIsNeverReportedAsAHolder$'
-mutation "SQLite upgrade leaves live shared rows without a summary" backend_sqlite.go \
+mutation "SQLite upgrade leaves live shared rows without a summary" internal/sqlitebackend/sqlite.go \
 	's/FROM advisorylock_shared WHERE true GROUP BY key/FROM advisorylock_shared WHERE false GROUP BY key/' \
 	'^TestSQLiteSchemaUpgradesAStepThreeFileLive$'
-mutation "SQLite waiting writer keeps its claim after its grant" backend_sqlite.go \
-	's/if r\.Wait && r\.Retry && r\.Kind == kindLock \{/if false \&\& r.Wait \&\& r.Kind == kindLock {/' \
+mutation "SQLite waiting writer keeps its claim after its grant" internal/sqlitebackend/sqlite.go \
+	's/if r\.Wait && r\.Retry && r\.Kind == backend\.KindLock \{/if false \&\& r.Wait \&\& r.Kind == backend.KindLock {/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
 mutation "a waiting writer's later attempts are not marked as retries" lease.go \
 	's/\n\t\treq\.Retry = true \/\/[^\n]*\n/\n/' \
@@ -490,10 +490,10 @@ mutation "a grant that arrived past its deadline is lost only when the keeper ru
 mutation "Do runs its function under a grant already lost" advisorylock.go \
 	's/if _, why := g\.h\.isLost\(\); why != nil \{/if _, why := g.h.isLost(); why != nil \&\& false {/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'
-mutation "SQLite withdraws a claim its first attempt never made" backend_sqlite.go \
-	's/if r\.Wait && r\.Retry && r\.Kind == kindLock \{/if r.Wait \&\& r.Kind == kindLock {/' \
+mutation "SQLite withdraws a claim its first attempt never made" internal/sqlitebackend/sqlite.go \
+	's/if r\.Wait && r\.Retry && r\.Kind == backend\.KindLock \{/if r.Wait \&\& r.Kind == backend.KindLock {/' \
 	'^TestSQLiteUncontendedLockWritesOnce$'
-mutation "SQLite waiting writer does not claim the name" backend_sqlite.go \
+mutation "SQLite waiting writer does not claim the name" internal/sqlitebackend/sqlite.go \
 	's/if n == 1 \|\| err != nil \|\| !r\.Wait/if true || n == 1 || err != nil || !r.Wait/' \
 	'^TestWaitingWriterGetsInWhenTheReadersLeave$'
 mutation "PostgreSQL shared keep-alive looks for an exclusive lock" backend_postgres.go \
@@ -610,7 +610,7 @@ mutation "TryDoOnce never records a run" once.go \
 	's/rec\.RecordRun\(rctx, l\.db, l\.name, run, l\.cfg\.clock\.Now\(\), l\.cfg\.runRetention\)/func() error { _ = rctx; return nil }()/' \
 	'^TestTryDoOnceRunsARunOnceAcrossReplicas$'
 mutation "TryDoOnce does not read the record" once.go \
-	's/if done, err = rec\.RunDone\(withPoolWait\(ctx, l\.cfg\.poolWait\), l\.db, l\.name, run\); err != nil \{/if done, err = false, nil; err != nil {/' \
+	's/if done, err = rec\.RunDone\(dbutil\.WithPoolWait\(ctx, l\.cfg\.poolWait\), l\.db, l\.name, run\); err != nil \{/if done, err = false, nil; err != nil {/' \
 	'^(TestTryDoOnceRunsARunOnceAcrossReplicas|TestSoakTryDoOnce)$'
 mutation "TryDoOnce records a failed run" once.go \
 	's/if err := fn\(ctx\); err != nil \{\n\t\t\treturn err\n\t\t\}/_ = fn(ctx)/' \
@@ -619,7 +619,7 @@ mutation "TryDoOnce records a failed run" once.go \
 mutation "TryDoOnce records a run interrupted by its caller" once.go \
 	's/if err := fn\(ctx\); err != nil \{/if err := fn(ctx); err != nil \&\& ctx.Err() == nil {/' \
 	'^TestSoakTryDoOnce$'
-mutation "SQLite prunes run records regardless of the retention" backend_sqlite_once.go \
+mutation "SQLite prunes run records regardless of the retention" internal/sqlitebackend/once.go \
 	's/now\.Add\(-keep\)\.UnixMilli\(\)/now.UnixMilli()/' \
 	'^TestTryDoOncePrunesRecordsPastTheRetention$'
 mutation "PostgreSQL prunes run records younger than the retention (sign)" backend_postgres_once.go \
@@ -635,10 +635,10 @@ mutation "MySQL gives the run retention in the wrong unit" backend_mysql_once.go
 	's/strconv\.FormatInt\(keep\.Microseconds\(\), 10\)/strconv.FormatInt(keep.Milliseconds(), 10)/' \
 	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
 mutation "TryDoOnce records a run on its caller's context" once.go \
-	's/rctx, cancel := context\.WithTimeout\(withPoolWait\(context\.WithoutCancel\(ctx\), l\.cfg\.poolWait\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithTimeout(withPoolWait(ctx, l.cfg.poolWait), l.cfg.releaseTimeout)/' \
+	's/rctx, cancel := context\.WithTimeout\(dbutil\.WithPoolWait\(context\.WithoutCancel\(ctx\), l\.cfg\.poolWait\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithTimeout(dbutil.WithPoolWait(ctx, l.cfg.poolWait), l.cfg.releaseTimeout)/' \
 	'^TestTryDoOnceRecordsARunWhoseCallerLeftAsItReturned$'
 mutation "TryDoOnce's record waits without a bound" once.go \
-	's/rctx, cancel := context\.WithTimeout\(withPoolWait\(context\.WithoutCancel\(ctx\), l\.cfg\.poolWait\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithCancel(withPoolWait(context.WithoutCancel(ctx), l.cfg.poolWait))/' \
+	's/rctx, cancel := context\.WithTimeout\(dbutil\.WithPoolWait\(context\.WithoutCancel\(ctx\), l\.cfg\.poolWait\), l\.cfg\.releaseTimeout\)/rctx, cancel := context.WithCancel(dbutil.WithPoolWait(context.WithoutCancel(ctx), l.cfg.poolWait))/' \
 	'^TestTryDoOnceBoundsTheRecordByTheReleaseTimeout$'
 mutation "Check proves no grants" lease.go \
 	's/return s\.CheckTables\(ctx, db, tables\.\.\.\)/_ = s; return nil/' \
@@ -722,25 +722,25 @@ mutation "PostgreSQL keep-alive takes another session's lock for its own" backen
 	's/(l\.mode = '"'"'"\+p\.lockMode\(\)\+"'"'"') AND l\.pid = pg_backend_pid\(\)\)/$1)/' \
 	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
 # SQLite's min-hold window: taken until exactly the grant plus WithMinHold.
-mutation "SQLite Lock's window counts from the release, not the grant" backend_sqlite.go \
+mutation "SQLite Lock's window counts from the release, not the grant" internal/sqlitebackend/sqlite.go \
 	's/(sqliteReleaseLockWindow = `UPDATE advisorylock_locks SET expires_at = min\(expires_at, max\(\?3, )acquired_at \+ \?4\)\)/$1?3 + ?4))/' \
 	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
-mutation "SQLite lease's window counts from the release, not the grant" backend_sqlite.go \
+mutation "SQLite lease's window counts from the release, not the grant" internal/sqlitebackend/sqlite.go \
 	's/(expires_at = min\(expires_at, max\(\?3, )acquired_at \+ \?4\)\)\nWHERE name = \?1 AND generation = \?2/$1?3 + ?4))\nWHERE name = ?1 AND generation = ?2/' \
 	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
-mutation "SQLite Lock's renewal cuts its window short" backend_sqlite.go \
+mutation "SQLite Lock's renewal cuts its window short" internal/sqlitebackend/sqlite.go \
 	's/(sqliteRenewLockWindow   = `UPDATE advisorylock_locks SET expires_at = )max\(\?3, acquired_at \+ \?5\)/$1?3/' \
 	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
-mutation "SQLite lease's renewal cuts its window short" backend_sqlite.go \
+mutation "SQLite lease's renewal cuts its window short" internal/sqlitebackend/sqlite.go \
 	's/(sqliteRenewLeaseWindow  = `UPDATE advisorylock_leases SET expires_at = )max\(\?4, acquired_at \+ \?6\)/$1?4/' \
 	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
-mutation "SQLite's release keeps the row for the TTL, not the window" backend_sqlite.go \
-	's/(now, _ := leaseTimes\(r\)\n\treturn s\.run\(ctx, db, busyHolder, func\(q querier\) error \{\n\t\tvar err error\n\t\twin := r\.)MinHold/$1TTL/' \
+mutation "SQLite's release keeps the row for the TTL, not the window" internal/sqlitebackend/sqlite.go \
+	's/(now, _ := leaseTimes\(r\)\n\treturn s\.run\(ctx, db, busyHolder, func\(q dbutil\.Querier\) error \{\n\t\tvar err error\n\t\twin := r\.)MinHold/$1TTL/' \
 	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
-mutation "SQLite's grant does not stretch the row over the window" backend_sqlite.go \
+mutation "SQLite's grant does not stretch the row over the window" internal/sqlitebackend/sqlite.go \
 	's/r\.TTL = max\(r\.TTL, r\.MinHold\) \/\/ the row stays taken for the window too/r.TTL = max(r.TTL, 0*r.MinHold)/' \
 	'^(TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow|TestMinHoldOnSQLiteFollowsTheClock)$'
-mutation "SQLite statements hand the driver a context that can end" backend_sqlite.go \
+mutation "SQLite statements hand the driver a context that can end" internal/sqlitebackend/sqlite.go \
 	's/q := endless\{on\}/q := on/' \
 	'^TestSQLiteStatementsAreNotWatched$'
 # MySQL's lease window outlives a killed holder, renewed or not.

@@ -1,4 +1,4 @@
-package advisorylock
+package sqlitebackend
 
 import (
 	"context"
@@ -61,7 +61,7 @@ func TestSQLiteBusyIsToldFromOtherErrors(t *testing.T) {
 	}
 }
 
-func TestSQLiteIsServedBySQLite(t *testing.T) {
+func TestSQLiteRecognizesSQLite(t *testing.T) {
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
 	ctx := context.Background()
 	conn, err := db.Conn(ctx)
@@ -69,10 +69,7 @@ func TestSQLiteIsServedBySQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if !(sqliteBackend{}).isServedBy(ctx, conn) {
-		t.Fatal("isServedBy false on a SQLite connection")
-	}
-	if b := backendByAsking(ctx, db); b == nil || b.Name() != "sqlite" {
-		t.Fatalf("backendByAsking on SQLite: %v, want sqlite", b)
+	if !(sqliteBackend{}).Recognizes(ctx, conn) {
+		t.Fatal("Recognizes false on a SQLite connection")
 	}
 }

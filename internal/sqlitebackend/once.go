@@ -1,10 +1,11 @@
-package advisorylock
+package sqlitebackend
 
 import (
 	"context"
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Runs done on SQLite (Lock.TryDoOnce): one row per (name, run) in
@@ -23,7 +24,7 @@ const sqliteRunsTable = `CREATE TABLE IF NOT EXISTS advisorylock_runs (
 // RunDone reads the record of run, one statement.
 func (s sqliteBackend) RunDone(ctx context.Context, db backend.DB, name, run string) (bool, error) {
 	var n int
-	err := s.run(ctx, db, busyNewcomer, func(q querier) error {
+	err := s.run(ctx, db, busyNewcomer, func(q dbutil.Querier) error {
 		return q.QueryRowContext(ctx, "SELECT count(*) FROM advisorylock_runs WHERE name = ? AND run = ?", name, run).Scan(&n)
 	})
 	return n > 0, err
@@ -36,7 +37,7 @@ func (s sqliteBackend) RecordRun(ctx context.Context, db backend.DB, name, run s
 	if now.IsZero() {
 		now = time.Now()
 	}
-	err := s.run(ctx, db, busyHolder, func(q querier) error {
+	err := s.run(ctx, db, busyHolder, func(q dbutil.Querier) error {
 		_, err := q.ExecContext(ctx, "INSERT INTO advisorylock_runs (name, run, done_at) VALUES (?, ?, ?) ON CONFLICT (name, run) DO NOTHING",
 			name, run, now.UnixMilli())
 		return err
@@ -44,7 +45,7 @@ func (s sqliteBackend) RecordRun(ctx context.Context, db backend.DB, name, run s
 	if err != nil {
 		return err
 	}
-	return s.run(ctx, db, busyHolder, func(q querier) error {
+	return s.run(ctx, db, busyHolder, func(q dbutil.Querier) error {
 		_, err := q.ExecContext(ctx, "DELETE FROM advisorylock_runs WHERE name = ? AND run <> ? AND done_at < ?", name, run, now.Add(-keep).UnixMilli())
 		return err
 	})

@@ -1,0 +1,185 @@
+package dbutil
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"time"
+
+	"github.com/advisorylock/advisorylock/backend"
+)
+
+// ErrPoolUnavailable is advisorylock.ErrPoolUnavailable: no connection
+// could be checked out of the pool, or, for a lease statement, none could
+// be dialed; nothing was sent.
+var ErrPoolUnavailable = errors.New("advisorylock: no connection available")
+
+// ErrPoolWait is the cause of a checkout that WithPoolWait ended.
+var ErrPoolWait = errors.New("no connection came free within the pool wait (WithPoolWait)")
+
+// Querier is what *sql.DB, *sql.Conn and *sql.Tx share: statements.
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// StatementsOn returns where a statement that holds no lock runs (lease
+// steps, holders): db itself when it runs statements (*sql.DB, *sqlx.DB),
+// so that database/sql retries a dead pooled connection with another, as
+// it does for any statement; else a connection checked out of db, which
+// done returns; the kept connection of an OnConn.
+//
+// Under a pool wait (see WithPoolWait) a pool that can be exhausted gives
+// a connection checked out within that bound instead. A failed checkout
+// is ErrPoolUnavailable.
+func StatementsOn(ctx context.Context, db backend.DB) (q Querier, done func(), err error) {
+	if c, ok := db.(OnConn); ok {
+		return c.Kept, func() {}, nil
+	}
+	if q, ok := db.(Querier); ok && (PoolWaitOf(ctx) == 0 || !MayWaitForPool(db)) {
+		return q, func() {}, nil
+	}
+	conn, err := TakeConn(ctx, db)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, func() { _ = conn.Close() }, nil
+}
+
+// OnConn is a DB whose statements run on Kept, a connection of DB's that
+// its caller keeps (a waiter sleeping in line: see backend.LeaseSleeper); what
+// needs a connection of its own (a schema upgrade) takes one from DB.
+type OnConn struct {
+	Kept *sql.Conn
+	backend.DB
+}
+
+// TakeConn checks a connection out of db, within ctx's pool wait if it
+// has one (see WithPoolWait); a failure is ErrPoolUnavailable.
+func TakeConn(ctx context.Context, db backend.DB) (*sql.Conn, error) {
+	checkout := ctx
+	if d := PoolWaitOf(ctx); d > 0 {
+		var cancel context.CancelFunc
+		checkout, cancel = context.WithTimeoutCause(ctx, d, ErrPoolWait)
+		defer cancel()
+	}
+	conn, err := db.Conn(checkout)
+	if err != nil {
+		return nil, Unavailable(checkout, err)
+	}
+	return conn, nil
+}
+
+// poolWaitKey carries a try's advisorylock.WithPoolWait in its context to the places
+// that take connections for it: the first-use checks and the lease
+// statements, whose signatures (backend.Backend's, for one) have no room for it.
+type poolWaitKey struct{}
+
+// WithPoolWait bounds, by d, every pool checkout made for ctx.
+func WithPoolWait(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, poolWaitKey{}, d)
+}
+
+// PoolWaitOf is the bound WithPoolWait put in ctx, or 0.
+func PoolWaitOf(ctx context.Context) time.Duration {
+	d, _ := ctx.Value(poolWaitKey{}).(time.Duration)
+	return d
+}
+
+// MayWaitForPool reports whether a checkout from db can wait for a
+// connection to come free: only a pool with a limit can be exhausted
+// (other handles are assumed to be).
+func MayWaitForPool(db backend.DB) bool {
+	pool := SQLDBOf(db)
+	return pool == nil || pool.Stats().MaxOpenConnections > 0
+}
+
+// Unavailable is the ErrPoolUnavailable of a checkout from ctx that
+// failed with err: the checkout's cause when ctx ended it (the pool wait),
+// else the driver's error, kept reachable with errors.As, and the limit
+// named when the server refused the connection at its connection limit.
+func Unavailable(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		err = context.Cause(ctx)
+	} else if limit := ConnectionLimit(err); limit != "" {
+		return fmt.Errorf("%w: the server refused a new connection at %s: %w", ErrPoolUnavailable, limit, err)
+	}
+	return fmt.Errorf("%w: %w", ErrPoolUnavailable, err)
+}
+
+// Unreachable marks as ErrPoolUnavailable the error of a statement that
+// never reached the server: dialing for it failed, or the server refused
+// the new connection at its connection limit, so nothing was sent.
+func Unreachable(err error) error {
+	if err == nil || errors.Is(err, ErrPoolUnavailable) {
+		return err
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" || ConnectionLimit(err) != "" {
+		return Unavailable(context.Background(), err)
+	}
+	return err
+}
+
+// A new MySQL connection refused at a connection limit (see ConnectionLimit).
+const (
+	mysqlTooManyConnections     = 1040 // ER_CON_COUNT_ERROR: max_connections
+	mysqlTooManyUserConnections = 1203 // ER_TOO_MANY_USER_CONNECTIONS: max_user_connections
+	mysqlUserResourceExceeded   = 1226 // ER_USER_LIMIT_REACHED: a user's MAX_USER_CONNECTIONS
+)
+
+// ConnectionLimit names the server's connection limit that err reports
+// was reached, or is "": PostgreSQL's SQLSTATE 53300 (max_connections
+// less the reserved slots, or a role's or a database's CONNECTION LIMIT),
+// MySQL's 1040 (max_connections), 1203 (max_user_connections) and 1226
+// (a user's MAX_USER_CONNECTIONS).
+func ConnectionLimit(err error) string {
+	if SQLState(err) == "53300" {
+		return "its connection limit (max_connections, or the role's or database's CONNECTION LIMIT)"
+	}
+	switch MySQLErrno(err) {
+	case mysqlTooManyConnections:
+		return "its connection limit (max_connections)"
+	case mysqlTooManyUserConnections:
+		return "its per-user connection limit (max_user_connections)"
+	case mysqlUserResourceExceeded:
+		return "the user's connection limit (MAX_USER_CONNECTIONS)"
+	}
+	return ""
+}
+
+// SQLState returns the SQLSTATE of a driver error (lib/pq and pgx both
+// expose SQLState), or "".
+func SQLState(err error) string {
+	if err == nil {
+		return ""
+	}
+	var s interface{ SQLState() string }
+	if errors.As(err, &s) {
+		return s.SQLState()
+	}
+	return ""
+}
+
+// MySQLErrno returns the server's error number carried by err (the Number
+// field of go-sql-driver's *MySQLError, read without importing the
+// driver), or 0.
+func MySQLErrno(err error) uint16 {
+	for ; err != nil; err = errors.Unwrap(err) {
+		v := reflect.ValueOf(err)
+		if v.Kind() == reflect.Pointer && !v.IsNil() {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			continue
+		}
+		if f := v.FieldByName("Number"); f.IsValid() && f.Kind() == reflect.Uint16 {
+			return uint16(f.Uint())
+		}
+	}
+	return 0
+}

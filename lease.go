@@ -186,10 +186,6 @@ func sleepSlots(ctx context.Context, db DB) chan struct{} {
 	return slots
 }
 
-// sleepGrace is how much longer than its sleep a sleep in line may take
-// before its connection is given up as dead.
-const sleepGrace = time.Second
-
 // waitInLine is acquireLease for a LeaseLock waiter that hears releases
 // on a store whose waiters queue (backend.LeaseQueuer). After a miss it takes the
 // place next in line, renewing it every renew interval while it waits,
@@ -236,7 +232,7 @@ func (l *inLine) wait(budget context.Context, pause time.Duration, poll *time.Ti
 	if l.queued && l.conn != nil && l.sleeps() {
 		req := l.req
 		req.Token = uint64(l.token)
-		sleep, cancel := context.WithTimeout(budget, pause+sleepGrace)
+		sleep, cancel := context.WithTimeout(budget, pause+sliceGrace) // as a session wait's slice: only a dead network takes that long
 		granted, err := l.sleeper.SleepInLine(sleep, l.db, l.conn, req, pause)
 		cancel()
 		switch {

@@ -173,7 +173,7 @@ func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 	role := ordinaryRole(t, admin)
 	base := testdb.PostgresDSN(t)
 	if !strings.HasPrefix(base, "postgres://") {
-		t.Skip("needs a URL DSN")
+		testdb.Unavailable(t, "needs a postgres:// URL DSN to name another database")
 	}
 
 	// An administrator creates the tables from Schema and grants what it lists.

@@ -86,11 +86,11 @@ func removeStaleBlackholes() {
 func RequireIptables(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		unavailable(t, "testdb: iptables needs root")
+		Unavailable(t, "testdb: iptables needs root")
 		return
 	}
 	if out, err := iptables("-L", "INPUT", "-n"); err != nil {
-		unavailable(t, fmt.Sprintf("testdb: iptables is not usable: %v: %s", err, strings.TrimSpace(out)))
+		Unavailable(t, fmt.Sprintf("testdb: iptables is not usable: %v: %s", err, strings.TrimSpace(out)))
 	}
 }
 

@@ -53,7 +53,7 @@ func OwnCluster(t testing.TB, settings ...string) *Cluster {
 	t.Helper()
 	c, err := startCluster(settings...)
 	if errors.Is(err, errNoLocalPostgres) {
-		unavailable(t, "testdb: no throwaway cluster: "+err.Error())
+		Unavailable(t, "testdb: no throwaway cluster: "+err.Error())
 	}
 	if err != nil {
 		t.Fatalf("testdb: %v", err)

@@ -48,7 +48,7 @@ func OwnMariaDB(t testing.TB) *MariaDB {
 	t.Helper()
 	server, install, err := findMariaDBBin()
 	if err != nil {
-		unavailable(t, "testdb: no throwaway MariaDB: "+err.Error())
+		Unavailable(t, "testdb: no throwaway MariaDB: "+err.Error())
 	}
 	dir, err := os.MkdirTemp("", "advisorylock-mariadb-")
 	if err != nil {

@@ -42,7 +42,7 @@ func MySQLDSN(t testing.TB) string {
 		mysqlShared.resolved = true
 	}
 	if mysqlShared.dsn == "" {
-		unavailable(t, mysqlShared.reason)
+		Unavailable(t, mysqlShared.reason)
 	}
 	return mysqlShared.dsn
 }

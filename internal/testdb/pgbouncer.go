@@ -71,7 +71,7 @@ func PgBouncer(t testing.TB) (txDSN, sessionDSN string) {
 		t.Fatal(bouncer.failed)
 	}
 	if bouncer.missing != "" {
-		unavailable(t, bouncer.missing)
+		Unavailable(t, bouncer.missing)
 	}
 	return bouncer.txDSN, bouncer.session
 }

@@ -51,7 +51,7 @@ func PostgresDSN(t testing.TB) string {
 		shared.resolved = true
 	}
 	if shared.dsn == "" {
-		unavailable(t, shared.reason)
+		Unavailable(t, shared.reason)
 	}
 	return shared.dsn
 }

@@ -80,9 +80,9 @@ func requireDB() bool {
 	return os.Getenv(EnvRequireDB) == "1"
 }
 
-// unavailable skips t with the one-line reason, or fails it when
+// Unavailable skips t with the one-line reason, or fails it when
 // ADVISORYLOCK_REQUIRE_DB=1.
-func unavailable(t testing.TB, reason string) {
+func Unavailable(t testing.TB, reason string) {
 	t.Helper()
 	if requireDB() {
 		t.Fatalf("%s (%s=1)", reason, EnvRequireDB)

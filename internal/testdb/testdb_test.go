@@ -41,7 +41,7 @@ func TestWaitForFailsAtDeadline(t *testing.T) {
 func TestUnavailableSkipsOrFails(t *testing.T) {
 	t.Setenv(EnvRequireDB, "1")
 	f := &fakeTB{TB: t}
-	unavailable(f, "testdb: nothing here")
+	Unavailable(f, "testdb: nothing here")
 	if f.failed == "" {
 		t.Fatal("with ADVISORYLOCK_REQUIRE_DB=1 a missing database must fail")
 	}

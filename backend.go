@@ -114,7 +114,7 @@ func (f *firstUse[T]) get(ctx context.Context, work func(ctx context.Context) (*
 // backendForDriver detects the backend from the driver's package path,
 // without importing any driver.
 func backendForDriver(db DB) backend.Backend {
-	switch pkg := driverPkg(db); {
+	switch pkg := dbutil.DriverPkg(db); {
 	case pkg == "github.com/lib/pq", strings.HasPrefix(pkg, "github.com/jackc/pgx/"):
 		return Postgres()
 	case pkg == "github.com/glebarez/go-sqlite", pkg == "modernc.org/sqlite", pkg == "github.com/mattn/go-sqlite3", pkg == "github.com/ncruces/go-sqlite3/driver":
@@ -123,19 +123,6 @@ func backendForDriver(db DB) backend.Backend {
 		return MySQL()
 	}
 	return nil
-}
-
-// driverPkg returns the import path of the package that defines db's
-// driver type, or "".
-func driverPkg(db DB) string {
-	t := reflect.TypeOf(db.Driver())
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t == nil {
-		return ""
-	}
-	return t.PkgPath()
 }
 
 // backendByAsking detects the backend of a wrapped driver (otelsql and

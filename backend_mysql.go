@@ -75,7 +75,7 @@ type mysqlBackend struct {
 	shared bool
 	// prepared keeps the exclusive try and the unlock prepared per
 	// connection (go-sql-driver/mysql; see forDB); nil: text.
-	prepared *preparedStatements
+	prepared *dbutil.Prepared
 }
 
 // Configure returns m with the statement forms of db's driver (see forDB)
@@ -98,8 +98,8 @@ func (m mysqlBackend) Configure(db backend.DB, deadHolder time.Duration, _ bool)
 // paired runs, unpinned, 2026-12-06) is 1.12x prepared and 1.41x as text;
 // the round trips are the same.
 func (m mysqlBackend) forDB(db DB) mysqlBackend {
-	if driverPkg(db) == "github.com/go-sql-driver/mysql" {
-		m.prepared = preparedStatementsOf(db)
+	if dbutil.DriverPkg(db) == "github.com/go-sql-driver/mysql" {
+		m.prepared = dbutil.PreparedOf(db)
 	}
 	return m
 }
@@ -295,7 +295,7 @@ func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key in
 		return m.tryShared(ctx, conn, key)
 	}
 	r, state, err := m.tryPrepared(ctx, conn, key)
-	if errors.Is(err, errNotPrepared) {
+	if errors.Is(err, dbutil.ErrNotPrepared) {
 		r, state, err = m.grabExclusive(ctx, conn, key, "SELECT ", "GET_LOCK("+mysqlLockName(key)+", 0)")
 	}
 	if state == grabbedWithReaders && err == nil {
@@ -395,12 +395,12 @@ func (m mysqlBackend) UnlockSession(ctx context.Context, conn *sql.Conn, key int
 	name := mysqlLockName(key)
 	var released, holder sql.NullInt64
 	var r backend.SessionResult
-	err := errNotPrepared
+	err := dbutil.ErrNotPrepared
 	if m.prepared != nil {
 		unquoted := name[1 : len(name)-1]
-		err = m.prepared.queryRow(ctx, conn, myUnlockPrepared, []any{unquoted, unquoted}, &released, &r.Session, &holder)
+		err = queryPrepared(ctx, m.prepared, conn, myUnlockPrepared, []any{unquoted, unquoted}, &released, &r.Session, &holder)
 	}
-	if errors.Is(err, errNotPrepared) {
+	if errors.Is(err, dbutil.ErrNotPrepared) {
 		err = conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK("+name+"), CONNECTION_ID(), IS_USED_LOCK("+name+")").Scan(&released, &r.Session, &holder)
 	}
 	switch {
@@ -592,7 +592,7 @@ func mysqlHash(s string) string {
 
 // mysqlExpires is now plus the lease's TTL.
 func mysqlExpires(ttl time.Duration) string {
-	return "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(ttlMillis(ttl)*1000, 10) + " MICROSECOND"
+	return "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(dbutil.TTLMillis(ttl)*1000, 10) + " MICROSECOND"
 }
 
 // checkLeaseName refuses requests the tables cannot serve.
@@ -791,7 +791,7 @@ func createMySQLTables(ctx context.Context, db DB) error {
 		return fmt.Errorf("advisorylock: creating tables: %w", err)
 	}
 	err, unlockErr := createMySQLTablesOn(ctx, conn)
-	giveBack(conn, unlockErr == nil) // ending the session frees the schema lock
+	dbutil.GiveBack(conn, unlockErr == nil) // ending the session frees the schema lock
 	return err
 }
 
@@ -960,11 +960,11 @@ const (
 const mysqlUnknownStatement = 1243
 
 // tryPrepared is grabExclusive's try as a prepared statement; it returns
-// errNotPrepared where nothing ran (no cache, refused, the table missing:
+// dbutil.ErrNotPrepared where nothing ran (no cache, refused, the table missing:
 // the text path creates it), and the caller sends the text.
 func (m mysqlBackend) tryPrepared(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, int, error) {
 	if m.prepared == nil {
-		return backend.SessionResult{}, grabMissed, errNotPrepared
+		return backend.SessionResult{}, grabMissed, dbutil.ErrNotPrepared
 	}
 	name := mysqlLockName(key)
 	unquoted := name[1 : len(name)-1]
@@ -972,8 +972,8 @@ func (m mysqlBackend) tryPrepared(ctx context.Context, conn *sql.Conn, key int64
 	var readOnly bool
 	var waitTimeout int64
 	var r backend.SessionResult
-	err := m.prepared.queryRow(ctx, conn, myTryPrepared, []any{unquoted, key, unquoted + ":s"}, &got, &r.Session, &readOnly, &waitTimeout)
-	if errors.Is(err, errNotPrepared) {
+	err := queryPrepared(ctx, m.prepared, conn, myTryPrepared, []any{unquoted, key, unquoted + ":s"}, &got, &r.Session, &readOnly, &waitTimeout)
+	if errors.Is(err, dbutil.ErrNotPrepared) {
 		return backend.SessionResult{}, grabMissed, err
 	}
 	r, state, err := m.lockOutcome(ctx, conn, r, got, readOnly, waitTimeout, err)
@@ -984,32 +984,32 @@ func (m mysqlBackend) tryPrepared(ctx context.Context, conn *sql.Conn, key int64
 	return r, int(state), nil
 }
 
-// queryRow runs text on conn's session, prepared there first if it is
+// queryPrepared runs text on conn's session, prepared there first if it is
 // not yet, with args, and stores its one row in dest (*int64, *bool or
-// *sql.NullInt64). It returns errNotPrepared where nothing ran: the
+// *sql.NullInt64). It returns dbutil.ErrNotPrepared where nothing ran: the
 // connection is not the driver's own, the server refused to prepare (then
 // the cache sends text from then on), a table is missing, or the session
 // lost the statement (it is prepared again next time).
-func (ps *preparedStatements) queryRow(ctx context.Context, conn *sql.Conn, text string, args []any, dest ...any) error {
-	if ps.refused.Load() {
-		return errNotPrepared
+func queryPrepared(ctx context.Context, ps *dbutil.Prepared, conn *sql.Conn, text string, args []any, dest ...any) error {
+	if ps.Refused.Load() {
+		return dbutil.ErrNotPrepared
 	}
 	var added bool
 	err := conn.Raw(func(dc any) error {
-		st, a, err := ps.stmt(ctx, dc, text)
+		st, a, err := ps.Stmt(ctx, dc, text)
 		added = a
 		if n := dbutil.MySQLErrno(err); n != 0 {
 			if n != mysqlNoSuchTable {
-				ps.refused.Store(true)
+				ps.Refused.Store(true)
 			}
-			return errNotPrepared
+			return dbutil.ErrNotPrepared
 		}
 		if err != nil {
 			return err
 		}
 		sq, ok := st.(driver.StmtQueryContext)
 		if !ok {
-			return errNotPrepared
+			return dbutil.ErrNotPrepared
 		}
 		nv := make([]driver.NamedValue, len(args))
 		for i, a := range args {
@@ -1017,8 +1017,8 @@ func (ps *preparedStatements) queryRow(ctx context.Context, conn *sql.Conn, text
 		}
 		rows, err := sq.QueryContext(ctx, nv)
 		if dbutil.MySQLErrno(err) == mysqlUnknownStatement {
-			ps.forget(dc)
-			return errNotPrepared
+			ps.Forget(dc)
+			return dbutil.ErrNotPrepared
 		}
 		if err != nil {
 			return err
@@ -1042,7 +1042,7 @@ func (ps *preparedStatements) queryRow(ctx context.Context, conn *sql.Conn, text
 		return nil
 	})
 	if added {
-		ps.trim()
+		ps.Trim()
 	}
 	return err
 }

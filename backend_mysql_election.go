@@ -55,7 +55,7 @@ ON DUPLICATE KEY UPDATE term = LAST_INSERT_ID(GREATEST(term + 1, ` + mysqlNowMic
 	if err != nil {
 		return 0, err
 	}
-	return termToken(term)
+	return dbutil.TermToken(term)
 }
 
 // TermHolder reports name's latest term while the connection that began

@@ -61,7 +61,7 @@ const (
 // windowGrant).
 func (m mysqlBackend) mysqlWindowUpsert(key int64, name string, window time.Duration, try bool) string {
 	k := strconv.FormatInt(key, 10)
-	until := "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(ttlMillis(window)*1000, 10) + " MICROSECOND"
+	until := "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(dbutil.TTLMillis(window)*1000, 10) + " MICROSECOND"
 	granted := "CONNECTION_ID() * 2"
 	if m.waitTimeout > 0 {
 		granted += " + (@@session.wait_timeout > " + strconv.FormatInt(m.waitTimeout, 10) + ")"
@@ -193,5 +193,5 @@ FROM advisorylock_windows WHERE lock_key = ` + strconv.FormatInt(key, 10) + ` AN
 
 // mysqlAfterGrant is the end of a lease's window: its grant plus minHold.
 func mysqlAfterGrant(minHold time.Duration) string {
-	return "acquired_at + INTERVAL " + strconv.FormatInt(ttlMillis(minHold)*1000, 10) + " MICROSECOND"
+	return "acquired_at + INTERVAL " + strconv.FormatInt(dbutil.TTLMillis(minHold)*1000, 10) + " MICROSECOND"
 }

@@ -60,7 +60,7 @@ func (m mysqlBackend) KeyHolders(ctx context.Context, db backend.DB, keys []int6
 		") AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id WHERE u.id IS NOT NULL ORDER BY u.i"
 	holders := make([]*backend.Holder, len(keys))
 	err := mysqlRun(ctx, db, func(on dbutil.Querier) error {
-		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
+		return dbutil.EachRow(ctx, on, q, func(rows *sql.Rows) error {
 			h := &backend.Holder{Backend: m.Name()}
 			var i int
 			var id int64

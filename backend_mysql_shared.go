@@ -101,7 +101,7 @@ const (
 func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int64, head, grab string) (backend.SessionResult, int, error) {
 	stmt := head + "CASE " + grab + " WHEN 1 THEN IF(" + mysqlReadersIn(key) + ", 2, 1) WHEN 0 THEN 0 END"
 	r, got, err := m.lockStatement(ctx, conn, stmt)
-	if dbutil.MySQLErrno(err) == mysqlNoSuchTable && !sessionKnows(conn, mysqlMayNotCreate) {
+	if dbutil.MySQLErrno(err) == mysqlNoSuchTable && !dbutil.SessionKnows(conn, mysqlMayNotCreate) {
 		created, unlockErr := createMySQLTablesOn(ctx, conn)
 		switch {
 		case unlockErr != nil: // the session may still hold the schema lock
@@ -109,7 +109,7 @@ func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int
 		case created == nil:
 			r, got, err = m.lockStatement(ctx, conn, stmt)
 		case dbutil.MySQLErrno(created) == mysqlDenied:
-			rememberSession(conn, mysqlMayNotCreate)
+			dbutil.RememberSession(conn, mysqlMayNotCreate)
 		}
 	}
 	if dbutil.MySQLErrno(err) == mysqlNoSuchTable {
@@ -125,7 +125,7 @@ func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int
 }
 
 // mysqlMayNotCreate is the fact of a session whose role may not create
-// the library's tables (see rememberSession).
+// the library's tables (see dbutil.RememberSession).
 const mysqlMayNotCreate = "mysql: may not create tables"
 
 // readersIn asks whether a live shared holder of key is in: grabbed when

@@ -11,11 +11,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
-	"weak"
 
 	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/dbutil"
@@ -33,7 +30,7 @@ import (
 // simple protocol, parsed and planned anew each time). lib/pq sends a query with arguments as two round
 // trips, so keys go into the SQL text as integer literals there (and for
 // unknown drivers), except in lib/pq's try and unlock, which are prepared
-// once per connection (see preparedStatements), and in a lease's steps,
+// once per connection (see dbutil.Prepared), and in a lease's steps,
 // prepared once per session by name (see pgSteps).
 func Postgres() backend.Backend { return &postgres{} }
 
@@ -43,7 +40,7 @@ type postgres struct {
 	params bool
 	// prepared keeps lib/pq's try and unlock prepared per connection, and
 	// knows where its lease steps are (see pgSteps); nil for other drivers.
-	prepared *preparedStatements
+	prepared *dbutil.Prepared
 	// tryLock is the try statement: pgTryLock, or pgTryLockMarked with
 	// the marker of a Lock's dead-holder settings (see forLock); whyMissed
 	// is the question a try that returned no row asks.
@@ -93,10 +90,10 @@ func (p *postgres) Configure(db backend.DB, deadHolder time.Duration, serverChec
 // lib/pq.
 func (p *postgres) forDB(db DB) *postgres {
 	c := *p
-	pkg := driverPkg(db)
+	pkg := dbutil.DriverPkg(db)
 	c.params = strings.HasPrefix(pkg, "github.com/jackc/pgx/")
 	if pkg == "github.com/lib/pq" {
-		c.prepared = preparedStatementsOf(db)
+		c.prepared = dbutil.PreparedOf(db)
 	}
 	return &c
 }
@@ -220,7 +217,7 @@ func postgresLookAlike(version string) error {
 var errStandby = fmt.Errorf("%w: the server is a hot standby (read-only, in recovery): a lock taken there excludes nothing on the primary; point the connection at the primary", ErrUnsupported)
 
 // Traits: pgx closes its socket when a statement's context ends, so its
-// statements need no bounding (see within in conn_guard.go); lib/pq's
+// statements need no bounding (see dbutil.Within); lib/pq's
 // need it. A LeaseLock's rows keep WithMinHold's window in expires_at
 // (see backend_postgres_minhold.go). A lease's release notifies its
 // listeners (see ListenReleases).
@@ -410,101 +407,36 @@ func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string
 	if p.prepared == nil {
 		return p.rowStatement(ctx, conn, text, key)
 	}
-	n, err := p.prepared.exec(ctx, conn, text, key)
-	if errors.Is(err, errNotPrepared) {
+	n, err := execPrepared(ctx, p.prepared, conn, text, key)
+	if errors.Is(err, dbutil.ErrNotPrepared) {
 		return p.rowStatement(ctx, conn, text, key)
 	}
 	return n == 1, err
 }
 
-// preparedStatements keeps the statements of lib/pq's lock steps (the try
-// on a checked session, the unlock) prepared on the server session of each
-// connection of one *sql.DB, and knows which sessions have a lease's steps
-// prepared by name (see pgSteps). lib/pq sends a statement's text each time,
-// which the server parses and plans anew; a prepared one goes as Bind and
-// Execute, still one round trip, and skips the parse and plan. Preparing
-// costs one round trip, once per connection and statement, as pgx's
-// statement cache does.
-//
-// What it buys: client time within SPEC 11.3's 1.25x. Uncontended
-// TryLock+Release against the bare statements (benchmarks,
-// BenchmarkPaired/trylock_release_vs_raw_literal/pq, median of 5 paired
-// runs, unpinned, 2026-12-06) is 1.09x with the try and the unlock
-// prepared and 1.34x with them as text; on MariaDB (MySQL's forDB keeps
-// its try and unlock here too, see queryRow;
-// BenchmarkMySQLPaired/trylock_release_vs_raw_shared_read) 1.12x against
-// 1.41x. The round trips are the same either way.
-//
-// The driver's statement references its connection, so the cache keeps
-// the connections it holds from being collected. It holds at most as many
-// as the pool has open: when it holds more, some of its connections have
-// been closed, and it drops the least recently used. Should that be one
-// still open, its next step prepares again, and the first statement stays
-// on the session, unused, until the session ends.
-//
-// A session can lose its statements (DEALLOCATE ALL or DISCARD ALL run on
-// it by the application): the step then runs as text, and its next step
-// prepares again (a lease's steps stay text: see pgSteps).
-type preparedStatements struct {
-	pool weak.Pointer[sql.DB] // for its count of open connections; weak, so that the cache keeps no pool alive
-
-	refused     atomic.Bool // the server refused to prepare: statements go as text (MySQL; see queryRow)
-	stepsAsText atomic.Bool // a session lost a lease step's statement: steps go as text (see pgSteps)
-
-	mu    sync.Mutex
-	conns map[any]*connStatements // by driver connection
-	clock uint64                  // counts uses, for least recently used
-}
-
-// connStatements are one connection's prepared statements: the driver's,
-// by text, and the names prepared by SQL (see pgSteps).
-type connStatements struct {
-	byText map[string]driver.Stmt
-	named  map[string]bool
-	used   uint64
-}
-
-// errNotPrepared says a statement could not run prepared, before anything
-// was sent for it: the caller sends it as text.
-var errNotPrepared = errors.New("advisorylock: statement not prepared")
-
-// preparedStatementsOf returns db's cache, one per *sql.DB; nil for a
-// handle that is neither a *sql.DB nor embeds one, whose open connections
-// cannot be counted (its statements go as text).
-func preparedStatementsOf(db DB) *preparedStatements {
-	pool := dbutil.SQLDBOf(db)
-	if pool == nil {
-		return nil
-	}
-	ps, _ := dbutil.CachedVerdict(context.Background(), db, "prepared statements", func(context.Context) (*preparedStatements, error) {
-		return &preparedStatements{pool: weak.Make(pool), conns: map[any]*connStatements{}}, nil
-	})
-	return ps
-}
-
-// exec runs text on conn's session, prepared there first if it is not yet,
+// execPrepared runs text on conn's session, prepared there first if it is not yet,
 // with key as its one argument, and returns the row count. It returns
-// errNotPrepared where nothing was sent: the connection is not lib/pq's
+// dbutil.ErrNotPrepared where nothing was sent: the connection is not lib/pq's
 // own (a wrapper around it, which would not see prepared statements run),
 // or the session lost the statement (SQLSTATE 26000: the Bind failed, so
 // the statement did not run).
-func (ps *preparedStatements) exec(ctx context.Context, conn *sql.Conn, text string, key int64) (int64, error) {
+func execPrepared(ctx context.Context, ps *dbutil.Prepared, conn *sql.Conn, text string, key int64) (int64, error) {
 	var n int64
 	var added bool
 	err := conn.Raw(func(dc any) error {
 		var st driver.Stmt
 		var err error
-		if st, added, err = ps.stmt(ctx, dc, text); err != nil {
+		if st, added, err = ps.Stmt(ctx, dc, text); err != nil {
 			return err
 		}
 		se, ok := st.(driver.StmtExecContext)
 		if !ok {
-			return errNotPrepared
+			return dbutil.ErrNotPrepared
 		}
 		res, err := se.ExecContext(ctx, []driver.NamedValue{{Ordinal: 1, Value: key}})
 		if dbutil.SQLState(err) == "26000" {
-			ps.forget(dc)
-			return errNotPrepared
+			ps.Forget(dc)
+			return dbutil.ErrNotPrepared
 		}
 		if err != nil {
 			return err
@@ -513,125 +445,9 @@ func (ps *preparedStatements) exec(ctx context.Context, conn *sql.Conn, text str
 		return err
 	})
 	if added {
-		ps.trim()
+		ps.Trim()
 	}
 	return n, err
-}
-
-// stmt returns text prepared on dc's session, preparing it if needed
-// (added true when the cache held no statement of dc's before).
-func (ps *preparedStatements) stmt(ctx context.Context, dc any, text string) (st driver.Stmt, added bool, err error) {
-	if !preparesOn(dc) { // a wrapper's statements stay where it sees them (and it may not be a map key)
-		return nil, false, errNotPrepared
-	}
-	ps.mu.Lock()
-	if cs := ps.touch(dc); cs != nil {
-		st = cs.byText[text]
-	}
-	ps.mu.Unlock()
-	if st != nil {
-		return st, false, nil
-	}
-	pc, ok := dc.(driver.ConnPrepareContext)
-	if !ok {
-		return nil, false, errNotPrepared
-	}
-	if st, err = pc.PrepareContext(ctx, text); err != nil {
-		return nil, false, err
-	}
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	cs, added := ps.entry(dc)
-	cs.byText[text] = st
-	return st, added, nil
-}
-
-// touch returns dc's statements, marked as used now; nil when the cache
-// holds none of dc's. ps.mu must be held.
-func (ps *preparedStatements) touch(dc any) *connStatements {
-	ps.clock++
-	cs := ps.conns[dc]
-	if cs != nil {
-		cs.used = ps.clock
-	}
-	return cs
-}
-
-// entry returns dc's statements, made (added) if the cache held none, as
-// used last; the caller trims an added one once ps.mu is free. ps.mu must
-// be held.
-func (ps *preparedStatements) entry(dc any) (cs *connStatements, added bool) {
-	if cs = ps.conns[dc]; cs == nil {
-		cs = &connStatements{byText: map[string]driver.Stmt{}, named: map[string]bool{}}
-		ps.conns[dc] = cs
-		added = true
-	}
-	cs.used = ps.clock
-	return cs, added
-}
-
-// preparesOn reports whether dc is a connection of a driver the cache
-// prepares on (lib/pq's, or go-sql-driver/mysql's, whose statements
-// MySQL's forDB prepares), and not a wrapper's.
-func preparesOn(dc any) bool {
-	t := reflect.TypeOf(dc)
-	return isLibPQConn(dc) || t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/go-sql-driver/mysql"
-}
-
-// hasNamed reports whether the cache knows name is prepared on dc's
-// session.
-func (ps *preparedStatements) hasNamed(dc any, name string) bool {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	cs := ps.touch(dc)
-	return cs != nil && cs.named[name]
-}
-
-// addNamed records that name is prepared on dc's session.
-func (ps *preparedStatements) addNamed(dc any, name string) {
-	ps.mu.Lock()
-	cs, added := ps.entry(dc)
-	cs.named[name] = true
-	ps.mu.Unlock()
-	if added {
-		ps.trim()
-	}
-}
-
-// forget drops dc's statements: its session has lost them.
-func (ps *preparedStatements) forget(dc any) {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	delete(ps.conns, dc)
-}
-
-// trim drops the least recently used connections while the cache holds
-// more than the pool has open.
-func (ps *preparedStatements) trim() {
-	pool := ps.pool.Value()
-	if pool == nil {
-		return
-	}
-	open := max(pool.Stats().OpenConnections, 1)
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	for len(ps.conns) > open {
-		var oldest any
-		var cs *connStatements
-		for dc, c := range ps.conns {
-			if cs == nil || c.used < cs.used {
-				oldest, cs = dc, c
-			}
-		}
-		delete(ps.conns, oldest)
-	}
-}
-
-// size is how many connections the cache holds.
-func (ps *preparedStatements) size() int {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	return len(ps.conns)
 }
 
 // Lease steps, prepared by name. lib/pq sends a statement's text every
@@ -691,8 +507,8 @@ func (p *postgres) sendStep(ctx context.Context, db DB, on dbutil.Querier, name,
 		if dbutil.SQLState(err) != "26000" {
 			return err
 		}
-		p.prepared.stepsAsText.Store(true) // the session lost it: nothing ran
-	} else if !errors.Is(err, errNotPrepared) {
+		p.prepared.StepsAsText.Store(true) // the session lost it: nothing ran
+	} else if !errors.Is(err, dbutil.ErrNotPrepared) {
 		return err
 	}
 	q, args, err = p.statement(text, args...)
@@ -704,21 +520,21 @@ func (p *postgres) sendStep(ctx context.Context, db DB, on dbutil.Querier, name,
 
 // execute returns the EXECUTE of name with args as literals, having
 // prepared text as name on conn's session unless the cache knows it is
-// there; errNotPrepared for a connection the cache does not keep (a
+// there; dbutil.ErrNotPrepared for a connection the cache does not keep (a
 // wrapper's).
 func (p *postgres) execute(ctx context.Context, conn *sql.Conn, name, text string, args []any) (string, error) {
 	var dc any
 	_ = conn.Raw(func(c any) error { dc = c; return nil })
-	if !preparesOn(dc) {
-		return "", errNotPrepared
+	if !dbutil.PreparesOn(dc) {
+		return "", dbutil.ErrNotPrepared
 	}
-	if !p.prepared.hasNamed(dc, name) {
+	if !p.prepared.HasNamed(dc, name) {
 		// Already there (42P05): prepared by this connection before the
 		// cache dropped it, or, behind a pooler, by another: the same text.
 		if _, err := conn.ExecContext(ctx, "PREPARE "+name+" AS "+text); err != nil && dbutil.SQLState(err) != "42P05" {
 			return "", err
 		}
-		p.prepared.addNamed(dc, name)
+		p.prepared.AddNamed(dc, name)
 	}
 	marks := make([]string, len(args))
 	for i := range args {
@@ -751,7 +567,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 		text, why = pgTryLock, pgWhyMissed
 	}
 	fact := p.checkedSession()
-	if sessionKnows(conn, fact) {
+	if dbutil.SessionKnows(conn, fact) {
 		bare := pgTryLockBare
 		if p.shared {
 			bare = pgTryLockSharedBare
@@ -761,7 +577,7 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 	}
 	ok, err := p.rowStatement(ctx, conn, text, key)
 	if ok {
-		rememberSession(conn, fact)
+		dbutil.RememberSession(conn, fact)
 	}
 	if ok || err != nil || why == "" {
 		return backend.SessionResult{OK: ok}, err
@@ -773,11 +589,11 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 	if standby {
 		return backend.SessionResult{}, errStandby
 	}
-	rememberSession(conn, fact)
+	dbutil.RememberSession(conn, fact)
 	return backend.SessionResult{OK: granted}, nil
 }
 
-// checkedSession is the fact (see rememberSession) that a session has
+// checkedSession is the fact (see dbutil.RememberSession) that a session has
 // passed the checks of p's try: it is a primary's, and it has p's
 // dead-holder settings, if p has any. It is named by the try statement,
 // whose text holds the settings' marker.
@@ -892,7 +708,7 @@ func (p *postgres) holds(ctx context.Context, conn *sql.Conn, key int64) (backen
 // standby, the dead-holder settings) takes the first key with
 // TryLockSession, which makes them, and the rest after.
 func (p *postgres) TryLockAll(ctx context.Context, conn *sql.Conn, keys []int64) (backend.SessionResult, error) {
-	if !sessionKnows(conn, p.checkedSession()) {
+	if !dbutil.SessionKnows(conn, p.checkedSession()) {
 		res, err := p.TryLockSession(ctx, conn, keys[0])
 		if err != nil || !res.OK || len(keys) == 1 {
 			return res, err
@@ -1014,7 +830,7 @@ func (p *postgres) sessionHolders(ctx context.Context, db DB, key int64, limit s
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, err // and hs unread: an abandoned statement (see within) may still write it
+		return nil, err // and hs unread: an abandoned statement (see dbutil.Within) may still write it
 	}
 	return hs, nil
 }
@@ -1328,9 +1144,6 @@ const pgWokenInLine = `SELECT l.owner FROM advisorylock_leases AS l, (SELECT set
 WHERE l.name = $1::text AND l.owner IS NOT NULL AND l.expires_at > now()
 FOR SHARE OF l`
 
-// ttlMillis is a lease's TTL as whole milliseconds, at least 1.
-func ttlMillis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
-
 // AcquireLease takes the lease if it is free or expired and returns the
 // new generation; ErrNotAcquired if it is held. The grant commits
 // durably: a lost grant could hand one token out twice after a crash.
@@ -1342,7 +1155,7 @@ func (p *postgres) AcquireLease(ctx context.Context, db backend.DB, r backend.Le
 		return 0, errNoSharedRows
 	}
 	var gen int64
-	found, err := p.queryRow(ctx, db, pgAcquireLease, []any{r.Name, r.Owner, ttlMillis(max(r.TTL, r.MinHold))}, &gen)
+	found, err := p.queryRow(ctx, db, pgAcquireLease, []any{r.Name, r.Owner, dbutil.TTLMillis(max(r.TTL, r.MinHold))}, &gen)
 	if err != nil {
 		return 0, err
 	}
@@ -1367,7 +1180,7 @@ func (p *postgres) RenewLease(ctx context.Context, db backend.DB, r backend.Leas
 	if r.MinHold > 0 {
 		found, err = p.renewLeaseWindow(ctx, db, r, &gen)
 	} else {
-		found, err = p.queryRow(ctx, db, pgRenewLease, []any{ttlMillis(r.TTL), r.Name, r.Owner, int64(r.Token)}, &gen)
+		found, err = p.queryRow(ctx, db, pgRenewLease, []any{dbutil.TTLMillis(r.TTL), r.Name, r.Owner, int64(r.Token)}, &gen)
 	}
 	if err != nil {
 		return 0, err
@@ -1413,7 +1226,7 @@ func (p *postgres) QueueLease(ctx context.Context, db backend.DB, conn *sql.Conn
 		db = dbutil.OnConn{Kept: conn, DB: db}
 	}
 	var gen int64
-	found, err := p.queryRow(ctx, db, pgQueueLease, []any{r.Name, r.Owner, ttlMillis(r.TTL)}, &gen)
+	found, err := p.queryRow(ctx, db, pgQueueLease, []any{r.Name, r.Owner, dbutil.TTLMillis(r.TTL)}, &gen)
 	if err != nil {
 		return 0, err
 	}
@@ -1552,7 +1365,7 @@ func (p *postgres) exec(ctx context.Context, db DB, text string, args ...any) er
 // (see run), except a lease's step on lib/pq (see pgSteps), which runs
 // prepared on the connection's session.
 func (p *postgres) runStatement(ctx context.Context, db DB, text string, args []any, send func(on dbutil.Querier, q string, args []any) error) error {
-	if name := pgSteps[text]; name != "" && p.prepared != nil && !p.prepared.stepsAsText.Load() {
+	if name := pgSteps[text]; name != "" && p.prepared != nil && !p.prepared.StepsAsText.Load() {
 		return p.run(ctx, db, func(on dbutil.Querier) error {
 			return p.sendStep(ctx, db, on, name, text, args, send)
 		})
@@ -1565,7 +1378,7 @@ func (p *postgres) runStatement(ctx context.Context, db DB, text string, args []
 }
 
 // run runs stmt where statements run (see dbutil.StatementsOn), bounded by ctx
-// also where the driver does not end a statement with ctx (see within): a
+// also where the driver does not end a statement with ctx (see dbutil.Within): a
 // lease step stuck on a dead network must not hold an acquire, a renewal
 // or a release. If a table is missing it creates the tables and runs stmt
 // again, once. A name too long for the primary key's index is reported as
@@ -1638,12 +1451,12 @@ func (p *postgres) onStandby(ctx context.Context, on dbutil.Querier, err error) 
 
 // bound runs f, which talks to the database, bounded by ctx: as it is
 // where the driver ends a statement when its context ends (pgx), else
-// through within (lib/pq).
+// through dbutil.Within (lib/pq).
 func (p *postgres) bound(ctx context.Context, f func() error) error {
 	if p.cancelsPromptly() {
 		return f()
 	}
-	_, err := within(ctx, func() (struct{}, error) { return struct{}{}, f() }, nil, nil)
+	_, err := dbutil.Within(ctx, func() (struct{}, error) { return struct{}{}, f() }, nil, nil)
 	return err
 }
 

@@ -74,7 +74,7 @@ func (p *postgres) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, nam
 	if err := conn.QueryRowContext(ctx, q, args...).Scan(&term); err != nil {
 		return 0, p.explain(ctx, p.onStandby(ctx, conn, err))
 	}
-	return termToken(term)
+	return dbutil.TermToken(term)
 }
 
 // TermHolder reports name's latest term while the session that began it

@@ -119,7 +119,7 @@ func (p *postgres) PrepareWindows(ctx context.Context, db backend.DB) error {
 // them, one more round trip, once per session. On a hot standby the
 // window's write fails: that is an error matching ErrUnsupported.
 func (p *postgres) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (backend.SessionResult, error) {
-	q, args, err := p.statement(pgTryLockWindow, key, name, ttlMillis(window))
+	q, args, err := p.statement(pgTryLockWindow, key, name, dbutil.TTLMillis(window))
 	if err != nil {
 		return backend.SessionResult{}, err
 	}
@@ -152,7 +152,7 @@ func (p *postgres) noRowAnswers(ctx context.Context) error {
 // ClaimWindow records the window of a lock the session was just granted,
 // or unlocks it when an earlier window is open (see pgClaimWindow).
 func (p *postgres) ClaimWindow(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (backend.SessionResult, error) {
-	q, args, err := p.statement(pgClaimWindow, key, name, ttlMillis(window))
+	q, args, err := p.statement(pgClaimWindow, key, name, dbutil.TTLMillis(window))
 	if err != nil {
 		return backend.SessionResult{}, err
 	}
@@ -189,9 +189,9 @@ func (p *postgres) WindowHolder(ctx context.Context, db backend.DB, key int64) (
 // renewLeaseWindow and releaseLeaseWindow are RenewLease's and
 // ReleaseLease's statements for a lease with a window.
 func (p *postgres) renewLeaseWindow(ctx context.Context, db DB, r backend.LeaseRequest, gen *int64) (bool, error) {
-	return p.queryRow(ctx, db, pgRenewLeaseWindow, []any{ttlMillis(r.TTL), r.Name, r.Owner, int64(r.Token), ttlMillis(r.MinHold)}, gen)
+	return p.queryRow(ctx, db, pgRenewLeaseWindow, []any{dbutil.TTLMillis(r.TTL), r.Name, r.Owner, int64(r.Token), dbutil.TTLMillis(r.MinHold)}, gen)
 }
 
 func (p *postgres) releaseLeaseWindow(ctx context.Context, db DB, r backend.LeaseRequest) error {
-	return p.exec(ctx, db, pgReleaseLeaseWindow, r.Name, int64(r.Token), ttlMillis(r.MinHold))
+	return p.exec(ctx, db, pgReleaseLeaseWindow, r.Name, int64(r.Token), dbutil.TTLMillis(r.MinHold))
 }

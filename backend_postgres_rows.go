@@ -2,6 +2,7 @@ package advisorylock
 
 import (
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 
 	"context"
 	"fmt"
@@ -72,7 +73,7 @@ var errNoSharedRows = fmt.Errorf("%w: PostgreSQL keeps no shared holders as rows
 // ErrNotAcquired if a live row holds the key.
 func (p *postgres) acquireLock(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	var token int64
-	found, err := p.queryRow(ctx, db, pgAcquireLock, []any{r.Key, r.Name, r.Owner, ttlMillis(max(r.TTL, r.MinHold))}, &token)
+	found, err := p.queryRow(ctx, db, pgAcquireLock, []any{r.Key, r.Name, r.Owner, dbutil.TTLMillis(max(r.TTL, r.MinHold))}, &token)
 	if err != nil {
 		return 0, err
 	}
@@ -85,7 +86,7 @@ func (p *postgres) acquireLock(ctx context.Context, db backend.DB, r backend.Lea
 // renewLock extends r.Owner's live row; ErrLeaseLost otherwise.
 func (p *postgres) renewLock(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	var token int64
-	found, err := p.queryRow(ctx, db, pgRenewLock, []any{r.Key, r.Owner, ttlMillis(r.TTL), r.MinHold.Milliseconds()}, &token)
+	found, err := p.queryRow(ctx, db, pgRenewLock, []any{r.Key, r.Owner, dbutil.TTLMillis(r.TTL), r.MinHold.Milliseconds()}, &token)
 	if err != nil {
 		return 0, err
 	}

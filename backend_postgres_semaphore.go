@@ -22,7 +22,7 @@ import (
 // it, a semaphore's or a Lock's, send the lock functions alone.
 func (p *postgres) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	fact := p.checkedSession()
-	checks := !sessionKnows(conn, fact)
+	checks := !dbutil.SessionKnows(conn, fact)
 	args := make([]any, len(keys))
 	for i, k := range keys {
 		args[i] = k
@@ -53,7 +53,7 @@ func (p *postgres) TryLockAny(ctx context.Context, conn *sql.Conn, keys []int64)
 				return 0, backend.SessionResult{}, fmt.Errorf("advisorylock: applying the dead-holder settings: %w", err)
 			}
 		}
-		rememberSession(conn, fact)
+		dbutil.RememberSession(conn, fact)
 	}
 	return got, backend.SessionResult{OK: true}, nil
 }
@@ -86,16 +86,6 @@ func pgTryAny(n int, checks bool) string {
 	return b.String()
 }
 
-// rowsQuerier is a dbutil.Querier that also returns rows: *sql.DB, *sql.Conn and
-// the handles that embed a *sql.DB (sqlx).
-type rowsQuerier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-// errNoRowsQuerier makes KeyHolders fall back to one statement per slot
-// on a handle that cannot return rows (see backend.SlotLocker).
-var errNoRowsQuerier = fmt.Errorf("%w: the handle cannot return rows", ErrUnsupported)
-
 // KeyHolders reports, in one statement (one snapshot), the holders of a
 // semaphore's slot keys: holders[i] holds keys[i], nil when free. It reads
 // pg_locks joined with pg_stat_activity, as SessionHolder does; Since is
@@ -119,7 +109,7 @@ LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 ORDER BY s.i`
 	holders := make([]*backend.Holder, len(keys))
 	err := p.run(ctx, db, func(on dbutil.Querier) error {
-		return eachRow(ctx, on, q, func(rows *sql.Rows) error {
+		return dbutil.EachRow(ctx, on, q, func(rows *sql.Rows) error {
 			h := &backend.Holder{Backend: p.Name()}
 			var i int
 			var since sql.NullTime
@@ -132,25 +122,6 @@ ORDER BY s.i`
 		})
 	})
 	return holders, err
-}
-
-// eachRow runs q on on and calls f for each row.
-func eachRow(ctx context.Context, on dbutil.Querier, q string, f func(rows *sql.Rows) error) error {
-	rq, ok := on.(rowsQuerier)
-	if !ok {
-		return errNoRowsQuerier
-	}
-	rows, err := rq.QueryContext(ctx, q)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := f(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
 }
 
 // pgUnlockAndSignal releases $1 and, only if that freed it, notifies

@@ -3,16 +3,12 @@ package advisorylock
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
 
 	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/dbutil"
@@ -53,9 +49,9 @@ func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (co
 	var conn *sql.Conn
 	var err error
 	if p.bounded && ctx.Done() != nil {
-		conn, err = within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
+		conn, err = dbutil.Within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
 			if late != nil {
-				recycle(late)
+				dbutil.Recycle(late)
 			}
 		})
 	} else {
@@ -90,7 +86,7 @@ func (g *connGuard) settle() {
 // recycle returns the connection to the pool after a definite miss.
 func (g *connGuard) recycle() {
 	g.armed = false
-	recycle(g.p.conn)
+	dbutil.Recycle(g.p.conn)
 }
 
 // take disarms the guard: the connection now belongs to a lock holder,
@@ -99,7 +95,7 @@ func (g *connGuard) take() { g.armed = false }
 
 // borrow checks a connection out of db for statements that take no lock
 // (the pooler probe), through within where the driver needs it (bounded,
-// see checkout). Hand it back with giveBack.
+// see checkout). Hand it back with dbutil.GiveBack.
 func borrow(ctx context.Context, db DB, bounded bool) (*sql.Conn, error) {
 	p := &pinned{bounded: bounded}
 	cg, err := checkout(ctx, db, p, dbutil.PoolWaitOf(ctx))
@@ -109,58 +105,6 @@ func borrow(ctx context.Context, db DB, bounded bool) (*sql.Conn, error) {
 	cg.take()
 	return p.conn, nil
 }
-
-// giveBack ends a borrowed connection: back to the pool when its last
-// statement ended cleanly (its session holds no lock of ours), discarded
-// when one was cut short (the connection may be mid-statement).
-func giveBack(conn *sql.Conn, clean bool) {
-	if clean {
-		recycle(conn)
-	} else {
-		discard(conn)
-	}
-}
-
-// recycle returns a connection whose session holds none of our locks.
-func recycle(conn *sql.Conn) { _ = conn.Close() }
-
-// discard closes the physical connection instead of pooling it, which ends
-// the server session and with it every session lock it held.
-func discard(conn *sql.Conn) {
-	_ = conn.Raw(func(dc any) error {
-		closeSession(dc)
-		return driver.ErrBadConn
-	})
-	_ = conn.Close() // sql.ErrConnDone: Raw has closed it already
-}
-
-// closeSession closes dc's server connection where closing dc would not:
-// pgx's database/sql connection made by stdlib.OpenDBFromPool hands its
-// pgx connection back to the pgxpool when closed, session and session
-// locks included, for the pool's next Acquire to reuse (a forgotten
-// guard's lock would stay held, by a connection nobody knows holds it).
-// Closing the pgx connection first makes the pgxpool destroy it. On any
-// other pgx connection it does what closing dc does anyway. The close is
-// bounded: on a dead network its goodbye is given up on and the socket
-// closed all the same.
-func closeSession(dc any) {
-	t := reflect.TypeOf(dc)
-	if t == nil || t.Kind() != reflect.Pointer || t.Elem().PkgPath() != "github.com/jackc/pgx/v5/stdlib" {
-		return
-	}
-	m := reflect.ValueOf(dc).MethodByName("Conn")
-	if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
-		return
-	}
-	if c, ok := m.Call(nil)[0].Interface().(interface{ Close(context.Context) error }); ok {
-		ctx, cancel := context.WithTimeout(context.Background(), closeSessionTimeout)
-		defer cancel()
-		_ = c.Close(ctx)
-	}
-}
-
-// closeSessionTimeout bounds closeSession's goodbye to the server.
-const closeSessionTimeout = time.Second
 
 // sessionHold is a held session lock: the Guard's hold, the connection
 // whose session holds the lock, and its keep-alive watcher. From the grant
@@ -221,7 +165,7 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 			s.p.discard(ReasonError, err)
 			return err
 		}
-		recycle(s.p.conn)
+		dbutil.Recycle(s.p.conn)
 		return nil
 	}
 	res, err := askUntil(ctx, deadline, &s.p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
@@ -237,7 +181,7 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	case !res.OK:
 		s.warn("advisorylock: unlock found the lock not held by its session", "lock", s.name, "key", s.key)
 	}
-	recycle(s.p.conn)
+	dbutil.Recycle(s.p.conn)
 	return nil
 }
 
@@ -315,7 +259,7 @@ func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Contex
 }
 
 // stopWatch ends the keep-alive. A check in flight is answered or
-// abandoned first (within the release timeout plus answerGrace), so the
+// abandoned first (within the release timeout plus dbutil.AnswerGrace), so the
 // connection is never left mid-statement.
 func (s *sessionHold) stopWatch() {
 	s.watchMu.Lock() // waits for a check in flight, which may re-arm the timer
@@ -347,7 +291,7 @@ func endsWithContext(b backend.Backend) bool { return b.Traits().CancelsPromptly
 // discard discards the connection, for reason, unless ask already does.
 func (p *pinned) discard(reason Reason, err error) {
 	if !p.abandoned.Load() {
-		discard(p.conn)
+		dbutil.Discard(p.conn)
 		p.obs.discarded(reason, err)
 	}
 }
@@ -356,10 +300,10 @@ func (p *pinned) discard(reason Reason, err error) {
 // server (a try, an unlock, a keep-alive check), under ctx. stmt gets the
 // connection and p.quiet(ctx), the context to hand the driver. Where the
 // driver may not end the statement with ctx (p.bounded), ask bounds it
-// itself: the answer is awaited only until ctx ends (and answerGrace
+// itself: the answer is awaited only until ctx ends (and dbutil.AnswerGrace
 // more); then the driver connection is closed under the statement (see
 // watched), or, for a driver not known to allow that, the statement is
-// left to finish in a goroutine of its own (see within). An abandoned
+// left to finish in a goroutine of its own (see dbutil.Within). An abandoned
 // statement's connection is discarded.
 func ask[T any](ctx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
 	return askWith(ctx, p.quiet(ctx), p, stmt)
@@ -382,10 +326,10 @@ func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx con
 	case p.sever != nil:
 		return watched(ctx, p, func() (T, error) { return stmt(driverCtx, p.conn) })
 	}
-	return within(ctx, func() (T, error) { return stmt(driverCtx, p.conn) }, func() {
+	return dbutil.Within(ctx, func() (T, error) { return stmt(driverCtx, p.conn) }, func() {
 		p.abandoned.Store(true)
 		p.obs.discarded(ReasonNoAnswer, context.Cause(ctx))
-	}, func(T) { discard(p.conn) })
+	}, func(T) { dbutil.Discard(p.conn) })
 }
 
 // askUntil runs stmt as ask does, bounded by deadline as well as ctx: the
@@ -404,7 +348,7 @@ func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt fu
 }
 
 // watched runs stmt on the caller's goroutine. Should ctx end, and
-// answerGrace pass, before stmt returns, it closes the driver connection
+// dbutil.AnswerGrace pass, before stmt returns, it closes the driver connection
 // under the statement: the driver's read then fails at once, also on a
 // dead network. That costs no goroutine while ctx lasts, where within
 // costs one per statement, a hop on every lock step. Whatever stmt
@@ -416,7 +360,7 @@ func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, 
 	}
 	c := newCut(p)
 	stop := context.AfterFunc(ctx, func() {
-		grace := time.NewTimer(answerGrace)
+		grace := time.NewTimer(dbutil.AnswerGrace)
 		defer grace.Stop()
 		select {
 		case <-c.signal:
@@ -431,13 +375,13 @@ func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, 
 }
 
 // watchedUntil is watched for a statement bounded by a deadline, not by a
-// context: a timer makes the cut once deadline and answerGrace have
+// context: a timer makes the cut once deadline and dbutil.AnswerGrace have
 // passed. A release's statement is so bounded on lib/pq: a timer is
 // cheaper than a context with the deadline, which watched would then
 // watch.
 func watchedUntil[T any](deadline time.Time, p *pinned, stmt func() (T, error)) (T, error) {
 	c := newCut(p)
-	t := time.AfterFunc(time.Until(deadline)+answerGrace, c.now)
+	t := time.AfterFunc(time.Until(deadline)+dbutil.AnswerGrace, c.now)
 	v, err := stmt()
 	wasCut := c.answer()
 	t.Stop()
@@ -483,7 +427,7 @@ func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, er
 		return v, err
 	}
 	p.abandoned.Store(true)
-	discard(p.conn)
+	dbutil.Discard(p.conn)
 	p.obs.discarded(ReasonNoAnswer, cause)
 	var zero T
 	return zero, fmt.Errorf("no answer from the database: %w", cause)
@@ -516,7 +460,7 @@ func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, er
 func interruptible(conn *sql.Conn) (sever func()) {
 	var c io.Closer
 	_ = conn.Raw(func(dc any) error {
-		if isLibPQConn(dc) {
+		if dbutil.IsLibPQConn(dc) {
 			c, _ = dc.(io.Closer)
 		}
 		return nil
@@ -527,13 +471,6 @@ func interruptible(conn *sql.Conn) (sever func()) {
 	return func() { _ = c.Close() }
 }
 
-// isLibPQConn reports whether dc, a driver connection, is lib/pq's own,
-// not a wrapper's around it.
-func isLibPQConn(dc any) bool {
-	t := reflect.TypeOf(dc)
-	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/lib/pq"
-}
-
 // quiet returns the context to give the driver for a statement of p's
 // connection that never waits in the server (a try, an unlock, a
 // keep-alive check), run through ask under ctx. Where ask bounds the
@@ -542,7 +479,7 @@ func isLibPQConn(dc any) bool {
 // context can end, to send a cancel request that a dead network does not
 // deliver, and on a loaded machine that goroutine costs as much as a
 // quarter of a round trip. ask still ends the statement when ctx ends
-// (and answerGrace more), and discards the connection. Waits keep ctx
+// (and dbutil.AnswerGrace more), and discards the connection. Waits keep ctx
 // (askWaiting), so that a cancelled wait leaves the server's lock queue at
 // once.
 func (p *pinned) quiet(ctx context.Context) context.Context {
@@ -550,139 +487,4 @@ func (p *pinned) quiet(ctx context.Context) context.Context {
 		return context.WithoutCancel(ctx)
 	}
 	return ctx
-}
-
-// answerGrace is how long ask still waits, once ctx ended, for a
-// driver that honours ctx to return (pgx closes its socket, lib/pq gets
-// its cancel request through): on a live network that takes about one
-// round trip.
-const answerGrace = 250 * time.Millisecond
-
-// within runs f, which talks to the database, and waits for it until ctx
-// ends (and answerGrace more). Some drivers do not give up a read (or a
-// connection's startup) on a dead network when ctx ends: lib/pq sends a
-// cancel request over a new connection, which cannot get through either,
-// and keeps reading (lib/pq#620). A network cut would then hold the caller
-// until the network heals or TCP gives up, many minutes later. When f has
-// not returned by then, within calls abandon, returns ctx's cause, and
-// leaves f to finish on its own, calling late (if not nil) with its value
-// once it has.
-func within[T any](ctx context.Context, f func() (T, error), abandon func(), late func(T)) (T, error) {
-	if ctx.Done() == nil { // ctx never ends: nothing to bound
-		return f()
-	}
-	type answer struct {
-		v   T
-		err error
-	}
-	out := make(chan answer, 1)
-	go func() {
-		v, err := f()
-		out <- answer{v, err}
-	}()
-	select {
-	case a := <-out:
-		return a.v, a.err
-	case <-ctx.Done():
-	}
-	grace := time.NewTimer(answerGrace)
-	defer grace.Stop()
-	select {
-	case a := <-out:
-		return a.v, a.err
-	case <-grace.C:
-	}
-	if abandon != nil {
-		abandon()
-	}
-	go func() {
-		a := <-out
-		if late != nil {
-			late(a.v)
-		}
-	}()
-	var zero T
-	return zero, fmt.Errorf("no answer from the database: %w", context.Cause(ctx))
-}
-
-// A server session can carry facts that stay true while it lives: a
-// session of a primary never enters recovery (a server becomes a standby
-// only by restarting, which ends its sessions), and settings it was given
-// stay until someone changes them. Remembering such a fact per session
-// lets a backend leave its check out of the hot statement.
-//
-// A session is known by its driver connection, which database/sql keeps
-// for the session's life and hands to one *sql.Conn at a time. The memo
-// holds it weakly: a closed connection, once collected, drops its facts
-// (a cleanup deletes them), and a new connection at the same address is a
-// different key.
-//
-// What it buys: a round trip per miss, and client time. PostgreSQL's try
-// on a remembered session is the bare pg_try_advisory_lock; without the
-// memo every miss asks why (a second round trip, see TryLockSession and
-// TestMissedTryReadsNoLockTable) and every grant sends the checks with the
-// try: uncontended TryLock+Release against the bare statements on lib/pq
-// (benchmarks, BenchmarkPaired/trylock_release_vs_raw_literal/pq, median
-// of 5 paired runs, unpinned, 2026-12-06) is 1.09x with it, 1.38x without.
-type sessionFact struct {
-	conn weak.Pointer[byte] // the driver connection
-	fact string
-}
-
-var sessionFacts sync.Map // sessionFact → struct{}
-
-// driverConnOf returns the weak identity of conn's driver connection, and
-// false when the driver's connection is not a pointer (nothing to key on:
-// facts are then never remembered).
-func driverConnOf(conn *sql.Conn) (weak.Pointer[byte], *byte, bool) {
-	var p *byte
-	_ = conn.Raw(func(dc any) error {
-		if v := reflect.ValueOf(dc); v.Kind() == reflect.Pointer && !v.IsNil() {
-			p = (*byte)(v.UnsafePointer())
-		}
-		return nil
-	})
-	if p == nil {
-		return weak.Pointer[byte]{}, nil, false
-	}
-	return weak.Make(p), p, true
-}
-
-// sessionKnows reports whether fact was remembered for conn's session.
-func sessionKnows(conn *sql.Conn, fact string) bool {
-	w, _, ok := driverConnOf(conn)
-	if !ok {
-		return false
-	}
-	_, known := sessionFacts.Load(sessionFact{w, fact})
-	return known
-}
-
-// rememberSession records fact for conn's session, until the session's
-// driver connection is collected.
-func rememberSession(conn *sql.Conn, fact string) {
-	w, p, ok := driverConnOf(conn)
-	if !ok {
-		return
-	}
-	key := sessionFact{w, fact}
-	if _, loaded := sessionFacts.LoadOrStore(key, struct{}{}); !loaded {
-		runtime.AddCleanup(p, func(k sessionFact) { sessionFacts.Delete(k) }, key)
-	}
-}
-
-// forgetSession drops every fact remembered for conn's session: code of
-// the user's ran on it (WithConn), and a RESET ALL there would have
-// undone settings the facts say it has. Its next try checks it again.
-func forgetSession(conn *sql.Conn) {
-	w, _, ok := driverConnOf(conn)
-	if !ok {
-		return
-	}
-	sessionFacts.Range(func(k, _ any) bool {
-		if k.(sessionFact).conn == w {
-			sessionFacts.Delete(k)
-		}
-		return true
-	})
 }

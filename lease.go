@@ -282,7 +282,7 @@ func (l *inLine) keepConn(budget context.Context) error {
 // a sleep cut short may still run on it) and its slot; the waiter polls
 // from then on.
 func (l *inLine) stopSleeping() {
-	go discard(l.conn)
+	go dbutil.Discard(l.conn)
 	<-l.slot
 	l.conn, l.slot, l.sleeper = nil, nil, nil
 }
@@ -299,7 +299,7 @@ func (l *inLine) letGo(clean bool) {
 	switch {
 	case l.conn == nil:
 	case clean:
-		recycle(l.conn)
+		dbutil.Recycle(l.conn)
 		<-l.slot
 	default:
 		l.stopSleeping()

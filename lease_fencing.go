@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // FencingToken identifies a lease grant: it is at least 1 and strictly
@@ -23,17 +24,8 @@ type FencingToken uint64
 
 // ParseFencingToken converts a stored BIGINT to a token; v <= 0 is an error.
 func ParseFencingToken(v int64) (FencingToken, error) {
-	if v <= 0 {
-		return 0, fmt.Errorf("advisorylock: invalid fencing token %d (tokens start at 1)", v)
-	}
-	return FencingToken(v), nil
-}
-
-// termToken converts a stored term to a token as ParseFencingToken does,
-// for a backend's BeginTerm.
-func termToken(v int64) (uint64, error) {
-	t, err := ParseFencingToken(v)
-	return uint64(t), err
+	t, err := dbutil.TermToken(v)
+	return FencingToken(t), err
 }
 
 // Int64 returns the token as a BIGINT value.

@@ -186,7 +186,7 @@ func (w *releaseWatch) listen(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		defer discard(c)
+		defer dbutil.Discard(c)
 		conn = c
 	}
 	if q, ok := w.store.(backend.LeaseQueuer); ok {

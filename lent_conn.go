@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // This file lends a held lock's connection to the caller for the length
@@ -474,7 +476,7 @@ func (s *sessionHold) keepLending(c *lentConn) bool {
 // now, which frees the lock.
 func (s *sessionHold) endLending(c *lentConn) error {
 	err := c.end()
-	forgetSession(s.p.conn)
+	dbutil.ForgetSession(s.p.conn)
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
 	c.err = err
@@ -504,7 +506,7 @@ var errStatementRunning = errors.New("the lock's connection was still in use at 
 // waitLent takes the lent connection back before the unlock: it waits for
 // WithConn's fn to return (for a lending until release: for its users to
 // be gone, and then ends it) until deadline, then cancels its statements
-// and waits answerGrace more. ok false means the connection was discarded
+// and waits dbutil.AnswerGrace more. ok false means the connection was discarded
 // instead (a statement was cut short, which a driver may answer by giving
 // up on the connection, or ending what was left open failed), or is
 // discarded once given back; the discard frees the lock.
@@ -525,7 +527,7 @@ func (s *sessionHold) waitLent(deadline time.Time) (ok bool, err error) {
 	}
 	if !returnsBy(c, time.Until(deadline)) {
 		c.cancel(errConnReleased)
-		if !returnsBy(c, answerGrace) {
+		if !returnsBy(c, dbutil.AnswerGrace) {
 			s.watchMu.Lock()
 			if s.lent == c {
 				c.abandoned = true

@@ -372,7 +372,7 @@ func (s *muxSession) retireIfIdle() {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
-	recycle(s.p.conn)
+	dbutil.Recycle(s.p.conn)
 	mp.leaveIfIdle()
 }
 

@@ -68,13 +68,11 @@ func TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain(t *testing.T
 	// handles: a copy of each handle sends COM_STMT_CLOSE for its id.
 	closed := 0
 	if err := conn.Raw(func(dc any) error {
-		m.prepared.mu.Lock()
-		defer m.prepared.mu.Unlock()
-		cs := m.prepared.conns[dc]
-		if cs == nil {
+		cached := m.prepared.Cached(dc)
+		if cached == nil {
 			return errors.New("no statements cached for the connection")
 		}
-		for _, st := range cs.byText {
+		for _, st := range cached {
 			v := reflect.ValueOf(st).Elem()
 			cp := reflect.New(v.Type())
 			cp.Elem().Set(v)
@@ -92,9 +90,7 @@ func TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain(t *testing.T
 	}
 	var errno1243 bool
 	if err := conn.Raw(func(dc any) error {
-		m.prepared.mu.Lock()
-		st := m.prepared.conns[dc].byText[myUnlockPrepared]
-		m.prepared.mu.Unlock()
+		st := m.prepared.Cached(dc)[myUnlockPrepared]
 		_, err := st.(driver.StmtQueryContext).QueryContext(ctx, []driver.NamedValue{{Ordinal: 1, Value: "x"}, {Ordinal: 2, Value: "x"}})
 		errno1243 = dbutil.MySQLErrno(err) == mysqlUnknownStatement
 		return nil

@@ -399,7 +399,7 @@ func probeRound(ctx context.Context, db DB, s backend.SessionIdentifier, paired 
 	if err != nil {
 		return "", paired, err
 	}
-	defer func() { giveBack(a, err == nil && ctx.Err() == nil) }()
+	defer func() { dbutil.GiveBack(a, err == nil && ctx.Err() == nil) }()
 	a1, why, err := sessionOf(ctx, s, a)
 	if why != "" || err != nil {
 		return why, paired, err
@@ -414,7 +414,7 @@ func probeRound(ctx context.Context, db DB, s backend.SessionIdentifier, paired 
 		if b == nil {
 			paired = false // the pool or the pooler has no second session for us: read A alone
 		} else {
-			defer func() { giveBack(b, err == nil && ctx.Err() == nil) }()
+			defer func() { dbutil.GiveBack(b, err == nil && ctx.Err() == nil) }()
 		}
 	}
 	a2, why, err := sessionOf(ctx, s, a)
@@ -444,19 +444,19 @@ func secondSession(ctx context.Context, db DB, s backend.SessionIdentifier) (con
 		return nil, "", "", nil
 	}
 	if ctx.Err() != nil { // ended as the connection arrived: nothing ran on it
-		giveBack(conn, true)
+		dbutil.GiveBack(conn, true)
 		return nil, "", "", context.Cause(ctx)
 	}
 	id, why, err = sessionOf(bctx, s, conn)
 	switch {
 	case ctx.Err() != nil:
-		giveBack(conn, false)
+		dbutil.GiveBack(conn, false)
 		return nil, "", "", context.Cause(ctx)
 	case bctx.Err() != nil:
-		giveBack(conn, false) // its statement was cut short
+		dbutil.GiveBack(conn, false) // its statement was cut short
 		return nil, "", "", nil
 	case why != "" || err != nil:
-		giveBack(conn, true)
+		dbutil.GiveBack(conn, true)
 		return nil, "", why, err
 	}
 	return conn, id, "", nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -28,11 +29,11 @@ func TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen(t *testing.T)
 			t.Fatal(err)
 		}
 	}
-	ps := preparedStatementsOf(db)
+	ps := dbutil.PreparedOf(db)
 	if ps == nil {
 		t.Fatal("lib/pq keeps no prepared statements")
 	}
-	if n := ps.size(); n > 1 {
+	if n := ps.Size(); n > 1 {
 		t.Fatalf("the cache holds the statements of %d connections after 30 steps on as many connections; the pool has %d open", n, db.Stats().OpenConnections)
 	}
 }

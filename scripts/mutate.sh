@@ -61,7 +61,7 @@ mutation "a cancelled acquire recycles its connection" conn_guard.go \
 	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(ReasonCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1recycle(g.p.conn)/' \
 	'^(TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant|TestEngineCancelledWaitLeavesNoHold)$'
 mutation "a clean release discards the connection" conn_guard.go \
-	's/(key", s\.key\)\n\t\}\n\t)recycle\(s\.p\.conn\)/$1s.p.discard(discardError, nil)/' \
+	's/(key", s\.key\)\n\t\}\n\t)dbutil\.Recycle\(s\.p\.conn\)/$1s.p.discard(discardError, nil)/' \
 	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
 mutation "a set's release lets go of its first name only" conn_guard.go \
 	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.keys, /unlockKeys(ctx, s.locker, \&s.p, s.keys[:1], /' \
@@ -204,8 +204,8 @@ mutation "keep-alive never reports a loss" conn_guard.go \
 mutation "55P03: a timed-out slice is a miss without asking the session" backend_postgres.go \
 	's/(== "55P03".*\{\n\t\treturn )p\.holds\(ctx, conn, key\)/$1backend.SessionResult{}, nil/' \
 	'^TestLockTimeoutRacingAGrantIsAGrantOnARealServer$'
-mutation "a discarded connection goes back to the pool" conn_guard.go \
-	's/closeSession\(dc\)\n\t\treturn driver\.ErrBadConn/closeSession(dc)\n\t\t_ = driver.ErrBadConn\n\t\treturn nil/' \
+mutation "a discarded connection goes back to the pool" internal/dbutil/session.go \
+	's/CloseSession\(dc\)\n\t\treturn driver\.ErrBadConn/CloseSession(dc)\n\t\t_ = driver.ErrBadConn\n\t\treturn nil/' \
 	'^(TestCancelledWaitLeavesNoLock|TestCancelHammerLeavesNothingBehind|TestForgottenGuardIsCleanedUp|TestUnlockErrorDiscardsTheConnection|TestEngineFailedStatementsDiscardTheConnection|TestEngineForgottenGuardIsDiscarded)$'
 mutation "statements on a pinned lib/pq connection wait out a dead network" conn_guard.go \
 	's/case !p\.bounded:\n\t\treturn stmt\(driverCtx, p\.conn\)/case true:\n\t\treturn stmt(driverCtx, p.conn)/' \
@@ -219,17 +219,17 @@ mutation "the watchdog never closes the connection under a statement" conn_guard
 mutation "what a cut statement returns is taken for its answer" conn_guard.go \
 	's/if !wasCut \{/if _ = wasCut; true {/' \
 	'^(TestReleaseDuringACutGivesBackItsPoolSlot|TestObserverSeesANetworkCut)$'
-mutation "a checked session's facts carry over to every session" conn_guard.go \
+mutation "a checked session's facts carry over to every session" internal/dbutil/session.go \
 	's/sessionFact\{w, fact\}/sessionFact{func() weak.Pointer[byte] { _ = w; return weak.Pointer[byte]{} }(), fact}/g' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
 mutation "WithConn's statements leave the session's facts standing" lent_conn.go \
-	's/\n\tforgetSession\(s\.p\.conn\)\n/\n/' \
+	's/\n\tdbutil\.ForgetSession\(s\.p\.conn\)\n/\n/' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
 mutation "TryDoOnce's record read waits for the pool as long as the caller" once.go \
 	's/rec\.RunDone\(dbutil\.WithPoolWait\(ctx, l\.cfg\.poolWait\), /rec.RunDone(ctx, /' \
 	'^TestTryDoOnceBurstOnASmallPoolDoesNotHang$'
-mutation "a discarded pgxpool connection goes back to the pgxpool with its lock" conn_guard.go \
-	's/\t\tcloseSession\(dc\)\n/\t\t_ = dc\n/' \
+mutation "a discarded pgxpool connection goes back to the pgxpool with its lock" internal/dbutil/session.go \
+	's/\t\tCloseSession\(dc\)\n/\t\t_ = dc\n/' \
 	'^TestDiscardedLockOnAPgxpoolIsFreed$'
 mutation "a miss asks why by reading the server's lock table" backend_postgres.go \
 	"s/coalesce\(current_setting\('advisorylock\.granted', true\) = 'yes', false\)/EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory')/" \
@@ -238,13 +238,13 @@ mutation "a miss leaves the last grant's note standing" backend_postgres.go \
 	"s/THEN set_config\('advisorylock\.granted', '', false\) IS NULL/THEN false/" \
 	'^TestMissedTryReadsNoLockTable$'
 mutation "a session whose try missed is checked again at every try" backend_postgres.go \
-	's/\t\treturn backend\.SessionResult\{\}, errStandby\n\t\}\n\trememberSession\(conn, fact\)\n/\t\treturn backend.SessionResult{}, errStandby\n\t}\n\tif granted {\n\t\trememberSession(conn, fact)\n\t}\n/' \
+	's/\t\treturn backend\.SessionResult\{\}, errStandby\n\t\}\n\tdbutil\.RememberSession\(conn, fact\)\n/\t\treturn backend.SessionResult{}, errStandby\n\t}\n\tif granted {\n\t\tdbutil.RememberSession(conn, fact)\n\t}\n/' \
 	'^TestMissedTryReadsNoLockTable$'
 mutation "a semaphore's try skips a new session's checks" backend_postgres_semaphore.go \
-	's/checks := !sessionKnows\(conn, fact\)/checks := !sessionKnows(conn, fact) && len(keys) == 0/' \
+	's/checks := !dbutil\.SessionKnows\(conn, fact\)/checks := !dbutil.SessionKnows(conn, fact) && len(keys) == 0/' \
 	'^TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks$'
 mutation "a semaphore's try forgets a checked session" backend_postgres_semaphore.go \
-	's/rememberSession\(conn, fact\)/_ = fact/' \
+	's/dbutil\.RememberSession\(conn, fact\)/_ = fact/' \
 	'^TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks$'
 mutation "8 s wait slices" advisorylock.go \
 	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
@@ -340,7 +340,7 @@ mutation "every waiter on a pool sleeps in line, each on a connection of its own
 	's/\t\treturn max\(n\/4, 1\)/\t\treturn n/' \
 	'^TestSleepersInLineAreBounded$'
 mutation "a waiter that stops sleeping keeps its sleepers' slot" lease.go \
-	's/\tgo discard\(l\.conn\)\n\t<-l\.slot\n/\tgo discard(l.conn)\n/' \
+	's/\tgo dbutil\.Discard\(l\.conn\)\n\t<-l\.slot\n/\tgo dbutil.Discard(l.conn)\n/' \
 	'^TestSleeperWhoseConnectionDiesStillGetsTheLease$'
 mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
 	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \
@@ -387,7 +387,7 @@ mutation "Leader trusts a term whose session let go (PostgreSQL)" backend_postgr
 mutation "a handle's first-use verdicts are decided again for every Lock" internal/dbutil/verdict.go \
 	's/\tif pool == nil \{\n\t\treturn decide\(ctx\)/\tif true || pool == nil {\n\t\treturn decide(ctx)/' \
 	'^TestNewLockOnAWarmHandleTakesTwoRoundTrips$'
-mutation "lib/pq's prepared statements outgrow the pool" backend_postgres.go \
+mutation "lib/pq's prepared statements outgrow the pool" internal/dbutil/prepared.go \
 	's/for len\(ps\.conns\) > open \{/for false \&\& len(ps.conns) > open {/' \
 	'^TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen$'
 mutation "a session that lost its prepared statements fails its steps" backend_postgres.go \
@@ -406,19 +406,19 @@ mutation "a lease step whose statement the session lost fails" backend_postgres.
 	's/\t\tif dbutil\.SQLState\(err\) != "26000" \{\n\t\t\treturn err/\t\tif true {\n\t\t\treturn err/' \
 	'^TestLibPQLeaseAfterTheSessionLostItsPreparedSteps$'
 mutation "after a session lost a lease step, every step still tries it prepared first" backend_postgres.go \
-	's/\t\tp\.prepared\.stepsAsText\.Store\(true\)/\t\t_ = 0/' \
+	's/\t\tp\.prepared\.StepsAsText\.Store\(true\)/\t\t_ = 0/' \
 	'^TestLibPQLeaseAfterTheSessionLostItsPreparedSteps$'
 mutation "a lease step another client prepared under its name fails" backend_postgres.go \
 	's/err != nil && dbutil\.SQLState\(err\) != "42P05"/err != nil/' \
 	'^TestLibPQLeaseStepPreparedByAnotherClientRuns$'
 mutation "MySQL: the exclusive try goes as text, parsed each time" backend_mysql.go \
-	's/\tif m\.prepared == nil \{\n\t\treturn backend\.SessionResult\{\}, grabMissed, errNotPrepared/\tif true || m.prepared == nil {\n\t\treturn backend.SessionResult{}, grabMissed, errNotPrepared/' \
+	's/\tif m\.prepared == nil \{\n\t\treturn backend\.SessionResult\{\}, grabMissed, dbutil\.ErrNotPrepared/\tif true || m.prepared == nil {\n\t\treturn backend.SessionResult{}, grabMissed, dbutil.ErrNotPrepared/' \
 	'^TestMySQLTryAndUnlockRunPrepared$'
 mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" backend_mysql.go \
 	's/if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{/if dbutil.MySQLErrno(err) == mysqlUnknownStatement \&\& false {/' \
 	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'
 mutation "MySQL: statements a session lost are never prepared again" backend_mysql.go \
-	's/(if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{\n\t\t\t)ps\.forget\(dc\)/$1_ = dc/' \
+	's/(if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{\n\t\t\t)ps\.Forget\(dc\)/$1_ = dc/' \
 	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'
 mutation "a resign leaves its term's row naming its session" election.go \
 	's/\te\.endTerm\(ctx, t\)\n/\t_ = t\n/' \

@@ -183,3 +183,45 @@ func MySQLErrno(err error) uint16 {
 	}
 	return 0
 }
+
+// TTLMillis is a lease's TTL as whole milliseconds, at least 1.
+func TTLMillis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
+
+// RowsQuerier is a Querier that also returns rows: *sql.DB, *sql.Conn and
+// the handles that embed a *sql.DB (sqlx).
+type RowsQuerier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// ErrNoRowsQuerier makes KeyHolders fall back to one statement per slot
+// on a handle that cannot return rows (see backend.SlotLocker).
+var ErrNoRowsQuerier = fmt.Errorf("%w: the handle cannot return rows", backend.ErrUnsupported)
+
+// EachRow runs q on on and calls f for each row.
+func EachRow(ctx context.Context, on Querier, q string, f func(rows *sql.Rows) error) error {
+	rq, ok := on.(RowsQuerier)
+	if !ok {
+		return ErrNoRowsQuerier
+	}
+	rows, err := rq.QueryContext(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := f(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// TermToken converts a stored fencing token or term (a BIGINT) to a
+// token; v <= 0 is an error, as tokens start at 1. It is the check behind
+// ParseFencingToken, and a backend's BeginTerm uses it.
+func TermToken(v int64) (uint64, error) {
+	if v <= 0 {
+		return 0, fmt.Errorf("advisorylock: invalid fencing token %d (tokens start at 1)", v)
+	}
+	return uint64(v), nil
+}

@@ -19,7 +19,7 @@ import (
 
 // verdicts caches, per *sql.DB, what first uses learn about it (the
 // backend a wrapped driver talks to, Validate's verdict, the pooler
-// probe's), and lib/pq's prepared statements (the root's preparedStatements),
+// probe's), and lib/pq's prepared statements (Prepared),
 // guarded by mu. Entries are keyed by weak pointers and removed when
 // their *sql.DB is garbage collected, so the cache keeps no pool alive. A verdict in
 // flight is shared: callers that arrive meanwhile wait for it. A failed

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // fakeLock returns a Lock on the fake backend, whose keep-alive checks
@@ -779,4 +780,151 @@ func TestEngineWithConnStepsTheKeepAliveAside(t *testing.T) {
 	}
 	after := s.count("holds")
 	s.await(t, "the keep-alive to check again after fn", func() bool { return s.stmts["holds"] > after })
+}
+
+// The tries and releases that come while a statement runs on a shared
+// session wait for it, and then go in one statement together.
+func TestEngineMultiplexedOpsShareTheNextStatement(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
+	var locks []*advisorylock.Lock
+	for i := range 6 {
+		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("batch-", i), opts...))
+	}
+	held := mustTry(t, locks[5]) // on the one shared session
+	rival := fakeLock(t, s, db, "batch-rival")
+	other := mustTry(t, rival) // a pinned session of its own
+	defer mustRelease(t, other)
+	contender := fakeLock(t, s, db, "batch-rival", opts...)
+
+	stalled, resume := make(chan struct{}), make(chan struct{})
+	s.onStatementStall(func(op string, key int64) {
+		if op == "try" && key == locks[0].Key() {
+			close(stalled)
+			<-resume
+		}
+	})
+	type result struct {
+		i   int
+		g   *advisorylock.Guard
+		err error
+	}
+	results := make(chan result, 7)
+	try := func(i int, l *advisorylock.Lock) {
+		g, err := l.TryLock(context.Background())
+		results <- result{i, g, err}
+	}
+	go try(0, locks[0])
+	<-stalled
+	s.onStatementStall(nil)
+	for i := 1; i < 5; i++ {
+		go try(i, locks[i])
+	}
+	go try(-1, contender)
+	go func() { results <- result{5, nil, held.Release(context.Background())} }()
+	testdb.WaitFor(t, 0, func() bool { return advisorylock.MuxQueued(locks[0]) == 6 }, "6 ops queued behind the stalled try; %d are", advisorylock.MuxQueued(locks[0]))
+	tries, unlocks := s.count("try"), s.count("unlock")
+	close(resume)
+	var guards []*advisorylock.Guard
+	for range 7 {
+		r := <-results
+		switch {
+		case r.i == -1 && !errors.Is(r.err, advisorylock.ErrNotAcquired):
+			t.Errorf("a try of a name another session holds: %v, want ErrNotAcquired", r.err)
+		case r.i != -1 && r.err != nil:
+			t.Errorf("op %d: %v", r.i, r.err)
+		case r.g != nil:
+			guards = append(guards, r.g)
+		}
+	}
+	if n := s.count("try unlock"); n != 1 {
+		t.Errorf("%d batched statements; want the 6 queued ops in one", n)
+	}
+	// The stalled try is counted once it runs.
+	if n, m := s.count("try")-tries, s.count("unlock")-unlocks; n != 1 || m != 0 {
+		t.Errorf("the queued ops ran %d tries and %d unlocks of their own; want them in the batch", n-1, m)
+	}
+	if h := s.holder(locks[5].Key()); h != 0 {
+		t.Errorf("the released lock is still held by session %d", h)
+	}
+	if h := s.holder(contender.Key()); h != s.holder(rival.Key()) || h == 0 {
+		t.Errorf("the contended name moved to session %d", h)
+	}
+	if len(guards) != 5 {
+		t.Fatalf("%d of the 5 free names granted", len(guards))
+	}
+	shared := s.holder(locks[0].Key())
+	for _, g := range guards {
+		if h := s.holder(g.Key()); h != shared {
+			t.Errorf("%s is held by session %d, not the shared one", g.Name(), h)
+		}
+		mustRelease(t, g)
+	}
+}
+
+// A batched statement that fails ends its shared session, as any failed
+// statement there does: each of its ops gets the error, every lock on
+// the session is told it is lost, and nothing stays reserved.
+func TestEngineMultiplexedBatchThatFailsEndsTheSession(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
+	var locks []*advisorylock.Lock
+	for i := range 4 {
+		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("failed-batch-", i), opts...))
+	}
+	held := mustTry(t, locks[3])
+	stalled, resume := make(chan struct{}), make(chan struct{})
+	s.onStatementStall(func(op string, key int64) {
+		if op == "try" && key == locks[0].Key() {
+			close(stalled)
+			<-resume
+		}
+	})
+	first := make(chan *advisorylock.Guard, 1)
+	go func() {
+		g, err := locks[0].TryLock(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		first <- g
+	}()
+	<-stalled
+	s.onStatementStall(nil)
+	errs := make(chan error, 2)
+	for _, l := range locks[1:3] {
+		go func() {
+			g, err := l.TryLock(context.Background())
+			if err == nil {
+				_ = g.Release(context.Background())
+			}
+			errs <- err
+		}()
+	}
+	testdb.WaitFor(t, 0, func() bool { return advisorylock.MuxQueued(locks[0]) == 2 }, "2 tries queued; %d are", advisorylock.MuxQueued(locks[0]))
+	cut := errors.New("fake: connection reset")
+	s.failNext("try unlock", cut)
+	close(resume)
+	for range 2 {
+		if err := <-errs; !errors.Is(err, cut) {
+			t.Errorf("a try in the failed batch: %v, want the statement's error", err)
+		}
+	}
+	g0 := <-first
+	if g0 == nil {
+		t.FailNow()
+	}
+	for _, g := range []*advisorylock.Guard{held, g0} {
+		select {
+		case <-g.Lost():
+		case <-time.After(time.Minute):
+			t.Fatalf("%s on the ended session not told it is lost", g.Name())
+		}
+		_ = g.Release(context.Background())
+	}
+	if s.discards() == 0 {
+		t.Error("the ended session's connection was not discarded")
+	}
+	mustRelease(t, mustTry(t, locks[1])) // not left reserved
 }

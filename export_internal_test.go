@@ -5,3 +5,26 @@ package advisorylock
 var SlotKey = slotKey
 
 const MaxSlots = maxSlots
+
+// MuxQueued counts the ops waiting for the next statement on the shared
+// sessions of l's handle (see muxSession.exec).
+func MuxQueued(l *Lock) int {
+	muxPools.mu.Lock()
+	pools := make([]*muxPool, 0, len(muxPools.m))
+	for _, mp := range muxPools.m {
+		pools = append(pools, mp)
+	}
+	muxPools.mu.Unlock()
+	n := 0
+	for _, mp := range pools {
+		if mp.key.db != l.db {
+			continue
+		}
+		mp.mu.Lock()
+		for _, s := range mp.sessions {
+			n += len(s.queue)
+		}
+		mp.mu.Unlock()
+	}
+	return n
+}

@@ -551,7 +551,24 @@ func (b fakeBackend) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64)
 	return held, err
 }
 
+// TryUnlock runs a shared session's batch in one statement ("try
+// unlock"): each try as TryLockSession, each unlock as UnlockSession.
+func (b fakeBackend) TryUnlock(ctx context.Context, conn *sql.Conn, try, unlock []int64) (granted, freed []bool, err error) {
+	granted, freed = make([]bool, len(try)), make([]bool, len(unlock))
+	err = b.run(ctx, "try unlock", conn, 0, func(session int64) error {
+		for i, k := range try {
+			granted[i] = b.s.tryLocked(session, k).OK
+		}
+		for i, k := range unlock {
+			freed[i] = b.s.unlockLocked(session, k).OK
+		}
+		return nil
+	})
+	return granted, freed, err
+}
+
 var (
+	_ backend.BatchLocker       = fakeBackend{}
 	_ backend.SessionIdentifier = fakeBackend{}
 	_ backend.TermKeeper        = fakeBackend{}
 	_ backend.SlotLocker        = fakeBackend{}

@@ -91,6 +91,26 @@ type muxSession struct {
 	inflight int  // callers that chose it and have not finished their statement
 	ended    bool // its connection is discarded or back in the pool
 	timer    *time.Timer
+	busy     bool     // an op leads a statement on it (see exec)
+	queue    []*muxOp // ops waiting for the next statement
+}
+
+// muxOp is one single-key statement that a Lock wants on a shared
+// session: a try, or the unlock of a hold. While a statement runs on the
+// session, the ops that come queue, and the next statement carries them
+// all where the backend is a backend.BatchLocker (see exec).
+type muxOp struct {
+	key   int64
+	name  string
+	grant *muxHold                                // a try's hold, registered on s if granted
+	hold  *muxHold                                // the hold an unlock frees; nil for a try
+	alone func(ctx context.Context) (bool, error) // a try's statement on its own
+	ctx   context.Context                         // a try's caller's (its values; never its end)
+
+	ok   bool          // granted, or freed
+	err  error         //
+	done chan struct{} // closed once answered, or to make it lead the next statement
+	lead bool
 }
 
 // muxHold is a lock held on a shared session: one key, or a set's.
@@ -286,8 +306,262 @@ func (mp *muxPool) leaveIfIdle() {
 	muxPools.mu.Unlock()
 }
 
-// try makes l's attempt on s, whose inflight counts the caller.
+// try makes l's attempt on s, whose inflight counts the caller. A set
+// runs alone (trySet); one key is an op of s's next statement (see exec).
 func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
+	if l.set != nil {
+		return s.trySet(ctx, l)
+	}
+	mp := s.pool
+	keys := l.keysOf()
+	h := &muxHold{s: s, keys: keys}
+	h.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: h}
+	claim := l.claimOn(mp.locker, nil)
+	op := &muxOp{key: l.key, name: l.name, grant: h, ctx: ctx, alone: func(ctx context.Context) (bool, error) {
+		_, res, err := claim.try(ctx, &s.p)
+		return res.OK, err
+	}}
+	s.exec(op)
+	switch {
+	case errors.Is(op.err, errSessionEnded):
+		return nil, op.err // the caller chooses another session; keys stay reserved
+	case op.err != nil:
+		mp.unreserve(keys)
+		return nil, op.err
+	case !op.ok:
+		mp.unreserve(keys)
+		return nil, ErrNotAcquired
+	case ctx.Err() != nil:
+		// Granted as the caller went away: let it go again.
+		_ = h.release(context.Background(), h.relTO)
+		return nil, context.Cause(ctx)
+	}
+	return newGuard(&h.hold), nil
+}
+
+// exec runs op on s: it waits for the statement in flight on s, if any,
+// and goes in the next, with every op that queued by then (one of them
+// leads it). What it buys: throughput where many goroutines share few
+// sessions. A session runs one statement at a time, so with 32
+// goroutines on 4 sessions each try and release waited for up to 7
+// others' round trips; batched, one round trip answers them all
+// (BenchmarkPeers/throughput, 32 goroutines over 256 names, WithMultiplexing(4);
+// see benchmarks/README.md for the figures).
+func (s *muxSession) exec(op *muxOp) {
+	mp := s.pool
+	op.done = make(chan struct{})
+	mp.mu.Lock()
+	if s.busy {
+		s.queue = append(s.queue, op)
+		mp.mu.Unlock()
+		<-op.done
+		if !op.lead {
+			return // answered
+		}
+		mp.mu.Lock()
+	}
+	s.busy = true
+	mp.mu.Unlock()
+
+	s.mu.Lock()
+	mp.mu.Lock()
+	batch := append([]*muxOp{op}, s.queue...)
+	s.queue = nil
+	mp.mu.Unlock()
+	s.run(batch)
+	mp.mu.Lock()
+	var next *muxOp
+	if len(s.queue) > 0 {
+		next, s.queue = s.queue[0], s.queue[1:]
+	} else {
+		s.busy = false
+	}
+	mp.mu.Unlock()
+	s.mu.Unlock()
+	for _, o := range batch[1:] {
+		close(o.done)
+	}
+	if next != nil {
+		next.lead = true
+		close(next.done)
+	}
+}
+
+// run runs batch's ops on s, in one statement where the backend batches
+// (backend.BatchLocker), else one by one. s.mu is held.
+func (s *muxSession) run(batch []*muxOp) {
+	live := slices.DeleteFunc(slices.Clone(batch), s.settled)
+	if bl, ok := s.pool.locker.(backend.BatchLocker); ok && len(live) > 1 && s.runBatch(bl, live) {
+		return
+	}
+	s.runEach(live)
+}
+
+// runEach runs ops on s one statement each. s.mu is held.
+func (s *muxSession) runEach(ops []*muxOp) {
+	for _, o := range ops {
+		if s.settled(o) {
+			continue
+		}
+		var ok bool
+		var err error
+		if o.hold == nil {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), s.pool.key.timeout)
+			ok, err = o.alone(sctx)
+			cancel()
+		} else {
+			err = unlockKeys(context.Background(), s.pool.locker, &s.p, o.hold.keys, s.pool.key.timeout)
+			ok = err == nil
+		}
+		s.settle(o, ok, err)
+	}
+}
+
+// runBatch runs ops on s in one statement, and reports false where the
+// backend could not batch them (nothing was sent). s.mu is held.
+func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) bool {
+	mp := s.pool
+	var tries, unlocks []int64
+	for _, o := range ops {
+		if o.hold == nil {
+			tries = append(tries, o.key)
+		} else {
+			unlocks = append(unlocks, o.key)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), mp.key.timeout)
+	defer cancel()
+	type answer struct{ granted, freed []bool }
+	a, err := ask(ctx, &s.p, func(ctx context.Context, conn *sql.Conn) (answer, error) {
+		g, f, err := bl.TryUnlock(ctx, conn, tries, unlocks)
+		return answer{g, f}, err
+	})
+	if errors.Is(err, ErrUnsupported) {
+		return false
+	}
+	if err != nil && dbutil.SQLState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load() {
+		// The server's lock table is full, and the session answered:
+		// ask it what the statement did, and run what it did not alone.
+		held, herr := ask(ctx, &s.p, func(ctx context.Context, conn *sql.Conn) ([]bool, error) {
+			return mp.locker.HeldKeys(ctx, conn, append(slices.Clip(tries), unlocks...))
+		})
+		if herr == nil && len(held) == len(tries)+len(unlocks) {
+			a = answer{held[:len(tries)], make([]bool, len(unlocks))}
+			for j := range unlocks {
+				a.freed[j] = !held[len(tries)+j]
+			}
+			err = nil
+			var rest []*muxOp
+			i, j := 0, 0
+			for _, o := range ops {
+				if o.hold == nil {
+					if a.granted[i] {
+						s.settle(o, true, nil)
+					} else {
+						rest = append(rest, o)
+					}
+					i++
+				} else {
+					if a.freed[j] {
+						s.settle(o, true, nil)
+					} else {
+						rest = append(rest, o)
+					}
+					j++
+				}
+			}
+			s.runEach(rest)
+			return true
+		}
+	}
+	i, j := 0, 0
+	for _, o := range ops {
+		switch {
+		case err != nil:
+			s.settle(o, false, err)
+		case o.hold == nil:
+			s.settle(o, a.granted[i], nil)
+			i++
+		default:
+			var miss error
+			if !a.freed[j] {
+				miss = fmt.Errorf("advisorylock: the session did not hold key %d", o.key)
+			}
+			s.settle(o, a.freed[j], miss)
+			j++
+		}
+	}
+	return true
+}
+
+// settled settles o, and reports true, where it has nothing to do on s:
+// a try on an ended session (the caller chooses another), an unlock of a
+// hold that s no longer has (lost, and told). s.mu is held.
+func (s *muxSession) settled(o *muxOp) bool {
+	mp := s.pool
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	switch {
+	case s.ended && o.hold == nil:
+		o.err = errSessionEnded
+	case s.ended || o.hold != nil && s.holds[o.key] != o.hold:
+	default:
+		return false
+	}
+	s.inflight--
+	s.retireIfIdle()
+	return true
+}
+
+// settle records what o's statement did: a granted try's hold is s's
+// (or, where s has ended meanwhile, the try is to go to another
+// session); an unlock's hold leaves s; a failed statement ends s (see
+// the rules above), except a try refused for a full lock table. Then o is
+// no longer in flight. s.mu is held.
+func (s *muxSession) settle(o *muxOp, ok bool, err error) {
+	mp := s.pool
+	switch {
+	case err != nil && o.hold == nil && dbutil.SQLState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load():
+		// The try took nothing, and the session, which answered, is as
+		// it was.
+		err = fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
+	case err != nil && o.hold == nil:
+		// The session may hold the key now, or be mid-statement: end it.
+		s.end(CauseSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, o.name, err))
+	case err != nil:
+		s.end(CauseSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, o.name, err))
+	}
+	o.ok, o.err = ok && err == nil, err
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	s.inflight--
+	switch {
+	case o.hold != nil:
+		for _, k := range o.hold.keys {
+			if s.holds[k] == o.hold {
+				delete(s.holds, k)
+				delete(mp.held, k)
+			}
+		}
+	case o.ok && s.ended:
+		o.ok, o.err = false, errSessionEnded // its grant ended with the session
+		return
+	case o.ok:
+		s.holds[o.key] = o.grant
+		mp.held[o.key] = o.grant
+		if s.timer == nil && mp.key.keepAlive > 0 {
+			s.timer = time.AfterFunc(mp.key.keepAlive, s.check)
+		}
+		return
+	}
+	s.retireIfIdle()
+	if !s.ended {
+		mp.leaveIfIdle()
+	}
+}
+
+// trySet makes a set's attempt on s, whose inflight counts the caller.
+func (s *muxSession) trySet(ctx context.Context, l *Lock) (*Guard, error) {
 	mp := s.pool
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -429,6 +703,22 @@ func (s *muxSession) unlockLocked(ctx context.Context, name string, keys []int64
 func (h *muxHold) release(ctx context.Context, timeout time.Duration) error {
 	s := h.s
 	mp := s.pool
+	if len(h.keys) == 1 {
+		mp.mu.Lock()
+		if s.ended || s.holds[h.key] != h {
+			mp.mu.Unlock()
+			// Lost: whoever found it so (end, check) holds s.mu until it
+			// has told every lock and dealt with the connection.
+			s.mu.Lock()
+			s.mu.Unlock() //lint:ignore SA2001 the empty section waits for the loss's end
+			return nil
+		}
+		s.inflight++
+		mp.mu.Unlock()
+		op := &muxOp{key: h.key, name: h.name, hold: h}
+		s.exec(op)
+		return op.err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mp.mu.Lock()

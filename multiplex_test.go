@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -798,6 +799,58 @@ func TestMultiplexingLeavesThePoolAConnection(t *testing.T) {
 			var one int
 			if err := db.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
 				t.Errorf("a statement beside the held locks: %v, want a free connection", err)
+			}
+		})
+	}
+}
+
+// Many goroutines on few shared sessions, two handles contending for
+// each name: the tries and releases that share a statement (see
+// backend.BatchLocker) still exclude, and every one is granted in turn.
+func TestMultiplexedBatchesExcludeUnderContention(t *testing.T) {
+	for _, drv := range testdb.Drivers {
+		t.Run(drv, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			names, _ := muxNames(t, 8)
+			const goroutines, rounds = 16, 25
+			var inUse [8]atomic.Int32
+			var overlaps, done atomic.Int32
+			var wg sync.WaitGroup
+			for range 2 {
+				db := testdb.OpenPostgres(t, drv)
+				locks := make([]*advisorylock.Lock, len(names))
+				for i, n := range names {
+					locks[i] = newLock(t, db, n, quiet, advisorylock.WithMultiplexing(2), advisorylock.WithPoolWait(wait))
+				}
+				for g := range goroutines {
+					wg.Go(func() {
+						for r := range rounds {
+							i := (g + r) % len(locks)
+							guard, err := locks[i].Lock(ctx)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if inUse[i].Add(1) != 1 {
+								overlaps.Add(1)
+							}
+							inUse[i].Add(-1)
+							if err := guard.Release(ctx); err != nil {
+								t.Error(err)
+								return
+							}
+							done.Add(1)
+						}
+					})
+				}
+			}
+			wg.Wait()
+			if n := overlaps.Load(); n != 0 {
+				t.Errorf("%d grants overlapped another holder's", n)
+			}
+			if n := done.Load(); n != 2*goroutines*rounds {
+				t.Errorf("%d of %d rounds done", n, 2*goroutines*rounds)
 			}
 		})
 	}

@@ -213,6 +213,25 @@ type MultiplexLocker interface {
 	HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) ([]bool, error)
 }
 
+// BatchLocker is a MultiplexLocker that runs the tries and unlocks of
+// many Locks on one shared session in one statement. While a statement
+// runs on a shared session, the single-key tries and unlocks that other
+// Locks want on it queue, and the next statement carries them all: one
+// round trip for many operations, which is what lets multiplexed locks
+// keep up with pinned ones under concurrency. Without it (or where
+// TryUnlock returns an error matching ErrUnsupported), each runs alone.
+type BatchLocker interface {
+	MultiplexLocker
+	// TryUnlock tries each of try as TryLockSession would (granted[i]
+	// for try[i]) and unlocks each of unlock as UnlockSession would
+	// (freed[i] for unlock[i]: it was held, and is now free), all in one
+	// statement; no key is in both. It returns an error matching
+	// ErrUnsupported, having sent nothing, when conn's session has not
+	// yet passed the checks of a TryLockSession (the library then runs
+	// each alone). Any other error leaves the session's state unknown.
+	TryUnlock(ctx context.Context, conn *sql.Conn, try, unlock []int64) (granted, freed []bool, err error)
+}
+
 // ReleaseSignaler is a SessionLocker whose Semaphore slot releases wake
 // the semaphore's waiters. The library releases every slot of a Semaphore
 // with UnlockAndSignal; where the backend is also a ReleaseListener, the

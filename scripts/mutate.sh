@@ -159,6 +159,12 @@ mutation "a lock its shared session's keep-alive lost stays reserved in the proc
 mutation "an ended shared session frees its names before it tells its locks" multiplex.go \
 	's/(\tfor _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}\n)(\ts\.p\.discard\(ReasonLost, err\)\n)/$2$1/' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
+mutation "a shared session runs each queued op alone" multiplex.go \
+	's/ok && len\(live\) > 1 && s\.runBatch\(bl, live\)/ok \&\& false \&\& s.runBatch(bl, live)/' \
+	'^TestEngineMultiplexedOpsShareTheNextStatement$'
+mutation "a batch unlocks with the try function (PostgreSQL)" backend_postgres_batch.go \
+	's/"pg_try_advisory_lock", "pg_advisory_unlock"\)/"pg_try_advisory_lock", "pg_try_advisory_lock")/' \
+	'^TestPostgresBatchTriesAndUnlocksInOneStatement$'
 mutation "a lost set's other names are let go before it is told" multiplex.go \
 	's/(\tfor _, h := range gone \{\n.*?\n\t\}\n)(\tif len\(rest\) > 0 && s\.unlockLocked.*?\n\t\}\n)/$2$1/s' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'

@@ -4,4 +4,7 @@ package advisorylock
 // definitions.
 var SlotKey = slotKey
 
-const MaxSlots = maxSlots
+const (
+	MaxSlots     = maxSlots
+	LeaseWaitCap = leaseWaitCap // a lease waiter's longest pause between polls
+)

@@ -1,6 +1,7 @@
 package advisorylock_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,11 +22,21 @@ type electionJob struct {
 	Backend, DSN, Name string
 	TTL                time.Duration // WithLeaseTTL (SQLite, and rows)
 	Rows               bool          // WithLeaseRows
+	Owner              string        // WithOwner; "helper" when empty
+
+	// With Record, each lead is marked in it and writes through a Fence
+	// into Counter's log (see recordedLead).
+	Record  *holdRecord
+	Counter *testdb.Counter
+
+	// Slots > 0: instead of campaigning, hold a slot of a Semaphore of
+	// Slots on Name Turns times, each hold marked in Record (see holdSlots).
+	Slots, Turns int
 }
 
 // TestElectionHelperProcess is the body of the helper processes: a
-// candidate labelled "helper" that leads until it is killed. It skips in
-// a normal run.
+// candidate labelled "helper" (or job.Owner) that leads until it is
+// killed, or a semaphore holder (job.Slots). It skips in a normal run.
 func TestElectionHelperProcess(t *testing.T) {
 	if testdb.HelperRole() == "" {
 		t.Skip("helper process only")
@@ -35,17 +46,26 @@ func TestElectionHelperProcess(t *testing.T) {
 		t.Fatalf("helper process: bad %s: %v", electionHelperEnv, err)
 	}
 	db := openElectionDB(t, job.Backend, job.DSN)
-	opts := []advisorylock.Option{advisorylock.WithOwner("helper"), advisorylock.WithLeaseTTL(job.TTL)}
+	owner := cmp.Or(job.Owner, "helper")
+	opts := []advisorylock.Option{advisorylock.WithOwner(owner), advisorylock.WithLeaseTTL(job.TTL)}
 	if job.Rows {
 		opts = append(opts, advisorylock.WithLeaseRows())
 	}
-	e := newElection(t, db, job.Name, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	err := e.Run(ctx, func(ctx context.Context, term advisorylock.FencingToken) error {
+	if job.Slots > 0 {
+		holdSlots(ctx, t, db, job, owner, opts)
+		return
+	}
+	e := newElection(t, db, job.Name, opts...)
+	lead := func(ctx context.Context, term advisorylock.FencingToken) error {
 		<-ctx.Done() // lead until killed
 		return ctx.Err()
-	})
+	}
+	if job.Record != nil {
+		lead = recordedLead(t, db, job, owner)
+	}
+	err := e.Run(ctx, lead)
 	t.Fatalf("helper's Run returned: %v", err)
 }
 

@@ -4,7 +4,10 @@ package advisorylock
 // definitions.
 var SlotKey = slotKey
 
-const MaxSlots = maxSlots
+const (
+	MaxSlots     = maxSlots
+	LeaseWaitCap = leaseWaitCap // a lease waiter's longest pause between polls
+)
 
 // MuxQueued counts the ops waiting for the next statement on the shared
 // sessions of l's handle (see muxSession.exec).

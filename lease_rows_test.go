@@ -42,30 +42,51 @@ func rowsServers() []rowsServer {
 			t.Fatalf("expiring the row: %v", err)
 		}
 	}
-	pooled := func(driver, params string) func(t *testing.T) *sql.DB {
-		return func(t *testing.T) *sql.DB {
-			t.Helper()
-			txDSN, _ := testdb.PgBouncer(t)
-			return testdb.OpenPostgresDSN(t, driver, txDSN+params)
-		}
+	var servers []rowsServer
+	for _, p := range pooledEndpoints {
+		servers = append(servers, rowsServer{p.name, p.open, pgExpire})
 	}
-	session := func(t *testing.T) *sql.DB {
+	return append(servers, rowsServer{"mariadb", func(t *testing.T) *sql.DB { t.Helper(); return testdb.OpenMySQL(t) }, func(t *testing.T, key int64) {
 		t.Helper()
-		_, sessionDSN := testdb.PgBouncer(t)
-		return testdb.OpenPostgresDSN(t, "postgres", sessionDSN)
+		direct := testdb.OpenMySQL(t)
+		if _, err := direct.Exec("UPDATE advisorylock_locks SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE lock_key = ?", key); err != nil {
+			t.Fatalf("expiring the row: %v", err)
+		}
+	}})
+}
+
+// pooledEndpoint is one way through the test PgBouncer: a pool and a
+// driver setting. A helper process opens it by backend and dsn (see
+// openElectionDB).
+type pooledEndpoint struct {
+	name, driver, params string
+	session              bool // the session pool, where rows work the same
+}
+
+// pooledEndpoints are PgBouncer's transaction pool with each driver
+// setting (pgx in exec mode, as a transaction pooler needs) and its
+// session pool.
+var pooledEndpoints = []pooledEndpoint{
+	{"pgbouncer transaction lib/pq", "postgres", "", false},
+	{"pgbouncer transaction pgx exec", "pgx", "&default_query_exec_mode=exec", false},
+	{"pgbouncer session lib/pq", "postgres", "", true},
+}
+
+func (p pooledEndpoint) dsn(t *testing.T) string {
+	t.Helper()
+	txDSN, sessionDSN := testdb.PgBouncer(t)
+	if p.session {
+		return sessionDSN + p.params
 	}
-	return []rowsServer{
-		{"pgbouncer transaction lib/pq", pooled("postgres", ""), pgExpire},
-		{"pgbouncer transaction pgx exec", pooled("pgx", "&default_query_exec_mode=exec"), pgExpire},
-		{"pgbouncer session lib/pq", session, pgExpire},
-		{"mariadb", func(t *testing.T) *sql.DB { t.Helper(); return testdb.OpenMySQL(t) }, func(t *testing.T, key int64) {
-			t.Helper()
-			direct := testdb.OpenMySQL(t)
-			if _, err := direct.Exec("UPDATE advisorylock_locks SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE lock_key = ?", key); err != nil {
-				t.Fatalf("expiring the row: %v", err)
-			}
-		}},
-	}
+	return txDSN + p.params
+}
+
+func (p pooledEndpoint) backend() string { return "pgbouncer/" + p.driver }
+
+// open returns a new handle on the endpoint, each its own pool.
+func (p pooledEndpoint) open(t *testing.T) *sql.DB {
+	t.Helper()
+	return testdb.OpenPostgresDSN(t, p.driver, p.dsn(t))
 }
 
 // TestLeaseRowsLockExcludesThroughAPooler: a Lock on rows is not refused

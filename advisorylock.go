@@ -445,41 +445,23 @@ var errBudget = errors.New("advisorylock: wait budget spent")
 // settings returns l's name and configuration (see frontEnd).
 func (l *Lock) settings() (string, *config) { return l.name, &l.cfg }
 
-// take takes l exclusive (see frontEnd).
+// take takes l exclusive (see frontEnd): on its rows, on a shared session
+// (a wait that finds the lock taken then waits on a connection of its
+// own: see multiplex.go), or on a session pinned for the hold.
 func (l *Lock) take(ctx, budget context.Context, wait bool) (*Guard, error) {
-	return l.acquire(ctx, budget, wait, false)
-}
-
-// acquire takes the lock, exclusive or (shared) shared; ctx and budget
-// are as in frontEnd's take.
-func (l *Lock) acquire(ctx, budget context.Context, wait, shared bool) (*Guard, error) {
 	b, err := l.backend(budget)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, err
-	}
-	if shared && l.set != nil {
-		return nil, fmt.Errorf("%w: a set (NewSet) cannot be taken shared", ErrUnsupported)
-	}
-	if shared && b.muxed {
-		return nil, fmt.Errorf("%w: shared locks (RLock) are not multiplexed (WithMultiplexing): use a Lock without it", ErrUnsupported)
-	}
-	if shared {
-		if b, err = l.sharedOf(b); err != nil {
-			return nil, err
-		}
-	}
-	if b.rows != nil {
+	case b.rows != nil:
 		return l.acquireRows(ctx, budget, b, wait)
-	}
-	if b.muxed {
-		// A try on a shared session; a wait that finds the lock taken
-		// waits on a connection of its own (see multiplex.go).
+	case b.muxed:
 		g, err := l.tryMux(ctx, budget, b)
 		if !wait || !errors.Is(err, ErrNotAcquired) {
 			return g, err
 		}
 	}
-	return acquireSession(ctx, budget, l, b, l.observedAs(b.isShared), b.claim, wait)
+	return acquireSession(ctx, budget, l, b, l.observedAs(false), b.claim, wait)
 }
 
 // A claim is what a session acquire takes on its pinned connection: a

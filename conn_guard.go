@@ -306,20 +306,7 @@ func (p *pinned) discard(reason Reason, err error) {
 // left to finish in a goroutine of its own (see dbutil.Within). An abandoned
 // statement's connection is discarded.
 func ask[T any](ctx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
-	return askWith(ctx, p.quiet(ctx), p, stmt)
-}
-
-// askWaiting runs stmt, a statement that waits in the server's lock
-// queue, as ask does, but hands the driver ctx itself, end included: a
-// cancelled wait must leave the queue at once, which takes the driver
-// seeing ctx end (see quiet), not ask abandoning the statement later.
-func askWaiting[T any](ctx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
-	return askWith(ctx, ctx, p, stmt)
-}
-
-// askWith runs stmt on p's connection, bounded by ctx as ask describes,
-// handing it driverCtx.
-func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
+	driverCtx := p.quiet(ctx)
 	switch {
 	case !p.bounded:
 		return stmt(driverCtx, p.conn)
@@ -330,6 +317,14 @@ func askWith[T any](ctx, driverCtx context.Context, p *pinned, stmt func(ctx con
 		p.abandoned.Store(true)
 		p.obs.discarded(ReasonNoAnswer, context.Cause(ctx))
 	}, func(T) { dbutil.Discard(p.conn) })
+}
+
+// askWaiting runs stmt, a statement that waits in the server's lock
+// queue, as ask does, but hands the driver ctx itself, end included: a
+// cancelled wait must leave the queue at once, which takes the driver
+// seeing ctx end (see quiet), not ask abandoning the statement later.
+func askWaiting[T any](ctx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
+	return ask(ctx, p, func(_ context.Context, conn *sql.Conn) (T, error) { return stmt(ctx, conn) })
 }
 
 // askUntil runs stmt as ask does, bounded by deadline as well as ctx: the

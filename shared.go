@@ -176,7 +176,23 @@ func (s sharedSide) observed() *observed { return s.l.observedAs(true) }
 
 func (s sharedSide) settings() (string, *config) { return s.l.settings() }
 
-// take takes the lock shared (see frontEnd).
+// take takes the lock shared (see frontEnd), as Lock.take does.
 func (s sharedSide) take(ctx, budget context.Context, wait bool) (*Guard, error) {
-	return s.l.acquire(ctx, budget, wait, true)
+	l := s.l
+	b, err := l.backend(budget)
+	switch {
+	case err != nil:
+		return nil, err
+	case l.set != nil:
+		return nil, fmt.Errorf("%w: a set (NewSet) cannot be taken shared", ErrUnsupported)
+	case b.muxed:
+		return nil, fmt.Errorf("%w: shared locks (RLock) are not multiplexed (WithMultiplexing): use a Lock without it", ErrUnsupported)
+	}
+	if b, err = l.sharedOf(b); err != nil {
+		return nil, err
+	}
+	if b.rows != nil {
+		return l.acquireRows(ctx, budget, b, wait)
+	}
+	return acquireSession(ctx, budget, l, b, l.observedAs(true), b.claim, wait)
 }

@@ -861,8 +861,6 @@ func mysqlRun(ctx context.Context, db DB, stmt func(q dbutil.Querier) error) err
 // MySQL error numbers the lease statements act on.
 const (
 	mysqlDenied       = 1142 // ER_TABLEACCESS_DENIED_ERROR: a command the user may not run
-	mysqlColumnDenied = 1143 // ER_COLUMNACCESS_DENIED_ERROR
-	mysqlDBDenied     = 1044 // ER_DBACCESS_DENIED_ERROR: a database the user may not use
 	mysqlNoSuchTable  = 1146 // ER_NO_SUCH_TABLE
 	mysqlLockWaitTime = 1205 // ER_LOCK_WAIT_TIMEOUT: nothing was written
 	mysqlDeadlock     = 1213 // ER_LOCK_DEADLOCK: rolled back, nothing was written
@@ -895,16 +893,6 @@ func mysqlLeaseRun(ctx context.Context, db DB, stmt func(q dbutil.Querier) error
 		return fmt.Errorf("advisorylock: context ended while the statement ran, outcome unknown: %w", context.Cause(ctx))
 	}
 	return err
-}
-
-// mysqlRefusesPrivilege reports whether err is the server's refusal of a
-// privilege the user lacks (see deniedByServer).
-func mysqlRefusesPrivilege(err error) bool {
-	switch dbutil.MySQLErrno(err) {
-	case mysqlDenied, mysqlColumnDenied, mysqlDBDenied:
-		return true
-	}
-	return false
 }
 
 // mysqlTableColumns names, for each table a Check probes, a column every

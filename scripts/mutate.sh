@@ -436,10 +436,10 @@ mutation "a lead returning nil at once campaigns again at once" election.go \
 	's/if !e\.standAside\(ctx, 0\) \|\| !e\.rest\(ctx, began, &quick\)/if !e.standAside(ctx, 0) || false \&\& !e.rest(ctx, began, \&quick)/' \
 	'^TestElectionLeadReturningAtOnceDoesNotHammer$'
 mutation "a missing privilege is campaigned for forever" election.go \
-	's/if !deniedByServer\(err\) \{/if true {/' \
+	's/if !dbutil\.DeniedByServer\(err\) \{/if !dbutil.DeniedByServer(err) || true {/' \
 	'^(TestElectionRunReturnsAMissingPrivilege|TestMySQLElectionRunReturnsAMissingPrivilege)$'
-mutation "MySQL: a refused CREATE is not a missing privilege" backend_mysql.go \
-	's/case mysqlDenied, mysqlColumnDenied, mysqlDBDenied:/case mysqlColumnDenied, mysqlDBDenied:/' \
+mutation "MySQL: a refused CREATE is not a missing privilege" internal/dbutil/statements.go \
+	's/case 1142, 1143, 1044:/case 1143, 1044:/' \
 	'^TestMySQLElectionRunReturnsAMissingPrivilege$'
 # --- Shared locks -----------------------------------------------------------------
 mutation "MySQL exclusive statement ignores shared rows" backend_mysql_shared.go \

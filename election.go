@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Election elects one leader among the replicas that campaign on a name:
@@ -242,7 +243,7 @@ func (e *Election) refused(err error) error {
 	if e.setup.v.Load() == nil && (errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler)) {
 		return err
 	}
-	if !deniedByServer(err) {
+	if !dbutil.DeniedByServer(err) {
 		return nil
 	}
 	var le *lockError

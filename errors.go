@@ -35,7 +35,7 @@ var (
 	// sessions are multiplexed by a transaction-mode pooler. Use LeaseLock,
 	// or WithLeaseRows for a Lock, a set, a Semaphore or an Election: both
 	// keep their holds in rows, one autocommit statement at a time.
-	ErrTransactionPooler = errors.New("advisorylock: transaction-mode pooler in the way (session locks cannot work there; use LeaseLock, or WithLeaseRows for a Lock, a set, a Semaphore or an Election)")
+	ErrTransactionPooler = dbutil.ErrTransactionPooler
 	// ErrUnsupported means the handle cannot be locked safely: an unknown
 	// driver without WithBackend, an in-memory SQLite database, a nil handle.
 	ErrUnsupported = backend.ErrUnsupported
@@ -143,13 +143,4 @@ func quoteName(name string) string {
 		return strconv.Quote(name[:max]) + "…"
 	}
 	return strconv.Quote(name)
-}
-
-// deniedByServer reports whether err is the server's refusal of a
-// privilege the connecting role or user lacks (on a table, a sequence,
-// a database, or the right to create the tables): PostgreSQL's
-// insufficient_privilege (42501), MySQL's errors 1142, 1143 and 1044.
-// Trying again does not heal it; an administrator's grant does.
-func deniedByServer(err error) bool {
-	return dbutil.SQLState(err) == "42501" || mysqlRefusesPrivilege(err)
 }

@@ -33,7 +33,9 @@ names=() files=() edits=() tests=() pkgs=()
 # mutation NAME FILE PERL-EDIT TEST-REGEXP [PACKAGE]
 # PERL-EDIT runs as perl -0pi -e (the whole file is one string), so anchor
 # it on a distinctive line; it must change the file. PACKAGE may be a
-# module under extra/ (a folder with its own go.mod): its tests run there.
+# module under extra/ (a folder with its own go.mod): its tests run there;
+# or several packages of the root module, space-separated, when the tests
+# that catch it are in more than one (a backend's package and the root).
 mutation() {
 	names+=("$1") files+=("$2") edits+=("$3") tests+=("$4") pkgs+=("${5:-.}")
 }
@@ -138,10 +140,10 @@ mutation "a set of rows' loss is not told to the Observer" set.go \
 mutation "a set's Holder carries its first key" set.go \
 	's/h\.Name, h\.Key = n, l\.set\[i\]/h.Name, h.Key = n, l.key/' \
 	'^TestSetTakesAllOrNone$'
-mutation "MySQL: a set's or shared session's keep-alive takes a freed name (NULL) for held" backend_mysql.go \
+mutation "MySQL: a set's or shared session's keep-alive takes a freed name (NULL) for held" internal/mysqlbackend/mysql.go \
 	's/IFNULL\(IS_USED_LOCK\(%s\) = CONNECTION_ID\(\), 0\)/IFNULL(IS_USED_LOCK(%s) = CONNECTION_ID(), 1)/' \
 	'^(TestSetLosesOneNameAlone|TestMultiplexedKeepAliveLosesOnlyTheMissingKeys)$'
-mutation "MySQL: a set's or shared session's keep-alive takes another connection's lock for its own" backend_mysql.go \
+mutation "MySQL: a set's or shared session's keep-alive takes another connection's lock for its own" internal/mysqlbackend/mysql.go \
 	's/IFNULL\(IS_USED_LOCK\(%s\) = CONNECTION_ID\(\), 0\)/IFNULL(IS_USED_LOCK(%s) IS NOT NULL, 0)/' \
 	'^(TestSetLosesOneNameAlone|TestMultiplexedKeepAliveLosesOnlyTheMissingKeys)$'
 mutation "PostgreSQL: a set's or shared session's keep-alive takes another session's lock for its own" backend_postgres.go \
@@ -176,7 +178,7 @@ mutation "MySQL: a slot's release unlocks another key and recycles the slot's co
 mutation "PostgreSQL: a slot's release unlocks another key and recycles the slot's connection" backend_postgres_semaphore.go \
 	's/q, args, err := p\.statement\(pgUnlockAndSignal, key, /q, args, err := p.statement(pgUnlockAndSignal, signal, /' \
 	'^TestSemaphoreReleaseLeavesNoSlotOnTheConnection$'
-mutation "MySQL: a release recycles a session still holding the lock (taken twice)" backend_mysql.go \
+mutation "MySQL: a release recycles a session still holding the lock (taken twice)" internal/mysqlbackend/mysql.go \
 	's/\tcase holder\.Valid && holder\.Int64 == r\.Session:/\tcase false \&\& holder.Valid \&\& holder.Int64 == r.Session:/' \
 	'^TestMySQLReleaseOfALockTakenTwiceFreesIt$'
 
@@ -263,16 +265,19 @@ mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go 
 mutation "YugabyteDB is taken for PostgreSQL" backend_postgres.go \
 	's/case strings\.Contains\(version, "-YB-"\):/case strings.Contains(version, "-YB-") \&\& false:/' \
 	'^TestPostgreSQLLookAlikesAreRefused$'
-mutation "TiDB is taken for MySQL" backend_mysql.go \
+mutation "TiDB is taken for MySQL" internal/mysqlbackend/mysql.go \
 	's/case strings\.Contains\(v, "tidb"\):/case strings.Contains(v, "tidb") \&\& false:/' \
-	'^(TestMySQLServersAreCheckedByWhatTheyReport|TestMySQLRefusesGaleraAndTellsReleaseAnswersApart)$'
-mutation "Vitess is told by its version alone" backend_mysql.go \
+	'^(TestMySQLServersAreCheckedByWhatTheyReport|TestMySQLRefusesGaleraAndTellsReleaseAnswersApart)$' \
+	'. ./internal/mysqlbackend'
+mutation "Vitess is told by its version alone" internal/mysqlbackend/mysql.go \
 	's/strings\.Contains\(c, "vitess"\):/strings.Contains(c, "vitess") \&\& false:/' \
-	'^TestMySQLServersAreCheckedByWhatTheyReport$'
-mutation "a multi-primary Group Replication member is taken for one server" backend_mysql.go \
+	'^TestMySQLServersAreCheckedByWhatTheyReport$' \
+	'./internal/mysqlbackend'
+mutation "a multi-primary Group Replication member is taken for one server" internal/mysqlbackend/mysql.go \
 	's/if strings\.EqualFold\(s\.vars\["group_replication_single_primary_mode"\], "OFF"\) \{/if false {/' \
-	'^(TestMySQLServersAreCheckedByWhatTheyReport|TestMySQLRefusesGaleraAndTellsReleaseAnswersApart)$'
-mutation "Validate asks a look-alike for variables it may not have" backend_mysql.go \
+	'^(TestMySQLServersAreCheckedByWhatTheyReport|TestMySQLRefusesGaleraAndTellsReleaseAnswersApart)$' \
+	'. ./internal/mysqlbackend'
+mutation "Validate asks a look-alike for variables it may not have" internal/mysqlbackend/mysql.go \
 	's/return nil \/\/ told by its version; it may not know the next statement/_ = 0 \/\/ asks anyway/' \
 	'^TestMySQLRefusesGaleraAndTellsReleaseAnswersApart$'
 
@@ -417,15 +422,18 @@ mutation "after a session lost a lease step, every step still tries it prepared 
 mutation "a lease step another client prepared under its name fails" backend_postgres.go \
 	's/err != nil && dbutil\.SQLState\(err\) != "42P05"/err != nil/' \
 	'^TestLibPQLeaseStepPreparedByAnotherClientRuns$'
-mutation "MySQL: the exclusive try goes as text, parsed each time" backend_mysql.go \
+mutation "MySQL: the exclusive try goes as text, parsed each time" internal/mysqlbackend/mysql.go \
 	's/\tif m\.prepared == nil \{\n\t\treturn backend\.SessionResult\{\}, grabMissed, dbutil\.ErrNotPrepared/\tif true || m.prepared == nil {\n\t\treturn backend.SessionResult{}, grabMissed, dbutil.ErrNotPrepared/' \
-	'^TestMySQLTryAndUnlockRunPrepared$'
-mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" backend_mysql.go \
+	'^TestMySQLTryAndUnlockRunPrepared$' \
+	'./internal/mysqlbackend'
+mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" internal/mysqlbackend/mysql.go \
 	's/if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{/if dbutil.MySQLErrno(err) == mysqlUnknownStatement \&\& false {/' \
-	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'
-mutation "MySQL: statements a session lost are never prepared again" backend_mysql.go \
+	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$' \
+	'./internal/mysqlbackend'
+mutation "MySQL: statements a session lost are never prepared again" internal/mysqlbackend/mysql.go \
 	's/(if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{\n\t\t\t)ps\.Forget\(dc\)/$1_ = dc/' \
-	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$'
+	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$' \
+	'./internal/mysqlbackend'
 mutation "a resign leaves its term's row naming its session" election.go \
 	's/\te\.endTerm\(ctx, t\)\n/\t_ = t\n/' \
 	'^TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock$'
@@ -442,19 +450,19 @@ mutation "a lead returning nil at once campaigns again at once" election.go \
 	's/if !e\.standAside\(ctx, 0\) \|\| !e\.rest\(ctx, began, &quick\)/if !e.standAside(ctx, 0) || false \&\& !e.rest(ctx, began, \&quick)/' \
 	'^TestElectionLeadReturningAtOnceDoesNotHammer$'
 mutation "a missing privilege is campaigned for forever" election.go \
-	's/if !deniedByServer\(err\) \{/if true {/' \
+	's/if !dbutil\.DeniedByServer\(err\) \{/if !dbutil.DeniedByServer(err) || true {/' \
 	'^(TestElectionRunReturnsAMissingPrivilege|TestMySQLElectionRunReturnsAMissingPrivilege)$'
-mutation "MySQL: a refused CREATE is not a missing privilege" backend_mysql.go \
-	's/case mysqlDenied, mysqlColumnDenied, mysqlDBDenied:/case mysqlColumnDenied, mysqlDBDenied:/' \
+mutation "MySQL: a refused CREATE is not a missing privilege" internal/dbutil/statements.go \
+	's/case 1142, 1143, 1044:/case 1143, 1044:/' \
 	'^TestMySQLElectionRunReturnsAMissingPrivilege$'
 # --- Shared locks -----------------------------------------------------------------
-mutation "MySQL exclusive statement ignores shared rows" backend_mysql_shared.go \
+mutation "MySQL exclusive statement ignores shared rows" internal/mysqlbackend/shared.go \
 	's/WHEN 1 THEN IF\(" \+ mysqlReadersIn\(key\) \+ ", 2, 1\)/WHEN 1 THEN IF(false, 2, 1)/' \
 	'^TestSharedAndExclusiveHoldersNeverOverlap$'
-mutation "MySQL shared holder does not check the GET_LOCK after its row" backend_mysql_shared.go \
+mutation "MySQL shared holder does not check the GET_LOCK after its row" internal/mysqlbackend/shared.go \
 	's/m\.getLock\(ctx, conn, "SELECT IS_FREE_LOCK\("\+mysqlLockName\(key\)\+"\)"\)/m.getLock(ctx, conn, "SELECT 1")/' \
 	'^(TestSharedHoldersCoexistAndExcludeWriters|TestSharedAndExclusiveHoldersNeverOverlap)$'
-mutation "MySQL writer's wait that ends keeps the GET_LOCK on the pooled session" backend_mysql_shared.go \
+mutation "MySQL writer's wait that ends keeps the GET_LOCK on the pooled session" internal/mysqlbackend/shared.go \
 	's/RELEASE_LOCK\("\+name\+"\), 0\)"\)/0, 0)")/' \
 	'^TestSharedHoldersCoexistAndExcludeWriters$'
 mutation "SQLite lease token counter forgets deleted rows" internal/sqlitebackend/sqlite.go \
@@ -634,10 +642,10 @@ mutation "PostgreSQL prunes run records younger than the retention (sign)" backe
 mutation "PostgreSQL reads the run retention in the wrong unit" backend_postgres_once.go \
 	"s/\\\$3::bigint \* interval '1 millisecond'/\\\$3::bigint * interval '1 microsecond'/" \
 	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
-mutation "MySQL prunes run records younger than the retention (sign)" backend_mysql_once.go \
+mutation "MySQL prunes run records younger than the retention (sign)" internal/mysqlbackend/once.go \
 	's/done_at < UTC_TIMESTAMP\(6\) - INTERVAL/done_at < UTC_TIMESTAMP(6) + INTERVAL/' \
 	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
-mutation "MySQL gives the run retention in the wrong unit" backend_mysql_once.go \
+mutation "MySQL gives the run retention in the wrong unit" internal/mysqlbackend/once.go \
 	's/strconv\.FormatInt\(keep\.Microseconds\(\), 10\)/strconv.FormatInt(keep.Milliseconds(), 10)/' \
 	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
 mutation "TryDoOnce records a run on its caller's context" once.go \
@@ -658,10 +666,10 @@ mutation "PostgreSQL Check proves no INSERT grant" backend_postgres.go \
 mutation "PostgreSQL Check proves no grant on the token sequence" backend_postgres.go \
 	's/if t == "advisorylock_leases" \|\| t == "advisorylock_elections" \|\| t == "advisorylock_locks" \{/if false \&\& (t == "advisorylock_leases" || t == "advisorylock_elections") {/' \
 	'^TestCheckRefusesAPartialGrant$'
-mutation "MySQL Check proves no UPDATE grant" backend_mysql.go \
+mutation "MySQL Check proves no UPDATE grant" internal/mysqlbackend/mysql.go \
 	's/\t\t\tfmt\.Sprintf\("UPDATE %s SET %s = %\[2\]s WHERE FALSE", t, c\),\n//; s/\t\tc := mysqlTableColumns\[t\]\n/\t\t_ = mysqlTableColumns[t]\n/' \
 	'^TestMySQLCheckRefusesAPartialGrant$'
-mutation "MySQL Check proves no INSERT grant" backend_mysql.go \
+mutation "MySQL Check proves no INSERT grant" internal/mysqlbackend/mysql.go \
 	's/"INSERT INTO " \+ t \+ " SELECT \* FROM " \+ t \+ " WHERE FALSE",/"SELECT * FROM " + t + " WHERE FALSE",/' \
 	'^TestMySQLCheckRefusesAPartialGrant$'
 mutation "robfig/cron OncePerTick keys the run by the firing time" extra/advisorylockcron/cron.go \
@@ -690,38 +698,38 @@ mutation "advisorylocktest Memory's Revoke leaves a Lock's name taken" extra/adv
 
 # --- Elections, lost locks, min-hold windows, config files --------------------
 # The MySQL election: who leads, and the term it records.
-mutation "MySQL: Leader trusts a term while any connection holds the lock" backend_mysql_election.go \
+mutation "MySQL: Leader trusts a term while any connection holds the lock" internal/mysqlbackend/election.go \
 	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND IS_USED_LOCK(` + mysqlLockName(key) + `) IS NOT NULL`/' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'
-mutation "MySQL: Leader trusts the last term not ended, held or not" backend_mysql_election.go \
+mutation "MySQL: Leader trusts the last term not ended, held or not" internal/mysqlbackend/election.go \
 	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND connection_id <> 0`/' \
 	'^TestElectionLeaderForgetsAKilledLeadersTerm$'
-mutation "MySQL: Leader trusts the last term while nobody holds the lock" backend_mysql_election.go \
+mutation "MySQL: Leader trusts the last term while nobody holds the lock" internal/mysqlbackend/election.go \
 	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND (connection_id = IS_USED_LOCK(` + mysqlLockName(key) + `) OR IS_USED_LOCK(` + mysqlLockName(key) + `) IS NULL)`/' \
 	'^TestElectionLeaderForgetsAKilledLeadersTerm$'
 mutation "PostgreSQL: Leader trusts a term while any session holds the lock" backend_postgres_election.go \
 	's/WHERE l\.locktype = '"'"'advisory'"'"' AND l\.granted AND l\.pid = e\.pid/WHERE l.locktype = '"'"'advisory'"'"' AND l.granted AND l.pid > 0/' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'
-mutation "MySQL: a new term is the last plus one, behind the clock" backend_mysql_election.go \
+mutation "MySQL: a new term is the last plus one, behind the clock" internal/mysqlbackend/election.go \
 	's/term = LAST_INSERT_ID\(GREATEST\(term \+ 1, ` \+ mysqlNowMicros \+ `\)\)/term = LAST_INSERT_ID(term + 1)/' \
 	'^TestElectionTermExceedsEveryTokenIssuedBeforeIt$'
 mutation "PostgreSQL: a new term is the last plus one, behind the token sequence" backend_postgres_election.go \
 	's/term = greatest\(e\.term \+ 1, EXCLUDED\.term\)/term = e.term + 1/' \
 	'^TestElectionTermExceedsEveryTokenIssuedBeforeIt$'
-mutation "MySQL: a new term keeps the last leader's connection" backend_mysql_election.go \
+mutation "MySQL: a new term keeps the last leader's connection" internal/mysqlbackend/election.go \
 	's/\n\tconnection_id = CONNECTION_ID\(\), user = /\n\tuser = /' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionKilledSessionIsTakenOver)$'
-mutation "MySQL: a new term keeps the last leader's label" backend_mysql_election.go \
+mutation "MySQL: a new term keeps the last leader's label" internal/mysqlbackend/election.go \
 	's/\), owner = ` \+ o \+ `,\n/),\n/' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionKilledSessionIsTakenOver)$'
 mutation "a lead that returns its context's error after a loss ends Run" election.go \
 	's/\tcase t\.lostBy\(err\):/\tcase false \&\& t.lostBy(err):/' \
 	'^TestElectionLeadReturningItsContextErrorAfterALossCampaignsAgain$'
 # The keep-alive's reading of a lock that is gone from its session.
-mutation "MySQL keep-alive takes a freed lock (NULL) for held" backend_mysql.go \
+mutation "MySQL keep-alive takes a freed lock (NULL) for held" internal/mysqlbackend/mysql.go \
 	's/return held\.Valid && held\.Bool, err/return !held.Valid || held.Bool, err/' \
 	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
-mutation "MySQL keep-alive takes another connection's lock for its own" backend_mysql.go \
+mutation "MySQL keep-alive takes another connection's lock for its own" internal/mysqlbackend/mysql.go \
 	's/holds := "IS_USED_LOCK\(" \+ mysqlLockName\(key\) \+ "\) = CONNECTION_ID\(\)"/holds := "IS_USED_LOCK(" + mysqlLockName(key) + ") IS NOT NULL"/' \
 	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
 mutation "PostgreSQL keep-alive takes another session's lock for its own" backend_postgres.go \
@@ -750,7 +758,7 @@ mutation "SQLite statements hand the driver a context that can end" internal/sql
 	's/q := endless\{on\}/q := on/' \
 	'^TestSQLiteStatementsAreNotWatched$'
 # MySQL's lease window outlives a killed holder, renewed or not.
-mutation "MySQL lease's renewal cuts its window short" backend_mysql.go \
+mutation "MySQL lease's renewal cuts its window short" internal/mysqlbackend/mysql.go \
 	's/expires = "GREATEST\(" \+ expires \+ ", " \+ mysqlAfterGrant\(r\.MinHold\) \+ "\)"/expires += ""/' \
 	'^TestMinHoldWindowOutlivesAKilledHolder$'
 # lockrun's settings from a config file: each takes effect.
@@ -792,13 +800,13 @@ mutation "PostgreSQL: a lock row's release frees nothing" backend_postgres_rows.
 mutation "PostgreSQL: a lock row's release ends its window at once" backend_postgres_rows.go \
 	's/least\(expires_at, greatest\(now\(\), acquired_at \+ \$3::bigint/least(expires_at, greatest(now(), acquired_at + 0 * \$3::bigint/' \
 	'^TestLeaseRowsKeepTheMinHoldWindow$'
-mutation "MySQL: a lock row is taken while live" backend_mysql_rows.go \
+mutation "MySQL: a lock row is taken while live" internal/mysqlbackend/rows.go \
 	's/owner = IF\(expires_at <= UTC_TIMESTAMP\(6\), /owner = IF(TRUE, /' \
 	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
-mutation "MySQL: a lock row's renewal ignores its owner" backend_mysql_rows.go \
+mutation "MySQL: a lock row's renewal ignores its owner" internal/mysqlbackend/rows.go \
 	's/ AND owner = ` \+ mysqlHex\(r\.Owner\) \+ ` AND expires_at > UTC_TIMESTAMP\(6\)`/ AND expires_at > UTC_TIMESTAMP(6)`/' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'
-mutation "MySQL: a lock row's release frees nothing" backend_mysql_rows.go \
+mutation "MySQL: a lock row's release frees nothing" internal/mysqlbackend/rows.go \
 	's/stmt := "DELETE FROM advisorylock_locks" \+ which/stmt := "DELETE FROM advisorylock_locks" + which + " AND FALSE"/' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'
 mutation "lockrun --lease-rows is ignored" cmd/lockrun/run.go \
@@ -901,7 +909,8 @@ for i in "${!names[@]}"; do
 	# A module under extra/ (its own go.mod) is tested from its folder.
 	dir=. pkg=${pkgs[$i]}
 	if [ -f "$root/$pkg/go.mod" ]; then dir=$pkg pkg=.; fi
-	listed=$(cd "$root/$dir" && go test -list "${tests[$i]}" "$pkg" 2>/dev/null | grep '^Test' || true)
+	read -ra pkgargs <<<"$pkg"
+	listed=$(cd "$root/$dir" && go test -list "${tests[$i]}" "${pkgargs[@]}" 2>/dev/null | grep '^Test' || true)
 	gone=""
 	for want in $(echo "${tests[$i]}" | tr -d '^$()' | tr '|' ' '); do
 		grep -qx "$want" <<<"$listed" || gone+=" $want"
@@ -913,7 +922,7 @@ for i in "${!names[@]}"; do
 	fi
 	start=$(date +%s)
 	status=0
-	(cd "$tree/$dir" && go test "${goflags[@]}" -run "${tests[$i]}" "$pkg") >"$log" 2>&1 || status=$?
+	(cd "$tree/$dir" && go test "${goflags[@]}" -run "${tests[$i]}" "${pkgargs[@]}") >"$log" 2>&1 || status=$?
 	by=targets
 	if [ "$status" -eq 0 ]; then
 		by=suite

@@ -17,6 +17,12 @@ import (
 // be dialed; nothing was sent.
 var ErrPoolUnavailable = errors.New("advisorylock: no connection available")
 
+// ErrTransactionPooler is advisorylock.ErrTransactionPooler: session
+// locks cannot work because a transaction-mode pooler multiplexes
+// sessions. A session backend's UnlockSession wraps it when its statement
+// reached a server session other than the one holding the key.
+var ErrTransactionPooler = errors.New("advisorylock: transaction-mode pooler in the way (session locks cannot work there; use LeaseLock, or WithLeaseRows for a Lock, a set, a Semaphore or an Election)")
+
 // ErrPoolWait is the cause of a checkout that WithPoolWait ended.
 var ErrPoolWait = errors.New("no connection came free within the pool wait (WithPoolWait)")
 
@@ -182,6 +188,22 @@ func MySQLErrno(err error) uint16 {
 		}
 	}
 	return 0
+}
+
+// DeniedByServer reports whether err is the server's refusal of a
+// privilege the connecting role or user lacks (on a table, a sequence,
+// a database, or the right to create the tables): PostgreSQL's
+// insufficient_privilege (42501), MySQL's errors 1142, 1143 and 1044.
+// Trying again does not heal it; an administrator's grant does.
+func DeniedByServer(err error) bool {
+	if SQLState(err) == "42501" {
+		return true
+	}
+	switch MySQLErrno(err) {
+	case 1142, 1143, 1044: // ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR
+		return true
+	}
+	return false
 }
 
 // TTLMillis is a lease's TTL as whole milliseconds, at least 1.

@@ -1,10 +1,11 @@
-package advisorylock
+package mysqlbackend
 
 import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"math/rand/v2"
 	"reflect"
 	"testing"
 
@@ -30,7 +31,7 @@ func stmtExecutions(t *testing.T, conn *sql.Conn) int64 {
 func TestMySQLTryAndUnlockRunPrepared(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.OpenMySQL(t)
-	m := MySQL().(mysqlBackend).forDB(db)
+	m := mysqlBackend{}.forDB(db)
 	if m.prepared == nil {
 		t.Fatal("no prepared statements for go-sql-driver")
 	}
@@ -39,7 +40,7 @@ func TestMySQLTryAndUnlockRunPrepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	step := tryAndUnlockStep(t, m, db, conn, Key(testdb.UniqueName(t)))
+	step := tryAndUnlockStep(t, m, db, conn, uniqueKey())
 	step("first", -1) // a try as text first creates the table of shared holders, if missing
 	step("warm", 2)
 	step("again", 2)
@@ -54,13 +55,13 @@ func TestMySQLTryAndUnlockRunPrepared(t *testing.T) {
 func TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.OpenMySQL(t)
-	m := MySQL().(mysqlBackend).forDB(db)
+	m := mysqlBackend{}.forDB(db)
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	step := tryAndUnlockStep(t, m, db, conn, Key(testdb.UniqueName(t)))
+	step := tryAndUnlockStep(t, m, db, conn, uniqueKey())
 	step("first", -1)
 	step("warm", 2)
 
@@ -104,6 +105,10 @@ func TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain(t *testing.T
 	step("after the loss", -1)
 	step("prepared again", 2)
 }
+
+// uniqueKey returns a key no other test or run uses: the server's lock
+// name is the key's.
+func uniqueKey() int64 { return int64(rand.Uint64()) }
 
 // usedBy is the connection id holding key's MySQL lock, 0 if free, read
 // on a connection of its own.

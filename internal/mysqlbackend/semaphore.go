@@ -1,4 +1,4 @@
-package advisorylock
+package mysqlbackend
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package advisorylock
+package mysqlbackend
 
 import (
 	"context"
@@ -51,15 +51,16 @@ func TestMySQLServersAreCheckedByWhatTheyReport(t *testing.T) {
 		switch {
 		case tc.refuse == "" && err != nil:
 			t.Errorf("%+v: %v, want it supported", tc.s, err)
-		case tc.refuse != "" && (!errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.refuse)):
+		case tc.refuse != "" && (!errors.Is(err, backend.ErrUnsupported) || !strings.Contains(err.Error(), tc.refuse)):
 			t.Errorf("%+v: %v, want ErrUnsupported naming %q", tc.s, err, tc.refuse)
 		}
 	}
 }
 
 func TestMySQLLockNamesAreShortLowercaseAndDistinct(t *testing.T) {
+	const keyOfLowerA, keyOfUpperA = -5802717410584021883, 3511630902572796430 // advisorylock.Key("a"), Key("A")
 	seen := map[string]int64{}
-	for _, key := range []int64{0, 1, -1, 1 << 62, -1 << 63, Key("a"), Key("A")} {
+	for _, key := range []int64{0, 1, -1, 1 << 62, -1 << 63, keyOfLowerA, keyOfUpperA} {
 		n := mysqlLockName(key)
 		if len(n)-2 > 64 || n != strings.ToLower(n) {
 			t.Fatalf("lock name %s for key %d: longer than 64 or not lowercase", n, key)

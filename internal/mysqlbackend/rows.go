@@ -1,4 +1,4 @@
-package advisorylock
+package mysqlbackend
 
 import (
 	"github.com/advisorylock/advisorylock/backend"
@@ -12,13 +12,13 @@ import (
 	"time"
 )
 
-// Lock rows on MySQL and MariaDB (WithLeaseRows): as on PostgreSQL (see
-// backend_postgres_rows.go), a Lock, a set's names and a Semaphore's
-// slots kept as rows live in advisorylock_locks, one row per key while
-// held, each step one autocommit statement on the database's clock (UTC),
-// so it works through a proxy that moves statements between server
-// connections (ProxySQL, RDS Proxy). There are no shared rows: RLock needs
-// session locks.
+// Lock rows on MySQL and MariaDB (WithLeaseRows): as on PostgreSQL, a
+// Lock, a set's names and a Semaphore's slots kept as rows live in
+// advisorylock_locks, one row per key while held, each step one
+// autocommit statement on the database's clock (UTC), so it works
+// through a proxy that moves statements between server connections
+// (ProxySQL, RDS Proxy). There are no shared rows: RLock needs session
+// locks.
 
 // mysqlLocksTable is the DDL of advisorylock_locks.
 const mysqlLocksTable = `CREATE TABLE IF NOT EXISTS advisorylock_locks (
@@ -31,7 +31,7 @@ const mysqlLocksTable = `CREATE TABLE IF NOT EXISTS advisorylock_locks (
 ) ENGINE=InnoDB`
 
 // errMySQLNoSharedRows refuses "shared" requests.
-var errMySQLNoSharedRows = fmt.Errorf("%w: MySQL keeps no shared holders as rows; RLock needs session locks", ErrUnsupported)
+var errMySQLNoSharedRows = fmt.Errorf("%w: MySQL keeps no shared holders as rows; RLock needs session locks", backend.ErrUnsupported)
 
 // acquireLock takes the lock row if it is absent or expired, in one
 // upsert, as AcquireLease takes a lease: the first assignment takes the
@@ -51,14 +51,15 @@ ON DUPLICATE KEY UPDATE
 	expires_at = IF(` + took + `, ` + expires + `, expires_at)`
 	token, err := m.execToken(ctx, db, stmt)
 	if err == nil && token == 0 {
-		err = ErrNotAcquired
+		err = backend.ErrNotAcquired
 	}
 	return m.grant(token, err)
 }
 
 // renewLock extends r.Owner's live row by its TTL from now (with
-// r.MinHold, never before the window's end); ErrLeaseLost otherwise. The
-// row's token comes back through LAST_INSERT_ID and must be the grant's.
+// r.MinHold, never before the window's end); backend.ErrLeaseLost
+// otherwise. The row's token comes back through LAST_INSERT_ID and must
+// be the grant's.
 func (m mysqlBackend) renewLock(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	expires := mysqlExpires(r.TTL)
 	if r.MinHold > 0 {
@@ -68,7 +69,7 @@ func (m mysqlBackend) renewLock(ctx context.Context, db backend.DB, r backend.Le
 WHERE lock_key = ` + strconv.FormatInt(r.Key, 10) + ` AND owner = ` + mysqlHex(r.Owner) + ` AND expires_at > UTC_TIMESTAMP(6)`
 	token, err := m.execToken(ctx, db, stmt)
 	if err == nil && uint64(token) != r.Token { // 0: no row matched
-		err = fmt.Errorf("%w: its row expired or was taken over", ErrLeaseLost)
+		err = fmt.Errorf("%w: its row expired or was taken over", backend.ErrLeaseLost)
 	}
 	return m.grant(token, err)
 }

@@ -1,4 +1,4 @@
-package advisorylock
+package mysqlbackend
 
 import (
 	"context"
@@ -226,9 +226,9 @@ func (m mysqlBackend) waitShared(ctx context.Context, conn *sql.Conn, key int64,
 // unlockShared deletes the session's shared row (and the key's rows
 // whose holder lock is free: holders whose session ended; a live row's
 // holder lock is taken before the row exists), then lets its holder lock
-// go: OK false if it held none, ErrTransactionPooler if another session
-// holds it. A deadlock or lock wait timeout (InnoDB, against concurrent
-// shared holders of the key) deleted nothing and is retried.
+// go: OK false if it held none, dbutil.ErrTransactionPooler if another
+// session holds it. A deadlock or lock wait timeout (InnoDB, against
+// concurrent shared holders of the key) deleted nothing and is retried.
 func (mysqlBackend) unlockShared(ctx context.Context, conn *sql.Conn, key int64) (backend.SessionResult, error) {
 	del := "DELETE FROM advisorylock_shared WHERE lock_key = " + strconv.FormatInt(key, 10) +
 		" AND (conn_id = CONNECTION_ID() OR IS_USED_LOCK(" + mysqlHolderLock(key, "conn_id") + ") IS NULL)"
@@ -245,7 +245,7 @@ func (mysqlBackend) unlockShared(ctx context.Context, conn *sql.Conn, key int64)
 		return backend.SessionResult{}, err
 	}
 	if released.Valid && released.Int64 == 0 {
-		return r, fmt.Errorf("%w: the unlock ran on server session %d, whose shared hold another session has", ErrTransactionPooler, r.Session)
+		return r, fmt.Errorf("%w: the unlock ran on server session %d, whose shared hold another session has", dbutil.ErrTransactionPooler, r.Session)
 	}
 	r.OK = released.Valid && released.Int64 == 1
 	return r, nil
@@ -292,7 +292,7 @@ func (m mysqlBackend) SessionHolders(ctx context.Context, db backend.DB, key int
 // its user and host from the process list where the user may see them
 // (PROCESS privilege). Since stays zero: the server does not say when a
 // named lock was taken.
-func (m mysqlBackend) exclusiveHolder(ctx context.Context, db DB, key int64) (*backend.Holder, error) {
+func (m mysqlBackend) exclusiveHolder(ctx context.Context, db backend.DB, key int64) (*backend.Holder, error) {
 	stmt := "SELECT u.id, COALESCE(p.USER, ''), COALESCE(p.HOST, '') FROM (SELECT IS_USED_LOCK(" + mysqlLockName(key) +
 		") AS id) AS u LEFT JOIN information_schema.PROCESSLIST p ON p.ID = u.id"
 	h := &backend.Holder{Backend: m.Name(), Key: key}

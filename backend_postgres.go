@@ -1244,7 +1244,7 @@ func (p *postgres) QueueLease(ctx context.Context, db backend.DB, conn *sql.Conn
 // (ErrUnsupported): the sleep would keep a server connection, and the
 // place's backend is not the sleeper's.
 func (p *postgres) SleepInLine(ctx context.Context, db backend.DB, conn *sql.Conn, r backend.LeaseRequest, d time.Duration) (granted bool, err error) {
-	if err := checkPooler(ctx, db, p); err != nil {
+	if err := dbutil.CheckPooler(ctx, db, p); err != nil {
 		if errors.Is(err, ErrTransactionPooler) {
 			return false, fmt.Errorf("%w: %w", ErrUnsupported, err)
 		}
@@ -1587,7 +1587,7 @@ func (p *postgres) ListenGrants(ctx context.Context, db backend.DB, conn *sql.Co
 	if !p.params && !own {
 		return fmt.Errorf("%w: the driver delivers no notifications to a pooled connection", ErrUnsupported)
 	}
-	if err := checkPooler(ctx, db, p); err != nil {
+	if err := dbutil.CheckPooler(ctx, db, p); err != nil {
 		if errors.Is(err, ErrTransactionPooler) {
 			return fmt.Errorf("%w: %w", ErrUnsupported, err)
 		}

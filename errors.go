@@ -35,7 +35,7 @@ var (
 	// sessions are multiplexed by a transaction-mode pooler. Use LeaseLock,
 	// or WithLeaseRows for a Lock, a set, a Semaphore or an Election: both
 	// keep their holds in rows, one autocommit statement at a time.
-	ErrTransactionPooler = errors.New("advisorylock: transaction-mode pooler in the way (session locks cannot work there; use LeaseLock, or WithLeaseRows for a Lock, a set, a Semaphore or an Election)")
+	ErrTransactionPooler = dbutil.ErrTransactionPooler
 	// ErrUnsupported means the handle cannot be locked safely: an unknown
 	// driver without WithBackend, an in-memory SQLite database, a nil handle.
 	ErrUnsupported = backend.ErrUnsupported

@@ -270,7 +270,7 @@ mutation "Validate asks a look-alike for variables it may not have" backend_mysq
 	's/return nil \/\/ told by its version; it may not know the next statement/_ = 0 \/\/ asks anyway/' \
 	'^TestMySQLRefusesGaleraAndTellsReleaseAnswersApart$'
 
-mutation "a checkout from a pgxpool waits for the caller's context, not WithPoolWait" conn_guard.go \
+mutation "a checkout from a pgxpool waits for the caller's context, not WithPoolWait" internal/dbutil/statements.go \
 	's/\tif poolWait > 0 \{\n\t\tvar cancel context\.CancelFunc/\tif poolWait > 0 \&\& false {\n\t\tvar cancel context.CancelFunc/' \
 	'^TestLocksOnAPgxpoolCountAgainstItsMaxConns$'
 # PoolerHint: the hosts and ports of the poolers docs/production.md names.

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/dbutil"
+	"github.com/advisorylock/advisorylock/internal/postgresbackend"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -67,7 +67,7 @@ func bouncerDSN(drv, dsn string) string {
 // multiplexing.
 func roundsSeeing(t *testing.T, db *sql.DB, drv string, paired bool, n int) int {
 	t.Helper()
-	s := advisorylock.Postgres().(backend.Configurer).Configure(db, 0, true).(backend.SessionIdentifier)
+	s := postgresbackend.New().(backend.Configurer).Configure(db, 0, true).(backend.SessionIdentifier)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	seen := 0

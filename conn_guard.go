@@ -29,45 +29,19 @@ type connGuard struct {
 	armed bool
 }
 
-// checkout takes a connection from db's pool into p for an acquire. A
-// done context returns its error before touching the pool. poolWait, if
-// not 0, bounds the wait for a connection (WithPoolWait): an exhausted
-// pool is then ErrPoolUnavailable, not a hang on a context that never
-// ends. Where the driver may not end a connection's startup when ctx ends
-// (p.bounded), the checkout goes through within; a connection that
-// arrives after ctx ended goes back to the pool.
+// checkout takes a connection from db's pool into p for an acquire (see
+// dbutil.Checkout: a done context, the pool wait poolWait, and the bound
+// where the driver may not end a connection's startup, p.bounded).
 func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (connGuard, error) {
-	if ctx.Err() != nil {
-		return connGuard{}, context.Cause(ctx)
-	}
-	caller := ctx
-	if poolWait > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, poolWait, dbutil.ErrPoolWait)
-		defer cancel()
-	}
-	var conn *sql.Conn
-	var err error
-	if p.bounded && ctx.Done() != nil {
-		conn, err = dbutil.Within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
-			if late != nil {
-				dbutil.Recycle(late)
-			}
-		})
-	} else {
-		conn, err = db.Conn(ctx)
-	}
+	conn, err := dbutil.Checkout(ctx, db, p.bounded, poolWait)
 	if err != nil {
-		if caller.Err() != nil {
-			return connGuard{}, context.Cause(caller)
-		}
-		return connGuard{}, dbutil.Unavailable(ctx, err)
+		return connGuard{}, err
 	}
 	p.conn = conn
 	if p.bounded {
 		p.sever = interruptible(conn)
 	}
-	return connGuard{p: p, ctx: caller, armed: true}, nil
+	return connGuard{p: p, ctx: ctx, armed: true}, nil
 }
 
 // settle discards the connection unless the outcome was made definite by
@@ -92,19 +66,6 @@ func (g *connGuard) recycle() {
 // take disarms the guard: the connection now belongs to a lock holder,
 // which must later recycle or discard it.
 func (g *connGuard) take() { g.armed = false }
-
-// borrow checks a connection out of db for statements that take no lock
-// (the pooler probe), through within where the driver needs it (bounded,
-// see checkout). Hand it back with dbutil.GiveBack.
-func borrow(ctx context.Context, db DB, bounded bool) (*sql.Conn, error) {
-	p := &pinned{bounded: bounded}
-	cg, err := checkout(ctx, db, p, dbutil.PoolWaitOf(ctx))
-	if err != nil {
-		return nil, err
-	}
-	cg.take()
-	return p.conn, nil
-}
 
 // sessionHold is a held session lock: the Guard's hold, the connection
 // whose session holds the lock, and its keep-alive watcher. From the grant

@@ -169,7 +169,7 @@ func sleeper(store backend.LeaseStore, db DB) backend.LeaseSleeper {
 // maxSleepersUnlimited, so that a thousand waiting keys do not take a
 // thousand server connections. The waiters beyond it poll.
 func maxSleepers(db DB) int {
-	if n := maxOpenConns(db); n > 0 {
+	if n := dbutil.MaxOpenConns(db); n > 0 {
 		return max(n/4, 1)
 	}
 	return maxSleepersUnlimited

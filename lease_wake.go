@@ -71,7 +71,7 @@ const (
 // long as waiters wait (a listener's, or a sleeper's in line): any pool
 // but one limited to fewer than listenMinPool connections.
 func sparesAConn(db DB) bool {
-	n := maxOpenConns(db)
+	n := dbutil.MaxOpenConns(db)
 	return n == 0 || n >= listenMinPool
 }
 

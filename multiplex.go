@@ -286,7 +286,7 @@ func (mp *muxPool) choose(budget context.Context, l *Lock) (*muxSession, error) 
 // that sessions holding locks leave the pool a connection. The limit is
 // read at each choice: it may be set after New.
 func (mp *muxPool) size() int {
-	if limit := maxOpenConns(mp.key.db); limit > 0 && mp.key.size >= limit {
+	if limit := dbutil.MaxOpenConns(mp.key.db); limit > 0 && mp.key.size >= limit {
 		return max(limit-1, 1)
 	}
 	return mp.key.size

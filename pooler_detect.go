@@ -2,11 +2,8 @@ package advisorylock
 
 import (
 	"context"
-	"database/sql"
-	"fmt"
 	"net/url"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/advisorylock/advisorylock/backend"
@@ -350,181 +347,33 @@ func splitList(v string) []string {
 func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
 	cfg := newConfig(nil)
 	b, err := resolveBackend(ctx, db, &cfg)
-	switch code := dbutil.SQLState(err); {
-	case code == "26000" || code == "42P05":
+	switch {
+	case dbutil.PoolerSign(err) != "":
 		// The first-use check's statement met another client's prepared
-		// statement, or lost its own: a sign, as in sessionOf.
+		// statement, or lost its own: a sign, as in the probe.
 		return PoolerTransaction, nil
 	case err != nil:
-		return PoolerNotSeen, probeError(err)
+		return PoolerNotSeen, dbutil.PoolerProbeError(err)
 	}
 	s, ok := b.(backend.SessionIdentifier)
 	if !ok {
 		return PoolerNotSeen, nil
 	}
-	mode, _, err := probePooler(ctx, db, s)
-	return mode, err
+	transaction, _, err := dbutil.ProbePooler(ctx, db, s)
+	if transaction {
+		return PoolerTransaction, nil
+	}
+	return PoolerNotSeen, err
 }
 
-// probeRounds is how many rounds the probe runs before it reports that it
-// saw no multiplexing.
-const probeRounds = 8
-
-// secondConnWait bounds the checkout of a round's second connection; past
-// it, the probe reads one connection only, so a full pool never blocks it.
-const secondConnWait = time.Second
-
-// probePooler runs the probe and returns what it saw, and why, for
-// messages.
-func probePooler(ctx context.Context, db DB, s backend.SessionIdentifier) (PoolerMode, string, error) {
-	paired := maxOpenConns(db) != 1
-	for range probeRounds {
-		why, stillPaired, err := probeRound(ctx, db, s, paired)
-		if err != nil {
-			return PoolerNotSeen, "", probeError(err)
-		}
-		if why != "" {
-			return PoolerTransaction, why, nil
-		}
-		paired = stillPaired
-	}
-	return PoolerNotSeen, "", nil
-}
-
-// probeRound runs one round of the probe (see DetectPooler). why is
-// non-empty when it saw multiplexing. paired reports whether later rounds
-// should still try two connections.
-func probeRound(ctx context.Context, db DB, s backend.SessionIdentifier, paired bool) (why string, stillPaired bool, err error) {
-	a, err := borrow(ctx, db, !endsWithContext(s))
-	if err != nil {
-		return "", paired, err
-	}
-	defer func() { dbutil.GiveBack(a, err == nil && ctx.Err() == nil) }()
-	a1, why, err := sessionOf(ctx, s, a)
-	if why != "" || err != nil {
-		return why, paired, err
-	}
-	var b *sql.Conn
-	var b1 string
-	if paired {
-		b, b1, why, err = secondSession(ctx, db, s)
-		if why != "" || err != nil {
-			return why, paired, err
-		}
-		if b == nil {
-			paired = false // the pool or the pooler has no second session for us: read A alone
-		} else {
-			defer func() { dbutil.GiveBack(b, err == nil && ctx.Err() == nil) }()
-		}
-	}
-	a2, why, err := sessionOf(ctx, s, a)
-	switch {
-	case why != "" || err != nil:
-		return why, paired, err
-	case b != nil && (a1 == b1 || a2 == b1):
-		return "two connections open at once shared server session " + b1, paired, nil
-	case a1 != a2:
-		return "one connection moved from server session " + a1 + " to " + a2, paired, nil
-	}
-	return "", paired, nil
-}
-
-// secondSession checks out a second connection and reads its session
-// identity within secondConnWait. It returns a nil conn, and no error,
-// when that takes longer: a pool at its SetMaxOpenConns limit, or a
-// pooler with no free server session, must not hold the probe up.
-func secondSession(ctx context.Context, db DB, s backend.SessionIdentifier) (conn *sql.Conn, id, why string, err error) {
-	bctx, cancel := context.WithTimeout(ctx, secondConnWait)
-	defer cancel()
-	conn, err = db.Conn(bctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, "", "", context.Cause(ctx)
-		}
-		return nil, "", "", nil
-	}
-	if ctx.Err() != nil { // ended as the connection arrived: nothing ran on it
-		dbutil.GiveBack(conn, true)
-		return nil, "", "", context.Cause(ctx)
-	}
-	id, why, err = sessionOf(bctx, s, conn)
-	switch {
-	case ctx.Err() != nil:
-		dbutil.GiveBack(conn, false)
-		return nil, "", "", context.Cause(ctx)
-	case bctx.Err() != nil:
-		dbutil.GiveBack(conn, false) // its statement was cut short
-		return nil, "", "", nil
-	case why != "" || err != nil:
-		dbutil.GiveBack(conn, true)
-		return nil, "", why, err
-	}
-	return conn, id, "", nil
-}
-
-// sessionOf reads conn's server session identity. A prepared statement
-// that vanished or already exists is a sign of multiplexing, returned as
-// why.
-func sessionOf(ctx context.Context, s backend.SessionIdentifier, conn *sql.Conn) (id, why string, err error) {
-	id, err = s.SessionIdentity(ctx, conn)
-	switch code := dbutil.SQLState(err); code {
-	case "26000", "42P05":
-		return "", "a prepared statement was not on the session it was prepared on (SQLSTATE " + code + ")", nil
-	}
-	if err != nil && ctx.Err() != nil {
-		return "", "", context.Cause(ctx)
-	}
-	return id, "", err
-}
-
-// maxOpenConns returns db's SetMaxOpenConns limit when db reports pool
-// statistics (*sql.DB, *sqlx.DB), and 0 (unlimited or unknown) otherwise.
-func maxOpenConns(db DB) int {
-	if st, ok := db.(interface{ Stats() sql.DBStats }); ok {
-		return st.Stats().MaxOpenConnections
-	}
-	return 0
-}
-
-// probeError wraps an error of the probe, keeping it reachable.
-func probeError(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &poolerError{err: err}
-}
-
-type poolerError struct{ err error }
-
-func (e *poolerError) Error() string {
-	return "advisorylock: pooler probe: " + strings.TrimPrefix(e.err.Error(), "advisorylock: ")
-}
-
-func (e *poolerError) Unwrap() error { return e.err }
-
-// checkPooler refuses session locks on db when the probe sees a
-// transaction-mode pooler, probing once per *sql.DB (see verdicts). A
-// backend that cannot name sessions (no SessionIdentifier) is not probed.
+// checkPooler refuses session locks on db, with ErrTransactionPooler,
+// when the probe sees a transaction-mode pooler (see dbutil.CheckPooler).
+// A backend that cannot name sessions (no SessionIdentifier) is not
+// probed.
 func checkPooler(ctx context.Context, db DB, b backend.SessionLocker) error {
 	s, ok := b.(backend.SessionIdentifier)
 	if !ok {
 		return nil
 	}
-	seen, err := dbutil.CachedVerdict(ctx, db, "pooler", func(ctx context.Context) (poolerSeen, error) {
-		mode, why, err := probePooler(ctx, db, s)
-		return poolerSeen{mode, why}, err
-	})
-	if err != nil {
-		return err
-	}
-	if seen.mode == PoolerTransaction {
-		return fmt.Errorf("%w: %s", ErrTransactionPooler, seen.why)
-	}
-	return nil
-}
-
-// poolerSeen is the probe's verdict: the mode, and why it says so.
-type poolerSeen struct {
-	mode PoolerMode
-	why  string
+	return dbutil.CheckPooler(ctx, db, s)
 }

@@ -100,7 +100,7 @@ mutation "a shared session that ends tells none of its locks" multiplex.go \
 mutation "a forgotten guard on a shared session discards the session" multiplex.go \
 	's/go func\(\) \{ _ = h\.release\(context\.Background\(\), h\.relTO\) \}\(\)/go func() { h.s.mu.Lock(); h.s.end(CauseSessionEnded, ErrLockLost); h.s.mu.Unlock() }()/' \
 	'^TestForgottenMultiplexedGuardIsCleanedUp$'
-mutation "a set's try keeps the names it got when one is held" backend_postgres.go \
+mutation "a set's try keeps the names it got when one is held" internal/postgresbackend/postgres.go \
 	's/WHERE t\.ok AND NOT a\.ok\)/WHERE t.ok AND NOT a.ok AND false)/' \
 	'^TestSetTakesAllOrNone$'
 # Under load and faults (mux_fault_test.go, soak_mux_test.go):
@@ -146,7 +146,7 @@ mutation "MySQL: a set's or shared session's keep-alive takes a freed name (NULL
 mutation "MySQL: a set's or shared session's keep-alive takes another connection's lock for its own" internal/mysqlbackend/mysql.go \
 	's/IFNULL\(IS_USED_LOCK\(%s\) = CONNECTION_ID\(\), 0\)/IFNULL(IS_USED_LOCK(%s) IS NOT NULL, 0)/' \
 	'^(TestSetLosesOneNameAlone|TestMultiplexedKeepAliveLosesOnlyTheMissingKeys)$'
-mutation "PostgreSQL: a set's or shared session's keep-alive takes another session's lock for its own" backend_postgres.go \
+mutation "PostgreSQL: a set's or shared session's keep-alive takes another session's lock for its own" internal/postgresbackend/postgres.go \
 	's/l\.objsubid = 1 AND l\.pid = pg_backend_pid\(\) AND l\.mode = \x27ExclusiveLock\x27/l.objsubid = 1 AND l.mode = \x27ExclusiveLock\x27/' \
 	'^(TestSetLosesOneNameAlone|TestMultiplexedKeepAliveLosesOnlyTheMissingKeys)$'
 mutation "SQLite: a Lock's renewal extends another owner's row" internal/sqlitebackend/sqlite.go \
@@ -164,9 +164,9 @@ mutation "an ended shared session frees its names before it tells its locks" mul
 mutation "a shared session runs each queued op alone" multiplex.go \
 	's/ok && len\(live\) > 1 && s\.runBatch\(bl, live\)/ok \&\& false \&\& s.runBatch(bl, live)/' \
 	'^TestEngineMultiplexedOpsShareTheNextStatement$'
-mutation "a batch unlocks with the try function (PostgreSQL)" backend_postgres_batch.go \
+mutation "a batch unlocks with the try function (PostgreSQL)" internal/postgresbackend/batch.go \
 	's/"pg_try_advisory_lock", "pg_advisory_unlock"\)/"pg_try_advisory_lock", "pg_try_advisory_lock")/' \
-	'^TestPostgresBatchTriesAndUnlocksInOneStatement$'
+	'^TestPostgresBatchTriesAndUnlocksInOneStatement$' ./internal/postgresbackend
 mutation "a lost set's other names are let go before it is told" multiplex.go \
 	's/(\tfor _, h := range gone \{\n.*?\n\t\}\n)(\tif len\(rest\) > 0 && s\.unlockLocked.*?\n\t\}\n)/$2$1/s' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
@@ -175,7 +175,7 @@ mutation "a lost set's other names are let go before it is told" multiplex.go \
 mutation "MySQL: a slot's release unlocks another key and recycles the slot's connection" semaphore.go \
 	's/return locker\.UnlockSession\(ctx, conn, l\.key\)/return locker.UnlockSession(ctx, conn, Key(l.name))/' \
 	'^TestSemaphoreReleaseLeavesNoSlotOnTheConnection$'
-mutation "PostgreSQL: a slot's release unlocks another key and recycles the slot's connection" backend_postgres_semaphore.go \
+mutation "PostgreSQL: a slot's release unlocks another key and recycles the slot's connection" internal/postgresbackend/semaphore.go \
 	's/q, args, err := p\.statement\(pgUnlockAndSignal, key, /q, args, err := p.statement(pgUnlockAndSignal, signal, /' \
 	'^TestSemaphoreReleaseLeavesNoSlotOnTheConnection$'
 mutation "MySQL: a release recycles a session still holding the lock (taken twice)" internal/mysqlbackend/mysql.go \
@@ -186,13 +186,13 @@ mutation "MySQL: a release recycles a session still holding the lock (taken twic
 mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \
 	's/case lw\.wake <- struct\{\}\{\}:/case <-make(chan struct{}):/' \
 	'^(TestLeaseWaiterWakesOnRelease|TestLeaseWaiterSurvivesAKilledListener)$'
-mutation "a Notifier's notifications are not listened to (lib/pq waiters poll)" backend_postgres.go \
+mutation "a Notifier's notifications are not listened to (lib/pq waiters poll)" internal/postgresbackend/postgres.go \
 	's/\tif own \{\n\t\treturn n\.Listen\(ctx, pgReleaseChannel, ready, heard\)/\tif own {\n\t\t_ = n\n\t\treturn ErrUnsupported/' \
 	'^(TestWaiterWakesOnRelease|TestWaiterWakesAfterItsListenerWasKilled|TestSemaphoreWaiterWakesOnRelease)$' extra/advisorylockpq
 mutation "a Notifier's listener takes a connection of the pool" lease_wake.go \
 	's/if _, ok := w\.db\.\(backend\.Notifier\); !ok \{/if _, ok := w.db.(backend.Notifier); !ok || true {/' \
 	'^TestListenerTakesNoPoolConnection$' extra/advisorylockpq
-mutation "a semaphore slot's release notifies nobody" backend_postgres_semaphore.go \
+mutation "a semaphore slot's release notifies nobody" internal/postgresbackend/semaphore.go \
 	"s/pg_notify\('\\\` \\+ pgReleaseChannel \\+ \\\`', \\\$2::text\)/pg_notify('nobody', \\\$2::text)/" \
 	'^(TestSemaphoreWaiterWakesOnRelease|TestSemaphoreWaiterSurvivesAKilledListener)$'
 mutation "a semaphore's slot is released without its signal" semaphore.go \
@@ -209,7 +209,7 @@ mutation "a semaphore's waiter that cannot hear never goes back to slices" semap
 mutation "keep-alive never reports a loss" conn_guard.go \
 	's/if err == nil && held \{/if _ = held; true {/' \
 	'^(TestSoak|TestKilledSessionsUnderLoad|TestNetworkCutsUnderLoad|TestKilledSessionClosesLostAndCancelsDo|TestEngineLossIsToldToLostDoAndTheObserver)$'
-mutation "55P03: a timed-out slice is a miss without asking the session" backend_postgres.go \
+mutation "55P03: a timed-out slice is a miss without asking the session" internal/postgresbackend/postgres.go \
 	's/(== "55P03".*\{\n\t\treturn )p\.holds\(ctx, conn, key\)/$1backend.SessionResult{}, nil/' \
 	'^TestLockTimeoutRacingAGrantIsAGrantOnARealServer$'
 mutation "a discarded connection goes back to the pool" internal/dbutil/session.go \
@@ -239,19 +239,19 @@ mutation "TryDoOnce's record read waits for the pool as long as the caller" once
 mutation "a discarded pgxpool connection goes back to the pgxpool with its lock" internal/dbutil/session.go \
 	's/\t\tCloseSession\(dc\)\n/\t\t_ = dc\n/' \
 	'^TestDiscardedLockOnAPgxpoolIsFreed$'
-mutation "a miss asks why by reading the server's lock table" backend_postgres.go \
+mutation "a miss asks why by reading the server's lock table" internal/postgresbackend/postgres.go \
 	"s/coalesce\(current_setting\('advisorylock\.granted', true\) = 'yes', false\)/EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory')/" \
 	'^TestMissedTryReadsNoLockTable$'
-mutation "a miss leaves the last grant's note standing" backend_postgres.go \
+mutation "a miss leaves the last grant's note standing" internal/postgresbackend/postgres.go \
 	"s/THEN set_config\('advisorylock\.granted', '', false\) IS NULL/THEN false/" \
 	'^TestMissedTryReadsNoLockTable$'
-mutation "a session whose try missed is checked again at every try" backend_postgres.go \
+mutation "a session whose try missed is checked again at every try" internal/postgresbackend/postgres.go \
 	's/\t\treturn backend\.SessionResult\{\}, errStandby\n\t\}\n\tdbutil\.RememberSession\(conn, fact\)\n/\t\treturn backend.SessionResult{}, errStandby\n\t}\n\tif granted {\n\t\tdbutil.RememberSession(conn, fact)\n\t}\n/' \
 	'^TestMissedTryReadsNoLockTable$'
-mutation "a semaphore's try skips a new session's checks" backend_postgres_semaphore.go \
+mutation "a semaphore's try skips a new session's checks" internal/postgresbackend/semaphore.go \
 	's/checks := !dbutil\.SessionKnows\(conn, fact\)/checks := !dbutil.SessionKnows(conn, fact) && len(keys) == 0/' \
 	'^TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks$'
-mutation "a semaphore's try forgets a checked session" backend_postgres_semaphore.go \
+mutation "a semaphore's try forgets a checked session" internal/postgresbackend/semaphore.go \
 	's/dbutil\.RememberSession\(conn, fact\)/_ = fact/' \
 	'^TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks$'
 mutation "8 s wait slices" advisorylock.go \
@@ -262,7 +262,7 @@ mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go 
 	'^(TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection|TestEngineLockTimeoutReturnsATimeoutError)$'
 
 # Look-alikes and clusters whose locks exclude nothing, told by the server.
-mutation "YugabyteDB is taken for PostgreSQL" backend_postgres.go \
+mutation "YugabyteDB is taken for PostgreSQL" internal/postgresbackend/postgres.go \
 	's/case strings\.Contains\(version, "-YB-"\):/case strings.Contains(version, "-YB-") \&\& false:/' \
 	'^TestPostgreSQLLookAlikesAreRefused$'
 mutation "TiDB is taken for MySQL" internal/mysqlbackend/mysql.go \
@@ -281,7 +281,7 @@ mutation "Validate asks a look-alike for variables it may not have" internal/mys
 	's/return nil \/\/ told by its version; it may not know the next statement/_ = 0 \/\/ asks anyway/' \
 	'^TestMySQLRefusesGaleraAndTellsReleaseAnswersApart$'
 
-mutation "a checkout from a pgxpool waits for the caller's context, not WithPoolWait" conn_guard.go \
+mutation "a checkout from a pgxpool waits for the caller's context, not WithPoolWait" internal/dbutil/statements.go \
 	's/\tif poolWait > 0 \{\n\t\tvar cancel context\.CancelFunc/\tif poolWait > 0 \&\& false {\n\t\tvar cancel context.CancelFunc/' \
 	'^TestLocksOnAPgxpoolCountAgainstItsMaxConns$'
 # PoolerHint: the hosts and ports of the poolers docs/production.md names.
@@ -296,19 +296,19 @@ mutation "PoolerHint takes PgBouncer's port for a pooler on MySQL" pooler_detect
 	'^TestPoolerHint$'
 
 # --- Leases and fencing -------------------------------------------------------
-mutation "lease re-granted 1.2 s before it expires" backend_postgres.go \
+mutation "lease re-granted 1.2 s before it expires" internal/postgresbackend/postgres.go \
 	"s/= \`\\(l\\.owner IS NULL OR l\\.expires_at <= now\\(\\)\\)/= \`(l.owner IS NULL OR l.expires_at <= now() + interval '1200 milliseconds')/" \
 	'^(TestSoak|TestNetworkCutsUnderLoad)$'
-mutation "lease acquire takes a held lease (PostgreSQL)" backend_postgres.go \
+mutation "lease acquire takes a held lease (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/= `\(l\.owner IS NULL OR l\.expires_at <= now\(\)\)/= `true/' \
 	'^TestPostgresLeaseStoreProperties$'
-mutation "a waiter's live place does not keep others out (PostgreSQL)" backend_postgres.go \
+mutation "a waiter's live place does not keep others out (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/\tAND \(l\.next_owner IS NULL OR l\.next_expires_at <= now\(\) OR l\.next_owner = \$2::text\)`/\tAND true`/' \
 	'^TestHandoverLostInACrashStillKeepsOthersOut$'
-mutation "a lease try that misses locks the holder's row (PostgreSQL)" backend_postgres.go \
+mutation "a lease try that misses locks the holder's row (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/\nWHERE NOT EXISTS \(SELECT FROM advisorylock_leases AS l WHERE l\.name = \$1::text AND NOT \(` \+ pgLeaseTakable \+ `\)\)//' \
 	'^TestMissedLeaseTryLeavesTheHoldersRowAlone$'
-mutation "a release frees the lease instead of handing it to the waiter in line" backend_postgres.go \
+mutation "a release frees the lease instead of handing it to the waiter in line" internal/postgresbackend/postgres.go \
 	's/const pgHandOver = `\(next_owner IS NOT NULL/const pgHandOver = `(false AND next_owner IS NOT NULL/' \
 	'^TestLeaseReleaseHandsOverToTheQueuedWaiter$'
 mutation "a waiter that gives up keeps its place in line" lease.go \
@@ -317,31 +317,31 @@ mutation "a waiter that gives up keeps its place in line" lease.go \
 mutation "a waiter passed over by a handover tries the held lease before it queues" lease.go \
 	's/\} else if passed \{/} else if false {/' \
 	'^TestPassedOverWaiterQueuesWithoutTrying$'
-mutation "a handover does not wake the waiter sleeping in line" backend_postgres.go \
+mutation "a handover does not wake the waiter sleeping in line" internal/postgresbackend/postgres.go \
 	's/\tELSE pg_cancel_backend\(next_pid\) END`/\tELSE NULL END`/' \
 	'^TestPlainLibPQWaiterSleepsInLine$'
-mutation "a waiter sleeps in line holding a lease handed over before its sleep began" backend_postgres.go \
+mutation "a waiter sleeps in line holding a lease handed over before its sleep began" internal/postgresbackend/postgres.go \
 	's/CASE WHEN EXISTS \(SELECT FROM advisorylock_leases WHERE name = \$3::text AND owner = \$4::text\) THEN \x270\x27/CASE WHEN false THEN \x270\x27/' \
-	'^TestHandoverBeforeTheSleepInLineDoesNotWaitForIt$'
-mutation "the sleep in line reads the row before it holds the place's key" backend_postgres.go \
+	'^TestHandoverBeforeTheSleepInLineDoesNotWaitForIt$' ./internal/postgresbackend
+mutation "the sleep in line reads the row before it holds the place's key" internal/postgresbackend/postgres.go \
 	's/const pgSleepInLine = `SELECT pg_advisory_xact_lock\((.*?)\);\nSELECT set_config\((.*?)\n(.*?);\n/const pgSleepInLine = `SELECT set_config($2\n$3, pg_advisory_xact_lock($1);\n/' \
-	'^(TestPlainLibPQWaiterSleepsInLine|TestHandoverBeforeTheSleepInLineDoesNotWaitForIt)$'
-mutation "the handover's cancel ends the sleep's message (the woken waiter reads the row again)" backend_postgres.go \
+	'^TestHandoverBeforeTheSleepInLineDoesNotWaitForIt$' ./internal/postgresbackend
+mutation "the handover's cancel ends the sleep's message (the woken waiter reads the row again)" internal/postgresbackend/postgres.go \
 	's/ EXCEPTION WHEN query_canceled THEN NULL; END\x27;/ END\x27;/' \
-	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$'
-mutation "the sleep's message reads the row without waiting for the handover to commit" backend_postgres.go \
+	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$' ./internal/postgresbackend
+mutation "the sleep's message reads the row without waiting for the handover to commit" internal/postgresbackend/postgres.go \
 	's/ AND l\.expires_at > now\(\) OFFSET 0 FOR SHARE OF l\) AS l/ AND l.expires_at > now()) AS l/' \
-	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$'
-mutation "the sleep's read tests the owner below its row lock (a slow handover reads as none)" backend_postgres.go \
+	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$' ./internal/postgresbackend
+mutation "the sleep's read tests the owner below its row lock (a slow handover reads as none)" internal/postgresbackend/postgres.go \
 	's/ AND l\.expires_at > now\(\) OFFSET 0 FOR SHARE OF l\) AS l/ AND l.expires_at > now() FOR SHARE OF l) AS l/' \
-	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$'
-mutation "a sleep in line that ends on its own reports a grant" backend_postgres.go \
+	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$' ./internal/postgresbackend
+mutation "a sleep in line that ends on its own reports a grant" internal/postgresbackend/postgres.go \
 	's/return err == nil \&\& mine == 1, err/return err == nil \&\& mine >= 0, err/' \
-	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$'
-mutation "a handover cancels the place's backend whether or not it sleeps in line" backend_postgres.go \
+	'^TestWokenSleeperLearnsItsGrantInTheSleepsMessage$' ./internal/postgresbackend
+mutation "a handover cancels the place's backend whether or not it sleeps in line" internal/postgresbackend/postgres.go \
 	's/\tWHEN pg_try_advisory_xact_lock\(hashtextextended\(/\tWHEN false AND pg_try_advisory_xact_lock(hashtextextended(/' \
 	'^TestHandoverSignalsOnlyASessionSleepingInLine$'
-mutation "a handover signals a sleeper of another role" backend_postgres.go \
+mutation "a handover signals a sleeper of another role" internal/postgresbackend/postgres.go \
 	's/ \|\| \x27 \x27 \|\| (current_user|session_user), 0\)/, 0)/g' \
 	'^TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver$'
 mutation "a waiter sleeps on a connection other than the one its place names" lease.go \
@@ -353,13 +353,13 @@ mutation "every waiter on a pool sleeps in line, each on a connection of its own
 mutation "a waiter that stops sleeping keeps its sleepers' slot" lease.go \
 	's/\tgo dbutil\.Discard\(l\.conn\)\n\t<-l\.slot\n/\tgo dbutil.Discard(l.conn)\n/' \
 	'^TestSleeperWhoseConnectionDiesStillGetsTheLease$'
-mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go \
+mutation "lease renew revives an expired lease (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/(AND generation = \S+) AND expires_at > now\(\)(\nRETURNING generation)/$1$2/' \
 	'^TestPostgresLeaseStoreProperties$'
-mutation "lease tokens do not grow (PostgreSQL)" backend_postgres.go \
+mutation "lease tokens do not grow (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/generation = greatest\(l\.generation \+ 1, EXCLUDED\.generation\)/generation = least(l.generation, EXCLUDED.generation)/' \
 	'^(TestLeaseTokensOnlyGrow|TestPostgresLeaseStoreProperties)$'
-mutation "the fence admits a token one lower (PostgreSQL)" backend_postgres.go \
+mutation "the fence admits a token one lower (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/WHERE f\.token <= EXCLUDED\.token/WHERE f.token <= EXCLUDED.token + 1/' \
 	'^(TestFenceAdmitsEqualAndHigherAndRefusesLower|TestPostgresLeaseStoreProperties)$'
 mutation "lease renew revives an expired lease (SQLite)" internal/sqlitebackend/sqlite.go \
@@ -375,13 +375,13 @@ mutation "local deadline is the full TTL" lease.go \
 	's/return sent\.Add\(ttl - renewInterval\(ttl\)\)/return sent.Add(ttl)/' \
 	'^(TestSoak|TestNetworkCutsUnderLoad|TestNetworkCutLosesLocksBeforeExpiry|TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine)$'
 
-mutation "lease release waits for the WAL flush" backend_postgres.go \
+mutation "lease release waits for the WAL flush" internal/postgresbackend/postgres.go \
 	"s/set_config\\('synchronous_commit', 'off', true\\)\\) AS relaxed(\\nWHERE name = \\S+ AND generation)/set_config('synchronous_commit', 'on', true)) AS relaxed\$1/" \
 	'^TestLeaseReleaseCommitsWithoutWaitingForTheWAL$'
 mutation "a forgotten LeaseGuard is never cleaned up" lease.go \
 	's/runtime\.AddCleanup\(g, \(\*hold\)\.forgotten, &s\.hold\)/runtime.KeepAlive(g)/' \
 	'^(TestForgottenLeaseGuardIsCleanedUp|TestForgottenSQLiteGuardIsCleanedUp)$'
-mutation "a missing table is created while the try holds its connection" backend_postgres.go \
+mutation "a missing table is created while the try holds its connection" internal/postgresbackend/postgres.go \
 	's/\t\terr := p\.runOn\(ctx, db, stmt\)\n/\t\terr := p.runOn(ctx, db, func(on dbutil.Querier) error { err := stmt(on); if dbutil.SQLState(err) == "42P01" { _ = upgradePostgresSchema(ctx, db); err = stmt(on) }; return err })\n/' \
 	'^TestFirstUsesOnAFreshDatabaseShareASmallPool$'
 mutation "pgx's statement cache behind a transaction pooler fails with no fix named" errors.go \
@@ -389,10 +389,10 @@ mutation "pgx's statement cache behind a transaction pooler fails with no fix na
 	'^TestLeaseLockThroughTransactionPoolWithPgxDefaultsSaysWhatToSet$'
 
 # --- Leader election -----------------------------------------------------------
-mutation "a term does not grow (PostgreSQL)" backend_postgres_election.go \
+mutation "a term does not grow (PostgreSQL)" internal/postgresbackend/election.go \
 	's/term = greatest\(e\.term \+ 1, EXCLUDED\.term\)/term = e.term/' \
 	'^TestElectionThreeCandidatesTakeTurnsOnResign$'
-mutation "Leader trusts a term whose session let go (PostgreSQL)" backend_postgres_election.go \
+mutation "Leader trusts a term whose session let go (PostgreSQL)" internal/postgresbackend/election.go \
 	's/WHERE e\.name = \$1::text AND EXISTS/WHERE e.name = \$1::text AND true OR EXISTS/' \
 	'^TestElectionRunReturnsLeadsError$'
 mutation "a handle's first-use verdicts are decided again for every Lock" internal/dbutil/verdict.go \
@@ -401,25 +401,25 @@ mutation "a handle's first-use verdicts are decided again for every Lock" intern
 mutation "lib/pq's prepared statements outgrow the pool" internal/dbutil/prepared.go \
 	's/for len\(ps\.conns\) > open \{/for false \&\& len(ps.conns) > open {/' \
 	'^TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen$'
-mutation "a session that lost its prepared statements fails its steps" backend_postgres.go \
+mutation "a session that lost its prepared statements fails its steps" internal/postgresbackend/postgres.go \
 	's/if dbutil\.SQLState\(err\) == "26000" \{/if false \&\& dbutil.SQLState(err) == "26000" {/' \
 	'^TestLibPQLockAfterTheSessionLostItsPreparedStatements$'
-mutation "lib/pq's try and unlock go as text, parsed and planned each time" backend_postgres.go \
+mutation "lib/pq's try and unlock go as text, parsed and planned each time" internal/postgresbackend/postgres.go \
 	's/\tif p\.prepared == nil \{\n\t\treturn p\.rowStatement/\tif true || p.prepared == nil {\n\t\treturn p.rowStatement/' \
 	'^TestLibPQPreparesTheTryAndTheUnlockOncePerSession$'
-mutation "lib/pq sends a statement's arguments (two round trips)" backend_postgres.go \
+mutation "lib/pq sends a statement's arguments (two round trips)" internal/postgresbackend/postgres.go \
 	's/\tif p\.params \{\n\t\treturn text, args, nil/\tif true || p.params {\n\t\treturn text, args, nil/' \
 	'^TestMinHoldTryLockAndReleaseAreOneRoundTripEach$'
-mutation "lib/pq's lease steps go as text, parsed and planned each time" backend_postgres.go \
+mutation "lib/pq's lease steps go as text, parsed and planned each time" internal/postgresbackend/postgres.go \
 	's/if name := pgSteps\[text\]; name != ""/if name := pgSteps[text]; false \&\& name != ""/' \
 	'^TestLibPQPreparesTheLeaseStepsOncePerSession$'
-mutation "a lease step whose statement the session lost fails" backend_postgres.go \
+mutation "a lease step whose statement the session lost fails" internal/postgresbackend/postgres.go \
 	's/\t\tif dbutil\.SQLState\(err\) != "26000" \{\n\t\t\treturn err/\t\tif true {\n\t\t\treturn err/' \
 	'^TestLibPQLeaseAfterTheSessionLostItsPreparedSteps$'
-mutation "after a session lost a lease step, every step still tries it prepared first" backend_postgres.go \
+mutation "after a session lost a lease step, every step still tries it prepared first" internal/postgresbackend/postgres.go \
 	's/\t\tp\.prepared\.StepsAsText\.Store\(true\)/\t\t_ = 0/' \
 	'^TestLibPQLeaseAfterTheSessionLostItsPreparedSteps$'
-mutation "a lease step another client prepared under its name fails" backend_postgres.go \
+mutation "a lease step another client prepared under its name fails" internal/postgresbackend/postgres.go \
 	's/err != nil && dbutil\.SQLState\(err\) != "42P05"/err != nil/' \
 	'^TestLibPQLeaseStepPreparedByAnotherClientRuns$'
 mutation "MySQL: the exclusive try goes as text, parsed each time" internal/mysqlbackend/mysql.go \
@@ -510,14 +510,14 @@ mutation "SQLite withdraws a claim its first attempt never made" internal/sqlite
 mutation "SQLite waiting writer does not claim the name" internal/sqlitebackend/sqlite.go \
 	's/if n == 1 \|\| err != nil \|\| !r\.Wait/if true || n == 1 || err != nil || !r.Wait/' \
 	'^TestWaitingWriterGetsInWhenTheReadersLeave$'
-mutation "PostgreSQL shared keep-alive looks for an exclusive lock" backend_postgres.go \
+mutation "PostgreSQL shared keep-alive looks for an exclusive lock" internal/postgresbackend/postgres.go \
 	's/return "ShareLock"/return "ExclusiveLock"/' \
 	'^TestLiveSharedHolderIsNotLost$'
 # --- Transaction locks and Guard.Conn -------------------------------------------
-mutation "LockTx: a granted slice keeps its own lock_timeout" backend_postgres_tx.go \
+mutation "LockTx: a granted slice keeps its own lock_timeout" internal/postgresbackend/tx.go \
 	"s/SELECT set_config\\('statement_timeout',%s, true\\), set_config\\('lock_timeout',%s, true\\)/SELECT %s, %s/" \
 	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
-mutation "LockTx: a slice without the lock is not rolled back to its savepoint" backend_postgres_tx.go \
+mutation "LockTx: a slice without the lock is not rolled back to its savepoint" internal/postgresbackend/tx.go \
 	's/pgUndoWaitTx = `ROLLBACK TO SAVEPOINT advisorylock_locktx; RELEASE SAVEPOINT advisorylock_locktx`/pgUndoWaitTx = `SELECT 1`/' \
 	'^TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable$'
 mutation "LockTx: the caller's ctx reaches the driver" transaction_lock.go \
@@ -636,10 +636,10 @@ mutation "TryDoOnce records a run interrupted by its caller" once.go \
 mutation "SQLite prunes run records regardless of the retention" internal/sqlitebackend/once.go \
 	's/now\.Add\(-keep\)\.UnixMilli\(\)/now.UnixMilli()/' \
 	'^TestTryDoOncePrunesRecordsPastTheRetention$'
-mutation "PostgreSQL prunes run records younger than the retention (sign)" backend_postgres_once.go \
+mutation "PostgreSQL prunes run records younger than the retention (sign)" internal/postgresbackend/once.go \
 	's/done_at < now\(\) - \$3::bigint/done_at < now() + \$3::bigint/' \
 	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
-mutation "PostgreSQL reads the run retention in the wrong unit" backend_postgres_once.go \
+mutation "PostgreSQL reads the run retention in the wrong unit" internal/postgresbackend/once.go \
 	"s/\\\$3::bigint \* interval '1 millisecond'/\\\$3::bigint * interval '1 microsecond'/" \
 	'^TestTryDoOncePrunesExactlyTheRecordsPastTheRetention$'
 mutation "MySQL prunes run records younger than the retention (sign)" internal/mysqlbackend/once.go \
@@ -657,13 +657,13 @@ mutation "TryDoOnce's record waits without a bound" once.go \
 mutation "Check proves no grants" lease.go \
 	's/return s\.CheckTables\(ctx, db, tables\.\.\.\)/_ = s; return nil/' \
 	'^TestCheckRefusesAMissingGrant$'
-mutation "PostgreSQL Check proves no UPDATE grant" backend_postgres.go \
+mutation "PostgreSQL Check proves no UPDATE grant" internal/postgresbackend/postgres.go \
 	's/\t\t\tfmt\.Sprintf\("u%d AS \(UPDATE %s SET %s = %\[3\]s WHERE false RETURNING 1\)", i, t, c\),\n//' \
 	'^TestCheckRefusesAPartialGrant$'
-mutation "PostgreSQL Check proves no INSERT grant" backend_postgres.go \
+mutation "PostgreSQL Check proves no INSERT grant" internal/postgresbackend/postgres.go \
 	's/,\n\t\t\tfmt\.Sprintf\("i%d AS \(INSERT INTO %s \(%s\) SELECT %\[3\]s FROM %\[2\]s WHERE false RETURNING 1\)", i, t, c\)\)/)/' \
 	'^TestCheckRefusesAPartialGrant$'
-mutation "PostgreSQL Check proves no grant on the token sequence" backend_postgres.go \
+mutation "PostgreSQL Check proves no grant on the token sequence" internal/postgresbackend/postgres.go \
 	's/if t == "advisorylock_leases" \|\| t == "advisorylock_elections" \|\| t == "advisorylock_locks" \{/if false \&\& (t == "advisorylock_leases" || t == "advisorylock_elections") {/' \
 	'^TestCheckRefusesAPartialGrant$'
 mutation "MySQL Check proves no UPDATE grant" internal/mysqlbackend/mysql.go \
@@ -707,13 +707,13 @@ mutation "MySQL: Leader trusts the last term not ended, held or not" internal/my
 mutation "MySQL: Leader trusts the last term while nobody holds the lock" internal/mysqlbackend/election.go \
 	's/AND connection_id = IS_USED_LOCK\(` \+ mysqlLockName\(key\) \+ `\)`/AND (connection_id = IS_USED_LOCK(` + mysqlLockName(key) + `) OR IS_USED_LOCK(` + mysqlLockName(key) + `) IS NULL)`/' \
 	'^TestElectionLeaderForgetsAKilledLeadersTerm$'
-mutation "PostgreSQL: Leader trusts a term while any session holds the lock" backend_postgres_election.go \
+mutation "PostgreSQL: Leader trusts a term while any session holds the lock" internal/postgresbackend/election.go \
 	's/WHERE l\.locktype = '"'"'advisory'"'"' AND l\.granted AND l\.pid = e\.pid/WHERE l.locktype = '"'"'advisory'"'"' AND l.granted AND l.pid > 0/' \
 	'^(TestElectionThreeCandidatesTakeTurnsOnResign|TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock|TestElectionKilledSessionIsTakenOver)$'
 mutation "MySQL: a new term is the last plus one, behind the clock" internal/mysqlbackend/election.go \
 	's/term = LAST_INSERT_ID\(GREATEST\(term \+ 1, ` \+ mysqlNowMicros \+ `\)\)/term = LAST_INSERT_ID(term + 1)/' \
 	'^TestElectionTermExceedsEveryTokenIssuedBeforeIt$'
-mutation "PostgreSQL: a new term is the last plus one, behind the token sequence" backend_postgres_election.go \
+mutation "PostgreSQL: a new term is the last plus one, behind the token sequence" internal/postgresbackend/election.go \
 	's/term = greatest\(e\.term \+ 1, EXCLUDED\.term\)/term = e.term + 1/' \
 	'^TestElectionTermExceedsEveryTokenIssuedBeforeIt$'
 mutation "MySQL: a new term keeps the last leader's connection" internal/mysqlbackend/election.go \
@@ -732,7 +732,7 @@ mutation "MySQL keep-alive takes a freed lock (NULL) for held" internal/mysqlbac
 mutation "MySQL keep-alive takes another connection's lock for its own" internal/mysqlbackend/mysql.go \
 	's/holds := "IS_USED_LOCK\(" \+ mysqlLockName\(key\) \+ "\) = CONNECTION_ID\(\)"/holds := "IS_USED_LOCK(" + mysqlLockName(key) + ") IS NOT NULL"/' \
 	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
-mutation "PostgreSQL keep-alive takes another session's lock for its own" backend_postgres.go \
+mutation "PostgreSQL keep-alive takes another session's lock for its own" internal/postgresbackend/postgres.go \
 	's/(l\.mode = '"'"'"\+p\.lockMode\(\)\+"'"'"') AND l\.pid = pg_backend_pid\(\)\)/$1)/' \
 	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
 # SQLite's min-hold window: taken until exactly the grant plus WithMinHold.
@@ -788,16 +788,16 @@ mutation "WithLeaseRows is ignored: a Lock keeps session locks" advisorylock.go 
 mutation "WithLeaseRows is ignored: an Election keeps session locks" election.go \
 	's/rows \&\& e\.cfg\.leaseRows/rows \&\& false/' \
 	'^TestLeaseRowsElectionThroughAPooler$'
-mutation "PostgreSQL: a lock row is taken while live" backend_postgres_rows.go \
+mutation "PostgreSQL: a lock row is taken while live" internal/postgresbackend/rows.go \
 	's/WHERE NOT EXISTS \(SELECT FROM advisorylock_locks AS l WHERE l\.key = \$1::bigint AND l\.expires_at > now\(\)\)/WHERE true/; s/WHERE l\.expires_at <= now\(\)\nRETURNING token/WHERE true\nRETURNING token/' \
 	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
-mutation "PostgreSQL: a lock row's renewal ignores its owner" backend_postgres_rows.go \
+mutation "PostgreSQL: a lock row's renewal ignores its owner" internal/postgresbackend/rows.go \
 	's/WHERE key = \$1::bigint AND owner = \$2::text AND expires_at > now\(\)/WHERE key = \$1::bigint AND expires_at > now()/' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'
-mutation "PostgreSQL: a lock row's release frees nothing" backend_postgres_rows.go \
+mutation "PostgreSQL: a lock row's release frees nothing" internal/postgresbackend/rows.go \
 	's/(USING \(SELECT set_config\(.synchronous_commit., .off., true\)\) AS relaxed\n)WHERE /$1WHERE false AND /' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'
-mutation "PostgreSQL: a lock row's release ends its window at once" backend_postgres_rows.go \
+mutation "PostgreSQL: a lock row's release ends its window at once" internal/postgresbackend/rows.go \
 	's/least\(expires_at, greatest\(now\(\), acquired_at \+ \$3::bigint/least(expires_at, greatest(now(), acquired_at + 0 * \$3::bigint/' \
 	'^TestLeaseRowsKeepTheMinHoldWindow$'
 mutation "MySQL: a lock row is taken while live" internal/mysqlbackend/rows.go \

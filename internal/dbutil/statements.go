@@ -18,9 +18,9 @@ import (
 var ErrPoolUnavailable = errors.New("advisorylock: no connection available")
 
 // ErrTransactionPooler is advisorylock.ErrTransactionPooler: session
-// locks cannot work because a transaction-mode pooler multiplexes
-// sessions. A session backend's UnlockSession wraps it when its statement
-// reached a server session other than the one holding the key.
+// locks refused because a transaction-mode pooler multiplexes sessions
+// (CheckPooler), or an unlock that ran on a session other than the one
+// that took the lock.
 var ErrTransactionPooler = errors.New("advisorylock: transaction-mode pooler in the way (session locks cannot work there; use LeaseLock, or WithLeaseRows for a Lock, a set, a Semaphore or an Election)")
 
 // ErrPoolWait is the cause of a checkout that WithPoolWait ended.
@@ -76,6 +76,44 @@ func TakeConn(ctx context.Context, db backend.DB) (*sql.Conn, error) {
 	conn, err := db.Conn(checkout)
 	if err != nil {
 		return nil, Unavailable(checkout, err)
+	}
+	return conn, nil
+}
+
+// Checkout checks a connection out of db's pool for ctx. A done context
+// returns its cause before touching the pool. poolWait, if not 0, bounds
+// the wait for a connection (WithPoolWait): an exhausted pool is then
+// ErrPoolUnavailable, not a hang on a context that never ends. Where the
+// driver may not end a connection's startup when ctx ends (bounded), the
+// checkout goes through Within; a connection that arrives after ctx ended
+// goes back to the pool. A checkout that ctx ended returns ctx's cause;
+// another failure is ErrPoolUnavailable (see Unavailable).
+func Checkout(ctx context.Context, db backend.DB, bounded bool, poolWait time.Duration) (*sql.Conn, error) {
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx)
+	}
+	caller := ctx
+	if poolWait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, poolWait, ErrPoolWait)
+		defer cancel()
+	}
+	var conn *sql.Conn
+	var err error
+	if bounded && ctx.Done() != nil {
+		conn, err = Within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
+			if late != nil {
+				Recycle(late)
+			}
+		})
+	} else {
+		conn, err = db.Conn(ctx)
+	}
+	if err != nil {
+		if caller.Err() != nil {
+			return nil, context.Cause(caller)
+		}
+		return nil, Unavailable(ctx, err)
 	}
 	return conn, nil
 }

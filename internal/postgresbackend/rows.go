@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"github.com/advisorylock/advisorylock/backend"
@@ -67,10 +67,10 @@ WHERE key = $1::bigint AND expires_at > now()`
 
 // errNoSharedRows refuses "shared" requests: PostgreSQL keeps a Lock's
 // shared holds as session locks only.
-var errNoSharedRows = fmt.Errorf("%w: PostgreSQL keeps no shared holders as rows; RLock needs session locks", ErrUnsupported)
+var errNoSharedRows = fmt.Errorf("%w: PostgreSQL keeps no shared holders as rows; RLock needs session locks", backend.ErrUnsupported)
 
 // acquireLock takes a lock row and returns the grant's token;
-// ErrNotAcquired if a live row holds the key.
+// backend.ErrNotAcquired if a live row holds the key.
 func (p *postgres) acquireLock(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	var token int64
 	found, err := p.queryRow(ctx, db, pgAcquireLock, []any{r.Key, r.Name, r.Owner, dbutil.TTLMillis(max(r.TTL, r.MinHold))}, &token)
@@ -78,12 +78,12 @@ func (p *postgres) acquireLock(ctx context.Context, db backend.DB, r backend.Lea
 		return 0, err
 	}
 	if !found {
-		return 0, ErrNotAcquired
+		return 0, backend.ErrNotAcquired
 	}
 	return uint64(token), nil
 }
 
-// renewLock extends r.Owner's live row; ErrLeaseLost otherwise.
+// renewLock extends r.Owner's live row; backend.ErrLeaseLost otherwise.
 func (p *postgres) renewLock(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
 	var token int64
 	found, err := p.queryRow(ctx, db, pgRenewLock, []any{r.Key, r.Owner, dbutil.TTLMillis(r.TTL), r.MinHold.Milliseconds()}, &token)
@@ -91,7 +91,7 @@ func (p *postgres) renewLock(ctx context.Context, db backend.DB, r backend.Lease
 		return 0, err
 	}
 	if !found {
-		return 0, fmt.Errorf("%w: its row expired or was taken over", ErrLeaseLost)
+		return 0, fmt.Errorf("%w: its row expired or was taken over", backend.ErrLeaseLost)
 	}
 	return uint64(token), nil
 }

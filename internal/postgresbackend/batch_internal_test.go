@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func TestPostgresBatchTriesAndUnlocksInOneStatement(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				ctx := context.Background()
 				db := testdb.OpenPostgres(t, drv)
-				var p backend.SessionLocker = Postgres().(*postgres).forDB(db)
+				var p backend.SessionLocker = New().(*postgres).forDB(db)
 				if shared {
 					p = p.(*postgres).Shared()
 				}
@@ -39,9 +39,9 @@ func TestPostgresBatchTriesAndUnlocksInOneStatement(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer rival.Close()
-				k := []int64{Key(testdb.UniqueName(t) + "/0"), Key(testdb.UniqueName(t) + "/1"), Key(testdb.UniqueName(t) + "/2"), Key(testdb.UniqueName(t) + "/3")}
-				if _, _, err := bl.TryUnlock(ctx, conn, k[:1], nil); !errors.Is(err, ErrUnsupported) {
-					t.Fatalf("a batch on a session that passed no try's checks: %v, want ErrUnsupported", err)
+				k := []int64{keyOf(testdb.UniqueName(t) + "/0"), keyOf(testdb.UniqueName(t) + "/1"), keyOf(testdb.UniqueName(t) + "/2"), keyOf(testdb.UniqueName(t) + "/3")}
+				if _, _, err := bl.TryUnlock(ctx, conn, k[:1], nil); !errors.Is(err, backend.ErrUnsupported) {
+					t.Fatalf("a batch on a session that passed no try's checks: %v, want backend.ErrUnsupported", err)
 				}
 				if res, err := p.TryLockSession(ctx, conn, k[2]); err != nil || !res.OK {
 					t.Fatalf("TryLockSession: %v, %v", res, err)

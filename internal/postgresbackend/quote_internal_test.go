@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"context"

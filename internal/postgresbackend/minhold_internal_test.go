@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"context"
@@ -16,7 +16,7 @@ func windowSession(t *testing.T, drv string) (*sql.DB, *postgres, *sql.Conn, str
 	t.Helper()
 	ctx := context.Background()
 	db := testdb.OpenPostgres(t, drv)
-	p := Postgres().(*postgres).forDB(db)
+	p := (&postgres{}).forDB(db)
 	if err := p.PrepareWindows(ctx, db); err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func windowSession(t *testing.T, drv string) (*sql.DB, *postgres, *sql.Conn, str
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	name := testdb.UniqueName(t)
-	t.Cleanup(func() { _, _ = db.Exec("DELETE FROM advisorylock_windows WHERE key = $1", Key(name)) })
+	t.Cleanup(func() { _, _ = db.Exec("DELETE FROM advisorylock_windows WHERE key = $1", keyOf(name)) })
 	return db, p, conn, name
 }
 
@@ -39,7 +39,7 @@ func TestClaimWindowLetsTheLockGoWhileAWindowIsOpen(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
 			db, p, conn, name := windowSession(t, drv)
-			key := Key(name)
+			key := keyOf(name)
 			if _, err := db.Exec(`INSERT INTO advisorylock_windows VALUES ($1, $2, 0, 'other', NULL, now(), now() + interval '1 hour')`, key, name); err != nil {
 				t.Fatal(err)
 			}
@@ -88,7 +88,7 @@ func TestTryLockSessionForLeavesNoLockInAnOpenWindow(t *testing.T) {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()
 			_, p, conn, name := windowSession(t, drv)
-			key := Key(name)
+			key := keyOf(name)
 			res, err := p.TryLockSessionFor(ctx, conn, key, name, time.Hour)
 			if err != nil || !res.OK {
 				t.Fatalf("first try = %+v, %v; want OK", res, err)

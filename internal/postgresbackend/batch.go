@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"context"
@@ -34,7 +34,7 @@ var (
 // the statement is the bare lock functions, as a checked session's try is.
 func (p *postgres) TryUnlock(ctx context.Context, conn *sql.Conn, try, unlock []int64) (granted, freed []bool, err error) {
 	if !dbutil.SessionKnows(conn, p.checkedSession()) {
-		return nil, nil, fmt.Errorf("%w: the session has not passed a try's checks", ErrUnsupported)
+		return nil, nil, fmt.Errorf("%w: the session has not passed a try's checks", backend.ErrUnsupported)
 	}
 	text := pgTryUnlockExclusive
 	if p.shared {

@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"context"
@@ -47,7 +47,7 @@ SELECT set_config('statement_timeout',%s, true), set_config('lock_timeout',%s, t
 
 // TryLockTx tries pg_try_advisory_xact_lock in tx, one round trip; a miss
 // leaves tx as it was. A server in recovery is refused with an error
-// matching ErrUnsupported.
+// matching backend.ErrUnsupported.
 func (p *postgres) TryLockTx(ctx context.Context, tx *sql.Tx, key int64) (bool, error) {
 	q, args, err := p.statement(pgTryLockTx, key)
 	if err != nil {

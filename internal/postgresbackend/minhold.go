@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"context"
@@ -117,7 +117,7 @@ func (p *postgres) PrepareWindows(ctx context.Context, db backend.DB) error {
 // grant's window, in one statement (see pgTryLockWindow). A grant on a
 // session that lacks the Lock's dead-holder settings (see forLock) sends
 // them, one more round trip, once per session. On a hot standby the
-// window's write fails: that is an error matching ErrUnsupported.
+// window's write fails: that is an error matching backend.ErrUnsupported.
 func (p *postgres) TryLockSessionFor(ctx context.Context, conn *sql.Conn, key int64, name string, window time.Duration) (backend.SessionResult, error) {
 	q, args, err := p.statement(pgTryLockWindow, key, name, dbutil.TTLMillis(window))
 	if err != nil {
@@ -188,10 +188,10 @@ func (p *postgres) WindowHolder(ctx context.Context, db backend.DB, key int64) (
 
 // renewLeaseWindow and releaseLeaseWindow are RenewLease's and
 // ReleaseLease's statements for a lease with a window.
-func (p *postgres) renewLeaseWindow(ctx context.Context, db DB, r backend.LeaseRequest, gen *int64) (bool, error) {
+func (p *postgres) renewLeaseWindow(ctx context.Context, db backend.DB, r backend.LeaseRequest, gen *int64) (bool, error) {
 	return p.queryRow(ctx, db, pgRenewLeaseWindow, []any{dbutil.TTLMillis(r.TTL), r.Name, r.Owner, int64(r.Token), dbutil.TTLMillis(r.MinHold)}, gen)
 }
 
-func (p *postgres) releaseLeaseWindow(ctx context.Context, db DB, r backend.LeaseRequest) error {
+func (p *postgres) releaseLeaseWindow(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	return p.exec(ctx, db, pgReleaseLeaseWindow, r.Name, int64(r.Token), dbutil.TTLMillis(r.MinHold))
 }

@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"context"
@@ -138,7 +138,7 @@ const pgUnlockAndSignal = `SELECT WHERE CASE WHEN pg_advisory_unlock($1::bigint)
 // does, and notifies nothing.
 func (p *postgres) UnlockAndSignal(ctx context.Context, conn *sql.Conn, key, signal int64) (backend.SessionResult, error) {
 	if p.shared {
-		return backend.SessionResult{}, fmt.Errorf("%w: a shared hold is no semaphore slot", ErrUnsupported)
+		return backend.SessionResult{}, fmt.Errorf("%w: a shared hold is no semaphore slot", backend.ErrUnsupported)
 	}
 	q, args, err := p.statement(pgUnlockAndSignal, key, strconv.FormatInt(signal, 10))
 	if err != nil {

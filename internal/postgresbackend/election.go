@@ -1,4 +1,4 @@
-package advisorylock
+package postgresbackend
 
 import (
 	"context"
@@ -64,7 +64,7 @@ func (p *postgres) PrepareElections(ctx context.Context, db backend.DB) error {
 
 // BeginTerm records a new term of name, led by owner, on conn, whose
 // session holds the election's lock (see pgBeginTerm). On a hot standby
-// the write fails: that is an error matching ErrUnsupported.
+// the write fails: that is an error matching backend.ErrUnsupported.
 func (p *postgres) BeginTerm(ctx context.Context, conn *sql.Conn, key int64, name, owner string) (uint64, error) {
 	q, args, err := p.statement(pgBeginTerm, name, owner)
 	if err != nil {

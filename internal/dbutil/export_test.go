@@ -1,0 +1,4 @@
+package dbutil
+
+// Unexported functions the external tests measure.
+var ProbeRound = probeRound

@@ -285,13 +285,13 @@ mutation "a checkout from a pgxpool waits for the caller's context, not WithPool
 	's/\tif poolWait > 0 \{\n\t\tvar cancel context\.CancelFunc/\tif poolWait > 0 \&\& false {\n\t\tvar cancel context.CancelFunc/' \
 	'^TestLocksOnAPgxpoolCountAgainstItsMaxConns$'
 # PoolerHint: the hosts and ports of the poolers docs/production.md names.
-mutation "PoolerHint misses an endpoint added to an RDS Proxy" pooler_detect.go \
+mutation "PoolerHint misses an endpoint added to an RDS Proxy" internal/dsnhint/dsnhint.go \
 	's/domain = strings\.TrimPrefix\(domain, "endpoint\."\)/_ = "endpoint."/' \
 	'^TestPoolerHint$'
-mutation "PoolerHint reads a MySQL DSN as PostgreSQL's key=value" pooler_detect.go \
+mutation "PoolerHint reads a MySQL DSN as PostgreSQL's key=value" internal/dsnhint/dsnhint.go \
 	's/\} else if addr, ok := mysqlAddress\(dsn\); ok \{/} else if addr, ok := mysqlAddress(dsn); ok \&\& false {/' \
 	'^TestPoolerHint$'
-mutation "PoolerHint takes PgBouncer's port for a pooler on MySQL" pooler_detect.go \
+mutation "PoolerHint takes PgBouncer's port for a pooler on MySQL" internal/dsnhint/dsnhint.go \
 	's/name := hostHint\(host, port\)\n\t\tif p\.mysql \{/name := hostHint(host, port)\n\t\tif p.mysql \&\& name == "" {/' \
 	'^TestPoolerHint$'
 

@@ -1,4 +1,4 @@
-package advisorylock
+package dsnhint
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 // FuzzPoolerHint: PoolerHint never panics on any input, reports ok exactly
 // when it names a pooler, and reads a host and port the same in URL and
 // key=value form.
-func FuzzPoolerHint(f *testing.F) {
+func FuzzPooler(f *testing.F) {
 	for _, s := range []string{
 		"postgres://app@db.internal:6432/app",
 		"postgresql://u:p@ep-x-1-pooler.us-east-2.aws.neon.tech/db?sslmode=require",
@@ -24,9 +24,9 @@ func FuzzPoolerHint(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, dsn string) {
-		name, ok := PoolerHint(dsn)
+		name, ok := Pooler(dsn)
 		if ok != (name != "") {
-			t.Fatalf("PoolerHint(%q) = %q, %v", dsn, name, ok)
+			t.Fatalf("Pooler(%q) = %q, %v", dsn, name, ok)
 		}
 		p := parseDSN(dsn)
 		if p.mysql || len(p.hosts) != 1 || len(p.ports) > 1 {
@@ -43,8 +43,8 @@ func FuzzPoolerHint(f *testing.F) {
 		if isTrue(p.params["pgbouncer"]) {
 			kv += " pgbouncer=true"
 		}
-		if name2, _ := PoolerHint(kv); name2 != name {
-			t.Fatalf("PoolerHint(%q) = %q but PoolerHint(%q) = %q", dsn, name, kv, name2)
+		if name2, _ := Pooler(kv); name2 != name {
+			t.Fatalf("Pooler(%q) = %q but Pooler(%q) = %q", dsn, name, kv, name2)
 		}
 	})
 }

@@ -57,6 +57,20 @@ func openElectionDB(t *testing.T, name, dsn string) *sql.DB {
 // driver, MariaDB, and a SQLite file (only the session backends when
 // sessionOnly), with the goroutine check on.
 func eachElectionDB(t *testing.T, sessionOnly bool, f func(t *testing.T, edb electionDB)) {
+	forElectionDBs(t, sessionOnly, false, f)
+}
+
+// eachElectionDBInParallel is eachElectionDB with the subtests run in
+// parallel with each other, for a test whose subtests mostly wait (on
+// names of their own; none touches process-wide state). The goroutine
+// check covers them together: it is on for the whole test, which no other
+// test runs beside, so what one subtest left running still fails it.
+func eachElectionDBInParallel(t *testing.T, sessionOnly bool, f func(t *testing.T, edb electionDB)) {
+	checkGoroutines(t)
+	forElectionDBs(t, sessionOnly, true, f)
+}
+
+func forElectionDBs(t *testing.T, sessionOnly, parallel bool, f func(t *testing.T, edb electionDB)) {
 	var dbs []electionDB
 	for _, drv := range testdb.Drivers {
 		dbs = append(dbs, electionDB{name: "postgres/" + drv, session: true})
@@ -67,7 +81,11 @@ func eachElectionDB(t *testing.T, sessionOnly bool, f func(t *testing.T, edb ele
 	}
 	for _, edb := range dbs {
 		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
+			if parallel {
+				t.Parallel()
+			} else {
+				checkGoroutines(t)
+			}
 			switch edb.name {
 			case "mysql":
 				edb.dsn = testdb.MySQLDSN(t)
@@ -765,7 +783,7 @@ func TestElectionRunReturnsAMissingPrivilege(t *testing.T) {
 // trip, hundreds), and at least two.
 func TestElectionLeadReturningAtOnceDoesNotHammer(t *testing.T) {
 	testdb.Slow(t, "counts terms over 3 s, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
 		if err := e.Check(context.Background()); err != nil {
 			t.Fatal(err)

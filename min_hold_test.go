@@ -783,6 +783,7 @@ func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
 	const window = 150 * time.Millisecond
 	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
+			t.Parallel() // a name of its own; gaps are read on the database's clock
 			name := testdb.UniqueName(t)
 			open := func() *sql.DB { return testdb.OpenPostgres(t, drv) }
 			grantOf := "SELECT (extract(epoch FROM acquired_at) * 1e6)::bigint FROM advisorylock_windows WHERE key = $1"

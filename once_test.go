@@ -65,7 +65,7 @@ func replicasOnce(t *testing.T, edb electionDB, name, run string, replicas int, 
 // the same key later: none; the next key: one.
 func TestTryDoOnceRunsARunOnceAcrossReplicas(t *testing.T) {
 	testdb.Slow(t, "replicas firing across several runs")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		for _, c := range []struct {
 			run  string

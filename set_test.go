@@ -132,6 +132,7 @@ func TestSetsInOppositeOrdersNeverDeadlock(t *testing.T) {
 	testdb.Slow(t, "sets contending for seconds, per backend")
 	for _, sb := range setBackends(t) {
 		t.Run(sb.name, func(t *testing.T) {
+			t.Parallel() // names of its own on each backend
 			db := sb.open(t)
 			db.SetMaxOpenConns(20)
 			names, _ := muxNames(t, 4)

@@ -557,6 +557,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
 	testdb.Slow(t, "processes waiting out 3 s windows")
 	for _, kind := range windowKinds {
 		t.Run(kind, func(t *testing.T) {
+			t.Parallel() // a file of its own; the processes start before the gun
 			path := testdb.SQLitePath(t)
 			job := minHoldTask{Do: "fire", Kind: kind, Driver: "sqlite", Path: path, Name: testdb.UniqueName(t), Window: 3 * time.Second, TTL: 30 * time.Second}
 			l := job.lock(t, job.open(t))

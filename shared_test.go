@@ -357,6 +357,7 @@ func TestLiveSharedHolderIsNotLost(t *testing.T) {
 	testdb.Slow(t, "holds through ten keep-alive periods, per backend")
 	for _, b := range sharedBackends[:3] {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel() // a name of its own on each backend
 			ctx := context.Background()
 			open := b.open(t)
 			admin := open()

@@ -468,7 +468,7 @@ func mustAdmit(t *testing.T, db *sql.DB, fence *advisorylock.Fence, token adviso
 // left. The election's name looks like SQL.
 func TestElectionRunReturnsLeadsError(t *testing.T) {
 	testdb.Slow(t, "campaigns several terms, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		// A name that looks like SQL is data: it reaches the term row as a
 		// value.
 		e := newElection(t, edb.open(t), testdb.UniqueName(t)+`'); DROP TABLE advisorylock_elections; --\`, edb.opts...)
@@ -498,7 +498,7 @@ func TestElectionRunReturnsLeadsError(t *testing.T) {
 // it campaigns behind another leader, Run returns ctx.Err() too.
 func TestElectionRunReturnsContextError(t *testing.T) {
 	testdb.Slow(t, "campaigns behind a leader, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		leader := newElection(t, edb.open(t), name, edb.opts...)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -602,7 +602,7 @@ func TestElectionLeaderForgetsAKilledLeadersTerm(t *testing.T) {
 // context ends.
 func TestElectionObserveFollowsTheLeader(t *testing.T) {
 	testdb.Slow(t, "follows several terms, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
 		ctx, cancel := context.WithCancel(context.Background())

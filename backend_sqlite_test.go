@@ -500,6 +500,7 @@ func TestSQLiteBusyIsWaitedOutNotReported(t *testing.T) {
 	testdb.Slow(t, "holds SQLite's write lock for seconds")
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
+			t.Parallel() // a file of its own per journal mode
 			path, db := sqliteFile(t, j.options)
 			blocker := testdb.OpenSQLite(t, path, j.options)
 			ctx := context.Background()

@@ -57,6 +57,20 @@ func openElectionDB(t *testing.T, name, dsn string) *sql.DB {
 // driver, MariaDB, and a SQLite file (only the session backends when
 // sessionOnly), with the goroutine check on.
 func eachElectionDB(t *testing.T, sessionOnly bool, f func(t *testing.T, edb electionDB)) {
+	forElectionDBs(t, sessionOnly, false, f)
+}
+
+// eachElectionDBInParallel is eachElectionDB with the subtests run in
+// parallel with each other, for a test whose subtests mostly wait (on
+// names of their own; none touches process-wide state). The goroutine
+// check covers them together: it is on for the whole test, which no other
+// test runs beside, so what one subtest left running still fails it.
+func eachElectionDBInParallel(t *testing.T, sessionOnly bool, f func(t *testing.T, edb electionDB)) {
+	checkGoroutines(t)
+	forElectionDBs(t, sessionOnly, true, f)
+}
+
+func forElectionDBs(t *testing.T, sessionOnly, parallel bool, f func(t *testing.T, edb electionDB)) {
 	var dbs []electionDB
 	for _, drv := range testdb.Drivers {
 		dbs = append(dbs, electionDB{name: "postgres/" + drv, session: true})
@@ -67,7 +81,11 @@ func eachElectionDB(t *testing.T, sessionOnly bool, f func(t *testing.T, edb ele
 	}
 	for _, edb := range dbs {
 		t.Run(edb.name, func(t *testing.T) {
-			checkGoroutines(t)
+			if parallel {
+				t.Parallel()
+			} else {
+				checkGoroutines(t)
+			}
 			switch edb.name {
 			case "mysql":
 				edb.dsn = testdb.MySQLDSN(t)
@@ -450,7 +468,7 @@ func mustAdmit(t *testing.T, db *sql.DB, fence *advisorylock.Fence, token adviso
 // left. The election's name looks like SQL.
 func TestElectionRunReturnsLeadsError(t *testing.T) {
 	testdb.Slow(t, "campaigns several terms, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		// A name that looks like SQL is data: it reaches the term row as a
 		// value.
 		e := newElection(t, edb.open(t), testdb.UniqueName(t)+`'); DROP TABLE advisorylock_elections; --\`, edb.opts...)
@@ -480,7 +498,7 @@ func TestElectionRunReturnsLeadsError(t *testing.T) {
 // it campaigns behind another leader, Run returns ctx.Err() too.
 func TestElectionRunReturnsContextError(t *testing.T) {
 	testdb.Slow(t, "campaigns behind a leader, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		leader := newElection(t, edb.open(t), name, edb.opts...)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -584,7 +602,7 @@ func TestElectionLeaderForgetsAKilledLeadersTerm(t *testing.T) {
 // context ends.
 func TestElectionObserveFollowsTheLeader(t *testing.T) {
 	testdb.Slow(t, "follows several terms, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -765,7 +783,7 @@ func TestElectionRunReturnsAMissingPrivilege(t *testing.T) {
 // trip, hundreds), and at least two.
 func TestElectionLeadReturningAtOnceDoesNotHammer(t *testing.T) {
 	testdb.Slow(t, "counts terms over 3 s, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		e := newElection(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
 		if err := e.Check(context.Background()); err != nil {
 			t.Fatal(err)

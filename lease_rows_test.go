@@ -97,6 +97,7 @@ func TestLeaseRowsLockExcludesThroughAPooler(t *testing.T) {
 	testdb.Slow(t, "lock rows through PgBouncer and on MariaDB, seconds each")
 	for _, srv := range rowsServers() {
 		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel() // a name of its own on each server
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			name := testdb.UniqueName(t)
@@ -423,6 +424,7 @@ func TestLeaseRowsKeepTheMinHoldWindow(t *testing.T) {
 	const window = 2 * time.Second
 	for _, srv := range rowsServers() {
 		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel() // a name of its own on each server
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			name := testdb.UniqueName(t)

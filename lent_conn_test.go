@@ -173,6 +173,7 @@ func TestWithConnStepsTheKeepAliveAside(t *testing.T) {
 	const keepAlive = 20 * time.Millisecond
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
+			t.Parallel() // a name and sessions of its own on each server
 			db := s.open(t)
 			db.SetMaxOpenConns(1)
 			l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(keepAlive), quiet)

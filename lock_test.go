@@ -330,6 +330,7 @@ func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
 	testdb.Slow(t, "waits out a LockTimeout budget")
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
+			t.Parallel() // pools and a name of its own
 			ctx := context.Background()
 			name := testdb.UniqueName(t)
 			dbA, dbB := testdb.OpenPostgres(t, drv), testdb.OpenPostgres(t, drv)

@@ -557,6 +557,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
 	testdb.Slow(t, "processes waiting out 3 s windows")
 	for _, kind := range windowKinds {
 		t.Run(kind, func(t *testing.T) {
+			t.Parallel() // a file of its own; the processes start before the gun
 			path := testdb.SQLitePath(t)
 			job := minHoldTask{Do: "fire", Kind: kind, Driver: "sqlite", Path: path, Name: testdb.UniqueName(t), Window: 3 * time.Second, TTL: 30 * time.Second}
 			l := job.lock(t, job.open(t))
@@ -783,6 +784,7 @@ func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
 	const window = 150 * time.Millisecond
 	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
+			t.Parallel() // a name of its own; gaps are read on the database's clock
 			name := testdb.UniqueName(t)
 			open := func() *sql.DB { return testdb.OpenPostgres(t, drv) }
 			grantOf := "SELECT (extract(epoch FROM acquired_at) * 1e6)::bigint FROM advisorylock_windows WHERE key = $1"

@@ -342,6 +342,7 @@ func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 	testdb.Slow(t, "waits for keep-alives to report the kill, per server")
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel() // names and pools of its own; it kills only its own session
 			db := srv.open(t)
 			db.SetMaxOpenConns(8)
 			admin := srv.open(t)

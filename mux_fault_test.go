@@ -357,9 +357,13 @@ func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) 
 // neighbours keep theirs. PostgreSQL (pgx) and MariaDB.
 func TestMultiplexedKeepAliveLosesOnlyTheMissingKeys(t *testing.T) {
 	testdb.Slow(t, "fault: locks dropped under a shared session")
+	// The servers' subtests run side by side: each has its own names,
+	// pools and key dropper. The goroutine check covers them together, on
+	// the whole test, which no other test runs beside.
+	checkGoroutines(t)
 	for _, srv := range muxServers()[1:] {
 		t.Run(srv.name, func(t *testing.T) {
-			checkGoroutines(t)
+			t.Parallel()
 			db, rivalDB, admin := srv.open(t), srv.open(t), srv.open(t)
 			db.SetMaxOpenConns(8)
 			d := newKeyDropper(srv.name)

@@ -65,7 +65,7 @@ func replicasOnce(t *testing.T, edb electionDB, name, run string, replicas int, 
 // the same key later: none; the next key: one.
 func TestTryDoOnceRunsARunOnceAcrossReplicas(t *testing.T) {
 	testdb.Slow(t, "replicas firing across several runs")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		for _, c := range []struct {
 			run  string
@@ -82,7 +82,7 @@ func TestTryDoOnceRunsARunOnceAcrossReplicas(t *testing.T) {
 // the error comes back, the next arrival runs it, and after that success
 // nobody does.
 func TestTryDoOnceRunsAFailedRunAgain(t *testing.T) {
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		ctx := context.Background()
 		l := newLock(t, edb.open(t), testdb.UniqueName(t), edb.opts...)
 		boom := errors.New("boom")
@@ -145,7 +145,7 @@ func TestOnceHelperProcess(t *testing.T) {
 // one after does not.
 func TestTryDoOnceRunsARunWhoseHolderWasKilled(t *testing.T) {
 	testdb.Slow(t, "kills a holder process, waits out its TTL")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		job, err := json.Marshal(onceJob{Backend: edb.name, DSN: edb.dsn, Name: name, Run: "deploy-42", TTL: electionSQLTTL})

@@ -36,6 +36,7 @@ func TestLeaseLockThroughTransactionPool(t *testing.T) {
 	txDSN, _ := testdb.PgBouncer(t)
 	for _, c := range leasePoolerClients {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // names and pools of its own; the busier the pool, the more it proves
 			dsn := txDSN + c.params
 			direct := testdb.OpenPostgres(t, "postgres")
 			a := testdb.OpenPostgresDSN(t, c.driver, dsn)

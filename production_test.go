@@ -328,6 +328,7 @@ func returnsWithin(t *testing.T, limit time.Duration, what string, f func() erro
 func TestTryLockDoesNotWaitForAnExhaustedPool(t *testing.T) {
 	testdb.Slow(t, "waits out pool waits, per kind and driver")
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		t.Parallel() // a pool and a name of its own
 		db := testdb.OpenPostgres(t, drv)
 		name := testdb.UniqueName(t)
 		session := newLockOpts(t, db, name)

@@ -116,6 +116,7 @@ func TestSlotKeyIsTheDocumentedHashAndApartFromKey(t *testing.T) {
 func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 	testdb.Slow(t, "8 workers contending for seconds")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
+		t.Parallel() // a name of its own on each backend
 		const workers, slots, rounds = 8, 3, 25
 		name := testdb.UniqueName(t)
 		var inside, most atomic.Int32
@@ -496,6 +497,7 @@ func TestSemaphoreWaiterGetsTheReleasedSlot(t *testing.T) {
 func TestSemaphoreCancelledWaitLeavesNoSlotHeld(t *testing.T) {
 	testdb.Slow(t, "many cancelled waits, per backend")
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
+		t.Parallel() // a name of its own on each backend
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		s := newSemaphore(t, open(), name, 2)

@@ -132,6 +132,7 @@ func TestSetsInOppositeOrdersNeverDeadlock(t *testing.T) {
 	testdb.Slow(t, "sets contending for seconds, per backend")
 	for _, sb := range setBackends(t) {
 		t.Run(sb.name, func(t *testing.T) {
+			t.Parallel() // names of its own on each backend
 			db := sb.open(t)
 			db.SetMaxOpenConns(20)
 			names, _ := muxNames(t, 4)
@@ -196,6 +197,7 @@ func TestSetLostWithAnyName(t *testing.T) {
 	for _, srv := range muxServers() {
 		for _, mux := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/multiplexed=%v", srv.name, mux), func(t *testing.T) {
+				t.Parallel() // names and pools of its own; it kills only its own session
 				db, admin := srv.open(t), srv.open(t)
 				names, keys := muxNames(t, 3)
 				opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second)}

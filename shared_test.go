@@ -33,10 +33,15 @@ var sharedBackends = []sharedBackend{
 	}},
 }
 
-// eachSharedBackend runs f on every backend with shared locks.
+// eachSharedBackend runs f on every backend with shared locks, the
+// backends' subtests in parallel with each other: each uses a name of its
+// own and touches nothing process-wide.
 func eachSharedBackend(t *testing.T, f func(t *testing.T, open func() *sql.DB)) {
 	for _, b := range sharedBackends {
-		t.Run(b.name, func(t *testing.T) { f(t, b.open(t)) })
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b.open(t))
+		})
 	}
 }
 
@@ -294,6 +299,7 @@ func TestSharedAndExclusiveHoldersNeverOverlap(t *testing.T) {
 	testdb.Slow(t, "readers and writers under load for seconds")
 	for _, b := range sharedBackends {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel() // a name of its own on each backend
 			l := startSharedLoad(t, b.name, b.open(t))
 			testdb.WaitFor(t, wait, func() bool { return l.f.acquired.Load() >= 200 && l.together.Load() >= 5 },
 				"the shared load made %d grants, readers together %d times", l.f.acquired.Load(), l.together.Load())
@@ -351,6 +357,7 @@ func TestLiveSharedHolderIsNotLost(t *testing.T) {
 	testdb.Slow(t, "holds through ten keep-alive periods, per backend")
 	for _, b := range sharedBackends[:3] {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel() // a name of its own on each backend
 			ctx := context.Background()
 			open := b.open(t)
 			admin := open()

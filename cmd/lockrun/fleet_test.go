@@ -33,6 +33,11 @@ func TestCronJobWithConfigFileTakesTheClusterLock(t *testing.T) {
 
 	holder := startBare(t, cronEnv(home), append([]string{"-v", name}, d.holdUntil("go")...)...)
 	testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the cron job did not start; stderr: %q", holder.stderr)
+	// The command can start before the -v line has come through the pipe.
+	testdb.WaitFor(t, 0, func() bool {
+		_, line, ok := strings.Cut(holder.stderr.String(), "lockrun: database ")
+		return ok && strings.Contains(line, "\n")
+	}, "-v never said which database; stderr: %q", holder.stderr)
 	if s := holder.stderr.String(); !strings.Contains(s, "lockrun: database postgres "+testdb.HostPort(t, dsn)+"/") ||
 		!strings.Contains(s, "lockrun.conf:2") || strings.Contains(s, secret) {
 		t.Errorf("-v does not say which database (from the config file) without its password: %q", s)

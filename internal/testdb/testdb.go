@@ -17,8 +17,11 @@
 package testdb
 
 import (
+	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -65,7 +68,31 @@ type mainRunner struct{ m *testing.M }
 // whole process.
 func (r mainRunner) Run() int {
 	defer runTeardown()
+	raiseParallel()
 	return r.m.Run()
+}
+
+// Parallel is how many tests that call t.Parallel run at once when the
+// command line does not say (go test -parallel n): at least this many,
+// rather than go test's default of GOMAXPROCS, because the harness's tests
+// mostly wait (on servers, helper processes and timers) rather than
+// compute, and each such test uses names, pools and files of its own.
+const Parallel = 4
+
+// raiseParallel sets -test.parallel to Parallel unless it was given or
+// GOMAXPROCS is already larger.
+func raiseParallel() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if given || runtime.GOMAXPROCS(0) >= Parallel {
+		return
+	}
+	if err := flag.Set("test.parallel", strconv.Itoa(Parallel)); err != nil {
+		panic("testdb: " + err.Error())
+	}
 }
 
 // Main wraps m for TestMain: its Run runs the tests and then stops whatever

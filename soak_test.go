@@ -498,7 +498,9 @@ func lockDoWorker(ctx context.Context, lock *advisorylock.Lock, db *sql.DB, secs
 			sec = secs.enter(fctx, nil)
 			defer secs.exit(sec)
 			return counted(fctx, counter, db, func() error {
-				err := counter.Bump(fctx, db)
+				// Whole, as counted's marks: a bump cancelled as the
+				// load stops may commit all the same, uncounted.
+				err := counter.Bump(context.WithoutCancel(fctx), db)
 				if err == nil {
 					bumps.Add(1)
 				}

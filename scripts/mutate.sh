@@ -296,7 +296,7 @@ mutation "lease re-granted 1.2 s before it expires" backend_postgres.go \
 	'^(TestSoak|TestNetworkCutsUnderLoad)$'
 mutation "lease acquire takes a held lease (PostgreSQL)" backend_postgres.go \
 	's/= `\(l\.owner IS NULL OR l\.expires_at <= now\(\)\)/= `true/' \
-	'^TestPostgresLeaseStoreProperties$'
+	'^(TestPostgresLeaseStoreProperties|TestSoakLeaseRows)$'
 mutation "a waiter's live place does not keep others out (PostgreSQL)" backend_postgres.go \
 	's/\tAND \(l\.next_owner IS NULL OR l\.next_expires_at <= now\(\) OR l\.next_owner = \$2::text\)`/\tAND true`/' \
 	'^TestHandoverLostInACrashStillKeepsOthersOut$'
@@ -353,7 +353,7 @@ mutation "lease renew revives an expired lease (PostgreSQL)" backend_postgres.go
 	'^TestPostgresLeaseStoreProperties$'
 mutation "lease tokens do not grow (PostgreSQL)" backend_postgres.go \
 	's/generation = greatest\(l\.generation \+ 1, EXCLUDED\.generation\)/generation = least(l.generation, EXCLUDED.generation)/' \
-	'^(TestLeaseTokensOnlyGrow|TestPostgresLeaseStoreProperties)$'
+	'^(TestLeaseTokensOnlyGrow|TestPostgresLeaseStoreProperties|TestSoakLeaseRows)$'
 mutation "the fence admits a token one lower (PostgreSQL)" backend_postgres.go \
 	's/WHERE f\.token <= EXCLUDED\.token/WHERE f.token <= EXCLUDED.token + 1/' \
 	'^(TestFenceAdmitsEqualAndHigherAndRefusesLower|TestPostgresLeaseStoreProperties)$'
@@ -782,7 +782,7 @@ mutation "WithLeaseRows is ignored: an Election keeps session locks" election.go
 	'^TestLeaseRowsElectionThroughAPooler$'
 mutation "PostgreSQL: a lock row is taken while live" backend_postgres_rows.go \
 	's/WHERE NOT EXISTS \(SELECT FROM advisorylock_locks AS l WHERE l\.key = \$1::bigint AND l\.expires_at > now\(\)\)/WHERE true/; s/WHERE l\.expires_at <= now\(\)\nRETURNING token/WHERE true\nRETURNING token/' \
-	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots|TestSoakLeaseRows)$'
 mutation "PostgreSQL: a lock row's renewal ignores its owner" backend_postgres_rows.go \
 	's/WHERE key = \$1::bigint AND owner = \$2::text AND expires_at > now\(\)/WHERE key = \$1::bigint AND expires_at > now()/' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'

@@ -443,7 +443,8 @@ type sections struct {
 
 // section is one run of fn.
 type section struct {
-	lease   *advisorylock.Lease // nil for a session lock
+	lease   *advisorylock.Lease       // nil for a session lock
+	term    advisorylock.FencingToken // an election's term (enterTerm); 0 otherwise
 	granted time.Time
 	told    atomic.Int64 // unix nanoseconds when the holder was told of a loss; 0 if never
 	done    chan struct{}
@@ -503,6 +504,26 @@ func (s *sections) enter(fctx context.Context, lease *advisorylock.Lease) *secti
 	return sec
 }
 
+// enterTerm records a leader's term starting now in lead, whose context
+// is lctx; call exit when lead returns. A term is a grant whose token is
+// the term, as a lease's is its token.
+func (s *sections) enterTerm(lctx context.Context, term advisorylock.FencingToken) *section {
+	sec := s.enter(lctx, nil)
+	s.mu.Lock()
+	sec.term = term
+	s.mu.Unlock()
+	return sec
+}
+
+// token returns the grant's token: the lease's, the term, or 0 for a
+// session lock.
+func (sec *section) token() int64 {
+	if sec.lease != nil {
+		return sec.lease.Token().Int64()
+	}
+	return sec.term.Int64()
+}
+
 // tell records the first time the holder was told of its loss.
 func (sec *section) tell() { sec.told.CompareAndSwap(0, time.Now().UnixNano()) }
 
@@ -539,7 +560,7 @@ func (s *sections) settle() {
 	defer s.mu.Unlock()
 	for _, p := range s.pairs {
 		older, newer := p[0], p[1]
-		if older.lease != nil && newer.lease.Token() < older.lease.Token() {
+		if newer.token() < older.token() {
 			older, newer = newer, older
 		}
 		if s.excused(older, newer) {
@@ -550,9 +571,9 @@ func (s *sections) settle() {
 		if n := older.told.Load(); n != 0 {
 			told = fmt.Sprintf("told %v after", time.Unix(0, n).Sub(newer.granted))
 		}
-		if older.lease != nil {
+		if older.token() != 0 {
 			s.log("VIOLATION: %q: grant %d while grant %d was held and its holder did not know it lost it (%s)",
-				s.name, newer.lease.Token(), older.lease.Token(), told)
+				s.name, newer.token(), older.token(), told)
 		} else {
 			s.log("VIOLATION: %q: a section entered while another held the lock and its holder did not know it lost it (%s)", s.name, told)
 		}
@@ -572,7 +593,7 @@ func (s *sections) excused(older, newer *section) bool {
 	if !told.After(newer.granted) {
 		return true
 	}
-	if older.lease != nil {
+	if older.token() != 0 {
 		return false
 	}
 	for _, f := range s.ended {

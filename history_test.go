@@ -142,10 +142,7 @@ func (s *sections) objects() (lock, fence object, n opCounts) {
 			continue
 		}
 		n.granted++
-		var token int64
-		if c.sec.lease != nil {
-			token = c.sec.lease.Token().Int64()
-		}
+		token := c.sec.token()
 		end := c.end(i+1, faults, within, tick)
 		if end.kind == opLoss {
 			n.losses++

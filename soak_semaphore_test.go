@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,7 +17,8 @@ import (
 )
 
 // The soak's semaphore row (see TestSoak): on PostgreSQL (lib/pq and
-// pgx), MariaDB and SQLite, workers with a pool each run Do, TryDo and
+// pgx), MariaDB, SQLite and lease rows through PgBouncer's transaction
+// pool (WithLeaseRows), workers with a pool each run Do, TryDo and
 // Acquire on a semaphore of semSoakSlots slots, and every round a holder's
 // server session is ended (pg_terminate_backend, KILL). A violation is
 // more holders inside than slots, or two holders on one slot, unless the
@@ -24,8 +26,8 @@ import (
 // semNoticeWithin of it (the server frees a killed session's slot at once;
 // its holder learns of it at its next keep-alive), or had been told of
 // the loss before the newcomer was granted (a lease whose renewals a
-// loaded machine held up past its local deadline: SQLite's slots are
-// leases, and no fault is injected there). A holder is told by
+// loaded machine held up past its local deadline: SQLite's and the lease
+// rows' slots are leases, and no fault is injected there). A holder is told by
 // fn's context, its guard's Lost channel or its Do's (or release's)
 // error, or else by the Observer's Lost event: a holder that left its
 // section before the keep-alive saw the loss releases a lost guard
@@ -59,6 +61,7 @@ type semRow struct {
 
 	mu     sync.Mutex
 	inside map[*semHolder]struct{}
+	grants int         // holders that entered
 	ended  []time.Time // session-ending faults, when injected
 	excess []semExcess
 }
@@ -113,32 +116,55 @@ type semExcess struct {
 	over   int
 }
 
-func startSemaphoreLoad(t *testing.T) *semaphoreLoad {
+// startSemaphoreLoad starts the semaphore row on the named backends
+// ("postgres", "mysql", "sqlite", semRowsBackend), on all of them if none
+// is named.
+func startSemaphoreLoad(t *testing.T, backends ...string) *semaphoreLoad {
 	t.Helper()
 	l := &semaphoreLoad{figs: &figures{}}
 	ctx, stop := context.WithCancel(context.Background())
 	l.stop = stop
 	t.Cleanup(func() { stop(); l.wg.Wait() })
 	pgDSN, myDSN, litePath := testdb.PostgresDSN(t), testdb.MySQLDSN(t), testdb.SQLitePath(t)
+	txDSN, _ := testdb.PgBouncer(t)
 	opens := map[string]func(i int) *sql.DB{
 		"postgres": func(i int) *sql.DB { return testdb.OpenPostgresDSN(t, testdb.Drivers[i%len(testdb.Drivers)], pgDSN) },
 		"mysql":    func(int) *sql.DB { return testdb.OpenMySQLDSN(t, myDSN) },
 		"sqlite":   func(int) *sql.DB { return testdb.OpenSQLite(t, litePath, sqliteLoadOptions) },
+		semRowsBackend: func(i int) *sql.DB {
+			if i%2 == 0 {
+				return testdb.OpenPostgresDSN(t, "postgres", txDSN)
+			}
+			return testdb.OpenPostgresDSN(t, "pgx", txDSN+"&default_query_exec_mode=exec")
+		},
 	}
 	opts := []advisorylock.Option{quiet, advisorylock.WithObserver(semTeller{}), advisorylock.WithKeepAlive(200 * time.Millisecond),
 		advisorylock.WithPollInterval(5 * time.Millisecond), advisorylock.WithLeaseTTL(3 * time.Second)}
-	for _, backend := range []string{"postgres", "mysql", "sqlite"} {
+	if len(backends) == 0 {
+		backends = []string{"postgres", "mysql", "sqlite", semRowsBackend}
+	}
+	for _, backend := range backends {
 		name := testdb.UniqueName(t)
 		admin := opens[backend](0)
-		r := &semRow{backend: backend, admin: admin, sem: newSemaphore(t, admin, name, semSoakSlots, opts...), figs: l.figs, inside: map[*semHolder]struct{}{}}
+		o := opts
+		if backend == semRowsBackend {
+			o = append(slices.Clone(opts), advisorylock.WithLeaseRows())
+		}
+		r := &semRow{backend: backend, admin: admin, sem: newSemaphore(t, admin, name, semSoakSlots, o...), figs: l.figs, inside: map[*semHolder]struct{}{}}
 		l.rows = append(l.rows, r)
 		for i := range semSoakWorkers {
-			s := newSemaphore(t, opens[backend](i), name, semSoakSlots, opts...)
+			s := newSemaphore(t, opens[backend](i), name, semSoakSlots, o...)
 			l.wg.Go(func() { r.work(ctx, s) })
 		}
 	}
 	return l
 }
+
+// semRowsBackend is the semaphore row on lease rows (WithLeaseRows)
+// through PgBouncer's transaction pool, with lib/pq and pgx in exec mode:
+// its slots are leases, like SQLite's, so it gets no session-ending
+// fault.
+const semRowsBackend = "rows via PgBouncer"
 
 // work takes a slot one of three ways until ctx ends.
 func (r *semRow) work(ctx context.Context, s *advisorylock.Semaphore) {
@@ -213,6 +239,7 @@ func (r *semRow) enter(h *semHolder) {
 		r.excess = append(r.excess, semExcess{at: h.granted, others: sameSlot, over: len(sameSlot)})
 	}
 	r.inside[h] = struct{}{}
+	r.grants++
 }
 
 func (r *semRow) exit(h *semHolder) {
@@ -226,7 +253,7 @@ func (r *semRow) exit(h *semHolder) {
 // backend's semaphore, if one holds a slot now.
 func (l *semaphoreLoad) injectRound(t *testing.T) {
 	for _, r := range l.rows {
-		if r.backend == "sqlite" {
+		if r.backend == "sqlite" || r.backend == semRowsBackend {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -303,6 +330,12 @@ func (l *semaphoreLoad) check(t *testing.T) {
 		t.Errorf("semaphores: %d violations (see the log)", v)
 	}
 	for _, r := range l.rows {
+		r.mu.Lock()
+		grants := r.grants
+		r.mu.Unlock()
+		if grants == 0 {
+			t.Errorf("vacuous: the semaphore on %s never granted a slot", r.backend)
+		}
 		var hs []*advisorylock.Holder
 		testdb.WaitFor(t, wait, func() bool {
 			var err error

@@ -301,7 +301,7 @@ mutation "lease re-granted 1.2 s before it expires" internal/postgresbackend/pos
 	'^(TestSoak|TestNetworkCutsUnderLoad)$'
 mutation "lease acquire takes a held lease (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/= `\(l\.owner IS NULL OR l\.expires_at <= now\(\)\)/= `true/' \
-	'^TestPostgresLeaseStoreProperties$'
+	'^(TestPostgresLeaseStoreProperties|TestSoakLeaseRows)$'
 mutation "a waiter's live place does not keep others out (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/\tAND \(l\.next_owner IS NULL OR l\.next_expires_at <= now\(\) OR l\.next_owner = \$2::text\)`/\tAND true`/' \
 	'^TestHandoverLostInACrashStillKeepsOthersOut$'
@@ -358,7 +358,7 @@ mutation "lease renew revives an expired lease (PostgreSQL)" internal/postgresba
 	'^TestPostgresLeaseStoreProperties$'
 mutation "lease tokens do not grow (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/generation = greatest\(l\.generation \+ 1, EXCLUDED\.generation\)/generation = least(l.generation, EXCLUDED.generation)/' \
-	'^(TestLeaseTokensOnlyGrow|TestPostgresLeaseStoreProperties)$'
+	'^(TestLeaseTokensOnlyGrow|TestPostgresLeaseStoreProperties|TestSoakLeaseRows)$'
 mutation "the fence admits a token one lower (PostgreSQL)" internal/postgresbackend/postgres.go \
 	's/WHERE f\.token <= EXCLUDED\.token/WHERE f.token <= EXCLUDED.token + 1/' \
 	'^(TestFenceAdmitsEqualAndHigherAndRefusesLower|TestPostgresLeaseStoreProperties)$'
@@ -790,7 +790,7 @@ mutation "WithLeaseRows is ignored: an Election keeps session locks" election.go
 	'^TestLeaseRowsElectionThroughAPooler$'
 mutation "PostgreSQL: a lock row is taken while live" internal/postgresbackend/rows.go \
 	's/WHERE NOT EXISTS \(SELECT FROM advisorylock_locks AS l WHERE l\.key = \$1::bigint AND l\.expires_at > now\(\)\)/WHERE true/; s/WHERE l\.expires_at <= now\(\)\nRETURNING token/WHERE true\nRETURNING token/' \
-	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots|TestSoakLeaseRows)$'
 mutation "PostgreSQL: a lock row's renewal ignores its owner" internal/postgresbackend/rows.go \
 	's/WHERE key = \$1::bigint AND owner = \$2::text AND expires_at > now\(\)/WHERE key = \$1::bigint AND expires_at > now()/' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'

@@ -427,11 +427,11 @@ mutation "MySQL: the exclusive try goes as text, parsed each time" internal/mysq
 	'^TestMySQLTryAndUnlockRunPrepared$' \
 	'./internal/mysqlbackend'
 mutation "MySQL: a session that lost its prepared statements fails its steps (1243)" internal/mysqlbackend/mysql.go \
-	's/if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{/if dbutil.MySQLErrno(err) == mysqlUnknownStatement \&\& false {/' \
+	's/return dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \}/return dbutil.MySQLErrno(err) == mysqlUnknownStatement \&\& false }/' \
 	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$' \
 	'./internal/mysqlbackend'
-mutation "MySQL: statements a session lost are never prepared again" internal/mysqlbackend/mysql.go \
-	's/(if dbutil\.MySQLErrno\(err\) == mysqlUnknownStatement \{\n\t\t\t)ps\.Forget\(dc\)/$1_ = dc/' \
+mutation "MySQL: statements a session lost are never prepared again" internal/dbutil/prepared.go \
+	's/(if err != nil && lost\(err\) \{\n\t\t\t)ps\.Forget\(dc\)/$1_ = dc/' \
 	'^TestMySQLSessionThatLostItsPreparedStatementsPreparesThemAgain$' \
 	'./internal/mysqlbackend'
 mutation "a resign leaves its term's row naming its session" election.go \

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"io"
 	"maps"
 	"reflect"
 	"sync"
@@ -206,4 +207,55 @@ func (ps *Prepared) Cached(dc any) map[string]driver.Stmt {
 		return nil
 	}
 	return maps.Clone(cs.byText)
+}
+
+// QueryRow runs text with args, prepared on conn's session first if it is
+// not yet, and returns the driver values of its one row (sql.ErrNoRows
+// for none). It returns ErrNotPrepared where nothing ran: the connection
+// is not the driver's own, notPrepared says the server would not prepare
+// the text (nil: every error is returned as it is), or lost says the
+// session lost the statement (it is forgotten, and prepared again next
+// time).
+func (ps *Prepared) QueryRow(ctx context.Context, conn *sql.Conn, text string, args []any, notPrepared, lost func(error) bool) ([]driver.Value, error) {
+	var vals []driver.Value
+	var added bool
+	err := conn.Raw(func(dc any) error {
+		st, a, err := ps.Stmt(ctx, dc, text)
+		added = a
+		if err != nil && notPrepared != nil && notPrepared(err) {
+			return ErrNotPrepared
+		}
+		if err != nil {
+			return err
+		}
+		sq, ok := st.(driver.StmtQueryContext)
+		if !ok {
+			return ErrNotPrepared
+		}
+		nv := make([]driver.NamedValue, len(args))
+		for i, a := range args {
+			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+		}
+		rows, err := sq.QueryContext(ctx, nv)
+		if err != nil && lost(err) {
+			ps.Forget(dc)
+			return ErrNotPrepared
+		}
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		vals = make([]driver.Value, len(rows.Columns()))
+		if err := rows.Next(vals); err != nil {
+			if errors.Is(err, io.EOF) {
+				return sql.ErrNoRows
+			}
+			return err
+		}
+		return nil
+	})
+	if added {
+		ps.Trim()
+	}
+	return vals, err
 }

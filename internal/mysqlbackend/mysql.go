@@ -31,7 +31,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -959,57 +958,25 @@ func queryPrepared(ctx context.Context, ps *dbutil.Prepared, conn *sql.Conn, tex
 	if ps.Refused.Load() {
 		return dbutil.ErrNotPrepared
 	}
-	var added bool
-	err := conn.Raw(func(dc any) error {
-		st, a, err := ps.Stmt(ctx, dc, text)
-		added = a
-		if n := dbutil.MySQLErrno(err); n != 0 {
-			if n != mysqlNoSuchTable {
-				ps.Refused.Store(true)
-			}
-			return dbutil.ErrNotPrepared
+	vals, err := ps.QueryRow(ctx, conn, text, args, func(err error) bool {
+		n := dbutil.MySQLErrno(err)
+		if n != 0 && n != mysqlNoSuchTable {
+			ps.Refused.Store(true)
 		}
-		if err != nil {
-			return err
-		}
-		sq, ok := st.(driver.StmtQueryContext)
-		if !ok {
-			return dbutil.ErrNotPrepared
-		}
-		nv := make([]driver.NamedValue, len(args))
-		for i, a := range args {
-			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
-		}
-		rows, err := sq.QueryContext(ctx, nv)
-		if dbutil.MySQLErrno(err) == mysqlUnknownStatement {
-			ps.Forget(dc)
-			return dbutil.ErrNotPrepared
-		}
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		vals := make([]driver.Value, len(rows.Columns()))
-		if err := rows.Next(vals); err != nil {
-			if errors.Is(err, io.EOF) {
-				return sql.ErrNoRows
-			}
-			return err
-		}
-		if len(vals) != len(dest) {
-			return fmt.Errorf("advisorylock: a prepared statement returned %d columns, want %d", len(vals), len(dest))
-		}
-		for i, d := range dest {
-			if err := assignInt(d, vals[i]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if added {
-		ps.Trim()
+		return n != 0
+	}, func(err error) bool { return dbutil.MySQLErrno(err) == mysqlUnknownStatement })
+	if err != nil {
+		return err
 	}
-	return err
+	if len(vals) != len(dest) {
+		return fmt.Errorf("advisorylock: a prepared statement returned %d columns, want %d", len(vals), len(dest))
+	}
+	for i, d := range dest {
+		if err := assignInt(d, vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // assignInt stores an integer column's driver value v in dest.

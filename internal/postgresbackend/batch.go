@@ -86,45 +86,18 @@ func ones(s string) []bool {
 }
 
 // queryPairPrepared runs text, whose one row is two text columns, with
-// args, prepared on conn's session as execPrepared does (lib/pq): the
-// batch's text is the same whatever its keys, so the server parses and
-// plans it once per session. It returns dbutil.ErrNotPrepared where
-// nothing was sent.
-func queryPairPrepared(ctx context.Context, ps *dbutil.Prepared, conn *sql.Conn, text string, args ...string) (a, b string, err error) {
-	var added bool
-	err = conn.Raw(func(dc any) error {
-		st, add, err := ps.Stmt(ctx, dc, text)
-		if added = add; err != nil {
-			return err
-		}
-		sq, ok := st.(driver.StmtQueryContext)
-		if !ok {
-			return dbutil.ErrNotPrepared
-		}
-		nv := make([]driver.NamedValue, len(args))
-		for i, v := range args {
-			nv[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
-		}
-		rows, err := sq.QueryContext(ctx, nv)
-		if dbutil.SQLState(err) == "26000" {
-			ps.Forget(dc)
-			return dbutil.ErrNotPrepared
-		}
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		vals := make([]driver.Value, 2)
-		if err := rows.Next(vals); err != nil {
-			return err
-		}
-		a, b = textOf(vals[0]), textOf(vals[1])
-		return nil
-	})
-	if added {
-		ps.Trim()
+// args, prepared on conn's session (lib/pq): the batch's text is the
+// same whatever its keys, so the server parses and plans it once per
+// session. It returns dbutil.ErrNotPrepared where nothing was sent.
+func queryPairPrepared(ctx context.Context, ps *dbutil.Prepared, conn *sql.Conn, text string, a, b string) (string, string, error) {
+	vals, err := ps.QueryRow(ctx, conn, text, []any{a, b}, nil, func(err error) bool { return dbutil.SQLState(err) == "26000" })
+	if err != nil {
+		return "", "", err
 	}
-	return a, b, err
+	if len(vals) != 2 {
+		return "", "", fmt.Errorf("advisorylock: a batch returned %d columns, want 2", len(vals))
+	}
+	return textOf(vals[0]), textOf(vals[1]), nil
 }
 
 // textOf is a driver's text value as a string.

@@ -618,25 +618,9 @@ func TestEngineMultiplexedSessionLostLosesOnlyItsLocks(t *testing.T) {
 		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("tenant-", i), advisorylock.WithMultiplexing(2)))
 	}
 	// The first try stalls on its session, so the second opens another.
-	stalled, resume := make(chan struct{}), make(chan struct{})
-	s.onStatementStall(func(op string, key int64) {
-		if op == "try" && key == locks[0].Key() {
-			close(stalled)
-			<-resume
-		}
-	})
-	first := make(chan *advisorylock.Guard, 1)
-	go func() {
-		g, err := locks[0].TryLock(context.Background())
-		if err != nil {
-			t.Error(err)
-		}
-		first <- g
-	}()
-	<-stalled
-	s.onStatementStall(nil)
+	first, resume := stalledTry(t, s, locks[0])
 	guards := []*advisorylock.Guard{mustTry(t, locks[1])}
-	close(resume)
+	resume()
 	g := <-first
 	if g == nil {
 		t.FailNow()
@@ -798,26 +782,17 @@ func TestEngineMultiplexedOpsShareTheNextStatement(t *testing.T) {
 	defer mustRelease(t, other)
 	contender := fakeLock(t, s, db, "batch-rival", opts...)
 
-	stalled, resume := make(chan struct{}), make(chan struct{})
-	s.onStatementStall(func(op string, key int64) {
-		if op == "try" && key == locks[0].Key() {
-			close(stalled)
-			<-resume
-		}
-	})
+	first, resume := stalledTry(t, s, locks[0])
 	type result struct {
 		i   int
 		g   *advisorylock.Guard
 		err error
 	}
-	results := make(chan result, 7)
+	results := make(chan result, 6)
 	try := func(i int, l *advisorylock.Lock) {
 		g, err := l.TryLock(context.Background())
 		results <- result{i, g, err}
 	}
-	go try(0, locks[0])
-	<-stalled
-	s.onStatementStall(nil)
 	for i := 1; i < 5; i++ {
 		go try(i, locks[i])
 	}
@@ -825,9 +800,12 @@ func TestEngineMultiplexedOpsShareTheNextStatement(t *testing.T) {
 	go func() { results <- result{5, nil, held.Release(context.Background())} }()
 	testdb.WaitFor(t, 0, func() bool { return advisorylock.MuxQueued(locks[0]) == 6 }, "6 ops queued behind the stalled try; %d are", advisorylock.MuxQueued(locks[0]))
 	tries, unlocks := s.count("try"), s.count("unlock")
-	close(resume)
+	resume()
 	var guards []*advisorylock.Guard
-	for range 7 {
+	if g := <-first; g != nil {
+		guards = append(guards, g)
+	}
+	for range 6 {
 		r := <-results
 		switch {
 		case r.i == -1 && !errors.Is(r.err, advisorylock.ErrNotAcquired):
@@ -875,23 +853,7 @@ func TestEngineMultiplexedBatchThatFailsEndsTheSession(t *testing.T) {
 		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("failed-batch-", i), opts...))
 	}
 	held := mustTry(t, locks[3])
-	stalled, resume := make(chan struct{}), make(chan struct{})
-	s.onStatementStall(func(op string, key int64) {
-		if op == "try" && key == locks[0].Key() {
-			close(stalled)
-			<-resume
-		}
-	})
-	first := make(chan *advisorylock.Guard, 1)
-	go func() {
-		g, err := locks[0].TryLock(context.Background())
-		if err != nil {
-			t.Error(err)
-		}
-		first <- g
-	}()
-	<-stalled
-	s.onStatementStall(nil)
+	first, resume := stalledTry(t, s, locks[0])
 	errs := make(chan error, 2)
 	for _, l := range locks[1:3] {
 		go func() {
@@ -905,7 +867,7 @@ func TestEngineMultiplexedBatchThatFailsEndsTheSession(t *testing.T) {
 	testdb.WaitFor(t, 0, func() bool { return advisorylock.MuxQueued(locks[0]) == 2 }, "2 tries queued; %d are", advisorylock.MuxQueued(locks[0]))
 	cut := errors.New("fake: connection reset")
 	s.failNext("try unlock", cut)
-	close(resume)
+	resume()
 	for range 2 {
 		if err := <-errs; !errors.Is(err, cut) {
 			t.Errorf("a try in the failed batch: %v, want the statement's error", err)

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/backend"
 )
 
@@ -113,6 +114,30 @@ func (s *fakeServer) failNext(op string, err error) {
 		s.before = nil // called under s.mu
 		return err
 	})
+}
+
+// stalledTry starts l.TryLock in a goroutine whose try statement stalls
+// on s until resume is called, and returns once it has stalled; first
+// gets the try's Guard (nil, the test told, on an error).
+func stalledTry(t *testing.T, s *fakeServer, l *advisorylock.Lock) (first <-chan *advisorylock.Guard, resume func()) {
+	stalled, release := make(chan struct{}), make(chan struct{})
+	s.onStatementStall(func(op string, key int64) {
+		if op == "try" && key == l.Key() {
+			close(stalled)
+			<-release
+		}
+	})
+	out := make(chan *advisorylock.Guard, 1)
+	go func() {
+		g, err := l.TryLock(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		out <- g
+	}()
+	<-stalled
+	s.onStatementStall(nil)
+	return out, func() { close(release) }
 }
 
 // holder returns the session holding key, 0 when free.

@@ -456,8 +456,11 @@ func (l *Lock) take(ctx, budget context.Context, wait bool) (*Guard, error) {
 	case b.rows != nil:
 		return l.acquireRows(ctx, budget, b, wait)
 	case b.muxed:
+		// A wait that finds the name taken, or no connection for a
+		// shared session within the pool wait, waits on a connection of
+		// its own, as without WithMultiplexing.
 		g, err := l.tryMux(ctx, budget, b)
-		if !wait || !errors.Is(err, ErrNotAcquired) {
+		if !wait || !errors.Is(err, ErrNotAcquired) && !errors.Is(err, ErrPoolUnavailable) {
 			return g, err
 		}
 	}

@@ -196,33 +196,47 @@ func TestEngineCancelledAcquireSendsNothing(t *testing.T) {
 	}
 }
 
+// A try's checkout ends with the pool wait; a wait's only with its
+// context, pinned or multiplexed (a shared session that gets no
+// connection within the pool wait leaves the wait to a connection of its
+// own).
 func TestEngineCheckoutEndsWithItsContextOrThePoolWait(t *testing.T) {
 	t.Parallel()
-	s, db := openFake(t)
-	db.SetMaxOpenConns(1)
-	l := fakeLock(t, s, db, "job", advisorylock.WithPoolWait(time.Millisecond))
-	g := mustTry(t, fakeLock(t, s, db, "other")) // the pool's one connection
-	defer mustRelease(t, g)
-	tries := s.count("try")
-	if _, err := l.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrPoolUnavailable) {
-		t.Fatalf("TryLock on an exhausted pool: %v; want ErrPoolUnavailable after the pool wait", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := l.Lock(ctx) // a wait's checkout is bounded by ctx alone
-		done <- err
-	}()
-	waitForPool := time.Now().Add(wait)
-	for db.Stats().WaitCount < 2 && time.Now().Before(waitForPool) {
-		runtime.Gosched() // database/sql tells no event for a checkout in line
-	}
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("Lock cancelled in the pool's line: %v; want context.Canceled", err)
-	}
-	if n := s.count("try") - tries; n != 0 {
-		t.Fatalf("acquires that never got a connection sent %d tries", n)
+	for _, tc := range []struct {
+		name  string
+		opts  []advisorylock.Option
+		lines int64 // the pool's lines the Lock joins: the shared session's, then its own
+	}{{"pinned", nil, 1}, {"multiplexed", []advisorylock.Option{advisorylock.WithMultiplexing(1)}, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, db := openFake(t)
+			db.SetMaxOpenConns(1)
+			l := fakeLock(t, s, db, "job", append(tc.opts, advisorylock.WithPoolWait(time.Millisecond))...)
+			g := mustTry(t, fakeLock(t, s, db, "other")) // the pool's one connection
+			defer mustRelease(t, g)
+			tries := s.count("try")
+			if _, err := l.TryLock(context.Background()); !errors.Is(err, advisorylock.ErrPoolUnavailable) {
+				t.Fatalf("TryLock on an exhausted pool: %v; want ErrPoolUnavailable after the pool wait", err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				_, err := l.Lock(ctx) // a wait's checkout is bounded by ctx alone
+				done <- err
+			}()
+			want := 1 + tc.lines
+			waitForPool := time.Now().Add(wait)
+			for db.Stats().WaitCount < want && time.Now().Before(waitForPool) {
+				runtime.Gosched() // database/sql tells no event for a checkout in line
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("Lock cancelled in the pool's line: %v; want context.Canceled", err)
+			}
+			if n := s.count("try") - tries; n != 0 {
+				t.Fatalf("acquires that never got a connection sent %d tries", n)
+			}
+		})
 	}
 }
 

@@ -822,7 +822,7 @@ func TestMultiplexedBatchesExcludeUnderContention(t *testing.T) {
 				db := testdb.OpenPostgres(t, drv)
 				locks := make([]*advisorylock.Lock, len(names))
 				for i, n := range names {
-					locks[i] = newLock(t, db, n, quiet, advisorylock.WithMultiplexing(2), advisorylock.WithPoolWait(wait))
+					locks[i] = newLock(t, db, n, quiet, advisorylock.WithMultiplexing(2))
 				}
 				for g := range goroutines {
 					wg.Go(func() {

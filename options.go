@@ -262,8 +262,9 @@ func WithRunRetention(d time.Duration) Option {
 // TryLock (and TryDo, and the first attempt of every wait) runs on a
 // shared session, one round trip; a second acquire of a name this
 // process holds on a shared session is a miss without one. A wait that
-// finds the name taken waits on a connection of its own, which then holds
-// the lock as without the option. One keep-alive per session checks all
+// finds the name taken, or no connection for a new shared session within
+// WithPoolWait, waits on a connection of its own, which then holds the
+// lock as without the option. One keep-alive per session checks all
 // its locks in one statement.
 //
 // The trade: a shared session that dies, or whose state a failed

@@ -161,6 +161,9 @@ mutation "a lock its shared session's keep-alive lost stays reserved in the proc
 mutation "an ended shared session frees its names before it tells its locks" multiplex.go \
 	's/(\tfor _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}\n)(\ts\.p\.discard\(ReasonLost, err\)\n)/$2$1/' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
+mutation "a multiplexed wait fails when no connection comes for a shared session" advisorylock.go \
+	's/if !wait \|\| !errors\.Is\(err, ErrNotAcquired\) && !errors\.Is\(err, ErrPoolUnavailable\) \{/if !wait || !errors.Is(err, ErrNotAcquired) {/' \
+	'^TestEngineCheckoutEndsWithItsContextOrThePoolWait$'
 mutation "a shared session runs each queued op alone" multiplex.go \
 	's/ok && len\(live\) > 1 && s\.runBatch\(bl, live\)/ok \&\& false \&\& s.runBatch(bl, live)/' \
 	'^TestEngineMultiplexedOpsShareTheNextStatement$'

@@ -738,13 +738,11 @@ func TestSemaphoreRefusesTransactionPooler(t *testing.T) {
 
 // TestSemaphorePoolWaitBoundsTheCheckout: with the pool's one connection
 // pinned by a held slot, TryAcquire fails with ErrPoolUnavailable once
-// WithPoolWait has passed, and AcquireTimeout with *TimeoutError.
+// WithPoolWait has passed, and AcquireTimeout with *TimeoutError. On the
+// server backends only: SQLite's slots are rows, which pin no connection.
 func TestSemaphorePoolWaitBoundsTheCheckout(t *testing.T) {
 	testdb.Slow(t, "waits out a pool wait, per backend")
-	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
-		if backend == "sqlite" {
-			t.Skip("SQLite slots pin no connection")
-		}
+	eachServerSemaphoreBackend(t, func(t *testing.T, _ string, open func() *sql.DB) {
 		ctx := context.Background()
 		db := open()
 		db.SetMaxOpenConns(1)

@@ -576,9 +576,6 @@ func newMigrate(b *testing.B, db *sql.DB, table string) *postgres.Postgres {
 
 func newLeaseLock(b *testing.B, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.LeaseLock {
 	l, err := advisorylock.NewLeaseLock(db, name, opts...)
-	if errors.Is(err, advisorylock.ErrUnsupported) {
-		b.Skipf("LeaseLock not available on this backend yet: %v", err)
-	}
 	must(b, err, "advisorylock.NewLeaseLock")
 	return l
 }

@@ -904,3 +904,58 @@ func TestEngineMultiplexedBatchThatFailsEndsTheSession(t *testing.T) {
 	}
 	mustRelease(t, mustTry(t, locks[1])) // not left reserved
 }
+
+// lockTableFull is the fake's error for a full lock table (SQLSTATE 53200).
+type lockTableFull struct{}
+
+func (lockTableFull) Error() string    { return "fake: out of shared memory" }
+func (lockTableFull) SQLState() string { return "53200" }
+
+// A batch that the server's full lock table refuses leaves its session
+// standing: the library asks which keys the session holds, and runs what
+// the batch did not do one statement each.
+func TestEngineMultiplexedBatchOnAFullLockTableKeepsTheSession(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
+	var locks []*advisorylock.Lock
+	for i := range 4 {
+		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("full-table-", i), opts...))
+	}
+	held := mustTry(t, locks[3])
+	first, resume := stalledTry(t, s, locks[0])
+	errs := make(chan error, 3)
+	var granted sync.Map
+	for _, l := range locks[1:3] {
+		go func() {
+			g, err := l.TryLock(context.Background())
+			if err == nil {
+				granted.Store(l.Name(), g)
+			}
+			errs <- err
+		}()
+	}
+	go func() { errs <- held.Release(context.Background()) }()
+	testdb.WaitFor(t, 0, func() bool { return advisorylock.MuxQueued(locks[0]) == 3 }, "3 ops queued; %d are", advisorylock.MuxQueued(locks[0]))
+	s.failNext("try unlock", lockTableFull{})
+	resume()
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("an op of the refused batch: %v; want it run alone", err)
+		}
+	}
+	g0 := <-first
+	if g0 == nil {
+		t.FailNow()
+	}
+	select {
+	case <-g0.Lost():
+		t.Fatal("the session was ended: a lock held beside the batch is lost")
+	default:
+	}
+	if s.discards() != 0 || s.holder(locks[3].Key()) != 0 {
+		t.Errorf("%d discards, the released name held by session %d; want the session standing and the name free", s.discards(), s.holder(locks[3].Key()))
+	}
+	granted.Range(func(_, g any) bool { mustRelease(t, g.(*advisorylock.Guard)); return true })
+	mustRelease(t, g0)
+}

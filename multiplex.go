@@ -108,7 +108,7 @@ type muxOp struct {
 	ctx   context.Context                         // a try's caller's (its values; never its end)
 
 	ok   bool          // granted, or freed
-	err  error         //
+	err  error         // the statement's, errSessionEnded, or a full lock table's
 	done chan struct{} // closed once answered, or to make it lead the next statement
 	lead bool
 }
@@ -165,6 +165,12 @@ var errMuxHeldHere = fmt.Errorf("%w (held in this process, on a shared session)"
 
 // pgOutOfSharedMemory is PostgreSQL's SQLSTATE for a full lock table.
 const pgOutOfSharedMemory = "53200"
+
+// lockTableFull is the error of a try that a full lock table refused
+// (pgOutOfSharedMemory): it took nothing, and the session is as it was.
+func lockTableFull(err error) error {
+	return fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
+}
 
 // errSessionEnded is the error of a statement whose shared session ended
 // before it could run: the caller chooses another.
@@ -439,6 +445,7 @@ func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) bool {
 	if errors.Is(err, ErrUnsupported) {
 		return false
 	}
+	recovered := false
 	if err != nil && dbutil.SQLState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load() {
 		// The server's lock table is full, and the session answered:
 		// ask it what the statement did, and run what it did not alone.
@@ -450,47 +457,34 @@ func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) bool {
 			for j := range unlocks {
 				a.freed[j] = !held[len(tries)+j]
 			}
-			err = nil
-			var rest []*muxOp
-			i, j := 0, 0
-			for _, o := range ops {
-				if o.hold == nil {
-					if a.granted[i] {
-						s.settle(o, true, nil)
-					} else {
-						rest = append(rest, o)
-					}
-					i++
-				} else {
-					if a.freed[j] {
-						s.settle(o, true, nil)
-					} else {
-						rest = append(rest, o)
-					}
-					j++
-				}
-			}
-			s.runEach(rest)
-			return true
+			err, recovered = nil, true
 		}
 	}
+	var rest []*muxOp
 	i, j := 0, 0
 	for _, o := range ops {
+		var done bool
+		if o.hold == nil {
+			done = err == nil && a.granted[i]
+			i++
+		} else {
+			done = err == nil && a.freed[j]
+			j++
+		}
 		switch {
 		case err != nil:
 			s.settle(o, false, err)
+		case done:
+			s.settle(o, true, nil)
+		case recovered:
+			rest = append(rest, o)
 		case o.hold == nil:
-			s.settle(o, a.granted[i], nil)
-			i++
+			s.settle(o, false, nil)
 		default:
-			var miss error
-			if !a.freed[j] {
-				miss = fmt.Errorf("advisorylock: the session did not hold key %d", o.key)
-			}
-			s.settle(o, a.freed[j], miss)
-			j++
+			s.settle(o, false, fmt.Errorf("advisorylock: the session did not hold key %d", o.key))
 		}
 	}
+	s.runEach(rest)
 	return true
 }
 
@@ -524,7 +518,7 @@ func (s *muxSession) settle(o *muxOp, ok bool, err error) {
 	case err != nil && o.hold == nil && dbutil.SQLState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load():
 		// The try took nothing, and the session, which answered, is as
 		// it was.
-		err = fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
+		err = lockTableFull(err)
 	case err != nil && o.hold == nil:
 		// The session may hold the key now, or be mid-statement: end it.
 		s.end(CauseSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, o.name, err))
@@ -581,7 +575,7 @@ func (s *muxSession) trySet(ctx context.Context, l *Lock) (*Guard, error) {
 		// set's statement may have taken some of its keys: see below.)
 		mp.unreserve(keys)
 		s.done()
-		return nil, fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
+		return nil, lockTableFull(err)
 	}
 	if err != nil {
 		// The session may hold the keys now, or be mid-statement: end it.

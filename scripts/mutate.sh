@@ -164,6 +164,9 @@ mutation "an ended shared session frees its names before it tells its locks" mul
 mutation "a multiplexed wait fails when no connection comes for a shared session" advisorylock.go \
 	's/if !wait \|\| !errors\.Is\(err, ErrNotAcquired\) && !errors\.Is\(err, ErrPoolUnavailable\) \{/if !wait || !errors.Is(err, ErrNotAcquired) {/' \
 	'^TestEngineCheckoutEndsWithItsContextOrThePoolWait$'
+mutation "a batch refused for a full lock table ends its session" multiplex.go \
+	's/(recovered := false\n\tif )err != nil && dbutil\.SQLState\(err\) == pgOutOfSharedMemory/$1false/' \
+	'^TestEngineMultiplexedBatchOnAFullLockTableKeepsTheSession$'
 mutation "a shared session runs each queued op alone" multiplex.go \
 	's/ok && len\(live\) > 1 && s\.runBatch\(bl, live\)/ok \&\& false \&\& s.runBatch(bl, live)/' \
 	'^TestEngineMultiplexedOpsShareTheNextStatement$'

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -809,7 +810,7 @@ func TestMultiplexingLeavesThePoolAConnection(t *testing.T) {
 // each name: the tries and releases that share a statement (see
 // backend.BatchLocker) still exclude, and every one is granted in turn.
 func TestMultiplexedBatchesExcludeUnderContention(t *testing.T) {
-	for _, drv := range testdb.Drivers {
+	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -819,7 +820,12 @@ func TestMultiplexedBatchesExcludeUnderContention(t *testing.T) {
 			var overlaps, done atomic.Int32
 			var wg sync.WaitGroup
 			for range 2 {
-				db := testdb.OpenPostgres(t, drv)
+				var db *sql.DB
+				if drv == "mysql" {
+					db = testdb.OpenMySQL(t)
+				} else {
+					db = testdb.OpenPostgres(t, drv)
+				}
 				locks := make([]*advisorylock.Lock, len(names))
 				for i, n := range names {
 					locks[i] = newLock(t, db, n, quiet, advisorylock.WithMultiplexing(2))

@@ -173,6 +173,12 @@ mutation "a shared session runs each queued op alone" multiplex.go \
 mutation "a batch unlocks with the try function (PostgreSQL)" internal/postgresbackend/batch.go \
 	's/"pg_try_advisory_lock", "pg_advisory_unlock"\)/"pg_try_advisory_lock", "pg_try_advisory_lock")/' \
 	'^TestPostgresBatchTriesAndUnlocksInOneStatement$' ./internal/postgresbackend
+mutation "a MySQL batch keeps a grant made while shared holders are in" internal/mysqlbackend/batch.go \
+	's/\t\tif c == .2. \{\n\t\t\tif err := m\.EndWait/\t\tif c == 0 {\n\t\t\tif err := m.EndWait/' \
+	'^TestMySQLBatchTriesAndUnlocksInOneStatement$' ./internal/mysqlbackend
+mutation "a MySQL batch runs before the session's wait_timeout is set" internal/mysqlbackend/batch.go \
+	's/if m\.shared \|\| !dbutil\.SessionKnows\(conn, m\.triedSession\(\)\)/if m.shared/' \
+	'^TestMySQLBatchTriesAndUnlocksInOneStatement$' ./internal/mysqlbackend
 mutation "a lost set's other names are let go before it is told" multiplex.go \
 	's/(\tfor _, h := range gone \{\n.*?\n\t\}\n)(\tif len\(rest\) > 0 && s\.unlockLocked.*?\n\t\}\n)/$2$1/s' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'

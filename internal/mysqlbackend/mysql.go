@@ -278,6 +278,9 @@ func (m mysqlBackend) TryLockSession(ctx context.Context, conn *sql.Conn, key in
 		r.OK = false
 		err = m.EndWait(ctx, conn, key)
 	}
+	if r.OK && err == nil {
+		dbutil.RememberSession(conn, m.triedSession())
+	}
 	return r, err
 }
 

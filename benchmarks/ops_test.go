@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 	"github.com/golang-migrate/migrate/v4/database/postgres"
 	"github.com/pressly/goose/v3/lock"
 )
@@ -402,9 +403,9 @@ func setupRawPool(form releaseForm) func(b *testing.B, e pgEnv) func(ctx context
 			if form == releaseAskNoWatch {
 				sctx = context.WithoutCancel(ctx)
 			}
-			_, err = abandonable(uctx, func() (struct{}, error) {
+			_, err = dbutil.Within(uctx, func() (struct{}, error) {
 				return struct{}{}, conn.QueryRowContext(sctx, unlock).Scan(new(bool))
-			}, func(struct{}) {})
+			}, nil, nil)
 			return err
 		}
 	}
@@ -415,34 +416,11 @@ func setupRawPool(form releaseForm) func(b *testing.B, e pgEnv) func(ctx context
 func checkoutAbandonable(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	return abandonable(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, func(late *sql.Conn) {
+	return dbutil.Within(ctx, func() (*sql.Conn, error) { return db.Conn(ctx) }, nil, func(late *sql.Conn) {
 		if late != nil {
 			_ = late.Close()
 		}
 	})
-}
-
-// abandonable runs f in a goroutine and waits for it until ctx ends; then
-// it returns ctx's error and leaves f to finish, handing what f returns
-// to late (the benchmarks' twin of the library's within).
-func abandonable[T any](ctx context.Context, f func() (T, error), late func(T)) (T, error) {
-	type answer struct {
-		v   T
-		err error
-	}
-	out := make(chan answer, 1)
-	go func() {
-		v, err := f()
-		out <- answer{v, err}
-	}()
-	select {
-	case a := <-out:
-		return a.v, a.err
-	case <-ctx.Done():
-		go func() { late((<-out).v) }()
-		var zero T
-		return zero, ctx.Err()
-	}
 }
 
 // unlockWatched runs unlock on the caller's goroutine, its context without

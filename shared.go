@@ -124,9 +124,6 @@ func (l *Lock) sharedOf(b *lockBackend) (*lockBackend, error) {
 	if l.cfg.minHold > 0 {
 		return nil, fmt.Errorf("%w: a Lock with WithMinHold cannot be taken shared", ErrUnsupported)
 	}
-	if _, session := b.backend().(backend.SessionLocker); session && b.rows != nil {
-		return nil, fmt.Errorf("%w: backend %q keeps no shared holders on lease rows (WithLeaseRows); RLock needs its session locks", ErrUnsupported, b.backend().Name())
-	}
 	return nil, fmt.Errorf("%w: backend %q has no shared locks", ErrUnsupported, b.backend().Name())
 }
 

@@ -1,0 +1,202 @@
+package advisorylock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
+)
+
+// Shared holds (RLock) of a Lock on lease rows (WithLeaseRows) on
+// PostgreSQL and MariaDB: readers beside each other, apart from a writer,
+// each shared grant with a token of its own, a reader lost at its local
+// deadline before a writer is granted.
+
+// sharedRowsServers are the row tests' servers (rowsServers) and
+// PostgreSQL direct, on lib/pq and on pgx.
+func sharedRowsServers() []rowsServer {
+	direct := func(driver string) func(t *testing.T) *sql.DB {
+		return func(t *testing.T) *sql.DB { t.Helper(); return testdb.OpenPostgres(t, driver) }
+	}
+	servers := []rowsServer{{name: "postgres lib/pq", open: direct("postgres")}, {name: "postgres pgx", open: direct("pgx")}}
+	return append(servers, rowsServers()...)
+}
+
+// TestLeaseRowsSharedHoldersExcludeWriters: two readers hold together,
+// each with a token of its own; a waiting writer keeps a third reader
+// out, waits for both readers and is granted once the last has gone, with
+// a token above theirs; a reader waits for that writer.
+func TestLeaseRowsSharedHoldersExcludeWriters(t *testing.T) {
+	testdb.Slow(t, "shared rows on PostgreSQL, through PgBouncer and on MariaDB, seconds each")
+	for _, srv := range sharedRowsServers() {
+		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel() // a name of its own on each server
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			name := "h-rows/" + testdb.UniqueName(t)
+			r1, r2, r3, w := rowsLock(t, srv.open(t), name), rowsLock(t, srv.open(t), name), rowsLock(t, srv.open(t), name), rowsLock(t, srv.open(t), name)
+
+			g1, err := r1.TryRLock(ctx)
+			if err != nil {
+				t.Fatalf("TryRLock of the first reader: %v", err)
+			}
+			g2, err := r2.TryRLock(ctx)
+			if err != nil {
+				t.Fatalf("TryRLock of a second reader beside the first = %v, want the shared hold", err)
+			}
+			hs, err := w.Holders(ctx)
+			if err != nil || len(hs) != 2 || !hs[0].Shared || !hs[1].Shared {
+				t.Fatalf("Holders with two readers in = %+v, %v; want two shared holders", hs, err)
+			}
+			if hs[0].Token == 0 || hs[1].Token == 0 || hs[0].Token == hs[1].Token {
+				t.Fatalf("the readers' tokens are %d and %d, want two distinct tokens", hs[0].Token, hs[1].Token)
+			}
+			readersTop := max(hs[0].Token, hs[1].Token)
+			if _, err := w.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				t.Fatalf("TryLock with readers in = %v, want ErrNotAcquired", err)
+			}
+
+			granted := make(chan *advisorylock.Guard, 1)
+			go func() {
+				g, err := w.Lock(ctx)
+				if err != nil {
+					t.Errorf("the writer's Lock: %v", err)
+				}
+				granted <- g
+			}()
+			// The waiting writer's claim keeps new readers out.
+			for {
+				g, err := r3.TryRLock(ctx)
+				if errors.Is(err, advisorylock.ErrNotAcquired) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("TryRLock of a third reader: %v", err)
+				}
+				if err := g.Release(ctx); err != nil {
+					t.Fatalf("Release of the third reader: %v", err)
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("a waiting writer never kept a new reader out")
+				}
+			}
+			if err := g1.Release(ctx); err != nil {
+				t.Fatalf("Release of the first reader: %v", err)
+			}
+			// The second reader is still in: no writer may be.
+			if _, err := r1.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				t.Fatalf("TryLock with one reader left = %v, want ErrNotAcquired", err)
+			}
+			select {
+			case <-granted:
+				t.Fatalf("the writer was granted while a reader held the lock")
+			default:
+			}
+			if err := g2.Release(ctx); err != nil {
+				t.Fatalf("Release of the second reader: %v", err)
+			}
+			var gw *advisorylock.Guard
+			select {
+			case gw = <-granted:
+			case <-time.After(rowsTTL):
+				t.Fatalf("the writer was not granted within %v of the last reader's release", rowsTTL)
+			}
+			if gw == nil {
+				return
+			}
+			hs, err = r1.Holders(ctx)
+			if err != nil || len(hs) != 1 || hs[0].Shared || hs[0].Token <= readersTop {
+				t.Fatalf("Holders with the writer in = %+v, %v; want one exclusive holder with a token above %d", hs, err, readersTop)
+			}
+
+			// A reader waits for the writer.
+			read := make(chan *advisorylock.Guard, 1)
+			go func() {
+				g, err := r3.RLock(ctx)
+				if err != nil {
+					t.Errorf("the reader's RLock: %v", err)
+				}
+				read <- g
+			}()
+			if _, err := r2.TryRLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+				t.Fatalf("TryRLock with a writer in = %v, want ErrNotAcquired", err)
+			}
+			select {
+			case <-read:
+				t.Fatalf("a reader was granted while the writer held the lock")
+			default:
+			}
+			if err := gw.Release(ctx); err != nil {
+				t.Fatalf("Release of the writer: %v", err)
+			}
+			select {
+			case g := <-read:
+				if g != nil {
+					_ = g.Release(ctx)
+				}
+			case <-time.After(rowsTTL):
+				t.Fatalf("the waiting reader was not granted within %v of the writer's release", rowsTTL)
+			}
+		})
+	}
+}
+
+// TestLeaseRowsSharedHolderLostBeforeWriter: a reader that stops renewing
+// (its clock jumps past its local deadline, as a paused process's would)
+// is told its hold is lost (Lost closes) before the waiting writer is
+// granted, which happens once the reader's row expires on the database.
+func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
+	testdb.Slow(t, "waits out a reader's lease on each server")
+	for _, srv := range sharedRowsServers() {
+		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel() // a name of its own on each server
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			name := "h-rows/" + testdb.UniqueName(t)
+			clock := testdb.NewFakeClock()
+			r, err := advisorylock.New(srv.open(t), name, advisorylock.WithLeaseRows(), advisorylock.WithLeaseTTL(rowsTTL), advisorylock.WithClock(clock))
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			w := rowsLock(t, srv.open(t), name)
+			g, err := r.TryRLock(ctx)
+			if err != nil {
+				t.Fatalf("TryRLock: %v", err)
+			}
+			defer g.Release(ctx)
+
+			granted := make(chan time.Time, 1)
+			go func() {
+				gw, err := w.Lock(ctx)
+				granted <- time.Now()
+				if err != nil {
+					t.Errorf("the writer's Lock: %v", err)
+					return
+				}
+				_ = gw.Release(ctx)
+			}()
+			clock.Add(rowsTTL) // past the reader's local deadline: it renews no more
+			var lostAt time.Time
+			select {
+			case <-g.Lost():
+				lostAt = time.Now()
+			case at := <-granted:
+				t.Fatalf("the writer was granted at %v while the reader had not been told of its loss", at)
+			case <-time.After(2 * rowsTTL):
+				t.Fatalf("the reader past its local deadline was not told within %v", 2*rowsTTL)
+			}
+			select {
+			case at := <-granted:
+				if at.Before(lostAt) {
+					t.Fatalf("the writer was granted at %v, before the reader was told at %v", at, lostAt)
+				}
+			case <-time.After(2 * rowsTTL):
+				t.Fatalf("the writer was not granted within %v of the reader's loss", 2*rowsTTL)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -196,6 +197,87 @@ func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
 				}
 			case <-time.After(2 * rowsTTL):
 				t.Fatalf("the writer was not granted within %v of the reader's loss", 2*rowsTTL)
+			}
+		})
+	}
+}
+
+// TestLeaseRowsSharedUnderContention: readers and writers on separate
+// handles take one name over and over, waiting and trying; no writer
+// ever holds beside anyone, and readers do hold together.
+func TestLeaseRowsSharedUnderContention(t *testing.T) {
+	testdb.Slow(t, "seconds of contention on each server")
+	const workers, rounds = 6, 25
+	for _, srv := range sharedRowsServers() {
+		t.Run(srv.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			name := "h-rows/" + testdb.UniqueName(t)
+			var mu sync.Mutex
+			readers, writers, together := 0, 0, 0
+			enter := func(shared bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				if shared {
+					readers++
+					if readers > 1 {
+						together++
+					}
+				} else {
+					writers++
+				}
+				if writers > 1 || writers == 1 && readers > 0 {
+					t.Errorf("%d writers and %d readers hold at once", writers, readers)
+				}
+			}
+			leave := func(shared bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				if shared {
+					readers--
+				} else {
+					writers--
+				}
+			}
+			var wg sync.WaitGroup
+			for i := range workers {
+				l := rowsLock(t, srv.open(t), name)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for n := range rounds {
+						shared := (i+n)%3 != 0
+						take := l.Lock
+						if shared {
+							take = l.RLock
+						}
+						if n%2 == 1 { // a try, which may miss
+							take = l.TryLock
+							if shared {
+								take = l.TryRLock
+							}
+						}
+						g, err := take(ctx)
+						if errors.Is(err, advisorylock.ErrNotAcquired) {
+							continue
+						}
+						if err != nil {
+							t.Errorf("acquire (shared %v): %v", shared, err)
+							return
+						}
+						enter(shared)
+						time.Sleep(5 * time.Millisecond) // the work done while holding
+						leave(shared)
+						if err := g.Release(ctx); err != nil {
+							t.Errorf("Release: %v", err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if together == 0 {
+				t.Errorf("readers never held together")
 			}
 		})
 	}

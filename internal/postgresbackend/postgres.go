@@ -941,7 +941,7 @@ func (p *postgres) Schema() string {
 -- The application's role needs (no CREATE, no superuser):
 --   GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections TO app;
 --   GRANT SELECT, INSERT, DELETE ON advisorylock_runs TO app; -- Lock.TryDoOnce
---   GRANT SELECT, INSERT, UPDATE, DELETE ON advisorylock_locks TO app; -- WithLeaseRows
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON advisorylock_locks, advisorylock_shared TO app; -- WithLeaseRows
 --   GRANT USAGE ON SEQUENCE advisorylock_token_seq TO app;
 --   GRANT SELECT ON advisorylock_schema TO app;
 `)

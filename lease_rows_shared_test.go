@@ -146,10 +146,11 @@ func TestLeaseRowsSharedHoldersExcludeWriters(t *testing.T) {
 	}
 }
 
-// TestLeaseRowsSharedHolderLostBeforeWriter: a reader that stops renewing
-// (its clock jumps past its local deadline, as a paused process's would)
-// is told its hold is lost (Lost closes) before the waiting writer is
-// granted, which happens once the reader's row expires on the database.
+// TestLeaseRowsSharedHolderLostBeforeWriter: a reader's renewals keep a
+// waiting writer out past the reader's TTL; once it stops renewing (its
+// clock jumps past its local deadline, as a paused process's would) it is
+// told its hold is lost (Lost closes) before the writer is granted, which
+// happens once the reader's row expires on the database.
 func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
 	testdb.Slow(t, "waits out a reader's lease on each server")
 	for _, srv := range sharedRowsServers() {
@@ -180,6 +181,14 @@ func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
 				}
 				_ = gw.Release(ctx)
 			}()
+			// Renewed, the reader keeps the writer out past its TTL.
+			select {
+			case at := <-granted:
+				t.Fatalf("the writer was granted at %v while the reader renewed its hold", at)
+			case <-g.Lost():
+				t.Fatalf("the renewing reader lost its hold")
+			case <-time.After(rowsTTL * 3 / 2):
+			}
 			clock.Add(rowsTTL) // past the reader's local deadline: it renews no more
 			var lostAt time.Time
 			select {

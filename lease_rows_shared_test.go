@@ -27,6 +27,16 @@ func sharedRowsServers() []rowsServer {
 	return append(servers, rowsServers()...)
 }
 
+// rowsGrant is the outcome of an acquire run in a goroutine, and when it
+// returned.
+type rowsGrant struct {
+	g   *advisorylock.Guard
+	err error
+	at  time.Time
+}
+
+func grantOf(g *advisorylock.Guard, err error) rowsGrant { return rowsGrant{g, err, time.Now()} }
+
 // TestLeaseRowsSharedHoldersExcludeWriters: two readers hold together,
 // each with a token of its own; a waiting writer keeps a third reader
 // out, waits for both readers and is granted once the last has gone, with
@@ -61,14 +71,8 @@ func TestLeaseRowsSharedHoldersExcludeWriters(t *testing.T) {
 				t.Fatalf("TryLock with readers in = %v, want ErrNotAcquired", err)
 			}
 
-			granted := make(chan *advisorylock.Guard, 1)
-			go func() {
-				g, err := w.Lock(ctx)
-				if err != nil {
-					t.Errorf("the writer's Lock: %v", err)
-				}
-				granted <- g
-			}()
+			granted := make(chan rowsGrant, 1) // the goroutine never blocks, nor uses t
+			go func() { granted <- grantOf(w.Lock(ctx)) }()
 			// The waiting writer's claim keeps new readers out.
 			for {
 				g, err := r3.TryRLock(ctx)
@@ -102,12 +106,13 @@ func TestLeaseRowsSharedHoldersExcludeWriters(t *testing.T) {
 			}
 			var gw *advisorylock.Guard
 			select {
-			case gw = <-granted:
+			case w := <-granted:
+				if w.err != nil {
+					t.Fatalf("the writer's Lock: %v", w.err)
+				}
+				gw = w.g
 			case <-time.After(rowsTTL):
 				t.Fatalf("the writer was not granted within %v of the last reader's release", rowsTTL)
-			}
-			if gw == nil {
-				return
 			}
 			hs, err = r1.Holders(ctx)
 			if err != nil || len(hs) != 1 || hs[0].Shared || hs[0].Token <= readersTop {
@@ -115,14 +120,8 @@ func TestLeaseRowsSharedHoldersExcludeWriters(t *testing.T) {
 			}
 
 			// A reader waits for the writer.
-			read := make(chan *advisorylock.Guard, 1)
-			go func() {
-				g, err := r3.RLock(ctx)
-				if err != nil {
-					t.Errorf("the reader's RLock: %v", err)
-				}
-				read <- g
-			}()
+			read := make(chan rowsGrant, 1)
+			go func() { read <- grantOf(r3.RLock(ctx)) }()
 			if _, err := r2.TryRLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 				t.Fatalf("TryRLock with a writer in = %v, want ErrNotAcquired", err)
 			}
@@ -135,10 +134,11 @@ func TestLeaseRowsSharedHoldersExcludeWriters(t *testing.T) {
 				t.Fatalf("Release of the writer: %v", err)
 			}
 			select {
-			case g := <-read:
-				if g != nil {
-					_ = g.Release(ctx)
+			case r := <-read:
+				if r.err != nil {
+					t.Fatalf("the reader's RLock: %v", r.err)
 				}
+				_ = r.g.Release(ctx)
 			case <-time.After(rowsTTL):
 				t.Fatalf("the waiting reader was not granted within %v of the writer's release", rowsTTL)
 			}
@@ -171,20 +171,12 @@ func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
 			}
 			defer g.Release(ctx)
 
-			granted := make(chan time.Time, 1)
-			go func() {
-				gw, err := w.Lock(ctx)
-				granted <- time.Now()
-				if err != nil {
-					t.Errorf("the writer's Lock: %v", err)
-					return
-				}
-				_ = gw.Release(ctx)
-			}()
+			granted := make(chan rowsGrant, 1) // the goroutine never blocks, nor uses t
+			go func() { granted <- grantOf(w.Lock(ctx)) }()
 			// Renewed, the reader keeps the writer out past its TTL.
 			select {
-			case at := <-granted:
-				t.Fatalf("the writer was granted at %v while the reader renewed its hold", at)
+			case w := <-granted:
+				t.Fatalf("the writer was granted (%v) at %v while the reader renewed its hold", w.err, w.at)
 			case <-g.Lost():
 				t.Fatalf("the renewing reader lost its hold")
 			case <-time.After(rowsTTL * 3 / 2):
@@ -194,16 +186,20 @@ func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
 			select {
 			case <-g.Lost():
 				lostAt = time.Now()
-			case at := <-granted:
-				t.Fatalf("the writer was granted at %v while the reader had not been told of its loss", at)
+			case w := <-granted:
+				t.Fatalf("the writer was granted (%v) at %v while the reader had not been told of its loss", w.err, w.at)
 			case <-time.After(2 * rowsTTL):
 				t.Fatalf("the reader past its local deadline was not told within %v", 2*rowsTTL)
 			}
 			select {
-			case at := <-granted:
-				if at.Before(lostAt) {
-					t.Fatalf("the writer was granted at %v, before the reader was told at %v", at, lostAt)
+			case w := <-granted:
+				if w.err != nil {
+					t.Fatalf("the writer's Lock: %v", w.err)
 				}
+				if w.at.Before(lostAt) {
+					t.Fatalf("the writer was granted at %v, before the reader was told at %v", w.at, lostAt)
+				}
+				_ = w.g.Release(ctx)
 			case <-time.After(2 * rowsTTL):
 				t.Fatalf("the writer was not granted within %v of the reader's loss", 2*rowsTTL)
 			}
@@ -248,9 +244,12 @@ func TestLeaseRowsSharedUnderContention(t *testing.T) {
 					writers--
 				}
 			}
+			locks := make([]*advisorylock.Lock, workers) // made before any goroutine, which a Fatal would outlive
+			for i := range locks {
+				locks[i] = rowsLock(t, srv.open(t), name)
+			}
 			var wg sync.WaitGroup
-			for i := range workers {
-				l := rowsLock(t, srv.open(t), name)
+			for i, l := range locks {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()

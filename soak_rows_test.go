@@ -22,7 +22,9 @@ import (
 // term, so at most one leader at a time and terms that only grow across
 // leaders are the lock model's exclusion and growing tokens, and the
 // leaders' writes are checked against the fence register. (The semaphore
-// on rows is a row of the semaphore load: soak_semaphore_test.go.)
+// on rows is a row of the semaphore load: soak_semaphore_test.go.) Its
+// shared rows are shared loads (soak_shared_test.go) on rows, through
+// the transaction pool (pgx) and on MariaDB.
 type rowsLoad struct {
 	admin    *sql.DB // direct, for the counters' state and the leak check
 	pools    []*sql.DB
@@ -34,6 +36,7 @@ type rowsLoad struct {
 	lock     *figures
 	election *figures
 	secs     []*sections
+	shared   []*sharedLoad // readers and writers of a name on rows
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
 }
@@ -55,6 +58,9 @@ func TestSoakLeaseRows(t *testing.T) {
 	t.Logf("Lock on rows:      %v", rows.lock)
 	t.Logf("Election on rows:  %v", rows.election)
 	t.Logf("Semaphore on rows: %v", sem.figs)
+	for _, s := range rows.shared {
+		t.Logf("Shared on %s: %v", s.backend, s)
+	}
 	rows.check(t)
 	sem.check(t)
 	checkHistory(t, rows.secs...) // history hook
@@ -91,6 +97,13 @@ func startRowsLoad(t *testing.T, workers int) *rowsLoad {
 			e := newElection(t, db, l.elected, opts...)
 			l.wg.Go(func() { l.candidate(ctx, e, fence, db, terms) })
 		}
+	}
+	rowsOpts := []advisorylock.Option{advisorylock.WithLeaseRows(), advisorylock.WithLeaseTTL(3 * time.Second)}
+	l.shared = []*sharedLoad{
+		startSharedLoad(t, "rows-pgbouncer-pgx", func() *sql.DB {
+			return testdb.OpenPostgresDSN(t, "pgx", txDSN+"&default_query_exec_mode=exec")
+		}, rowsOpts...),
+		startSharedLoad(t, "rows-mariadb", func() *sql.DB { return testdb.OpenMySQL(t) }, rowsOpts...),
 	}
 	return l
 }
@@ -153,6 +166,9 @@ func (l *rowsLoad) halt(t *testing.T) {
 	t.Helper()
 	l.stop()
 	waitGroupWithin(t, &l.wg, 2*wait, "lease-row workers")
+	for _, s := range l.shared {
+		s.halt(t)
+	}
 	for _, s := range l.secs {
 		s.settle()
 	}
@@ -173,6 +189,9 @@ func (l *rowsLoad) check(t *testing.T) {
 	t.Helper()
 	if v := l.lock.violations.Load() + l.election.violations.Load(); v != 0 {
 		t.Errorf("lease rows through PgBouncer: %d violations (see the log)", v)
+	}
+	for _, s := range l.shared {
+		s.check(t)
 	}
 	if n := l.election.acquired.Load(); n < 2 {
 		t.Errorf("vacuous: %d terms led on rows, want a handover at least: %v", n, l.election)

@@ -749,24 +749,93 @@ func (s *leaseState) lose(cause Cause, lostErr, why error) {
 	s.hold.lose(cause, lostErr)
 }
 
-// acquireRows takes a Lock kept as lease rows (on SQLite, or with
-// WithLeaseRows): its row, exclusive or (b.isShared) a shared holder's,
-// or a set's rows in key order, each taken as a Lock's row is. On a miss
-// or an error it releases the rows it took.
-func (l *Lock) acquireRows(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
-	reqs := l.rowRequests(b.isShared)
-	parts := make([]*hold, 0, len(reqs))
-	for _, req := range reqs {
-		s, err := acquireLease(ctx, budget, b.rows, l.db, &l.cfg, req, wait)
+// rowClaim is what one acquire takes as lease rows (on SQLite, or with
+// WithLeaseRows): every one of reqs, in order (a Lock's row, exclusive
+// or a shared holder's, or a set's rows in key order), or (anyOne) any
+// one of them (a Semaphore's slots).
+type rowClaim struct {
+	reqs   []backend.LeaseRequest
+	anyOne bool
+}
+
+// acquireRows takes c's rows in store. Every one: each as acquireLease
+// takes it, releasing those it took on a miss or an error. Any one: a
+// pass tries each from a random start and stops at the first it gets,
+// and a wait (wait) polls between passes until one reads free. It
+// returns the holds taken, and the index in c.reqs of the one taken by
+// anyOne.
+func acquireRows(ctx, budget context.Context, store backend.LeaseStore, db DB, cfg *config, c rowClaim, wait bool) ([]*hold, int, error) {
+	if c.anyOne {
+		for {
+			s, i, err := tryAnyRow(ctx, budget, store, db, cfg, c.reqs)
+			if err == nil {
+				return []*hold{&s.hold}, i, nil
+			}
+			if !wait || !errors.Is(err, ErrNotAcquired) {
+				return nil, 0, err
+			}
+			if err := waitAnyRow(budget, store, db, cfg, c.reqs); err != nil {
+				return nil, 0, err
+			}
+		}
+	}
+	parts := make([]*hold, 0, len(c.reqs))
+	for _, req := range c.reqs {
+		s, err := acquireLease(ctx, budget, store, db, cfg, req, wait)
 		if err != nil {
 			for _, p := range parts {
 				_ = p.doRelease(ctx)
 			}
-			return nil, err
+			return nil, 0, err
 		}
 		parts = append(parts, &s.hold)
 	}
-	if len(parts) == 1 {
+	return parts, 0, nil
+}
+
+// tryAnyRow makes one attempt on each of reqs, from a random start, and
+// stops at the first it gets.
+func tryAnyRow(ctx, budget context.Context, store backend.LeaseStore, db DB, cfg *config, reqs []backend.LeaseRequest) (*leaseState, int, error) {
+	start := mathrand.N(len(reqs))
+	for n := range reqs {
+		i := (start + n) % len(reqs)
+		s, err := tryLease(ctx, budget, store, db, cfg, reqs[i])
+		if !errors.Is(err, ErrNotAcquired) {
+			return s, i, err
+		}
+	}
+	return nil, 0, ErrNotAcquired
+}
+
+// waitAnyRow polls every poll interval until one of reqs' rows reads
+// free or expired, or budget ends. It only reads, so waiters do not
+// fight for the database's writer.
+func waitAnyRow(budget context.Context, store backend.LeaseStore, db DB, cfg *config, reqs []backend.LeaseRequest) error {
+	poll := time.NewTimer(pollPause(cfg.poll, cfg.poll, 0))
+	defer poll.Stop()
+	for {
+		select {
+		case <-budget.Done():
+			return context.Cause(budget)
+		case <-poll.C:
+		}
+		for _, req := range reqs {
+			if h, err := holderNow(budget, store, db, cfg, req); err != nil || h == nil {
+				return err
+			}
+		}
+		poll.Reset(pollPause(cfg.poll, cfg.poll, 0))
+	}
+}
+
+// acquireRows takes l's rows (see rowClaim): its row, exclusive or
+// (b.isShared) a shared holder's, or a set's rows.
+func (l *Lock) acquireRows(ctx, budget context.Context, b *lockBackend, wait bool) (*Guard, error) {
+	parts, _, err := acquireRows(ctx, budget, b.rows, l.db, &l.cfg, rowClaim{reqs: l.rowRequests(b.isShared)}, wait)
+	switch {
+	case err != nil:
+		return nil, err
+	case len(parts) == 1:
 		return newGuard(parts[0]), nil
 	}
 	return newGuard(l.setOfRows(parts)), nil

@@ -324,14 +324,10 @@ func TestLeaseRowsElectionThroughAPooler(t *testing.T) {
 	}
 }
 
-// TestLeaseRowsRefuseWhatRowsCannotKeep: on PostgreSQL a Lock on rows
-// has no shared holders: RLock says so, naming the option.
+// TestLeaseRowsRefuseWhatRowsCannotKeep: rows are not multiplexed, and a
+// LeaseLock is a row already.
 func TestLeaseRowsRefuseWhatRowsCannotKeep(t *testing.T) {
 	db := testdb.OpenPostgres(t, "postgres")
-	l := rowsLock(t, db, testdb.UniqueName(t))
-	if _, err := l.TryRLock(context.Background()); !errors.Is(err, advisorylock.ErrUnsupported) {
-		t.Fatalf("TryRLock on rows = %v, want ErrUnsupported", err)
-	}
 	if _, err := advisorylock.New(db, "x", advisorylock.WithLeaseRows(), advisorylock.WithMultiplexing(2)); err == nil {
 		t.Fatalf("New with WithLeaseRows and WithMultiplexing = nil error, want a refusal")
 	}

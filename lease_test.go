@@ -831,14 +831,20 @@ FROM information_schema.columns WHERE table_name IN ('advisorylock_leases', 'adv
 	return s
 }
 
-// TestPostgresKeepsNoSharedRows: PostgreSQL keeps "lock" rows (for
-// WithLeaseRows) but no shared holders as rows, and stays a SessionLocker.
-func TestPostgresKeepsNoSharedRows(t *testing.T) {
+// TestPostgresKeepsSharedRows: PostgreSQL keeps "lock" rows and shared
+// holders' rows (for WithLeaseRows), each grant with a token, and stays
+// a SessionLocker.
+func TestPostgresKeepsSharedRows(t *testing.T) {
 	db := testdb.OpenPostgres(t, "postgres")
-	store := advisorylock.Postgres().(backend.LeaseStore)
-	req := backend.LeaseRequest{Kind: "shared", Name: testdb.UniqueName(t), Owner: "x", TTL: time.Second}
-	if _, err := store.AcquireLease(context.Background(), db, req); !errors.Is(err, advisorylock.ErrUnsupported) {
-		t.Fatalf("AcquireLease of a \"shared\" row on PostgreSQL = %v, want ErrUnsupported", err)
+	store := advisorylock.Postgres().(backend.SharedRowStore)
+	name := testdb.UniqueName(t)
+	req := backend.LeaseRequest{Kind: "shared", Name: name, Key: advisorylock.Key(name), Owner: name, TTL: time.Second}
+	token, err := store.AcquireLease(context.Background(), db, req)
+	if err != nil || token == 0 {
+		t.Fatalf("AcquireLease of a \"shared\" row on PostgreSQL = %d, %v; want a token", token, err)
+	}
+	if err := store.ReleaseLease(context.Background(), db, req); err != nil {
+		t.Fatalf("ReleaseLease of the shared row: %v", err)
 	}
 	if _, ok := advisorylock.Postgres().(backend.SessionLocker); !ok {
 		t.Fatal("Postgres() is no longer a SessionLocker")

@@ -227,11 +227,11 @@ func TestMySQLSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
 	fresh := testdb.OpenMySQLDSN(t, testdb.NewMySQLDatabase(t))
 	runMySQLSchema(t, fresh)
 	runMySQLSchema(t, fresh) // idempotent
-	if n := countRows(t, fresh, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'advisorylock\\_%'"); n != 8 {
-		t.Fatalf("Schema created %d tables, want 8", n)
+	if n := countRows(t, fresh, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'advisorylock\\_%'"); n != 9 {
+		t.Fatalf("Schema created %d tables, want 9", n)
 	}
-	if n := countRows(t, fresh, "SELECT COUNT(*) FROM advisorylock_schema"); n != 6 {
-		t.Fatalf("Schema recorded %d versions, want 6", n)
+	if n := countRows(t, fresh, "SELECT COUNT(*) FROM advisorylock_schema"); n != 7 {
+		t.Fatalf("Schema recorded %d versions, want 7", n)
 	}
 	releaseLease(t, tryLease(t, newLeaseLock(t, fresh, testdb.UniqueName(t))))
 }
@@ -418,8 +418,8 @@ func TestMySQLSchemaUpgradeAddsTheWindowsTable(t *testing.T) {
 	if n := countRows(t, db, "SELECT COUNT(*) FROM advisorylock_windows"); n != 1 {
 		t.Fatalf("advisorylock_windows has %d rows after a grant, want 1", n)
 	}
-	if n := countRows(t, db, "SELECT MAX(version) FROM advisorylock_schema"); n != 6 {
-		t.Fatalf("schema version after the upgrade = %d, want 6", n)
+	if n := countRows(t, db, "SELECT MAX(version) FROM advisorylock_schema"); n != 7 {
+		t.Fatalf("schema version after the upgrade = %d, want 7", n)
 	}
 }
 

@@ -319,9 +319,9 @@ func WithMultiplexing(sessions int) Option {
 // Rows and session locks of one name do not exclude each other: every
 // process of a fleet must make the same choice for a name. The first
 // operation picks rows where the backend keeps leases (every built-in
-// backend does). On PostgreSQL, MySQL and MariaDB a Lock on rows has no
-// shared holds (RLock returns ErrUnsupported, naming the option);
-// WithMinHold keeps its window in the row, as on SQLite. It applies to
+// backend does). A shared hold (RLock) is a row of its own with a token
+// of its own, beside other shared holders and apart from an exclusive
+// one, as on SQLite; WithMinHold keeps its window in the row. It applies to
 // New, NewSet, NewSemaphore and NewElection, not with WithMultiplexing.
 func WithLeaseRows() Option {
 	return func(c *config) { c.leaseRows = true; c.set(optLeaseRows) }

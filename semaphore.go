@@ -224,7 +224,13 @@ func (s *Semaphore) take(ctx, budget context.Context, wait bool) (*Guard, error)
 		return nil, err
 	}
 	if b.rows != nil {
-		return s.acquireRows(ctx, budget, b.rows, wait)
+		parts, slot, err := acquireRows(ctx, budget, b.rows, s.db, &s.lock.cfg, rowClaim{reqs: s.rowRequests(), anyOne: true}, wait)
+		if err != nil {
+			return nil, err
+		}
+		g := newGuard(parts[0])
+		g.slot = slot
+		return g, nil
 	}
 	return acquireSession(ctx, budget, s.lock, b, s.observed(), slotClaim{s, b.session}, wait)
 }
@@ -381,76 +387,17 @@ func tryAny(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, k
 	return 0, backend.SessionResult{}, nil
 }
 
+// rowRequests are the lease requests of the slots where slots are rows.
+func (s *Semaphore) rowRequests() []backend.LeaseRequest {
+	reqs := make([]backend.LeaseRequest, len(s.keys))
+	for i := range reqs {
+		reqs[i] = s.rowRequest(i)
+	}
+	return reqs
+}
+
 // rowRequest is the lease request of slot i where slots are rows.
 func (s *Semaphore) rowRequest(i int) backend.LeaseRequest {
 	cfg := &s.lock.cfg
 	return backend.LeaseRequest{Kind: backend.KindLock, Name: s.name, Key: s.keys[i], TTL: cfg.ttl, Now: cfg.clock.Now()}
-}
-
-// acquireRows takes a slot kept as a lease row (SQLite): tries every slot
-// from a random start, and while waiting polls until a slot reads free.
-func (s *Semaphore) acquireRows(ctx, budget context.Context, rows backend.LeaseStore, wait bool) (*Guard, error) {
-	for {
-		g, err := s.tryRows(ctx, budget, rows)
-		if !wait || !errors.Is(err, ErrNotAcquired) {
-			return g, err
-		}
-		if err := s.waitRows(budget, rows); err != nil {
-			return nil, err
-		}
-	}
-}
-
-// tryRows makes one attempt on every slot, from a random start, and
-// stops at the first it gets.
-func (s *Semaphore) tryRows(ctx, budget context.Context, rows backend.LeaseStore) (*Guard, error) {
-	start := rand.N(len(s.keys))
-	for n := range s.keys {
-		slot := (start + n) % len(s.keys)
-		st, err := tryLease(ctx, budget, rows, s.db, &s.lock.cfg, s.rowRequest(slot))
-		if err == nil {
-			g := newGuard(&st.hold)
-			g.slot = slot
-			return g, nil
-		}
-		if !errors.Is(err, ErrNotAcquired) {
-			return nil, err
-		}
-	}
-	return nil, ErrNotAcquired
-}
-
-// waitRows polls every poll interval until a slot's row reads free or
-// expired, or budget ends. It only reads, so waiters do not fight for
-// SQLite's single writer.
-func (s *Semaphore) waitRows(budget context.Context, rows backend.LeaseStore) error {
-	cfg := &s.lock.cfg
-	poll := time.NewTimer(pollPause(cfg.poll, cfg.poll, 0))
-	defer poll.Stop()
-	for {
-		select {
-		case <-budget.Done():
-			return context.Cause(budget)
-		case <-poll.C:
-		}
-		free, err := s.anyRowFree(budget, rows)
-		switch {
-		case err != nil && budget.Err() != nil:
-			return context.Cause(budget)
-		case err != nil || free:
-			return err
-		}
-		poll.Reset(pollPause(cfg.poll, cfg.poll, 0))
-	}
-}
-
-// anyRowFree reports whether some slot's row is free or expired.
-func (s *Semaphore) anyRowFree(ctx context.Context, rows backend.LeaseStore) (bool, error) {
-	for i := range s.keys {
-		h, err := rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
-		if err != nil || h == nil {
-			return err == nil, err
-		}
-	}
-	return false, nil
 }

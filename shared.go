@@ -17,15 +17,16 @@ import (
 //
 // Waiting writers are not starved: on every backend a writer that waits
 // keeps new shared holders out until it has had its turn (PostgreSQL
-// queues them behind it in the server's lock queue; MySQL and SQLite by
-// the writer's GET_LOCK or its claim on the row, see their backends). So
+// queues them behind it in the server's lock queue; MySQL by the
+// writer's GET_LOCK; lease rows, on SQLite or with WithLeaseRows, by the
+// writer's claim on the row, see backend.SharedRowStore). So
 // TryRLock reports ErrNotAcquired while a writer waits, as
 // sync.RWMutex.TryRLock does, and readers can wait behind a stream of
 // writers.
 
 // TryRLock makes one attempt to take the lock shared and returns a Guard,
 // or an error matching ErrNotAcquired when an exclusive holder has it (or,
-// on MySQL and SQLite, a writer waits for it). Contexts, the pool and
+// on MySQL and on lease rows, a writer waits for it). Contexts, the pool and
 // cancellation behave as in TryLock. A Lock with WithMinHold, or on a
 // backend without shared locks, returns ErrUnsupported.
 func (l *Lock) TryRLock(ctx context.Context) (*Guard, error) {
@@ -33,7 +34,8 @@ func (l *Lock) TryRLock(ctx context.Context) (*Guard, error) {
 }
 
 // RLock waits until it holds the lock shared or ctx ends, as Lock waits:
-// server-side in slices on PostgreSQL and MySQL, polling on SQLite. It
+// server-side in slices on PostgreSQL and MySQL, polling on lease rows
+// (SQLite, WithLeaseRows). It
 // returns ctx's error when ctx ends first (a cancelled acquire leaves
 // nothing held), ErrUnsupported as TryRLock does, and the first-use
 // errors of Lock.
@@ -123,9 +125,6 @@ func (l *Lock) sharedOf(b *lockBackend) (*lockBackend, error) {
 	}
 	if l.cfg.minHold > 0 {
 		return nil, fmt.Errorf("%w: a Lock with WithMinHold cannot be taken shared", ErrUnsupported)
-	}
-	if _, session := b.backend().(backend.SessionLocker); session && b.rows != nil {
-		return nil, fmt.Errorf("%w: backend %q keeps no shared holders on lease rows (WithLeaseRows); RLock needs its session locks", ErrUnsupported, b.backend().Name())
 	}
 	return nil, fmt.Errorf("%w: backend %q has no shared locks", ErrUnsupported, b.backend().Name())
 }

@@ -23,6 +23,10 @@ import (
 // leaders are the lock model's exclusion and growing tokens, and the
 // leaders' writes are checked against the fence register. (The semaphore
 // on rows is a row of the semaphore load: soak_semaphore_test.go.)
+// MariaDB has Lock.Do workers on rows too (maria), bumping a counter of
+// its own, in the same history check. Its shared rows are shared loads
+// (soak_shared_test.go) on rows, through the transaction pool (pgx) and
+// on MariaDB.
 type rowsLoad struct {
 	admin    *sql.DB // direct, for the counters' state and the leak check
 	pools    []*sql.DB
@@ -34,6 +38,8 @@ type rowsLoad struct {
 	lock     *figures
 	election *figures
 	secs     []*sections
+	shared   []*sharedLoad // readers and writers of a name on rows
+	maria    mariaRows
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
 }
@@ -53,8 +59,12 @@ func TestSoakLeaseRows(t *testing.T) {
 	rows.halt(t)
 	sem.halt(t)
 	t.Logf("Lock on rows:      %v", rows.lock)
+	t.Logf("Lock on MariaDB rows: %v", rows.maria.lock)
 	t.Logf("Election on rows:  %v", rows.election)
 	t.Logf("Semaphore on rows: %v", sem.figs)
+	for _, s := range rows.shared {
+		t.Logf("Shared on %s: %v", s.backend, s)
+	}
 	rows.check(t)
 	sem.check(t)
 	checkHistory(t, rows.secs...) // history hook
@@ -92,7 +102,40 @@ func startRowsLoad(t *testing.T, workers int) *rowsLoad {
 			l.wg.Go(func() { l.candidate(ctx, e, fence, db, terms) })
 		}
 	}
+	l.startMaria(ctx, t, workers, opts)
+	rowsOpts := []advisorylock.Option{advisorylock.WithLeaseRows(), advisorylock.WithLeaseTTL(3 * time.Second)}
+	l.shared = []*sharedLoad{
+		startSharedLoad(t, "rows-pgbouncer-pgx", func() *sql.DB {
+			return testdb.OpenPostgresDSN(t, "pgx", txDSN+"&default_query_exec_mode=exec")
+		}, rowsOpts...),
+		startSharedLoad(t, "rows-mariadb", func() *sql.DB { return testdb.OpenMySQL(t) }, rowsOpts...),
+	}
 	return l
+}
+
+// mariaRows is the MariaDB Lock workers' row of a rowsLoad.
+type mariaRows struct {
+	admin   *sql.DB
+	name    string
+	counter *testdb.Counter
+	bumps   atomic.Int64
+	lock    *figures
+}
+
+// startMaria starts workers Lock.Do workers on rows on MariaDB, each on a
+// pool of its own, recording their sections in the history check.
+func (l *rowsLoad) startMaria(ctx context.Context, t *testing.T, workers int, opts []advisorylock.Option) {
+	m := &l.maria
+	m.admin, m.name, m.lock = testdb.OpenMySQL(t), testdb.UniqueName(t), &figures{}
+	m.counter = testdb.NewMySQLCounter(t, m.admin)
+	secs := newSections(m.name, m.lock, t.Logf)
+	l.secs = append(l.secs, secs)
+	for range workers {
+		db := testdb.OpenMySQL(t)
+		l.pools = append(l.pools, db)
+		lock := newLock(t, db, m.name, opts...)
+		l.wg.Go(func() { lockDoWorker(ctx, lock, db, secs, m.counter, &m.bumps, m.lock) })
+	}
 }
 
 // candidate runs Election.Run on e until ctx ends. Each lead makes a few
@@ -153,6 +196,9 @@ func (l *rowsLoad) halt(t *testing.T) {
 	t.Helper()
 	l.stop()
 	waitGroupWithin(t, &l.wg, 2*wait, "lease-row workers")
+	for _, s := range l.shared {
+		s.halt(t)
+	}
 	for _, s := range l.secs {
 		s.settle()
 	}
@@ -165,14 +211,24 @@ func (l *rowsLoad) halt(t *testing.T) {
 		t.Logf("VIOLATION: lease-row counter %d after %d bumps; %d overlapping holders seen, %d inside at the end", s.N, l.bumps.Load(), s.Violations, s.Holders)
 	}
 	checkFenced(t, l.admin, false, l.fenced, l.elected, l.election)
+	m := &l.maria
+	if s, err := m.counter.State(context.Background(), m.admin); err != nil {
+		t.Fatal(err)
+	} else if s.N != m.bumps.Load() || s.Violations != 0 || s.Holders != 0 {
+		m.lock.violations.Add(1)
+		t.Logf("VIOLATION: MariaDB lease-row counter %d after %d bumps; %d overlapping holders seen, %d inside at the end", s.N, m.bumps.Load(), s.Violations, s.Holders)
+	}
 }
 
 // check checks a halted load: no violation, no live row left, every
 // connection back.
 func (l *rowsLoad) check(t *testing.T) {
 	t.Helper()
-	if v := l.lock.violations.Load() + l.election.violations.Load(); v != 0 {
+	if v := l.lock.violations.Load() + l.election.violations.Load() + l.maria.lock.violations.Load(); v != 0 {
 		t.Errorf("lease rows through PgBouncer: %d violations (see the log)", v)
+	}
+	for _, s := range l.shared {
+		s.check(t)
 	}
 	if n := l.election.acquired.Load(); n < 2 {
 		t.Errorf("vacuous: %d terms led on rows, want a handover at least: %v", n, l.election)
@@ -180,5 +236,11 @@ func (l *rowsLoad) check(t *testing.T) {
 	testdb.WaitFor(t, wait, func() bool {
 		return countRows(t, l.admin, "SELECT count(*) FROM advisorylock_locks WHERE key = $1 AND expires_at > now()", advisorylock.Key(l.name)) == 0
 	}, "lock row %q left held", l.name)
+	if l.maria.lock.acquired.Load() == 0 {
+		t.Errorf("vacuous: no Lock on rows on MariaDB was acquired: %v", l.maria.lock)
+	}
+	testdb.WaitFor(t, wait, func() bool {
+		return countRows(t, l.maria.admin, "SELECT COUNT(*) FROM advisorylock_locks WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)", advisorylock.Key(l.maria.name)) == 0
+	}, "MariaDB lock row %q left held", l.maria.name)
 	checkLeaks(t, leakCheck{db: l.admin, leases: []string{l.elected}, pools: l.pools})
 }

@@ -37,15 +37,16 @@ func startSharedLoads(t *testing.T) []*sharedLoad {
 }
 
 // startSharedLoad starts five workers of one name, each on a pool of its
-// own: three readers and two writers, half of each trying, half waiting.
-func startSharedLoad(t *testing.T, backend string, open func() *sql.DB) *sharedLoad {
+// own: three readers and two writers, half of each trying, half waiting,
+// each Lock with opts too.
+func startSharedLoad(t *testing.T, backend string, open func() *sql.DB, opts ...advisorylock.Option) *sharedLoad {
 	l := &sharedLoad{backend: backend, f: &figures{}}
 	ctx, stop := context.WithCancel(context.Background())
 	l.stop = stop
 	t.Cleanup(func() { stop(); l.wg.Wait() })
 	name := fmt.Sprintf("soak-shared-%s-%d", backend, rand.Uint64())
 	for i := range 5 {
-		lock := newLock(t, open(), name, quiet, advisorylock.WithPollInterval(5*time.Millisecond))
+		lock := newLock(t, open(), name, append([]advisorylock.Option{quiet, advisorylock.WithPollInterval(5 * time.Millisecond)}, opts...)...)
 		l.wg.Go(func() { l.worker(ctx, lock, i < 3, i%2 == 0) })
 	}
 	return l

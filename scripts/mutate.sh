@@ -821,6 +821,36 @@ mutation "MySQL: a lock row's renewal ignores its owner" internal/mysqlbackend/r
 mutation "MySQL: a lock row's release frees nothing" internal/mysqlbackend/rows.go \
 	's/stmt := "DELETE FROM advisorylock_locks" \+ which/stmt := "DELETE FROM advisorylock_locks" + which + " AND FALSE"/' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'
+mutation "PostgreSQL: a reader is admitted beside a writer's row" internal/postgresbackend/rows.go \
+	's/AND \(\(l\.owner <> .. AND l\.expires_at > now\(\)\) OR l\.claim_expires_at > now\(\)\)\)/AND l.claim_expires_at > now())/; s/WHERE \(l\.owner = .. OR l\.expires_at <= now\(\)\) AND \(l\.claim_expires_at IS NULL/WHERE (l.claim_expires_at IS NULL/' \
+	'^(TestLeaseRowsSharedHoldersExcludeWriters|TestLeaseRowsSharedUnderContention)$'
+mutation "PostgreSQL: a shared grant has no token of its own" internal/postgresbackend/rows.go \
+	's/SELECT s\.key, \$3::text, \$2::text, g\.token, s\.token,/SELECT s.key, \$3::text, \$2::text, 0, s.token,/' \
+	'^(TestLeaseRowsSharedHoldersExcludeWriters|TestPostgresKeepsSharedRows)$'
+mutation "PostgreSQL: a reader's release ends the summary while another reader holds" internal/postgresbackend/rows.go \
+	's/CASE WHEN l\.readers > n\.gone THEN/CASE WHEN false THEN/' \
+	'^(TestLeaseRowsSharedHoldersExcludeWriters|TestLeaseRowsSharedUnderContention)$'
+mutation "PostgreSQL: a reader's renewal leaves the summary to expire" internal/postgresbackend/rows.go \
+	's/SET expires_at = greatest\(l\.expires_at, now\(\) \+ \$3::bigint/SET expires_at = greatest(l.expires_at, now() + 0 * \$3::bigint/' \
+	'^TestLeaseRowsSharedHolderLostBeforeWriter$'
+mutation "PostgreSQL: a waiting writer claims nothing (readers overtake it)" internal/postgresbackend/rows.go \
+	's/(claim_expires_at = now\(\) \+ \$3::bigint \* interval .1 millisecond.\nWHERE )/$1false AND /' \
+	'^TestLeaseRowsSharedHoldersExcludeWriters$'
+mutation "MySQL: a reader is admitted beside a writer's row" internal/mysqlbackend/shared_rows.go \
+	's/admitted := "\(\(owner = .. OR expires_at <= " \+ mysqlNow \+ "\) AND/admitted := "((TRUE) AND/' \
+	'^(TestLeaseRowsSharedHoldersExcludeWriters|TestLeaseRowsSharedUnderContention)$'
+mutation "MySQL: a shared grant has no token of its own" internal/mysqlbackend/shared_rows.go \
+	's/SELECT lock_key, ` \+ tok \+ `,/SELECT lock_key, 0,/' \
+	'^TestLeaseRowsSharedHoldersExcludeWriters$'
+mutation "MySQL: a reader's release ends the summary while another reader holds" internal/mysqlbackend/shared_rows.go \
+	's/AND owner = .. AND readers <= 0`/AND owner = '"''"'`/' \
+	'^(TestLeaseRowsSharedHoldersExcludeWriters|TestLeaseRowsSharedUnderContention)$'
+mutation "MySQL: a reader's renewal leaves the summary to expire" internal/mysqlbackend/shared_rows.go \
+	's/SET l\.expires_at = GREATEST\(l\.expires_at, ` \+ expires \+ `\), /SET /' \
+	'^TestLeaseRowsSharedHolderLostBeforeWriter$'
+mutation "a rows holder's local deadline is the full TTL (told as a rival is granted)" lease.go \
+	's/return sent\.Add\(ttl - renewInterval\(ttl\)\)/return sent.Add(ttl)/' \
+	'^TestRowsHolderCutOffIsToldBeforeARival$'
 mutation "lockrun --lease-rows is ignored" cmd/lockrun/run.go \
 	's/if o\.leaseRows \&\& !o\.lease \{/if false {/' \
 	'^TestTransactionPoolerTakesLeaseRows$' ./cmd/lockrun

@@ -125,6 +125,7 @@ var (
 	_ backend.TableChecker          = mysqlBackend{}
 	_ backend.TokenAdmitter         = mysqlBackend{}
 	_ backend.RunRecorder           = mysqlBackend{}
+	_ backend.SharedRowStore        = mysqlBackend{}
 )
 
 func (mysqlBackend) Name() string { return "mysql" }
@@ -511,6 +512,7 @@ var mysqlSteps = [][]string{1: {
 	4: {mysqlSharedTable},    // step 4: shared locks (RLock; see shared.go)
 	5: {mysqlRunsTable},      // step 5: runs done (Lock.TryDoOnce; see once.go)
 	6: {mysqlLocksTable},     // step 6: Locks kept as rows (WithLeaseRows; see rows.go)
+	7: mysqlSharedRows,       // step 7: their shared holders (RLock; see shared_rows.go)
 }
 
 // mysqlSchemaVersions is the table of applied upgrade steps.
@@ -522,9 +524,12 @@ const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
 // Schema returns the DDL of advisorylock_leases, advisorylock_fences,
 // advisorylock_windows and the schema version table, with every upgrade
 // step, for an administrator or a migration tool to run (it is
-// idempotent). The application's user then needs only the grants listed
-// at its end. MySQL's Lock needs no table, unless it has WithMinHold
-// (advisorylock_windows) or WithLeaseRows (advisorylock_locks).
+// idempotent on MariaDB; on MySQL but for version 7's ALTER TABLE,
+// which MySQL cannot write IF NOT EXISTS: after an upgrade, run the
+// versions advisorylock_schema lacks). The application's user then needs only the grants listed at
+// its end. MySQL's Lock needs no table, unless it has WithMinHold
+// (advisorylock_windows) or WithLeaseRows (advisorylock_locks, and
+// advisorylock_shared_rows for its shared holders).
 func (mysqlBackend) Schema() string {
 	var b strings.Builder
 	b.WriteString(mysqlSchemaVersions + ";\n")
@@ -543,7 +548,7 @@ func (mysqlBackend) Schema() string {
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_elections TO app; -- Election
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON db.advisorylock_shared TO app; -- RLock
 --   GRANT SELECT, INSERT, DELETE ON db.advisorylock_runs TO app; -- Lock.TryDoOnce
---   GRANT SELECT, INSERT, UPDATE, DELETE ON db.advisorylock_locks TO app; -- WithLeaseRows
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON db.advisorylock_locks, db.advisorylock_shared_rows TO app; -- WithLeaseRows
 --   GRANT SELECT ON db.advisorylock_schema TO app;
 `)
 	return b.String()
@@ -574,14 +579,6 @@ func mysqlExpires(ttl time.Duration) string {
 	return "UTC_TIMESTAMP(6) + INTERVAL " + strconv.FormatInt(dbutil.TTLMillis(ttl)*1000, 10) + " MICROSECOND"
 }
 
-// checkLeaseName refuses requests the tables cannot serve.
-func checkLeaseName(r backend.LeaseRequest) error {
-	if r.Kind == backend.KindShared {
-		return errMySQLNoSharedRows
-	}
-	return nil
-}
-
 // AcquireLease takes the lease if it is free or expired, in one upsert.
 // The update's assignments run in order: the first takes the owner only
 // if the row is free; the others see whether it took it by the owner
@@ -591,11 +588,11 @@ func checkLeaseName(r backend.LeaseRequest) error {
 // update path always sets LAST_INSERT_ID again: to the new token, or to 0
 // when the row is held. The grant commits durably (InnoDB).
 func (m mysqlBackend) AcquireLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
-	if err := checkLeaseName(r); err != nil {
-		return 0, err
-	}
-	if r.Kind == backend.KindLock {
+	switch r.Kind {
+	case backend.KindLock:
 		return m.acquireLock(ctx, db, r)
+	case backend.KindShared:
+		return m.acquireShared(ctx, db, r)
 	}
 	owner, expires := mysqlHex(r.Owner), mysqlExpires(max(r.TTL, r.MinHold)) // the row stays taken for the window too
 	stmt := `INSERT INTO advisorylock_leases (name_hash, name, owner, generation, acquired_at, expires_at)
@@ -616,11 +613,11 @@ ON DUPLICATE KEY UPDATE
 // r.MinHold, never before the window's end) if r.Owner and r.Token still
 // hold it unexpired; backend.ErrLeaseLost otherwise.
 func (m mysqlBackend) RenewLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) (uint64, error) {
-	if err := checkLeaseName(r); err != nil {
-		return 0, err
-	}
-	if r.Kind == backend.KindLock {
+	switch r.Kind {
+	case backend.KindLock:
 		return m.renewLock(ctx, db, r)
+	case backend.KindShared:
+		return m.renewShared(ctx, db, r)
 	}
 	expires := mysqlExpires(r.TTL)
 	if r.MinHold > 0 { // never before the window's end
@@ -661,11 +658,11 @@ func (mysqlBackend) execToken(ctx context.Context, db backend.DB, stmt string) (
 // Token 0, whatever r.Owner holds); the row stays, so the token never goes
 // down. With r.MinHold it stays taken by its owner until the window's end.
 func (m mysqlBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
-	if err := checkLeaseName(r); err != nil {
-		return err
-	}
-	if r.Kind == backend.KindLock {
+	switch r.Kind {
+	case backend.KindLock:
 		return m.releaseLock(ctx, db, r)
+	case backend.KindShared:
+		return m.releaseShared(ctx, db, r)
 	}
 	which := "generation = " + strconv.FormatInt(int64(r.Token), 10) + " AND owner IS NOT NULL"
 	if r.Token == 0 {
@@ -686,11 +683,11 @@ func (m mysqlBackend) ReleaseLease(ctx context.Context, db backend.DB, r backend
 // LeaseHolder reports the lease's holder, or nil when it is free or
 // expired by the database clock.
 func (m mysqlBackend) LeaseHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
-	if err := checkLeaseName(r); err != nil {
-		return nil, err
-	}
-	if r.Kind == backend.KindLock {
+	switch r.Kind {
+	case backend.KindLock:
 		return m.lockHolder(ctx, db, r)
+	case backend.KindShared:
+		return m.sharedBlocker(ctx, db, r)
 	}
 	stmt := `SELECT owner, generation, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)
 FROM advisorylock_leases WHERE name_hash = ` + mysqlHash(r.Name) + ` AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)`
@@ -811,7 +808,10 @@ func applyMySQLSteps(ctx context.Context, conn *sql.Conn) error {
 	}
 	for v := current + 1; v < len(mysqlSteps); v++ {
 		for _, ddl := range mysqlSteps[v] {
-			if _, err := conn.ExecContext(ctx, ddl); err != nil {
+			// MySQL has no ADD COLUMN IF NOT EXISTS: a column there
+			// already (a step cut short before it was recorded) is the
+			// step's.
+			if _, err := conn.ExecContext(ctx, ddl); err != nil && dbutil.MySQLErrno(err) != mysqlDupColumn {
 				return err
 			}
 		}
@@ -841,6 +841,8 @@ func mysqlRun(ctx context.Context, db backend.DB, stmt func(q dbutil.Querier) er
 const (
 	mysqlDenied       = 1142 // ER_TABLEACCESS_DENIED_ERROR: a command the user may not run
 	mysqlNoSuchTable  = 1146 // ER_NO_SUCH_TABLE
+	mysqlNoSuchColumn = 1054 // ER_BAD_FIELD_ERROR: a column an upgrade step adds
+	mysqlDupColumn    = 1060 // ER_DUP_FIELDNAME: a step's column is there already
 	mysqlLockWaitTime = 1205 // ER_LOCK_WAIT_TIMEOUT: nothing was written
 	mysqlDeadlock     = 1213 // ER_LOCK_DEADLOCK: rolled back, nothing was written
 )
@@ -855,7 +857,7 @@ func mysqlLeaseRun(ctx context.Context, db backend.DB, stmt func(q dbutil.Querie
 	err := mysqlRun(ctx, db, stmt)
 	for tries := 0; err != nil && tries < 5 && ctx.Err() == nil; tries++ {
 		switch dbutil.MySQLErrno(err) {
-		case mysqlNoSuchTable:
+		case mysqlNoSuchTable, mysqlNoSuchColumn:
 			if tries > 0 {
 				return err
 			}

@@ -4,12 +4,10 @@ import (
 	"github.com/advisorylock/advisorylock/backend"
 	"github.com/advisorylock/advisorylock/internal/dbutil"
 
+	"cmp"
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
-	"time"
 )
 
 // Lock rows on MySQL and MariaDB (WithLeaseRows): as on PostgreSQL, a
@@ -17,8 +15,8 @@ import (
 // advisorylock_locks, one row per key while held, each step one
 // autocommit statement on the database's clock (UTC), so it works
 // through a proxy that moves statements between server connections
-// (ProxySQL, RDS Proxy). There are no shared rows: RLock needs session
-// locks.
+// (ProxySQL, RDS Proxy). Shared holders (RLock) are rows too: see
+// shared_rows.go.
 
 // mysqlLocksTable is the DDL of advisorylock_locks.
 const mysqlLocksTable = `CREATE TABLE IF NOT EXISTS advisorylock_locks (
@@ -30,11 +28,9 @@ const mysqlLocksTable = `CREATE TABLE IF NOT EXISTS advisorylock_locks (
 	expires_at  DATETIME(6) NOT NULL  -- UTC; the row is free from then on
 ) ENGINE=InnoDB`
 
-// errMySQLNoSharedRows refuses "shared" requests.
-var errMySQLNoSharedRows = fmt.Errorf("%w: MySQL keeps no shared holders as rows; RLock needs session locks", backend.ErrUnsupported)
-
 // acquireLock takes the lock row if it is absent or expired, in one
-// upsert, as AcquireLease takes a lease: the first assignment takes the
+// upsert, as AcquireLease takes a lease (a waiting writer that misses
+// claims the key in a second statement: see claimWriter): the first assignment takes the
 // owner only if the row has expired, the others see by the owner label
 // (unique per acquire) whether it did, and the new token, from the
 // database clock's microseconds and never below the row's own plus one,
@@ -52,6 +48,9 @@ ON DUPLICATE KEY UPDATE
 	token, err := m.execToken(ctx, db, stmt)
 	if err == nil && token == 0 {
 		err = backend.ErrNotAcquired
+		if r.Wait {
+			err = cmp.Or(m.claimWriter(ctx, db, r), err)
+		}
 	}
 	return m.grant(token, err)
 }
@@ -76,34 +75,37 @@ WHERE lock_key = ` + strconv.FormatInt(r.Key, 10) + ` AND owner = ` + mysqlHex(r
 
 // releaseLock deletes r.Owner's row, or with a window lets it expire at
 // the window's end (or now, if that has passed); a row held by another
-// owner is left alone.
+// owner is left alone. An acquire whose outcome was unknown (Token 0)
+// also withdraws its owner's claim, in a second statement.
 func (mysqlBackend) releaseLock(ctx context.Context, db backend.DB, r backend.LeaseRequest) error {
 	which := " WHERE lock_key = " + strconv.FormatInt(r.Key, 10) + " AND owner = " + mysqlHex(r.Owner)
 	stmt := "DELETE FROM advisorylock_locks" + which
 	if r.MinHold > 0 && r.Token != 0 {
 		stmt = "UPDATE advisorylock_locks SET expires_at = LEAST(expires_at, GREATEST(UTC_TIMESTAMP(6), " + mysqlAfterGrant(r.MinHold) + "))" + which
 	}
+	err := mysqlExec(ctx, db, stmt)
+	if err == nil && r.Token == 0 {
+		err = mysqlExec(ctx, db, "UPDATE advisorylock_locks SET claim_owner = NULL, claim_expires_at = NULL"+
+			" WHERE lock_key = "+strconv.FormatInt(r.Key, 10)+" AND claim_owner = "+mysqlHex(r.Owner))
+	}
+	return err
+}
+
+// mysqlExec runs stmt, a statement that returns no rows, as a lease
+// statement (see mysqlLeaseRun).
+func mysqlExec(ctx context.Context, db backend.DB, stmt string) error {
 	return mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
 		_, err := q.ExecContext(ctx, stmt)
 		return err
 	})
 }
 
-// lockHolder reports the live row of r.Key, or nil.
+// lockHolder reports a live holder of r.Key (the exclusive one if any,
+// see LeaseHolders), or nil.
 func (m mysqlBackend) lockHolder(ctx context.Context, db backend.DB, r backend.LeaseRequest) (*backend.Holder, error) {
-	stmt := `SELECT name, owner, token, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)
-FROM advisorylock_locks WHERE lock_key = ` + strconv.FormatInt(r.Key, 10) + ` AND expires_at > UTC_TIMESTAMP(6)`
-	h := &backend.Holder{Backend: m.Name(), Key: r.Key}
-	var token, since, expires int64
-	err := mysqlLeaseRun(ctx, db, func(q dbutil.Querier) error {
-		return q.QueryRowContext(ctx, stmt).Scan(&h.Name, &h.Owner, &token, &since, &expires)
-	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
+	hs, err := m.LeaseHolders(ctx, db, r)
+	if len(hs) == 0 || err != nil {
 		return nil, err
 	}
-	h.Token, h.Since, h.ExpiresAt = uint64(token), time.UnixMicro(since), time.UnixMicro(expires)
-	return h, nil
+	return hs[0], nil
 }

@@ -79,6 +79,7 @@ var (
 	_ backend.RunRecorder           = (*postgres)(nil)
 	_ backend.ReleaseListener       = (*postgres)(nil)
 	_ backend.LeaseSleeper          = (*postgres)(nil)
+	_ backend.SharedRowStore        = (*postgres)(nil)
 )
 
 func (p *postgres) Name() string { return "postgres" }
@@ -897,6 +898,7 @@ var postgresSteps = [][]string{
 	8: { // Locks kept as rows (WithLeaseRows; see rows.go)
 		postgresLocksTable,
 	},
+	9: postgresSharedRows, // their shared holders (RLock; see rows.go)
 }
 
 // pgSchemaVersions is the table of applied upgrade steps.
@@ -939,7 +941,7 @@ func (p *postgres) Schema() string {
 -- The application's role needs (no CREATE, no superuser):
 --   GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections TO app;
 --   GRANT SELECT, INSERT, DELETE ON advisorylock_runs TO app; -- Lock.TryDoOnce
---   GRANT SELECT, INSERT, UPDATE, DELETE ON advisorylock_locks TO app; -- WithLeaseRows
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON advisorylock_locks, advisorylock_shared TO app; -- WithLeaseRows
 --   GRANT USAGE ON SEQUENCE advisorylock_token_seq TO app;
 --   GRANT SELECT ON advisorylock_schema TO app;
 `)
@@ -1157,7 +1159,7 @@ func (p *postgres) AcquireLease(ctx context.Context, db backend.DB, r backend.Le
 	case backend.KindLock:
 		return p.acquireLock(ctx, db, r)
 	case backend.KindShared:
-		return 0, errNoSharedRows
+		return p.acquireShared(ctx, db, r)
 	}
 	var gen int64
 	found, err := p.queryRow(ctx, db, pgAcquireLease, []any{r.Name, r.Owner, dbutil.TTLMillis(max(r.TTL, r.MinHold))}, &gen)
@@ -1177,7 +1179,7 @@ func (p *postgres) RenewLease(ctx context.Context, db backend.DB, r backend.Leas
 	case backend.KindLock:
 		return p.renewLock(ctx, db, r)
 	case backend.KindShared:
-		return 0, errNoSharedRows
+		return p.renewShared(ctx, db, r)
 	}
 	var gen int64
 	var found bool
@@ -1205,7 +1207,7 @@ func (p *postgres) ReleaseLease(ctx context.Context, db backend.DB, r backend.Le
 	case backend.KindLock:
 		return p.releaseLock(ctx, db, r)
 	case backend.KindShared:
-		return errNoSharedRows
+		return p.exec(ctx, db, pgReleaseShared, r.Key, r.Owner)
 	}
 	key := strconv.FormatInt(r.Key, 10)
 	if r.Token == 0 {
@@ -1300,7 +1302,7 @@ func (p *postgres) LeaseHolder(ctx context.Context, db backend.DB, r backend.Lea
 	case backend.KindLock:
 		return p.lockHolder(ctx, db, r)
 	case backend.KindShared:
-		return nil, errNoSharedRows
+		return p.sharedBlocker(ctx, db, r)
 	}
 	h := &backend.Holder{Name: r.Name, Backend: p.Name(), Key: r.Key}
 	var gen int64

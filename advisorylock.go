@@ -349,22 +349,21 @@ func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error)
 // without an Observer.
 func (l *Lock) observed() *observed { return l.observedAs(false) }
 
-// observedAs returns what l's events need for an exclusive or a shared
-// hold, nil without an Observer; see observedOf.
+// observedAs is observed for an exclusive or a shared hold.
 func (l *Lock) observedAs(shared bool) *observed {
 	p, kind := &l.obs, l.kind
 	if shared {
 		p, kind = &l.sobs, backend.KindShared
 	}
-	if ob := p.Load(); ob != nil || l.cfg.observer == nil {
-		return ob
+	return observedOf(p, l.db, &l.cfg, kind, l.name, l.resolved)
+}
+
+// resolved returns the backend l's first use picked, nil before it.
+func (l *Lock) resolved() backend.Backend {
+	if b := l.setup.v.Load(); b != nil {
+		return b.backend()
 	}
-	return observedOf(p, l.db, &l.cfg, kind, l.name, func() backend.Backend {
-		if b := l.setup.v.Load(); b != nil {
-			return b.backend()
-		}
-		return nil
-	})
+	return nil
 }
 
 // A front end is a kind of lock as the acquire core sees it: a Lock (and
@@ -391,38 +390,36 @@ type guarded interface{ hold() *hold }
 // acquire is a front end's try (wait false) or wait until ctx ends; op
 // names the operation in its error ("try lock", "rlock", ...).
 func acquire[G guarded](ctx context.Context, f frontEnd[G], op string, wait bool) (G, error) {
-	ctx, a := startAcquire(ctx, f, wait)
-	name, cfg := f.settings()
-	var g G
-	err := context.Cause(ctx) // a done ctx never touches the pool
-	if err == nil {
-		g, err = f.take(ctx, poolBudget(ctx, cfg, wait), wait)
-	}
-	err = wrapErr(name, op, err)
-	a.end(g.hold(), err)
-	return g, err
+	return acquireBy(ctx, f, op, wait, nil)
 }
 
 // acquireWithin is a front end's wait bounded by d (one attempt when d <=
 // 0): running out of d is a *TimeoutError.
 func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d time.Duration) (G, error) {
-	wait := d > 0
+	return acquireBy(ctx, f, op, d > 0, &d)
+}
+
+// acquireBy is acquire, and with d acquireWithin.
+func acquireBy[G guarded](ctx context.Context, f frontEnd[G], op string, wait bool, d *time.Duration) (G, error) {
 	ctx, a := startAcquire(ctx, f, wait)
 	name, cfg := f.settings()
-	start := time.Now()
+	var start time.Time
 	budget := ctx
-	if wait {
-		var cancel context.CancelFunc
-		budget, cancel = context.WithTimeoutCause(ctx, d, errBudget)
-		defer cancel()
+	if d != nil {
+		start = time.Now()
+		if wait {
+			var cancel context.CancelFunc
+			budget, cancel = context.WithTimeoutCause(ctx, *d, errBudget)
+			defer cancel()
+		}
 	}
 	var g G
-	err := context.Cause(budget)
+	err := context.Cause(budget) // a done ctx never touches the pool
 	if err == nil {
 		g, err = f.take(ctx, poolBudget(budget, cfg, wait), wait)
 	}
-	if err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
-		err = &TimeoutError{Name: name, Waited: time.Since(start), Budget: d}
+	if d != nil && err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
+		err = &TimeoutError{Name: name, Waited: time.Since(start), Budget: *d}
 	} else {
 		err = wrapErr(name, op, err)
 	}
@@ -612,19 +609,25 @@ const (
 	budgetGrace = time.Second
 )
 
+// nextSlice returns the next server-side wait slice under budget, and
+// the grace a dead network gets past it; false once budget has ended.
+func nextSlice(budget context.Context) (slice, grace time.Duration, ok bool) {
+	slice, grace = maxSlice, sliceGrace
+	if dl, ok := budget.Deadline(); ok {
+		slice, grace = min(slice, time.Until(dl)), budgetGrace
+	}
+	if slice <= 0 {
+		<-budget.Done() // due now: let its cause be set
+	}
+	return slice, grace, budget.Err() == nil
+}
+
 // waitSession waits in slices until it holds key, or budget ends between
 // slices (a definite miss: OK false, nil error).
 func waitSession(ctx, budget context.Context, session backend.SessionLocker, p *pinned, key int64) (backend.SessionResult, error) {
 	for {
-		slice, grace := maxSlice, sliceGrace
-		if dl, ok := budget.Deadline(); ok {
-			slice = min(slice, time.Until(dl))
-			grace = budgetGrace
-		}
-		if slice <= 0 {
-			<-budget.Done() // due now: let its cause be set
-		}
-		if budget.Err() != nil {
+		slice, grace, ok := nextSlice(budget)
+		if !ok {
 			return backend.SessionResult{}, nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, slice+grace)
@@ -878,14 +881,11 @@ func (h *hold) lost() <-chan struct{} {
 // the cause (unless it is "").
 func (h *hold) lose(cause Cause, err error) {
 	h.lostMu.Lock()
-	if h.isGone {
+	if !h.gone() {
 		h.lostMu.Unlock()
 		return
 	}
-	h.isGone, h.lostErr, h.lostCause = true, err, cause
-	if h.lostCh != nil {
-		close(h.lostCh)
-	}
+	h.lostErr, h.lostCause = err, cause
 	f, w := h.lostFunc, h.obs
 	h.lostMu.Unlock()
 	if cause != "" {
@@ -909,13 +909,20 @@ func (h *hold) observer() holdObserved {
 func (h *hold) markReleased() {
 	h.lostMu.Lock()
 	defer h.lostMu.Unlock()
+	h.gone()
+}
+
+// gone marks the hold gone and closes its lost channel, under lostMu;
+// false if it was gone already.
+func (h *hold) gone() bool {
 	if h.isGone {
-		return
+		return false
 	}
 	h.isGone = true
 	if h.lostCh != nil {
 		close(h.lostCh)
 	}
+	return true
 }
 
 // onLost makes lose call f with its error (at once if the hold is

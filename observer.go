@@ -421,14 +421,23 @@ func (ob *observed) renewed(latency time.Duration, err error) {
 // unknownBackend is the backend events name before a lock knows its own.
 const unknownBackend = "unknown"
 
-// observedOf makes the observed that *p caches for a lock of kind named
-// name, and caches it once the backend's name is known: from WithBackend
-// or the driver's type (no I/O), else from the lock's first use
-// (resolved returns nil until it succeeded). Until then, events say
-// backend "unknown": the "acquire_start" of a wrapped driver's first
-// acquire, whose first use identifies the backend by asking the database
-// (its "acquire_end" names the backend when that succeeded).
+// observedOf returns what the events of a lock of kind named name need,
+// nil without an Observer, cached in *p (p nil: not cached) once the
+// backend's name is known: from WithBackend or the driver's type (no
+// I/O), else from the lock's first use (resolved returns nil until it
+// succeeded). Until then events say backend "unknown": the
+// "acquire_start" of a wrapped driver's first acquire, whose first use
+// asks the database (its "acquire_end" names the backend).
 func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind, name string, resolved func() backend.Backend) *observed {
+	if cfg.observer == nil {
+		return nil
+	}
+	if p == nil {
+		p = new(atomic.Pointer[observed])
+	}
+	if ob := p.Load(); ob != nil {
+		return ob
+	}
 	b := localBackend(db, cfg)
 	if b == nil {
 		b = resolved()

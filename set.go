@@ -89,29 +89,15 @@ type setClaim struct {
 	s backend.SessionLocker
 }
 
+// try makes a set's one attempt: all or none.
 func (c setClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
-	res, err := c.l.trySet(ctx, c.s, p)
-	return 0, res, err
-}
-
-func (c setClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
-	res, err := c.l.waitSet(ctx, budget, c.s, p)
-	return 0, res, err
-}
-
-// leave: waitSet lets go of what it took when it misses.
-func (c setClaim) leave(context.Context, *pinned) error { return nil }
-
-func (c setClaim) held(int) *Lock { return c.l }
-
-// trySet makes a set's one attempt on p's session: all or none.
-func (l *Lock) trySet(ctx context.Context, locker backend.SessionLocker, p *pinned) (backend.SessionResult, error) {
+	l, locker := c.l, c.s
 	if m, ok := locker.(backend.SetLocker); ok {
 		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return m.TryLockAll(ctx, conn, l.set)
 		})
 		if !errors.Is(err, ErrUnsupported) {
-			return res, err
+			return 0, res, err
 		}
 	}
 	for i, k := range l.set {
@@ -120,18 +106,18 @@ func (l *Lock) trySet(ctx context.Context, locker backend.SessionLocker, p *pinn
 		})
 		if err != nil || !res.OK {
 			if uerr := unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout); uerr != nil {
-				return backend.SessionResult{}, errors.Join(err, uerr)
+				return 0, backend.SessionResult{}, errors.Join(err, uerr)
 			}
-			return res, err
+			return 0, res, err
 		}
 	}
-	return backend.SessionResult{OK: true}, nil
+	return 0, backend.SessionResult{OK: true}, nil
 }
 
-// waitSet waits for a set's keys in key order on p's session, each
-// server-side, holding those it has; if budget ends first it lets go of
-// them (OK false, nil error: a definite miss).
-func (l *Lock) waitSet(ctx, budget context.Context, locker backend.SessionLocker, p *pinned) (backend.SessionResult, error) {
+// wait waits for the keys in key order, each server-side, holding those
+// it has; if budget ends first it lets go of them (a definite miss).
+func (c setClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
+	l, locker := c.l, c.s
 	for i, k := range l.set {
 		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return locker.TryLockSession(ctx, conn, k)
@@ -140,15 +126,20 @@ func (l *Lock) waitSet(ctx, budget context.Context, locker backend.SessionLocker
 			res, err = waitSession(ctx, budget, locker, p, k)
 		}
 		if err != nil {
-			return res, err
+			return 0, res, err
 		}
 		if !res.OK {
 			err := endWait(ctx, locker, p, k, l.cfg.releaseTimeout)
-			return backend.SessionResult{}, errors.Join(err, unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout))
+			return 0, backend.SessionResult{}, errors.Join(err, unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout))
 		}
 	}
-	return backend.SessionResult{OK: true}, nil
+	return 0, backend.SessionResult{OK: true}, nil
 }
+
+// leave: wait lets go of what it took when it misses.
+func (c setClaim) leave(context.Context, *pinned) error { return nil }
+
+func (c setClaim) held(int) *Lock { return c.l }
 
 // unlockKeys releases keys on p's session, within timeout each; an error
 // means the session may still hold some and must be discarded.

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
 )
@@ -101,14 +100,8 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 // prev are tx's settings, which a slice puts back.
 func (l *Lock) waitTx(ctx context.Context, b backend.TxLocker, tx *sql.Tx, prev map[string]string) error {
 	for {
-		slice := maxSlice
-		if dl, ok := ctx.Deadline(); ok {
-			slice = min(slice, time.Until(dl))
-		}
-		if slice <= 0 {
-			<-ctx.Done() // due now: let its cause be set
-		}
-		if ctx.Err() != nil {
+		slice, _, ok := nextSlice(ctx)
+		if !ok {
 			return context.Cause(ctx)
 		}
 		// The server ends the slice; the deadline is for a dead network.
@@ -121,25 +114,21 @@ func (l *Lock) waitTx(ctx context.Context, b backend.TxLocker, tx *sql.Tx, prev 
 	}
 }
 
-// txBackend returns l's backend for transaction locks. It runs the
-// first-use checks a Lock's other operations do, except the pooler probe:
-// a transaction lock needs no session of its own. A backend that is no
-// TxLocker has no transaction locks: LockTx is refused before anything is
-// sent.
+// txBackend returns l's backend for transaction locks, after the
+// first-use checks but the pooler probe (a transaction lock needs no
+// session of its own); LockTx is refused before anything is sent on a
+// backend that is no TxLocker.
 func (l *Lock) txBackend(ctx context.Context) (backend.TxLocker, error) {
 	b, err := resolveBackend(ctx, l.db, &l.cfg)
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := b.(backend.SessionLocker); !ok {
-		return nil, errNoTxLocks(b)
-	}
-	if l.cfg.minHold > 0 {
-		return nil, fmt.Errorf("%w: WithMinHold does not apply to a lock taken in a transaction (the window would end with it); use TryLock or TryDo", ErrUnsupported)
-	}
 	t, ok := b.(backend.TxLocker)
-	if !ok {
-		return nil, errNoTxLocks(b)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: backend %q has no transaction-scoped locks (LockTx needs PostgreSQL's pg_advisory_xact_lock); use Lock or LeaseLock", ErrUnsupported, b.Name())
+	case l.cfg.minHold > 0:
+		return nil, fmt.Errorf("%w: WithMinHold does not apply to a lock taken in a transaction (the window would end with it); use TryLock or TryDo", ErrUnsupported)
 	}
 	return t, nil
 }
@@ -149,15 +138,7 @@ func (l *Lock) txBackend(ctx context.Context) (backend.TxLocker, error) {
 type txObserved struct{ l *Lock }
 
 func (t txObserved) observed() *observed {
-	cfg := &t.l.cfg
-	if cfg.observer == nil {
-		return nil
-	}
-	backend := unknownBackend
-	if b := localBackend(t.l.db, cfg); b != nil {
-		backend = b.Name()
-	}
-	return newObserved(cfg.observer, backend, kindTransaction, t.l.name)
+	return observedOf(nil, t.l.db, &t.l.cfg, kindTransaction, t.l.name, t.l.resolved)
 }
 
 // txAcquired reports the end of a transaction lock's acquire, and for a
@@ -171,10 +152,4 @@ func txAcquired(a acquiring, l *Lock, err error) {
 	if err == nil {
 		h.observer().released(false, nil)
 	}
-}
-
-// errNoTxLocks refuses LockTx on b, a backend without transaction-scoped
-// locks.
-func errNoTxLocks(b backend.Backend) error {
-	return fmt.Errorf("%w: backend %q has no transaction-scoped locks (LockTx needs PostgreSQL's pg_advisory_xact_lock); use Lock or LeaseLock", ErrUnsupported, b.Name())
 }

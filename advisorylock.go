@@ -152,8 +152,7 @@ type Lock struct {
 }
 
 // lockBackend is how a Lock locks, learnt at its first operation: as a
-// session lock (session, and bounded when its statements go through
-// within), or as a lease row (rows).
+// session lock (session) or as a lease row (rows).
 type lockBackend struct {
 	session backend.SessionLocker
 	bounded bool
@@ -366,12 +365,9 @@ func (l *Lock) resolved() backend.Backend {
 	return nil
 }
 
-// A front end is a kind of lock as the acquire core sees it: a Lock (and
-// its shared side, sharedSide), a Semaphore, a LeaseLock. Every TryLock,
-// Lock and LockTimeout of each (and RLock..., Acquire...) is one call of
-// acquire or acquireWithin, which observe the acquire, check the budget,
-// bound a try's pool checkout and name the lock in the error; the front
-// end's take does the rest.
+// A front end is a kind of lock as acquire sees it: a Lock, its shared
+// side (sharedSide), a Semaphore, a LeaseLock. acquire observes, checks
+// the budget and names the lock in the error; take does the rest.
 type frontEnd[G guarded] interface {
 	observable
 	// settings returns the lock's name and configuration.
@@ -464,10 +460,8 @@ func (l *Lock) take(ctx, budget context.Context, wait bool) (*Guard, error) {
 	return acquireSession(ctx, budget, l, b, l.observedAs(false), b.claim, wait)
 }
 
-// A claim is what a session acquire takes on its pinned connection: a
-// Lock's key (keyClaim), with its window (windowClaim), every key of its
-// set (setClaim), or any one of a Semaphore's slots (slotClaim). slot is the slot
-// taken, 0 for a Lock.
+// A claim is what a session acquire takes (see DESIGN.md): keyClaim,
+// windowClaim, setClaim, slotClaim. slot is the slot taken, 0 for a Lock.
 type claim interface {
 	// try makes one attempt; OK false is a definite miss.
 	try(ctx context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
@@ -482,9 +476,7 @@ type claim interface {
 }
 
 // acquireSession takes c on a connection of l's handle pinned for the
-// hold, where b locks with sessions; obs sees the hold. The connection
-// guard discards the connection unless the outcome is definite (see
-// connGuard).
+// hold; obs sees the hold.
 func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *observed, c claim, wait bool) (*Guard, error) {
 	s := &sessionHold{locker: b.session, p: pinned{bounded: b.bounded, obs: obs}}
 	poolWait := l.cfg.poolWait
@@ -533,11 +525,8 @@ func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *o
 	return g, nil
 }
 
-// attemptContext bounds an attempt of an acquire. Under a budget it is
-// bounded as a wait slice is: on a dead network (a connection taken warm
-// from the pool is not pinged) it gives up a grace after the budget's
-// end; without one, after bound where bound is not 0 (a try between a
-// wait's slices, which must not hang either).
+// attemptContext bounds an attempt of an acquire on a dead network: a
+// grace after the budget's end, else after bound where it is not 0.
 func attemptContext(ctx, budget context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
 	if dl, ok := budget.Deadline(); ok {
 		return context.WithDeadline(ctx, dl.Add(budgetGrace))
@@ -650,18 +639,18 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	if err != nil {
 		return nil, wrapErr(l.name, "holder", err)
 	}
-	var h *backend.Holder
-	if l.set != nil {
-		h, err = l.setHolder(ctx, func(i int) (*backend.Holder, error) {
-			if b.rows != nil {
-				req := l.rowRequest("")
-				req.Name, req.Key = l.setNames[i], l.set[i]
-				return b.rows.LeaseHolder(ctx, l.db, req)
-			}
-			return b.session.SessionHolder(ctx, l.db, l.set[i])
-		})
-		return holderOf(h), wrapErr(l.name, "holder", err)
+	for _, one := range l.members() {
+		if h, err := one.holderOn(ctx, b); h != nil || err != nil {
+			return h, wrapErr(l.name, "holder", err)
+		}
 	}
+	return nil, nil
+}
+
+// holderOn reports the holder of l's one name on b, nil when it is free.
+func (l *Lock) holderOn(ctx context.Context, b *lockBackend) (*Holder, error) {
+	var h *backend.Holder
+	var err error
 	if b.rows != nil {
 		h, err = b.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
 	} else if h, err = l.windowHolder(ctx, b); h == nil && err == nil {
@@ -670,7 +659,7 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
 	}
-	return holderOf(h), wrapErr(l.name, "holder", err)
+	return holderOf(h), err
 }
 
 // Do waits for the lock (as Lock does), runs fn, and releases the lock when
@@ -754,8 +743,7 @@ type Guard struct {
 	slot int // a Semaphore's slot; 0 for every other lock
 }
 
-// hold is a Guard's state. It never points back at its Guard, so the
-// Guard can become unreachable while its watcher still runs.
+// hold is a Guard's state; it never points back at its Guard.
 type hold struct {
 	name   string
 	key    int64
@@ -775,9 +763,8 @@ type hold struct {
 	obs       holdObserved // set once the acquire has returned; zero without an Observer
 }
 
-// holdEnd ends a hold: release frees the lock, within timeout; forget
-// frees what a forgotten Guard holds without waiting on I/O (it runs in a
-// cleanup).
+// holdEnd ends a hold: release frees the lock within timeout; forget,
+// in a cleanup, without waiting on I/O.
 type holdEnd interface {
 	release(ctx context.Context, timeout time.Duration) error
 	forget()
@@ -925,9 +912,8 @@ func (h *hold) gone() bool {
 	return true
 }
 
-// onLost makes lose call f with its error (at once if the hold is
-// lost already), until onLost(nil): what Do uses to cancel fn's context,
-// without a goroutine to watch the lost channel. f must not block.
+// onLost makes lose call f, which must not block, with its error (at
+// once if lost already), until onLost(nil): how Do cancels fn's context.
 func (h *hold) onLost(f func(error)) {
 	h.lostMu.Lock()
 	h.lostFunc = f

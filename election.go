@@ -112,15 +112,11 @@ func (e *Election) Name() string { return e.name }
 // returns; later operations skip it.
 func (e *Election) Check(ctx context.Context) error {
 	eb, err := e.backend(ctx)
-	switch {
-	case err != nil:
-	case eb.terms != nil: // terms, beside a session lock
+	if err == nil && eb.terms == nil {
+		return e.lease.Check(ctx) // the leader's lease
+	}
+	if err == nil { // terms, beside a session lock
 		err = checkTables(ctx, e.db, eb.terms, "advisorylock_elections")
-	default: // the leader's lease
-		var s backend.LeaseStore
-		if s, err = e.lease.store(ctx); err == nil {
-			err = checkTables(ctx, e.db, s, "advisorylock_leases")
-		}
 	}
 	return wrapErr(e.name, "check", err)
 }
@@ -234,11 +230,10 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 	}
 }
 
-// refused returns err, a campaign's, as Run returns it when trying again
-// does not change it, or nil: the refusal of the first-use work (an
-// unsupported database, a transaction pooler; after a first use
-// succeeded even such an error, a connection reaching a standby after a
-// failover, may pass), or the server's refusal of a privilege.
+// refused returns a campaign's err as Run returns it when trying again
+// does not help, else nil: a refusal by the first use (not after one
+// succeeded: a failover may reach a standby for a while), or of a
+// privilege.
 func (e *Election) refused(err error) error {
 	if e.setup.v.Load() == nil && (errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler)) {
 		return err
@@ -254,12 +249,9 @@ func (e *Election) refused(err error) error {
 }
 
 // standAside pauses a candidate that just resigned for at least least,
-// and where the others poll (a lease backend: SQLite) for twice their
-// longest pause between polls, so that one of them takes over rather than
-// the resigner again; false if ctx ended meanwhile. Where candidates wait
-// server-side the server hands the lock to a waiter at the release, so a
-// lead that returned nil needs no pause (least 0); a Resign asks for one
-// (resignPause) for a candidate not yet waiting.
+// and where the others poll (a lease) for twice their longest pause, so
+// that one of them takes over; false if ctx ended. Server-side waiters
+// need no pause; a Resign asks for resignPause, for one not yet waiting.
 func (e *Election) standAside(ctx context.Context, least time.Duration) bool {
 	pause := least
 	if b := e.setup.v.Load(); b != nil && b.terms == nil {
@@ -276,11 +268,9 @@ const resignPause = time.Second
 // is longer.
 const quickLeadPause = time.Second
 
-// rest pauses a candidate whose lead returned nil before quickLeadPause
-// (or the poll interval, if longer) since its term began, until
-// pollPause(poll, that bound, quick) has passed since began; quick counts
-// such terms in a row (reset by a longer one). False if ctx ended
-// meanwhile.
+// rest pauses a candidate whose lead returned nil within quickLeadPause
+// (or the poll interval) of began, until pollPause(poll, that, quick)
+// since began; quick counts such terms in a row. False if ctx ended.
 func (e *Election) rest(ctx context.Context, began time.Time, quick *int) bool {
 	longest := max(e.cfg.poll, quickLeadPause)
 	ran := time.Since(began)
@@ -424,12 +414,10 @@ func (e *Election) Resign(ctx context.Context) error {
 	return nil
 }
 
-// resign frees the leadership of t; a failed release is logged (it
-// discarded its connection, which frees a session lock anyway). Where the
-// term is recorded beside a session lock, the term is first marked ended
-// in its row: the pool may hand the same session to the next campaign,
-// and Leader would take its grant for the old term until the new one is
-// recorded. If that fails the release discards the connection instead.
+// resign ends t's term in its row (the pool may hand the session to the
+// next campaign, whose grant Leader would take for the old term), then
+// frees the leadership; a failed release is logged (it discarded its
+// connection, which frees the lock anyway).
 func (e *Election) resign(ctx context.Context, t term) {
 	e.endTerm(ctx, t)
 	if err := t.g.Release(ctx); err != nil {
@@ -437,9 +425,8 @@ func (e *Election) resign(ctx context.Context, t term) {
 	}
 }
 
-// endTerm marks t ended in its row, on t's connection, within the release
-// timeout, keeping only ctx's values as a release does; nothing where
-// terms are not recorded beside a session lock or t is lost already.
+// endTerm marks t ended in its row, on its connection, bounded as a
+// release; nothing on a lease, or for a lost t.
 func (e *Election) endTerm(ctx context.Context, t term) {
 	b := e.setup.v.Load()
 	if b == nil {

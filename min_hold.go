@@ -74,13 +74,10 @@ func (c windowClaim) leave(ctx context.Context, p *pinned) error {
 
 func (c windowClaim) held(int) *Lock { return c.l }
 
-// waitWindowed is waitSession for a Lock with a window: while a window is
-// open it sleeps until the window's end (asked of the database, whose
-// clock decides, about once a slice) and tries again; otherwise it waits
-// one server-side slice, and a grant claims its window in a statement of
-// its own, letting the lock go again if a window opened meanwhile. OK
-// false with a nil error means budget ended: the session then holds no
-// lock.
+// waitWindowed is waitSession for a Lock with a window: while one is
+// open (the database's clock says, once a slice) it sleeps, then tries;
+// otherwise it waits a slice server-side and a grant claims its window
+// (letting go if one opened meanwhile). OK false, nil: budget ended.
 func (l *Lock) waitWindowed(ctx, budget context.Context, w backend.WindowedSessionLocker, p *pinned) (backend.SessionResult, error) {
 	for {
 		left, err := askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (time.Duration, error) {
@@ -122,10 +119,9 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w backend.WindowedSessi
 	}
 }
 
-// waitBound is the deadline of a statement that a wait makes between its
-// server-side slices, bounded as a slice is (a dead network must not hold
-// the wait): budget's deadline and budgetGrace more, or sliceGrace from
-// now without one. budget itself never cuts the statement short.
+// waitBound is the deadline of a statement between a wait's slices,
+// bounded as a slice is: budget's deadline and budgetGrace, else
+// sliceGrace from now.
 func waitBound(budget context.Context) time.Time {
 	if dl, ok := budget.Deadline(); ok {
 		return dl.Add(budgetGrace)

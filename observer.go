@@ -67,9 +67,7 @@ func addObserver(to, o Observer) Observer {
 }
 
 // observers are the Observers of a lock given WithObserver more than
-// once, told of each event in order. What each returns for an acquire's
-// start and end rides in the context the package keeps (an
-// *observersContext), so that each gets back its own.
+// once; what each returns rides in an *observersContext.
 type observers []Observer
 
 // observersContext is the context observers returns for an acquire's
@@ -283,20 +281,9 @@ func acquireOutcome(err error) Outcome {
 	return OutcomeError
 }
 
-// observed is a lock's Observer with the description its events carry.
-// Locks without an Observer have none (a nil *observed), so that every
-// call site costs one nil check and nothing else: no Event is built and
-// no time is read.
-//
-// How a kind of lock reports (Lock and LeaseLock do; shared locks,
-// semaphores and elections follow them): its public acquires wrap the
-// work in startAcquire and acquiring.end (after wrapErr, so a
-// *TimeoutError is seen); a keeper that finds a hold gone calls
-// hold.lose with a Cause; release and cleanup report through the
-// hold (doRelease, forgotten); a pinned connection carries the observed,
-// and pinned.discard names a Reason; a lease keeper reports each
-// renewal with observed.renewed. Every one of them hands its Event to
-// emit.
+// observed is a lock's Observer with the description its events carry;
+// nil without an Observer, so that every call site costs one nil check
+// and no Event is built. Who reports what: DESIGN.md ("Observation").
 type observed struct {
 	o                   Observer
 	backend, kind, name string
@@ -311,8 +298,7 @@ func newObserved(o Observer, backend, kind, name string) *observed {
 }
 
 // emit names ob's lock in e and hands e to the Observer: the one place
-// events leave the package. Event is passed by value, so an Observer
-// that keeps nothing costs no allocation.
+// events leave the package.
 func (ob *observed) emit(ctx context.Context, e Event) context.Context {
 	e.Backend, e.Kind, e.Name = ob.backend, ob.kind, ob.name
 	return ob.o.Observe(ctx, e)
@@ -333,8 +319,7 @@ type acquiring struct {
 }
 
 // startAcquire reports the start of an acquire of l and returns the
-// context the acquire runs on. With no Observer it returns ctx and a zero
-// acquiring, at the cost of one nil check.
+// context the acquire runs on (ctx without an Observer).
 func startAcquire(ctx context.Context, l observable, mayWait bool) (context.Context, acquiring) {
 	ob := l.observed()
 	if ob == nil {

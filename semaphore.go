@@ -194,24 +194,16 @@ func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder,
 		}
 	}
 	holders := make([]*Holder, len(s.keys))
-	for i, key := range s.keys {
-		var h *backend.Holder
+	for i := range s.keys {
 		var err error
-		if b.rows != nil {
-			h, err = b.rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
-		} else {
-			h, err = b.session.SessionHolder(ctx, s.db, key)
-		}
-		holders[i] = holderOf(h)
-		if err != nil {
+		if holders[i], err = s.slot(i).holderOn(ctx, b); err != nil {
 			return nil, err
 		}
 	}
 	return holders, nil
 }
 
-// observed returns what the semaphore's events need, nil without an
-// Observer: its Lock's, whose kind is "semaphore".
+// observed returns its Lock's (kind "semaphore").
 func (s *Semaphore) observed() *observed { return s.lock.observed() }
 
 // settings returns the semaphore's name and configuration (see frontEnd).
@@ -229,15 +221,13 @@ func (s *Semaphore) take(ctx, budget context.Context, wait bool) (*Guard, error)
 	return acquireSession(ctx, budget, s.lock, b, s.observed(), slotClaim{s, b.session}, wait)
 }
 
-// slot returns the Lock that stands for slot i in a hold: the
-// semaphore's name and configuration with the slot's key.
+// slot returns the Lock that stands for slot i in a hold.
 func (s *Semaphore) slot(i int) *Lock {
 	return &Lock{db: s.db, name: s.name, key: s.keys[i], cfg: s.lock.cfg, kind: kindSemaphore}
 }
 
-// unlockHeld releases l's key on conn, whose session holds it: a
-// Semaphore's slot with a signal to the semaphore's waiters, where the
-// backend sends one (see backend.ReleaseSignaler).
+// unlockHeld releases l's key on conn; a Semaphore's slot signals its
+// waiters where the backend can (see backend.ReleaseSignaler).
 func unlockHeld(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, l *Lock) (backend.SessionResult, error) {
 	if m, ok := locker.(backend.ReleaseSignaler); ok && l.kind == kindSemaphore {
 		res, err := m.UnlockAndSignal(ctx, conn, l.key, Key(l.name))
@@ -248,9 +238,8 @@ func unlockHeld(ctx context.Context, locker backend.SessionLocker, conn *sql.Con
 	return locker.UnlockSession(ctx, conn, l.key)
 }
 
-// hearReleases registers a waiter for the signals of the semaphore's slot
-// releases (see UnlockAndSignal), under the semaphore's Key; nil where
-// they cannot be heard.
+// hearReleases registers a waiter for the semaphore's slot releases
+// (see UnlockAndSignal); nil where they cannot be heard.
 func (s *Semaphore) hearReleases(ctx context.Context, locker backend.SessionLocker) *leaseWaiter {
 	store, isStore := locker.(backend.LeaseStore)
 	_, signals := locker.(backend.ReleaseSignaler)
@@ -303,14 +292,11 @@ func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.Se
 	}
 }
 
-// waitWoken tries every slot each time a slot's release is heard, and
-// otherwise at each poll (WithPollInterval, backing off to half a second,
-// as a LeaseLock waiter polls: a slot freed by a session that died sends
-// no signal), until it holds one or budget ends. It waits on no slot
-// server-side: one slot's wait could not be cut short by another slot's
-// release without losing the connection. deaf is true, with nothing
-// held, once nobody can be heard (the store said it cannot listen on
-// the handle): the wait goes on in slices.
+// waitWoken tries every slot at each release heard and at each poll
+// (a slot freed by a dead session sends nothing), until it holds one or
+// budget ends; it waits on no slot server-side (another slot's release
+// could not cut that short). deaf: nobody can be heard (the watch is
+// off), nothing is held, and the wait goes on in slices.
 func (c slotClaim) waitWoken(ctx, budget context.Context, p *pinned, lw *leaseWaiter) (slot int, res backend.SessionResult, deaf bool, err error) {
 	cfg := &c.s.lock.cfg
 	longest := max(cfg.poll, leaseWaitCap)

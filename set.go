@@ -74,6 +74,19 @@ func NewSet(db DB, names []string, opts ...Option) (*Lock, error) {
 	return l, nil
 }
 
+// members returns what l locks as Locks of one name each: l itself, or
+// one for each name of its set, in key order.
+func (l *Lock) members() []*Lock {
+	if l.set == nil {
+		return []*Lock{l}
+	}
+	ms := make([]*Lock, len(l.set))
+	for i, k := range l.set {
+		ms[i] = &Lock{db: l.db, name: l.setNames[i], key: k, cfg: l.cfg}
+	}
+	return ms
+}
+
 // keysOf is what l locks: its set's keys, or its one key.
 func (l *Lock) keysOf() []int64 {
 	if l.set != nil {
@@ -187,21 +200,6 @@ func heldOn(ctx context.Context, locker backend.SessionLocker, p *pinned, keys [
 		}
 	}
 	return true, nil
-}
-
-// setHolder reports the holder of the first key of l's set that someone
-// holds, by holder (which reads one key).
-func (l *Lock) setHolder(ctx context.Context, holder func(i int) (*backend.Holder, error)) (*backend.Holder, error) {
-	for i, n := range l.setNames {
-		h, err := holder(i)
-		if err != nil || h != nil {
-			if h != nil {
-				h.Name, h.Key = n, l.set[i]
-			}
-			return h, err
-		}
-	}
-	return nil, nil
 }
 
 // setOfRows makes one hold of parts, a set's rows, held: it is lost when

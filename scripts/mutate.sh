@@ -137,8 +137,8 @@ mutation "a set of rows is lost only with its first name" set.go \
 mutation "a set of rows' loss is not told to the Observer" set.go \
 	's/sh\.lose\(cause, err\)/sh.lose(cause[:0], err)/' \
 	'^TestSetLosesOneNameAlone$'
-mutation "a set's Holder carries its first key" set.go \
-	's/h\.Name, h\.Key = n, l\.set\[i\]/h.Name, h.Key = n, l.key/' \
+mutation "a set's Holder carries its first key" advisorylock.go \
+	's/(h != nil \|\| err != nil \{\n)(\t+)return h, wrapErr\(l\.name, "holder", err\)/$1$2if h != nil { h.Key = l.key }\n$2return h, wrapErr(l.name, "holder", err)/' \
 	'^TestSetTakesAllOrNone$'
 mutation "MySQL: a set's or shared session's keep-alive takes a freed name (NULL) for held" internal/mysqlbackend/mysql.go \
 	's/IFNULL\(IS_USED_LOCK\(%s\) = CONNECTION_ID\(\), 0\)/IFNULL(IS_USED_LOCK(%s) = CONNECTION_ID(), 1)/' \

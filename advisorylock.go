@@ -151,8 +151,7 @@ type Lock struct {
 	setNames []string
 }
 
-// lockBackend is how a Lock locks, learnt at its first operation: as a
-// session lock (session) or as a lease row (rows).
+// lockBackend is how a Lock locks, learnt at its first use.
 type lockBackend struct {
 	session backend.SessionLocker
 	bounded bool
@@ -171,8 +170,7 @@ type lockBackend struct {
 	privateMux *muxPool
 }
 
-// sessionSettings are what a Lock gave Configure for the sessions it
-// pins (see backend.Configurer).
+// sessionSettings are what a Lock gave Configure (backend.Configurer).
 type sessionSettings struct {
 	deadHolder   time.Duration
 	serverChecks bool
@@ -281,7 +279,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			if err != nil {
 				return nil, err
 			}
-			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
+			lb := &lockBackend{session: b, bounded: !b.Traits().CancelsPromptly, windows: w, settings: settings}
 			lb.claim = l.claimOn(b, w)
 			if l.cfg.multiplex > 0 {
 				if _, ok := b.(backend.MultiplexLocker); !ok {
@@ -300,8 +298,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 	})
 }
 
-// rowsBackend is how l locks where its holds are lease rows in s: on a
-// backend without session locks, or with WithLeaseRows.
+// rowsBackend is how l locks where its holds are lease rows in s.
 func (l *Lock) rowsBackend(s backend.LeaseStore) (*lockBackend, error) {
 	if err := checkRowWindows(&l.cfg, s); err != nil {
 		return nil, err
@@ -344,8 +341,7 @@ func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error)
 	return acquireWithin(ctx, l, "lock", d)
 }
 
-// observed returns what the events of l's exclusive holds need, nil
-// without an Observer.
+// observed returns what l's exclusive holds' events need (nil: none).
 func (l *Lock) observed() *observed { return l.observedAs(false) }
 
 // observedAs is observed for an exclusive or a shared hold.
@@ -423,8 +419,7 @@ func acquireBy[G guarded](ctx context.Context, f frontEnd[G], op string, wait bo
 	return g, err
 }
 
-// poolBudget returns the budget a front end's take gets: a try's pool
-// checkout waits at most WithPoolWait.
+// poolBudget bounds a try's pool checkout by WithPoolWait.
 func poolBudget(budget context.Context, cfg *config, wait bool) context.Context {
 	if wait {
 		return budget
@@ -475,8 +470,7 @@ type claim interface {
 	held(slot int) *Lock
 }
 
-// acquireSession takes c on a connection of l's handle pinned for the
-// hold; obs sees the hold.
+// acquireSession takes c on a connection pinned for the hold.
 func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *observed, c claim, wait bool) (*Guard, error) {
 	s := &sessionHold{locker: b.session, p: pinned{bounded: b.bounded, obs: obs}}
 	poolWait := l.cfg.poolWait
@@ -537,8 +531,7 @@ func attemptContext(ctx, budget context.Context, bound time.Duration) (context.C
 	return ctx, func() {}
 }
 
-// keyClaim is a plain Lock's claim (see claim): its one key, exclusive
-// or, on a backend's shared view, shared.
+// keyClaim is a plain Lock's claim: its key (shared on a shared view).
 type keyClaim struct {
 	l *Lock
 	s backend.SessionLocker
@@ -562,8 +555,7 @@ func (c keyClaim) leave(ctx context.Context, p *pinned) error {
 
 func (c keyClaim) held(int) *Lock { return c.l }
 
-// claimOn returns what a session acquire of l takes on s: its key, its
-// key with a window (w, for WithMinHold), or every key of its set.
+// claimOn returns l's claim on s: a key, a window (w), or a set.
 func (l *Lock) claimOn(s backend.SessionLocker, w backend.WindowedSessionLocker) claim {
 	switch {
 	case w != nil:
@@ -687,14 +679,12 @@ func (l *Lock) TryDo(ctx context.Context, fn func(ctx context.Context) error) (r
 	return tryDo(ctx, l.name, l.TryLock, fn)
 }
 
-// section is a held lock that runs a function and then releases itself
-// (see Guard.run): what the Do helpers of every kind of lock share.
+// section is a held lock that runs fn and then releases (Guard.run).
 type section[F any] interface {
 	run(ctx context.Context, fn F) (ran bool, err error)
 }
 
-// do acquires with acquire and runs fn under the guard: Do and DoTimeout.
-// A nil fn is refused before anything is acquired.
+// do acquires and runs fn under the guard; a nil fn is refused first.
 func do[G section[F], F any](ctx context.Context, name string, acquire func(context.Context) (G, error), fn F) error {
 	if isNilFunc(fn) {
 		return wrapErr(name, "do", errNilFunc)
@@ -763,8 +753,7 @@ type hold struct {
 	obs       holdObserved // set once the acquire has returned; zero without an Observer
 }
 
-// holdEnd ends a hold: release frees the lock within timeout; forget,
-// in a cleanup, without waiting on I/O.
+// holdEnd frees a hold: release within timeout; forget without I/O.
 type holdEnd interface {
 	release(ctx context.Context, timeout time.Duration) error
 	forget()
@@ -864,8 +853,7 @@ func (h *hold) lost() <-chan struct{} {
 	return h.lostCh
 }
 
-// lose marks the hold lost, once, records why, and tells the Observer
-// the cause (unless it is "").
+// lose marks the hold lost once, and tells the Observer a non-"" cause.
 func (h *hold) lose(cause Cause, err error) {
 	h.lostMu.Lock()
 	if !h.gone() {

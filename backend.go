@@ -108,8 +108,7 @@ func (f *firstUse[T]) get(ctx context.Context, work func(ctx context.Context) (*
 	return v, nil
 }
 
-// backendForDriver detects the backend from the driver's package path,
-// without importing any driver.
+// backendForDriver detects the backend from the driver's package path.
 func backendForDriver(db DB) backend.Backend {
 	switch pkg := dbutil.DriverPkg(db); {
 	case pkg == "github.com/lib/pq", strings.HasPrefix(pkg, "github.com/jackc/pgx/"):
@@ -122,8 +121,7 @@ func backendForDriver(db DB) backend.Backend {
 	return nil
 }
 
-// backendByAsking detects the backend of a wrapped driver (otelsql and
-// the like) by asking the database what it is.
+// backendByAsking asks the database of a wrapped driver what it is.
 func backendByAsking(ctx context.Context, db DB) backend.Backend {
 	for _, b := range []backend.Backend{Postgres(), SQLite(), MySQL()} {
 		if identifies(ctx, db, b) {

@@ -39,8 +39,7 @@ func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (co
 	return connGuard{p: p, ctx: ctx, armed: true}, nil
 }
 
-// settle discards the connection unless the outcome was made definite by
-// recycle or take. Defer it right after checkout: it also runs on panic.
+// settle discards the connection unless recycle or take ran (defer it).
 func (g *connGuard) settle() {
 	if g.armed {
 		g.armed = false
@@ -58,8 +57,7 @@ func (g *connGuard) recycle() {
 	dbutil.Recycle(g.p.conn)
 }
 
-// take disarms the guard: the connection now belongs to a lock holder,
-// which must later recycle or discard it.
+// take hands the connection to a holder, which recycles or discards it.
 func (g *connGuard) take() { g.armed = false }
 
 // sessionHold is a held session lock, in one allocation: the Guard's
@@ -218,16 +216,11 @@ func (s *sessionHold) stopWatch() {
 // connection itself, and nothing else may (that could wait for the driver).
 type pinned struct {
 	conn      *sql.Conn
-	bounded   bool      // statements are bounded by ask (see endsWithContext)
+	bounded   bool      // statements are bounded by ask (no backend.Traits.CancelsPromptly; lib/pq#620)
 	sever     func()    // closes the driver connection under a statement (see interruptible); nil: ask uses within
 	obs       *observed // told of discards; nil without an Observer
 	abandoned atomic.Bool
 }
-
-// endsWithContext reports whether b's driver ends a statement promptly
-// when its context ends (see backend.Traits.CancelsPromptly; lib/pq does
-// not: lib/pq#620).
-func endsWithContext(b backend.Backend) bool { return b.Traits().CancelsPromptly }
 
 // discard discards the connection, for reason, unless ask already does.
 func (p *pinned) discard(reason Reason, err error) {
@@ -338,8 +331,7 @@ func (c *cut) now() {
 	}
 }
 
-// answer records that the statement returned, and reports whether it was
-// cut first.
+// answer records the statement's return, and whether it was cut first.
 func (c *cut) answer() (wasCut bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -70,8 +70,7 @@ type leadership struct {
 // errResigned is the cause of a lead's context cancelled by Resign.
 var errResigned = errors.New("advisorylock: leadership resigned")
 
-// electionBackend is how an Election elects, learnt at its first
-// operation: terms recorded beside a session lock, or a lease.
+// electionBackend is how an Election elects: terms beside a lock, or a lease.
 type electionBackend struct {
 	terms backend.TermKeeper // nil on a row backend
 }
@@ -260,12 +259,10 @@ func (e *Election) standAside(ctx context.Context, least time.Duration) bool {
 	return pause <= 0 || sleepWithin(ctx, pause)
 }
 
-// resignPause is how long a Run whose leader resigned (Resign) stands
-// aside at least before it campaigns again.
+// resignPause is the least a Run stands aside after a Resign.
 const resignPause = time.Second
 
-// quickLeadPause is the longest pause of rest, unless the poll interval
-// is longer.
+// quickLeadPause is rest's longest pause (or the poll interval).
 const quickLeadPause = time.Second
 
 // rest pauses a candidate whose lead returned nil within quickLeadPause
@@ -342,8 +339,7 @@ func onLeaderConn[T any](ctx context.Context, g *Guard, timeout time.Duration, s
 	return v, err
 }
 
-// serve runs lead for term t, with a context cancelled when t is lost,
-// and resigns when lead returns or panics.
+// serve runs lead for t, cancelled on t's loss, and resigns after it.
 func (e *Election) serve(ctx context.Context, t term, lead func(ctx context.Context, term FencingToken) error) error {
 	lctx, cancel := context.WithCancelCause(ctx)
 	t.g.h.onLost(cancel)
@@ -425,8 +421,7 @@ func (e *Election) resign(ctx context.Context, t term) {
 	}
 }
 
-// endTerm marks t ended in its row, on its connection, bounded as a
-// release; nothing on a lease, or for a lost t.
+// endTerm marks t ended in its row, bounded as a release (session only).
 func (e *Election) endTerm(ctx context.Context, t term) {
 	b := e.setup.v.Load()
 	if b == nil {

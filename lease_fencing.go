@@ -95,8 +95,7 @@ func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
 	return &Fence{db: db, resource: resource, cfg: cfg, setup: newFirstUse[backend.LeaseStore]()}, nil
 }
 
-// fenceOptions are the options a Fence takes: how to find the backend,
-// and the logger every constructor takes.
+// fenceOptions are the options a Fence takes.
 const fenceOptions = optBackend | optServerChecks | optLogger
 
 // Check runs the first-use work now (see NewFence), which creates the

@@ -65,8 +65,7 @@ func sparesAConn(db DB) bool {
 	return n == 0 || n >= listenMinPool
 }
 
-// errNoReleaseSignals is what ListenReleases returns on a store whose
-// releases signal nothing.
+// errNoReleaseSignals: the store's releases signal nothing.
 var errNoReleaseSignals = fmt.Errorf("%w: the store signals no lease releases", ErrUnsupported)
 
 // joinReleases registers a waiter for key on db's watch, starting its

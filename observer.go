@@ -66,12 +66,10 @@ func addObserver(to, o Observer) Observer {
 	return observers{to, o}
 }
 
-// observers are the Observers of a lock given WithObserver more than
-// once; what each returns rides in an *observersContext.
+// observers are a lock's Observers when WithObserver was given twice.
 type observers []Observer
 
-// observersContext is the context observers returns for an acquire's
-// start and end: the last Observer's, carrying each one's.
+// observersContext is the last Observer's context, carrying each one's.
 type observersContext struct {
 	context.Context // the last Observer's
 	each            []context.Context
@@ -297,8 +295,7 @@ func newObserved(o Observer, backend, kind, name string) *observed {
 	return &observed{o: o, backend: backend, kind: kind, name: name}
 }
 
-// emit names ob's lock in e and hands e to the Observer: the one place
-// events leave the package.
+// emit hands e to the Observer: the one place events leave the package.
 func (ob *observed) emit(ctx context.Context, e Event) context.Context {
 	e.Backend, e.Kind, e.Name = ob.backend, ob.kind, ob.name
 	return ob.o.Observe(ctx, e)
@@ -318,8 +315,7 @@ type acquiring struct {
 	mayWait bool
 }
 
-// startAcquire reports the start of an acquire of l and returns the
-// context the acquire runs on (ctx without an Observer).
+// startAcquire reports an acquire's start; it runs on the ctx returned.
 func startAcquire(ctx context.Context, l observable, mayWait bool) (context.Context, acquiring) {
 	ob := l.observed()
 	if ob == nil {
@@ -356,8 +352,7 @@ func (a acquiring) end(h *hold, err error) {
 	}
 }
 
-// holdObserved is what a hold keeps for its events; zero without an
-// Observer.
+// holdObserved is what a hold keeps for its events (zero: no Observer).
 type holdObserved struct {
 	ob      *observed
 	ctx     context.Context

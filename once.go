@@ -75,8 +75,7 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 	return ran && !done && !unsupported, err
 }
 
-// runRecorder returns what keeps l's runs: l's backend, after the
-// first-use work (see Lock.backend), where it is a RunRecorder.
+// runRecorder returns l's backend where it is a RunRecorder.
 func (l *Lock) runRecorder(ctx context.Context) (backend.RunRecorder, error) {
 	lb, err := l.backend(ctx)
 	if err != nil {

@@ -184,8 +184,7 @@ func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
 	return holders, nil
 }
 
-// slotHolders reads the holder of every slot, nil for a free one: in one
-// statement where the backend can, else slot by slot.
+// slotHolders reads each slot's holder: in one statement where it can.
 func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder, error) {
 	if l, ok := b.session.(backend.SlotLocker); ok {
 		hs, err := l.KeyHolders(ctx, s.db, s.keys)
@@ -249,8 +248,7 @@ func (s *Semaphore) hearReleases(ctx context.Context, locker backend.SessionLock
 	return joinReleases(ctx, store, s.db, s.lock.key, "")
 }
 
-// slotClaim is a Semaphore's claim (see claim): any one of its slots,
-// each a session lock.
+// slotClaim is a Semaphore's claim: any one of its slots.
 type slotClaim struct {
 	s      *Semaphore
 	locker backend.SessionLocker
@@ -330,8 +328,7 @@ func (c slotClaim) leave(context.Context, *pinned) error { return nil }
 
 func (c slotClaim) held(slot int) *Lock { return c.s.slot(slot) }
 
-// trySlots tries every slot, from a random start, and takes at most one;
-// OK false is a definite miss.
+// trySlots takes at most one slot, from a random start.
 func (s *Semaphore) trySlots(ctx context.Context, locker backend.SessionLocker, p *pinned) (int, backend.SessionResult, error) {
 	start := rand.N(len(s.keys))
 	keys := append(append(make([]int64, 0, len(s.keys)), s.keys[start:]...), s.keys[:start]...)
@@ -349,8 +346,7 @@ func (s *Semaphore) trySlots(ctx context.Context, locker backend.SessionLocker, 
 	return (start + a.i) % len(s.keys), a.res, nil
 }
 
-// tryAny tries keys in order on conn and takes at most one: in one
-// statement where the backend can, else one TryLockSession per key.
+// tryAny takes at most one of keys, in order: in one statement if it can.
 func tryAny(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	if a, ok := locker.(backend.SlotLocker); ok {
 		i, res, err := a.TryLockAny(ctx, conn, keys)

@@ -13,15 +13,9 @@ import (
 	"github.com/advisorylock/advisorylock/backend"
 )
 
-// A set (NewSet) is one Lock over several names. Its keys are kept in key
-// order, and every acquire takes them in that order, so two sets that
-// share names never wait for each other in a cycle. On a session backend a
-// grant holds every key on one session: a try takes all or none (one
-// statement where the backend is a backend.SetLocker, else one per key,
-// letting go of what it took on a miss), a wait takes them one after another,
-// each waited for server-side. On a row backend (SQLite, or any backend
-// with WithLeaseRows) each name is a row of its own, taken in key order;
-// the set is held while all its rows are.
+// A set (NewSet) is one Lock over several names, always taken in key
+// order, so two sets never wait for each other in a cycle: every key on
+// one session (setClaim), or a row per name, held while all its rows are.
 
 // NewSet returns one Lock over names: a grant holds all of them, Release
 // frees all, and the loss of any one is the loss of the set (Lost closes,
@@ -95,8 +89,7 @@ func (l *Lock) keysOf() []int64 {
 	return []int64{l.key}
 }
 
-// setClaim is a set's claim (see claim): every one of its keys, on one
-// session, or none.
+// setClaim is a set's claim: all of its keys on one session, or none.
 type setClaim struct {
 	l *Lock
 	s backend.SessionLocker
@@ -182,8 +175,7 @@ func unlockKeys(ctx context.Context, locker backend.SessionLocker, p *pinned, ke
 	return nil
 }
 
-// heldOn reports whether p's session still holds every one of keys: one
-// statement where the backend is a MultiplexLocker, else one per key.
+// heldOn reports whether p's session still holds every one of keys.
 func heldOn(ctx context.Context, locker backend.SessionLocker, p *pinned, keys []int64) (bool, error) {
 	if m, ok := locker.(backend.MultiplexLocker); ok && len(keys) > 1 {
 		held, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) ([]bool, error) {
@@ -202,8 +194,7 @@ func heldOn(ctx context.Context, locker backend.SessionLocker, p *pinned, keys [
 	return true, nil
 }
 
-// setOfRows makes one hold of parts, a set's rows, held: it is lost when
-// any part is, with that part's cause.
+// setOfRows makes one hold of a set's rows, lost with any one of them.
 func (l *Lock) setOfRows(parts []*hold) *hold {
 	sh := &rowSetHold{parts: parts}
 	sh.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: sh}

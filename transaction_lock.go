@@ -65,8 +65,7 @@ func (l *Lock) LockTx(ctx context.Context, tx *sql.Tx) error {
 	return err
 }
 
-// lockTx takes the lock in tx: one try, and with wait, slices until it is
-// granted or ctx ends.
+// lockTx takes the lock in tx: one try, and with wait slices after.
 func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 	if tx == nil {
 		return errors.New("advisorylock: nil transaction")
@@ -133,16 +132,14 @@ func (l *Lock) txBackend(ctx context.Context) (backend.TxLocker, error) {
 	return t, nil
 }
 
-// txObserved is a Lock as its transaction locks report to an Observer:
-// kind "transaction".
+// txObserved is a Lock seen as its transaction locks (kind "transaction").
 type txObserved struct{ l *Lock }
 
 func (t txObserved) observed() *observed {
 	return observedOf(nil, t.l.db, &t.l.cfg, kindTransaction, t.l.name, t.l.resolved)
 }
 
-// txAcquired reports the end of a transaction lock's acquire, and for a
-// grant its release at once (see Event.Kind).
+// txAcquired reports a tx lock's acquire, and a grant's release at once.
 func txAcquired(a acquiring, l *Lock, err error) {
 	if a.ob == nil {
 		return

@@ -368,11 +368,9 @@ type frontEnd[G guarded] interface {
 	observable
 	// settings returns the lock's name and configuration.
 	settings() (name string, cfg *config)
-	// take acquires, once or (wait) until budget ends. ctx is the
-	// caller's context; budget is ctx or a context bounded by a
-	// LockTimeout's d, which bounds the checkout and the wait but is
-	// never left to cancel a statement in flight (a cancelled statement
-	// costs the connection; a bounded wait does not).
+	// take acquires, once or (wait) until budget ends: budget (ctx, or
+	// bounded by LockTimeout's d) bounds the checkout and the wait, never
+	// a statement in flight (a cancelled statement costs the connection).
 	take(ctx, budget context.Context, wait bool) (G, error)
 }
 
@@ -460,11 +458,9 @@ func (l *Lock) take(ctx, budget context.Context, wait bool) (*Guard, error) {
 type claim interface {
 	// try makes one attempt; OK false is a definite miss.
 	try(ctx context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
-	// wait waits until it holds the claim or budget ends (OK false with
-	// a nil error: a definite miss).
+	// wait waits until it holds the claim or budget ends (a miss).
 	wait(ctx, budget context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
-	// leave lets go of what a wait that missed may have left on the
-	// session; an error means the connection must be discarded.
+	// leave lets go of what a missed wait left; an error discards.
 	leave(ctx context.Context, p *pinned) error
 	// held returns the Lock that a hold of slot stands for.
 	held(slot int) *Lock

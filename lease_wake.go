@@ -49,12 +49,11 @@ const (
 	listenLinger = 250 * time.Millisecond
 	// listenRetry is the pause before a failed listener starts again.
 	listenRetry = 100 * time.Millisecond
-	// listenCheckout bounds the listener's checkout of its connection, so
-	// that a busy pool never queues it ahead of the waiters' statements.
+	// listenCheckout bounds the listener's checkout: a busy pool must not
+	// queue it ahead of the waiters' statements.
 	listenCheckout = time.Second
 	// listenMinPool is the smallest SetMaxOpenConns limit a listener takes
-	// a connection from: below it, the connection it keeps would leave
-	// too few for the statements of the waiters and holders beside it.
+	// a connection from (it keeps one for as long as waiters wait).
 	listenMinPool = 4
 )
 

@@ -81,22 +81,17 @@ type observersContext struct {
 // loss with the one it returned for the grant; an event with no such
 // context (a discard, a renewal) goes to each with ctx.
 func (list observers) Observe(ctx context.Context, e Event) context.Context {
-	if e.Type == EventAcquireStart {
-		each := make([]context.Context, len(list))
-		for i, o := range list {
-			ctx = o.Observe(ctx, e)
-			each[i] = ctx
-		}
-		return &observersContext{Context: ctx, each: each}
-	}
 	own, _ := ctx.(*observersContext)
-	var each []context.Context // what each returns, kept only for an acquire's end
-	if e.Type == EventAcquireEnd {
+	var each []context.Context // what each returns, kept for an acquire's start and end
+	if e.Type == EventAcquireStart || e.Type == EventAcquireEnd {
 		each = make([]context.Context, len(list))
 	}
 	for i, o := range list {
 		c := ctx
-		if own != nil {
+		switch {
+		case e.Type == EventAcquireStart && i > 0:
+			c = each[i-1]
+		case e.Type != EventAcquireStart && own != nil:
 			c = own.each[i]
 		}
 		c = o.Observe(c, e)

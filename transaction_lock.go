@@ -35,10 +35,7 @@ import (
 // runs, which holds back vacuum and keeps CREATE INDEX CONCURRENTLY
 // waiting, however long the lock is held.
 func (l *Lock) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
-	ctx, a := startAcquire(ctx, txObserved{l}, false)
-	err := l.lockTx(ctx, tx, false)
-	err = wrapErr(l.name, "try lock in transaction", err)
-	txAcquired(a, l, err)
+	err := l.lockTx(ctx, tx, "try lock in transaction", false)
 	if errors.Is(err, ErrNotAcquired) {
 		return false, nil
 	}
@@ -59,14 +56,27 @@ func (l *Lock) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 // its lock_timeout and statement_timeout as they were (a grant puts them
 // back too). ctx is never given to the driver (see TryLockTx).
 func (l *Lock) LockTx(ctx context.Context, tx *sql.Tx) error {
-	ctx, a := startAcquire(ctx, txObserved{l}, true)
-	err := wrapErr(l.name, "lock in transaction", l.lockTx(ctx, tx, true))
-	txAcquired(a, l, err)
+	return l.lockTx(ctx, tx, "lock in transaction", true)
+}
+
+// lockTx is TryLockTx (wait false) and LockTx, observed: a grant's
+// release is reported at once (a commit releases it unseen: see
+// Event.Kind).
+func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, op string, wait bool) error {
+	ctx, a := startAcquire(ctx, txObserved{l}, wait)
+	err := wrapErr(l.name, op, l.takeTx(ctx, tx, wait))
+	if a.ob != nil {
+		h := &hold{name: l.name, key: l.key}
+		a.end(h, err)
+		if err == nil {
+			h.observer().released(false, nil)
+		}
+	}
 	return err
 }
 
-// lockTx takes the lock in tx: one try, and with wait slices after.
-func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
+// takeTx takes the lock in tx: one try, and with wait slices after.
+func (l *Lock) takeTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 	if tx == nil {
 		return errors.New("advisorylock: nil transaction")
 	}
@@ -137,16 +147,4 @@ type txObserved struct{ l *Lock }
 
 func (t txObserved) observed() *observed {
 	return observedOf(nil, t.l.db, &t.l.cfg, kindTransaction, t.l.name, t.l.resolved)
-}
-
-// txAcquired reports a tx lock's acquire, and a grant's release at once.
-func txAcquired(a acquiring, l *Lock, err error) {
-	if a.ob == nil {
-		return
-	}
-	h := &hold{name: l.name, key: l.key}
-	a.end(h, err)
-	if err == nil {
-		h.observer().released(false, nil)
-	}
 }

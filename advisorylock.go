@@ -270,9 +270,9 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 				}
 				b = s
 			}
-			if l.cfg.poolerCheck && l.cfg.serverChecks {
-				if err := checkPooler(ctx, l.db, b); err != nil {
-					return nil, err
+			if s, ok := b.(backend.SessionIdentifier); ok && l.cfg.poolerCheck && l.cfg.serverChecks {
+				if err := dbutil.CheckPooler(ctx, l.db, s); err != nil {
+					return nil, err // a transaction-mode pooler
 				}
 			}
 			w, err := l.windowsFor(ctx, b)
@@ -406,7 +406,10 @@ func acquireBy[G guarded](ctx context.Context, f frontEnd[G], op string, wait bo
 	var g G
 	err := context.Cause(budget) // a done ctx never touches the pool
 	if err == nil {
-		g, err = f.take(ctx, poolBudget(budget, cfg, wait), wait)
+		if !wait { // a try's pool checkout waits at most WithPoolWait
+			budget = dbutil.WithPoolWait(budget, cfg.poolWait)
+		}
+		g, err = f.take(ctx, budget, wait)
 	}
 	if d != nil && err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
 		err = &TimeoutError{Name: name, Waited: time.Since(start), Budget: *d}
@@ -415,14 +418,6 @@ func acquireBy[G guarded](ctx context.Context, f frontEnd[G], op string, wait bo
 	}
 	a.end(g.hold(), err)
 	return g, err
-}
-
-// poolBudget bounds a try's pool checkout by WithPoolWait.
-func poolBudget(budget context.Context, cfg *config, wait bool) context.Context {
-	if wait {
-		return budget
-	}
-	return dbutil.WithPoolWait(budget, cfg.poolWait)
 }
 
 // errBudget is the cause of a LockTimeout budget running out.

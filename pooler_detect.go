@@ -106,13 +106,3 @@ func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
 	}
 	return PoolerNotSeen, err
 }
-
-// checkPooler refuses session locks behind a transaction-mode pooler
-// (see dbutil.CheckPooler) where b can name sessions.
-func checkPooler(ctx context.Context, db DB, b backend.SessionLocker) error {
-	s, ok := b.(backend.SessionIdentifier)
-	if !ok {
-		return nil
-	}
-	return dbutil.CheckPooler(ctx, db, s)
-}

@@ -237,25 +237,29 @@ func unlockHeld(ctx context.Context, locker backend.SessionLocker, conn *sql.Con
 	return locker.UnlockSession(ctx, conn, l.key)
 }
 
-// hearReleases registers a waiter for the semaphore's slot releases
-// (see UnlockAndSignal); nil where they cannot be heard.
-func (s *Semaphore) hearReleases(ctx context.Context, locker backend.SessionLocker) *leaseWaiter {
-	store, isStore := locker.(backend.LeaseStore)
-	_, signals := locker.(backend.ReleaseSignaler)
-	if !isStore || !signals {
-		return nil
-	}
-	return joinReleases(ctx, store, s.db, s.lock.key, "")
-}
-
 // slotClaim is a Semaphore's claim: any one of its slots.
 type slotClaim struct {
 	s      *Semaphore
 	locker backend.SessionLocker
 }
 
+// try takes at most one slot, from a random start.
 func (c slotClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
-	return c.s.trySlots(ctx, c.locker, p)
+	s, locker := c.s, c.locker
+	start := rand.N(len(s.keys))
+	keys := append(append(make([]int64, 0, len(s.keys)), s.keys[start:]...), s.keys[:start]...)
+	type answer struct {
+		i   int
+		res backend.SessionResult
+	}
+	a, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (answer, error) {
+		i, res, err := tryAny(ctx, locker, conn, keys)
+		return answer{i, res}, err
+	})
+	if err != nil || !a.res.OK {
+		return 0, backend.SessionResult{}, err
+	}
+	return (start + a.i) % len(s.keys), a.res, nil
 }
 
 // wait waits until it holds a slot or budget ends: woken by the slots'
@@ -263,7 +267,13 @@ func (c slotClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResu
 // slot, chosen at random, for a slice, then trying every slot.
 func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
 	s := c.s
-	if lw := s.hearReleases(ctx, c.locker); lw != nil {
+	var lw *leaseWaiter // the slots' releases (UnlockAndSignal), where heard
+	if store, ok := c.locker.(backend.LeaseStore); ok {
+		if _, signals := c.locker.(backend.ReleaseSignaler); signals {
+			lw = joinReleases(ctx, store, s.db, s.lock.key, "")
+		}
+	}
+	if lw != nil {
 		slot, res, deaf, err := c.waitWoken(ctx, budget, p, lw)
 		lw.leave()
 		if !deaf {
@@ -327,24 +337,6 @@ func (c slotClaim) waitWoken(ctx, budget context.Context, p *pinned, lw *leaseWa
 func (c slotClaim) leave(context.Context, *pinned) error { return nil }
 
 func (c slotClaim) held(slot int) *Lock { return c.s.slot(slot) }
-
-// trySlots takes at most one slot, from a random start.
-func (s *Semaphore) trySlots(ctx context.Context, locker backend.SessionLocker, p *pinned) (int, backend.SessionResult, error) {
-	start := rand.N(len(s.keys))
-	keys := append(append(make([]int64, 0, len(s.keys)), s.keys[start:]...), s.keys[:start]...)
-	type answer struct {
-		i   int
-		res backend.SessionResult
-	}
-	a, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (answer, error) {
-		i, res, err := tryAny(ctx, locker, conn, keys)
-		return answer{i, res}, err
-	})
-	if err != nil || !a.res.OK {
-		return 0, backend.SessionResult{}, err
-	}
-	return (start + a.i) % len(s.keys), a.res, nil
-}
 
 // tryAny takes at most one of keys, in order: in one statement if it can.
 func tryAny(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {

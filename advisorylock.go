@@ -380,44 +380,50 @@ type guarded interface{ hold() *hold }
 // acquire is a front end's try (wait false) or wait until ctx ends; op
 // names the operation in its error ("try lock", "rlock", ...).
 func acquire[G guarded](ctx context.Context, f frontEnd[G], op string, wait bool) (G, error) {
-	return acquireBy(ctx, f, op, wait, nil)
+	ctx, a := startAcquire(ctx, f, wait)
+	name, cfg := f.settings()
+	var g G
+	err := context.Cause(ctx) // a done ctx never touches the pool
+	if err == nil {
+		g, err = f.take(ctx, poolBudget(ctx, cfg, wait), wait)
+	}
+	err = wrapErr(name, op, err)
+	a.end(g.hold(), err)
+	return g, err
 }
 
 // acquireWithin is a front end's wait bounded by d (one attempt when d <=
 // 0): running out of d is a *TimeoutError.
 func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d time.Duration) (G, error) {
-	return acquireBy(ctx, f, op, d > 0, &d)
-}
-
-// acquireBy is acquire, and with d acquireWithin.
-func acquireBy[G guarded](ctx context.Context, f frontEnd[G], op string, wait bool, d *time.Duration) (G, error) {
+	wait := d > 0
 	ctx, a := startAcquire(ctx, f, wait)
 	name, cfg := f.settings()
-	var start time.Time
-	budget := ctx
-	if d != nil {
-		start = time.Now()
-		if wait {
-			var cancel context.CancelFunc
-			budget, cancel = context.WithTimeoutCause(ctx, *d, errBudget)
-			defer cancel()
-		}
+	start, budget := time.Now(), ctx
+	if wait {
+		var cancel context.CancelFunc
+		budget, cancel = context.WithTimeoutCause(ctx, d, errBudget)
+		defer cancel()
 	}
 	var g G
-	err := context.Cause(budget) // a done ctx never touches the pool
+	err := context.Cause(budget)
 	if err == nil {
-		if !wait { // a try's pool checkout waits at most WithPoolWait
-			budget = dbutil.WithPoolWait(budget, cfg.poolWait)
-		}
-		g, err = f.take(ctx, budget, wait)
+		g, err = f.take(ctx, poolBudget(budget, cfg, wait), wait)
 	}
-	if d != nil && err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
-		err = &TimeoutError{Name: name, Waited: time.Since(start), Budget: *d}
+	if err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
+		err = &TimeoutError{Name: name, Waited: time.Since(start), Budget: d}
 	} else {
 		err = wrapErr(name, op, err)
 	}
 	a.end(g.hold(), err)
 	return g, err
+}
+
+// poolBudget bounds a try's pool checkout by WithPoolWait.
+func poolBudget(budget context.Context, cfg *config, wait bool) context.Context {
+	if wait {
+		return budget
+	}
+	return dbutil.WithPoolWait(budget, cfg.poolWait)
 }
 
 // errBudget is the cause of a LockTimeout budget running out.
@@ -557,8 +563,7 @@ func (l *Lock) claimOn(s backend.SessionLocker, w backend.WindowedSessionLocker)
 	return keyClaim{l, s}
 }
 
-// whyFailed says first why a statement of an acquire failed when a
-// context ended, keeping the driver's error reachable.
+// whyFailed puts first the cause of a context that ended, if one did.
 func whyFailed(ctx, budget context.Context, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%w: %w", context.Cause(ctx), err)
@@ -573,9 +578,9 @@ func whyFailed(ctx, budget context.Context, err error) error {
 // snapshot for longer.
 const maxSlice = time.Second
 
-// sliceGrace is how long past its lock_timeout a waiting statement may run
-// before the client gives up on the connection (a dead network); under a
-// LockTimeout budget, budgetGrace past the budget's end.
+// sliceGrace is how long past its lock_timeout a waiting statement may
+// run before the client gives up on it (a dead network); budgetGrace,
+// past a LockTimeout budget's end.
 const (
 	sliceGrace  = 5 * time.Second
 	budgetGrace = time.Second

@@ -151,9 +151,7 @@ type Lock struct {
 	setNames []string
 }
 
-// lockBackend is how a Lock locks, learnt at its first operation: as a
-// session lock (session, and bounded when its statements go through
-// within), or as a lease row (rows).
+// lockBackend is how a Lock locks, learnt at its first use.
 type lockBackend struct {
 	session backend.SessionLocker
 	bounded bool
@@ -172,8 +170,7 @@ type lockBackend struct {
 	privateMux *muxPool
 }
 
-// sessionSettings are what a Lock gave Configure for the sessions it
-// pins (see backend.Configurer).
+// sessionSettings are what a Lock gave Configure (backend.Configurer).
 type sessionSettings struct {
 	deadHolder   time.Duration
 	serverChecks bool
@@ -273,16 +270,16 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 				}
 				b = s
 			}
-			if l.cfg.poolerCheck && l.cfg.serverChecks {
-				if err := checkPooler(ctx, l.db, b); err != nil {
-					return nil, err
+			if s, ok := b.(backend.SessionIdentifier); ok && l.cfg.poolerCheck && l.cfg.serverChecks {
+				if err := dbutil.CheckPooler(ctx, l.db, s); err != nil {
+					return nil, err // a transaction-mode pooler
 				}
 			}
 			w, err := l.windowsFor(ctx, b)
 			if err != nil {
 				return nil, err
 			}
-			lb := &lockBackend{session: b, bounded: !endsWithContext(b), windows: w, settings: settings}
+			lb := &lockBackend{session: b, bounded: !b.Traits().CancelsPromptly, windows: w, settings: settings}
 			lb.claim = l.claimOn(b, w)
 			if l.cfg.multiplex > 0 {
 				if _, ok := b.(backend.MultiplexLocker); !ok {
@@ -301,8 +298,7 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 	})
 }
 
-// rowsBackend is how l locks where its holds are lease rows in s: on a
-// backend without session locks, or with WithLeaseRows.
+// rowsBackend is how l locks where its holds are lease rows in s.
 func (l *Lock) rowsBackend(s backend.LeaseStore) (*lockBackend, error) {
 	if err := checkRowWindows(&l.cfg, s); err != nil {
 		return nil, err
@@ -345,43 +341,36 @@ func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error)
 	return acquireWithin(ctx, l, "lock", d)
 }
 
-// observed returns what the events of l's exclusive holds need, nil
-// without an Observer.
+// observed returns what l's exclusive holds' events need (nil: none).
 func (l *Lock) observed() *observed { return l.observedAs(false) }
 
-// observedAs returns what l's events need for an exclusive or a shared
-// hold, nil without an Observer; see observedOf.
+// observedAs is observed for an exclusive or a shared hold.
 func (l *Lock) observedAs(shared bool) *observed {
 	p, kind := &l.obs, l.kind
 	if shared {
 		p, kind = &l.sobs, backend.KindShared
 	}
-	if ob := p.Load(); ob != nil || l.cfg.observer == nil {
-		return ob
-	}
-	return observedOf(p, l.db, &l.cfg, kind, l.name, func() backend.Backend {
-		if b := l.setup.v.Load(); b != nil {
-			return b.backend()
-		}
-		return nil
-	})
+	return observedOf(p, l.db, &l.cfg, kind, l.name, l.resolved)
 }
 
-// A front end is a kind of lock as the acquire core sees it: a Lock (and
-// its shared side, sharedSide), a Semaphore, a LeaseLock. Every TryLock,
-// Lock and LockTimeout of each (and RLock..., Acquire...) is one call of
-// acquire or acquireWithin, which observe the acquire, check the budget,
-// bound a try's pool checkout and name the lock in the error; the front
-// end's take does the rest.
+// resolved returns the backend l's first use picked, nil before it.
+func (l *Lock) resolved() backend.Backend {
+	if b := l.setup.v.Load(); b != nil {
+		return b.backend()
+	}
+	return nil
+}
+
+// A front end is a kind of lock as acquire sees it: a Lock, its shared
+// side (sharedSide), a Semaphore, a LeaseLock. acquire observes, checks
+// the budget and names the lock in the error; take does the rest.
 type frontEnd[G guarded] interface {
 	observable
 	// settings returns the lock's name and configuration.
 	settings() (name string, cfg *config)
-	// take acquires, once or (wait) until budget ends. ctx is the
-	// caller's context; budget is ctx or a context bounded by a
-	// LockTimeout's d, which bounds the checkout and the wait but is
-	// never left to cancel a statement in flight (a cancelled statement
-	// costs the connection; a bounded wait does not).
+	// take acquires, once or (wait) until budget ends: budget (ctx, or
+	// bounded by LockTimeout's d) bounds the checkout and the wait, never
+	// a statement in flight (a cancelled statement costs the connection).
 	take(ctx, budget context.Context, wait bool) (G, error)
 }
 
@@ -409,8 +398,7 @@ func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d t
 	wait := d > 0
 	ctx, a := startAcquire(ctx, f, wait)
 	name, cfg := f.settings()
-	start := time.Now()
-	budget := ctx
+	start, budget := time.Now(), ctx
 	if wait {
 		var cancel context.CancelFunc
 		budget, cancel = context.WithTimeoutCause(ctx, d, errBudget)
@@ -430,8 +418,7 @@ func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d t
 	return g, err
 }
 
-// poolBudget returns the budget a front end's take gets: a try's pool
-// checkout waits at most WithPoolWait.
+// poolBudget bounds a try's pool checkout by WithPoolWait.
 func poolBudget(budget context.Context, cfg *config, wait bool) context.Context {
 	if wait {
 		return budget
@@ -467,27 +454,20 @@ func (l *Lock) take(ctx, budget context.Context, wait bool) (*Guard, error) {
 	return acquireSession(ctx, budget, l, b, l.observedAs(false), b.claim, wait)
 }
 
-// A claim is what a session acquire takes on its pinned connection: a
-// Lock's key (keyClaim), with its window (windowClaim), every key of its
-// set (setClaim), or any one of a Semaphore's slots (slotClaim). slot is the slot
-// taken, 0 for a Lock.
+// A claim is what a session acquire takes (see DESIGN.md): keyClaim,
+// windowClaim, setClaim, slotClaim. slot is the slot taken, 0 for a Lock.
 type claim interface {
 	// try makes one attempt; OK false is a definite miss.
 	try(ctx context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
-	// wait waits until it holds the claim or budget ends (OK false with
-	// a nil error: a definite miss).
+	// wait waits until it holds the claim or budget ends (a miss).
 	wait(ctx, budget context.Context, p *pinned) (slot int, res backend.SessionResult, err error)
-	// leave lets go of what a wait that missed may have left on the
-	// session; an error means the connection must be discarded.
+	// leave lets go of what a missed wait left; an error discards.
 	leave(ctx context.Context, p *pinned) error
 	// held returns the Lock that a hold of slot stands for.
 	held(slot int) *Lock
 }
 
-// acquireSession takes c on a connection of l's handle pinned for the
-// hold, where b locks with sessions; obs sees the hold. The connection
-// guard discards the connection unless the outcome is definite (see
-// connGuard).
+// acquireSession takes c on a connection pinned for the hold.
 func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *observed, c claim, wait bool) (*Guard, error) {
 	s := &sessionHold{locker: b.session, p: pinned{bounded: b.bounded, obs: obs}}
 	poolWait := l.cfg.poolWait
@@ -536,11 +516,8 @@ func acquireSession(ctx, budget context.Context, l *Lock, b *lockBackend, obs *o
 	return g, nil
 }
 
-// attemptContext bounds an attempt of an acquire. Under a budget it is
-// bounded as a wait slice is: on a dead network (a connection taken warm
-// from the pool is not pinged) it gives up a grace after the budget's
-// end; without one, after bound where bound is not 0 (a try between a
-// wait's slices, which must not hang either).
+// attemptContext bounds an attempt of an acquire on a dead network: a
+// grace after the budget's end, else after bound where it is not 0.
 func attemptContext(ctx, budget context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
 	if dl, ok := budget.Deadline(); ok {
 		return context.WithDeadline(ctx, dl.Add(budgetGrace))
@@ -551,8 +528,7 @@ func attemptContext(ctx, budget context.Context, bound time.Duration) (context.C
 	return ctx, func() {}
 }
 
-// keyClaim is a plain Lock's claim (see claim): its one key, exclusive
-// or, on a backend's shared view, shared.
+// keyClaim is a plain Lock's claim: its key (shared on a shared view).
 type keyClaim struct {
 	l *Lock
 	s backend.SessionLocker
@@ -576,8 +552,7 @@ func (c keyClaim) leave(ctx context.Context, p *pinned) error {
 
 func (c keyClaim) held(int) *Lock { return c.l }
 
-// claimOn returns what a session acquire of l takes on s: its key, its
-// key with a window (w, for WithMinHold), or every key of its set.
+// claimOn returns l's claim on s: a key, a window (w), or a set.
 func (l *Lock) claimOn(s backend.SessionLocker, w backend.WindowedSessionLocker) claim {
 	switch {
 	case w != nil:
@@ -588,8 +563,7 @@ func (l *Lock) claimOn(s backend.SessionLocker, w backend.WindowedSessionLocker)
 	return keyClaim{l, s}
 }
 
-// whyFailed says first why a statement of an acquire failed when a
-// context ended, keeping the driver's error reachable.
+// whyFailed puts first the cause of a context that ended, if one did.
 func whyFailed(ctx, budget context.Context, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%w: %w", context.Cause(ctx), err)
@@ -604,27 +578,33 @@ func whyFailed(ctx, budget context.Context, err error) error {
 // snapshot for longer.
 const maxSlice = time.Second
 
-// sliceGrace is how long past its lock_timeout a waiting statement may run
-// before the client gives up on the connection (a dead network); under a
-// LockTimeout budget, budgetGrace past the budget's end.
+// sliceGrace is how long past its lock_timeout a waiting statement may
+// run before the client gives up on it (a dead network); budgetGrace,
+// past a LockTimeout budget's end.
 const (
 	sliceGrace  = 5 * time.Second
 	budgetGrace = time.Second
 )
 
+// nextSlice returns the next server-side wait slice under budget, and
+// the grace a dead network gets past it; false once budget has ended.
+func nextSlice(budget context.Context) (slice, grace time.Duration, ok bool) {
+	slice, grace = maxSlice, sliceGrace
+	if dl, ok := budget.Deadline(); ok {
+		slice, grace = min(slice, time.Until(dl)), budgetGrace
+	}
+	if slice <= 0 {
+		<-budget.Done() // due now: let its cause be set
+	}
+	return slice, grace, budget.Err() == nil
+}
+
 // waitSession waits in slices until it holds key, or budget ends between
 // slices (a definite miss: OK false, nil error).
 func waitSession(ctx, budget context.Context, session backend.SessionLocker, p *pinned, key int64) (backend.SessionResult, error) {
 	for {
-		slice, grace := maxSlice, sliceGrace
-		if dl, ok := budget.Deadline(); ok {
-			slice = min(slice, time.Until(dl))
-			grace = budgetGrace
-		}
-		if slice <= 0 {
-			<-budget.Done() // due now: let its cause be set
-		}
-		if budget.Err() != nil {
+		slice, grace, ok := nextSlice(budget)
+		if !ok {
 			return backend.SessionResult{}, nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, slice+grace)
@@ -647,18 +627,18 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	if err != nil {
 		return nil, wrapErr(l.name, "holder", err)
 	}
-	var h *backend.Holder
-	if l.set != nil {
-		h, err = l.setHolder(ctx, func(i int) (*backend.Holder, error) {
-			if b.rows != nil {
-				req := l.rowRequest("")
-				req.Name, req.Key = l.setNames[i], l.set[i]
-				return b.rows.LeaseHolder(ctx, l.db, req)
-			}
-			return b.session.SessionHolder(ctx, l.db, l.set[i])
-		})
-		return holderOf(h), wrapErr(l.name, "holder", err)
+	for _, one := range l.members() {
+		if h, err := one.holderOn(ctx, b); h != nil || err != nil {
+			return h, wrapErr(l.name, "holder", err)
+		}
 	}
+	return nil, nil
+}
+
+// holderOn reports the holder of l's one name on b, nil when it is free.
+func (l *Lock) holderOn(ctx context.Context, b *lockBackend) (*Holder, error) {
+	var h *backend.Holder
+	var err error
 	if b.rows != nil {
 		h, err = b.rows.LeaseHolder(ctx, l.db, l.rowRequest(""))
 	} else if h, err = l.windowHolder(ctx, b); h == nil && err == nil {
@@ -667,7 +647,7 @@ func (l *Lock) Holder(ctx context.Context) (*Holder, error) {
 	if h != nil {
 		h.Name, h.Key = l.name, l.key
 	}
-	return holderOf(h), wrapErr(l.name, "holder", err)
+	return holderOf(h), err
 }
 
 // Do waits for the lock (as Lock does), runs fn, and releases the lock when
@@ -695,14 +675,12 @@ func (l *Lock) TryDo(ctx context.Context, fn func(ctx context.Context) error) (r
 	return tryDo(ctx, l.name, l.TryLock, fn)
 }
 
-// section is a held lock that runs a function and then releases itself
-// (see Guard.run): what the Do helpers of every kind of lock share.
+// section is a held lock that runs fn and then releases (Guard.run).
 type section[F any] interface {
 	run(ctx context.Context, fn F) (ran bool, err error)
 }
 
-// do acquires with acquire and runs fn under the guard: Do and DoTimeout.
-// A nil fn is refused before anything is acquired.
+// do acquires and runs fn under the guard; a nil fn is refused first.
 func do[G section[F], F any](ctx context.Context, name string, acquire func(context.Context) (G, error), fn F) error {
 	if isNilFunc(fn) {
 		return wrapErr(name, "do", errNilFunc)
@@ -751,8 +729,7 @@ type Guard struct {
 	slot int // a Semaphore's slot; 0 for every other lock
 }
 
-// hold is a Guard's state. It never points back at its Guard, so the
-// Guard can become unreachable while its watcher still runs.
+// hold is a Guard's state; it never points back at its Guard.
 type hold struct {
 	name   string
 	key    int64
@@ -772,9 +749,7 @@ type hold struct {
 	obs       holdObserved // set once the acquire has returned; zero without an Observer
 }
 
-// holdEnd ends a hold: release frees the lock, within timeout; forget
-// frees what a forgotten Guard holds without waiting on I/O (it runs in a
-// cleanup).
+// holdEnd frees a hold: release within timeout; forget without I/O.
 type holdEnd interface {
 	release(ctx context.Context, timeout time.Duration) error
 	forget()
@@ -874,18 +849,14 @@ func (h *hold) lost() <-chan struct{} {
 	return h.lostCh
 }
 
-// lose marks the hold lost, once, records why, and tells the Observer
-// the cause (unless it is "").
+// lose marks the hold lost once, and tells the Observer a non-"" cause.
 func (h *hold) lose(cause Cause, err error) {
 	h.lostMu.Lock()
-	if h.isGone {
+	if !h.gone() {
 		h.lostMu.Unlock()
 		return
 	}
-	h.isGone, h.lostErr, h.lostCause = true, err, cause
-	if h.lostCh != nil {
-		close(h.lostCh)
-	}
+	h.lostErr, h.lostCause = err, cause
 	f, w := h.lostFunc, h.obs
 	h.lostMu.Unlock()
 	if cause != "" {
@@ -909,18 +880,24 @@ func (h *hold) observer() holdObserved {
 func (h *hold) markReleased() {
 	h.lostMu.Lock()
 	defer h.lostMu.Unlock()
+	h.gone()
+}
+
+// gone marks the hold gone and closes its lost channel, under lostMu;
+// false if it was gone already.
+func (h *hold) gone() bool {
 	if h.isGone {
-		return
+		return false
 	}
 	h.isGone = true
 	if h.lostCh != nil {
 		close(h.lostCh)
 	}
+	return true
 }
 
-// onLost makes lose call f with its error (at once if the hold is
-// lost already), until onLost(nil): what Do uses to cancel fn's context,
-// without a goroutine to watch the lost channel. f must not block.
+// onLost makes lose call f, which must not block, with its error (at
+// once if lost already), until onLost(nil): how Do cancels fn's context.
 func (h *hold) onLost(f func(error)) {
 	h.lostMu.Lock()
 	h.lostFunc = f

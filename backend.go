@@ -42,10 +42,9 @@ func isNil(db DB) bool {
 // errNilDB is what the constructors return for a nil db.
 var errNilDB = fmt.Errorf("%w: nil DB", ErrUnsupported)
 
-// resolveBackend picks the backend at an operation that may talk to the
-// database: the local one (see localBackend), else the one the database
-// says it is, asked once per *sql.DB. Unless the server checks are off it
-// then runs the backend's Validate, once per *sql.DB.
+// resolveBackend picks the backend: the local one, else the one the
+// database says it is; then, with the server checks, its Validate. Each
+// is asked once per *sql.DB.
 func resolveBackend(ctx context.Context, db DB, c *config) (backend.Backend, error) {
 	if isNil(db) {
 		return nil, errNilDB
@@ -78,10 +77,8 @@ func resolveBackend(ctx context.Context, db DB, c *config) (backend.Backend, err
 }
 
 // firstUse runs a lock's first-use work once, under the context of the
-// first operation that needs it: whatever needs the database (see
-// resolveBackend), so that constructors do no I/O, as sql.Open. A failure
-// is not kept: the next operation tries again. Operations that arrive
-// while it runs wait for it, as long as their own context allows.
+// first operation that needs it; a failure is not kept. Operations that
+// arrive while it runs wait for it, as long as their context allows.
 type firstUse[T any] struct {
 	turn chan struct{} // a token: whoever holds it runs the work
 	v    atomic.Pointer[T]
@@ -111,8 +108,7 @@ func (f *firstUse[T]) get(ctx context.Context, work func(ctx context.Context) (*
 	return v, nil
 }
 
-// backendForDriver detects the backend from the driver's package path,
-// without importing any driver.
+// backendForDriver detects the backend from the driver's package path.
 func backendForDriver(db DB) backend.Backend {
 	switch pkg := dbutil.DriverPkg(db); {
 	case pkg == "github.com/lib/pq", strings.HasPrefix(pkg, "github.com/jackc/pgx/"):
@@ -125,8 +121,7 @@ func backendForDriver(db DB) backend.Backend {
 	return nil
 }
 
-// backendByAsking detects the backend of a wrapped driver (otelsql and
-// the like) by asking the database what it is.
+// backendByAsking asks the database of a wrapped driver what it is.
 func backendByAsking(ctx context.Context, db DB) backend.Backend {
 	for _, b := range []backend.Backend{Postgres(), SQLite(), MySQL()} {
 		if identifies(ctx, db, b) {

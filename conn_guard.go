@@ -14,15 +14,11 @@ import (
 	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
-// connGuard owns a checked-out connection from checkout until the outcome
-// of an acquire is definite. This file alone decides whether a connection
-// goes back to the pool (recycle) or is closed for good (discard).
-//
-// The rule: a connection goes back to the pool only when its session is
-// known to hold no lock of ours. A definite miss or a clean unlock
-// recycles; anything else (an error, a cancelled context, a panic)
-// discards, so the server ends the session and frees whatever it might
-// have granted.
+// connGuard owns a checked-out connection until the outcome of an
+// acquire is definite. A connection goes back to the pool only when its
+// session is known to hold no lock of ours (a definite miss, a clean
+// unlock); anything else (an error, a cancelled context, a panic)
+// discards it, so the server frees whatever it might have granted.
 type connGuard struct {
 	p     *pinned
 	ctx   context.Context // the acquire's: ended means a discard is for "canceled"
@@ -30,8 +26,7 @@ type connGuard struct {
 }
 
 // checkout takes a connection from db's pool into p for an acquire (see
-// dbutil.Checkout: a done context, the pool wait poolWait, and the bound
-// where the driver may not end a connection's startup, p.bounded).
+// dbutil.Checkout).
 func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (connGuard, error) {
 	conn, err := dbutil.Checkout(ctx, db, p.bounded, poolWait)
 	if err != nil {
@@ -44,8 +39,7 @@ func checkout(ctx context.Context, db DB, p *pinned, poolWait time.Duration) (co
 	return connGuard{p: p, ctx: ctx, armed: true}, nil
 }
 
-// settle discards the connection unless the outcome was made definite by
-// recycle or take. Defer it right after checkout: it also runs on panic.
+// settle discards the connection unless recycle or take ran (defer it).
 func (g *connGuard) settle() {
 	if g.armed {
 		g.armed = false
@@ -63,16 +57,12 @@ func (g *connGuard) recycle() {
 	dbutil.Recycle(g.p.conn)
 }
 
-// take disarms the guard: the connection now belongs to a lock holder,
-// which must later recycle or discard it.
+// take hands the connection to a holder, which recycles or discards it.
 func (g *connGuard) take() { g.armed = false }
 
-// sessionHold is a held session lock: the Guard's hold, the connection
-// whose session holds the lock, and its keep-alive watcher. From the grant
-// on it owns the connection: release unlocks and recycles it (or discards
-// it when the unlock is not clean), the watcher marks the hold lost when
-// the session no longer holds the lock, and a forgotten Guard discards it.
-// One allocation serves the whole hold.
+// sessionHold is a held session lock, in one allocation: the Guard's
+// hold, the connection whose session holds the lock, and its keep-alive.
+// From the grant on it owns the connection.
 type sessionHold struct {
 	hold
 	l       *Lock
@@ -88,8 +78,7 @@ type sessionHold struct {
 	lent    *lentConn // WithConn's while its fn runs, Guard.Conn's until the release (under watchMu)
 }
 
-// grant turns s, whose connection's session now holds l's lock, into a
-// Guard.
+// grant turns s, whose session now holds l's lock, into a Guard.
 func (s *sessionHold) grant(session int64) *Guard {
 	l := s.l
 	s.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: s}
@@ -107,10 +96,9 @@ func (s *sessionHold) grant(session int64) *Guard {
 	return newGuard(&s.hold)
 }
 
-// release ends the hold within timeout: it takes the lent connection back
-// (see waitLent), unlocks and recycles it, or discards it
-// where that is not clean. ctx never ends (see doRelease); the bound is
-// timeout's.
+// release ends the hold within timeout (ctx never ends: see doRelease):
+// it takes the lent connection back (see waitLent), unlocks and recycles
+// it, or discards it where that is not clean.
 func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	s.stopWatch()
@@ -147,11 +135,9 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 }
 
 // forget runs in the runtime's single cleanup goroutine, which must not
-// wait on I/O: stopping the keep-alive waits for a check in flight (up to
-// the release timeout on a dead network), so it and the discard run in a
-// goroutine of their own, as a forgotten lease's release does. No
-// WithConn runs then, and Guard.Conn's Conn is gone: both keep their Guard
-// reachable.
+// wait on I/O (stopping the keep-alive waits for a check in flight), so
+// it stops and discards in a goroutine of its own. No WithConn runs then:
+// it keeps its Guard reachable.
 func (s *sessionHold) forget() {
 	go func() {
 		s.stopWatch()
@@ -159,11 +145,9 @@ func (s *sessionHold) forget() {
 	}()
 }
 
-// check is the keep-alive: it runs every keepAlive on a timer (a held lock
-// costs no goroutine between checks), asks whether the session still
-// holds the lock, and marks the hold lost when it does not, or when the
-// check gets no answer within the release timeout (a dead network: see
-// ask).
+// check is the keep-alive, every keepAlive on a timer (no goroutine
+// between checks): the hold is lost when its session no longer holds its
+// keys, or the check gets no answer within the release timeout.
 func (s *sessionHold) check() {
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
@@ -193,13 +177,10 @@ func (s *sessionHold) check() {
 	s.lose(cause, fmt.Errorf("%w: %w", ErrLockLost, err))
 }
 
-// onPinned runs stmt on the pinned connection of g, a held session lock,
-// never at the same time as a keep-alive check or WithConn's fn (it waits
-// for fn to return until ctx ends); through ask, so a
-// statement that gets no answer before ctx ends is abandoned and its
-// connection discarded (which frees the lock). A released guard, one of
-// another kind, or one whose connection is lent until the release
-// (Guard.Conn) is ErrLockLost.
+// onPinned runs stmt through ask on the pinned connection of g, a held
+// session lock, never beside a keep-alive check or WithConn's fn (it
+// waits for fn until ctx ends). A released guard, one of another kind,
+// or one lent until the release (Guard.Conn) is ErrLockLost.
 func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
 	var zero T
 	s, ok := g.h.end.(*sessionHold)
@@ -219,8 +200,7 @@ func onPinned[T any](ctx context.Context, g *Guard, stmt func(ctx context.Contex
 	return ask(ctx, &s.p, stmt)
 }
 
-// stopWatch ends the keep-alive. A check in flight is answered or
-// abandoned first (within the release timeout plus dbutil.AnswerGrace), so the
+// stopWatch ends the keep-alive, after a check in flight: the
 // connection is never left mid-statement.
 func (s *sessionHold) stopWatch() {
 	s.watchMu.Lock() // waits for a check in flight, which may re-arm the timer
@@ -231,23 +211,16 @@ func (s *sessionHold) stopWatch() {
 	}
 }
 
-// pinned is the connection of a held Guard. Its statements go through
-// ask; once ask has abandoned one, the connection is discarded (at once,
-// or in the background when the driver lets go of it) and must not be
-// discarded again (that could wait for the driver).
+// pinned is the connection of a held Guard; its statements go through
+// ask. Once ask has abandoned one (abandoned), it discards the
+// connection itself, and nothing else may (that could wait for the driver).
 type pinned struct {
 	conn      *sql.Conn
-	bounded   bool      // statements are bounded by ask (see endsWithContext)
+	bounded   bool      // statements are bounded by ask (no backend.Traits.CancelsPromptly; lib/pq#620)
 	sever     func()    // closes the driver connection under a statement (see interruptible); nil: ask uses within
 	obs       *observed // told of discards; nil without an Observer
 	abandoned atomic.Bool
 }
-
-// endsWithContext reports whether b's driver ends a statement promptly
-// when its context ends (see backend.Traits.CancelsPromptly). Statements of other
-// drivers go through within: lib/pq, for one, waits for a cancel request
-// that a dead network never delivers (lib/pq#620).
-func endsWithContext(b backend.Backend) bool { return b.Traits().CancelsPromptly }
 
 // discard discards the connection, for reason, unless ask already does.
 func (p *pinned) discard(reason Reason, err error) {
@@ -258,14 +231,12 @@ func (p *pinned) discard(reason Reason, err error) {
 }
 
 // ask runs stmt, a statement on p's connection that never waits in the
-// server (a try, an unlock, a keep-alive check), under ctx. stmt gets the
-// connection and p.quiet(ctx), the context to hand the driver. Where the
-// driver may not end the statement with ctx (p.bounded), ask bounds it
-// itself: the answer is awaited only until ctx ends (and dbutil.AnswerGrace
-// more); then the driver connection is closed under the statement (see
-// watched), or, for a driver not known to allow that, the statement is
-// left to finish in a goroutine of its own (see dbutil.Within). An abandoned
-// statement's connection is discarded.
+// server (a try, an unlock, a keep-alive check), under ctx; stmt gets
+// p.quiet(ctx) for the driver. Where the driver may not end it with ctx
+// (p.bounded), the answer is awaited until ctx ends and
+// dbutil.AnswerGrace more; then the driver connection is cut (watched),
+// or the statement left to finish on its own (dbutil.Within), and the
+// connection discarded.
 func ask[T any](ctx context.Context, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
 	driverCtx := p.quiet(ctx)
 	switch {
@@ -288,12 +259,10 @@ func askWaiting[T any](ctx context.Context, p *pinned, stmt func(ctx context.Con
 	return ask(ctx, p, func(_ context.Context, conn *sql.Conn) (T, error) { return stmt(ctx, conn) })
 }
 
-// askUntil runs stmt as ask does, bounded by deadline as well as ctx: the
-// statements that no caller's context ends (a release's, an unlock's) and
-// those a wait makes between its slices (see waitBound). Where ctx never
-// ends and the connection can be cut (lib/pq), a timer makes the bound
-// (see watchedUntil) and stmt gets ctx, which is then already what quiet
-// would give it.
+// askUntil runs stmt as ask does, bounded by deadline as well as ctx:
+// statements that no caller's context ends (a release's) and those
+// between a wait's slices (see waitBound). Where ctx never ends and the
+// connection can be cut (lib/pq), a timer makes the bound (watchedUntil).
 func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt func(ctx context.Context, conn *sql.Conn) (T, error)) (T, error) {
 	if p.sever != nil && ctx.Done() == nil {
 		return watchedUntil(deadline, p, func() (T, error) { return stmt(ctx, p.conn) })
@@ -303,13 +272,11 @@ func askUntil[T any](ctx context.Context, deadline time.Time, p *pinned, stmt fu
 	return ask(ctx, p, stmt)
 }
 
-// watched runs stmt on the caller's goroutine. Should ctx end, and
-// dbutil.AnswerGrace pass, before stmt returns, it closes the driver connection
-// under the statement: the driver's read then fails at once, also on a
-// dead network. That costs no goroutine while ctx lasts, where within
-// costs one per statement, a hop on every lock step. Whatever stmt
-// returns after the cut is not an
-// answer: the statement was abandoned and its connection is discarded.
+// watched runs stmt on the caller's goroutine; should ctx end, and
+// dbutil.AnswerGrace pass, first, it cuts the driver connection under
+// the statement, whose read then fails at once, also on a dead network.
+// No goroutine while ctx lasts (dbutil.Within costs one per statement).
+// What stmt returns after a cut is no answer: the connection is discarded.
 func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, error) {
 	if ctx.Done() == nil { // ctx never ends: nothing to bound
 		return stmt()
@@ -330,11 +297,9 @@ func watched[T any](ctx context.Context, p *pinned, stmt func() (T, error)) (T, 
 	return cutShort(p, wasCut, context.Cause(ctx), v, err)
 }
 
-// watchedUntil is watched for a statement bounded by a deadline, not by a
-// context: a timer makes the cut once deadline and dbutil.AnswerGrace have
-// passed. A release's statement is so bounded on lib/pq: a timer is
-// cheaper than a context with the deadline, which watched would then
-// watch.
+// watchedUntil is watched bounded by a deadline, not a context: a timer
+// (cheaper than a context with the deadline) cuts once deadline and
+// dbutil.AnswerGrace have passed.
 func watchedUntil[T any](deadline time.Time, p *pinned, stmt func() (T, error)) (T, error) {
 	c := newCut(p)
 	t := time.AfterFunc(time.Until(deadline)+dbutil.AnswerGrace, c.now)
@@ -366,8 +331,7 @@ func (c *cut) now() {
 	}
 }
 
-// answer records that the statement returned, and reports whether it was
-// cut first.
+// answer records the statement's return, and whether it was cut first.
 func (c *cut) answer() (wasCut bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -427,17 +391,11 @@ func interruptible(conn *sql.Conn) (sever func()) {
 	return func() { _ = c.Close() }
 }
 
-// quiet returns the context to give the driver for a statement of p's
-// connection that never waits in the server (a try, an unlock, a
-// keep-alive check), run through ask under ctx. Where ask bounds the
-// statement itself (p.bounded), that is ctx without its end: lib/pq would
-// otherwise start a goroutine of its own for every statement whose
-// context can end, to send a cancel request that a dead network does not
-// deliver, and on a loaded machine that goroutine costs as much as a
-// quarter of a round trip. ask still ends the statement when ctx ends
-// (and dbutil.AnswerGrace more), and discards the connection. Waits keep ctx
-// (askWaiting), so that a cancelled wait leaves the server's lock queue at
-// once.
+// quiet returns the context to give the driver for a statement that ask
+// runs under ctx: where ask bounds it itself (p.bounded), ctx without its
+// end, since lib/pq would start a goroutine for every statement whose
+// context can end (up to a quarter of a round trip on a loaded machine).
+// Waits keep ctx (askWaiting): a cancelled wait must leave the queue.
 func (p *pinned) quiet(ctx context.Context) context.Context {
 	if p.bounded {
 		return context.WithoutCancel(ctx)

@@ -70,8 +70,7 @@ type leadership struct {
 // errResigned is the cause of a lead's context cancelled by Resign.
 var errResigned = errors.New("advisorylock: leadership resigned")
 
-// electionBackend is how an Election elects, learnt at its first
-// operation: terms recorded beside a session lock, or a lease.
+// electionBackend is how an Election elects: terms beside a lock, or a lease.
 type electionBackend struct {
 	terms backend.TermKeeper // nil on a row backend
 }
@@ -112,15 +111,11 @@ func (e *Election) Name() string { return e.name }
 // returns; later operations skip it.
 func (e *Election) Check(ctx context.Context) error {
 	eb, err := e.backend(ctx)
-	switch {
-	case err != nil:
-	case eb.terms != nil: // terms, beside a session lock
+	if err == nil && eb.terms == nil {
+		return e.lease.Check(ctx) // the leader's lease
+	}
+	if err == nil { // terms, beside a session lock
 		err = checkTables(ctx, e.db, eb.terms, "advisorylock_elections")
-	default: // the leader's lease
-		var s backend.LeaseStore
-		if s, err = e.lease.store(ctx); err == nil {
-			err = checkTables(ctx, e.db, s, "advisorylock_leases")
-		}
 	}
 	return wrapErr(e.name, "check", err)
 }
@@ -234,11 +229,10 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, term 
 	}
 }
 
-// refused returns err, a campaign's, as Run returns it when trying again
-// does not change it, or nil: the refusal of the first-use work (an
-// unsupported database, a transaction pooler; after a first use
-// succeeded even such an error, a connection reaching a standby after a
-// failover, may pass), or the server's refusal of a privilege.
+// refused returns a campaign's err as Run returns it when trying again
+// does not help, else nil: a refusal by the first use (not after one
+// succeeded: a failover may reach a standby for a while), or of a
+// privilege.
 func (e *Election) refused(err error) error {
 	if e.setup.v.Load() == nil && (errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTransactionPooler)) {
 		return err
@@ -254,12 +248,9 @@ func (e *Election) refused(err error) error {
 }
 
 // standAside pauses a candidate that just resigned for at least least,
-// and where the others poll (a lease backend: SQLite) for twice their
-// longest pause between polls, so that one of them takes over rather than
-// the resigner again; false if ctx ended meanwhile. Where candidates wait
-// server-side the server hands the lock to a waiter at the release, so a
-// lead that returned nil needs no pause (least 0); a Resign asks for one
-// (resignPause) for a candidate not yet waiting.
+// and where the others poll (a lease) for twice their longest pause, so
+// that one of them takes over; false if ctx ended. Server-side waiters
+// need no pause; a Resign asks for resignPause, for one not yet waiting.
 func (e *Election) standAside(ctx context.Context, least time.Duration) bool {
 	pause := least
 	if b := e.setup.v.Load(); b != nil && b.terms == nil {
@@ -268,19 +259,15 @@ func (e *Election) standAside(ctx context.Context, least time.Duration) bool {
 	return pause <= 0 || sleepWithin(ctx, pause)
 }
 
-// resignPause is how long a Run whose leader resigned (Resign) stands
-// aside at least before it campaigns again.
+// resignPause is the least a Run stands aside after a Resign.
 const resignPause = time.Second
 
-// quickLeadPause is the longest pause of rest, unless the poll interval
-// is longer.
+// quickLeadPause is rest's longest pause (or the poll interval).
 const quickLeadPause = time.Second
 
-// rest pauses a candidate whose lead returned nil before quickLeadPause
-// (or the poll interval, if longer) since its term began, until
-// pollPause(poll, that bound, quick) has passed since began; quick counts
-// such terms in a row (reset by a longer one). False if ctx ended
-// meanwhile.
+// rest pauses a candidate whose lead returned nil within quickLeadPause
+// (or the poll interval) of began, until pollPause(poll, that, quick)
+// since began; quick counts such terms in a row. False if ctx ended.
 func (e *Election) rest(ctx context.Context, began time.Time, quick *int) bool {
 	longest := max(e.cfg.poll, quickLeadPause)
 	ran := time.Since(began)
@@ -352,8 +339,7 @@ func onLeaderConn[T any](ctx context.Context, g *Guard, timeout time.Duration, s
 	return v, err
 }
 
-// serve runs lead for term t, with a context cancelled when t is lost,
-// and resigns when lead returns or panics.
+// serve runs lead for t, cancelled on t's loss, and resigns after it.
 func (e *Election) serve(ctx context.Context, t term, lead func(ctx context.Context, term FencingToken) error) error {
 	lctx, cancel := context.WithCancelCause(ctx)
 	t.g.h.onLost(cancel)
@@ -424,12 +410,10 @@ func (e *Election) Resign(ctx context.Context) error {
 	return nil
 }
 
-// resign frees the leadership of t; a failed release is logged (it
-// discarded its connection, which frees a session lock anyway). Where the
-// term is recorded beside a session lock, the term is first marked ended
-// in its row: the pool may hand the same session to the next campaign,
-// and Leader would take its grant for the old term until the new one is
-// recorded. If that fails the release discards the connection instead.
+// resign ends t's term in its row (the pool may hand the session to the
+// next campaign, whose grant Leader would take for the old term), then
+// frees the leadership; a failed release is logged (it discarded its
+// connection, which frees the lock anyway).
 func (e *Election) resign(ctx context.Context, t term) {
 	e.endTerm(ctx, t)
 	if err := t.g.Release(ctx); err != nil {
@@ -437,9 +421,7 @@ func (e *Election) resign(ctx context.Context, t term) {
 	}
 }
 
-// endTerm marks t ended in its row, on t's connection, within the release
-// timeout, keeping only ctx's values as a release does; nothing where
-// terms are not recorded beside a session lock or t is lost already.
+// endTerm marks t ended in its row, bounded as a release (session only).
 func (e *Election) endTerm(ctx context.Context, t term) {
 	b := e.setup.v.Load()
 	if b == nil {

@@ -123,10 +123,8 @@ func wrapErr(name, op string, err error) error {
 // pgxCacheHint is the fix for pgx's statement cache behind a pooler.
 const pgxCacheHint = "pgx's cached prepared statements do not survive a transaction pooler such as PgBouncer in transaction mode: add default_query_exec_mode=exec to the DSN"
 
-// explain adds to err the fix of a misconfiguration its text names: pgx's
-// statement cache (statements named "stmtcache_…") behind a transaction
-// pooler, whose statements then land on server sessions that lack them
-// (SQLSTATE 26000) or already have them (42P05).
+// explain adds the fix to err where pgx's statement cache ("stmtcache_…")
+// met a transaction pooler (SQLSTATE 26000 or 42P05).
 func explain(err error) error {
 	code := dbutil.SQLState(err)
 	msg := err.Error()

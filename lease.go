@@ -990,12 +990,8 @@ func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGua
 	return acquireWithin(ctx, l, "lock", d)
 }
 
-// observed returns what l's events need, nil without an Observer; see
-// observedOf.
+// observed returns what l's events need, nil without an Observer.
 func (l *LeaseLock) observed() *observed {
-	if ob := l.obs.Load(); ob != nil || l.cfg.observer == nil {
-		return ob
-	}
 	return observedOf(&l.obs, l.db, &l.cfg, l.kind, l.name, func() backend.Backend {
 		if s := l.setup.v.Load(); s != nil {
 			return *s

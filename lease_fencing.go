@@ -95,8 +95,7 @@ func NewFence(db DB, resource string, opts ...Option) (*Fence, error) {
 	return &Fence{db: db, resource: resource, cfg: cfg, setup: newFirstUse[backend.LeaseStore]()}, nil
 }
 
-// fenceOptions are the options a Fence takes: how to find the backend,
-// and the logger every constructor takes.
+// fenceOptions are the options a Fence takes.
 const fenceOptions = optBackend | optServerChecks | optLogger
 
 // Check runs the first-use work now (see NewFence), which creates the
@@ -107,10 +106,15 @@ const fenceOptions = optBackend | optServerChecks | optLogger
 // Admit: Admit's transaction holds the only connection.
 func (f *Fence) Check(ctx context.Context) error {
 	_, err := f.store(ctx)
-	if err != nil {
-		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
+	return f.wrap(err)
+}
+
+// wrap names the fence's resource in err, nil for nil.
+func (f *Fence) wrap(err error) error {
+	if err == nil {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
 }
 
 // store returns f's backend, doing the first-use work once.
@@ -120,10 +124,7 @@ func (f *Fence) store(ctx context.Context) (backend.LeaseStore, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := checkTables(ctx, f.db, *s, "advisorylock_fences"); err != nil {
-			return nil, err
-		}
-		return s, nil
+		return s, checkTables(ctx, f.db, *s, "advisorylock_fences")
 	})
 	if err != nil {
 		return nil, err
@@ -138,19 +139,19 @@ func (f *Fence) store(ctx context.Context) (backend.LeaseStore, error) {
 // holder's write can never land after a newer holder's.
 func (f *Fence) Admit(ctx context.Context, tx *sql.Tx, token FencingToken) error {
 	if token == 0 || token > math.MaxInt64 {
-		return fmt.Errorf("advisorylock: fence %s: invalid fencing token %d", quoteName(f.resource), uint64(token))
+		return f.wrap(fmt.Errorf("invalid fencing token %d", uint64(token)))
 	}
 	store, err := f.store(ctx)
 	if err != nil {
-		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
+		return f.wrap(err)
 	}
 	admitter, ok := store.(backend.TokenAdmitter)
 	if !ok {
-		return fmt.Errorf("advisorylock: fence %s: %w: backend %q keeps no fences", quoteName(f.resource), ErrUnsupported, store.Name())
+		return f.wrap(fmt.Errorf("%w: backend %q keeps no fences", ErrUnsupported, store.Name()))
 	}
 	highest, err := admitter.AdmitToken(ctx, tx, f.resource, uint64(token))
 	if err != nil {
-		return fmt.Errorf("advisorylock: fence %s: %w", quoteName(f.resource), err)
+		return f.wrap(err)
 	}
 	if highest > uint64(token) {
 		return &StaleTokenError{Resource: f.resource, Token: token, Highest: FencingToken(highest)}

@@ -12,20 +12,13 @@ import (
 	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
-// releaseWatch fans out the lease releases that one listener hears (see
-// backend.ReleaseListener) to the LeaseLock waiters of one *sql.DB, each woken
-// when a release of its key is heard, and every waiter when the listener
-// (re)starts or stops, since a release may have gone unheard meanwhile.
-// A wake only makes a waiter try again at once: the row and the
-// database's clock still decide who gets the lease, and a waiter whose
-// wake never comes finds the lease free at its next poll.
-//
-// Its listener goroutine runs while a waiter is joined and for
-// listenLinger after the last one left (so back-to-back handoffs keep one
-// listener); the watch owns it and stops it then. A listener whose
-// connection fails is started again after listenRetry while waiters
-// remain. Where the store says it cannot listen on db (an error matching
-// ErrUnsupported), the watch is off for good and waiters poll.
+// releaseWatch fans out the releases one listener hears (see
+// backend.ReleaseListener) to the waiters of one *sql.DB: those of the
+// key released, and all when the listener (re)starts or stops. A wake
+// only makes a waiter try at once; the row still decides. The listener
+// runs while waiters are joined and listenLinger after; a failed one
+// starts again after listenRetry; where the store cannot listen on db
+// (ErrUnsupported) the watch is off for good and waiters poll.
 type releaseWatch struct {
 	store backend.LeaseStore
 	db    DB
@@ -38,12 +31,10 @@ type releaseWatch struct {
 	linger  *time.Timer        // stops the listener once no waiter is left
 }
 
-// leaseWaiter is one waiting acquire: wake holds at most one signal, so a
-// release heard while the waiter was busy is kept for its next wait. A
-// waiter in line (owner set; see waitInLine) is also told when a release
-// handed the lease to it, and whether the last release of its key heard
-// handed it to another waiter (so the lease is held again, and trying it
-// would miss).
+// leaseWaiter is one waiting acquire; wake keeps at most one signal for
+// its next wait. A waiter in line (owner set; see waitInLine) also learns
+// whether a release handed the lease to it (granted) or to another
+// (passed).
 type leaseWaiter struct {
 	w       *releaseWatch
 	key     int64
@@ -58,30 +49,26 @@ const (
 	listenLinger = 250 * time.Millisecond
 	// listenRetry is the pause before a failed listener starts again.
 	listenRetry = 100 * time.Millisecond
-	// listenCheckout bounds the listener's checkout of its connection, so
-	// that a busy pool never queues it ahead of the waiters' statements.
+	// listenCheckout bounds the listener's checkout: a busy pool must not
+	// queue it ahead of the waiters' statements.
 	listenCheckout = time.Second
 	// listenMinPool is the smallest SetMaxOpenConns limit a listener takes
-	// a connection from: below it, the connection it keeps would leave
-	// too few for the statements of the waiters and holders beside it.
+	// a connection from (it keeps one for as long as waiters wait).
 	listenMinPool = 4
 )
 
-// sparesAConn reports whether db's pool can spare a connection for as
-// long as waiters wait (a listener's, or a sleeper's in line): any pool
-// but one limited to fewer than listenMinPool connections.
+// sparesAConn reports whether db's pool can spare a connection while
+// waiters wait: one not limited below listenMinPool.
 func sparesAConn(db DB) bool {
 	n := dbutil.MaxOpenConns(db)
 	return n == 0 || n >= listenMinPool
 }
 
-// errNoReleaseSignals is what ListenReleases returns on a store whose
-// releases signal nothing.
+// errNoReleaseSignals: the store's releases signal nothing.
 var errNoReleaseSignals = fmt.Errorf("%w: the store signals no lease releases", ErrUnsupported)
 
 // joinReleases registers a waiter for key on db's watch, starting its
-// listener if none runs; nil when releases cannot be heard (the store
-// signals no releases, or the watch is off), and the waiter polls. owner
+// listener; nil where releases cannot be heard (the waiter polls). owner
 // is the waiter's label where it queues (see waitInLine), else "".
 func joinReleases(ctx context.Context, store backend.LeaseStore, db DB, key int64, owner string) *leaseWaiter {
 	if _, ok := store.(backend.ReleaseListener); !ok {
@@ -170,10 +157,8 @@ func (w *releaseWatch) run() {
 	}
 }
 
-// listen runs one listener on a connection of its own, which it discards
-// afterwards: it never goes back to the pool in the listening state. A
-// backend.Notifier listens on a connection it keeps itself: the store is given
-// no connection then.
+// listen runs one listener on a connection of its own, discarded after
+// (never back to the pool listening); a backend.Notifier keeps its own.
 func (w *releaseWatch) listen(ctx context.Context) error {
 	wake := func() { w.wake(nil, "") }
 	granted := func(key int64, grantee string) { w.wake(&key, grantee) }
@@ -198,18 +183,15 @@ func (w *releaseWatch) listen(ctx context.Context) error {
 	return errNoReleaseSignals
 }
 
-// isOff reports whether the watch is off for good: nobody's releases
-// will be heard on its handle.
+// isOff reports whether the watch is off for good.
 func (w *releaseWatch) isOff() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.off
 }
 
-// wake signals the waiters for *key, or every waiter when key is nil,
-// and marks granted the one whose owner is grantee, and passed the others
-// (a release that freed the lease, or a listener that restarted, unmarks
-// them).
+// wake signals the waiters for *key (all for nil), marking granted the
+// one whose owner is grantee and passed the others (no grantee unmarks).
 func (w *releaseWatch) wake(key *int64, grantee string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -240,9 +222,7 @@ func (lw *leaseWaiter) wakes() <-chan struct{} {
 	return lw.wake
 }
 
-// heard reports whether a release was heard handing the lease to the
-// waiter (granted), and whether the last one heard handed it to another
-// (passed).
+// heard returns the waiter's granted and passed (see leaseWaiter).
 func (lw *leaseWaiter) heard() (granted, passed bool) {
 	if lw == nil {
 		return false, false

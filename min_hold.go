@@ -9,22 +9,17 @@ import (
 	"github.com/advisorylock/advisorylock/backend"
 )
 
-// Once per window (WithMinHold): a grant keeps the name taken until the
-// window after it ends, whatever the holder does. The window is recorded
-// at the grant, in the statement that takes the lock, so a holder that
-// dies keeps it too; the release is unchanged. Row backends keep the
-// window in the row's expiry (backend.LeaseRequest.MinHold); session backends,
-// whose locks end with their session, keep it in a row of their own
-// (backend.WindowedSessionLocker).
+// Once per window (WithMinHold): a grant keeps the name taken until its
+// window ends, recorded by the statement that takes the lock: in the
+// row's expiry (backend.LeaseRequest.MinHold), or beside a session lock
+// in a row of its own (backend.WindowedSessionLocker).
 
-// errNoWindows is the first-use error of a Lock or LeaseLock with
-// WithMinHold on a backend that cannot keep windows.
+// errNoWindows refuses WithMinHold on a backend that keeps no windows.
 func errNoWindows(b backend.Backend) error {
 	return fmt.Errorf("%w: backend %q cannot keep a name taken after a release (WithMinHold)", ErrUnsupported, b.Name())
 }
 
-// windowsFor returns the session locker's windows for a Lock with
-// WithMinHold, made ready; nil without the option.
+// windowsFor returns b's windows, made ready, with WithMinHold; else nil.
 func (l *Lock) windowsFor(ctx context.Context, b backend.SessionLocker) (backend.WindowedSessionLocker, error) {
 	if l.cfg.minHold <= 0 {
 		return nil, nil
@@ -47,15 +42,13 @@ func checkRowWindows(cfg *config, s backend.LeaseStore) error {
 	return nil
 }
 
-// windowClaim is the claim (see claim) of a Lock with WithMinHold on a
-// session backend: its key, and the window after each grant.
+// windowClaim is a claim of a Lock with WithMinHold: key and window.
 type windowClaim struct {
 	l *Lock
 	w backend.WindowedSessionLocker
 }
 
-// try is the one statement that checks the window, takes the lock and
-// records the new window.
+// try checks the window, takes the lock and records a window, at once.
 func (c windowClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
 	res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 		return c.w.TryLockSessionFor(ctx, conn, c.l.key, c.l.name, c.l.cfg.minHold)
@@ -74,13 +67,10 @@ func (c windowClaim) leave(ctx context.Context, p *pinned) error {
 
 func (c windowClaim) held(int) *Lock { return c.l }
 
-// waitWindowed is waitSession for a Lock with a window: while a window is
-// open it sleeps until the window's end (asked of the database, whose
-// clock decides, about once a slice) and tries again; otherwise it waits
-// one server-side slice, and a grant claims its window in a statement of
-// its own, letting the lock go again if a window opened meanwhile. OK
-// false with a nil error means budget ended: the session then holds no
-// lock.
+// waitWindowed is waitSession for a Lock with a window: while one is
+// open (the database's clock says, once a slice) it sleeps, then tries;
+// otherwise it waits a slice server-side and a grant claims its window
+// (letting go if one opened meanwhile). OK false, nil: budget ended.
 func (l *Lock) waitWindowed(ctx, budget context.Context, w backend.WindowedSessionLocker, p *pinned) (backend.SessionResult, error) {
 	for {
 		left, err := askUntil(ctx, waitBound(budget), p, func(ctx context.Context, conn *sql.Conn) (time.Duration, error) {
@@ -122,10 +112,9 @@ func (l *Lock) waitWindowed(ctx, budget context.Context, w backend.WindowedSessi
 	}
 }
 
-// waitBound is the deadline of a statement that a wait makes between its
-// server-side slices, bounded as a slice is (a dead network must not hold
-// the wait): budget's deadline and budgetGrace more, or sliceGrace from
-// now without one. budget itself never cuts the statement short.
+// waitBound is the deadline of a statement between a wait's slices,
+// bounded as a slice is: budget's deadline and budgetGrace, else
+// sliceGrace from now.
 func waitBound(budget context.Context) time.Time {
 	if dl, ok := budget.Deadline(); ok {
 		return dl.Add(budgetGrace)
@@ -145,8 +134,7 @@ func sleepWithin(budget context.Context, d time.Duration) bool {
 	}
 }
 
-// windowHolder reports the holder of an open window of a Lock with
-// WithMinHold, nil without the option or when no window is open.
+// windowHolder reports the grant of an open window, nil without one.
 func (l *Lock) windowHolder(ctx context.Context, b *lockBackend) (*backend.Holder, error) {
 	if b.windows == nil {
 		return nil, nil

@@ -66,14 +66,10 @@ func addObserver(to, o Observer) Observer {
 	return observers{to, o}
 }
 
-// observers are the Observers of a lock given WithObserver more than
-// once, told of each event in order. What each returns for an acquire's
-// start and end rides in the context the package keeps (an
-// *observersContext), so that each gets back its own.
+// observers are a lock's Observers when WithObserver was given twice.
 type observers []Observer
 
-// observersContext is the context observers returns for an acquire's
-// start and end: the last Observer's, carrying each one's.
+// observersContext is the last Observer's context, carrying each one's.
 type observersContext struct {
 	context.Context // the last Observer's
 	each            []context.Context
@@ -85,22 +81,17 @@ type observersContext struct {
 // loss with the one it returned for the grant; an event with no such
 // context (a discard, a renewal) goes to each with ctx.
 func (list observers) Observe(ctx context.Context, e Event) context.Context {
-	if e.Type == EventAcquireStart {
-		each := make([]context.Context, len(list))
-		for i, o := range list {
-			ctx = o.Observe(ctx, e)
-			each[i] = ctx
-		}
-		return &observersContext{Context: ctx, each: each}
-	}
 	own, _ := ctx.(*observersContext)
-	var each []context.Context // what each returns, kept only for an acquire's end
-	if e.Type == EventAcquireEnd {
+	var each []context.Context // what each returns, kept for an acquire's start and end
+	if e.Type == EventAcquireStart || e.Type == EventAcquireEnd {
 		each = make([]context.Context, len(list))
 	}
 	for i, o := range list {
 		c := ctx
-		if own != nil {
+		switch {
+		case e.Type == EventAcquireStart && i > 0:
+			c = each[i-1]
+		case e.Type != EventAcquireStart && own != nil:
 			c = own.each[i]
 		}
 		c = o.Observe(c, e)
@@ -283,20 +274,9 @@ func acquireOutcome(err error) Outcome {
 	return OutcomeError
 }
 
-// observed is a lock's Observer with the description its events carry.
-// Locks without an Observer have none (a nil *observed), so that every
-// call site costs one nil check and nothing else: no Event is built and
-// no time is read.
-//
-// How a kind of lock reports (Lock and LeaseLock do; shared locks,
-// semaphores and elections follow them): its public acquires wrap the
-// work in startAcquire and acquiring.end (after wrapErr, so a
-// *TimeoutError is seen); a keeper that finds a hold gone calls
-// hold.lose with a Cause; release and cleanup report through the
-// hold (doRelease, forgotten); a pinned connection carries the observed,
-// and pinned.discard names a Reason; a lease keeper reports each
-// renewal with observed.renewed. Every one of them hands its Event to
-// emit.
+// observed is a lock's Observer with the description its events carry;
+// nil without an Observer, so that every call site costs one nil check
+// and no Event is built. Who reports what: DESIGN.md ("Observation").
 type observed struct {
 	o                   Observer
 	backend, kind, name string
@@ -310,9 +290,7 @@ func newObserved(o Observer, backend, kind, name string) *observed {
 	return &observed{o: o, backend: backend, kind: kind, name: name}
 }
 
-// emit names ob's lock in e and hands e to the Observer: the one place
-// events leave the package. Event is passed by value, so an Observer
-// that keeps nothing costs no allocation.
+// emit hands e to the Observer: the one place events leave the package.
 func (ob *observed) emit(ctx context.Context, e Event) context.Context {
 	e.Backend, e.Kind, e.Name = ob.backend, ob.kind, ob.name
 	return ob.o.Observe(ctx, e)
@@ -332,9 +310,7 @@ type acquiring struct {
 	mayWait bool
 }
 
-// startAcquire reports the start of an acquire of l and returns the
-// context the acquire runs on. With no Observer it returns ctx and a zero
-// acquiring, at the cost of one nil check.
+// startAcquire reports an acquire's start; it runs on the ctx returned.
 func startAcquire(ctx context.Context, l observable, mayWait bool) (context.Context, acquiring) {
 	ob := l.observed()
 	if ob == nil {
@@ -371,8 +347,7 @@ func (a acquiring) end(h *hold, err error) {
 	}
 }
 
-// holdObserved is what a hold keeps for its events; zero without an
-// Observer.
+// holdObserved is what a hold keeps for its events (zero: no Observer).
 type holdObserved struct {
 	ob      *observed
 	ctx     context.Context
@@ -421,14 +396,23 @@ func (ob *observed) renewed(latency time.Duration, err error) {
 // unknownBackend is the backend events name before a lock knows its own.
 const unknownBackend = "unknown"
 
-// observedOf makes the observed that *p caches for a lock of kind named
-// name, and caches it once the backend's name is known: from WithBackend
-// or the driver's type (no I/O), else from the lock's first use
-// (resolved returns nil until it succeeded). Until then, events say
-// backend "unknown": the "acquire_start" of a wrapped driver's first
-// acquire, whose first use identifies the backend by asking the database
-// (its "acquire_end" names the backend when that succeeded).
+// observedOf returns what the events of a lock of kind named name need,
+// nil without an Observer, cached in *p (p nil: not cached) once the
+// backend's name is known: from WithBackend or the driver's type (no
+// I/O), else from the lock's first use (resolved returns nil until it
+// succeeded). Until then events say backend "unknown": the
+// "acquire_start" of a wrapped driver's first acquire, whose first use
+// asks the database (its "acquire_end" names the backend).
 func observedOf(p *atomic.Pointer[observed], db DB, cfg *config, kind, name string, resolved func() backend.Backend) *observed {
+	if cfg.observer == nil {
+		return nil
+	}
+	if p == nil {
+		p = new(atomic.Pointer[observed])
+	}
+	if ob := p.Load(); ob != nil {
+		return ob
+	}
 	b := localBackend(db, cfg)
 	if b == nil {
 		b = resolved()

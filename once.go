@@ -42,9 +42,13 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 	case l.cfg.minHold > 0:
 		return false, wrapErr(l.name, "try do once", fmt.Errorf("%w: TryDoOnce does not take WithMinHold (the run key makes each run once)", ErrUnsupported))
 	}
-	rec, err := l.runRecorder(ctx)
+	lb, err := l.backend(ctx)
 	if err != nil {
 		return false, wrapErr(l.name, "try do once", err)
+	}
+	rec, ok := lb.backend().(backend.RunRecorder)
+	if !ok {
+		return false, wrapErr(l.name, "try do once", fmt.Errorf("%w: backend %q records no runs (TryDoOnce needs a LeaseStore)", ErrUnsupported, lb.backend().Name()))
 	}
 	done, unsupported := false, false
 	ran, err = tryDo(ctx, l.name, l.TryLock, func(ctx context.Context) error {
@@ -73,18 +77,4 @@ func (l *Lock) TryDoOnce(ctx context.Context, run string, fn func(ctx context.Co
 		return nil
 	})
 	return ran && !done && !unsupported, err
-}
-
-// runRecorder returns what keeps l's runs: l's backend, after the
-// first-use work (see Lock.backend), where it is a RunRecorder.
-func (l *Lock) runRecorder(ctx context.Context) (backend.RunRecorder, error) {
-	lb, err := l.backend(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rec, ok := lb.backend().(backend.RunRecorder)
-	if !ok {
-		return nil, fmt.Errorf("%w: backend %q records no runs (TryDoOnce needs a LeaseStore)", ErrUnsupported, lb.backend().Name())
-	}
-	return rec, nil
 }

@@ -106,15 +106,3 @@ func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
 	}
 	return PoolerNotSeen, err
 }
-
-// checkPooler refuses session locks on db, with ErrTransactionPooler,
-// when the probe sees a transaction-mode pooler (see dbutil.CheckPooler).
-// A backend that cannot name sessions (no SessionIdentifier) is not
-// probed.
-func checkPooler(ctx context.Context, db DB, b backend.SessionLocker) error {
-	s, ok := b.(backend.SessionIdentifier)
-	if !ok {
-		return nil
-	}
-	return dbutil.CheckPooler(ctx, db, s)
-}

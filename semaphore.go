@@ -184,8 +184,7 @@ func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
 	return holders, nil
 }
 
-// slotHolders reads the holder of every slot, nil for a free one: in one
-// statement where the backend can, else slot by slot.
+// slotHolders reads each slot's holder: in one statement where it can.
 func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder, error) {
 	if l, ok := b.session.(backend.SlotLocker); ok {
 		hs, err := l.KeyHolders(ctx, s.db, s.keys)
@@ -194,24 +193,16 @@ func (s *Semaphore) slotHolders(ctx context.Context, b *lockBackend) ([]*Holder,
 		}
 	}
 	holders := make([]*Holder, len(s.keys))
-	for i, key := range s.keys {
-		var h *backend.Holder
+	for i := range s.keys {
 		var err error
-		if b.rows != nil {
-			h, err = b.rows.LeaseHolder(ctx, s.db, s.rowRequest(i))
-		} else {
-			h, err = b.session.SessionHolder(ctx, s.db, key)
-		}
-		holders[i] = holderOf(h)
-		if err != nil {
+		if holders[i], err = s.slot(i).holderOn(ctx, b); err != nil {
 			return nil, err
 		}
 	}
 	return holders, nil
 }
 
-// observed returns what the semaphore's events need, nil without an
-// Observer: its Lock's, whose kind is "semaphore".
+// observed returns its Lock's (kind "semaphore").
 func (s *Semaphore) observed() *observed { return s.lock.observed() }
 
 // settings returns the semaphore's name and configuration (see frontEnd).
@@ -235,15 +226,13 @@ func (s *Semaphore) take(ctx, budget context.Context, wait bool) (*Guard, error)
 	return acquireSession(ctx, budget, s.lock, b, s.observed(), slotClaim{s, b.session}, wait)
 }
 
-// slot returns the Lock that stands for slot i in a hold: the
-// semaphore's name and configuration with the slot's key.
+// slot returns the Lock that stands for slot i in a hold.
 func (s *Semaphore) slot(i int) *Lock {
 	return &Lock{db: s.db, name: s.name, key: s.keys[i], cfg: s.lock.cfg, kind: kindSemaphore}
 }
 
-// unlockHeld releases l's key on conn, whose session holds it: a
-// Semaphore's slot with a signal to the semaphore's waiters, where the
-// backend sends one (see backend.ReleaseSignaler).
+// unlockHeld releases l's key on conn; a Semaphore's slot signals its
+// waiters where the backend can (see backend.ReleaseSignaler).
 func unlockHeld(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, l *Lock) (backend.SessionResult, error) {
 	if m, ok := locker.(backend.ReleaseSignaler); ok && l.kind == kindSemaphore {
 		res, err := m.UnlockAndSignal(ctx, conn, l.key, Key(l.name))
@@ -254,27 +243,29 @@ func unlockHeld(ctx context.Context, locker backend.SessionLocker, conn *sql.Con
 	return locker.UnlockSession(ctx, conn, l.key)
 }
 
-// hearReleases registers a waiter for the signals of the semaphore's slot
-// releases (see UnlockAndSignal), under the semaphore's Key; nil where
-// they cannot be heard.
-func (s *Semaphore) hearReleases(ctx context.Context, locker backend.SessionLocker) *leaseWaiter {
-	store, isStore := locker.(backend.LeaseStore)
-	_, signals := locker.(backend.ReleaseSignaler)
-	if !isStore || !signals {
-		return nil
-	}
-	return joinReleases(ctx, store, s.db, s.lock.key, "")
-}
-
-// slotClaim is a Semaphore's claim (see claim): any one of its slots,
-// each a session lock.
+// slotClaim is a Semaphore's claim: any one of its slots.
 type slotClaim struct {
 	s      *Semaphore
 	locker backend.SessionLocker
 }
 
+// try takes at most one slot, from a random start.
 func (c slotClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
-	return c.s.trySlots(ctx, c.locker, p)
+	s, locker := c.s, c.locker
+	start := rand.N(len(s.keys))
+	keys := append(append(make([]int64, 0, len(s.keys)), s.keys[start:]...), s.keys[:start]...)
+	type answer struct {
+		i   int
+		res backend.SessionResult
+	}
+	a, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (answer, error) {
+		i, res, err := tryAny(ctx, locker, conn, keys)
+		return answer{i, res}, err
+	})
+	if err != nil || !a.res.OK {
+		return 0, backend.SessionResult{}, err
+	}
+	return (start + a.i) % len(s.keys), a.res, nil
 }
 
 // wait waits until it holds a slot or budget ends: woken by the slots'
@@ -282,7 +273,13 @@ func (c slotClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResu
 // slot, chosen at random, for a slice, then trying every slot.
 func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
 	s := c.s
-	if lw := s.hearReleases(ctx, c.locker); lw != nil {
+	var lw *leaseWaiter // the slots' releases (UnlockAndSignal), where heard
+	if store, ok := c.locker.(backend.LeaseStore); ok {
+		if _, signals := c.locker.(backend.ReleaseSignaler); signals {
+			lw = joinReleases(ctx, store, s.db, s.lock.key, "")
+		}
+	}
+	if lw != nil {
 		slot, res, deaf, err := c.waitWoken(ctx, budget, p, lw)
 		lw.leave()
 		if !deaf {
@@ -309,14 +306,11 @@ func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.Se
 	}
 }
 
-// waitWoken tries every slot each time a slot's release is heard, and
-// otherwise at each poll (WithPollInterval, backing off to half a second,
-// as a LeaseLock waiter polls: a slot freed by a session that died sends
-// no signal), until it holds one or budget ends. It waits on no slot
-// server-side: one slot's wait could not be cut short by another slot's
-// release without losing the connection. deaf is true, with nothing
-// held, once nobody can be heard (the store said it cannot listen on
-// the handle): the wait goes on in slices.
+// waitWoken tries every slot at each release heard and at each poll
+// (a slot freed by a dead session sends nothing), until it holds one or
+// budget ends; it waits on no slot server-side (another slot's release
+// could not cut that short). deaf: nobody can be heard (the watch is
+// off), nothing is held, and the wait goes on in slices.
 func (c slotClaim) waitWoken(ctx, budget context.Context, p *pinned, lw *leaseWaiter) (slot int, res backend.SessionResult, deaf bool, err error) {
 	cfg := &c.s.lock.cfg
 	longest := max(cfg.poll, leaseWaitCap)
@@ -350,27 +344,7 @@ func (c slotClaim) leave(context.Context, *pinned) error { return nil }
 
 func (c slotClaim) held(slot int) *Lock { return c.s.slot(slot) }
 
-// trySlots tries every slot, from a random start, and takes at most one;
-// OK false is a definite miss.
-func (s *Semaphore) trySlots(ctx context.Context, locker backend.SessionLocker, p *pinned) (int, backend.SessionResult, error) {
-	start := rand.N(len(s.keys))
-	keys := append(append(make([]int64, 0, len(s.keys)), s.keys[start:]...), s.keys[:start]...)
-	type answer struct {
-		i   int
-		res backend.SessionResult
-	}
-	a, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (answer, error) {
-		i, res, err := tryAny(ctx, locker, conn, keys)
-		return answer{i, res}, err
-	})
-	if err != nil || !a.res.OK {
-		return 0, backend.SessionResult{}, err
-	}
-	return (start + a.i) % len(s.keys), a.res, nil
-}
-
-// tryAny tries keys in order on conn and takes at most one: in one
-// statement where the backend can, else one TryLockSession per key.
+// tryAny takes at most one of keys, in order: in one statement if it can.
 func tryAny(ctx context.Context, locker backend.SessionLocker, conn *sql.Conn, keys []int64) (int, backend.SessionResult, error) {
 	if a, ok := locker.(backend.SlotLocker); ok {
 		i, res, err := a.TryLockAny(ctx, conn, keys)

@@ -13,15 +13,9 @@ import (
 	"github.com/advisorylock/advisorylock/backend"
 )
 
-// A set (NewSet) is one Lock over several names. Its keys are kept in key
-// order, and every acquire takes them in that order, so two sets that
-// share names never wait for each other in a cycle. On a session backend a
-// grant holds every key on one session: a try takes all or none (one
-// statement where the backend is a backend.SetLocker, else one per key,
-// letting go of what it took on a miss), a wait takes them one after another,
-// each waited for server-side. On a row backend (SQLite, or any backend
-// with WithLeaseRows) each name is a row of its own, taken in key order;
-// the set is held while all its rows are.
+// A set (NewSet) is one Lock over several names, always taken in key
+// order, so two sets never wait for each other in a cycle: every key on
+// one session (setClaim), or a row per name, held while all its rows are.
 
 // NewSet returns one Lock over names: a grant holds all of them, Release
 // frees all, and the loss of any one is the loss of the set (Lost closes,
@@ -74,6 +68,19 @@ func NewSet(db DB, names []string, opts ...Option) (*Lock, error) {
 	return l, nil
 }
 
+// members returns what l locks as Locks of one name each: l itself, or
+// one for each name of its set, in key order.
+func (l *Lock) members() []*Lock {
+	if l.set == nil {
+		return []*Lock{l}
+	}
+	ms := make([]*Lock, len(l.set))
+	for i, k := range l.set {
+		ms[i] = &Lock{db: l.db, name: l.setNames[i], key: k, cfg: l.cfg}
+	}
+	return ms
+}
+
 // keysOf is what l locks: its set's keys, or its one key.
 func (l *Lock) keysOf() []int64 {
 	if l.set != nil {
@@ -82,36 +89,21 @@ func (l *Lock) keysOf() []int64 {
 	return []int64{l.key}
 }
 
-// setClaim is a set's claim (see claim): every one of its keys, on one
-// session, or none.
+// setClaim is a set's claim: all of its keys on one session, or none.
 type setClaim struct {
 	l *Lock
 	s backend.SessionLocker
 }
 
+// try makes a set's one attempt: all or none.
 func (c setClaim) try(ctx context.Context, p *pinned) (int, backend.SessionResult, error) {
-	res, err := c.l.trySet(ctx, c.s, p)
-	return 0, res, err
-}
-
-func (c setClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
-	res, err := c.l.waitSet(ctx, budget, c.s, p)
-	return 0, res, err
-}
-
-// leave: waitSet lets go of what it took when it misses.
-func (c setClaim) leave(context.Context, *pinned) error { return nil }
-
-func (c setClaim) held(int) *Lock { return c.l }
-
-// trySet makes a set's one attempt on p's session: all or none.
-func (l *Lock) trySet(ctx context.Context, locker backend.SessionLocker, p *pinned) (backend.SessionResult, error) {
+	l, locker := c.l, c.s
 	if m, ok := locker.(backend.SetLocker); ok {
 		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return m.TryLockAll(ctx, conn, l.set)
 		})
 		if !errors.Is(err, ErrUnsupported) {
-			return res, err
+			return 0, res, err
 		}
 	}
 	for i, k := range l.set {
@@ -120,18 +112,18 @@ func (l *Lock) trySet(ctx context.Context, locker backend.SessionLocker, p *pinn
 		})
 		if err != nil || !res.OK {
 			if uerr := unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout); uerr != nil {
-				return backend.SessionResult{}, errors.Join(err, uerr)
+				return 0, backend.SessionResult{}, errors.Join(err, uerr)
 			}
-			return res, err
+			return 0, res, err
 		}
 	}
-	return backend.SessionResult{OK: true}, nil
+	return 0, backend.SessionResult{OK: true}, nil
 }
 
-// waitSet waits for a set's keys in key order on p's session, each
-// server-side, holding those it has; if budget ends first it lets go of
-// them (OK false, nil error: a definite miss).
-func (l *Lock) waitSet(ctx, budget context.Context, locker backend.SessionLocker, p *pinned) (backend.SessionResult, error) {
+// wait waits for the keys in key order, each server-side, holding those
+// it has; if budget ends first it lets go of them (a definite miss).
+func (c setClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.SessionResult, error) {
+	l, locker := c.l, c.s
 	for i, k := range l.set {
 		res, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) (backend.SessionResult, error) {
 			return locker.TryLockSession(ctx, conn, k)
@@ -140,15 +132,20 @@ func (l *Lock) waitSet(ctx, budget context.Context, locker backend.SessionLocker
 			res, err = waitSession(ctx, budget, locker, p, k)
 		}
 		if err != nil {
-			return res, err
+			return 0, res, err
 		}
 		if !res.OK {
 			err := endWait(ctx, locker, p, k, l.cfg.releaseTimeout)
-			return backend.SessionResult{}, errors.Join(err, unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout))
+			return 0, backend.SessionResult{}, errors.Join(err, unlockKeys(ctx, locker, p, l.set[:i], l.cfg.releaseTimeout))
 		}
 	}
-	return backend.SessionResult{OK: true}, nil
+	return 0, backend.SessionResult{OK: true}, nil
 }
+
+// leave: wait lets go of what it took when it misses.
+func (c setClaim) leave(context.Context, *pinned) error { return nil }
+
+func (c setClaim) held(int) *Lock { return c.l }
 
 // unlockKeys releases keys on p's session, within timeout each; an error
 // means the session may still hold some and must be discarded.
@@ -178,8 +175,7 @@ func unlockKeys(ctx context.Context, locker backend.SessionLocker, p *pinned, ke
 	return nil
 }
 
-// heldOn reports whether p's session still holds every one of keys: one
-// statement where the backend is a MultiplexLocker, else one per key.
+// heldOn reports whether p's session still holds every one of keys.
 func heldOn(ctx context.Context, locker backend.SessionLocker, p *pinned, keys []int64) (bool, error) {
 	if m, ok := locker.(backend.MultiplexLocker); ok && len(keys) > 1 {
 		held, err := ask(ctx, p, func(ctx context.Context, conn *sql.Conn) ([]bool, error) {
@@ -198,23 +194,7 @@ func heldOn(ctx context.Context, locker backend.SessionLocker, p *pinned, keys [
 	return true, nil
 }
 
-// setHolder reports the holder of the first key of l's set that someone
-// holds, by holder (which reads one key).
-func (l *Lock) setHolder(ctx context.Context, holder func(i int) (*backend.Holder, error)) (*backend.Holder, error) {
-	for i, n := range l.setNames {
-		h, err := holder(i)
-		if err != nil || h != nil {
-			if h != nil {
-				h.Name, h.Key = n, l.set[i]
-			}
-			return h, err
-		}
-	}
-	return nil, nil
-}
-
-// setOfRows makes one hold of parts, a set's rows, held: it is lost when
-// any part is, with that part's cause.
+// setOfRows makes one hold of a set's rows, lost with any one of them.
 func (l *Lock) setOfRows(parts []*hold) *hold {
 	sh := &rowSetHold{parts: parts}
 	sh.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: sh}

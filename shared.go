@@ -62,20 +62,15 @@ func (l *Lock) Holders(ctx context.Context) ([]*Holder, error) {
 	if err != nil {
 		return nil, wrapErr(l.name, "holders", err)
 	}
-	if l.set != nil {
-		var all []*Holder
-		for i, k := range l.set {
-			one := &Lock{db: l.db, name: l.setNames[i], key: k, cfg: l.cfg}
-			hs, err := one.holdersOn(ctx, b)
-			if err != nil {
-				return nil, wrapErr(l.name, "holders", err)
-			}
-			all = append(all, hs...)
+	var all []*Holder
+	for _, one := range l.members() {
+		hs, err := one.holdersOn(ctx, b)
+		if err != nil {
+			return nil, wrapErr(l.name, "holders", err)
 		}
-		return all, nil
+		all = append(all, hs...)
 	}
-	hs, err := l.holdersOn(ctx, b)
-	return hs, wrapErr(l.name, "holders", err)
+	return all, nil
 }
 
 // holdersOn lists the holders of l's one name on b.

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
 )
@@ -36,10 +35,7 @@ import (
 // runs, which holds back vacuum and keeps CREATE INDEX CONCURRENTLY
 // waiting, however long the lock is held.
 func (l *Lock) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
-	ctx, a := startAcquire(ctx, txObserved{l}, false)
-	err := l.lockTx(ctx, tx, false)
-	err = wrapErr(l.name, "try lock in transaction", err)
-	txAcquired(a, l, err)
+	err := l.lockTx(ctx, tx, "try lock in transaction", false)
 	if errors.Is(err, ErrNotAcquired) {
 		return false, nil
 	}
@@ -60,15 +56,27 @@ func (l *Lock) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 // its lock_timeout and statement_timeout as they were (a grant puts them
 // back too). ctx is never given to the driver (see TryLockTx).
 func (l *Lock) LockTx(ctx context.Context, tx *sql.Tx) error {
-	ctx, a := startAcquire(ctx, txObserved{l}, true)
-	err := wrapErr(l.name, "lock in transaction", l.lockTx(ctx, tx, true))
-	txAcquired(a, l, err)
+	return l.lockTx(ctx, tx, "lock in transaction", true)
+}
+
+// lockTx is TryLockTx (wait false) and LockTx, observed: a grant's
+// release is reported at once (a commit releases it unseen: see
+// Event.Kind).
+func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, op string, wait bool) error {
+	ctx, a := startAcquire(ctx, txObserved{l}, wait)
+	err := wrapErr(l.name, op, l.takeTx(ctx, tx, wait))
+	if a.ob != nil {
+		h := &hold{name: l.name, key: l.key}
+		a.end(h, err)
+		if err == nil {
+			h.observer().released(false, nil)
+		}
+	}
 	return err
 }
 
-// lockTx takes the lock in tx: one try, and with wait, slices until it is
-// granted or ctx ends.
-func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
+// takeTx takes the lock in tx: one try, and with wait slices after.
+func (l *Lock) takeTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 	if tx == nil {
 		return errors.New("advisorylock: nil transaction")
 	}
@@ -101,14 +109,8 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, wait bool) error {
 // prev are tx's settings, which a slice puts back.
 func (l *Lock) waitTx(ctx context.Context, b backend.TxLocker, tx *sql.Tx, prev map[string]string) error {
 	for {
-		slice := maxSlice
-		if dl, ok := ctx.Deadline(); ok {
-			slice = min(slice, time.Until(dl))
-		}
-		if slice <= 0 {
-			<-ctx.Done() // due now: let its cause be set
-		}
-		if ctx.Err() != nil {
+		slice, _, ok := nextSlice(ctx)
+		if !ok {
 			return context.Cause(ctx)
 		}
 		// The server ends the slice; the deadline is for a dead network.
@@ -121,60 +123,28 @@ func (l *Lock) waitTx(ctx context.Context, b backend.TxLocker, tx *sql.Tx, prev 
 	}
 }
 
-// txBackend returns l's backend for transaction locks. It runs the
-// first-use checks a Lock's other operations do, except the pooler probe:
-// a transaction lock needs no session of its own. A backend that is no
-// TxLocker has no transaction locks: LockTx is refused before anything is
-// sent.
+// txBackend returns l's backend for transaction locks, after the
+// first-use checks but the pooler probe (a transaction lock needs no
+// session of its own); LockTx is refused before anything is sent on a
+// backend that is no TxLocker.
 func (l *Lock) txBackend(ctx context.Context) (backend.TxLocker, error) {
 	b, err := resolveBackend(ctx, l.db, &l.cfg)
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := b.(backend.SessionLocker); !ok {
-		return nil, errNoTxLocks(b)
-	}
-	if l.cfg.minHold > 0 {
-		return nil, fmt.Errorf("%w: WithMinHold does not apply to a lock taken in a transaction (the window would end with it); use TryLock or TryDo", ErrUnsupported)
-	}
 	t, ok := b.(backend.TxLocker)
-	if !ok {
-		return nil, errNoTxLocks(b)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: backend %q has no transaction-scoped locks (LockTx needs PostgreSQL's pg_advisory_xact_lock); use Lock or LeaseLock", ErrUnsupported, b.Name())
+	case l.cfg.minHold > 0:
+		return nil, fmt.Errorf("%w: WithMinHold does not apply to a lock taken in a transaction (the window would end with it); use TryLock or TryDo", ErrUnsupported)
 	}
 	return t, nil
 }
 
-// txObserved is a Lock as its transaction locks report to an Observer:
-// kind "transaction".
+// txObserved is a Lock seen as its transaction locks (kind "transaction").
 type txObserved struct{ l *Lock }
 
 func (t txObserved) observed() *observed {
-	cfg := &t.l.cfg
-	if cfg.observer == nil {
-		return nil
-	}
-	backend := unknownBackend
-	if b := localBackend(t.l.db, cfg); b != nil {
-		backend = b.Name()
-	}
-	return newObserved(cfg.observer, backend, kindTransaction, t.l.name)
-}
-
-// txAcquired reports the end of a transaction lock's acquire, and for a
-// grant its release at once (see Event.Kind).
-func txAcquired(a acquiring, l *Lock, err error) {
-	if a.ob == nil {
-		return
-	}
-	h := &hold{name: l.name, key: l.key}
-	a.end(h, err)
-	if err == nil {
-		h.observer().released(false, nil)
-	}
-}
-
-// errNoTxLocks refuses LockTx on b, a backend without transaction-scoped
-// locks.
-func errNoTxLocks(b backend.Backend) error {
-	return fmt.Errorf("%w: backend %q has no transaction-scoped locks (LockTx needs PostgreSQL's pg_advisory_xact_lock); use Lock or LeaseLock", ErrUnsupported, b.Name())
+	return observedOf(nil, t.l.db, &t.l.cfg, kindTransaction, t.l.name, t.l.resolved)
 }

@@ -45,7 +45,7 @@ mutation "a release recycles a lost lock's connection" conn_guard.go \
 	's/if gone, why := s\.isLost\(\); gone \{/if gone, why := s.isLost(); gone \&\& false {/' \
 	'^(TestEngineReleaseOfALostLockDiscardsItsConnection|TestEngineLossIsToldToLostDoAndTheObserver)$'
 mutation "a loss does not close Lost" advisorylock.go \
-	's/(h\.isGone, h\.lostErr, h\.lostCause = true, err, cause\n)\tif h\.lostCh != nil \{\n\t\tclose\(h\.lostCh\)\n\t\}\n/$1/' \
+	's/(h\.isGone = true\n)\tif h\.lostCh != nil \{\n\t\tclose\(h\.lostCh\)\n\t\}\n/$1/' \
 	'^TestEngineReleaseOfALostLockDiscardsItsConnection$'
 mutation "a loss does not cancel Do's context" advisorylock.go \
 	's/\tif f != nil \{\n\t\tf\(err\)\n\t\}\n/\t_ = f\n/' \
@@ -137,8 +137,8 @@ mutation "a set of rows is lost only with its first name" set.go \
 mutation "a set of rows' loss is not told to the Observer" set.go \
 	's/sh\.lose\(cause, err\)/sh.lose(cause[:0], err)/' \
 	'^TestSetLosesOneNameAlone$'
-mutation "a set's Holder carries its first key" set.go \
-	's/h\.Name, h\.Key = n, l\.set\[i\]/h.Name, h.Key = n, l.key/' \
+mutation "a set's Holder carries its first key" advisorylock.go \
+	's/(h != nil \|\| err != nil \{\n)(\t+)return h, wrapErr\(l\.name, "holder", err\)/$1$2if h != nil { h.Key = l.key }\n$2return h, wrapErr(l.name, "holder", err)/' \
 	'^TestSetTakesAllOrNone$'
 mutation "MySQL: a set's or shared session's keep-alive takes a freed name (NULL) for held" internal/mysqlbackend/mysql.go \
 	's/IFNULL\(IS_USED_LOCK\(%s\) = CONNECTION_ID\(\), 0\)/IFNULL(IS_USED_LOCK(%s) = CONNECTION_ID(), 1)/' \
@@ -270,7 +270,7 @@ mutation "8 s wait slices" advisorylock.go \
 	's/const maxSlice = time\.Second/const maxSlice = 8 * time.Second/' \
 	'^TestWaiterDoesNotStallCreateIndexConcurrently$'
 mutation "10 s wait slices that overrun the LockTimeout budget" advisorylock.go \
-	's/slice = min\(slice, time\.Until\(dl\)\)/slice = max(slice, 10*time.Second+0*time.Until(dl))/' \
+	's/slice, grace = min\(slice, time\.Until\(dl\)\), budgetGrace/slice, grace = max(slice, 10*time.Second+0*time.Until(dl)), budgetGrace/' \
 	'^(TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection|TestEngineLockTimeoutReturnsATimeoutError)$'
 
 # Look-alikes and clusters whose locks exclude nothing, told by the server.

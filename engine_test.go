@@ -959,3 +959,36 @@ func TestEngineMultiplexedBatchOnAFullLockTableKeepsTheSession(t *testing.T) {
 	granted.Range(func(_, g any) bool { mustRelease(t, g.(*advisorylock.Guard)); return true })
 	mustRelease(t, g0)
 }
+
+// WithConn on a shared session: a neighbour's lock that fn frees, and then
+// the session that fn breaks, are told before WithConn returns.
+func TestEngineWithConnOnASharedSessionTellsWhatFnDid(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
+	a := mustTry(t, fakeLock(t, s, db, "lend-a", opts...))
+	b := mustTry(t, fakeLock(t, s, db, "lend-b", opts...))
+	defer mustRelease(t, a)
+	defer mustRelease(t, b)
+	ctx := context.Background()
+	if err := a.WithConn(ctx, func(advisorylock.Conn) error {
+		s.free(advisorylock.Key("lend-b"))
+		return nil
+	}); err != nil {
+		t.Fatalf("WithConn: %v", err)
+	}
+	if !isClosed(b.Lost()) || isClosed(a.Lost()) {
+		t.Fatalf("after fn freed lend-b: lost a=%v b=%v, want only b", isClosed(a.Lost()), isClosed(b.Lost()))
+	}
+	c := mustTry(t, fakeLock(t, s, db, "lend-c", opts...))
+	defer mustRelease(t, c)
+	if err := a.WithConn(ctx, func(advisorylock.Conn) error {
+		s.kill(s.holder(advisorylock.Key("lend-a")))
+		return nil
+	}); err != nil {
+		t.Fatalf("WithConn: %v", err)
+	}
+	if !isClosed(a.Lost()) || !isClosed(c.Lost()) {
+		t.Fatalf("after fn ended the session: lost a=%v c=%v, want both", isClosed(a.Lost()), isClosed(c.Lost()))
+	}
+}

@@ -272,8 +272,9 @@ func WithRunRetention(d time.Duration) Option {
 // closes, each Do's context is cancelled), and no other. Statements on a
 // shared session cannot be cancelled by a caller's context (that could
 // cost the connection, and every lock on it): they are bounded by the
-// release timeout instead. Guard.WithConn returns an error for a lock
-// held on a shared session.
+// release timeout instead. Guard.WithConn on a lock held on a shared
+// session lends the session, and its other locks' statements wait for fn
+// (see there); the deprecated Guard.Conn returns nil.
 //
 // The shared sessions stay fewer than the handle's SetMaxOpenConns limit
 // m (read at each try; a pool without a limit is not bounded): at most

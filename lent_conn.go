@@ -67,9 +67,13 @@ type Conn interface {
 // WithMultiplexing, the default of New and NewSet) lends that session:
 // while fn runs, the statements of the session's other locks (their
 // tries and releases, a Release of this Guard too) and its keep-alive
-// wait for fn to return, so keep fn short. When fn returns, what it left
-// open is ended as above, and then, before any other statement runs on
-// the session, its keep-alive checks every lock it holds: a lock that fn
+// wait for fn to return, so keep fn short. A try that fn makes on the
+// same handle goes to another shared session while the pool has room
+// for one, else it waits for fn, as does a Release in fn of another lock
+// held on the lent session: fn must not wait for either. When fn
+// returns, what it left open is ended as above, and then, before any
+// other statement runs on the session, its keep-alive checks every lock
+// it holds: a lock that fn
 // freed (pg_advisory_unlock, RELEASE_LOCK) has its Lost closed before
 // WithConn returns, and a session that fn left in a state that cannot be
 // known (ending what it left open failed, or the check fails) is ended,

@@ -15,9 +15,10 @@ import (
 	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
-// Multiplexing (WithMultiplexing): the session locks of every Lock on one
-// *sql.DB with the same settings share a few pinned connections, each of
-// whose sessions holds many locks. The rules:
+// Multiplexing (WithMultiplexing; New's and NewSet's default where the
+// backend is a backend.MultiplexLocker): the session locks of every Lock
+// on one *sql.DB with the same settings share a few pinned connections,
+// each of whose sessions holds many locks. The rules:
 //
 //   - One statement at a time runs on a shared session (its mu), and no
 //     caller's context can end one: a cancelled statement may cost the
@@ -847,9 +848,15 @@ func (h *muxHold) withConn(ctx context.Context, fn func(conn Conn) error) (err e
 		}
 		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(h.name), why)
 	}
+	s.pool.mu.Lock()
+	s.inflight++ // a session of its own for a try that fn makes, where the pool may open one
+	s.pool.mu.Unlock()
 	c := newLentConn(s.p.conn)
 	c.enter() // cannot be over: it has just begun
 	defer func() {
+		s.pool.mu.Lock()
+		s.inflight--
+		s.pool.mu.Unlock()
 		c.leave()
 		endErr := c.end()
 		dbutil.ForgetSession(s.p.conn) // fn may have changed its settings

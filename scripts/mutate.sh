@@ -176,6 +176,9 @@ mutation "a batch unlocks with the try function (PostgreSQL)" internal/postgresb
 mutation "a lost set's other names are let go before it is told" multiplex.go \
 	's/(\tfor _, h := range gone \{\n.*?\n\t\}\n)(\tif len\(rest\) > 0 && s\.unlockLocked.*?\n\t\}\n)/$2$1/s' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
+mutation "the default does not multiplex" options.go \
+	's/\t\tc\.multiplex = defaultMultiplex\n/\t\tc.multiplex = 0 * defaultMultiplex\n/' \
+	'^(TestMultiplexingIsTheDefault|TestKindsThatCannotShareStayPinnedByDefault)$'
 mutation "WithConn on a shared session does not run the keep-alive check after fn" multiplex.go \
 	's/\t\ts\.checkLocked\(\)\n\t\}\(\)\n\treturn fn\(c\)/\t}()\n\treturn fn(c)/' \
 	'^(TestWithConnOnASharedSessionTellsTheLocksFnFreed|TestEngineWithConnOnASharedSessionTellsWhatFnDid)$'

@@ -9,16 +9,19 @@
 // or WithMinHold keeps the name taken for a window after each grant.
 //
 // A Lock on PostgreSQL is a session advisory lock held on a connection
-// pinned for the whole hold (on MySQL and MariaDB a GET_LOCK named lock,
-// see MySQL); on SQLite it is a renewed lease row in the application's
+// pinned for the whole hold, by default one whose session holds the
+// locks of the handle's other Locks too (see WithMultiplexing; on MySQL
+// and MariaDB a GET_LOCK named lock, see MySQL); on SQLite it is a renewed lease row in the application's
 // database file. A LeaseLock is a lease row on any of them, and
 // each grant carries a FencingToken that a Fence checks at the resource,
 // so a holder that was paused or cut off cannot overwrite its successor.
 //
 // What can go wrong, and what the package does about it:
 //
-//   - A lock is never returned to the connection pool while held: N held
-//     locks use N connections of the pool (count them in SetMaxOpenConns).
+//   - A lock's connection is never returned to the pool while it holds a
+//     lock: held Locks use at most 4 shared connections by default, plus
+//     one per pinned hold (count them in SetMaxOpenConns; see
+//     WithMultiplexing). A shared session that dies loses all its locks.
 //   - A cancelled or failed acquire discards its connection, so the
 //     server frees whatever it might have granted.
 //   - A held lock whose session dies (killed, network cut, restart) closes
@@ -200,6 +203,7 @@ func New(db DB, name string, opts ...Option) (*Lock, error) {
 	if err != nil {
 		return nil, wrapErr(name, "new", err)
 	}
+	cfg.multiplexByDefault()
 	return newLock(db, name, cfg, backend.KindLock), nil
 }
 
@@ -281,15 +285,19 @@ func (l *Lock) backend(ctx context.Context) (*lockBackend, error) {
 			}
 			lb := &lockBackend{session: b, bounded: !b.Traits().CancelsPromptly, windows: w, settings: settings}
 			lb.claim = l.claimOn(b, w)
+			lb.shared = l.sharedView(lb)
 			if l.cfg.multiplex > 0 {
-				if _, ok := b.(backend.MultiplexLocker); !ok {
+				// By default only where the backend can (see
+				// WithMultiplexing); asked for, it must.
+				_, ok := b.(backend.MultiplexLocker)
+				if !ok && l.cfg.given&optMultiplexing != 0 {
 					return nil, fmt.Errorf("%w: backend %q cannot hold many locks on one session (WithMultiplexing)", ErrUnsupported, b.Name())
 				}
-				lb.muxed = true
-				lb.privateMux = newMuxPool(l, lb)
-				return lb, nil // no shared view: see acquire
+				if ok {
+					lb.muxed = true
+					lb.privateMux = newMuxPool(l, lb)
+				}
 			}
-			lb.shared = l.sharedView(lb)
 			return lb, nil
 		case backend.LeaseStore:
 			return l.rowsBackend(b)
@@ -445,7 +453,7 @@ func (l *Lock) take(ctx, budget context.Context, wait bool) (*Guard, error) {
 	case b.muxed:
 		// A wait that finds the name taken, or no connection for a
 		// shared session within the pool wait, waits on a connection of
-		// its own, as without WithMultiplexing.
+		// its own, as a pinned lock does.
 		g, err := l.tryMux(ctx, budget, b)
 		if !wait || !errors.Is(err, ErrNotAcquired) && !errors.Is(err, ErrPoolUnavailable) {
 			return g, err

@@ -19,7 +19,7 @@ func fillUntilRefused(t *testing.T, db advisorylock.DB, max int) error {
 	t.Helper()
 	ctx := context.Background()
 	for i := range max {
-		l := newLock(t, db, testdb.UniqueName(t)+"-"+string(rune('a'+i)), quiet)
+		l := newLock(t, db, testdb.UniqueName(t)+"-"+string(rune('a'+i)), quiet, pinned)
 		g, err := l.TryLock(ctx)
 		if err != nil {
 			if !strings.Contains(err.Error(), l.Name()) {

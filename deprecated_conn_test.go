@@ -41,7 +41,7 @@ func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			var kept advisorylock.Conn
-			err := newLock(t, db, name).Do(ctx, func(ctx context.Context) error {
+			err := newPinned(t, db, name).Do(ctx, func(ctx context.Context) error {
 				c := guardConn(advisorylock.GuardFromContext(ctx))
 				kept = c
 				var holds bool
@@ -102,7 +102,7 @@ func TestGuardConnReleaseEndsWhatWasLeftOpen(t *testing.T) {
 			name := testdb.UniqueName(t)
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
-			g, err := newLock(t, db, name).TryLock(ctx)
+			g, err := newPinned(t, db, name).TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,7 +138,7 @@ func TestGuardConnReleaseEndsWhatWasLeftOpen(t *testing.T) {
 			if _, err := stmt.ExecContext(ctx); err == nil {
 				t.Fatal("a statement prepared on Guard.Conn ran after Release")
 			}
-			if g, err := newLock(t, other, name).TryLock(ctx); err != nil {
+			if g, err := newPinned(t, other, name).TryLock(ctx); err != nil {
 				t.Fatalf("TryLock after Release: %v", err)
 			} else {
 				mustRelease(t, g)
@@ -170,7 +170,7 @@ func TestGuardConnReleaseEndsWhatWasLeftOpen(t *testing.T) {
 func TestGuardConnIsNilWithoutAPinnedConnection(t *testing.T) {
 	t.Parallel()
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
-	g, err := newLock(t, db, testdb.UniqueName(t)).TryLock(context.Background())
+	g, err := newPinned(t, db, testdb.UniqueName(t)).TryLock(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestGuardConnStepsTheKeepAliveAside(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			take := func(name string) *advisorylock.Guard {
-				g, err := newLock(t, db, name, advisorylock.WithKeepAlive(keepAlive), quiet).TryLock(ctx)
+				g, err := newPinned(t, db, name, advisorylock.WithKeepAlive(keepAlive), quiet).TryLock(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -281,7 +281,7 @@ func TestGuardConnAndWithConnShareOneLending(t *testing.T) {
 				return pid
 			}
 
-			g, err := newLock(t, db, testdb.UniqueName(t)).TryLock(ctx)
+			g, err := newPinned(t, db, testdb.UniqueName(t)).TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -305,7 +305,7 @@ func TestGuardConnAndWithConnShareOneLending(t *testing.T) {
 			}
 			mustRelease(t, g)
 
-			g, err = newLock(t, db, testdb.UniqueName(t)).TryLock(ctx)
+			g, err = newPinned(t, db, testdb.UniqueName(t)).TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -346,7 +346,7 @@ func TestForgottenGuardConnIsCleanedUp(t *testing.T) {
 			db := s.open(t)
 			name := testdb.UniqueName(t)
 			var logs syncBuffer
-			l := newLock(t, db, name, advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			l := newPinned(t, db, name, advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 			ctx := context.Background()
 			func() {
 				g, err := l.TryLock(ctx)
@@ -365,7 +365,7 @@ func TestForgottenGuardConnIsCleanedUp(t *testing.T) {
 					t.Fatal("the Guard was cleaned up while its Conn was kept")
 				}
 			}()
-			other := newLock(t, s.open(t), name)
+			other := newPinned(t, s.open(t), name)
 			testdb.WaitFor(t, wait, func() bool {
 				runtime.GC()
 				g, err := other.TryLock(ctx)

@@ -24,10 +24,11 @@ import (
 )
 
 // fakeLock returns a Lock on the fake backend, whose keep-alive checks
-// often (so that a loss is seen at once), logging nothing.
+// often (so that a loss is seen at once), logging nothing, pinned (a
+// session per held lock) unless opts say WithMultiplexing(n).
 func fakeLock(t *testing.T, s *fakeServer, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Lock {
 	t.Helper()
-	return newLock(t, db, name, append(fakeOptions(s), opts...)...)
+	return newLock(t, db, name, append(append(fakeOptions(s), pinned), opts...)...)
 }
 
 // fakeOptions are the options of every lock of the engine tests.
@@ -206,7 +207,7 @@ func TestEngineCheckoutEndsWithItsContextOrThePoolWait(t *testing.T) {
 		name  string
 		opts  []advisorylock.Option
 		lines int64 // the pool's lines the Lock joins: the shared session's, then its own
-	}{{"pinned", nil, 1}, {"multiplexed", []advisorylock.Option{advisorylock.WithMultiplexing(1)}, 2}} {
+	}{{"pinned", []advisorylock.Option{advisorylock.WithMultiplexing(0)}, 1}, {"multiplexed", []advisorylock.Option{advisorylock.WithMultiplexing(1)}, 2}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s, db := openFake(t)
@@ -504,9 +505,9 @@ func TestEngineRefusesBadInput(t *testing.T) {
 		t.Errorf("New(nil): %v; want ErrUnsupported", err)
 	}
 	for name, opts := range map[string][]advisorylock.Option{
-		"empty name":         nil,
-		"negative keepalive": {advisorylock.WithKeepAlive(-time.Second)},
-		"zero multiplexing":  {advisorylock.WithMultiplexing(0)},
+		"empty name":            nil,
+		"negative keepalive":    {advisorylock.WithKeepAlive(-time.Second)},
+		"negative multiplexing": {advisorylock.WithMultiplexing(-1)},
 	} {
 		lockName := "job"
 		if name == "empty name" {
@@ -958,4 +959,71 @@ func TestEngineMultiplexedBatchOnAFullLockTableKeepsTheSession(t *testing.T) {
 	}
 	granted.Range(func(_, g any) bool { mustRelease(t, g.(*advisorylock.Guard)); return true })
 	mustRelease(t, g0)
+}
+
+// WithConn on a shared session: a neighbour's lock that fn frees, and then
+// the session that fn breaks, are told before WithConn returns.
+func TestEngineWithConnOnASharedSessionTellsWhatFnDid(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
+	a := mustTry(t, fakeLock(t, s, db, "lend-a", opts...))
+	b := mustTry(t, fakeLock(t, s, db, "lend-b", opts...))
+	defer mustRelease(t, a)
+	defer mustRelease(t, b)
+	ctx := context.Background()
+	if err := a.WithConn(ctx, func(advisorylock.Conn) error {
+		s.free(advisorylock.Key("lend-b"))
+		return nil
+	}); err != nil {
+		t.Fatalf("WithConn: %v", err)
+	}
+	if !isClosed(b.Lost()) || isClosed(a.Lost()) {
+		t.Fatalf("after fn freed lend-b: lost a=%v b=%v, want only b", isClosed(a.Lost()), isClosed(b.Lost()))
+	}
+	c := mustTry(t, fakeLock(t, s, db, "lend-c", opts...))
+	defer mustRelease(t, c)
+	if err := a.WithConn(ctx, func(advisorylock.Conn) error {
+		s.kill(s.holder(advisorylock.Key("lend-a")))
+		return nil
+	}); err != nil {
+		t.Fatalf("WithConn: %v", err)
+	}
+	if !isClosed(a.Lost()) || !isClosed(c.Lost()) {
+		t.Fatalf("after fn ended the session: lost a=%v c=%v, want both", isClosed(a.Lost()), isClosed(c.Lost()))
+	}
+}
+
+// A try that WithConn's fn makes on the same handle goes to another shared
+// session where the pool may open one: the lent session is busy.
+func TestEngineWithConnOnASharedSessionLetsFnTakeAnotherLock(t *testing.T) {
+	t.Parallel()
+	s, db := openFake(t)
+	opts := []advisorylock.Option{advisorylock.WithMultiplexing(2), advisorylock.WithKeepAlive(10 * time.Second)}
+	a := mustTry(t, fakeLock(t, s, db, "nest-a", opts...))
+	defer mustRelease(t, a)
+	b := fakeLock(t, s, db, "nest-b", opts...)
+	ctx := context.Background()
+	var gb *advisorylock.Guard
+	err := a.WithConn(ctx, func(advisorylock.Conn) error {
+		got := make(chan error, 1)
+		go func() {
+			var err error
+			gb, err = b.TryLock(ctx)
+			got <- err
+		}()
+		select {
+		case err := <-got:
+			return err
+		case <-time.After(wait):
+			return errors.New("a TryLock inside fn waited for fn")
+		}
+	})
+	if err != nil {
+		t.Fatalf("WithConn: %v", err)
+	}
+	if s.holder(advisorylock.Key("nest-a")) == s.holder(advisorylock.Key("nest-b")) {
+		t.Fatal("fn's lock went to the lent session")
+	}
+	mustRelease(t, gb)
 }

@@ -10,8 +10,9 @@ import (
 )
 
 // Per-entity locks on few connections: each order's lock is its own name,
-// and every held name shares one of four sessions of the pool instead of
-// pinning a connection each.
+// and every held name shares one of four sessions of the pool (New's
+// default, said here) instead of pinning a connection each, as
+// WithMultiplexing(0) would.
 func ExampleWithMultiplexing() {
 	db := exampleDB()
 	defer db.Close()

@@ -1218,7 +1218,7 @@ func TestReleaseDuringACutGivesBackItsPoolSlot(t *testing.T) {
 			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			db.SetMaxOpenConns(1)
 			rec := &observetest.Recorder{}
-			l := newLock(t, db, testdb.UniqueName(t), quiet, advisorylock.WithObserver(rec),
+			l := newLock(t, db, testdb.UniqueName(t), quiet, pinned, advisorylock.WithObserver(rec),
 				advisorylock.WithKeepAlive(0), advisorylock.WithReleaseTimeout(500*time.Millisecond))
 			g, err := l.TryLock(ctx)
 			if err != nil {

@@ -63,12 +63,31 @@ type Conn interface {
 // be cut short: Release then returns an error, and the connection is
 // discarded, freeing the lock, when fn returns.
 //
+// A lock held on a session shared by several locks (see
+// WithMultiplexing, the default of New and NewSet) lends that session:
+// while fn runs, the statements of the session's other locks (their
+// tries and releases, a Release of this Guard too) and its keep-alive
+// wait for fn to return, so keep fn short. A try that fn makes on the
+// same handle goes to another shared session while the pool has room
+// for one, else it waits for fn, as does a Release in fn of another lock
+// held on the lent session: fn must not wait for either. When fn
+// returns, what it left open is ended as above, and then, before any
+// other statement runs on the session, its keep-alive checks every lock
+// it holds: a lock that fn
+// freed (pg_advisory_unlock, RELEASE_LOCK) has its Lost closed before
+// WithConn returns, and a session that fn left in a state that cannot be
+// known (ending what it left open failed, or the check fails) is ended,
+// and each of its locks is told it is lost.
+//
 // WithConn returns an error without calling fn where the lock pins no
-// connection (a Lock on SQLite, a lease row, a session shared by several
-// locks: see WithMultiplexing), once the Guard was released or lost, and
-// when ctx ends before fn's turn.
+// connection (a Lock on SQLite, a lease row), once the Guard was
+// released or lost, and when ctx ends before fn's turn.
 func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err error) {
 	name := g.h.name // the deferred func below must not keep g reachable
+	if m, ok := g.h.end.(*muxHold); ok {
+		defer runtime.KeepAlive(g) // until fn has returned: see below
+		return m.withConn(ctx, fn)
+	}
 	s, ok := g.h.end.(*sessionHold)
 	if !ok {
 		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(name), errNoConn)
@@ -91,7 +110,8 @@ func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err err
 // Conn returns the connection whose session holds the lock, lent until
 // the Guard's release, to run the section's own statements on it; nil
 // where the lock pins no connection (a Lock on SQLite, a lease row, a
-// session shared by several locks: see WithMultiplexing). It behaves as a
+// session shared by several locks, which New and NewSet use by default:
+// see WithMultiplexing; WithConn lends a shared session). It behaves as a
 // *sql.Conn does, one statement at a time (close rows before the next
 // statement), and every call returns a Conn on the same lending. Conn
 // waits for a keep-alive check in flight.

@@ -81,7 +81,7 @@ func TestWithConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 			table := scratchTable(t, db, s)
 			db.SetMaxOpenConns(1)
 			name := testdb.UniqueName(t)
-			l := newLock(t, db, name)
+			l := newPinned(t, db, name)
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			err := l.Do(ctx, func(ctx context.Context) error {
@@ -148,7 +148,7 @@ func TestWithConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 func TestWithConnFailsWithoutAPinnedConnection(t *testing.T) {
 	t.Parallel()
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
-	g, err := newLock(t, db, testdb.UniqueName(t)).TryLock(context.Background())
+	g, err := newPinned(t, db, testdb.UniqueName(t)).TryLock(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestWithConnStepsTheKeepAliveAside(t *testing.T) {
 			t.Parallel() // a name and sessions of its own on each server
 			db := s.open(t)
 			db.SetMaxOpenConns(1)
-			l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(keepAlive), quiet)
+			l := newPinned(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(keepAlive), quiet)
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			g, err := l.TryLock(ctx)
@@ -267,7 +267,7 @@ func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
 			table := scratchTable(t, db, s)
 			other := s.open(t)
 			name := testdb.UniqueName(t)
-			l := newLock(t, db, name)
+			l := newPinned(t, db, name)
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			g, err := l.TryLock(ctx)
@@ -350,7 +350,7 @@ func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustRelease(t, g)
-			if _, err := newLock(t, other, name).TryLock(ctx); err != nil {
+			if _, err := newPinned(t, other, name).TryLock(ctx); err != nil {
 				t.Fatalf("TryLock after Release: %v", err)
 			}
 			if err := g.WithConn(ctx, func(advisorylock.Conn) error { return nil }); !errors.Is(err, advisorylock.ErrLockLost) {
@@ -398,7 +398,7 @@ func TestReleaseWhileWithConnRunsAStatement(t *testing.T) {
 func releaseWhileAStatementRuns(t *testing.T, drv string, releaseTimeout time.Duration, lend func(ctx context.Context, g *advisorylock.Guard, fn func(advisorylock.Conn) error) error) {
 	db := testdb.OpenPostgres(t, drv)
 	name := testdb.UniqueName(t)
-	l := newLock(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout))
+	l := newPinned(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout))
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	g, err := l.TryLock(ctx)
@@ -448,7 +448,7 @@ func releaseWhileAStatementRuns(t *testing.T, drv string, releaseTimeout time.Du
 		}
 	}
 	testdb.WaitFor(t, wait, func() bool {
-		g, err := newLock(t, admin, name).TryLock(ctx)
+		g, err := newPinned(t, admin, name).TryLock(ctx)
 		if err == nil {
 			mustRelease(t, g)
 		}
@@ -468,7 +468,7 @@ func TestReleaseWhileWithConnDoesNotReturn(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
 			admin := testdb.OpenPostgres(t, "pgx")
 			name := testdb.UniqueName(t)
-			l := newLock(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout), quiet)
+			l := newPinned(t, db, name, advisorylock.WithReleaseTimeout(releaseTimeout), quiet)
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			g, err := l.TryLock(ctx)
@@ -495,7 +495,7 @@ func TestReleaseWhileWithConnDoesNotReturn(t *testing.T) {
 			if took := time.Since(start); took > releaseTimeout+timeoutSlack {
 				t.Fatalf("Release took %v with a release timeout of %v", took, releaseTimeout)
 			}
-			if g, err := newLock(t, admin, name).TryLock(ctx); err == nil {
+			if g, err := newPinned(t, admin, name).TryLock(ctx); err == nil {
 				mustRelease(t, g)
 				t.Fatal("the lock was free while fn still had its connection")
 			}
@@ -504,7 +504,7 @@ func TestReleaseWhileWithConnDoesNotReturn(t *testing.T) {
 				t.Fatal(err)
 			}
 			testdb.WaitFor(t, wait, func() bool {
-				g, err := newLock(t, admin, name).TryLock(ctx)
+				g, err := newPinned(t, admin, name).TryLock(ctx)
 				if err == nil {
 					mustRelease(t, g)
 				}
@@ -525,7 +525,7 @@ func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
 			db := s.open(t)
 			name := testdb.UniqueName(t)
 			var logs syncBuffer
-			l := newLock(t, db, name, advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			l := newPinned(t, db, name, advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 			ctx := context.Background()
 			func() {
 				g, err := l.TryLock(ctx)
@@ -549,7 +549,7 @@ func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
 					t.Fatal("the Guard was cleaned up while WithConn ran")
 				}
 			}()
-			other := newLock(t, s.open(t), name)
+			other := newPinned(t, s.open(t), name)
 			testdb.WaitFor(t, wait, func() bool {
 				runtime.GC()
 				g, err := other.TryLock(ctx)
@@ -561,4 +561,15 @@ func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
 			}, "a forgotten guard kept its lock or connection after WithConn")
 		})
 	}
+}
+
+// pinned is the option of a Lock that pins one session per held lock
+// (the default shares sessions: see WithMultiplexing).
+var pinned = advisorylock.WithMultiplexing(0)
+
+// newPinned returns a Lock that pins one session per held lock: what the
+// tests of a lock's own connection (WithConn, Guard.Conn) are about.
+func newPinned(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Lock {
+	t.Helper()
+	return newLock(t, db, name, append(opts, pinned)...)
 }

@@ -381,12 +381,12 @@ func TestLockTimeoutWhenPoolExhausted(t *testing.T) {
 			ctx := context.Background()
 			db := testdb.OpenPostgres(t, drv)
 			db.SetMaxOpenConns(1)
-			g, err := newLock(t, db, testdb.UniqueName(t)).TryLock(ctx)
+			g, err := newLock(t, db, testdb.UniqueName(t), pinned).TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer mustRelease(t, g)
-			other := newLock(t, db, testdb.UniqueName(t))
+			other := newLock(t, db, testdb.UniqueName(t), pinned)
 			_, err = other.LockTimeout(ctx, 200*time.Millisecond)
 			if !errors.Is(err, advisorylock.ErrTimeout) {
 				t.Fatalf("LockTimeout with the pool exhausted = %v, want ErrTimeout", err)
@@ -795,7 +795,7 @@ func TestLocksOnAPgxpoolCountAgainstItsMaxConns(t *testing.T) {
 		}
 		return g
 	}
-	held := []*advisorylock.Guard{take(newLock(t, db, name+"/a")), take(newLock(t, db, name+"/b"))}
+	held := []*advisorylock.Guard{take(newLock(t, db, name+"/a", pinned)), take(newLock(t, db, name+"/b", pinned))}
 	defer func() { // before pool.Close, which waits for every acquired connection
 		for _, g := range held {
 			_ = g.Release(ctx)

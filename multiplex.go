@@ -15,9 +15,10 @@ import (
 	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
-// Multiplexing (WithMultiplexing): the session locks of every Lock on one
-// *sql.DB with the same settings share a few pinned connections, each of
-// whose sessions holds many locks. The rules:
+// Multiplexing (WithMultiplexing; New's and NewSet's default where the
+// backend is a backend.MultiplexLocker): the session locks of every Lock
+// on one *sql.DB with the same settings share a few pinned connections,
+// each of whose sessions holds many locks. The rules:
 //
 //   - One statement at a time runs on a shared session (its mu), and no
 //     caller's context can end one: a cancelled statement may cost the
@@ -753,9 +754,15 @@ func (h *muxHold) forget() {
 // session still holds. A lock it no longer holds is lost; a session that
 // cannot be asked is ended, and all its locks with it.
 func (s *muxSession) check() {
-	mp := s.pool
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.checkLocked()
+}
+
+// checkLocked is check's statement and what it finds, with s.mu held:
+// the keep-alive's, and WithConn's once fn has returned.
+func (s *muxSession) checkLocked() {
+	mp := s.pool
 	mp.mu.Lock()
 	if s.ended || len(s.holds) == 0 {
 		s.timer = nil
@@ -810,10 +817,87 @@ func (s *muxSession) check() {
 	}
 	mp.mu.Lock()
 	defer mp.mu.Unlock()
-	if len(s.holds) > 0 {
-		s.timer.Reset(mp.key.keepAlive)
-	} else {
+	switch {
+	case len(s.holds) == 0:
+		if s.timer != nil {
+			s.timer.Stop()
+		}
 		s.timer = nil
 		s.retireIfIdle()
+	case s.timer != nil: // nil without a keep-alive (WithKeepAlive(0))
+		s.timer.Reset(mp.key.keepAlive)
+	}
+}
+
+// withConn is Guard.WithConn for h: it lends h's shared session to fn
+// under s.mu, so that no other statement runs on the session meanwhile.
+// When fn returns, what it left open is ended (see lentConn.end), and
+// then, s.mu still held, the keep-alive check runs, so that a lock that
+// fn freed, or a session that fn broke, is told before the session runs
+// anything else; a session whose state is unknown is ended.
+func (h *muxHold) withConn(ctx context.Context, fn func(conn Conn) error) (err error) {
+	s := h.s
+	if err := lockBy(ctx, &s.mu); err != nil {
+		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(h.name), err)
+	}
+	defer s.mu.Unlock()
+	if !s.has(h) {
+		why := fmt.Errorf("%w: released", ErrLockLost)
+		if _, lost := h.isLost(); lost != nil {
+			why = lost
+		}
+		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(h.name), why)
+	}
+	s.pool.mu.Lock()
+	s.inflight++ // a session of its own for a try that fn makes, where the pool may open one
+	s.pool.mu.Unlock()
+	c := newLentConn(s.p.conn)
+	c.enter() // cannot be over: it has just begun
+	defer func() {
+		s.pool.mu.Lock()
+		s.inflight--
+		s.pool.mu.Unlock()
+		c.leave()
+		endErr := c.end()
+		dbutil.ForgetSession(s.p.conn) // fn may have changed its settings
+		if endErr != nil {
+			s.end(CauseSessionEnded, fmt.Errorf("%w: ending what WithConn's fn left open on the shared session: %w", ErrLockLost, endErr))
+			if err == nil {
+				err = fmt.Errorf("advisorylock: lock %s: ending what fn left open on its connection: %w", quoteName(h.name), endErr)
+			}
+			return
+		}
+		s.checkLocked()
+	}()
+	return fn(c)
+}
+
+// has reports whether h is held on s. s.mu is held.
+func (s *muxSession) has(h *muxHold) bool {
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	return !s.ended && s.holds[h.keys[0]] == h
+}
+
+// lockBy locks mu, unless ctx ends first: then it returns ctx's cause,
+// and mu, once a goroutine has locked it, is unlocked again.
+func lockBy(ctx context.Context, mu *sync.Mutex) error {
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	locked := make(chan struct{})
+	go func() {
+		mu.Lock()
+		close(locked)
+	}()
+	select {
+	case <-locked:
+		return nil
+	case <-ctx.Done():
+		go func() {
+			<-locked
+			mu.Unlock()
+		}()
+		return context.Cause(ctx)
 	}
 }

@@ -192,7 +192,7 @@ func releaseAll(t *testing.T, guards []*advisorylock.Guard) {
 }
 
 // TestMultiplexingHolds2000NamesOnFewSessions holds 2,000 names from one
-// pool of 8 connections with WithMultiplexing(4): the server shows them
+// pool of 8 connections on the defaults (4 shared sessions): the server shows them
 // held by at most 4 sessions, a rival process gets none of them, and
 // after the release none is held.
 func TestMultiplexingHolds2000NamesOnFewSessions(t *testing.T) {
@@ -204,7 +204,7 @@ func TestMultiplexingHolds2000NamesOnFewSessions(t *testing.T) {
 			db.SetMaxOpenConns(8)
 			admin := srv.open(t)
 			names, keys := muxNames(t, 2000)
-			guards := holdAll(t, db, names, 16, quiet, advisorylock.WithMultiplexing(4))
+			guards := holdAll(t, db, names, 16, quiet)
 
 			held := srv.sessions(t, admin, keys)
 			if len(held) != len(keys) {
@@ -273,9 +273,10 @@ func TestHelperMultiplexRival(t *testing.T) {
 	}
 }
 
-// muxFaultOptions are the options of the fault tests' multiplexed locks:
-// a keep-alive of 200ms, statements bounded by 1s.
-var muxFaultOptions = []advisorylock.Option{quiet, advisorylock.WithMultiplexing(4),
+// muxFaultOptions are the options of the fault tests' multiplexed locks
+// (the default: 4 shared sessions): a keep-alive of 200ms, statements
+// bounded by 1s.
+var muxFaultOptions = []advisorylock.Option{quiet,
 	advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second)}
 
 // spread holds names until the server shows them on at least two
@@ -479,9 +480,6 @@ func TestMultiplexingExcludesInProcessAndHandsOff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := g.WithConn(ctx, func(advisorylock.Conn) error { return nil }); err == nil {
-				t.Error("WithConn of a multiplexed lock = nil, want an error: it pins no connection")
-			}
 			if _, err := b.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 				t.Fatalf("second TryLock in the process: %v, want ErrNotAcquired", err)
 			}
@@ -539,13 +537,29 @@ func TestMultiplexingExcludesInProcessAndHandsOff(t *testing.T) {
 func TestMultiplexingOptionsAndRefusals(t *testing.T) {
 	db := testdb.OpenPostgres(t, "pgx")
 	for _, bad := range [][]advisorylock.Option{
-		{advisorylock.WithMultiplexing(0)},
 		{advisorylock.WithMultiplexing(-1)},
 		{advisorylock.WithMultiplexing(2), advisorylock.WithMinHold(time.Second)},
 	} {
 		if _, err := advisorylock.New(db, "x", bad...); err == nil {
 			t.Errorf("New with %d bad options: no error", len(bad))
 		}
+	}
+	for _, good := range [][]advisorylock.Option{
+		{advisorylock.WithMultiplexing(0)},
+		{advisorylock.WithMultiplexing(0), advisorylock.WithMinHold(time.Second)},
+		{advisorylock.WithMinHold(time.Second)}, // pinned without an error
+		{advisorylock.WithLeaseRows()},
+	} {
+		if _, err := advisorylock.New(db, "x", good...); err != nil {
+			t.Errorf("New with %d options: %v", len(good), err)
+		}
+	}
+	// WithMultiplexing(0) asks nothing of the other kinds: they take it.
+	if _, err := advisorylock.NewSemaphore(db, "x", 2, advisorylock.WithMultiplexing(0)); err != nil {
+		t.Errorf("NewSemaphore with WithMultiplexing(0): %v", err)
+	}
+	if _, err := advisorylock.NewLeaseLock(db, "x", advisorylock.WithMultiplexing(0)); err != nil {
+		t.Errorf("NewLeaseLock with WithMultiplexing(0): %v", err)
 	}
 	if _, err := advisorylock.NewSemaphore(db, "x", 2, advisorylock.WithMultiplexing(2)); err == nil {
 		t.Error("NewSemaphore took WithMultiplexing")
@@ -780,7 +794,7 @@ func TestMultiplexingAtTheServersLockTableLimit(t *testing.T) {
 }
 
 // TestMultiplexingLeavesThePoolAConnection holds 200 names from a pool of
-// SetMaxOpenConns(2) with WithMultiplexing(4), taken 16 at a time: the
+// SetMaxOpenConns(2) on the defaults (4 shared sessions), taken 16 at a time: the
 // shared sessions are bounded to one fewer than the pool's limit, so the
 // held locks leave a connection for the application's own statements.
 func TestMultiplexingLeavesThePoolAConnection(t *testing.T) {
@@ -790,7 +804,7 @@ func TestMultiplexingLeavesThePoolAConnection(t *testing.T) {
 			db.SetMaxOpenConns(2)
 			admin := testdb.OpenPostgres(t, drv)
 			names, keys := muxNames(t, 200)
-			guards := holdAll(t, db, names, 16, quiet, advisorylock.WithMultiplexing(4))
+			guards := holdAll(t, db, names, 16, quiet)
 			defer releaseAll(t, guards)
 
 			if s := distinct(pgKeySessions(t, admin, keys)); len(s) != 1 {

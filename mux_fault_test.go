@@ -27,8 +27,8 @@ type muxHolder struct {
 	done  atomic.Bool             // the first Do returned
 }
 
-// TestMultiplexedSessionKilledUnderContention holds 200 names with
-// WithMultiplexing(4) (a Do each, from one pool of 8 connections), while
+// TestMultiplexedSessionKilledUnderContention holds 200 names on the
+// default shared sessions (a Do each, from one pool of 8 connections), while
 // rival workers (multiplexed ones on the same pool and on another, pinned
 // ones on another) contend for 40 of those names, 20 of them on the
 // session to be killed, with TryDo and Do. That shared session (the one of
@@ -102,11 +102,11 @@ func TestMultiplexedSessionKilledUnderContention(t *testing.T) {
 				contended = append(contended, n)
 			}
 			t.Logf("sessions and their names: %v; the victim, %d, holds %d", bySession, victim, bySession[victim])
-			pinned := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second)}
+			pinnedOpts := []advisorylock.Option{quiet, pinned, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second)}
 			for i, rival := range []struct {
 				db   *sql.DB
 				opts []advisorylock.Option
-			}{{db, muxFaultOptions}, {db, muxFaultOptions}, {rivalDB, muxFaultOptions}, {rivalDB, muxFaultOptions}, {rivalDB, pinned}, {rivalDB, pinned}} {
+			}{{db, muxFaultOptions}, {db, muxFaultOptions}, {rivalDB, muxFaultOptions}, {rivalDB, muxFaultOptions}, {rivalDB, pinnedOpts}, {rivalDB, pinnedOpts}} {
 				wg.Go(func() { rivalWorker(ctx, t, rival.db, rival.opts, contended, secs, rivalFigs, i%2 == 0) })
 			}
 			if !eventually(func() bool { return rivalFigs.ops.Load() >= 20 }) {

@@ -642,7 +642,7 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	}
 
 	var logs syncBuffer
-	m := newLock(t, db, "release", advisorylock.WithBackend(advisorylock.MySQL()), advisorylock.WithServerChecks(false),
+	m := newLock(t, db, "release", pinned, advisorylock.WithBackend(advisorylock.MySQL()), advisorylock.WithServerChecks(false),
 		advisorylock.WithKeepAlive(0), advisorylock.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	for _, tc := range []struct {
 		answer  driver.Value

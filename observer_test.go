@@ -155,7 +155,7 @@ func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
 func TestObserverSeesAForgottenGuard(t *testing.T) {
 	db := testdb.OpenPostgres(t, "pgx")
 	rec := &observetest.Recorder{}
-	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec))
+	l := newLock(t, db, testdb.UniqueName(t), pinned, advisorylock.WithObserver(rec))
 	func() {
 		if _, err := l.TryLock(context.Background()); err != nil {
 			t.Fatal(err)

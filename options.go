@@ -36,6 +36,7 @@ const (
 	defaultDeadHolder     = 20 * time.Second
 	defaultPoolWait       = time.Second
 	defaultRunRetention   = 7 * 24 * time.Hour
+	defaultMultiplex      = 4 // shared sessions per handle: see WithMultiplexing
 )
 
 type config struct {
@@ -56,7 +57,7 @@ type config struct {
 	poolWait       time.Duration
 	minHold        time.Duration
 	runRetention   time.Duration // see WithRunRetention
-	multiplex      int           // see WithMultiplexing; 0: off
+	multiplex      int           // see WithMultiplexing; 0: pinned
 	leaseRows      bool          // see WithLeaseRows
 	given          optionSet     // the options passed, for configFor
 }
@@ -101,8 +102,12 @@ func (c *config) set(o optionSet) { c.given |= o }
 // out of bounds (see check).
 func configFor(what string, takes optionSet, opts []Option) (config, error) {
 	c := newConfig(opts)
+	given := c.given
+	if c.multiplex == 0 {
+		given &^= optMultiplexing // pinned, as every other kind is: see WithMultiplexing
+	}
 	for i, name := range optionNames {
-		if o := optionSet(1) << i; c.given&o != 0 && takes&o == 0 {
+		if o := optionSet(1) << i; given&o != 0 && takes&o == 0 {
 			return c, fmt.Errorf("%w: %s does not apply to %s", errInvalidOption, name, what)
 		}
 	}
@@ -134,6 +139,16 @@ func newConfig(opts []Option) config {
 		c.clock = systemClock{}
 	}
 	return c
+}
+
+// multiplexByDefault gives a Lock made by New or NewSet the default
+// number of shared sessions, unless WithMultiplexing was given or the
+// Lock cannot multiplex (WithMinHold, WithLeaseRows; the backend is
+// known at first use): see WithMultiplexing.
+func (c *config) multiplexByDefault() {
+	if c.given&optMultiplexing == 0 && c.minHold == 0 && !c.leaseRows {
+		c.multiplex = defaultMultiplex
+	}
 }
 
 func (c *config) log() *slog.Logger {
@@ -251,41 +266,54 @@ func WithRunRetention(d time.Duration) Option {
 	return func(c *config) { c.runRetention = d; c.set(optRunRetention) }
 }
 
-// WithMultiplexing makes a Lock's session locks (PostgreSQL advisory
-// locks, MySQL named locks) share up to sessions pinned connections of
-// its handle with every Lock on it that has the same options, each
-// session holding many locks, instead of pinning a connection per held
-// lock: a process can then hold thousands of names on a handful of
-// connections [off]. A session lock and a lease row are the same lock
-// with or without it, so Locks with and without it exclude each other.
+// WithMultiplexing sets how many pinned connections of its handle a
+// Lock's session locks (PostgreSQL advisory locks, MySQL named locks)
+// share with every Lock on it that has the same options, each session
+// holding many locks [4]: a process holds thousands of names on a
+// handful of connections. WithMultiplexing(0) pins one connection per
+// held lock instead. A session lock is the same lock shared or pinned, so
+// Locks with either setting exclude each other.
 //
 // TryLock (and TryDo, and the first attempt of every wait) runs on a
 // shared session, one round trip; a second acquire of a name this
 // process holds on a shared session is a miss without one. A wait that
 // finds the name taken, or no connection for a new shared session within
 // WithPoolWait, waits on a connection of its own, which then holds the
-// lock as without the option. One keep-alive per session checks all
-// its locks in one statement.
+// lock as a pinned one. One keep-alive per session checks all its locks
+// in one statement.
 //
 // The trade: a shared session that dies, or whose state a failed
 // statement leaves unknown, loses every lock on it (each Guard's Lost
-// closes, each Do's context is cancelled), and no other. Statements on a
-// shared session cannot be cancelled by a caller's context (that could
-// cost the connection, and every lock on it): they are bounded by the
-// release timeout instead. Guard.WithConn returns an error for a lock
-// held on a shared session.
+// closes, each Do's context is cancelled, each loss is told to the
+// Observer), and no other. Statements on a shared session cannot be
+// cancelled by a caller's context (that could cost the connection, and
+// every lock on it): they are bounded by the release timeout instead.
+// Guard.WithConn lends a shared session, and its other locks' statements
+// wait for fn (see there); the deprecated Guard.Conn returns nil on it.
+// Pin (WithMultiplexing(0)) a few long holds whose sessions should fail
+// alone.
 //
-// The shared sessions stay fewer than the handle's SetMaxOpenConns limit
-// m (read at each try; a pool without a limit is not bounded): at most
-// m-1 whatever sessions says, so that held locks leave the application's
-// other statements a connection. With m = 1 the one session takes the
-// pool's only connection while it holds a lock.
+// Pool sizing: the shared sessions stay fewer than the handle's
+// SetMaxOpenConns limit m (read at each try; a pool without a limit is
+// not bounded): at most m-1 whatever sessions says, so that held locks
+// leave the application's other statements a connection (with m = 1 the
+// one session takes the pool's only connection while it holds a lock).
+// Count sessions connections for all of a handle's multiplexed holds,
+// plus one per pinned hold: a wait that found its name taken, a shared
+// hold (RLock), a Semaphore's slot, a Lock with WithMinHold or
+// WithMultiplexing(0).
 //
-// sessions below 1 is refused. It applies to New and NewSet, and not
-// with WithMinHold; RLock on a Lock with it returns ErrUnsupported, and
-// on SQLite, whose Locks are rows, it changes nothing. A backend given
-// with WithBackend must support it (see package backend), else the first
-// operation returns ErrUnsupported.
+// It applies to New and NewSet; every constructor takes
+// WithMultiplexing(0), which asks nothing of the others, so that one list
+// of options serves them all. Locks that cannot share a session stay
+// pinned without an error when the option is not given: the shared side
+// (RLock), WithMinHold, a backend given with WithBackend that does not
+// support it (see package backend); on SQLite and with WithLeaseRows a
+// Lock is a row and pins nothing. Given with sessions above 0, those are
+// refused: with WithMinHold or WithLeaseRows at construction, RLock with
+// ErrUnsupported, a backend that does not support it with ErrUnsupported
+// at the first operation (SQLite is not refused: it changes nothing
+// there). sessions below 0 is refused.
 func WithMultiplexing(sessions int) Option {
 	return func(c *config) { c.multiplex = sessions; c.set(optMultiplexing) }
 }
@@ -381,8 +409,8 @@ func (c *config) check(takes optionSet) error {
 		return bad("WithMinHold(%s) is negative (0 turns it off)", c.minHold)
 	case c.runRetention < time.Minute:
 		return bad("WithRunRetention(%s) is below 1m", c.runRetention)
-	case c.given&optMultiplexing != 0 && c.multiplex < 1:
-		return bad("WithMultiplexing(%d) needs at least one session", c.multiplex)
+	case c.multiplex < 0:
+		return bad("WithMultiplexing(%d) is negative (0 pins a session per held lock)", c.multiplex)
 	case c.multiplex > 0 && c.minHold > 0:
 		return bad("WithMultiplexing does not combine with WithMinHold")
 	case c.multiplex > 0 && c.leaseRows:

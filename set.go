@@ -60,6 +60,7 @@ func NewSet(db DB, names []string, opts ...Option) (*Lock, error) {
 	if err != nil {
 		return nil, wrapErr(label, "new set", err)
 	}
+	cfg.multiplexByDefault()
 	l := newLock(db, label, cfg, backend.KindLock)
 	l.key = keys[0]
 	if len(keys) > 1 {

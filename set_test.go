@@ -32,7 +32,7 @@ func setBackends(t *testing.T) []setBackend {
 	var out []setBackend
 	for _, srv := range muxServers() {
 		out = append(out,
-			setBackend{srv.name + "/pinned", srv.open, []advisorylock.Option{quiet}},
+			setBackend{srv.name + "/pinned", srv.open, []advisorylock.Option{quiet, pinned}},
 			setBackend{srv.name + "/multiplexed", srv.open, []advisorylock.Option{quiet, advisorylock.WithMultiplexing(2)}})
 	}
 	var once sync.Once
@@ -203,6 +203,8 @@ func TestSetLostWithAnyName(t *testing.T) {
 				opts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond), advisorylock.WithReleaseTimeout(time.Second)}
 				if mux {
 					opts = append(opts, advisorylock.WithMultiplexing(2))
+				} else {
+					opts = append(opts, pinned)
 				}
 				g, err := newSet(t, db, names, opts...).TryLock(context.Background())
 				if err != nil {

@@ -179,8 +179,8 @@ func (s sharedSide) take(ctx, budget context.Context, wait bool) (*Guard, error)
 		return nil, err
 	case l.set != nil:
 		return nil, fmt.Errorf("%w: a set (NewSet) cannot be taken shared", ErrUnsupported)
-	case b.muxed:
-		return nil, fmt.Errorf("%w: shared locks (RLock) are not multiplexed (WithMultiplexing): use a Lock without it", ErrUnsupported)
+	case b.muxed && l.cfg.given&optMultiplexing != 0: // by default they are pinned
+		return nil, fmt.Errorf("%w: shared locks (RLock) are not multiplexed (WithMultiplexing): use a Lock without it, which takes them pinned", ErrUnsupported)
 	}
 	if b, err = l.sharedOf(b); err != nil {
 		return nil, err

@@ -20,13 +20,14 @@ import (
 // lib/pq pool and a pgx pool) and on MariaDB (two pools), each pool
 // reaching its server through a cuttable proxy of its own.
 //
-// The multiplexed row: on each pool, six Locks with WithMultiplexing(2)
+// The multiplexed row: on each pool, six Locks on the default shared sessions
 // over three names, two Locks of each name per pool, so that a pool's
 // shared sessions hold several names at once and a name is contended in
 // the process (which the pool excludes itself) as well as across pools
 // (which the server excludes); half wait with Do, half try with TryDo.
 // The set row: on each pool, four sets over four overlapping names, given
-// in opposite orders, waiting with Do; half of them multiplexed.
+// in opposite orders, waiting with Do; half of them multiplexed, half
+// pinned (WithMultiplexing(0)).
 //
 // Each round of faults (injectRound) on each server: the session of a
 // multiplexed Lock inside a long section killed on the server
@@ -45,8 +46,8 @@ import (
 // runs beside the whole suite, where a 200ms keep-alive runs late.
 const muxNoticeWithin = 5 * time.Second
 
-// muxSoakOptions are the options of the rows' Locks and sets; the
-// multiplexed ones add WithMultiplexing(2).
+// muxSoakOptions are the options of the rows' Locks and sets, which
+// multiplex by default; the pinned sets add WithMultiplexing(0).
 var muxSoakOptions = []advisorylock.Option{quiet, advisorylock.WithKeepAlive(200 * time.Millisecond),
 	advisorylock.WithReleaseTimeout(time.Second), advisorylock.WithPollInterval(20 * time.Millisecond)}
 
@@ -115,7 +116,7 @@ func startMuxLoad(t *testing.T, backend string, admin *sql.DB, open func(i int) 
 	ctx, stop := context.WithCancel(context.Background())
 	l.stop = stop
 	t.Cleanup(func() { l.heal(); stop(); l.wg.Wait() })
-	multiplexed := append(slices.Clip(muxSoakOptions), advisorylock.WithMultiplexing(2))
+	pinnedSets := append(slices.Clip(muxSoakOptions), pinned)
 	s := l.setNames
 	sets := [][]string{{s[0], s[1], s[2], s[3]}, {s[3], s[2], s[1], s[0]}, {s[2], s[0]}, {s[1], s[3], s[0]}}
 	for i := range 2 {
@@ -124,13 +125,13 @@ func startMuxLoad(t *testing.T, backend string, admin *sql.DB, open func(i int) 
 		l.pools, l.proxies = append(l.pools, db), append(l.proxies, proxy)
 		for j := range 2 * len(l.muxNames) {
 			name := l.muxNames[j%len(l.muxNames)]
-			lock := newLock(t, db, name, multiplexed...)
+			lock := newLock(t, db, name, muxSoakOptions...)
 			l.wg.Go(func() { l.worker(ctx, lock, []string{name}, l.mux, &l.longMux, j%2 == 1) })
 		}
 		for j, names := range sets {
-			opts := muxSoakOptions
+			opts := pinnedSets
 			if j%2 == i%2 {
-				opts = multiplexed
+				opts = muxSoakOptions
 			}
 			set := newSet(t, db, names, opts...)
 			l.wg.Go(func() { l.worker(ctx, set, names, l.set, &l.longSet, false) })

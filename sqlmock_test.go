@@ -23,7 +23,7 @@ func mockLock(t *testing.T, opts ...advisorylock.Option) (*advisorylock.Lock, *s
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	opts = append([]advisorylock.Option{advisorylock.WithBackend(advisorylock.Postgres()), advisorylock.WithServerChecks(false)}, opts...)
+	opts = append([]advisorylock.Option{advisorylock.WithBackend(advisorylock.Postgres()), advisorylock.WithServerChecks(false), pinned}, opts...)
 	l, err := advisorylock.New(db, "mocked", opts...)
 	if err != nil {
 		t.Fatalf("New on sqlmock with WithBackend: %v", err)

@@ -249,8 +249,8 @@ var muxModes = []struct {
 }{
 	{"mux4", 16, []advisorylock.Option{advisorylock.WithMultiplexing(4)}},
 	{"mux8", 16, []advisorylock.Option{advisorylock.WithMultiplexing(8)}},
-	{"conn_per_lock", 0, nil},
-	{"conn_per_lock_pool8", 8, nil},
+	{"conn_per_lock", 0, []advisorylock.Option{advisorylock.WithMultiplexing(0)}},
+	{"conn_per_lock_pool8", 8, []advisorylock.Option{advisorylock.WithMultiplexing(0)}},
 }
 
 // BenchmarkMuxThroughput runs b.N operations spread over 32 goroutines
@@ -320,7 +320,7 @@ func BenchmarkMuxSet(b *testing.B) {
 	for _, engine := range muxEngines {
 		for _, mode := range []string{"pinned", "mux4"} {
 			b.Run(engine+"/"+mode, func(b *testing.B) {
-				var opts []advisorylock.Option
+				opts := []advisorylock.Option{advisorylock.WithMultiplexing(0)} // pinned
 				var db *sql.DB
 				var proxy *countingProxy
 				if engine == "mysql" {
@@ -332,7 +332,7 @@ func BenchmarkMuxSet(b *testing.B) {
 					warm(b, db, 4)
 				}
 				if mode == "mux4" {
-					opts = append(opts, advisorylock.WithMultiplexing(4))
+					opts = []advisorylock.Option{advisorylock.WithMultiplexing(4)}
 					muxAnchor(b, db, opts...)
 				}
 				names := make([]string, 4)

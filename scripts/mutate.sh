@@ -182,6 +182,12 @@ mutation "a MySQL batch runs before the session's wait_timeout is set" internal/
 mutation "a lost set's other names are let go before it is told" multiplex.go \
 	's/(\tfor _, h := range gone \{\n.*?\n\t\}\n)(\tif len\(rest\) > 0 && s\.unlockLocked.*?\n\t\}\n)/$2$1/s' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
+mutation "the default does not multiplex" options.go \
+	's/\t\tc\.multiplex = defaultMultiplex\n/\t\tc.multiplex = 0 * defaultMultiplex\n/' \
+	'^(TestMultiplexingIsTheDefault|TestKindsThatCannotShareStayPinnedByDefault)$'
+mutation "WithConn on a shared session does not run the keep-alive check after fn" multiplex.go \
+	's/\t\ts\.checkLocked\(\)\n\t\}\(\)\n\treturn fn\(c\)/\t}()\n\treturn fn(c)/' \
+	'^(TestWithConnOnASharedSessionTellsTheLocksFnFreed|TestEngineWithConnOnASharedSessionTellsWhatFnDid)$'
 
 # A slot's lock left on a recycled connection rides to the next holder.
 mutation "MySQL: a slot's release unlocks another key and recycles the slot's connection" semaphore.go \

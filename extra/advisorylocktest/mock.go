@@ -65,13 +65,15 @@ func (m *Mock) For(name string) *Mock {
 }
 
 // Options returns what a lock on the mocked *sql.DB must be constructed
-// with: the backend named (sqlmock's driver cannot be detected), and the
+// with: the backend named (sqlmock's driver cannot be detected), the
 // server checks off (sqlmock cannot answer them; see
-// advisorylock.WithServerChecks). Every constructor takes them: New,
-// NewLeaseLock, NewSemaphore, NewElection, NewFence. Options given after
-// them override them.
+// advisorylock.WithServerChecks), and one session pinned per held lock
+// (advisorylock.WithMultiplexing(0)): the Expect methods expect a pinned
+// Lock's statements, not those of New's default shared sessions. Every
+// constructor takes them: New, NewLeaseLock, NewSemaphore, NewElection,
+// NewFence. Options given after them override them.
 func (m *Mock) Options() []advisorylock.Option {
-	return []advisorylock.Option{advisorylock.WithBackend(m.d.backend()), advisorylock.WithServerChecks(false)}
+	return []advisorylock.Option{advisorylock.WithBackend(m.d.backend()), advisorylock.WithServerChecks(false), advisorylock.WithMultiplexing(0)}
 }
 
 // ExpectTryWins expects an acquire that finds the lock free and takes it:

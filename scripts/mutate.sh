@@ -60,10 +60,10 @@ mutation "a grant that arrives after its caller cancelled is kept" advisorylock.
 	's/if ctx\.Err\(\) != nil \{\n(\t+)\/\/ Cancelled as it was granted/if ctx.Err() != nil \&\& false {\n$1\/\/ Cancelled as it was granted/' \
 	'^TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant$'
 mutation "a cancelled acquire recycles its connection" conn_guard.go \
-	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(ReasonCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1recycle(g.p.conn)/' \
+	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(ReasonCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1dbutil.Recycle(g.p.conn)/' \
 	'^(TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant|TestEngineCancelledWaitLeavesNoHold)$'
 mutation "a clean release discards the connection" conn_guard.go \
-	's/(key", s\.key\)\n\t\}\n\t)dbutil\.Recycle\(s\.p\.conn\)/$1s.p.discard(discardError, nil)/' \
+	's/(key", s\.key\)\n\t\}\n\t)dbutil\.Recycle\(s\.p\.conn\)/$1s.p.discard(ReasonError, nil)/' \
 	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
 mutation "a set's release lets go of its first name only" conn_guard.go \
 	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.keys, /unlockKeys(ctx, s.locker, \&s.p, s.keys[:1], /' \
@@ -78,7 +78,7 @@ mutation "a semaphore guard reports slot 0" advisorylock.go \
 	's/\tg\.slot = slot\n/\tg.slot = 0 * slot\n/' \
 	'^TestEngineSemaphoreGivesEachSlotOnceAndAWaiterTheFreedOne$'
 mutation "a failed unlock recycles the connection" conn_guard.go \
-	's/case err != nil:\n\t\ts\.p\.discard\(ReasonError, err\)\n\t\treturn err/case err != nil:\n\t\trecycle(s.p.conn)\n\t\treturn err/' \
+	's/case err != nil:\n\t\ts\.p\.discard\(ReasonError, err\)\n\t\treturn err/case err != nil:\n\t\tdbutil.Recycle(s.p.conn)\n\t\treturn err/' \
 	'^TestEngineFailedStatementsDiscardTheConnection$'
 
 # --- Multiplexed sessions and sets -------------------------------------------
@@ -129,7 +129,7 @@ mutation "a set is held while any one of its names is" set.go \
 	's/len\(held\) == len\(keys\) && !slices\.Contains\(held, false\), err/len(held) == len(keys) \&\& slices.Contains(held, true), err/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a lost pinned set's connection goes back to the pool with its other names" conn_guard.go \
-	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(ReasonLost, why\)/if gone, _ := s.isLost(); gone {\n\t\trecycle(s.p.conn)/' \
+	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(ReasonLost, why\)/if gone, _ := s.isLost(); gone {\n\t\tdbutil.Recycle(s.p.conn)/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a set of rows is lost only with its first name" set.go \
 	's/for _, p := range parts \{\n\t\tp\.onLost\(/for _, p := range parts[:1] {\n\t\tp.onLost(/' \

@@ -80,6 +80,15 @@ mutation "a semaphore guard reports slot 0" advisorylock.go \
 mutation "a failed unlock recycles the connection" conn_guard.go \
 	's/case err != nil:\n\t\ts\.p\.discard\(ReasonError, err\)\n\t\treturn err/case err != nil:\n\t\tdbutil.Recycle(s.p.conn)\n\t\treturn err/' \
 	'^TestEngineFailedStatementsDiscardTheConnection$'
+mutation "a release recycles the connection without unlocking (the lock rides to the pool)" conn_guard.go \
+	's/return unlockHeld\(ctx, s\.locker, conn, s\.l\)/return backend.SessionResult{Session: s.session, OK: true}, nil/' \
+	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
+mutation "a keep-alive stops after its first check" conn_guard.go \
+	's/if err == nil && held \{\n\t\ts\.timer\.Reset\(s\.l\.cfg\.keepAlive\)\n/if err == nil \&\& held {\n/' \
+	'^TestEngineKeepAliveChecksUntilTheRelease$'
+mutation "a shared session's keep-alive stops after its first check" multiplex.go \
+	's/if len\(s\.holds\) > 0 \{\n\t\ts\.timer\.Reset\(mp\.key\.keepAlive\)/if len(s.holds) > 0 {\n\t\t_ = mp/' \
+	'^TestEngineKeepAliveChecksUntilTheRelease$'
 
 # --- Multiplexed sessions and sets -------------------------------------------
 mutation "a Lock with WithMinHold takes the plain claim, recording no window" advisorylock.go \

@@ -811,7 +811,7 @@ mutation "PostgreSQL: a lock row is taken while live" internal/postgresbackend/r
 	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots|TestSoakLeaseRows)$'
 mutation "PostgreSQL: a lock row's renewal ignores its owner" internal/postgresbackend/rows.go \
 	's/WHERE key = \$1::bigint AND owner = \$2::text AND expires_at > now\(\)/WHERE key = \$1::bigint AND expires_at > now()/' \
-	'^TestLeaseRowsLockExcludesThroughAPooler$'
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsLostHoldersRenewalLeavesTheNewOwnersRowAlone)$'
 mutation "PostgreSQL: a lock row's release frees nothing" internal/postgresbackend/rows.go \
 	's/(USING \(SELECT set_config\(.synchronous_commit., .off., true\)\) AS relaxed\n)WHERE /$1WHERE false AND /' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'
@@ -823,7 +823,7 @@ mutation "MySQL: a lock row is taken while live" internal/mysqlbackend/rows.go \
 	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
 mutation "MySQL: a lock row's renewal ignores its owner" internal/mysqlbackend/rows.go \
 	's/ AND owner = ` \+ mysqlHex\(r\.Owner\) \+ ` AND expires_at > UTC_TIMESTAMP\(6\)`/ AND expires_at > UTC_TIMESTAMP(6)`/' \
-	'^TestLeaseRowsLockExcludesThroughAPooler$'
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsLostHoldersRenewalLeavesTheNewOwnersRowAlone)$'
 mutation "MySQL: a lock row's release frees nothing" internal/mysqlbackend/rows.go \
 	's/stmt := "DELETE FROM advisorylock_locks" \+ which/stmt := "DELETE FROM advisorylock_locks" + which + " AND FALSE"/' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'

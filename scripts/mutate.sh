@@ -205,7 +205,7 @@ mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \
 	's/case lw\.wake <- struct\{\}\{\}:/case <-make(chan struct{}):/' \
 	'^(TestLeaseWaiterWakesOnRelease|TestLeaseWaiterSurvivesAKilledListener)$'
 mutation "a Notifier's notifications are not listened to (lib/pq waiters poll)" internal/postgresbackend/postgres.go \
-	's/\tif own \{\n\t\treturn n\.Listen\(ctx, pgReleaseChannel, ready, heard\)/\tif own {\n\t\t_ = n\n\t\treturn ErrUnsupported/' \
+	's/\tif own \{\n\t\treturn n\.Listen\(ctx, pgReleaseChannel, ready, heard\)/\tif own {\n\t\t_ = n\n\t\treturn backend.ErrUnsupported/' \
 	'^(TestWaiterWakesOnRelease|TestWaiterWakesAfterItsListenerWasKilled|TestSemaphoreWaiterWakesOnRelease)$' extra/advisorylockpq
 mutation "a Notifier's listener takes a connection of the pool" lease_wake.go \
 	's/if _, ok := w\.db\.\(backend\.Notifier\); !ok \{/if _, ok := w.db.(backend.Notifier); !ok || true {/' \

@@ -60,10 +60,10 @@ mutation "a grant that arrives after its caller cancelled is kept" advisorylock.
 	's/if ctx\.Err\(\) != nil \{\n(\t+)\/\/ Cancelled as it was granted/if ctx.Err() != nil \&\& false {\n$1\/\/ Cancelled as it was granted/' \
 	'^TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant$'
 mutation "a cancelled acquire recycles its connection" conn_guard.go \
-	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(ReasonCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1recycle(g.p.conn)/' \
+	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(ReasonCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1dbutil.Recycle(g.p.conn)/' \
 	'^(TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant|TestEngineCancelledWaitLeavesNoHold)$'
 mutation "a clean release discards the connection" conn_guard.go \
-	's/(key", s\.key\)\n\t\}\n\t)dbutil\.Recycle\(s\.p\.conn\)/$1s.p.discard(discardError, nil)/' \
+	's/(key", s\.key\)\n\t\}\n\t)dbutil\.Recycle\(s\.p\.conn\)/$1s.p.discard(ReasonError, nil)/' \
 	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
 mutation "a set's release lets go of its first name only" conn_guard.go \
 	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.keys, /unlockKeys(ctx, s.locker, \&s.p, s.keys[:1], /' \
@@ -78,8 +78,17 @@ mutation "a semaphore guard reports slot 0" advisorylock.go \
 	's/\tg\.slot = slot\n/\tg.slot = 0 * slot\n/' \
 	'^TestEngineSemaphoreGivesEachSlotOnceAndAWaiterTheFreedOne$'
 mutation "a failed unlock recycles the connection" conn_guard.go \
-	's/case err != nil:\n\t\ts\.p\.discard\(ReasonError, err\)\n\t\treturn err/case err != nil:\n\t\trecycle(s.p.conn)\n\t\treturn err/' \
+	's/case err != nil:\n\t\ts\.p\.discard\(ReasonError, err\)\n\t\treturn err/case err != nil:\n\t\tdbutil.Recycle(s.p.conn)\n\t\treturn err/' \
 	'^TestEngineFailedStatementsDiscardTheConnection$'
+mutation "a release recycles the connection without unlocking (the lock rides to the pool)" conn_guard.go \
+	's/return unlockHeld\(ctx, s\.locker, conn, s\.l\)/return backend.SessionResult{Session: s.session, OK: true}, nil/' \
+	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
+mutation "a keep-alive stops after its first check" conn_guard.go \
+	's/if err == nil && held \{\n\t\ts\.timer\.Reset\(s\.l\.cfg\.keepAlive\)\n/if err == nil \&\& held {\n/' \
+	'^TestEngineKeepAliveChecksUntilTheRelease$'
+mutation "a shared session's keep-alive stops after its first check" multiplex.go \
+	's/if len\(s\.holds\) > 0 \{\n\t\ts\.timer\.Reset\(mp\.key\.keepAlive\)/if len(s.holds) > 0 {\n\t\t_ = mp/' \
+	'^TestEngineKeepAliveChecksUntilTheRelease$'
 
 # --- Multiplexed sessions and sets -------------------------------------------
 mutation "a Lock with WithMinHold takes the plain claim, recording no window" advisorylock.go \
@@ -89,8 +98,11 @@ mutation "a set takes the claim of its first key alone" advisorylock.go \
 	's/\tcase l\.set != nil:\n\t\treturn setClaim\{l, s\}/\tcase l.set != nil \&\& false:\n\t\treturn setClaim{l, s}/' \
 	'^TestSetTakesAllOrNone$'
 mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
+	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(o\.ctx\), s\.pool\.key\.timeout\)/sctx, cancel := context.WithTimeout(o.ctx, s.pool.key.timeout)/' \
+	'^(TestMultiplexingCancelledTriesSpareTheirNeighbours|TestEngineMultiplexedTryWhoseCallerLeavesSparesItsNeighbours)$'
+mutation "a caller's context can cancel a set's statement on a shared session" multiplex.go \
 	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/sctx, cancel := context.WithTimeout(ctx, mp.key.timeout)/' \
-	'^TestMultiplexingCancelledTriesSpareTheirNeighbours$'
+	'^TestEngineMultiplexedTryWhoseCallerLeavesSparesItsNeighbours$'
 mutation "a name held in the process is tried again on its shared session" multiplex.go \
 	's/if _, ok := mp\.held\[k\]; ok \{/if _, ok := mp.held[k]; ok \&\& false {/' \
 	'^(TestMultiplexingExcludesInProcessAndHandsOff|TestMultiplexedAndSetRowsUnderFaults|TestMultiplexedSessionKilledUnderContention)$'
@@ -129,7 +141,7 @@ mutation "a set is held while any one of its names is" set.go \
 	's/len\(held\) == len\(keys\) && !slices\.Contains\(held, false\), err/len(held) == len(keys) \&\& slices.Contains(held, true), err/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a lost pinned set's connection goes back to the pool with its other names" conn_guard.go \
-	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(ReasonLost, why\)/if gone, _ := s.isLost(); gone {\n\t\trecycle(s.p.conn)/' \
+	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(ReasonLost, why\)/if gone, _ := s.isLost(); gone {\n\t\tdbutil.Recycle(s.p.conn)/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a set of rows is lost only with its first name" set.go \
 	's/for _, p := range parts \{\n\t\tp\.onLost\(/for _, p := range parts[:1] {\n\t\tp.onLost(/' \
@@ -205,7 +217,7 @@ mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \
 	's/case lw\.wake <- struct\{\}\{\}:/case <-make(chan struct{}):/' \
 	'^(TestLeaseWaiterWakesOnRelease|TestLeaseWaiterSurvivesAKilledListener)$'
 mutation "a Notifier's notifications are not listened to (lib/pq waiters poll)" internal/postgresbackend/postgres.go \
-	's/\tif own \{\n\t\treturn n\.Listen\(ctx, pgReleaseChannel, ready, heard\)/\tif own {\n\t\t_ = n\n\t\treturn ErrUnsupported/' \
+	's/\tif own \{\n\t\treturn n\.Listen\(ctx, pgReleaseChannel, ready, heard\)/\tif own {\n\t\t_ = n\n\t\treturn backend.ErrUnsupported/' \
 	'^(TestWaiterWakesOnRelease|TestWaiterWakesAfterItsListenerWasKilled|TestSemaphoreWaiterWakesOnRelease)$' extra/advisorylockpq
 mutation "a Notifier's listener takes a connection of the pool" lease_wake.go \
 	's/if _, ok := w\.db\.\(backend\.Notifier\); !ok \{/if _, ok := w.db.(backend.Notifier); !ok || true {/' \
@@ -811,7 +823,7 @@ mutation "PostgreSQL: a lock row is taken while live" internal/postgresbackend/r
 	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots|TestSoakLeaseRows)$'
 mutation "PostgreSQL: a lock row's renewal ignores its owner" internal/postgresbackend/rows.go \
 	's/WHERE key = \$1::bigint AND owner = \$2::text AND expires_at > now\(\)/WHERE key = \$1::bigint AND expires_at > now()/' \
-	'^TestLeaseRowsLockExcludesThroughAPooler$'
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsLostHoldersRenewalLeavesTheNewOwnersRowAlone)$'
 mutation "PostgreSQL: a lock row's release frees nothing" internal/postgresbackend/rows.go \
 	's/(USING \(SELECT set_config\(.synchronous_commit., .off., true\)\) AS relaxed\n)WHERE /$1WHERE false AND /' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'
@@ -823,7 +835,7 @@ mutation "MySQL: a lock row is taken while live" internal/mysqlbackend/rows.go \
 	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsSemaphoreAdmitsAtMostItsSlots)$'
 mutation "MySQL: a lock row's renewal ignores its owner" internal/mysqlbackend/rows.go \
 	's/ AND owner = ` \+ mysqlHex\(r\.Owner\) \+ ` AND expires_at > UTC_TIMESTAMP\(6\)`/ AND expires_at > UTC_TIMESTAMP(6)`/' \
-	'^TestLeaseRowsLockExcludesThroughAPooler$'
+	'^(TestLeaseRowsLockExcludesThroughAPooler|TestLeaseRowsLostHoldersRenewalLeavesTheNewOwnersRowAlone)$'
 mutation "MySQL: a lock row's release frees nothing" internal/mysqlbackend/rows.go \
 	's/stmt := "DELETE FROM advisorylock_locks" \+ which/stmt := "DELETE FROM advisorylock_locks" + which + " AND FALSE"/' \
 	'^TestLeaseRowsLockExcludesThroughAPooler$'

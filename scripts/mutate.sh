@@ -87,7 +87,7 @@ mutation "a keep-alive stops after its first check" conn_guard.go \
 	's/if err == nil && held \{\n\t\ts\.timer\.Reset\(s\.l\.cfg\.keepAlive\)\n/if err == nil \&\& held {\n/' \
 	'^TestEngineKeepAliveChecksUntilTheRelease$'
 mutation "a shared session's keep-alive stops after its first check" multiplex.go \
-	's/if len\(s\.holds\) > 0 \{\n\t\ts\.timer\.Reset\(mp\.key\.keepAlive\)/if len(s.holds) > 0 {\n\t\t_ = mp/' \
+	's/\tcase s\.timer != nil: (\/\/ nil without a keep-alive.*\n)\t\ts\.timer\.Reset\(mp\.key\.keepAlive\)/\tcase s.timer != nil: $1\t\t_ = mp/' \
 	'^TestEngineKeepAliveChecksUntilTheRelease$'
 
 # --- Multiplexed sessions and sets -------------------------------------------

@@ -89,7 +89,7 @@ mutation "a set takes the claim of its first key alone" advisorylock.go \
 	's/\tcase l\.set != nil:\n\t\treturn setClaim\{l, s\}/\tcase l.set != nil \&\& false:\n\t\treturn setClaim{l, s}/' \
 	'^TestSetTakesAllOrNone$'
 mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
-	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(ctx\), mp\.key\.timeout\)/sctx, cancel := context.WithTimeout(ctx, mp.key.timeout)/' \
+	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(o\.ctx\), s\.pool\.key\.timeout\)/sctx, cancel := context.WithTimeout(o.ctx, s.pool.key.timeout)/' \
 	'^TestMultiplexingCancelledTriesSpareTheirNeighbours$'
 mutation "a name held in the process is tried again on its shared session" multiplex.go \
 	's/if _, ok := mp\.held\[k\]; ok \{/if _, ok := mp.held[k]; ok \&\& false {/' \

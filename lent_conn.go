@@ -84,11 +84,7 @@ type Conn interface {
 // released or lost, and when ctx ends before fn's turn.
 func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err error) {
 	name := g.h.name // the deferred func below must not keep g reachable
-	if m, ok := g.h.end.(*muxHold); ok {
-		defer runtime.KeepAlive(g) // until fn has returned: see below
-		return m.withConn(ctx, fn)
-	}
-	s, ok := g.h.end.(*sessionHold)
+	s, ok := g.h.end.(lender)
 	if !ok {
 		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(name), errNoConn)
 	}
@@ -105,6 +101,13 @@ func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err err
 		}
 	}()
 	return fn(c)
+}
+
+// lender is a hold that lends its session to WithConn's fn: a pinned
+// one (sessionHold) or a shared one (muxHold).
+type lender interface {
+	lend(ctx context.Context) (*lentConn, error)
+	takeBack(c *lentConn) error
 }
 
 // Conn returns the connection whose session holds the lock, lent until

@@ -167,12 +167,6 @@ var errMuxHeldHere = fmt.Errorf("%w (held in this process, on a shared session)"
 // pgOutOfSharedMemory is PostgreSQL's SQLSTATE for a full lock table.
 const pgOutOfSharedMemory = "53200"
 
-// lockTableFull is the error of a try that a full lock table refused
-// (pgOutOfSharedMemory): it took nothing, and the session is as it was.
-func lockTableFull(err error) error {
-	return fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
-}
-
 // errSessionEnded is the error of a statement whose shared session ended
 // before it could run: the caller chooses another.
 var errSessionEnded = errors.New("advisorylock: the shared session ended")
@@ -557,7 +551,7 @@ func (s *muxSession) settle(o *muxOp, ok bool, err error) {
 	case err != nil && o.hold == nil && !o.ofSet() && dbutil.SQLState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load():
 		// The try of one key took nothing, and the session, which
 		// answered, is as it was. (A set's may have taken some keys.)
-		err = lockTableFull(err)
+		err = fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
 	case err != nil && o.hold == nil:
 		// The session may hold the key now, or be mid-statement: end it.
 		s.end(CauseSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, o.name, err))
@@ -639,17 +633,6 @@ func (s *muxSession) end(cause Cause, err error) {
 	mp.mu.Lock()
 	mp.leaveIfIdle()
 	mp.mu.Unlock()
-}
-
-// unlockLocked releases keys on s, ending s if the outcome is unknown
-// (or the session did not hold one: its state is not what we think).
-// s.mu is held.
-func (s *muxSession) unlockLocked(ctx context.Context, name string, keys []int64) error {
-	err := unlockKeys(ctx, s.pool.locker, &s.p, keys, s.pool.key.timeout)
-	if err != nil {
-		s.end(CauseSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, name, err))
-	}
-	return err
 }
 
 // release frees the lock on its shared session. A lock already lost has
@@ -744,8 +727,11 @@ func (s *muxSession) checkLocked() {
 		h.warn("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", "session no longer holds it")
 		h.lose(CauseNotHeld, fmt.Errorf("%w: session no longer holds it", ErrLockLost))
 	}
-	if len(rest) > 0 && s.unlockLocked(context.Background(), "a lost set", rest) != nil {
-		return // the session is ended
+	if len(rest) > 0 {
+		if err := unlockKeys(context.Background(), mp.locker, &s.p, rest, mp.key.timeout); err != nil {
+			s.end(CauseSessionEnded, fmt.Errorf("%w: the unlock of a lost set's other keys on its shared session failed, so the session is ended: %w", ErrLockLost, err))
+			return
+		}
 	}
 	mp.mu.Lock()
 	defer mp.mu.Unlock()
@@ -761,54 +747,52 @@ func (s *muxSession) checkLocked() {
 	}
 }
 
-// withConn is Guard.WithConn for h: it lends h's shared session to fn
-// under s.mu, so that no other statement runs on the session meanwhile.
-// When fn returns, what it left open is ended (see lentConn.end), and
-// then, s.mu still held, the keep-alive check runs, so that a lock that
-// fn freed, or a session that fn broke, is told before the session runs
-// anything else; a session whose state is unknown is ended.
-func (h *muxHold) withConn(ctx context.Context, fn func(conn Conn) error) (err error) {
+// lend lends h's shared session to WithConn's fn under s.mu, so that no
+// other statement runs on the session meanwhile (see takeBack); it fails
+// once h was released or lost, and when ctx ends first.
+func (h *muxHold) lend(ctx context.Context) (*lentConn, error) {
 	s := h.s
 	if err := lockBy(ctx, &s.mu); err != nil {
-		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(h.name), err)
-	}
-	defer s.mu.Unlock()
-	if !s.has(h) {
-		why := fmt.Errorf("%w: released", ErrLockLost)
-		if _, lost := h.isLost(); lost != nil {
-			why = lost
-		}
-		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(h.name), why)
+		return nil, err
 	}
 	s.pool.mu.Lock()
-	s.inflight++ // a session of its own for a try that fn makes, where the pool may open one
+	held := !s.ended && s.holds[h.keys[0]] == h
+	if held {
+		s.inflight++ // a session of its own for a try that fn makes, where the pool may open one
+	}
 	s.pool.mu.Unlock()
+	if !held {
+		s.mu.Unlock()
+		if _, lost := h.isLost(); lost != nil {
+			return nil, lost
+		}
+		return nil, fmt.Errorf("%w: released", ErrLockLost)
+	}
 	c := newLentConn(s.p.conn)
 	c.enter() // cannot be over: it has just begun
-	defer func() {
-		s.pool.mu.Lock()
-		s.inflight--
-		s.pool.mu.Unlock()
-		c.leave()
-		endErr := c.end()
-		dbutil.ForgetSession(s.p.conn) // fn may have changed its settings
-		if endErr != nil {
-			s.end(CauseSessionEnded, fmt.Errorf("%w: ending what WithConn's fn left open on the shared session: %w", ErrLockLost, endErr))
-			if err == nil {
-				err = fmt.Errorf("advisorylock: lock %s: ending what fn left open on its connection: %w", quoteName(h.name), endErr)
-			}
-			return
-		}
-		s.checkLocked()
-	}()
-	return fn(c)
+	return c, nil
 }
 
-// has reports whether h is held on s. s.mu is held.
-func (s *muxSession) has(h *muxHold) bool {
+// takeBack ends c's lending once fn has returned: what fn left open is
+// ended (see lentConn.end), and then, s.mu still held, the keep-alive
+// check runs, so that a lock that fn freed, or a session that fn broke,
+// is told before the session runs anything else; a session whose state
+// is unknown is ended. It returns the error of ending what fn left open.
+func (h *muxHold) takeBack(c *lentConn) error {
+	s := h.s
+	defer s.mu.Unlock()
 	s.pool.mu.Lock()
-	defer s.pool.mu.Unlock()
-	return !s.ended && s.holds[h.keys[0]] == h
+	s.inflight--
+	s.pool.mu.Unlock()
+	c.leave()
+	err := c.end()
+	dbutil.ForgetSession(s.p.conn) // fn may have changed its settings
+	if err != nil {
+		s.end(CauseSessionEnded, fmt.Errorf("%w: ending what WithConn's fn left open on the shared session: %w", ErrLockLost, err))
+		return err
+	}
+	s.checkLocked()
+	return nil
 }
 
 // lockBy locks mu, unless ctx ends first: then it returns ctx's cause,

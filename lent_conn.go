@@ -84,11 +84,7 @@ type Conn interface {
 // released or lost, and when ctx ends before fn's turn.
 func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err error) {
 	name := g.h.name // the deferred func below must not keep g reachable
-	if m, ok := g.h.end.(*muxHold); ok {
-		defer runtime.KeepAlive(g) // until fn has returned: see below
-		return m.withConn(ctx, fn)
-	}
-	s, ok := g.h.end.(*sessionHold)
+	s, ok := g.h.end.(lender)
 	if !ok {
 		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(name), errNoConn)
 	}
@@ -105,6 +101,13 @@ func (g *Guard) WithConn(ctx context.Context, fn func(conn Conn) error) (err err
 		}
 	}()
 	return fn(c)
+}
+
+// lender is a hold that lends its session to WithConn's fn: a pinned
+// one (sessionHold) or a shared one (muxHold).
+type lender interface {
+	lend(ctx context.Context) (*lentConn, error)
+	takeBack(c *lentConn) error
 }
 
 // Conn returns the connection whose session holds the lock, lent until
@@ -435,7 +438,7 @@ func (s *sessionHold) lendUntilRelease() *lentConn {
 	return s.lent
 }
 
-// isEnded reports whether fn has returned (see keepLending).
+// isEnded reports whether fn has returned (see takeBack).
 func (c *lentConn) isEnded() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -461,30 +464,22 @@ func (s *sessionHold) lockIdle(ctx context.Context) error {
 	return nil
 }
 
-// takeBack ends c's lending once fn has returned (see endLending), unless
-// it lasts until the release (Guard.Conn's), and returns the error of
-// ending what fn left open.
+// takeBack ends fn's turn on c, and then c's lending (see endLending),
+// unless it lasts until the release (Guard.Conn's); it returns the error
+// of ending what fn left open. c is first marked ended, so that no
+// statement starts on it and Guard.Conn waits for it to end.
 func (s *sessionHold) takeBack(c *lentConn) error {
-	if s.keepLending(c) {
-		return nil
-	}
-	return s.endLending(c)
-}
-
-// keepLending ends fn's turn on c, and reports whether c lasts until the
-// release; if not, c is marked ended, so that no statement starts on it
-// and Guard.Conn waits for it to end.
-func (s *sessionHold) keepLending(c *lentConn) bool {
 	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
 	c.leave()
 	if c.untilRelease {
-		return true
+		s.watchMu.Unlock()
+		return nil
 	}
 	c.mu.Lock()
 	c.ended = true
 	c.mu.Unlock()
-	return false
+	s.watchMu.Unlock()
+	return s.endLending(c)
 }
 
 // endLending ends c's lending (see lentConn.end), and returns the error

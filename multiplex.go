@@ -96,10 +96,10 @@ type muxSession struct {
 	queue    []*muxOp // ops waiting for the next statement
 }
 
-// muxOp is one single-key statement that a Lock wants on a shared
-// session: a try, or the unlock of a hold. While a statement runs on the
-// session, the ops that come queue, and the next statement carries them
-// all where the backend is a backend.BatchLocker (see exec).
+// muxOp is one statement that a Lock wants on a shared session: a try,
+// or the unlock of a hold. While a statement runs on the session, the ops
+// that come queue, and the next statement carries them all where the
+// backend is a backend.BatchLocker (see exec); a set's runs alone.
 type muxOp struct {
 	key   int64
 	name  string
@@ -166,12 +166,6 @@ var errMuxHeldHere = fmt.Errorf("%w (held in this process, on a shared session)"
 
 // pgOutOfSharedMemory is PostgreSQL's SQLSTATE for a full lock table.
 const pgOutOfSharedMemory = "53200"
-
-// lockTableFull is the error of a try that a full lock table refused
-// (pgOutOfSharedMemory): it took nothing, and the session is as it was.
-func lockTableFull(err error) error {
-	return fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
-}
 
 // errSessionEnded is the error of a statement whose shared session ended
 // before it could run: the caller chooses another.
@@ -313,16 +307,11 @@ func (mp *muxPool) leaveIfIdle() {
 	muxPools.mu.Unlock()
 }
 
-// try makes l's attempt on s, whose inflight counts the caller. A set
-// runs alone (trySet); one key is an op of s's next statement (see exec).
+// try makes l's attempt on s, whose inflight counts the caller: an op
+// of s's next statement (see exec).
 func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
-	if l.set != nil {
-		return s.trySet(ctx, l)
-	}
 	mp := s.pool
-	keys := l.keysOf()
-	h := &muxHold{s: s, keys: keys}
-	h.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: h}
+	h := s.newHold(l)
 	claim := l.claimOn(mp.locker, nil)
 	op := &muxOp{key: l.key, name: l.name, grant: h, ctx: ctx, alone: func(ctx context.Context) (bool, error) {
 		_, res, err := claim.try(ctx, &s.p)
@@ -333,10 +322,10 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 	case errors.Is(op.err, errSessionEnded):
 		return nil, op.err // the caller chooses another session; keys stay reserved
 	case op.err != nil:
-		mp.unreserve(keys)
+		mp.unreserve(h.keys)
 		return nil, op.err
 	case !op.ok:
-		mp.unreserve(keys)
+		mp.unreserve(h.keys)
 		return nil, ErrNotAcquired
 	case ctx.Err() != nil:
 		// Granted as the caller went away: let it go again.
@@ -344,6 +333,38 @@ func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
 		return nil, context.Cause(ctx)
 	}
 	return newGuard(&h.hold), nil
+}
+
+// newHold returns l's hold on s, not yet registered (see addHold).
+func (s *muxSession) newHold(l *Lock) *muxHold {
+	h := &muxHold{s: s, keys: l.keysOf()}
+	h.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: h}
+	return h
+}
+
+// addHold registers h on s and its pool, and starts s's keep-alive if it
+// is not running. mp.mu is held.
+func (s *muxSession) addHold(h *muxHold) {
+	mp := s.pool
+	for _, k := range h.keys {
+		s.holds[k] = h
+		mp.held[k] = h
+	}
+	if s.timer == nil && mp.key.keepAlive > 0 {
+		s.timer = time.AfterFunc(mp.key.keepAlive, s.check)
+	}
+}
+
+// dropHold unregisters h, where it is still s's, and then ends a
+// caller's statement on s (see done). mp.mu is held.
+func (s *muxSession) dropHold(h *muxHold) {
+	for _, k := range h.keys {
+		if s.holds[k] == h {
+			delete(s.holds, k)
+			delete(s.pool.held, k)
+		}
+	}
+	s.done()
 }
 
 // exec runs op on s: it waits for the statement in flight on s, if any,
@@ -428,6 +449,9 @@ func (s *muxSession) runEach(ops []*muxOp) {
 // backend could not batch them (nothing was sent). s.mu is held.
 func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) bool {
 	mp := s.pool
+	if slices.ContainsFunc(ops, (*muxOp).ofSet) {
+		return false // a set's statement may take some of its keys: it runs alone
+	}
 	var tries, unlocks []int64
 	for _, o := range ops {
 		if o.hold == nil {
@@ -489,6 +513,15 @@ func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) bool {
 	return true
 }
 
+// ofSet reports whether o is a set's try or unlock.
+func (o *muxOp) ofSet() bool {
+	h := o.hold
+	if h == nil {
+		h = o.grant
+	}
+	return len(h.keys) > 1
+}
+
 // settled settles o, and reports true, where it has nothing to do on s:
 // a try on an ended session (the caller chooses another), an unlock of a
 // hold that s no longer has (lost, and told). s.mu is held.
@@ -499,12 +532,11 @@ func (s *muxSession) settled(o *muxOp) bool {
 	switch {
 	case s.ended && o.hold == nil:
 		o.err = errSessionEnded
-	case s.ended || o.hold != nil && s.holds[o.key] != o.hold:
+	case s.ended || o.hold != nil && s.holds[o.hold.keys[0]] != o.hold:
 	default:
 		return false
 	}
-	s.inflight--
-	s.retireIfIdle()
+	s.done()
 	return true
 }
 
@@ -516,10 +548,10 @@ func (s *muxSession) settled(o *muxOp) bool {
 func (s *muxSession) settle(o *muxOp, ok bool, err error) {
 	mp := s.pool
 	switch {
-	case err != nil && o.hold == nil && dbutil.SQLState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load():
-		// The try took nothing, and the session, which answered, is as
-		// it was.
-		err = lockTableFull(err)
+	case err != nil && o.hold == nil && !o.ofSet() && dbutil.SQLState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load():
+		// The try of one key took nothing, and the session, which
+		// answered, is as it was. (A set's may have taken some keys.)
+		err = fmt.Errorf("%w (the server's lock table holds at least max_locks_per_transaction × (server processes + max_prepared_transactions) locks, shared with table locks; raise max_locks_per_transaction to hold more at once)", err)
 	case err != nil && o.hold == nil:
 		// The session may hold the key now, or be mid-statement: end it.
 		s.end(CauseSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, o.name, err))
@@ -529,101 +561,23 @@ func (s *muxSession) settle(o *muxOp, ok bool, err error) {
 	o.ok, o.err = ok && err == nil, err
 	mp.mu.Lock()
 	defer mp.mu.Unlock()
-	s.inflight--
 	switch {
 	case o.hold != nil:
-		for _, k := range o.hold.keys {
-			if s.holds[k] == o.hold {
-				delete(s.holds, k)
-				delete(mp.held, k)
-			}
-		}
+		s.dropHold(o.hold)
 	case o.ok && s.ended:
+		s.inflight--
 		o.ok, o.err = false, errSessionEnded // its grant ended with the session
-		return
 	case o.ok:
-		s.holds[o.key] = o.grant
-		mp.held[o.key] = o.grant
-		if s.timer == nil && mp.key.keepAlive > 0 {
-			s.timer = time.AfterFunc(mp.key.keepAlive, s.check)
-		}
-		return
-	}
-	s.retireIfIdle()
-	if !s.ended {
-		mp.leaveIfIdle()
-	}
-}
-
-// trySet makes a set's attempt on s, whose inflight counts the caller.
-func (s *muxSession) trySet(ctx context.Context, l *Lock) (*Guard, error) {
-	mp := s.pool
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.isEnded() {
+		s.inflight--
+		s.addHold(o.grant)
+	default:
 		s.done()
-		return nil, errSessionEnded
 	}
-	keys := l.keysOf()
-	// The statement has the caller's values, never its end (see the rules
-	// above), and is bounded by the pool's timeout.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mp.key.timeout)
-	_, res, err := l.claimOn(mp.locker, nil).try(sctx, &s.p)
-	cancel()
-	if err != nil && dbutil.SQLState(err) == pgOutOfSharedMemory && l.set == nil && !s.p.abandoned.Load() {
-		// The server's lock table is full: the try of one key took
-		// nothing and the session, which answered, is as it was. (A
-		// set's statement may have taken some of its keys: see below.)
-		mp.unreserve(keys)
-		s.done()
-		return nil, lockTableFull(err)
-	}
-	if err != nil {
-		// The session may hold the keys now, or be mid-statement: end it.
-		s.end(CauseSessionEnded, fmt.Errorf("%w: a try of %q on its shared session failed: %w", ErrLockLost, l.name, err))
-		mp.unreserve(keys)
-		return nil, err
-	}
-	if res.OK && ctx.Err() != nil {
-		// Granted as the caller went away: let it go again.
-		s.unlockLocked(ctx, l.name, keys)
-		mp.unreserve(keys)
-		s.done()
-		return nil, context.Cause(ctx)
-	}
-	if !res.OK {
-		mp.unreserve(keys)
-		s.done()
-		return nil, ErrNotAcquired
-	}
-	h := &muxHold{s: s, keys: keys}
-	h.hold = hold{name: l.name, key: l.key, logger: l.cfg.log(), relTO: l.cfg.releaseTimeout, end: h}
-	mp.mu.Lock()
-	for _, k := range keys {
-		s.holds[k] = h
-		mp.held[k] = h
-	}
-	s.inflight--
-	if s.timer == nil && mp.key.keepAlive > 0 {
-		s.timer = time.AfterFunc(mp.key.keepAlive, s.check)
-	}
-	mp.mu.Unlock()
-	return newGuard(&h.hold), nil
-}
-
-// isEnded reports whether s's connection is gone.
-func (s *muxSession) isEnded() bool {
-	s.pool.mu.Lock()
-	defer s.pool.mu.Unlock()
-	return s.ended
 }
 
 // done ends a caller's statement on s: it is no longer in flight, and s
-// goes back to the handle's pool if it now holds nothing. s.mu is held.
+// goes back to the handle's pool if it now holds nothing. mp.mu is held.
 func (s *muxSession) done() {
-	mp := s.pool
-	mp.mu.Lock()
-	defer mp.mu.Unlock()
 	s.inflight--
 	s.retireIfIdle()
 }
@@ -681,65 +635,26 @@ func (s *muxSession) end(cause Cause, err error) {
 	mp.mu.Unlock()
 }
 
-// unlockLocked releases keys on s, ending s if the outcome is unknown
-// (or the session did not hold one: its state is not what we think).
-// s.mu is held.
-func (s *muxSession) unlockLocked(ctx context.Context, name string, keys []int64) error {
-	err := unlockKeys(ctx, s.pool.locker, &s.p, keys, s.pool.key.timeout)
-	if err != nil {
-		s.end(CauseSessionEnded, fmt.Errorf("%w: the unlock of %q on its shared session failed, so the session is ended: %w", ErrLockLost, name, err))
-	}
-	return err
-}
-
 // release frees the lock on its shared session. A lock already lost has
 // nothing left to free. An unlock whose outcome is unknown ends the
 // session (see end). ctx never ends (see doRelease).
-func (h *muxHold) release(ctx context.Context, timeout time.Duration) error {
+func (h *muxHold) release(context.Context, time.Duration) error {
 	s := h.s
 	mp := s.pool
-	if len(h.keys) == 1 {
-		mp.mu.Lock()
-		if s.ended || s.holds[h.key] != h {
-			mp.mu.Unlock()
-			// Lost: whoever found it so (end, check) holds s.mu until it
-			// has told every lock and dealt with the connection.
-			s.mu.Lock()
-			s.mu.Unlock() //lint:ignore SA2001 the empty section waits for the loss's end
-			return nil
-		}
-		s.inflight++
-		mp.mu.Unlock()
-		op := &muxOp{key: h.key, name: h.name, hold: h}
-		s.exec(op)
-		return op.err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	mp.mu.Lock()
 	if s.ended || s.holds[h.keys[0]] != h {
 		mp.mu.Unlock()
+		// Lost: whoever found it so (end, check) holds s.mu until it
+		// has told every lock and dealt with the connection.
+		s.mu.Lock()
+		s.mu.Unlock() //lint:ignore SA2001 the empty section waits for the loss's end
 		return nil
 	}
 	s.inflight++
 	mp.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	err := s.unlockLocked(ctx, h.name, h.keys)
-	mp.mu.Lock()
-	defer mp.mu.Unlock()
-	for _, k := range h.keys {
-		if s.holds[k] == h {
-			delete(s.holds, k)
-			delete(mp.held, k)
-		}
-	}
-	s.inflight--
-	s.retireIfIdle()
-	if !s.ended {
-		mp.leaveIfIdle()
-	}
-	return err
+	op := &muxOp{key: h.key, name: h.name, hold: h}
+	s.exec(op)
+	return op.err
 }
 
 // forget releases a forgotten Guard's lock in a goroutine of its own (it
@@ -812,8 +727,11 @@ func (s *muxSession) checkLocked() {
 		h.warn("advisorylock: lock lost", "lock", h.name, "key", h.key, "err", "session no longer holds it")
 		h.lose(CauseNotHeld, fmt.Errorf("%w: session no longer holds it", ErrLockLost))
 	}
-	if len(rest) > 0 && s.unlockLocked(context.Background(), "a lost set", rest) != nil {
-		return // the session is ended
+	if len(rest) > 0 {
+		if err := unlockKeys(context.Background(), mp.locker, &s.p, rest, mp.key.timeout); err != nil {
+			s.end(CauseSessionEnded, fmt.Errorf("%w: the unlock of a lost set's other keys on its shared session failed, so the session is ended: %w", ErrLockLost, err))
+			return
+		}
 	}
 	mp.mu.Lock()
 	defer mp.mu.Unlock()
@@ -829,54 +747,52 @@ func (s *muxSession) checkLocked() {
 	}
 }
 
-// withConn is Guard.WithConn for h: it lends h's shared session to fn
-// under s.mu, so that no other statement runs on the session meanwhile.
-// When fn returns, what it left open is ended (see lentConn.end), and
-// then, s.mu still held, the keep-alive check runs, so that a lock that
-// fn freed, or a session that fn broke, is told before the session runs
-// anything else; a session whose state is unknown is ended.
-func (h *muxHold) withConn(ctx context.Context, fn func(conn Conn) error) (err error) {
+// lend lends h's shared session to WithConn's fn under s.mu, so that no
+// other statement runs on the session meanwhile (see takeBack); it fails
+// once h was released or lost, and when ctx ends first.
+func (h *muxHold) lend(ctx context.Context) (*lentConn, error) {
 	s := h.s
 	if err := lockBy(ctx, &s.mu); err != nil {
-		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(h.name), err)
-	}
-	defer s.mu.Unlock()
-	if !s.has(h) {
-		why := fmt.Errorf("%w: released", ErrLockLost)
-		if _, lost := h.isLost(); lost != nil {
-			why = lost
-		}
-		return fmt.Errorf("advisorylock: lock %s: %w", quoteName(h.name), why)
+		return nil, err
 	}
 	s.pool.mu.Lock()
-	s.inflight++ // a session of its own for a try that fn makes, where the pool may open one
+	held := !s.ended && s.holds[h.keys[0]] == h
+	if held {
+		s.inflight++ // a session of its own for a try that fn makes, where the pool may open one
+	}
 	s.pool.mu.Unlock()
+	if !held {
+		s.mu.Unlock()
+		if _, lost := h.isLost(); lost != nil {
+			return nil, lost
+		}
+		return nil, fmt.Errorf("%w: released", ErrLockLost)
+	}
 	c := newLentConn(s.p.conn)
 	c.enter() // cannot be over: it has just begun
-	defer func() {
-		s.pool.mu.Lock()
-		s.inflight--
-		s.pool.mu.Unlock()
-		c.leave()
-		endErr := c.end()
-		dbutil.ForgetSession(s.p.conn) // fn may have changed its settings
-		if endErr != nil {
-			s.end(CauseSessionEnded, fmt.Errorf("%w: ending what WithConn's fn left open on the shared session: %w", ErrLockLost, endErr))
-			if err == nil {
-				err = fmt.Errorf("advisorylock: lock %s: ending what fn left open on its connection: %w", quoteName(h.name), endErr)
-			}
-			return
-		}
-		s.checkLocked()
-	}()
-	return fn(c)
+	return c, nil
 }
 
-// has reports whether h is held on s. s.mu is held.
-func (s *muxSession) has(h *muxHold) bool {
+// takeBack ends c's lending once fn has returned: what fn left open is
+// ended (see lentConn.end), and then, s.mu still held, the keep-alive
+// check runs, so that a lock that fn freed, or a session that fn broke,
+// is told before the session runs anything else; a session whose state
+// is unknown is ended. It returns the error of ending what fn left open.
+func (h *muxHold) takeBack(c *lentConn) error {
+	s := h.s
+	defer s.mu.Unlock()
 	s.pool.mu.Lock()
-	defer s.pool.mu.Unlock()
-	return !s.ended && s.holds[h.keys[0]] == h
+	s.inflight--
+	s.pool.mu.Unlock()
+	c.leave()
+	err := c.end()
+	dbutil.ForgetSession(s.p.conn) // fn may have changed its settings
+	if err != nil {
+		s.end(CauseSessionEnded, fmt.Errorf("%w: ending what WithConn's fn left open on the shared session: %w", ErrLockLost, err))
+		return err
+	}
+	s.checkLocked()
+	return nil
 }
 
 // lockBy locks mu, unless ctx ends first: then it returns ctx's cause,

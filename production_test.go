@@ -693,97 +693,102 @@ func TestMissedTryReadsNoLockTable(t *testing.T) {
 // A session that has passed the try's checks (not in recovery, dead-holder
 // settings applied) is remembered: its later tries send the bare lock
 // function, and a new session is checked (and configured) again.
+// Both on a shared session (the default) and pinned, whose WithConn
+// each forget what the session was known to have.
 func TestRememberedSessionTriesWithoutItsChecks(t *testing.T) {
 	for _, drv := range testdb.Drivers {
-		t.Run(drv, func(t *testing.T) {
-			ctx := context.Background()
-			db, lastTry := testdb.OpenRecording(t, drv, testdb.PostgresDSN(t), "pg_try_advisory_lock")
-			db.SetMaxOpenConns(1)
-			l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithBackend(advisorylock.Postgres()),
-				advisorylock.WithDeadHolderTimeout(20*time.Second))
-			checked := func(q string) bool {
-				return strings.Contains(q, "pg_is_in_recovery") && strings.Contains(q, "advisorylock.dead_holder")
-			}
-			userTimeout := func() string {
-				var v string
-				if err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout')").Scan(&v); err != nil {
-					t.Fatal(err)
-				}
-				return v
-			}
-			tryRelease := func() {
-				g, err := l.TryLock(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				mustRelease(t, g)
-			}
-			for round := range 2 { // round 1 runs on a new session
-				tryRelease()
-				if q := lastTry(); !checked(q) {
-					t.Fatalf("round %d: first try on a session skipped its checks: %s", round, q)
-				}
-				tryRelease()
-				if q := lastTry(); checked(q) || strings.Contains(q, "pg_is_in_recovery") {
-					t.Fatalf("round %d: a remembered session's try still checks: %s", round, q)
-				}
-				if v := userTimeout(); v != "15s" && v != "15000" {
-					t.Fatalf("round %d: tcp_user_timeout on the lock's session = %q, want 15s", round, v)
-				}
-				db.SetMaxIdleConns(0) // close the session: the next round gets a new one
-				db.SetMaxIdleConns(1)
-			}
-			// Statements of the user's on the lock's connection
-			// (WithConn) may undo the session's settings: the next try
-			// checks the session again and sends them again.
-			g, err := l.TryLock(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = g.WithConn(ctx, func(c advisorylock.Conn) error {
-				_, err := c.ExecContext(ctx, "RESET ALL")
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustRelease(t, g)
-			tryRelease()
-			if q := lastTry(); !checked(q) {
-				t.Fatalf("the first try after WithConn ran statements skipped its checks: %s", q)
-			}
-			if v := userTimeout(); v != "15s" && v != "15000" {
-				t.Fatalf("tcp_user_timeout after RESET ALL in WithConn and a new try = %q, want 15s", v)
-			}
-			// Shared tries on a remembered session stay shared: beside
-			// another shared holder, and refused beside an exclusive one.
-			other := newLockOpts(t, testdb.OpenPostgres(t, drv), l.Name())
-			reader, err := other.TryRLock(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for range 2 {
-				g, err := l.TryRLock(ctx)
-				if err != nil {
-					t.Fatalf("a shared try beside a shared holder: %v", err)
-				}
-				mustRelease(t, g)
-			}
-			if q := lastTry(); checked(q) || !strings.Contains(q, "pg_try_advisory_lock_shared") {
-				t.Fatalf("a remembered session's shared try: %s", q)
-			}
-			mustRelease(t, reader)
-			writer, err := other.TryLock(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if g, err := l.TryRLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
-				if g != nil {
-					mustRelease(t, g)
-				}
-				t.Fatalf("a shared try beside an exclusive holder = %v, want ErrNotAcquired", err)
-			}
-			mustRelease(t, writer)
-		})
+		t.Run(drv+"/shared", func(t *testing.T) { rememberedSessionTriesWithoutItsChecks(t, drv) })
+		t.Run(drv+"/pinned", func(t *testing.T) { rememberedSessionTriesWithoutItsChecks(t, drv, pinned) })
 	}
+}
+
+func rememberedSessionTriesWithoutItsChecks(t *testing.T, drv string, mode ...advisorylock.Option) {
+	ctx := context.Background()
+	db, lastTry := testdb.OpenRecording(t, drv, testdb.PostgresDSN(t), "pg_try_advisory_lock")
+	db.SetMaxOpenConns(1)
+	l := newLockOpts(t, db, testdb.UniqueName(t), append(mode, advisorylock.WithBackend(advisorylock.Postgres()),
+		advisorylock.WithDeadHolderTimeout(20*time.Second))...)
+	checked := func(q string) bool {
+		return strings.Contains(q, "pg_is_in_recovery") && strings.Contains(q, "advisorylock.dead_holder")
+	}
+	userTimeout := func() string {
+		var v string
+		if err := db.QueryRowContext(ctx, "SELECT current_setting('tcp_user_timeout')").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	tryRelease := func() {
+		g, err := l.TryLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRelease(t, g)
+	}
+	for round := range 2 { // round 1 runs on a new session
+		tryRelease()
+		if q := lastTry(); !checked(q) {
+			t.Fatalf("round %d: first try on a session skipped its checks: %s", round, q)
+		}
+		tryRelease()
+		if q := lastTry(); checked(q) || strings.Contains(q, "pg_is_in_recovery") {
+			t.Fatalf("round %d: a remembered session's try still checks: %s", round, q)
+		}
+		if v := userTimeout(); v != "15s" && v != "15000" {
+			t.Fatalf("round %d: tcp_user_timeout on the lock's session = %q, want 15s", round, v)
+		}
+		db.SetMaxIdleConns(0) // close the session: the next round gets a new one
+		db.SetMaxIdleConns(1)
+	}
+	// Statements of the user's on the lock's connection
+	// (WithConn) may undo the session's settings: the next try
+	// checks the session again and sends them again.
+	g, err := l.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = g.WithConn(ctx, func(c advisorylock.Conn) error {
+		_, err := c.ExecContext(ctx, "RESET ALL")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, g)
+	tryRelease()
+	if q := lastTry(); !checked(q) {
+		t.Fatalf("the first try after WithConn ran statements skipped its checks: %s", q)
+	}
+	if v := userTimeout(); v != "15s" && v != "15000" {
+		t.Fatalf("tcp_user_timeout after RESET ALL in WithConn and a new try = %q, want 15s", v)
+	}
+	// Shared tries on a remembered session stay shared: beside
+	// another shared holder, and refused beside an exclusive one.
+	other := newLockOpts(t, testdb.OpenPostgres(t, drv), l.Name())
+	reader, err := other.TryRLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		g, err := l.TryRLock(ctx)
+		if err != nil {
+			t.Fatalf("a shared try beside a shared holder: %v", err)
+		}
+		mustRelease(t, g)
+	}
+	if q := lastTry(); checked(q) || !strings.Contains(q, "pg_try_advisory_lock_shared") {
+		t.Fatalf("a remembered session's shared try: %s", q)
+	}
+	mustRelease(t, reader)
+	writer, err := other.TryLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := l.TryRLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		if g != nil {
+			mustRelease(t, g)
+		}
+		t.Fatalf("a shared try beside an exclusive holder = %v, want ErrNotAcquired", err)
+	}
+	mustRelease(t, writer)
 }

@@ -260,6 +260,9 @@ mutation "a checked session's facts carry over to every session" internal/dbutil
 mutation "WithConn's statements leave the session's facts standing" lent_conn.go \
 	's/\n\tdbutil\.ForgetSession\(s\.p\.conn\)\n/\n/' \
 	'^TestRememberedSessionTriesWithoutItsChecks$'
+mutation "WithConn on a shared session leaves the session's facts standing" multiplex.go \
+	's/\n\tdbutil\.ForgetSession\(s\.p\.conn\) \/\/ fn may have changed its settings\n/\n/' \
+	'^TestRememberedSessionTriesWithoutItsChecks$'
 mutation "TryDoOnce's record read waits for the pool as long as the caller" once.go \
 	's/rec\.RunDone\(dbutil\.WithPoolWait\(ctx, l\.cfg\.poolWait\), /rec.RunDone(ctx, /' \
 	'^TestTryDoOnceBurstOnASmallPoolDoesNotHang$'

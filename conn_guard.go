@@ -357,26 +357,20 @@ func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, er
 // closes conn's driver connection from outside the statement running on
 // it; nil for any other driver, wrapped ones included (their statements
 // go through within). It is the one place where the library uses a driver
-// connection outside Conn.Raw (SPEC 11.1): the connection is taken inside
-// Raw, while no statement runs, and closed later by watched's timer,
-// while ask's statement holds it.
+// connection outside Conn.Raw (SPEC 11.1): taken inside Raw while no
+// statement runs, closed later by watched's timer while ask's statement
+// holds it; lib/pq's Close is safe from another goroutine (it writes one
+// message and closes the socket), and the read then fails at once.
 //
-// lib/pq needs it: nothing database/sql sanctions ends its read on a dead
-// network. A cancelled context makes lib/pq send a cancel request over a
-// new connection and keep reading; it has no read deadline and no TCP
-// user timeout setting, and its default dialer only keeps Go's TCP
-// keepalives. Measured with a blackholed loopback connection (iptables,
-// PostgreSQL 127.0.0.1:5432, lib/pq v1.12.3, a 1s context): a statement
-// whose answer was lost returned after 2m31s (keepalive: 15s + 9 probes
-// of 15s), one whose query went unacknowledged was still blocked after
-// 3m20s (retransmissions: about 15 minutes at tcp_retries2 = 15). Left to
-// within, such a statement keeps its connection's pool slot that long
-// (TestReleaseDuringACutGivesBackItsPoolSlot), and within costs a
-// goroutine per statement. Closing lib/pq's connection is safe from
-// another goroutine: its Close writes one message and closes the socket
-// (its own cancel watcher closes it so too), so the read fails at once.
-// A dialer that sets TCP_USER_TIMEOUT (pq.NewConnector with a Dialer)
-// would bound the read too, but only for handles the user opens so.
+// Nothing database/sql sanctions ends lib/pq's read on a dead network: a
+// cancelled context sends a cancel request over a new connection and
+// keeps reading, with no read deadline and only Go's TCP keepalives.
+// Measured on a blackholed loopback connection (iptables, lib/pq v1.12.3,
+// a 1s context): a lost answer returned after 2m31s, an unacknowledged
+// query was still blocked after 3m20s (about 15 minutes at tcp_retries2 =
+// 15), holding its pool slot (TestReleaseDuringACutGivesBackItsPoolSlot)
+// and a goroutine per statement under within. A dialer that sets
+// TCP_USER_TIMEOUT would bound it too, but only on handles opened so.
 func interruptible(conn *sql.Conn) (sever func()) {
 	var c io.Closer
 	_ = conn.Raw(func(dc any) error {

@@ -34,15 +34,12 @@ import (
 //     is told it is lost, and then its connection is discarded, which
 //     frees them on the server. No lock on another session is touched.
 //   - A session that holds no lock and runs no statement goes back to the
-//     pool (retire): the pool never lends a session that holds locks.
-//   - One keep-alive per session asks, in one statement, which of its
-//     keys it still holds (backend.MultiplexLocker).
+//     pool (retire); one keep-alive per session asks, in one statement,
+//     which of its keys it still holds (backend.MultiplexLocker).
 //
 // A wait (Lock, LockTimeout) tries on a shared session first, then waits
-// server-side on a connection of its own, which holds the lock if it is
-// granted there: a wait in slices of tries on a shared session would hand
-// off no faster than its poll, and a server-side wait hands off within
-// about a round trip.
+// server-side on a connection of its own, which holds the lock if granted
+// there: it hands off within a round trip, where a poll would not.
 
 // muxKey names the sessions that Locks may share: the same handle, the
 // same backend and settings on the sessions, the same keep-alive and

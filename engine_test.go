@@ -786,16 +786,12 @@ func TestEngineWithConnStepsTheKeepAliveAside(t *testing.T) {
 func TestEngineMultiplexedOpsShareTheNextStatement(t *testing.T) {
 	t.Parallel()
 	s, db := openFake(t)
-	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
-	var locks []*advisorylock.Lock
-	for i := range 6 {
-		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("batch-", i), opts...))
-	}
+	locks := sharedFakeLocks(t, s, db, "batch-", 6)
 	held := mustTry(t, locks[5]) // on the one shared session
 	rival := fakeLock(t, s, db, "batch-rival")
 	other := mustTry(t, rival) // a pinned session of its own
 	defer mustRelease(t, other)
-	contender := fakeLock(t, s, db, "batch-rival", opts...)
+	contender := fakeLock(t, s, db, "batch-rival", oneSharedSession...)
 
 	first, resume := stalledTry(t, s, locks[0])
 	type result struct {
@@ -862,11 +858,7 @@ func TestEngineMultiplexedOpsShareTheNextStatement(t *testing.T) {
 func TestEngineMultiplexedBatchThatFailsEndsTheSession(t *testing.T) {
 	t.Parallel()
 	s, db := openFake(t)
-	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
-	var locks []*advisorylock.Lock
-	for i := range 4 {
-		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("failed-batch-", i), opts...))
-	}
+	locks := sharedFakeLocks(t, s, db, "failed-batch-", 4)
 	held := mustTry(t, locks[3])
 	first, resume := stalledTry(t, s, locks[0])
 	errs := make(chan error, 2)
@@ -918,11 +910,7 @@ func (lockTableFull) SQLState() string { return "53200" }
 func TestEngineMultiplexedBatchOnAFullLockTableKeepsTheSession(t *testing.T) {
 	t.Parallel()
 	s, db := openFake(t)
-	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
-	var locks []*advisorylock.Lock
-	for i := range 4 {
-		locks = append(locks, fakeLock(t, s, db, fmt.Sprint("full-table-", i), opts...))
-	}
+	locks := sharedFakeLocks(t, s, db, "full-table-", 4)
 	held := mustTry(t, locks[3])
 	first, resume := stalledTry(t, s, locks[0])
 	errs := make(chan error, 3)
@@ -966,9 +954,8 @@ func TestEngineMultiplexedBatchOnAFullLockTableKeepsTheSession(t *testing.T) {
 func TestEngineWithConnOnASharedSessionTellsWhatFnDid(t *testing.T) {
 	t.Parallel()
 	s, db := openFake(t)
-	opts := []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
-	a := mustTry(t, fakeLock(t, s, db, "lend-a", opts...))
-	b := mustTry(t, fakeLock(t, s, db, "lend-b", opts...))
+	a := mustTry(t, fakeLock(t, s, db, "lend-a", oneSharedSession...))
+	b := mustTry(t, fakeLock(t, s, db, "lend-b", oneSharedSession...))
 	defer mustRelease(t, a)
 	defer mustRelease(t, b)
 	ctx := context.Background()
@@ -981,7 +968,7 @@ func TestEngineWithConnOnASharedSessionTellsWhatFnDid(t *testing.T) {
 	if !isClosed(b.Lost()) || isClosed(a.Lost()) {
 		t.Fatalf("after fn freed lend-b: lost a=%v b=%v, want only b", isClosed(a.Lost()), isClosed(b.Lost()))
 	}
-	c := mustTry(t, fakeLock(t, s, db, "lend-c", opts...))
+	c := mustTry(t, fakeLock(t, s, db, "lend-c", oneSharedSession...))
 	defer mustRelease(t, c)
 	if err := a.WithConn(ctx, func(advisorylock.Conn) error {
 		s.kill(s.holder(advisorylock.Key("lend-a")))
@@ -1026,4 +1013,19 @@ func TestEngineWithConnOnASharedSessionLetsFnTakeAnotherLock(t *testing.T) {
 		t.Fatal("fn's lock went to the lent session")
 	}
 	mustRelease(t, gb)
+}
+
+// oneSharedSession puts the fake's Locks on one shared session, whose
+// keep-alive does not run during a test.
+var oneSharedSession = []advisorylock.Option{advisorylock.WithMultiplexing(1), advisorylock.WithKeepAlive(10 * time.Second)}
+
+// sharedFakeLocks makes n Locks on the fake, named prefix0, prefix1, ...,
+// that share one session.
+func sharedFakeLocks(t *testing.T, s *fakeServer, db advisorylock.DB, prefix string, n int) []*advisorylock.Lock {
+	t.Helper()
+	locks := make([]*advisorylock.Lock, n)
+	for i := range locks {
+		locks[i] = fakeLock(t, s, db, fmt.Sprint(prefix, i), oneSharedSession...)
+	}
+	return locks
 }

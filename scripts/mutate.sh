@@ -15,6 +15,7 @@
 #   scripts/mutate.sh -n [regexp]   # only check that each still applies
 #   MUTATE_FROM=45 scripts/mutate.sh # resume: skip the first 44 (as -l numbers them)
 #   MUTATE_SHORT=1 scripts/mutate.sh # which mutations the fast tier (go test -short) catches
+#   MUTATE_JOBS=1 scripts/mutate.sh  # one at a time [3 side by side]
 #
 # With MUTATE_SHORT=1 every run has -short: a mutation the whole fast tier
 # catches but its targets do not (they may be slow tests, skipped) is
@@ -912,7 +913,9 @@ fi
 filter=${1:-.}
 
 short=${MUTATE_SHORT:-0}
-goflags=(${MUTATE_GOFLAGS:-} -count=1 -timeout 15m)
+# -vet=off and -ldflags=-w (no DWARF): a mutation's test binary is built
+# for its run alone; vet and debug information would only slow each build.
+goflags=(${MUTATE_GOFLAGS:-} -count=1 -timeout 15m -vet=off -ldflags=-w)
 whole="whole suite"
 if [ "$short" = 1 ]; then goflags+=(-short) whole="whole fast tier"; fi
 
@@ -937,88 +940,119 @@ failures() {
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-log="$scratch/log"
-caught=0 missed=0 broken=0 findings=0 slow=0
-for i in "${!names[@]}"; do
-	name=${names[$i]}
-	[[ "$name" =~ $filter ]] || continue
-	[ $((i + 1)) -ge "${MUTATE_FROM:-1}" ] || continue
-	tree="$scratch/tree"
-	rm -rf "$tree"
+
+# one runs mutation i in a scratch tree of its own and prints one result
+# line (with the log's tail where no test is named). Its first word is the
+# verdict the tally below counts.
+one() {
+	local i=$1 name=${names[$1]} tree="$scratch/tree.$1" log="$scratch/log.$1"
 	mkdir "$tree"
 	(cd "$root" && tar --exclude=.git -cf - .) | (cd "$tree" && tar -xf -)
-	target="$tree/${files[$i]}"
+	local target="$tree/${files[$i]}"
 	if [ ! -f "$target" ]; then
 		echo "DOES NOT APPLY  $name: ${files[$i]} is gone"
-		broken=$((broken + 1))
-		continue
+		return
 	fi
-	cp "$target" "$scratch/before"
+	cp "$target" "$log"
 	perl -0pi -e "${edits[$i]}" "$target"
-	if cmp -s "$target" "$scratch/before"; then
+	if cmp -s "$target" "$log"; then
 		echo "DOES NOT APPLY  $name: its anchor is no longer in ${files[$i]}"
-		broken=$((broken + 1))
-		continue
+		return
 	fi
 	if [ "$dry" -eq 1 ]; then
 		echo "APPLIES         $name"
-		continue
+		return
 	fi
 	# Every test the mutation names must still exist, or a rename would
 	# pass for a catch.
 	# A module under extra/ (its own go.mod) is tested from its folder.
-	dir=. pkg=${pkgs[$i]}
+	local dir=. pkg=${pkgs[$i]} pkgargs listed want gone="" status=0 by=targets
 	if [ -f "$root/$pkg/go.mod" ]; then dir=$pkg pkg=.; fi
 	read -ra pkgargs <<<"$pkg"
 	listed=$(cd "$root/$dir" && go test -list "${tests[$i]}" "${pkgargs[@]}" 2>/dev/null | grep '^Test' || true)
-	gone=""
 	for want in $(echo "${tests[$i]}" | tr -d '^$()' | tr '|' ' '); do
 		grep -qx "$want" <<<"$listed" || gone+=" $want"
 	done
 	if [ -n "$gone" ]; then
 		echo "DOES NOT APPLY  $name: no test named$gone"
-		broken=$((broken + 1))
-		continue
+		return
 	fi
-	start=$(date +%s)
-	status=0
-	(cd "$tree/$dir" && go test "${goflags[@]}" -run "${tests[$i]}" "${pkgargs[@]}") >"$log" 2>&1 || status=$?
-	by=targets
+	local start=$SECONDS
+	# -failfast: the first test that fails has caught the mutation; the
+	# rest of the targets need not run.
+	(cd "$tree/$dir" && go test "${goflags[@]}" -failfast -run "${tests[$i]}" "${pkgargs[@]}") >"$log" 2>&1 || status=$?
 	if [ "$status" -eq 0 ]; then
 		by=suite
-		(cd "$tree/$dir" && go test "${goflags[@]}" -timeout 30m ./...) >"$log" 2>&1 || status=$?
+		(cd "$tree/$dir" && go test "${goflags[@]}" -failfast -timeout 30m ./...) >"$log" 2>&1 || status=$?
 	fi
-	took=$(($(date +%s) - start))
+	local took=$((SECONDS - start))
 	if [ "$status" -ne 0 ] && grep -q -e '\[build failed\]' -e '\[setup failed\]' "$log"; then
 		echo "DOES NOT BUILD  $name:"
 		sed -n 1,20p "$log"
-		broken=$((broken + 1))
-		continue
+		return
 	fi
 	if [ "$status" -eq 0 ]; then
 		if [ "$short" = 1 ]; then
 			echo "SLOW TIER ONLY  $name (${took}s; the fast tier passes, targets ${tests[$i]})"
-			slow=$((slow + 1))
 		else
 			echo "MISSED          $name (${took}s; its targets ${tests[$i]} and the whole suite pass)"
-			missed=$((missed + 1))
 		fi
-		continue
+		return
 	fi
+	local failed
 	failed=$(failures "$log")
-	caught=$((caught + 1))
 	if [ "$by" = targets ]; then
 		echo "CAUGHT          $name (${took}s) by: ${failed:-a failing run, see below}"
 	elif [ "$short" = 1 ]; then
 		# Under -short the targets may be slow tests, skipped: not a finding.
 		echo "CAUGHT BY TIER  $name (${took}s): its targets ${tests[$i]} pass or skip; the $whole caught it, by: ${failed:-a failing run, see below}"
-		findings=$((findings + 1))
 	else
 		echo "FINDING         $name (${took}s): its targets ${tests[$i]} pass; the $whole caught it, by: ${failed:-a failing run, see below}"
-		findings=$((findings + 1))
 	fi
 	[ -n "$failed" ] || tail -n 20 "$log"
+}
+
+# MUTATE_JOBS mutations run side by side [3], each in its own tree: most
+# of a mutation's time is its tests waiting on servers and timers, not
+# CPU. Results print in the order of the list as they complete.
+jobs=${MUTATE_JOBS:-3}
+[ "$dry" -eq 0 ] || jobs=1
+todo=()
+for i in "${!names[@]}"; do
+	[[ "${names[$i]}" =~ $filter ]] || continue
+	[ $((i + 1)) -ge "${MUTATE_FROM:-1}" ] || continue
+	todo+=("$i")
 done
+next=0 # index into todo of the next result to print
+flush() {
+	while [ "$next" -lt "${#todo[@]}" ] && [ -f "$scratch/done.${todo[$next]}" ]; do
+		cat "$scratch/out.${todo[$next]}"
+		next=$((next + 1))
+	done
+}
+running=0
+for i in "${todo[@]}"; do
+	if [ "$running" -ge "$jobs" ]; then
+		wait -n || true
+		running=$((running - 1))
+		flush
+	fi
+	(
+		one "$i" >"$scratch/out.$i" 2>&1 || echo "DOES NOT RUN    ${names[$i]}: the runner failed" >>"$scratch/out.$i"
+		rm -rf "$scratch/tree.$i" "$scratch/log.$i"
+		touch "$scratch/done.$i"
+	) &
+	running=$((running + 1))
+done
+wait
+flush
+
+count() { cat "$scratch"/out.* 2>/dev/null | grep -c "^$1" || true; }
+caught=$(($(count 'CAUGHT ') + $(count 'FINDING ')))
+findings=$(($(count 'FINDING ') + $(count 'CAUGHT BY TIER ')))
+missed=$(count 'MISSED ')
+slow=$(count 'SLOW TIER ONLY ')
+broken=$(($(count 'DOES NOT ')))
 if [ "$dry" -eq 0 ]; then
 	if [ "$short" = 1 ]; then
 		echo "fast tier (-short): caught $caught ($findings only by the whole fast tier), slow tier only $slow, did not apply or build $broken"

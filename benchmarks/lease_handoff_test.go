@@ -131,9 +131,16 @@ RETURNING pg_notify('` + channel + `', coalesce(owner, ''))`
 					if !errors.Is(err, pgx.ErrNoRows) {
 						return err
 					}
-					if err := conn.QueryRow(ctx, queue, name, owner).Scan(&gen); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					err = conn.QueryRow(ctx, queue, name, owner).Scan(&gen)
+					if errors.Is(err, pgx.ErrNoRows) {
+						continue // freed since the try: no release will name us
+					}
+					if err != nil {
 						return err
 					}
+					// Placed: the release hands the lease to us and names us.
+					// Other notes are of other rounds (the listener hears
+					// every release, its own contender's too): skip them.
 					for {
 						note, err := listener.WaitForNotification(ctx)
 						if err != nil {
@@ -141,9 +148,6 @@ RETURNING pg_notify('` + channel + `', coalesce(owner, ''))`
 						}
 						if note.Payload == owner {
 							return nil
-						}
-						if note.Payload == "" { // freed: try again
-							break
 						}
 					}
 				}

@@ -985,8 +985,9 @@ func (l *LeaseLock) Lock(ctx context.Context) (*LeaseGuard, error) {
 	return acquire(ctx, l, "lock", true)
 }
 
-// LockTimeout is Lock bounded by d; it returns a *TimeoutError when d runs
-// out. With d <= 0 it makes exactly one attempt.
+// LockTimeout is Lock bounded by d; it returns an error matching
+// ErrTimeout, naming the lease, d and how long it waited, when d runs out.
+// With d <= 0 it makes exactly one attempt.
 func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGuard, error) {
 	return acquireWithin(ctx, l, "lock", d)
 }

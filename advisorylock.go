@@ -319,9 +319,6 @@ func (l *Lock) rowsBackend(s backend.LeaseStore) (*lockBackend, error) {
 // Name returns the lock's name.
 func (l *Lock) Name() string { return l.name }
 
-// Key returns the lock's key, Key(l.Name()).
-func (l *Lock) Key() int64 { return l.key }
-
 // TryLock makes one attempt and returns a Guard, or an error matching
 // ErrNotAcquired when the lock is held elsewhere. A done ctx returns its
 // error without touching the pool; the pool checkout waits as long as ctx
@@ -342,9 +339,10 @@ func (l *Lock) Lock(ctx context.Context) (*Guard, error) {
 }
 
 // LockTimeout is Lock bounded by d, which covers the pool checkout and the
-// wait. When d runs out it returns a *TimeoutError (errors.Is ErrTimeout)
-// no later than about one round trip after d, and the connection goes back
-// to the pool. With d <= 0 it makes exactly one attempt, like TryLock.
+// wait. When d runs out it returns an error matching ErrTimeout (its
+// message names the lock, d and how long it waited) no later than about
+// one round trip after d, and the connection goes back to the pool. With
+// d <= 0 it makes exactly one attempt, like TryLock.
 func (l *Lock) LockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
 	return acquireWithin(ctx, l, "lock", d)
 }
@@ -401,7 +399,7 @@ func acquire[G guarded](ctx context.Context, f frontEnd[G], op string, wait bool
 }
 
 // acquireWithin is a front end's wait bounded by d (one attempt when d <=
-// 0): running out of d is a *TimeoutError.
+// 0): running out of d is an error matching ErrTimeout (timeoutErr).
 func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d time.Duration) (G, error) {
 	wait := d > 0
 	ctx, a := startAcquire(ctx, f, wait)
@@ -418,7 +416,7 @@ func acquireWithin[G guarded](ctx context.Context, f frontEnd[G], op string, d t
 		g, err = f.take(ctx, poolBudget(budget, cfg, wait), wait)
 	}
 	if err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotAcquired) || errors.Is(err, errBudget)) {
-		err = &TimeoutError{Name: name, Waited: time.Since(start), Budget: d}
+		err = timeoutErr(name, d, time.Since(start))
 	} else {
 		err = wrapErr(name, op, err)
 	}
@@ -776,13 +774,6 @@ func (g *Guard) hold() *hold {
 	}
 	return g.h
 }
-
-// Name returns the lock's name (a Semaphore's for its guards).
-func (g *Guard) Name() string { return g.h.name }
-
-// Key returns the lock's key; a Semaphore's guard returns its slot's key
-// (see Semaphore).
-func (g *Guard) Key() int64 { return g.h.key }
 
 // Slot returns the slot that a Semaphore's guard holds, from 0 to
 // its slots-1, held by no other holder of the semaphore at the same time.

@@ -196,7 +196,7 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 		if err != nil || h == nil {
 			t.Fatalf("Holder: %+v, %v", h, err)
 		}
-		if !strings.HasPrefix(h.Owner, "worker-8/") || h.Token != g.Token() || h.Token != 1 || !h.ExpiresAt.Equal(clock.Now().Add(ttl)) || !h.Since.Equal(clock.Now()) || h.Backend != "sqlite" || h.Name != name {
+		if !strings.HasPrefix(h.Owner, "worker-8/") || h.Token != g.Lease().Token() || h.Token != 1 || !h.ExpiresAt.Equal(clock.Now().Add(ttl)) || !h.Since.Equal(clock.Now()) || h.Backend != "sqlite" || h.Name != name {
 			t.Errorf("Holder = %+v; want owner worker-8/…, token 1, expiry now+%v", *h, ttl)
 		}
 		mustRelease(t, g)
@@ -261,32 +261,31 @@ func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 			t.Fatalf("successor TryLock on an expired lease: %v", err)
 		}
 		defer mustRelease(t, g2)
-		if g2.Token() <= g.Token() {
-			t.Fatalf("successor token %d, want > %d", g2.Token(), g.Token())
+		if g2.Lease().Token() <= g.Lease().Token() {
+			t.Fatalf("successor token %d, want > %d", g2.Lease().Token(), g.Lease().Token())
 		}
 		select {
-		case <-g.Lost():
+		case <-g.Lease().Lost():
 		case <-time.After(sqliteWait):
 			t.Fatal("Lost() did not close after the lease was taken over")
 		}
-		if !g.IsLost() {
+		if !isLost(g.Lease()) {
 			t.Error("IsLost() false after Lost() closed")
 		}
 		mustRelease(t, g)
 		h, err := successor.Holder(ctx)
-		if err != nil || h == nil || h.Token != g2.Token() {
-			t.Fatalf("Holder after the stale Release: %+v, %v; want the successor's token %d", h, err, g2.Token())
+		if err != nil || h == nil || h.Token != g2.Lease().Token() {
+			t.Fatalf("Holder after the stale Release: %+v, %v; want the successor's token %d", h, err, g2.Lease().Token())
 		}
 
 		fence, err := advisorylock.NewFence(db, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		admit(t, db, fence, g2.Token())
-		err = admitErr(t, db, fence, g.Token())
-		var stale *advisorylock.StaleTokenError
-		if !errors.As(err, &stale) || stale.Token != g.Token() || stale.Highest != g2.Token() || stale.Resource != name {
-			t.Fatalf("stale holder's Admit: %v; want *StaleTokenError{%q, %d, %d}", err, name, g.Token(), g2.Token())
+		admit(t, db, fence, g2.Lease().Token())
+		err = admitErr(t, db, fence, g.Lease().Token())
+		if !isStale(err, name, g.Lease().Token(), g2.Lease().Token()) {
+			t.Fatalf("stale holder's Admit: %v; want ErrStaleToken naming %q, token %d, highest %d", err, name, g.Lease().Token(), g2.Lease().Token())
 		}
 	})
 }
@@ -330,8 +329,8 @@ func TestSQLiteLeaseGenerationsOnlyGoUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g.Token() != want {
-			t.Fatalf("grant %d got token %d", want, g.Token())
+		if g.Lease().Token() != want {
+			t.Fatalf("grant %d got token %d", want, g.Lease().Token())
 		}
 		if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 			t.Fatalf("TryLock while held: %v, want ErrNotAcquired", err)
@@ -351,7 +350,8 @@ func TestSQLiteLeaseGenerationsOnlyGoUp(t *testing.T) {
 func TestSQLiteFenceAdmitsEqualAndHigherTokens(t *testing.T) {
 	t.Parallel()
 	_, db := sqliteFile(t, "")
-	f, err := advisorylock.NewFence(db, testdb.UniqueName(t))
+	name := testdb.UniqueName(t)
+	f, err := advisorylock.NewFence(db, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,9 +359,8 @@ func TestSQLiteFenceAdmitsEqualAndHigherTokens(t *testing.T) {
 		admit(t, db, f, tok)
 	}
 	err = admitErr(t, db, f, 6)
-	var stale *advisorylock.StaleTokenError
-	if !errors.As(err, &stale) || !errors.Is(err, advisorylock.ErrStaleToken) || stale.Highest != 7 || stale.Token != 6 {
-		t.Fatalf("Admit(6) after 7: %v; want *StaleTokenError highest 7", err)
+	if !isStale(err, name, 6, 7) {
+		t.Fatalf("Admit(6) after 7: %v; want ErrStaleToken naming token 6, highest 7", err)
 	}
 	admit(t, db, f, 7)
 }
@@ -395,7 +394,7 @@ func TestSQLiteWeirdNamesAreData(t *testing.T) {
 			t.Fatalf("second TryLock(%q): %v, want ErrNotAcquired", name, err)
 		}
 		var stored []byte
-		if err := db.QueryRow("SELECT name FROM advisorylock_locks WHERE key = ?", l.Key()).Scan(&stored); err != nil {
+		if err := db.QueryRow("SELECT name FROM advisorylock_locks WHERE key = ?", advisorylock.Key(l.Name())).Scan(&stored); err != nil {
 			t.Fatalf("row of %q: %v", name, err)
 		}
 		if !bytes.Equal(stored, []byte(name)) {
@@ -420,7 +419,7 @@ func TestSQLiteWeirdNamesAreData(t *testing.T) {
 		if err != nil {
 			t.Fatalf("LeaseLock TryLock(%q): %v", name, err)
 		}
-		if h, err := ll.Holder(ctx); err != nil || h == nil || h.Token != lg.Token() {
+		if h, err := ll.Holder(ctx); err != nil || h == nil || h.Token != lg.Lease().Token() {
 			t.Fatalf("LeaseLock Holder(%q): %+v, %v", name, h, err)
 		}
 		mustRelease(t, lg)
@@ -561,7 +560,7 @@ func TestSQLiteBusyIsWaitedOutNotReported(t *testing.T) {
 				t.Fatalf("TryLock once the database was free: %v", r.err)
 			}
 			mustRelease(t, r.g)
-			if isClosed(held.Lost()) {
+			if isClosed(held.Lease().Lost()) {
 				t.Fatal("a lease renewed across a busy spell was reported lost")
 			}
 

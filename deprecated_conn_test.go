@@ -241,10 +241,10 @@ func TestGuardConnStepsTheKeepAliveAside(t *testing.T) {
 				t.Fatal(err)
 			}
 			intervals("after Guard.Conn's rows were closed")
-			for _, g := range []*advisorylock.Guard{g, clockGuard} {
+			for i, g := range []*advisorylock.Guard{g, clockGuard} {
 				select {
 				case <-g.Lost():
-					t.Fatalf("%s lost", g.Name())
+					t.Fatalf("guard %d of 2 lost", i+1)
 				default:
 				}
 			}

@@ -101,9 +101,6 @@ func NewElection(db DB, name string, opts ...Option) (*Election, error) {
 	return &Election{db: db, name: name, owner: owner, cfg: lock.cfg, lock: lock, lease: lease, setup: newFirstUse[electionBackend]()}, nil
 }
 
-// Name returns the election's name.
-func (e *Election) Name() string { return e.name }
-
 // Check runs the first-use work now (see NewElection), for a service that
 // wants to fail at start-up, and creates the tables if they are missing:
 // what Run would return at once (a hot standby, a transaction pooler, a
@@ -151,7 +148,7 @@ func (e *Election) backend(ctx context.Context) (*electionBackend, error) {
 // ctx ends or lead returns an error:
 //
 //   - lead's ctx is cancelled when leadership is lost (cause ErrLockLost,
-//     or a *LeaseLostError on SQLite), or when Run's ctx ends. A lead
+//     whose message names the lease on SQLite), or when Run's ctx ends. A lead
 //     that then returns (nil, or an error matching context.Canceled or
 //     that cause) has lost its term, and Run campaigns again.
 //   - lead returning nil resigns: Run frees the leadership, so another
@@ -295,7 +292,7 @@ func (t term) lostBy(err error) bool {
 	if why == nil {
 		return false
 	}
-	return errors.Is(err, context.Canceled) || errors.Is(err, ErrLockLost) || errors.Is(err, ErrLeaseLost)
+	return errors.Is(err, context.Canceled) || errors.Is(err, ErrLockLost)
 }
 
 // campaign waits until this candidate leads, or ctx ends.
@@ -309,7 +306,7 @@ func (e *Election) campaign(ctx context.Context) (term, error) {
 		if err != nil {
 			return term{}, err
 		}
-		return term{g: &lg.g, token: lg.Token()}, nil
+		return term{g: &lg.g, token: lg.lease.token}, nil
 	}
 	g, err := e.lock.Lock(ctx)
 	if err != nil {

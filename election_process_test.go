@@ -118,7 +118,7 @@ func TestElectionKilledLeaderProcessIsTakenOver(t *testing.T) {
 			if tm.token <= dead.Token {
 				t.Fatalf("term %v after the dead leader's %v", tm.token, dead.Token)
 			}
-			checkLeader(t, watcher, tm)
+			checkLeader(t, watcher, name, tm)
 			c.stop(t)
 		}
 		t.Logf("killed-process takeover on %s: %v", edb.name, took)

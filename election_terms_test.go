@@ -35,7 +35,7 @@ func TestElectionTermExceedsEveryTokenIssuedBeforeIt(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			leased = g.Token()
+			leased = g.Lease().Token()
 			return g.Release(ctx) // nil: Run resigns and leads again
 		})
 		if !errors.Is(err, stop) {

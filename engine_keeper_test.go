@@ -29,7 +29,7 @@ func TestEngineKeepAliveChecksUntilTheRelease(t *testing.T) {
 	}{
 		{"pinned", "holds", func(t *testing.T, s *fakeServer, db advisorylock.DB) (*advisorylock.Lock, int64) {
 			l := fakeLock(t, s, db, "h-mut-keeper")
-			return l, l.Key()
+			return l, advisorylock.Key(l.Name())
 		}},
 		{"set", "held keys", func(t *testing.T, s *fakeServer, db advisorylock.DB) (*advisorylock.Lock, int64) {
 			set, err := advisorylock.NewSet(db, []string{"h-mut-a", "h-mut-b"}, fakeOptions(s)...)
@@ -40,7 +40,7 @@ func TestEngineKeepAliveChecksUntilTheRelease(t *testing.T) {
 		}},
 		{"multiplexed", "held keys", func(t *testing.T, s *fakeServer, db advisorylock.DB) (*advisorylock.Lock, int64) {
 			l := fakeLock(t, s, db, "h-mut-keeper", advisorylock.WithMultiplexing(1))
-			return l, l.Key()
+			return l, advisorylock.Key(l.Name())
 		}},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {

@@ -57,10 +57,10 @@ func TestEngineMultiplexedTryWhoseCallerLeavesSparesItsNeighbours(t *testing.T) 
 			neighbour := newLock(t, db, "h-mut-neighbour", opts...)
 			gn := mustTry(t, neighbour)
 			defer mustRelease(t, gn)
-			session := s.holder(neighbour.Key())
+			session := s.holder(advisorylock.Key(neighbour.Name()))
 
 			l := newLock(t, db, "h-mut-leaver", opts...)
-			keys := []int64{l.Key()}
+			keys := []int64{advisorylock.Key(l.Name())}
 			if kind == "set" {
 				set, err := advisorylock.NewSet(db, []string{"h-mut-a", "h-mut-b"}, opts...)
 				if err != nil {
@@ -83,7 +83,7 @@ func TestEngineMultiplexedTryWhoseCallerLeavesSparesItsNeighbours(t *testing.T) 
 				t.Fatal("a neighbour on the shared session was lost when a try's caller left")
 			default:
 			}
-			if h := s.holder(neighbour.Key()); h != session {
+			if h := s.holder(advisorylock.Key(neighbour.Name())); h != session {
 				t.Fatalf("the neighbour's key is held by session %d; want its shared session %d", h, session)
 			}
 			for _, k := range keys {

@@ -17,14 +17,17 @@ import (
 var (
 	// ErrNotAcquired means the lock is held by someone else right now.
 	ErrNotAcquired = backend.ErrNotAcquired
-	// ErrTimeout is matched by *TimeoutError.
+	// ErrTimeout means a bounded acquire (LockTimeout, DoTimeout) ended
+	// without the lock. The error names the lock, the d given and how
+	// long it waited.
 	ErrTimeout = errors.New("advisorylock: timed out")
 	// ErrLockLost means a held lock is gone: its session ended, or its
-	// lease row expired or was taken over.
+	// lease row expired or was taken over. A lost LeaseLock's error names
+	// the lease and the token of the lost grant.
 	ErrLockLost = errors.New("advisorylock: lock lost")
-	// ErrLeaseLost is matched by *LeaseLostError.
-	ErrLeaseLost = backend.ErrLeaseLost
-	// ErrStaleToken is matched by *StaleTokenError.
+	// ErrStaleToken means a Fence refused a token lower than one it
+	// already admitted. The error names the resource, the refused token
+	// and the highest admitted.
 	ErrStaleToken = errors.New("advisorylock: stale fencing token")
 	// ErrPoolUnavailable means no connection could be checked out of the
 	// pool, or, for a lease statement (which runs on the handle itself
@@ -41,58 +44,29 @@ var (
 	ErrUnsupported = backend.ErrUnsupported
 )
 
-// TimeoutError reports that a bounded acquire ended without the lock.
-// It matches ErrTimeout with errors.Is.
-type TimeoutError struct {
-	Name   string        // the lock's name
-	Waited time.Duration // how long the acquire ran
-	Budget time.Duration // the d given (0 or less: one attempt)
-}
-
-// Error names the lock and the bound it was given: the d, or one attempt
-// for a d of 0 or less.
-func (e *TimeoutError) Error() string {
-	if e.Budget <= 0 {
-		return fmt.Sprintf("advisorylock: lock %s: not acquired in the one attempt of a timeout of %s", quoteName(e.Name), e.Budget)
+// timeoutErr is the error of a bounded acquire that ended without the
+// lock: it names the lock, the d it was given (or the one attempt of a d
+// of 0 or less) and how long it waited, and matches ErrTimeout.
+func timeoutErr(name string, d, waited time.Duration) error {
+	if d <= 0 {
+		return &lockError{name: name, err: fmt.Errorf("%w: not acquired in the one attempt of a timeout of %s", ErrTimeout, d)}
 	}
-	return fmt.Sprintf("advisorylock: lock %s: not acquired within %s (waited %s)", quoteName(e.Name), e.Budget, e.Waited.Round(time.Millisecond))
+	return &lockError{name: name, err: fmt.Errorf("%w: not acquired within %s (waited %s)", ErrTimeout, d, waited.Round(time.Millisecond))}
 }
 
-// Is reports whether target is ErrTimeout.
-func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
-
-// LeaseLostError reports that a lease ended before its holder released it.
-// It matches ErrLeaseLost (and ErrLockLost) with errors.Is.
-type LeaseLostError struct {
-	Name  string       // the lease's name
-	Token FencingToken // the token of the lost grant
+// leaseLostErr is the error of a lease that ended before its holder
+// released it: it names the lease and the lost grant's token, and matches
+// ErrLockLost.
+func leaseLostErr(name string, token FencingToken) error {
+	return fmt.Errorf("%w: lease %s (token %d)", ErrLockLost, quoteName(name), token)
 }
 
-// Error names the lease and the token of the lost grant.
-func (e *LeaseLostError) Error() string {
-	return fmt.Sprintf("advisorylock: lease %s (token %d): lost", quoteName(e.Name), e.Token)
+// staleTokenErr is the error of a Fence that refused token: it names the
+// resource, the refused token and the highest admitted, and matches
+// ErrStaleToken.
+func staleTokenErr(resource string, token, highest FencingToken) error {
+	return fmt.Errorf("%w: resource %s refused token %d (highest admitted %d)", ErrStaleToken, quoteName(resource), token, highest)
 }
-
-// Is reports whether target is ErrLeaseLost or ErrLockLost.
-func (e *LeaseLostError) Is(target error) bool {
-	return target == ErrLeaseLost || target == ErrLockLost
-}
-
-// StaleTokenError reports that a Fence refused a token lower than one it
-// already admitted. It matches ErrStaleToken with errors.Is.
-type StaleTokenError struct {
-	Resource string       // the fenced resource
-	Token    FencingToken // the refused token
-	Highest  FencingToken // the highest token admitted so far
-}
-
-// Error names the resource, the refused token and the highest admitted.
-func (e *StaleTokenError) Error() string {
-	return fmt.Sprintf("advisorylock: resource %s: stale fencing token %d (highest admitted %d)", quoteName(e.Resource), e.Token, e.Highest)
-}
-
-// Is reports whether target is ErrStaleToken.
-func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
 
 // lockError names the lock an error is about and keeps the cause reachable.
 type lockError struct {

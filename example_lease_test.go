@@ -94,11 +94,10 @@ func ExampleFence_Admit() {
 	}
 	defer newer.Release(ctx)
 
-	fmt.Println("newer holder:", save(newer.Token(), "fresh"))
-	err = save(old.Token(), "stale") // the first holder wakes up and writes
-	var stale *advisorylock.StaleTokenError
-	if errors.As(err, &stale) {
-		fmt.Println("old holder: its token refused, the report has seen a higher one:", stale.Highest > stale.Token)
+	fmt.Println("newer holder:", save(newer.Lease().Token(), "fresh"))
+	err = save(old.Lease().Token(), "stale")        // the first holder wakes up and writes
+	if errors.Is(err, advisorylock.ErrStaleToken) { // the message names the token and the highest admitted
+		fmt.Println("old holder: its token refused, the report has seen a higher one")
 	}
 	var body string
 	if err := db.QueryRowContext(ctx, "SELECT body FROM advisorylock_example_reports WHERE id = $1", id).Scan(&body); err != nil {
@@ -107,6 +106,6 @@ func ExampleFence_Admit() {
 	fmt.Println("report:", body)
 	// Output:
 	// newer holder: <nil>
-	// old holder: its token refused, the report has seen a higher one: true
+	// old holder: its token refused, the report has seen a higher one
 	// report: fresh
 }

@@ -4,6 +4,9 @@ package advisorylock
 // definitions.
 var SlotKey = slotKey
 
+// StaleTokenErr is a Fence's refusal, for histories the tests build.
+var StaleTokenErr = staleTokenErr
+
 const (
 	MaxSlots     = maxSlots
 	LeaseWaitCap = leaseWaitCap // a lease waiter's longest pause between polls

@@ -122,7 +122,7 @@ func (s *fakeServer) failNext(op string, err error) {
 func stalledTry(t *testing.T, s *fakeServer, l *advisorylock.Lock) (first <-chan *advisorylock.Guard, resume func()) {
 	stalled, release := make(chan struct{}), make(chan struct{})
 	s.onStatementStall(func(op string, key int64) {
-		if op == "try" && key == l.Key() {
+		if op == "try" && key == advisorylock.Key(l.Name()) {
 			close(stalled)
 			<-release
 		}

@@ -159,7 +159,7 @@ func fencedWrite(ctx context.Context, db *sql.DB, f *advisorylock.Fence, c *test
 	if err := c.Bump(ctx, tx); err != nil {
 		return err
 	}
-	if err := c.Record(ctx, tx, token.Int64()); err != nil {
+	if err := c.Record(ctx, tx, int64(token)); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -365,7 +365,7 @@ func (f *figures) outcome(ctx context.Context, err error, lost bool) bool {
 	f.ops.Add(1)
 	switch {
 	case err == nil:
-	case lost || errors.Is(err, advisorylock.ErrLockLost): // ErrLeaseLost matches it too
+	case lost || errors.Is(err, advisorylock.ErrLockLost): // a lease's loss too
 		f.losses.Add(1)
 		return true
 	case ctx.Err() != nil: // the load is stopping
@@ -476,7 +476,7 @@ func (s *sections) enter(fctx context.Context, lease *advisorylock.Lease) *secti
 	now := time.Now()
 	sec := &section{lease: lease, granted: now, entered: now, done: make(chan struct{})}
 	told := func() {
-		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) { // ErrLeaseLost matches it too
+		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) { // a lease's loss too
 			sec.tell()
 		}
 	}
@@ -519,9 +519,9 @@ func (s *sections) enterTerm(lctx context.Context, term advisorylock.FencingToke
 // session lock.
 func (sec *section) token() int64 {
 	if sec.lease != nil {
-		return sec.lease.Token().Int64()
+		return int64(sec.lease.Token())
 	}
-	return sec.term.Int64()
+	return int64(sec.term)
 }
 
 // tell records the first time the holder was told of its loss.
@@ -534,7 +534,7 @@ func (sec *section) watchLease() {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if sec.lease.IsLost() {
+		if isLost(*sec.lease) {
 			sec.tell()
 			return
 		}
@@ -688,7 +688,7 @@ func leaseWorker(ctx context.Context, l *advisorylock.LeaseLock, f *advisorylock
 			err = l.Do(ctx, section)
 		}
 		secs.record(start, sec) // history hook
-		lost := held != nil && held.IsLost() && err != nil
+		lost := held != nil && isLost(*held) && err != nil
 		w.outcome(figs.outcome(ctx, err, lost))
 		if lost {
 			late, cancel := context.WithTimeout(context.Background(), wait)
@@ -925,11 +925,11 @@ func TestServerRestart(t *testing.T) {
 
 	c.Restart(t)
 
-	for _, g := range guards {
+	for i, g := range guards {
 		select {
 		case <-g.Lost():
 		case <-time.After(wait):
-			t.Fatalf("guard of %q did not report the restart as a loss", g.Name())
+			t.Fatalf("guard of %q did not report the restart as a loss", locks[i])
 		}
 		if err := g.Release(ctx); err != nil {
 			t.Errorf("Release of a lost guard: %v", err)
@@ -956,13 +956,14 @@ func TestServerRestart(t *testing.T) {
 		var h *advisorylock.Holder
 		var err error
 		testdb.WaitFor(t, wait, func() bool { h, err = leaseFor[lg].Holder(ctx); return err == nil }, "Holder after the restart: %v", err)
-		kept := h != nil && h.Token == lg.Token()
-		t.Logf("lease %q (token %d) after the restart: lost %v, still held in the database %v", lg.Lease().Name(), lg.Token(), lg.IsLost(), kept)
-		if !kept && !lg.IsLost() {
-			testdb.WaitFor(t, wait, lg.IsLost, "lease %q is no longer held but its guard does not know", lg.Lease().Name())
+		kept := h != nil && h.Token == lg.Lease().Token()
+		name := leaseFor[lg].Name()
+		t.Logf("lease %q (token %d) after the restart: lost %v, still held in the database %v", name, lg.Lease().Token(), isLost(lg.Lease()), kept)
+		if !kept && !isLost(lg.Lease()) {
+			testdb.WaitFor(t, wait, func() bool { return isLost(lg.Lease()) }, "lease %q is no longer held but its guard does not know", name)
 		}
 		if waitedOut[lg] && !kept {
-			t.Errorf("the waiter on lease %q waited out its whole deadline though the lease did not survive the restart", lg.Lease().Name())
+			t.Errorf("the waiter on lease %q waited out its whole deadline though the lease did not survive the restart", name)
 		}
 		_ = lg.Release(ctx)
 	}
@@ -992,12 +993,13 @@ func TestServerRestart(t *testing.T) {
 	}
 	var leaseNames []string
 	for _, lg := range leases {
-		leaseNames = append(leaseNames, lg.Lease().Name())
+		leaseNames = append(leaseNames, leaseFor[lg].Name())
 	}
 	checkLeaks(t, leakCheck{db: admin, locks: locks, leases: leaseNames, pools: pools})
 
 	t.Run("outage longer than the lease TTL", func(t *testing.T) {
 		var held []*advisorylock.LeaseGuard
+		var names []string // held[i]'s
 		for i, db := range pools[:2] {
 			ll, err := advisorylock.NewLeaseLock(db, testdb.UniqueName(t), opts...)
 			if err != nil {
@@ -1007,24 +1009,21 @@ func TestServerRestart(t *testing.T) {
 			if err != nil {
 				t.Fatalf("pool %d: %v", i, err)
 			}
-			held = append(held, lg)
+			held, names = append(held, lg), append(names, ll.Name())
 			t.Cleanup(func() { _ = lg.Release(ctx) })
 		}
 		c.Stop(t)
-		for _, lg := range held {
+		for i, lg := range held {
 			select {
-			case <-lg.Lost():
+			case <-lg.Lease().Lost():
 			case <-time.After(wait):
-				t.Fatalf("lease %q kept while the server is down", lg.Lease().Name())
-			}
-			if !lg.IsLost() {
-				t.Fatal("Lost() closed but IsLost() is false")
+				t.Fatalf("lease %q kept while the server is down", names[i])
 			}
 		}
 		c.Restart(t)
 		successor := testdb.OpenPostgresDSN(t, "pgx", c.DSN)
-		for _, lg := range held {
-			name := lg.Lease().Name()
+		for i, lg := range held {
+			name := names[i]
 			next, err := advisorylock.NewLeaseLock(successor, name, quiet)
 			if err != nil {
 				t.Fatal(err)
@@ -1033,24 +1032,23 @@ func TestServerRestart(t *testing.T) {
 			if err != nil {
 				t.Fatalf("successor on %q: %v", name, err)
 			}
-			if ng.Token() <= lg.Token() {
-				t.Fatalf("successor's token %d is not above the lost %d", ng.Token(), lg.Token())
+			if ng.Lease().Token() <= lg.Lease().Token() {
+				t.Fatalf("successor's token %d is not above the lost %d", ng.Lease().Token(), lg.Lease().Token())
 			}
 			f, err := advisorylock.NewFence(successor, name)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := fencedWrite(ctx, successor, f, nil, ng.Token()); err != nil {
+			if err := fencedWrite(ctx, successor, f, nil, ng.Lease().Token()); err != nil {
 				t.Fatalf("successor's write: %v", err)
 			}
-			var stale *advisorylock.StaleTokenError
-			if err := fencedWrite(ctx, successor, f, nil, lg.Token()); !errors.As(err, &stale) || stale.Highest != ng.Token() {
-				t.Fatalf("the lost holder's write = %v, want *StaleTokenError with highest %d", err, ng.Token())
+			if err := fencedWrite(ctx, successor, f, nil, lg.Lease().Token()); !isStale(err, name, lg.Lease().Token(), ng.Lease().Token()) {
+				t.Fatalf("the lost holder's write = %v, want ErrStaleToken with highest %d", err, ng.Lease().Token())
 			}
 			if err := lg.Release(ctx); err != nil {
 				t.Logf("release of the lost lease: %v", err)
 			}
-			if h, err := next.Holder(ctx); err != nil || h == nil || h.Token != ng.Token() {
+			if h, err := next.Holder(ctx); err != nil || h == nil || h.Token != ng.Lease().Token() {
 				t.Fatalf("after the lost holder's release the successor does not hold %q: %+v, %v", name, h, err)
 			}
 			mustRelease(t, ng)
@@ -1095,7 +1093,7 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := fencedWrite(ctx, db, f, nil, lg.Token()); err != nil {
+			if err := fencedWrite(ctx, db, f, nil, lg.Lease().Token()); err != nil {
 				t.Fatalf("write before the cut: %v", err)
 			}
 
@@ -1109,13 +1107,13 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 			proxy.Cut()
 			returnsDuringCut(t, "Release of a Lock guard", func() error { _ = unwatched.Release(ctx); return nil })
 			select {
-			case <-lg.Lost():
+			case <-lg.Lease().Lost():
 			case <-time.After(wait):
 				t.Fatal("lease not lost during the cut")
 			}
 			var owned, unexpired bool
 			err = admin.QueryRow("SELECT owner IS NOT NULL AND generation = $2, expires_at > now() FROM advisorylock_leases WHERE name = $1",
-				ll.Name(), lg.Token().Int64()).Scan(&owned, &unexpired)
+				ll.Name(), int64(lg.Lease().Token())).Scan(&owned, &unexpired)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1169,27 +1167,26 @@ func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 				t.Fatalf("successor: %v", err)
 			}
 			t.Cleanup(func() { _ = ng.Release(ctx) })
-			if ng.Token() <= lg.Token() {
-				t.Fatalf("successor's token %d is not above the lost %d", ng.Token(), lg.Token())
+			if ng.Lease().Token() <= lg.Lease().Token() {
+				t.Fatalf("successor's token %d is not above the lost %d", ng.Lease().Token(), lg.Lease().Token())
 			}
 			nf, err := advisorylock.NewFence(admin, ll.Name())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := fencedWrite(ctx, admin, nf, nil, ng.Token()); err != nil {
+			if err := fencedWrite(ctx, admin, nf, nil, ng.Lease().Token()); err != nil {
 				t.Fatalf("successor's write: %v", err)
 			}
 
 			proxy.Heal()
-			var stale *advisorylock.StaleTokenError
 			testdb.WaitFor(t, wait, func() bool {
-				err = fencedWrite(ctx, db, f, nil, lg.Token())
-				return err == nil || errors.As(err, &stale) // else a connection that died in the cut: try again
+				err = fencedWrite(ctx, db, f, nil, lg.Lease().Token())
+				return err == nil || errors.Is(err, advisorylock.ErrStaleToken) // else a connection that died in the cut: try again
 			}, "the fenced write never got an answer after the heal: %v", err)
-			if !errors.As(err, &stale) || stale.Highest != ng.Token() {
-				t.Fatalf("cut-off holder's write after the heal = %v, want *StaleTokenError (highest %d)", err, ng.Token())
+			if highest, stale := staleHighest(err); !stale || highest != ng.Lease().Token() {
+				t.Fatalf("cut-off holder's write after the heal = %v, want ErrStaleToken (highest %d)", err, ng.Lease().Token())
 			}
-			if h, err := next.Holder(ctx); err != nil || h == nil || h.Token != ng.Token() {
+			if h, err := next.Holder(ctx); err != nil || h == nil || h.Token != ng.Lease().Token() {
 				t.Fatalf("the stale release freed the successor: %+v, %v", h, err)
 			}
 			mustRelease(t, ng)
@@ -1421,14 +1418,14 @@ func startPGLoadOn(t *testing.T, dsn string, sessionWorkers, leaseWorkers int, h
 	return l
 }
 
-// grantedAt reads when the database granted lease, if its row still
-// shows that grant.
+// grantedAt reads when the database granted lease (of l.leaseName), if
+// its row still shows that grant.
 func (l *pgLoad) grantedAt(lease advisorylock.Lease) (time.Time, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	var at time.Time
 	err := l.admin.QueryRowContext(ctx, "SELECT acquired_at FROM advisorylock_leases WHERE name = $1 AND generation = $2",
-		lease.Name(), lease.Token().Int64()).Scan(&at)
+		l.leaseName, int64(lease.Token())).Scan(&at)
 	return at, err == nil
 }
 

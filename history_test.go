@@ -36,7 +36,7 @@ package advisorylock_test
 //   - an acquire not granted (Do returned without running fn, TryDo found
 //     the lock held): counted, not checked (see linearizability_test.go).
 //   - admit: [write began, write returned] for a write that returned nil;
-//     stale: one that returned a *StaleTokenError, with its Highest;
+//     stale: one refused with ErrStaleToken, with the highest admitted;
 //     maybe: one that failed otherwise. Most of those failed before their
 //     commit and had no effect, but a failed commit may have committed.
 //     A maybe can take effect only until an admitted write with a higher
@@ -92,7 +92,7 @@ func (s *sections) wrote(token advisorylock.FencingToken, began time.Time, err e
 	now := time.Now()
 	s.hist.mu.Lock()
 	defer s.hist.mu.Unlock()
-	s.hist.writes = append(s.hist.writes, writeCall{token: token.Int64(), began: began, returned: now, err: err})
+	s.hist.writes = append(s.hist.writes, writeCall{token: int64(token), began: began, returned: now, err: err})
 }
 
 // opCounts counts a history's operations by kind.
@@ -153,14 +153,14 @@ func (s *sections) objects() (lock, fence object, n opCounts) {
 	}
 	for _, w := range s.hist.writes {
 		n.writes++
-		var refused *advisorylock.StaleTokenError
+		highest, refused := staleHighest(w.err)
 		switch {
 		case w.err == nil:
 			n.admitted++
 			fence.ops = append(fence.ops, admitOp(tick(w.began), tick(w.returned), w.token))
-		case errors.As(w.err, &refused):
+		case refused:
 			n.stale++
-			fence.ops = append(fence.ops, staleOp(tick(w.began), tick(w.returned), w.token, refused.Highest.Int64()))
+			fence.ops = append(fence.ops, staleOp(tick(w.began), tick(w.returned), w.token, int64(highest)))
 		default:
 			n.unknown++
 			fence.ops = append(fence.ops, maybeOp(tick(w.began), never, w.token))
@@ -279,7 +279,7 @@ func TestHistoryDerivesIntervalsFromWhatTheWorkersSaw(t *testing.T) {
 	}
 	s.hist.writes = []writeCall{
 		{token: 3, began: at(20), returned: at(25)},
-		{token: 2, began: at(30), returned: at(35), err: &advisorylock.StaleTokenError{Resource: "name", Token: 2, Highest: 3}},
+		{token: 2, began: at(30), returned: at(35), err: advisorylock.StaleTokenErr("name", 2, 3)},
 		{token: 3, began: at(40), returned: at(45), err: errors.New("commit: connection reset")},
 		{token: 4, began: at(50), returned: at(55)},
 		{token: 2, began: at(60), returned: at(65), err: errors.New("begin: connection reset")}, // after 4 was admitted: no effect

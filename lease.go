@@ -580,8 +580,7 @@ func keepLease(store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRe
 	s := &leaseState{store: store, db: db, req: req, clock: cfg.clock, deadline: localDeadline(sent, req.TTL)}
 	s.hold = hold{name: req.Name, key: req.Key, logger: cfg.log(), relTO: cfg.releaseTimeout, end: s}
 	// A grant that arrived past its local deadline (a slow answer) is lost
-	// before anyone sees it: Lost is closed and IsLost true when the
-	// acquire returns, and Do does not run its function. It has nothing
+	// before anyone sees it: Lost is closed when the acquire returns, and Do does not run its function. It has nothing
 	// to keep. Otherwise the keeper starts at the first renewal.
 	left := s.untilDeadline()
 	if left <= 0 {
@@ -642,7 +641,7 @@ func (s *leaseState) forget() {
 // lostErr is the error a lost grant reports.
 func (s *leaseState) lostErr() error {
 	if s.req.Kind == backend.KindLease {
-		return &LeaseLostError{Name: s.req.Name, Token: FencingToken(s.req.Token)}
+		return leaseLostErr(s.req.Name, FencingToken(s.req.Token))
 	}
 	return ErrLockLost
 }
@@ -653,11 +652,13 @@ func (s *leaseState) localDeadline() time.Time {
 	return s.deadline
 }
 
-// lostOrExpired reports a lost lease, also when the local deadline passed
-// and no goroutine has run since.
-func (s *leaseState) lostOrExpired() bool {
-	gone, _ := s.isLost()
-	return gone || !s.clock.Now().Before(s.localDeadline())
+// expireIfPast marks the lease lost when its local deadline has passed,
+// also when no goroutine has run since: what Lost promises.
+func (s *leaseState) expireIfPast() {
+	if gone, _ := s.isLost(); gone || s.clock.Now().Before(s.localDeadline()) {
+		return
+	}
+	s.lose(CauseExpired, s.lostErr(), errors.New("no renewal before the local deadline"))
 }
 
 // keep renews the lease every renew interval until stopped, and marks it
@@ -692,8 +693,8 @@ func (s *leaseState) keep() {
 			return
 		case <-renewAt.C:
 			if s.untilDeadline() <= 0 {
-				// Past the deadline (a grant that arrived late): IsLost
-				// reads true already, and a renewal would revive it.
+				// Past the deadline (a grant that arrived late): Lost
+				// reads closed already, and a renewal would revive it.
 				s.lose(CauseExpired, lostErr, errors.New("no renewal before the local deadline"))
 				return
 			}
@@ -711,7 +712,7 @@ func (s *leaseState) keep() {
 				s.mu.Unlock()
 				expiry.Reset(s.untilDeadline())
 				renewAt.Reset(interval)
-			case errors.Is(err, ErrLeaseLost):
+			case errors.Is(err, backend.ErrLeaseLost):
 				s.lose(CauseTakenOver, lostErr, err)
 				return
 			default: // unknown outcome: try again sooner, until the deadline
@@ -984,8 +985,9 @@ func (l *LeaseLock) Lock(ctx context.Context) (*LeaseGuard, error) {
 	return acquire(ctx, l, "lock", true)
 }
 
-// LockTimeout is Lock bounded by d; it returns a *TimeoutError when d runs
-// out. With d <= 0 it makes exactly one attempt.
+// LockTimeout is Lock bounded by d; it returns an error matching
+// ErrTimeout, naming the lease, d and how long it waited, when d runs out.
+// With d <= 0 it makes exactly one attempt.
 func (l *LeaseLock) LockTimeout(ctx context.Context, d time.Duration) (*LeaseGuard, error) {
 	return acquireWithin(ctx, l, "lock", d)
 }
@@ -1014,7 +1016,7 @@ func (l *LeaseLock) take(ctx, budget context.Context, wait bool) (*LeaseGuard, e
 	if err != nil {
 		return nil, err
 	}
-	lease := Lease{name: l.name, token: FencingToken(s.req.Token), s: s}
+	lease := Lease{token: FencingToken(s.req.Token), s: s}
 	g := &LeaseGuard{g: Guard{h: &s.hold}, lease: lease} // one allocation for both
 	runtime.AddCleanup(g, (*hold).forgotten, &s.hold)
 	return g, nil
@@ -1037,10 +1039,10 @@ func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 
 // Do waits for the lease, runs fn with it, and releases it when fn
 // returns, fails or panics. fn's context is cancelled with a
-// *LeaseLostError cause if the lease is lost, and Do then returns that
-// error unless fn returned one of its own. A lease lost as it was granted
-// (its grant came back past its local deadline) does not run fn: Do
-// returns the *LeaseLostError. Pass lease.Token() to the resource's Fence
+// cause matching ErrLockLost (naming the lease and its token) if the
+// lease is lost, and Do then returns that error unless fn returned one of
+// its own. A lease lost as it was granted (its grant came back past its
+// local deadline) does not run fn: Do returns that loss. Pass lease.Token() to the resource's Fence
 // with every write.
 func (l *LeaseLock) Do(ctx context.Context, fn func(ctx context.Context, lease Lease) error) error {
 	return do(ctx, l.name, l.Lock, fn)
@@ -1052,7 +1054,7 @@ func (l *LeaseLock) DoTimeout(ctx context.Context, d time.Duration, fn func(ctx 
 }
 
 // TryDo runs fn only if it can take the lease at once; (false, nil) when
-// it is held elsewhere, (false, the *LeaseLostError) when the lease was
+// it is held elsewhere, (false, the loss, matching ErrLockLost) when the lease was
 // lost as it was granted (see Do).
 func (l *LeaseLock) TryDo(ctx context.Context, fn func(ctx context.Context, lease Lease) error) (ran bool, err error) {
 	return tryDo(ctx, l.name, l.TryLock, fn)
@@ -1061,26 +1063,29 @@ func (l *LeaseLock) TryDo(ctx context.Context, fn func(ctx context.Context, leas
 // Lease is one grant of a LeaseLock. It is cheap to copy; copies share
 // the grant's state.
 type Lease struct {
-	name  string
 	token FencingToken
 	s     *leaseState
 }
-
-// Name returns the lease's name.
-func (l Lease) Name() string { return l.name }
 
 // Token returns the grant's fencing token.
 func (l Lease) Token() FencingToken { return l.token }
 
 // Lost returns a channel closed when the lease no longer protects
 // anything: it is known lost, or it was released (Release, or the cleanup
-// of a forgotten guard).
-func (l Lease) Lost() <-chan struct{} { return l.s.lost() }
-
-// IsLost reports whether the lease is lost or released. It is also true
-// once the local deadline has passed, even if no goroutine noticed yet:
-// check it right before an action that must not run without the lease.
-func (l Lease) IsLost() bool { return l.s.lostOrExpired() }
+// of a forgotten guard). A call made once the local deadline has passed
+// finds it closed even if no goroutine noticed yet, so a check right
+// before an action that must not run without the lease is
+//
+//	select {
+//	case <-lease.Lost():
+//		// lost or released: do not act
+//	default:
+//		// still held
+//	}
+func (l Lease) Lost() <-chan struct{} {
+	l.s.expireIfPast()
+	return l.s.lost()
+}
 
 // LeaseGuard is a held lease. Release it when done; Release is idempotent.
 type LeaseGuard struct {
@@ -1098,16 +1103,6 @@ func (g *LeaseGuard) hold() *hold {
 
 // Lease returns the grant.
 func (g *LeaseGuard) Lease() Lease { return g.lease }
-
-// Token returns the grant's fencing token.
-func (g *LeaseGuard) Token() FencingToken { return g.lease.token }
-
-// Lost returns a channel closed when the lease is known lost or was
-// released; see Lease.Lost.
-func (g *LeaseGuard) Lost() <-chan struct{} { return g.lease.Lost() }
-
-// IsLost reports whether the lease is lost; see Lease.IsLost.
-func (g *LeaseGuard) IsLost() bool { return g.lease.IsLost() }
 
 // Release stops renewing and frees the lease if this grant still holds it;
 // it never frees a successor's lease. It runs on its own context bounded by

@@ -19,7 +19,8 @@ import (
 // "How tokens are made" in docs/fencing.md gives the bounds). Tokens are not
 // consecutive. A resource that remembers the highest token it accepted
 // (see Fence) can refuse writes from a holder that has since lost its
-// lease. It is stored as a BIGINT (the generation column).
+// lease. It is stored as a BIGINT (the generation column): int64(t) is
+// its BIGINT value, and fmt prints it in decimal.
 type FencingToken uint64
 
 // ParseFencingToken converts a stored BIGINT to a token; v <= 0 is an error.
@@ -28,15 +29,9 @@ func ParseFencingToken(v int64) (FencingToken, error) {
 	return FencingToken(t), err
 }
 
-// Int64 returns the token as a BIGINT value.
-func (t FencingToken) Int64() int64 { return int64(t) }
-
 // Admits reports whether a resource that last accepted t may accept
 // incoming: equal tokens are admitted (one holder writes many times).
 func (t FencingToken) Admits(incoming FencingToken) bool { return incoming >= t }
-
-// String returns the token in decimal.
-func (t FencingToken) String() string { return strconv.FormatUint(uint64(t), 10) }
 
 // Value implements driver.Valuer: the token is sent as an int64. A token
 // above math.MaxInt64, which no database grants, is an error.
@@ -133,9 +128,9 @@ func (f *Fence) store(ctx context.Context) (backend.LeaseStore, error) {
 }
 
 // Admit records token as the resource's highest in tx if it is not lower
-// than the highest admitted so far, and returns nil; a lower token gets a
-// *StaleTokenError (errors.Is ErrStaleToken), and the caller must roll tx
-// back. Because the check and the caller's write commit together, a stale
+// than the highest admitted so far, and returns nil; a lower token gets an
+// error matching ErrStaleToken that names the resource, the token and the
+// highest admitted, and the caller must roll tx back. Because the check and the caller's write commit together, a stale
 // holder's write can never land after a newer holder's.
 func (f *Fence) Admit(ctx context.Context, tx *sql.Tx, token FencingToken) error {
 	if token == 0 || token > math.MaxInt64 {
@@ -154,7 +149,7 @@ func (f *Fence) Admit(ctx context.Context, tx *sql.Tx, token FencingToken) error
 		return f.wrap(err)
 	}
 	if highest > uint64(token) {
-		return &StaleTokenError{Resource: f.resource, Token: token, Highest: FencingToken(highest)}
+		return staleTokenErr(f.resource, token, FencingToken(highest))
 	}
 	return nil
 }

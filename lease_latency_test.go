@@ -48,7 +48,7 @@ func TestSlowGrantIsLostBeforeItsDatabaseExpiry(t *testing.T) {
 				t.Fatalf("TryLock over a slow network: %v", err)
 			}
 			t.Cleanup(func() { proxy.SetDelay(0); proxy.Heal(); _ = g.Release(ctx) })
-			if !g.IsLost() {
+			if !isLost(g.Lease()) {
 				t.Fatal("a lease whose grant took 1.2s of a 1.5s TTL to arrive does not read lost: its deadline counts from the answer, not from the acquire")
 			}
 			proxy.Cut()
@@ -58,11 +58,11 @@ func TestSlowGrantIsLostBeforeItsDatabaseExpiry(t *testing.T) {
 				t.Fatalf("successor: %v", err)
 			}
 			defer releaseLease(t, ng)
-			if !g.IsLost() {
+			if !isLost(g.Lease()) {
 				t.Fatal("a successor was granted the lease while its cut-off holder believed it held it")
 			}
 			select {
-			case <-g.Lost():
+			case <-g.Lease().Lost():
 			case <-time.After(wait):
 				t.Fatal("the slow grant's Lost() never closed")
 			}
@@ -97,13 +97,13 @@ func TestLeaseDeadlineCountsFromTheSentAcquire(t *testing.T) {
 	if during.Load() != 0 {
 		t.Fatal("the clock never moved during the acquire: nothing was tested")
 	}
-	if !g.IsLost() {
+	if !isLost(g.Lease()) {
 		t.Fatalf("a lease granted %v into its %v TTL does not read lost: its deadline counts from the answer", slow, ttl)
 	}
 	// Lost() closes at the deadline too, not at the first renewal (a
 	// third of the TTL later, in real time).
 	select {
-	case <-g.Lost():
+	case <-g.Lease().Lost():
 	case <-time.After(ttl / 6):
 		t.Fatalf("Lost() still open %v after a grant that arrived past its deadline", ttl/6)
 	}
@@ -111,7 +111,7 @@ func TestLeaseDeadlineCountsFromTheSentAcquire(t *testing.T) {
 	clock.Add(ttl - slow)
 	gb := tryLease(t, b)
 	defer releaseLease(t, gb)
-	if !g.IsLost() {
+	if !isLost(g.Lease()) {
 		t.Fatal("a successor was granted the lease while the first holder believed it held it")
 	}
 }

@@ -89,7 +89,7 @@ func (m *leaseModel) renew(t *rapid.T) {
 	switch {
 	case m.valid(h) && err == nil:
 		h.until = m.now.Add(m.ttl)
-	case !m.valid(h) && errors.Is(err, advisorylock.ErrLeaseLost):
+	case !m.valid(h) && errors.Is(err, backend.ErrLeaseLost):
 		h.held = false
 	default:
 		t.Fatalf("renew of a lease in force=%v: %v", m.valid(h), err)

@@ -59,7 +59,7 @@ func TestRowsHolderCutOffIsToldBeforeARival(t *testing.T) {
 				if shared {
 					table = "advisorylock_shared WHERE key = $1"
 				}
-				if n := countRows(t, admin, "SELECT count(*) FROM "+table+" AND expires_at > now()", holder.Key()); n != 1 {
+				if n := countRows(t, admin, "SELECT count(*) FROM "+table+" AND expires_at > now()", advisorylock.Key(holder.Name())); n != 1 {
 					t.Fatalf("when the holder was told (%v after the cut) its row had expired: it was told after the database could grant the name", lostAt.Sub(cut))
 				}
 				select {

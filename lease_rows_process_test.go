@@ -131,7 +131,7 @@ func TestLeaseRowsElectionAcrossProcesses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if s.Regressions != 0 || s.MaxToken != third.term.Int64() {
+			if s.Regressions != 0 || s.MaxToken != int64(third.term) {
 				t.Errorf("fence log: %d stale writes admitted, highest term written %d (want 0 and %d)", s.Regressions, s.MaxToken, third.term)
 			}
 		})
@@ -243,7 +243,7 @@ func recordedLead(t *testing.T, db *sql.DB, job electionJob, owner string) func(
 		t.Fatalf("NewFence: %v", err)
 	}
 	return func(ctx context.Context, term advisorylock.FencingToken) error {
-		if err := job.Record.enter(ctx, db, owner, term.Int64()); err != nil {
+		if err := job.Record.enter(ctx, db, owner, int64(term)); err != nil {
 			return err
 		}
 		if err := fencedWrite(ctx, db, fence, job.Counter, term); err != nil {
@@ -261,7 +261,7 @@ func recordedLead(t *testing.T, db *sql.DB, job electionJob, owner string) func(
 		} else if err != nil {
 			outcome = err.Error()
 		}
-		if err := job.Record.note(after, db, owner, outcome, term.Int64()); err != nil {
+		if err := job.Record.note(after, db, owner, outcome, int64(term)); err != nil {
 			return err
 		}
 		return ctx.Err()
@@ -391,7 +391,7 @@ func (r *holdRecord) nextLead(t *testing.T, admin *sql.DB, c *testdb.Counter, af
 		if _, most := r.entries(t, admin); most > 1 {
 			t.Fatalf("%d leaders at once in the record", most)
 		}
-		err := admin.QueryRow(q, after.Int64()).Scan(&l.who, &l.term)
+		err := admin.QueryRow(q, int64(after)).Scan(&l.who, &l.term)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			t.Fatalf("hold record: %v", err)
 		}
@@ -407,7 +407,7 @@ func (r *holdRecord) afterLoss(t *testing.T, admin *sql.DB, who string, term adv
 	t.Helper()
 	var what string
 	testdb.WaitFor(t, within, func() bool {
-		err := admin.QueryRow("SELECT what FROM "+r.log()+" WHERE who = $1 AND term = $2 AND what <> 'in'", who, term.Int64()).Scan(&what)
+		err := admin.QueryRow("SELECT what FROM "+r.log()+" WHERE who = $1 AND term = $2 AND what <> 'in'", who, int64(term)).Scan(&what)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			t.Fatalf("hold record: %v", err)
 		}

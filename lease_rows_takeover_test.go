@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -38,7 +39,7 @@ func TestLeaseRowsLostHoldersRenewalLeavesTheNewOwnersRowAlone(t *testing.T) {
 				takeOver = "UPDATE advisorylock_locks SET owner = 'h-mut-other', token = token + 1, expires_at = UTC_TIMESTAMP(6) + INTERVAL 30 SECOND WHERE lock_key = ?"
 				direct = testdb.OpenMySQL(t)
 			}
-			if _, err := direct.ExecContext(ctx, takeOver, l.Key()); err != nil {
+			if _, err := direct.ExecContext(ctx, takeOver, advisorylock.Key(l.Name())); err != nil {
 				t.Fatalf("taking the row over: %v", err)
 			}
 			before, err := l.Holder(ctx)

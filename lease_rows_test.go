@@ -129,7 +129,7 @@ func TestLeaseRowsLockExcludesThroughAPooler(t *testing.T) {
 			// The holder's row expires (as a stuck holder's would) and
 			// another handle takes it: the holder's next renewal finds it
 			// gone, and Lost closes.
-			srv.expire(t, lb.Key())
+			srv.expire(t, advisorylock.Key(lb.Name()))
 			defer func() { _ = g2.Release(ctx) }()
 			g3, err := la.TryLock(ctx)
 			if err != nil {

@@ -145,23 +145,20 @@ func TestLeaseTokensOnlyGrow(t *testing.T) {
 		var last advisorylock.FencingToken
 		for i, l := range []*advisorylock.LeaseLock{a, bb, a, bb} {
 			g := tryLease(t, l)
-			if g.Token() <= last || g.Lease().Token() != g.Token() {
-				t.Fatalf("grant %d: token %d (lease says %d), want more than %d", i+1, g.Token(), g.Lease().Token(), last)
+			if g.Lease().Token() <= last {
+				t.Fatalf("grant %d: token %d, want more than %d", i+1, g.Lease().Token(), last)
 			}
-			last = g.Token()
-			if g.Lease().Name() != name {
-				t.Fatalf("lease name %q, want %q", g.Lease().Name(), name)
-			}
+			last = g.Lease().Token()
 			releaseLease(t, g)
 			stored, gen, free := b.row(t, dbA, name)
-			if stored != name || gen != last.Int64() || !free {
+			if stored != name || gen != int64(last) || !free {
 				t.Fatalf("after release %d the row is (%q, %d, free=%v), want (%q, %d, free)", i+1, stored, gen, free, name, last)
 			}
 		}
 		g := tryLease(t, newLeaseLock(t, dbB, other))
 		defer releaseLease(t, g)
-		if g.Token() < 1 {
-			t.Fatalf("first grant of another name: token %d, want at least 1", g.Token())
+		if g.Lease().Token() < 1 {
+			t.Fatalf("first grant of another name: token %d, want at least 1", g.Lease().Token())
 		}
 	})
 }
@@ -187,18 +184,18 @@ func TestLeaseIsExclusiveAndRenewalOutlivesTheTTL(t *testing.T) {
 			time.Sleep(ttl / 4) // lets time pass; what is asserted does not depend on when
 			assertHeldElsewhere(t, other)
 		}
-		if g.IsLost() || isDone(g.Lost()) {
+		if isLost(g.Lease()) || isDone(g.Lease().Lost()) {
 			t.Fatalf("lease lost while renewed for %v with a TTL of %v", 5*ttl/2, ttl)
 		}
 		h, err := other.Holder(context.Background())
-		if err != nil || h == nil || h.Token != g.Token() {
-			t.Fatalf("Holder = %+v, %v; want the first grant (token %d) still held", h, err, g.Token())
+		if err != nil || h == nil || h.Token != g.Lease().Token() {
+			t.Fatalf("Holder = %+v, %v; want the first grant (token %d) still held", h, err, g.Lease().Token())
 		}
 		releaseLease(t, g)
 		g2 := tryLease(t, other)
 		defer releaseLease(t, g2)
-		if g2.Token() <= g.Token() { // strictly increasing, not consecutive
-			t.Fatalf("next token %d, want more than %d", g2.Token(), g.Token())
+		if g2.Lease().Token() <= g.Lease().Token() { // strictly increasing, not consecutive
+			t.Fatalf("next token %d, want more than %d", g2.Lease().Token(), g.Lease().Token())
 		}
 	})
 }
@@ -244,22 +241,21 @@ func TestTakenOverLeaseIsLostAndEndsDo(t *testing.T) {
 					t.Fatal("the successor did not acquire")
 				}
 				defer releaseLease(t, next)
-				var lost *advisorylock.LeaseLostError
-				if !errors.As(cause, &lost) || lost.Name != name || lost.Token != lease.Token() {
-					t.Fatalf("fn's context cause = %v, want *LeaseLostError for token %d", cause, lease.Token())
+				if !isLeaseLoss(cause, name, lease.Token()) {
+					t.Fatalf("fn's context cause = %v, want ErrLockLost naming the lease and token %d", cause, lease.Token())
 				}
-				if !errors.Is(err, advisorylock.ErrLeaseLost) || !errors.As(err, &lost) {
-					t.Fatalf("%s = %v, want a *LeaseLostError", via, err)
+				if !isLeaseLoss(err, name, lease.Token()) {
+					t.Fatalf("%s = %v, want ErrLockLost naming the lease", via, err)
 				}
-				if !lease.IsLost() || !isDone(lease.Lost()) {
+				if !isLost(lease) || !isDone(lease.Lost()) {
 					t.Fatal("the lease does not report itself lost")
 				}
-				if next.Token() <= lease.Token() {
-					t.Fatalf("successor's token %d is not above %d", next.Token(), lease.Token())
+				if next.Lease().Token() <= lease.Token() {
+					t.Fatalf("successor's token %d is not above %d", next.Lease().Token(), lease.Token())
 				}
 				h, err := successor.Holder(context.Background())
-				if err != nil || h == nil || h.Token != next.Token() {
-					t.Fatalf("after the lost holder released: Holder = %+v, %v; want the successor (token %d)", h, err, next.Token())
+				if err != nil || h == nil || h.Token != next.Lease().Token() {
+					t.Fatalf("after the lost holder released: Holder = %+v, %v; want the successor (token %d)", h, err, next.Lease().Token())
 				}
 			})
 		}
@@ -312,11 +308,11 @@ func partitionedHolderGivesUp(t *testing.T, ttl time.Duration, open func(t *test
 		}
 	}()
 	select {
-	case <-ga.Lost():
+	case <-ga.Lease().Lost():
 	case <-time.After(leaseWait):
 		t.Fatal("the cut-off holder never noticed")
 	}
-	if !ga.IsLost() {
+	if !isLost(ga.Lease()) {
 		t.Fatal("Lost() closed but IsLost() is false")
 	}
 	assertHeldElsewhere(t, b) // the database still counts A's lease: A gave up first
@@ -326,16 +322,15 @@ func partitionedHolderGivesUp(t *testing.T, ttl time.Duration, open func(t *test
 		t.Fatalf("successor: %v", err)
 	}
 	defer releaseLease(t, gb)
-	if gb.Token() <= ga.Token() {
-		t.Fatalf("successor's token %d is not above %d", gb.Token(), ga.Token())
+	if gb.Lease().Token() <= ga.Lease().Token() {
+		t.Fatalf("successor's token %d is not above %d", gb.Lease().Token(), ga.Lease().Token())
 	}
-	if err := fenceAdmit(t, dbB, fence, gb.Token()); err != nil {
-		t.Fatalf("Admit(successor's %d): %v", gb.Token(), err)
+	if err := fenceAdmit(t, dbB, fence, gb.Lease().Token()); err != nil {
+		t.Fatalf("Admit(successor's %d): %v", gb.Lease().Token(), err)
 	}
-	err = fenceAdmit(t, dbB, fence, ga.Token())
-	var stale *advisorylock.StaleTokenError
-	if !errors.As(err, &stale) || stale.Token != ga.Token() || stale.Highest != gb.Token() || stale.Resource != resource {
-		t.Fatalf("Admit(stale %d) = %v, want *StaleTokenError with highest %d", ga.Token(), err, gb.Token())
+	err = fenceAdmit(t, dbB, fence, ga.Lease().Token())
+	if !isStale(err, resource, ga.Lease().Token(), gb.Lease().Token()) {
+		t.Fatalf("Admit(stale %d) = %v, want ErrStaleToken with highest %d", ga.Lease().Token(), err, gb.Lease().Token())
 	}
 
 	proxy.Heal()
@@ -344,10 +339,10 @@ func partitionedHolderGivesUp(t *testing.T, ttl time.Duration, open func(t *test
 	defer cancel()
 	_ = ga.Release(rctx) // may fail on a connection the cut broke; it must not free B's lease
 	h, err := b.Holder(ctx)
-	if err != nil || h == nil || h.Token != gb.Token() {
-		t.Fatalf("after the stale holder's release: Holder = %+v, %v; want the successor (token %d)", h, err, gb.Token())
+	if err != nil || h == nil || h.Token != gb.Lease().Token() {
+		t.Fatalf("after the stale holder's release: Holder = %+v, %v; want the successor (token %d)", h, err, gb.Lease().Token())
 	}
-	if gb.IsLost() {
+	if isLost(gb.Lease()) {
 		t.Fatal("the successor's lease is lost")
 	}
 }
@@ -386,7 +381,7 @@ func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {
 		}
 		assertHeldElsewhere(t, b) // six hours behind, B still sees it held
 		time.Sleep(2 * ttl)       // lets renewals happen; what is asserted does not depend on when
-		if g.IsLost() {
+		if isLost(g.Lease()) {
 			t.Fatal("a clock six hours ahead lost a renewed lease")
 		}
 		assertHeldElsewhere(t, b)
@@ -401,8 +396,8 @@ func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {
 			t.Fatalf("AcquireLease: %v", err)
 		}
 		granted := time.Now()
-		if token <= uint64(g.Token()) {
-			t.Fatalf("grant token %d, want more than %d", token, g.Token())
+		if token <= uint64(g.Lease().Token()) {
+			t.Fatalf("grant token %d, want more than %d", token, g.Lease().Token())
 		}
 		assertHeldElsewhere(t, b)
 		var gb *advisorylock.LeaseGuard
@@ -470,23 +465,23 @@ func TestLeaseExpiryOnSQLiteFollowsTheClock(t *testing.T) {
 	}
 	clock.Add(ttl - time.Millisecond)
 	assertHeldElsewhere(t, b)
-	if !g.IsLost() {
+	if !isLost(g.Lease()) {
 		t.Fatal("the lease is not lost locally past its local deadline")
 	}
 	clock.Add(time.Millisecond)
 	gb := tryLease(t, b) // no real time passed: the clock alone expired it
 	defer releaseLease(t, gb)
-	if gb.Token() <= g.Token() {
-		t.Fatalf("token %d, want more than %d", gb.Token(), g.Token())
+	if gb.Lease().Token() <= g.Lease().Token() {
+		t.Fatalf("token %d, want more than %d", gb.Lease().Token(), g.Lease().Token())
 	}
 	select {
-	case <-g.Lost():
+	case <-g.Lease().Lost():
 	case <-time.After(leaseWait):
 		t.Fatal("the expired holder's Lost() never closed")
 	}
 	releaseLease(t, g)
-	if h, err := b.Holder(context.Background()); err != nil || h == nil || h.Token != gb.Token() {
-		t.Fatalf("after the expired holder's release: Holder = %+v, %v; want token %d", h, err, gb.Token())
+	if h, err := b.Holder(context.Background()); err != nil || h == nil || h.Token != gb.Lease().Token() {
+		t.Fatalf("after the expired holder's release: Holder = %+v, %v; want token %d", h, err, gb.Lease().Token())
 	}
 }
 
@@ -494,15 +489,15 @@ func TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine(t *testing.T) {
 	const ttl = 30 * time.Second // renewals every 10s of real time: none runs during the test
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		clock := testdb.NewFakeClock()
-		g := tryLease(t, newLeaseLock(t, b.open(t), testdb.UniqueName(t), advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock)))
+		g := tryLease(t, newLeaseLock(t, b.open(t), testdb.UniqueName(t), quiet, advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock)))
 		defer releaseLease(t, g)
 		lease := g.Lease()
 		clock.Add(ttl - ttl/3 - time.Millisecond)
-		if lease.IsLost() || g.IsLost() {
+		if isLost(lease) || isLost(g.Lease()) {
 			t.Fatal("lost before the local deadline (TTL minus one renew interval)")
 		}
 		clock.Add(time.Millisecond)
-		if !lease.IsLost() || !g.IsLost() {
+		if !isLost(lease) || !isLost(g.Lease()) {
 			t.Fatal("not lost at the local deadline")
 		}
 	})
@@ -519,9 +514,8 @@ func TestLeaseLockTimeoutReturnsTimeoutError(t *testing.T) {
 		for _, d := range []time.Duration{0, -time.Second, 300 * time.Millisecond} {
 			start := time.Now()
 			g, err := l.LockTimeout(ctx, d)
-			var te *advisorylock.TimeoutError
-			if g != nil || !errors.As(err, &te) || !errors.Is(err, advisorylock.ErrTimeout) || te.Name != name {
-				t.Fatalf("LockTimeout(%v) = %v, %v; want a *TimeoutError naming the lease", d, g, err)
+			if g != nil || !isTimeout(err, name) {
+				t.Fatalf("LockTimeout(%v) = %v, %v; want ErrTimeout naming the lease", d, g, err)
 			}
 			if took := time.Since(start); took < d {
 				t.Fatalf("LockTimeout(%v) gave up after %v", d, took)
@@ -553,9 +547,8 @@ func TestLeaseLockTimeoutWhenPoolExhausted(t *testing.T) {
 		g, err := l.LockTimeout(ctx, d)
 		took := time.Since(start)
 		_ = conn.Close()
-		var te *advisorylock.TimeoutError
-		if g != nil || !errors.As(err, &te) {
-			t.Fatalf("LockTimeout with the pool exhausted = %v, %v; want *TimeoutError", g, err)
+		if g != nil || !errors.Is(err, advisorylock.ErrTimeout) {
+			t.Fatalf("LockTimeout with the pool exhausted = %v, %v; want ErrTimeout", g, err)
 		}
 		if took > d+5*time.Second { // not the release timeout (30s) nor a wait for the pool
 			t.Fatalf("LockTimeout(%v) with the pool exhausted took %v", d, took)
@@ -585,14 +578,15 @@ func TestLeaseHolderShowsOwnerTokenAndExpiry(t *testing.T) {
 			t.Fatalf("Holder names %q/%d/%q, want %q/%d/%q", h.Name, h.Key, h.Backend, name, advisorylock.Key(name), b.name)
 		case !strings.HasPrefix(h.Owner, "worker-7/"):
 			t.Fatalf("Holder.Owner = %q, want the label worker-7 and a unique suffix", h.Owner)
-		case h.Token != g.Token():
-			t.Fatalf("Holder.Token = %d, want %d", h.Token, g.Token())
+		case h.Token != g.Lease().Token():
+			t.Fatalf("Holder.Token = %d, want %d", h.Token, g.Lease().Token())
 		case h.Since.IsZero() || h.ExpiresAt.Sub(h.Since) < ttl-time.Millisecond || h.ExpiresAt.Sub(h.Since) > ttl+leaseWait:
 			t.Fatalf("Holder since %v expires %v, want about one TTL (%v) apart", h.Since, h.ExpiresAt, ttl)
 		}
-		g2 := tryLease(t, newLeaseLock(t, b.open(t), testdb.UniqueName(t), advisorylock.WithOwner("worker-7")))
+		name2 := testdb.UniqueName(t)
+		g2 := tryLease(t, newLeaseLock(t, b.open(t), name2, advisorylock.WithOwner("worker-7")))
 		defer releaseLease(t, g2)
-		h2, err := newLeaseLock(t, b.open(t), g2.Lease().Name()).Holder(ctx)
+		h2, err := newLeaseLock(t, b.open(t), name2).Holder(ctx)
 		if err != nil || h2 == nil || h2.Owner == h.Owner {
 			t.Fatalf("two acquires share the owner label %q (%v)", h.Owner, err)
 		}
@@ -625,7 +619,7 @@ func TestLeaseNamesAreData(t *testing.T) {
 			l := newLeaseLock(t, db, name)
 			g := tryLease(t, l)
 			h, err := l.Holder(context.Background())
-			if err != nil || h == nil || h.Name != name || h.Token != g.Token() {
+			if err != nil || h == nil || h.Name != name || h.Token != g.Lease().Token() {
 				t.Fatalf("name %d: Holder = %+v, %v", i, h, err)
 			}
 			if stored, _, _ := b.row(t, db, name); stored != name {
@@ -636,7 +630,7 @@ func TestLeaseNamesAreData(t *testing.T) {
 			if err != nil {
 				t.Fatalf("NewFence(name %d): %v", i, err)
 			}
-			if err := fenceAdmit(t, db, f, g.Token()); err != nil {
+			if err := fenceAdmit(t, db, f, g.Lease().Token()); err != nil {
 				t.Fatalf("Admit on resource %d: %v", i, err)
 			}
 			releaseLease(t, g)
@@ -698,7 +692,7 @@ func TestReleasedLeaseLeavesNoGoroutine(t *testing.T) {
 		g = tryLease(t, l)
 		b.expire(t, db, name)
 		select {
-		case <-g.Lost():
+		case <-g.Lease().Lost():
 		case <-time.After(leaseWait):
 			t.Fatal("the expired lease was never lost")
 		}
@@ -723,6 +717,7 @@ func TestLeaseSchemaIsCreatedOnFirstUseByConcurrentCallers(t *testing.T) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var winners []*advisorylock.LeaseGuard
+	var sharedWinners int
 	errs := make(chan error, 2*callers)
 	for i := range callers {
 		db := dbs[testdb.Drivers[i%len(testdb.Drivers)]]
@@ -748,6 +743,9 @@ func TestLeaseSchemaIsCreatedOnFirstUseByConcurrentCallers(t *testing.T) {
 			}
 			mu.Lock()
 			winners = append(winners, g)
+			if name == shared {
+				sharedWinners++
+			}
 			mu.Unlock()
 			if _, err := advisorylock.NewFence(db, name); err != nil {
 				errs <- err
@@ -759,11 +757,7 @@ func TestLeaseSchemaIsCreatedOnFirstUseByConcurrentCallers(t *testing.T) {
 	for err := range errs {
 		t.Errorf("concurrent first use: %v", err)
 	}
-	sharedWinners := 0
 	for _, g := range winners {
-		if g.Lease().Name() == shared {
-			sharedWinners++
-		}
 		releaseLease(t, g)
 	}
 	if sharedWinners != 1 || len(winners) != 1+callers/2 {

@@ -315,8 +315,8 @@ func TestLeaseReleaseHandsOverToTheQueuedWaiter(t *testing.T) {
 	ga, place, token, got := holdThenQueue(t, admin, admin, db, name, ttl, ttl, farPoll)
 	testdb.ListenerPID(t, admin, app, 0)
 	gb := handedOver(t, ga, got, "the queued waiter")
-	if gb.Token() != token || token <= ga.Token() {
-		t.Fatalf("handed over with token %d; its place drew %d, the holder's was %d", gb.Token(), token, ga.Token())
+	if gb.Lease().Token() != token || token <= ga.Lease().Token() {
+		t.Fatalf("handed over with token %d; its place drew %d, the holder's was %d", gb.Lease().Token(), token, ga.Lease().Token())
 	}
 	if owner, rowToken, next := leaseRow(t, admin, name); owner != place || rowToken != token || next != "" {
 		t.Fatalf("row after the handover: owner %q token %d next %q; want %q, %d and no place", owner, rowToken, next, place, token)
@@ -326,7 +326,7 @@ func TestLeaseReleaseHandsOverToTheQueuedWaiter(t *testing.T) {
 		err := admin.QueryRow("SELECT expires_at > acquired_at + $2::interval FROM advisorylock_leases WHERE name = $1", name, ttl.String()).Scan(&renewed)
 		return err == nil && renewed
 	}, "the handed-over lease was never renewed")
-	if gb.IsLost() {
+	if leaseLost(gb.Lease()) {
 		t.Fatal("the handed-over lease reads lost after a renewal")
 	}
 	if err := gb.Release(context.Background()); err != nil {
@@ -364,8 +364,8 @@ VALUES ($1, 'gone', nextval('advisorylock_token_seq'), now(), now() + interval '
 		if g == nil {
 			t.FailNow()
 		}
-		if g.Token() != token {
-			t.Fatalf("found the handover with token %d; its place drew %d", g.Token(), token)
+		if g.Lease().Token() != token {
+			t.Fatalf("found the handover with token %d; its place drew %d", g.Lease().Token(), token)
 		}
 		if err := g.Release(context.Background()); err != nil {
 			t.Fatal(err)
@@ -496,9 +496,9 @@ func TestHandoverLostInACrashStillKeepsOthersOut(t *testing.T) {
 		if err == nil {
 			_ = g.Release(context.Background())
 		}
-		t.Fatalf("after the crash, someone else's TryLock = %v while the waiter believes it holds the lease (lost: %v)", err, gb.IsLost())
+		t.Fatalf("after the crash, someone else's TryLock = %v while the waiter believes it holds the lease (lost: %v)", err, leaseLost(gb.Lease()))
 	}
-	if gb.IsLost() {
+	if leaseLost(gb.Lease()) {
 		t.Fatal("the waiter's lease reads lost well within its local deadline")
 	}
 	_ = gb.Release(context.Background())
@@ -536,8 +536,8 @@ func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
 		t.Fatalf("the place's backend is %d (%v); the waiter sleeps on %d", nextPID, err, pid)
 	}
 	gb := handedOver(t, ga, got, "the waiter sleeping in line")
-	if gb.Token() != token {
-		t.Fatalf("handed over with token %d; its place drew %d", gb.Token(), token)
+	if gb.Lease().Token() != token {
+		t.Fatalf("handed over with token %d; its place drew %d", gb.Lease().Token(), token)
 	}
 	if err := gb.Release(context.Background()); err != nil {
 		t.Fatal(err)
@@ -622,8 +622,8 @@ func TestSleeperWhoseConnectionDiesStillGetsTheLease(t *testing.T) {
 		if gb == nil {
 			t.FailNow()
 		}
-		if gb.Token() < token {
-			t.Fatalf("the waiter got token %d, below its place's %d", gb.Token(), token)
+		if gb.Lease().Token() < token {
+			t.Fatalf("the waiter got token %d, below its place's %d", gb.Lease().Token(), token)
 		}
 		if err := gb.Release(context.Background()); err != nil {
 			t.Fatal(err)
@@ -674,5 +674,16 @@ func TestSleepersInLineAreBounded(t *testing.T) {
 	}
 	if n := len(slots); n != 0 {
 		t.Fatalf("%d sleepers' slots still held after every wait ended", n)
+	}
+}
+
+// leaseLost reports, without blocking, whether lease's Lost channel is
+// closed: the check a holder makes before an action.
+func leaseLost(lease Lease) bool {
+	select {
+	case <-lease.Lost():
+		return true
+	default:
+		return false
 	}
 }

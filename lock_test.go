@@ -116,9 +116,6 @@ func TestTryLockIsExclusiveAcrossDBs(t *testing.T) {
 		if err != nil {
 			t.Fatalf("first TryLock: %v", err)
 		}
-		if g.Name() != name || g.Key() != advisorylock.Key(name) {
-			t.Fatalf("guard names %q/%d, want %q/%d", g.Name(), g.Key(), name, advisorylock.Key(name))
-		}
 		if _, err := b.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 			t.Fatalf("TryLock on another handle = %v, want ErrNotAcquired", err)
 		}
@@ -349,9 +346,8 @@ func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
 			start := time.Now()
 			_, err = lb.LockTimeout(ctx, d)
 			elapsed := time.Since(start)
-			var te *advisorylock.TimeoutError
-			if !errors.As(err, &te) || !errors.Is(err, advisorylock.ErrTimeout) || te.Name != name {
-				t.Fatalf("LockTimeout = %v, want *TimeoutError for %q", err, name)
+			if !isTimeout(err, name) {
+				t.Fatalf("LockTimeout = %v, want ErrTimeout for %q", err, name)
 			}
 			if elapsed < d {
 				t.Fatalf("LockTimeout returned after %v, before its budget %v", elapsed, d)
@@ -366,8 +362,8 @@ func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
 				t.Fatalf("timeout discarded the connection: backend %d became %d", pidBefore, pidAfter)
 			}
 			for _, zero := range []time.Duration{0, -time.Second} {
-				if _, err := lb.LockTimeout(ctx, zero); !errors.As(err, &te) {
-					t.Fatalf("LockTimeout(%v) = %v, want *TimeoutError after one attempt", zero, err)
+				if _, err := lb.LockTimeout(ctx, zero); !isTimeout(err, name) {
+					t.Fatalf("LockTimeout(%v) = %v, want ErrTimeout after one attempt", zero, err)
 				}
 			}
 		})

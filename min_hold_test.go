@@ -230,9 +230,8 @@ func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Lock bounded by a quarter of the window = %v, want context.DeadlineExceeded", err)
 		}
-		var timeout *advisorylock.TimeoutError
-		if _, err := b.lockTimeout(ctx, minHoldWindow/4); !errors.As(err, &timeout) {
-			t.Fatalf("LockTimeout of a quarter of the window = %v, want a *TimeoutError", err)
+		if _, err := b.lockTimeout(ctx, minHoldWindow/4); !errors.Is(err, advisorylock.ErrTimeout) {
+			t.Fatalf("LockTimeout of a quarter of the window = %v, want ErrTimeout", err)
 		}
 		release, err = b.lock(ctx)
 		if err != nil {
@@ -844,7 +843,7 @@ func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
 }
 
 // TestMinHoldLockTimeoutHoldsOnADeadNetwork: a LockTimeout waiting out a
-// window returns its *TimeoutError about on time when the network dies
+// window returns its ErrTimeout about on time when the network dies
 // under it (its statements are bounded as wait slices are).
 func TestMinHoldLockTimeoutHoldsOnADeadNetwork(t *testing.T) {
 	testdb.Slow(t, "fault: network cut under a LockTimeout of seconds")
@@ -875,9 +874,8 @@ func TestMinHoldLockTimeoutHoldsOnADeadNetwork(t *testing.T) {
 			proxy.Cut()
 			t.Cleanup(proxy.Heal)
 			err := <-done
-			var timeout *advisorylock.TimeoutError
-			if !errors.As(err, &timeout) {
-				t.Fatalf("LockTimeout on a dead network = %v, want a *TimeoutError", err)
+			if !errors.Is(err, advisorylock.ErrTimeout) {
+				t.Fatalf("LockTimeout on a dead network = %v, want ErrTimeout", err)
 			}
 			if took := time.Since(start); took > budget+3*time.Second {
 				t.Fatalf("LockTimeout(%v) on a dead network returned after %v", budget, took)

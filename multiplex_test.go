@@ -184,9 +184,9 @@ func holdAll(t *testing.T, db *sql.DB, names []string, workers int, opts ...advi
 // releaseAll releases every guard, failing on an error.
 func releaseAll(t *testing.T, guards []*advisorylock.Guard) {
 	t.Helper()
-	for _, g := range guards {
+	for i, g := range guards {
 		if err := g.Release(context.Background()); err != nil {
-			t.Errorf("Release(%s): %v", g.Name(), err)
+			t.Errorf("Release of guard %d: %v", i, err)
 		}
 	}
 }
@@ -281,7 +281,7 @@ var muxFaultOptions = []advisorylock.Option{quiet,
 
 // spread holds names until the server shows them on at least two
 // sessions, and returns the guards with the session of each key.
-func spread(t *testing.T, srv muxServer, db, admin *sql.DB, n int) ([]*advisorylock.Guard, []int64, map[int64]int64) {
+func spread(t *testing.T, srv muxServer, db, admin *sql.DB, n int) ([]*advisorylock.Guard, []string, []int64, map[int64]int64) {
 	t.Helper()
 	for attempt := 0; attempt < 10; attempt++ {
 		names, keys := muxNames(t, n)
@@ -291,12 +291,12 @@ func spread(t *testing.T, srv muxServer, db, admin *sql.DB, n int) ([]*advisoryl
 			t.Fatalf("the server shows %d of %d names held", len(held), n)
 		}
 		if len(distinct(held)) >= 2 {
-			return guards, keys, held
+			return guards, names, keys, held
 		}
 		releaseAll(t, guards)
 	}
 	t.Fatal("the names never spread over two sessions")
-	return nil, nil, nil
+	return nil, nil, nil, nil
 }
 
 // checkOnlyTheseLost waits for every guard whose key was on session
@@ -312,7 +312,7 @@ func checkOnlyTheseLost(t *testing.T, srv muxServer, admin *sql.DB, guards []*ad
 		select {
 		case <-g.Lost():
 		case <-deadline:
-			t.Fatalf("lock %s, on the ended session %d, never reported lost", g.Name(), victim)
+			t.Fatalf("lock of key %d, on the ended session %d, never reported lost", keys[i], victim)
 		}
 	}
 	// Nothing must happen to the others: give their keep-alives (every
@@ -325,11 +325,11 @@ func checkOnlyTheseLost(t *testing.T, srv muxServer, admin *sql.DB, guards []*ad
 		}
 		select {
 		case <-g.Lost():
-			t.Fatalf("lock %s, on session %d, reported lost when session %d ended", g.Name(), held[keys[i]], victim)
+			t.Fatalf("lock of key %d, on session %d, reported lost when session %d ended", keys[i], held[keys[i]], victim)
 		default:
 		}
 		if now[keys[i]] != held[keys[i]] {
-			t.Fatalf("lock %s: server shows session %d, was %d", g.Name(), now[keys[i]], held[keys[i]])
+			t.Fatalf("lock of key %d: server shows session %d, was %d", keys[i], now[keys[i]], held[keys[i]])
 		}
 	}
 }
@@ -348,7 +348,7 @@ func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 			db := srv.open(t)
 			db.SetMaxOpenConns(8)
 			admin := srv.open(t)
-			guards, keys, held := spread(t, srv, db, admin, 200)
+			guards, names, keys, held := spread(t, srv, db, admin, 200)
 			var victim int64
 			for _, s := range held {
 				victim = s
@@ -356,13 +356,13 @@ func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 			}
 			srv.kill(t, admin, victim)
 			checkOnlyTheseLost(t, srv, admin, guards, keys, held, victim)
-			for i, g := range guards {
+			for i := range guards {
 				if held[keys[i]] != victim {
 					continue
 				}
-				again, err := newLock(t, db, g.Name(), muxFaultOptions...).TryLock(context.Background())
+				again, err := newLock(t, db, names[i], muxFaultOptions...).TryLock(context.Background())
 				if err != nil {
-					t.Fatalf("this process could not take %s again on its shared sessions after the killed one lost it: %v", g.Name(), err)
+					t.Fatalf("this process could not take %s again on its shared sessions after the killed one lost it: %v", names[i], err)
 				}
 				mustRelease(t, again)
 			}
@@ -388,7 +388,7 @@ func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 			db := srv.open(t)
 			db.SetMaxOpenConns(8)
 			admin := srv.open(t)
-			guards, keys, held := spread(t, srv, db, admin, 100)
+			guards, _, keys, held := spread(t, srv, db, admin, 100)
 			var victim int64
 			for _, s := range held {
 				victim = s
@@ -443,10 +443,10 @@ func TestMultiplexingCancelledTriesSpareTheirNeighbours(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			for _, g := range guards {
+			for i, g := range guards {
 				select {
 				case <-g.Lost():
-					t.Fatalf("lock %s was lost while tries beside it were cancelled", g.Name())
+					t.Fatalf("lock %s was lost while tries beside it were cancelled", names[i])
 				default:
 				}
 			}
@@ -621,11 +621,11 @@ func TestMultiplexedLocksTellTheObserver(t *testing.T) {
 	if _, err := admin.Exec("SELECT pg_terminate_backend($1)", held[keys[0]]); err != nil {
 		t.Fatal(err)
 	}
-	for _, g := range guards[:2] {
+	for i, g := range guards[:2] {
 		select {
 		case <-g.Lost():
 		case <-time.After(wait):
-			t.Fatalf("%s not reported lost", g.Name())
+			t.Fatalf("%s not reported lost", names[i])
 		}
 		if err := g.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -783,10 +783,10 @@ func TestMultiplexingAtTheServersLockTableLimit(t *testing.T) {
 	}
 	// Give the keep-alive (every 50ms) a few checks to get it wrong.
 	time.Sleep(300 * time.Millisecond)
-	for _, g := range guards {
+	for i, g := range guards {
 		select {
 		case <-g.Lost():
-			t.Fatalf("%s was lost when a try beside it found the lock table full", g.Name())
+			t.Fatalf("%s was lost when a try beside it found the lock table full", names[i])
 		default:
 		}
 	}

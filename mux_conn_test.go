@@ -65,7 +65,7 @@ func TestWithConnOnASharedSessionRunsOnTheHolder(t *testing.T) {
 			}); err != nil {
 				t.Fatalf("WithConn: %v", err)
 			}
-			holder := srv.sessions(t, admin, []int64{a.Key()})[a.Key()]
+			holder := srv.sessions(t, admin, []int64{advisorylock.Key(a.Name())})[advisorylock.Key(a.Name())]
 			if holder == 0 || inFn != holder {
 				t.Fatalf("fn ran on session %d; the lock is held by session %d", inFn, holder)
 			}
@@ -74,7 +74,7 @@ func TestWithConnOnASharedSessionRunsOnTheHolder(t *testing.T) {
 			}
 			gb := mustTry(t, b) // the same session, after fn
 			defer mustRelease(t, gb)
-			if got := srv.sessions(t, admin, []int64{b.Key()})[b.Key()]; got != holder {
+			if got := srv.sessions(t, admin, []int64{advisorylock.Key(b.Name())})[advisorylock.Key(b.Name())]; got != holder {
 				t.Fatalf("the neighbour is held by session %d, want the shared session %d", got, holder)
 			}
 			_ = db
@@ -160,7 +160,7 @@ func TestWithConnOnASharedSessionTellsTheLocksFnFreed(t *testing.T) {
 			defer mustRelease(t, gb)
 			if err := ga.WithConn(ctx, func(c advisorylock.Conn) error {
 				var freed bool
-				return c.QueryRowContext(ctx, unlockSQL(srv, b.Key())).Scan(&freed)
+				return c.QueryRowContext(ctx, unlockSQL(srv, advisorylock.Key(b.Name()))).Scan(&freed)
 			}); err != nil {
 				t.Fatalf("WithConn: %v", err)
 			}
@@ -170,7 +170,7 @@ func TestWithConnOnASharedSessionTellsTheLocksFnFreed(t *testing.T) {
 			if isClosed(ga.Lost()) {
 				t.Fatal("the lock that lent its session is lost")
 			}
-			if held := srv.sessions(t, admin, []int64{a.Key(), b.Key()}); held[a.Key()] == 0 || held[b.Key()] != 0 {
+			if held := srv.sessions(t, admin, []int64{advisorylock.Key(a.Name()), advisorylock.Key(b.Name())}); held[advisorylock.Key(a.Name())] == 0 || held[advisorylock.Key(b.Name())] != 0 {
 				t.Fatalf("the server holds %v; want only the lender's key", held)
 			}
 			gb2, err := b.TryLock(ctx) // the freed name is free in the process too
@@ -191,7 +191,7 @@ func TestWithConnOnASharedSessionRollsBackWhatFnLeftOpen(t *testing.T) {
 		t.Run(srv.name, func(t *testing.T) {
 			_, a, b := sharedConnLocks(t, srv)
 			admin := srv.open(t)
-			table := fmt.Sprintf("hmux_rollback_%x", uint64(a.Key()))
+			table := fmt.Sprintf("hmux_rollback_%x", uint64(advisorylock.Key(a.Name())))
 			if _, err := admin.Exec("CREATE TABLE " + table + " (v int)"); err != nil {
 				t.Fatal(err)
 			}
@@ -221,7 +221,7 @@ func TestWithConnOnASharedSessionRollsBackWhatFnLeftOpen(t *testing.T) {
 			if isClosed(ga.Lost()) || isClosed(gb.Lost()) {
 				t.Fatal("a lock of the session is lost after the rollback")
 			}
-			if held := srv.sessions(t, admin, []int64{a.Key(), b.Key()}); len(held) != 2 {
+			if held := srv.sessions(t, admin, []int64{advisorylock.Key(a.Name()), advisorylock.Key(b.Name())}); len(held) != 2 {
 				t.Fatalf("the server holds %v; want both keys", held)
 			}
 			if err := ga.WithConn(ctx, func(advisorylock.Conn) error { return errors.New("fn's own") }); err == nil || err.Error() != "fn's own" {

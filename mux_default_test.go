@@ -58,21 +58,27 @@ func TestKindsThatCannotShareStayPinnedByDefault(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			named := func(kind string, i int) string { return base + "/" + kind + "/" + string(rune('a'+i)) }
+			lockKey := func(kind string) func(int, *advisorylock.Guard) int64 {
+				return func(i int, _ *advisorylock.Guard) int64 { return advisorylock.Key(named(kind, i)) }
+			}
 			for _, kind := range []struct {
 				name   string
 				shared bool // plain Locks: their holds share a session
 				take   func(i int) (*advisorylock.Guard, error)
+				key    func(i int, g *advisorylock.Guard) int64 // the key g holds
 			}{
 				{"Lock", true, func(i int) (*advisorylock.Guard, error) {
-					return newLock(t, db, base+"/lock/"+string(rune('a'+i)), quiet).TryLock(ctx)
-				}},
+					return newLock(t, db, named("lock", i), quiet).TryLock(ctx)
+				}, lockKey("lock")},
 				{"RLock", false, func(i int) (*advisorylock.Guard, error) {
-					return newLock(t, db, base+"/rlock/"+string(rune('a'+i)), quiet).TryRLock(ctx)
-				}},
+					return newLock(t, db, named("rlock", i), quiet).TryRLock(ctx)
+				}, lockKey("rlock")},
 				{"WithMinHold", false, func(i int) (*advisorylock.Guard, error) {
-					return newLock(t, db, base+"/minhold/"+string(rune('a'+i)), quiet, advisorylock.WithMinHold(time.Millisecond)).TryLock(ctx)
-				}},
-				{"Semaphore", false, func(int) (*advisorylock.Guard, error) { return sem.TryAcquire(ctx) }},
+					return newLock(t, db, named("minhold", i), quiet, advisorylock.WithMinHold(time.Millisecond)).TryLock(ctx)
+				}, lockKey("minhold")},
+				{"Semaphore", false, func(int) (*advisorylock.Guard, error) { return sem.TryAcquire(ctx) },
+					func(_ int, g *advisorylock.Guard) int64 { return advisorylock.SlotKey(sem.Name(), g.Slot()) }},
 			} {
 				var keys []int64
 				for i := range 3 {
@@ -81,7 +87,7 @@ func TestKindsThatCannotShareStayPinnedByDefault(t *testing.T) {
 						t.Fatalf("%s %d: %v", kind.name, i, err)
 					}
 					defer mustRelease(t, g)
-					keys = append(keys, g.Key())
+					keys = append(keys, kind.key(i, g))
 				}
 				held := pgKeySessions(t, admin, keys)
 				want := 3

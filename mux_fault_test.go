@@ -397,11 +397,11 @@ func TestMultiplexedKeepAliveLosesOnlyTheMissingKeys(t *testing.T) {
 					select {
 					case <-g.Lost():
 						if !lost[i] {
-							t.Fatalf("lock %s (session %d) reported lost, though its session still holds it", g.Name(), held[keys[i]])
+							t.Fatalf("lock %s (session %d) reported lost, though its session still holds it", names[i], held[keys[i]])
 						}
 					default:
 						if lost[i] {
-							t.Fatalf("lock %s, let go of on its session, was not reported lost", g.Name())
+							t.Fatalf("lock %s, let go of on its session, was not reported lost", names[i])
 						}
 					}
 				}
@@ -547,17 +547,17 @@ func TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames(t *testing.T) {
 				obs := &slowToTell{granted: granted}
 				guards := take(append(slices.Clip(opts), advisorylock.WithObserver(obs)))
 				got := make(chan *advisorylock.Guard, 1)
-				var untold []string
+				var untold []int // indexes in guards
 				go func() {
 					g, err := newLock(t, rivalDB, name, quiet).Lock(ctx)
 					if err != nil {
 						t.Errorf("the rival's Lock of %s: %v", name, err)
 					}
-					for _, h := range guards {
+					for i, h := range guards {
 						select {
 						case <-h.Lost():
 						default:
-							untold = append(untold, h.Name())
+							untold = append(untold, i)
 						}
 					}
 					close(granted)
@@ -570,7 +570,7 @@ func TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames(t *testing.T) {
 				}
 				mustRelease(t, g)
 				if len(untold) > 0 || obs.early.Load() {
-					t.Fatalf("%s: the rival was granted %s while the holders %v were untold (the Observer still telling: %v)", what, name, untold, obs.early.Load())
+					t.Fatalf("%s: the rival was granted %s while the holders %v (of the guards taken) were untold (the Observer still telling: %v)", what, name, untold, obs.early.Load())
 				}
 				releaseAll(t, guards)
 			}

@@ -44,10 +44,10 @@ func TestMySQLLeaseTokensGrowAndSurviveRowDeletion(t *testing.T) {
 	next := func(l *advisorylock.LeaseLock, how string) *advisorylock.LeaseGuard {
 		t.Helper()
 		g := tryLease(t, l)
-		if g.Token() <= last {
-			t.Fatalf("%s: token %d is not above the previous %d", how, g.Token(), last)
+		if g.Lease().Token() <= last {
+			t.Fatalf("%s: token %d is not above the previous %d", how, g.Lease().Token(), last)
 		}
-		last = g.Token()
+		last = g.Lease().Token()
 		return g
 	}
 	for i, l := range []*advisorylock.LeaseLock{a, b, a, b} {
@@ -62,12 +62,12 @@ func TestMySQLLeaseTokensGrowAndSurviveRowDeletion(t *testing.T) {
 	if err := dbA.QueryRow("SELECT owner FROM advisorylock_leases WHERE name = ?", name).Scan(&owner); err != nil {
 		t.Fatal(err)
 	}
-	if err := renewOnce(dbA, name, owner, g.Token()); err != nil {
+	if err := renewOnce(dbA, name, owner, g.Lease().Token()); err != nil {
 		t.Fatalf("renewing the live grant: %v", err)
 	}
 	mysqlExpire(t, dbA, name)
-	if err := renewOnce(dbA, name, owner, g.Token()); !errors.Is(err, advisorylock.ErrLeaseLost) {
-		t.Fatalf("renewing the expired grant = %v, want ErrLeaseLost", err)
+	if err := renewOnce(dbA, name, owner, g.Lease().Token()); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Fatalf("renewing the expired grant = %v, want backend.ErrLeaseLost", err)
 	}
 	taken := next(b, "takeover after expiry")
 	releaseLease(t, g) // a stale release leaves the successor alone
@@ -108,7 +108,7 @@ func TestMySQLLeaseRenewalOutlivesTheTTLAndHolderShowsIt(t *testing.T) {
 	deadline := time.Now().Add(5 * ttl / 2)
 	for time.Now().Before(deadline) {
 		assertHeldElsewhere(t, other)
-		if g.IsLost() {
+		if isLost(g.Lease()) {
 			t.Fatal("the lease was lost while renewed")
 		}
 		time.Sleep(100 * time.Millisecond) // pacing the checks; nothing waits on it
@@ -117,8 +117,8 @@ func TestMySQLLeaseRenewalOutlivesTheTTLAndHolderShowsIt(t *testing.T) {
 	if err != nil || h == nil {
 		t.Fatalf("Holder = %+v, %v", h, err)
 	}
-	if h.Token != g.Token() || !strings.HasPrefix(h.Owner, "worker-7/") || h.Backend != "mysql" || h.Name != name {
-		t.Fatalf("Holder = %+v; want token %d and owner worker-7/…", h, g.Token())
+	if h.Token != g.Lease().Token() || !strings.HasPrefix(h.Owner, "worker-7/") || h.Backend != "mysql" || h.Name != name {
+		t.Fatalf("Holder = %+v; want token %d and owner worker-7/…", h, g.Lease().Token())
 	}
 	if h.Since.Before(before.Add(-time.Minute)) || h.Since.After(time.Now().Add(time.Minute)) || !h.ExpiresAt.After(h.Since) {
 		t.Fatalf("Holder times %v .. %v are not around now (UTC database clock)", h.Since, h.ExpiresAt)
@@ -144,7 +144,7 @@ func TestMySQLLeaseNamesAreBytes(t *testing.T) {
 	long := newLeaseLock(t, db, base+strings.Repeat("n", 100_000)) // longer than any InnoDB key
 	g := tryLease(t, long)
 	assertHeldElsewhere(t, newLeaseLock(t, db, base+strings.Repeat("n", 100_000)))
-	if h, err := long.Holder(context.Background()); err != nil || h == nil || h.Token != g.Token() {
+	if h, err := long.Holder(context.Background()); err != nil || h == nil || h.Token != g.Lease().Token() {
 		t.Fatalf("Holder of a long name = %+v, %v", h, err)
 	}
 	releaseLease(t, g)
@@ -163,25 +163,24 @@ func TestMySQLFenceRefusesStaleTokens(t *testing.T) {
 	}
 	old := tryLease(t, l)
 	for range 2 {
-		if err := fencedWrite(ctx, db, f, nil, old.Token()); err != nil {
+		if err := fencedWrite(ctx, db, f, nil, old.Lease().Token()); err != nil {
 			t.Fatalf("write with the current token: %v", err)
 		}
 	}
 	mysqlExpire(t, db, name)
 	successor := tryLease(t, newLeaseLock(t, testdb.OpenMySQL(t), name))
-	if err := fencedWrite(ctx, db, f, nil, successor.Token()); err != nil {
+	if err := fencedWrite(ctx, db, f, nil, successor.Lease().Token()); err != nil {
 		t.Fatalf("successor's write: %v", err)
 	}
-	err = fencedWrite(ctx, db, f, nil, old.Token())
-	var stale *advisorylock.StaleTokenError
-	if !errors.As(err, &stale) || !errors.Is(err, advisorylock.ErrStaleToken) || stale.Highest != successor.Token() || stale.Token != old.Token() {
-		t.Fatalf("stale write = %v, want *StaleTokenError with highest %d", err, successor.Token())
+	err = fencedWrite(ctx, db, f, nil, old.Lease().Token())
+	if !isStale(err, name, old.Lease().Token(), successor.Lease().Token()) {
+		t.Fatalf("stale write = %v, want ErrStaleToken with highest %d", err, successor.Lease().Token())
 	}
 	releaseLease(t, old)
 	releaseLease(t, successor)
 	var top int64
-	if err := db.QueryRow("SELECT token FROM advisorylock_fences WHERE resource = ?", name).Scan(&top); err != nil || top != successor.Token().Int64() {
-		t.Fatalf("fence keeps %d (%v), want %d", top, err, successor.Token())
+	if err := db.QueryRow("SELECT token FROM advisorylock_fences WHERE resource = ?", name).Scan(&top); err != nil || top != int64(successor.Lease().Token()) {
+		t.Fatalf("fence keeps %d (%v), want %d", top, err, successor.Lease().Token())
 	}
 }
 
@@ -331,7 +330,7 @@ func TestMySQLLeastPrivilegeUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fencedWrite(ctx, db, f, nil, lg.Token()); err != nil {
+	if err := fencedWrite(ctx, db, f, nil, lg.Lease().Token()); err != nil {
 		t.Fatalf("fenced write as an ordinary user: %v", err)
 	}
 	releaseLease(t, lg)

@@ -385,7 +385,7 @@ func (ob *observed) renewed(latency time.Duration, err error) {
 	}
 	outcome := OutcomeRenewed
 	switch {
-	case errors.Is(err, ErrLeaseLost):
+	case errors.Is(err, backend.ErrLeaseLost):
 		outcome = OutcomeLost
 	case err != nil:
 		outcome = OutcomeError

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -223,7 +224,7 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	h := tryLease(t, second)
 	defer releaseLease(t, h)
 	select {
-	case <-g.Lost():
+	case <-g.Lease().Lost():
 	case <-time.After(leaseWait):
 		t.Fatal("the expired holder's Lost() never closed")
 	}
@@ -232,8 +233,8 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	lost := rec.Events("loss")
 	if len(lost) != 1 || lost[0].Kind != "lease" || lost[0].Backend != "sqlite" ||
 		(lost[0].Value != "expired" && lost[0].Value != "taken_over") ||
-		!errors.Is(lost[0].Err, advisorylock.ErrLeaseLost) {
-		t.Fatalf("Lost events %+v, want one for the lease, expired or taken_over, with ErrLeaseLost", lost)
+		!errors.Is(lost[0].Err, advisorylock.ErrLockLost) || !strings.Contains(lost[0].Err.Error(), "lease") {
+		t.Fatalf("Lost events %+v, want one for the lease, expired or taken_over, with ErrLockLost naming the lease", lost)
 	}
 	if lost[0].Value == "taken_over" && rec.Count("renew", "lost") != 1 {
 		t.Errorf("taken over, but renewals say %+v", rec.Events("renew"))

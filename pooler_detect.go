@@ -8,18 +8,6 @@ import (
 	"github.com/advisorylock/advisorylock/internal/dsnhint"
 )
 
-// PoolerMode is what DetectPooler saw.
-type PoolerMode int
-
-const (
-	// PoolerNotSeen means no multiplexing was seen: a direct connection,
-	// or a session-mode pooler.
-	PoolerNotSeen PoolerMode = iota
-	// PoolerTransaction means sessions are multiplexed, as by a
-	// transaction- or statement-mode pooler.
-	PoolerTransaction
-)
-
 // PoolerHint reads a DSN for signs of a well-known connection pooler and
 // returns its short name. It reads a PostgreSQL DSN in URL form
 // (postgres://user@host:port/db?opts) or key=value form (host=… port=…),
@@ -50,7 +38,9 @@ func PoolerHint(dsn string) (pooler string, ok bool) { return dsnhint.Pooler(dsn
 
 // DetectPooler probes db for a pooler that multiplexes sessions, as
 // PgBouncer does in transaction or statement mode, and returns
-// PoolerTransaction if it sees one.
+// transaction true if it sees one (a transaction- or statement-mode
+// pooler), false if it saw none (a direct connection, or a session-mode
+// pooler, or one the probe missed).
 //
 // The probe rests on one fact: two connections open at the same time
 // each have their own server session, unless something between client
@@ -64,9 +54,9 @@ func PoolerHint(dsn string) (pooler string, ok bool) { return dsnhint.Pooler(dsn
 // taken as a sign: it means the driver's statements landed on different
 // sessions.
 //
-// What it proves: PoolerTransaction is never a guess; the connections
-// were seen sharing or switching sessions. What it cannot prove:
-// PoolerNotSeen means only that no round caught it. A pooler that happens
+// What it proves: true is never a guess; the connections were seen
+// sharing or switching sessions. What it cannot prove: false means only
+// that no round caught it. A pooler that happens
 // to give A and B different sessions and A the same one twice in every
 // round goes unseen. On PgBouncer 1.18 in transaction mode one round
 // caught it every time on an idle pool and about four times in five with
@@ -80,29 +70,29 @@ func PoolerHint(dsn string) (pooler string, ok bool) { return dsnhint.Pooler(dsn
 // the sessions of acquire and release (see ErrTransactionPooler).
 //
 // DetectPooler needs a PostgreSQL backend (detected as New does); for a
-// backend without session locks, such as SQLite, it returns PoolerNotSeen.
+// backend without session locks, such as SQLite, it returns false.
 // It holds at most two connections of db, only while it runs, and sends
 // at most 24 short statements. It returns the pool's or the database's
 // errors wrapped, and ctx's error when ctx ends first. Its result is not
 // cached; New caches its own check per *sql.DB.
-func DetectPooler(ctx context.Context, db DB) (PoolerMode, error) {
+func DetectPooler(ctx context.Context, db DB) (transaction bool, err error) {
 	cfg := newConfig(nil)
 	b, err := resolveBackend(ctx, db, &cfg)
 	switch {
 	case dbutil.PoolerSign(err) != "":
 		// The first-use check's statement met another client's prepared
 		// statement, or lost its own: a sign, as in the probe.
-		return PoolerTransaction, nil
+		return true, nil
 	case err != nil:
-		return PoolerNotSeen, dbutil.PoolerProbeError(err)
+		return false, dbutil.PoolerProbeError(err)
 	}
 	s, ok := b.(backend.SessionIdentifier)
 	if !ok {
-		return PoolerNotSeen, nil
+		return false, nil
 	}
-	transaction, _, err := dbutil.ProbePooler(ctx, db, s)
+	transaction, _, err = dbutil.ProbePooler(ctx, db, s)
 	if transaction {
-		return PoolerTransaction, nil
+		return true, nil
 	}
-	return PoolerNotSeen, err
+	return false, err
 }

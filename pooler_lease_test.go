@@ -56,7 +56,7 @@ func TestLeaseLockThroughTransactionPool(t *testing.T) {
 			if err != nil {
 				t.Fatalf("TryLock: %v", err)
 			}
-			first := g.Token()
+			first := g.Lease().Token()
 			_, expires0 := leaseRow(t, direct, name)
 			// Several renewals: until the row's expiry has moved more than
 			// two TTLs past the grant's, which only renewals after two TTLs
@@ -65,12 +65,12 @@ func TestLeaseLockThroughTransactionPool(t *testing.T) {
 			var expires1 time.Time
 			testdb.WaitFor(t, 10*ttl, func() bool {
 				gen, expires1 = leaseRow(t, direct, name)
-				return g.IsLost() || expires1.After(expires0.Add(2*ttl))
+				return isLost(g.Lease()) || expires1.After(expires0.Add(2*ttl))
 			}, "the lease row's expiry never moved two TTLs (%v) past the grant's through the pool", 2*ttl)
-			if g.IsLost() {
+			if isLost(g.Lease()) {
 				t.Fatalf("lease lost while renewed through the pool over %v (TTL %v)", expires1.Sub(expires0), ttl)
 			}
-			if gen != first.Int64() {
+			if gen != int64(first) {
 				t.Fatalf("after renewals: row generation %d (token %d); want the grant's row renewed", gen, first)
 			}
 			if _, err := lb.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
@@ -86,10 +86,10 @@ func TestLeaseLockThroughTransactionPool(t *testing.T) {
 				if err != nil {
 					t.Fatalf("TryLock %d after Release: %v", i, err)
 				}
-				if g.Token() <= last {
-					t.Fatalf("token %d after token %d: tokens must increase", g.Token(), last)
+				if g.Lease().Token() <= last {
+					t.Fatalf("token %d after token %d: tokens must increase", g.Lease().Token(), last)
 				}
-				last = g.Token()
+				last = g.Lease().Token()
 				if err := g.Release(ctx); err != nil {
 					t.Fatalf("Release %d: %v", i, err)
 				}

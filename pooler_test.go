@@ -127,7 +127,7 @@ func poolerDBs(t *testing.T, drv string) (direct, session, tx *sql.DB) {
 		testdb.OpenPostgresDSN(t, drv, bouncerDSN(drv, txDSN))
 }
 
-func detect(t *testing.T, db advisorylock.DB) advisorylock.PoolerMode {
+func detect(t *testing.T, db advisorylock.DB) bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -145,12 +145,12 @@ func TestDetectPooler(t *testing.T) {
 			for _, c := range []struct {
 				name string
 				db   advisorylock.DB
-				want advisorylock.PoolerMode
+				want bool
 			}{
-				{"direct", direct, advisorylock.PoolerNotSeen},
-				{"session pool", session, advisorylock.PoolerNotSeen},
-				{"transaction pool", tx, advisorylock.PoolerTransaction},
-				{"transaction pool via an embedding handle (sqlx)", embed(tx, drv), advisorylock.PoolerTransaction},
+				{"direct", direct, false},
+				{"session pool", session, false},
+				{"transaction pool", tx, true},
+				{"transaction pool via an embedding handle (sqlx)", embed(tx, drv), true},
 			} {
 				if got := detect(t, c.db); got != c.want {
 					t.Errorf("%s: DetectPooler = %v, want %v", c.name, got, c.want)
@@ -167,8 +167,8 @@ func TestDetectPooler(t *testing.T) {
 func TestDetectPoolerWithPgxCachedStatements(t *testing.T) {
 	txDSN, _ := testdb.PgBouncer(t)
 	db := testdb.OpenPostgresDSN(t, "pgx", txDSN)
-	if got := detect(t, db); got != advisorylock.PoolerTransaction {
-		t.Fatalf("DetectPooler = %v, want %v", got, advisorylock.PoolerTransaction)
+	if got := detect(t, db); got != true {
+		t.Fatalf("DetectPooler = %v, want %v", got, true)
 	}
 }
 
@@ -183,17 +183,17 @@ func TestDetectPoolerOneConnection(t *testing.T) {
 			for _, db := range []*sql.DB{direct, session, tx} {
 				db.SetMaxOpenConns(1)
 			}
-			if got := detect(t, direct); got != advisorylock.PoolerNotSeen {
-				t.Errorf("direct: DetectPooler = %v, want %v", got, advisorylock.PoolerNotSeen)
+			if got := detect(t, direct); got != false {
+				t.Errorf("direct: DetectPooler = %v, want %v", got, false)
 			}
-			if got := detect(t, session); got != advisorylock.PoolerNotSeen {
-				t.Errorf("session pool: DetectPooler = %v, want %v", got, advisorylock.PoolerNotSeen)
+			if got := detect(t, session); got != false {
+				t.Errorf("session pool: DetectPooler = %v, want %v", got, false)
 			}
 			txDSN, _ := testdb.PgBouncer(t)
 			stop := testdb.KeepBusy(t, drv, bouncerDSN(drv, txDSN), testdb.PgBouncerPoolSize+3)
 			defer stop()
-			if got := detect(t, tx); got != advisorylock.PoolerTransaction {
-				t.Errorf("busy transaction pool: DetectPooler = %v, want %v", got, advisorylock.PoolerTransaction)
+			if got := detect(t, tx); got != true {
+				t.Errorf("busy transaction pool: DetectPooler = %v, want %v", got, true)
 			}
 		})
 	}
@@ -213,7 +213,7 @@ func TestDetectPoolerDoesNotWaitForASecondConnection(t *testing.T) {
 	}
 	defer held.Close()
 	done := make(chan struct{})
-	var mode advisorylock.PoolerMode
+	var mode bool
 	go func() {
 		defer close(done)
 		mode, err = advisorylock.DetectPooler(ctx, db)
@@ -223,8 +223,8 @@ func TestDetectPoolerDoesNotWaitForASecondConnection(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("DetectPooler still waiting for a second connection after a minute")
 	}
-	if err != nil || mode != advisorylock.PoolerNotSeen {
-		t.Fatalf("DetectPooler = %v, %v; want %v, nil", mode, err, advisorylock.PoolerNotSeen)
+	if err != nil || mode != false {
+		t.Fatalf("DetectPooler = %v, %v; want %v, nil", mode, err, false)
 	}
 }
 
@@ -272,8 +272,8 @@ func TestDetectPoolerErrors(t *testing.T) {
 	})
 	t.Run("sqlite has no sessions to multiplex", func(t *testing.T) {
 		db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
-		if mode, err := advisorylock.DetectPooler(context.Background(), db); err != nil || mode != advisorylock.PoolerNotSeen {
-			t.Fatalf("DetectPooler(sqlite) = %v, %v; want %v, nil", mode, err, advisorylock.PoolerNotSeen)
+		if mode, err := advisorylock.DetectPooler(context.Background(), db); err != nil || mode != false {
+			t.Fatalf("DetectPooler(sqlite) = %v, %v; want %v, nil", mode, err, false)
 		}
 	})
 }

@@ -233,7 +233,7 @@ func TestPinnedSessionGetsDeadHolderSettings(t *testing.T) {
 			if userTimeout != "15000" || idle != "5" || idleSession != "0" {
 				t.Fatalf("server checks %v: after a hold the session has tcp_user_timeout=%s tcp_keepalives_idle=%s idle_session_timeout=%s; want 15000, 5, 0", checks, userTimeout, idle, idleSession)
 			}
-			if key := l.Key(); testdb.AdvisoryLocks(t, testdb.OpenPostgres(t, "postgres"), &key) != 0 {
+			if key := advisorylock.Key(l.Name()); testdb.AdvisoryLocks(t, testdb.OpenPostgres(t, "postgres"), &key) != 0 {
 				t.Fatal("the lock is still held after the releases")
 			}
 		}
@@ -361,10 +361,10 @@ func TestTokensOnlyGrowWhenLeaseRowsAreDeleted(t *testing.T) {
 		var last advisorylock.FencingToken
 		for i := range 3 {
 			g := tryLease(t, l)
-			if g.Token() <= last {
-				t.Fatalf("grant %d after deleting the row: token %d, want more than %d", i+1, g.Token(), last)
+			if g.Lease().Token() <= last {
+				t.Fatalf("grant %d after deleting the row: token %d, want more than %d", i+1, g.Lease().Token(), last)
 			}
-			last = g.Token()
+			last = g.Lease().Token()
 			releaseLease(t, g)
 			if _, err := db.ExecContext(context.Background(), "DELETE FROM advisorylock_leases WHERE name = "+b.bindVar, name); err != nil {
 				t.Fatal(err)
@@ -379,12 +379,12 @@ func TestReleasedLeaseReadsAsLostInEveryCopy(t *testing.T) {
 		l := newLeaseLock(t, b.open(t), testdb.UniqueName(t))
 		g := tryLease(t, l)
 		lease := g.Lease()
-		if lease.IsLost() || isDone(lease.Lost()) {
+		if isLost(lease) || isDone(lease.Lost()) {
 			t.Fatal("a held lease reads as lost")
 		}
 		releaseLease(t, g)
-		if !lease.IsLost() || !isDone(lease.Lost()) || !g.IsLost() || !isDone(g.Lost()) {
-			t.Fatalf("after Release: lease IsLost=%v Lost closed=%v, guard IsLost=%v; want lost everywhere", lease.IsLost(), isDone(lease.Lost()), g.IsLost())
+		if !isLost(lease) || !isDone(lease.Lost()) || !isLost(g.Lease()) || !isDone(g.Lease().Lost()) {
+			t.Fatalf("after Release: lease IsLost=%v Lost closed=%v, guard IsLost=%v; want lost everywhere", isLost(lease), isDone(lease.Lost()), isLost(g.Lease()))
 		}
 		// Do returns fn's result for a section that ended normally, never
 		// a LeaseLostError caused by its own release.
@@ -400,7 +400,7 @@ func TestForgottenLeaseReadsAsLost(t *testing.T) {
 		lease := forgetLease(t, l)
 		testdb.WaitFor(t, wait, func() bool {
 			runtime.GC()
-			return lease.IsLost() && isDone(lease.Lost())
+			return isLost(lease) && isDone(lease.Lost())
 		}, "a forgotten guard's lease still reads as held")
 	})
 }
@@ -498,7 +498,7 @@ func TestTokensStrictlyIncreaseAcrossAFailoverWithALaggingStandby(t *testing.T) 
 		t.Helper()
 		g := tryLease(t, newLeaseLock(t, db, name))
 		releaseLease(t, g)
-		return g.Token()
+		return g.Lease().Token()
 	}
 	oldDB := testdb.OpenPostgresDSN(t, "postgres", primary.DSN)
 	issued := []advisorylock.FencingToken{grant(oldDB)}
@@ -572,7 +572,7 @@ func TestForgottenGuardOnADeadNetworkDelaysNoOtherCleanup(t *testing.T) {
 	start := time.Now()
 	testdb.WaitFor(t, wait, func() bool {
 		runtime.GC()
-		return lease.IsLost()
+		return isLost(lease)
 	}, "a forgotten lease's cleanup never ran")
 	if took := time.Since(start); took > relTO/2 {
 		t.Fatalf("another guard's cleanup ran %v later: the cleanup goroutine waited for a keep-alive check on a dead network", took)

@@ -63,7 +63,7 @@ func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
 				errs <- err
 				return
 			}
-			tokens <- g.Token()
+			tokens <- g.Lease().Token()
 			errs <- g.Release(ctx)
 		}()
 	}
@@ -84,16 +84,16 @@ func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
 	assertHeldElsewhere(t, newLeaseLock(t, db, "held")) // the old holder's row survived the upgrade
 	report := newLeaseLock(t, db, "report")
 	g := tryLease(t, report)
-	if g.Token() <= 41 {
-		t.Fatalf("first new-code token %d, not above the older release's 41", g.Token())
+	if g.Lease().Token() <= 41 {
+		t.Fatalf("first new-code token %d, not above the older release's 41", g.Lease().Token())
 	}
 	releaseLease(t, g)
 	fence, err := advisorylock.NewFence(db, "report-file")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fenceAdmit(t, db, fence, g.Token()); err != nil {
-		t.Fatalf("the fence that admitted the older release's 41 refuses the new token %d: %v", g.Token(), err)
+	if err := fenceAdmit(t, db, fence, g.Lease().Token()); err != nil {
+		t.Fatalf("the fence that admitted the older release's 41 refuses the new token %d: %v", g.Lease().Token(), err)
 	}
 	// A process still on the old code keeps tokens increasing, and so
 	// does the new code after it.
@@ -104,11 +104,11 @@ func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
 	if _, err := old.ExecContext(ctx, "UPDATE advisorylock_leases SET owner = NULL WHERE name = 'report'"); err != nil {
 		t.Fatal(err)
 	}
-	if oldToken <= g.Token().Int64() {
-		t.Fatalf("old code granted %d after the new code's %d", oldToken, g.Token())
+	if oldToken <= int64(g.Lease().Token()) {
+		t.Fatalf("old code granted %d after the new code's %d", oldToken, g.Lease().Token())
 	}
-	if next := tryLease(t, report); next.Token().Int64() <= oldToken {
-		t.Fatalf("new code granted %d after the old code's %d", next.Token(), oldToken)
+	if next := tryLease(t, report); int64(next.Lease().Token()) <= oldToken {
+		t.Fatalf("new code granted %d after the old code's %d", next.Lease().Token(), oldToken)
 	} else {
 		releaseLease(t, next)
 	}
@@ -130,14 +130,14 @@ func TestSQLiteSchemaUpgradesARoundOneFile(t *testing.T) {
 	l := newLeaseLock(t, db, "other")
 	g := tryLease(t, l)
 	releaseLease(t, g)
-	if g.Token() <= 41 {
-		t.Fatalf("first token after the upgrade %d, not above the older release's 41 (for any name: the counter starts at the highest)", g.Token())
+	if g.Lease().Token() <= 41 {
+		t.Fatalf("first token after the upgrade %d, not above the older release's 41 (for any name: the counter starts at the highest)", g.Lease().Token())
 	}
 	if _, err := db.ExecContext(ctx, "DELETE FROM advisorylock_leases"); err != nil {
 		t.Fatal(err)
 	}
-	if again := tryLease(t, l); again.Token() <= g.Token() {
-		t.Fatalf("token %d after deleting every row, not above %d", again.Token(), g.Token())
+	if again := tryLease(t, l); again.Lease().Token() <= g.Lease().Token() {
+		t.Fatalf("token %d after deleting every row, not above %d", again.Lease().Token(), g.Lease().Token())
 	} else {
 		releaseLease(t, again)
 	}
@@ -196,7 +196,7 @@ func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := fenceAdmit(t, app, fence, g.Token()); err != nil {
+		if err := fenceAdmit(t, app, fence, g.Lease().Token()); err != nil {
 			t.Fatalf("%s: Admit as an ordinary role: %v", drv, err)
 		}
 		releaseLease(t, g)
@@ -504,8 +504,8 @@ func TestAReleaseByARoleThatMayNotCancelTheSleeperStillHandsOver(t *testing.T) {
 	if wg == nil {
 		t.FailNow()
 	}
-	if wg.Token() <= g.Token() {
-		t.Fatalf("the waiter's token %d is not above the released grant's %d", wg.Token(), g.Token())
+	if wg.Lease().Token() <= g.Lease().Token() {
+		t.Fatalf("the waiter's token %d is not above the released grant's %d", wg.Lease().Token(), g.Lease().Token())
 	}
 	releaseLease(t, wg)
 }

@@ -112,8 +112,7 @@ func (s *Semaphore) Name() string { return s.name }
 func (s *Semaphore) Check(ctx context.Context) error { return s.lock.Check(ctx) }
 
 // TryAcquire makes one attempt and returns a Guard on a free slot (its
-// Slot says which, its Key is the slot's key, and on PostgreSQL and
-// MySQL its WithConn lends the slot's pinned connection), or an error
+// Slot says which, and on PostgreSQL and MySQL its WithConn lends the slot's pinned connection), or an error
 // matching ErrNotAcquired when every slot is held. As Lock's TryLock, a
 // done ctx returns its error without touching the pool, the
 // pool checkout waits at most WithPoolWait (then ErrPoolUnavailable), and
@@ -124,17 +123,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Guard, error) {
 }
 
 // Acquire waits until it holds a slot or ctx ends (see Semaphore for how
-// it waits).
+// it waits); it returns ctx's error when ctx ends first, and a cancelled
+// acquire leaves no slot held. To bound the wait, give ctx a deadline
+// (context.WithTimeout): running out of it returns an error matching
+// context.DeadlineExceeded.
 func (s *Semaphore) Acquire(ctx context.Context) (*Guard, error) {
 	return acquire(ctx, s, "acquire", true)
-}
-
-// AcquireTimeout is Acquire bounded by d, which covers the pool checkout
-// and the wait: when d runs out it returns a *TimeoutError (errors.Is
-// ErrTimeout) about a round trip later at most, and the connection goes
-// back to the pool. With d <= 0 it makes exactly one attempt.
-func (s *Semaphore) AcquireTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
-	return acquireWithin(ctx, s, "acquire", d)
 }
 
 // Do waits for a slot (as Acquire does), runs fn, and releases the slot

@@ -462,9 +462,11 @@ func TestSemaphoreWaiterGetsTheReleasedSlot(t *testing.T) {
 			}
 			guards = append(guards, g)
 		}
-		if g, err := s.AcquireTimeout(ctx, 300*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
-			t.Fatalf("AcquireTimeout on a full semaphore = %v, %v; want ErrTimeout", g, err)
+		bounded, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		if g, err := s.Acquire(bounded); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire with a deadline on a full semaphore = %v, %v; want context.DeadlineExceeded", g, err)
 		}
+		cancel()
 		got := make(chan *advisorylock.Guard, 1)
 		waiterErr := make(chan error, 1)
 		go func() {
@@ -562,7 +564,9 @@ func TestSemaphoreKilledHolderFreesItsSlot(t *testing.T) {
 		}
 		waiter := make(chan *advisorylock.Guard, 1)
 		go func() {
-			g, err := newSemaphore(t, open(), name, 2).AcquireTimeout(ctx, wait)
+			bounded, cancel := context.WithTimeout(ctx, wait)
+			defer cancel()
+			g, err := newSemaphore(t, open(), name, 2).Acquire(bounded)
 			if err != nil {
 				t.Error(err)
 			}
@@ -738,7 +742,7 @@ func TestSemaphoreRefusesTransactionPooler(t *testing.T) {
 
 // TestSemaphorePoolWaitBoundsTheCheckout: with the pool's one connection
 // pinned by a held slot, TryAcquire fails with ErrPoolUnavailable once
-// WithPoolWait has passed, and AcquireTimeout with *TimeoutError. On the
+// WithPoolWait has passed, and Acquire with ctx's deadline. On the
 // server backends only: SQLite's slots are rows, which pin no connection.
 func TestSemaphorePoolWaitBoundsTheCheckout(t *testing.T) {
 	testdb.Slow(t, "waits out a pool wait, per backend")
@@ -762,8 +766,10 @@ func TestSemaphorePoolWaitBoundsTheCheckout(t *testing.T) {
 		case <-time.After(wait):
 			t.Fatal("TryAcquire on an exhausted pool hung")
 		}
-		if _, err := s.AcquireTimeout(ctx, 200*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
-			t.Fatalf("AcquireTimeout on an exhausted pool = %v, want ErrTimeout", err)
+		bounded, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if _, err := s.Acquire(bounded); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire with a deadline on an exhausted pool = %v, want context.DeadlineExceeded", err)
 		}
 	})
 }

@@ -12,7 +12,7 @@ package advisorylock_test
 // lostWithin; a Lock section of the load still inside once the server is
 // gone is told too; no two holders overlap unless the older was told (the
 // sections' count and the history's check); fencing tokens never repeat
-// or go back at the fence (the fence log, StaleTokenError for the old
+// or go back at the fence (the fence log, ErrStaleToken for the old
 // holders' writes, the history); after the restart every pool takes new
 // locks and leases; every goroutine returns (goleak); nothing is left
 // held.
@@ -220,8 +220,10 @@ type heldLocks struct {
 	lockOpt []advisorylock.Option
 	pools   []*sql.DB
 	guards  []*advisorylock.Guard
+	gnames  []string // guards[i]'s name
 	dos     []*heldDo
 	leases  []*advisorylock.LeaseGuard
+	lnames  []string // leases[i]'s name
 	fences  []*advisorylock.Fence
 	waiters []chan error // each waiter's Lock or Release error
 	taken   []heldName   // the names of the Guards and the Dos
@@ -260,7 +262,7 @@ func holdLocks(t *testing.T, pools []*sql.DB, opts []advisorylock.Option) *heldL
 		if err != nil {
 			t.Fatalf("pool %d: TryLock %q: %v", i, name, err)
 		}
-		h.guards = append(h.guards, g)
+		h.guards, h.gnames = append(h.guards, g), append(h.gnames, name)
 		t.Cleanup(func() { _ = g.Release(context.Background()) })
 		waiter := newLock(t, pools[(i+1)%len(pools)], name, h.lockOpt...)
 		res := make(chan error, 1)
@@ -290,10 +292,10 @@ func holdLocks(t *testing.T, pools []*sql.DB, opts []advisorylock.Option) *heldL
 			t.Fatalf("pool %d: lease TryLock %q: %v", i, ll.Name(), err)
 		}
 		t.Cleanup(func() { _ = lg.Release(context.Background()) })
-		if err := fencedWrite(ctx, db, f, nil, lg.Token()); err != nil {
+		if err := fencedWrite(ctx, db, f, nil, lg.Lease().Token()); err != nil {
 			t.Fatalf("pool %d: fenced write of lease %q: %v", i, ll.Name(), err)
 		}
-		h.leases = append(h.leases, lg)
+		h.leases, h.lnames = append(h.leases, lg), append(h.lnames, ll.Name())
 		h.fences = append(h.fences, f)
 	}
 	return h
@@ -327,17 +329,16 @@ func (h *heldLocks) do(t *testing.T, ctx context.Context, db *sql.DB, lease bool
 // lost fails t unless every held lock reports its loss within lostWithin
 // of the call, made just after the server failed: each Guard's Lost
 // closes, each Do's fn sees its context end with ErrLockLost (a
-// LeaseLock.Do's with ErrLeaseLost, which matches it) and Do returns an
-// error matching it, each lease's Lost closes and IsLost is
-// true.
+// LeaseLock.Do's naming the lease) and Do returns an error matching it,
+// and each lease's Lost closes.
 func (h *heldLocks) lost(t *testing.T) {
 	t.Helper()
 	deadline := time.After(lostWithin)
-	for _, g := range h.guards {
+	for i, g := range h.guards {
 		select {
 		case <-g.Lost():
 		case <-deadline:
-			t.Fatalf("the Guard of %q did not report the loss within %v", g.Name(), lostWithin)
+			t.Fatalf("the Guard of %q did not report the loss within %v", h.gnames[i], lostWithin)
 		}
 	}
 	for _, d := range h.dos {
@@ -358,14 +359,11 @@ func (h *heldLocks) lost(t *testing.T) {
 			t.Fatalf("Do %q did not return within %v of the fault", d.name, lostWithin)
 		}
 	}
-	for _, lg := range h.leases {
+	for i, lg := range h.leases {
 		select {
-		case <-lg.Lost():
+		case <-lg.Lease().Lost():
 		case <-deadline:
-			t.Fatalf("lease %q (token %d) did not report the loss within %v", lg.Lease().Name(), lg.Token(), lostWithin)
-		}
-		if !lg.IsLost() {
-			t.Errorf("lease %q: Lost() closed but IsLost() is false", lg.Lease().Name())
+			t.Fatalf("lease %q (token %d) did not report the loss within %v", h.lnames[i], lg.Lease().Token(), lostWithin)
 		}
 	}
 }
@@ -375,7 +373,7 @@ func (h *heldLocks) lost(t *testing.T) {
 // every pool takes each held name again: a Lock on the Guard's and the
 // Do's names, and a lease whose token is above the lost one's; the fence
 // then admits the successor's write and refuses the lost holder's with a
-// *StaleTokenError naming the successor's token. A pool may first hand
+// refusal (ErrStaleToken) naming the successor's token. A pool may first hand
 // out connections that died with the server: each acquire is retried
 // until it works.
 func (h *heldLocks) recovered(t *testing.T) {
@@ -384,14 +382,14 @@ func (h *heldLocks) recovered(t *testing.T) {
 	for i, res := range h.waiters {
 		select {
 		case err := <-res:
-			t.Logf("the waiter on %q returned: %v", h.guards[i].Name(), err)
+			t.Logf("the waiter on %q returned: %v", h.gnames[i], err)
 		case <-time.After(2 * wait):
-			t.Fatalf("the waiter on %q still waits long after the server came back", h.guards[i].Name())
+			t.Fatalf("the waiter on %q still waits long after the server came back", h.gnames[i])
 		}
 	}
-	for _, g := range h.guards {
+	for i, g := range h.guards {
 		if err := g.Release(ctx); err != nil {
-			t.Errorf("Release of the lost Guard of %q: %v", g.Name(), err)
+			t.Errorf("Release of the lost Guard of %q: %v", h.gnames[i], err)
 		}
 	}
 	for _, n := range h.taken {
@@ -411,23 +409,22 @@ func (h *heldLocks) recovered(t *testing.T) {
 	}
 	for i, db := range h.pools {
 		old := h.leases[i]
-		ll, _ := fencedLease(t, db, old.Lease().Name(), h.opts...)
+		ll, _ := fencedLease(t, db, h.lnames[i], h.opts...)
 		var next *advisorylock.LeaseGuard
 		var lastErr error
 		testdb.WaitFor(t, wait, func() bool {
 			next, lastErr = ll.TryLock(ctx)
 			return lastErr == nil
 		}, "pool %d never took lease %q again after the fault: %v", i, ll.Name(), lastErr)
-		if next.Token() <= old.Token() {
-			t.Errorf("lease %q: the successor's token %d is not above the lost holder's %d", ll.Name(), next.Token(), old.Token())
+		if next.Lease().Token() <= old.Lease().Token() {
+			t.Errorf("lease %q: the successor's token %d is not above the lost holder's %d", ll.Name(), next.Lease().Token(), old.Lease().Token())
 		}
 		testdb.WaitFor(t, wait, func() bool {
-			lastErr = fencedWrite(ctx, db, h.fences[i], nil, next.Token())
+			lastErr = fencedWrite(ctx, db, h.fences[i], nil, next.Lease().Token())
 			return lastErr == nil
 		}, "lease %q: the successor's fenced write: %v", ll.Name(), lastErr)
-		var stale *advisorylock.StaleTokenError
-		if err := fencedWrite(ctx, db, h.fences[i], nil, old.Token()); !errors.As(err, &stale) || stale.Highest != next.Token() {
-			t.Errorf("lease %q: the lost holder's write (token %d) = %v, want a *StaleTokenError with highest %d", ll.Name(), old.Token(), err, next.Token())
+		if err := fencedWrite(ctx, db, h.fences[i], nil, old.Lease().Token()); !isStale(err, ll.Name(), old.Lease().Token(), next.Lease().Token()) {
+			t.Errorf("lease %q: the lost holder's write (token %d) = %v, want ErrStaleToken with highest %d", ll.Name(), old.Lease().Token(), err, next.Lease().Token())
 		}
 		if err := old.Release(ctx); err != nil {
 			t.Logf("release of the lost lease %q: %v", ll.Name(), err)
@@ -452,8 +449,8 @@ func (h *heldLocks) check(t *testing.T, admin *sql.DB) {
 			locks = append(locks, newLock(t, admin, n.name, h.lockOpt...))
 		}
 	}
-	for _, lg := range h.leases {
-		locks = append(locks, newLeaseLock(t, admin, lg.Lease().Name(), h.opts...))
+	for _, name := range h.lnames {
+		locks = append(locks, newLeaseLock(t, admin, name, h.opts...))
 	}
 	for _, l := range locks {
 		var h *advisorylock.Holder

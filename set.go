@@ -22,8 +22,9 @@ import (
 // Do's context is cancelled). TryLock takes all or none; Lock waits for
 // them in key order, so two sets over the same names, passed in any
 // order, never deadlock. Name returns the names in key order joined by
-// ",", Key the first key, and Holder the holder of the first name, in key
-// order, that someone holds.
+// ",", and Holder the holder of the first name, in key order, that
+// someone holds; each name's key is Key(name), and the key order is the
+// order of those int64s.
 //
 // It refuses, as New does, a nil db, an empty or repeated name, and no
 // names at all; it takes New's options but WithMinHold. RLock on a set

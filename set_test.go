@@ -244,8 +244,8 @@ func TestNewSetRefuses(t *testing.T) {
 		t.Errorf("RLock of a set: %v, want ErrUnsupported", err)
 	}
 	one := newSet(t, db, []string{"only"})
-	if one.Name() != "only" || one.Key() != advisorylock.Key("only") {
-		t.Errorf("a set of one: Name %q Key %d, want a Lock's", one.Name(), one.Key())
+	if one.Name() != "only" || advisorylock.Key(one.Name()) != advisorylock.Key("only") {
+		t.Errorf("a set of one: Name %q Key %d, want a Lock's", one.Name(), advisorylock.Key(one.Name()))
 	}
 }
 

@@ -9,8 +9,8 @@ import (
 	"github.com/advisorylock/advisorylock/backend"
 )
 
-// Shared holds, as sync.RWMutex spells them: RLock, TryRLock and
-// RLockTimeout take the lock shared. Shared holders of a name coexist; an exclusive holder
+// Shared holds, as sync.RWMutex spells them: RLock and TryRLock take the
+// lock shared. Shared holders of a name coexist; an exclusive holder
 // (Lock, TryLock) excludes them all and is excluded by any, on every
 // backend. A shared hold is a *Guard like any other: the same Release,
 // Lost, keep-alive and Observer events (kind "shared").
@@ -38,15 +38,11 @@ func (l *Lock) TryRLock(ctx context.Context) (*Guard, error) {
 // (SQLite, WithLeaseRows). It
 // returns ctx's error when ctx ends first (a cancelled acquire leaves
 // nothing held), ErrUnsupported as TryRLock does, and the first-use
-// errors of Lock.
+// errors of Lock. To bound the wait, give ctx a deadline
+// (context.WithTimeout): running out of it returns an error matching
+// context.DeadlineExceeded.
 func (l *Lock) RLock(ctx context.Context) (*Guard, error) {
 	return acquire(ctx, sharedSide{l}, "rlock", true)
-}
-
-// RLockTimeout is RLock bounded by d, as LockTimeout is: a *TimeoutError
-// (errors.Is ErrTimeout) when d runs out, one attempt when d <= 0.
-func (l *Lock) RLockTimeout(ctx context.Context, d time.Duration) (*Guard, error) {
-	return acquireWithin(ctx, sharedSide{l}, "rlock", d)
 }
 
 // Holders lists every holder of the lock now, shared (Holder.Shared) and

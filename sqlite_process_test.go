@@ -177,15 +177,15 @@ func helpOwnNames(ctx context.Context, t *testing.T, db *sql.DB, job sqliteJob) 
 		if err != nil {
 			t.Fatalf("LeaseLock TryLock of a lease nobody else takes: %v", err)
 		}
-		if lg.Token() <= lastToken { // tokens strictly increase per name (not consecutive)
-			t.Fatalf("grant %d has token %d, not above the previous %d", n+1, lg.Token(), lastToken)
+		if lg.Lease().Token() <= lastToken { // tokens strictly increase per name (not consecutive)
+			t.Fatalf("grant %d has token %d, not above the previous %d", n+1, lg.Lease().Token(), lastToken)
 		}
-		lastToken = lg.Token()
+		lastToken = lg.Lease().Token()
 		if err := lg.Release(ctx); err != nil {
 			t.Fatalf("LeaseLock Release: %v", err)
 		}
 	}
-	if isClosed(held.Lost()) || held.IsLost() {
+	if isClosed(held.Lease().Lost()) || isLost(held.Lease()) {
 		t.Fatal("a lease held through the contention was lost")
 	}
 	if err := held.Release(ctx); err != nil {
@@ -351,7 +351,7 @@ func TestSQLiteKilledHolderFreesTheLockAtExpiry(t *testing.T) {
 	}
 	// The dead holder renews no more: its row's expiry is final.
 	var ms int64
-	if err := db.QueryRow("SELECT expires_at FROM advisorylock_locks WHERE key = ?", l.Key()).Scan(&ms); err != nil {
+	if err := db.QueryRow("SELECT expires_at FROM advisorylock_locks WHERE key = ?", advisorylock.Key(l.Name())).Scan(&ms); err != nil {
 		t.Fatal(err)
 	}
 	expiry := time.UnixMilli(ms)

@@ -51,22 +51,22 @@ func TestStatementPoolColumn(t *testing.T) {
 			if _, err := lb.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 				t.Fatalf("a second LeaseLock while held: %v, want ErrNotAcquired", err)
 			}
-			if h, err := lb.Holder(ctx); err != nil || h == nil || h.Token != g.Token() {
-				t.Fatalf("Holder = %+v, %v; want token %d", h, err, g.Token())
+			if h, err := lb.Holder(ctx); err != nil || h == nil || h.Token != g.Lease().Token() {
+				t.Fatalf("Holder = %+v, %v; want token %d", h, err, g.Lease().Token())
 			}
 			releaseLease(t, g)
 			gb, err := lb.TryLock(ctx)
 			if err != nil {
 				t.Fatalf("LeaseLock.TryLock after the release: %v", err)
 			}
-			if gb.Token() <= g.Token() {
-				t.Fatalf("token %d after %d", gb.Token(), g.Token())
+			if gb.Lease().Token() <= g.Lease().Token() {
+				t.Fatalf("token %d after %d", gb.Lease().Token(), g.Lease().Token())
 			}
 			releaseLease(t, gb)
 
 			f, err := advisorylock.NewFence(a, name)
 			if err == nil {
-				err = fencedWrite(ctx, a, f, nil, gb.Token())
+				err = fencedWrite(ctx, a, f, nil, gb.Lease().Token())
 			}
 			if err == nil {
 				t.Fatal("a Fence admitted a token through a statement pool, which allows no transaction")

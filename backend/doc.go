@@ -73,7 +73,9 @@
 //
 // A backend speaks ErrNotAcquired (a row held elsewhere), ErrLeaseLost (a
 // renewal by someone who no longer holds the lease) and ErrUnsupported
-// (a refusal); the advisorylock package's sentinels are the same values.
+// (a refusal). The advisorylock package's ErrNotAcquired and
+// ErrUnsupported are the same values; ErrLeaseLost it reports to users as
+// the lease's loss, matching advisorylock.ErrLockLost.
 // Other errors are the driver's, returned as they are. Tokens are
 // uint64 values of at least 1 that strictly increase per name, stored as
 // a BIGINT; the library hands them to users as advisorylock.FencingToken,

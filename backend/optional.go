@@ -63,7 +63,7 @@ type Configurer interface {
 // a Lock, and advisorylock.DetectPooler) compares the identities of
 // connections to see a transaction-mode pooler multiplex sessions, and
 // refuses session locks behind one with ErrTransactionPooler. Without
-// it, no probe runs (DetectPooler reports PoolerNotSeen); a release still
+// it, no probe runs (DetectPooler reports no pooler); a release still
 // compares SessionResult.Session with its acquire's.
 type SessionIdentifier interface {
 	SessionLocker
@@ -269,8 +269,8 @@ type TokenAdmitter interface {
 	// AdmitToken stores token as resource's highest in tx if it is not
 	// lower than the stored one, and returns the highest stored after it:
 	// token itself when admitted, a higher token when token was refused
-	// (stale). The library turns a refusal into a
-	// *advisorylock.StaleTokenError, and the caller rolls tx back.
+	// (stale). The library turns a refusal into an error matching
+	// advisorylock.ErrStaleToken, and the caller rolls tx back.
 	AdmitToken(ctx context.Context, tx *sql.Tx, resource string, token uint64) (highest uint64, err error)
 }
 

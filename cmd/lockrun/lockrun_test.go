@@ -128,6 +128,42 @@ func TestWaitGivesUpOnTime(t *testing.T) {
 	})
 }
 
+// TestSharedAndSlotWaitsGiveUpOnTime: -w bounds a --shared wait and a
+// --slots wait as it bounds an exclusive one (the library bounds those
+// by a context deadline): the conflict code, silence without -v, "gave up
+// waiting" with it, and the command not run.
+func TestSharedAndSlotWaitsGiveUpOnTime(t *testing.T) {
+	eachBackend(t, func(t *testing.T, env []string) {
+		name, d := lockName(t), newDir(t)
+		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+		slot := startLockrun(t, env, append([]string{"--slots", "1", name + "-slots", "--"}, d.holdUntil("go")...)...)
+		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("ran"))) == 2 }, "the holders did not start")
+		for _, args := range [][]string{{"--shared", name}, {"--slots", "1", name + "-slots"}} {
+			start := time.Now()
+			code, _, stderr := runLockrun(t, env, append(append([]string{"-w", "0.3"}, args...), "--", "touch", d.path("waiter-ran"))...)
+			if code != 1 || stderr != "" {
+				t.Errorf("-w 0.3 %q exited %d with stderr %q, want the conflict code 1 and silence", args, code, stderr)
+			}
+			if waited := time.Since(start); waited < 300*time.Millisecond {
+				t.Errorf("-w 0.3 %q gave up after %v, before its 0.3s", args, waited)
+			}
+			code, _, stderr = runLockrun(t, env, append(append([]string{"-v", "-w", "0.2"}, args...), "--", "touch", d.path("waiter-ran"))...)
+			if code != 1 || !strings.Contains(stderr, "gave up waiting for lock") {
+				t.Errorf("-v -w 0.2 %q exited %d with stderr %q, want 1 and the giving up told", args, code, stderr)
+			}
+		}
+		if d.exists("waiter-ran") {
+			t.Error("a waiter that gave up ran its command")
+		}
+		d.touch(t, "go")
+		for _, p := range []*proc{holder, slot} {
+			if code := p.wait(t); code != 0 {
+				t.Errorf("a holder exited %d; stderr: %q", code, p.stderr)
+			}
+		}
+	})
+}
+
 // lockrun exits with the command's status (128+N for a signal) and
 // passes its output through.
 func TestExitStatusIsTheCommands(t *testing.T) {

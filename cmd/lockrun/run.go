@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -73,7 +74,7 @@ func (t sessionTarget) holder(ctx context.Context) (*holding, error) {
 func (t sessionTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
 	try, lock, lockTimeout := t.l.TryLock, t.l.Lock, t.l.LockTimeout
 	if t.shared {
-		try, lock, lockTimeout = t.l.TryRLock, t.l.RLock, t.l.RLockTimeout
+		try, lock, lockTimeout = t.l.TryRLock, t.l.RLock, withDeadline(t.l.Name(), t.l.RLock)
 	}
 	start, left := time.Now(), wait
 	for {
@@ -124,7 +125,7 @@ func (t semaphoreTarget) holder(ctx context.Context) (*holding, error) {
 }
 
 func (t semaphoreTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
-	g, err := acquireByWait(ctx, wait, t.s.TryAcquire, t.s.Acquire, t.s.AcquireTimeout)
+	g, err := acquireByWait(ctx, wait, t.s.TryAcquire, t.s.Acquire, withDeadline(t.s.Name(), t.s.Acquire))
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +147,7 @@ func (t leaseTarget) acquire(ctx context.Context, wait time.Duration) (*held, er
 	if err != nil {
 		return nil, err
 	}
-	return &held{lost: g.Lost(), token: g.Token(), release: g.Release}, nil
+	return &held{lost: g.Lease().Lost(), token: g.Lease().Token(), release: g.Release}, nil
 }
 
 // acquireByWait calls the acquire that matches wait: try once when wait
@@ -160,6 +161,28 @@ func acquireByWait[G any](ctx context.Context, wait time.Duration, try, lock fun
 	default:
 		return timeout(ctx, wait)
 	}
+}
+
+// withDeadline bounds lock, an acquire without a Timeout form (RLock, a
+// Semaphore's Acquire), by a deadline d away: running out of d is a
+// timeout matching advisorylock.ErrTimeout, as LockTimeout's is, while
+// ctx's own end stays ctx's error.
+func withDeadline[G any](name string, lock func(context.Context) (G, error)) func(context.Context, time.Duration) (G, error) {
+	return func(ctx context.Context, d time.Duration) (G, error) {
+		bounded, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		g, err := lock(bounded)
+		if err != nil && ctx.Err() == nil && bounded.Err() != nil {
+			err = waitedOut(name, d)
+		}
+		return g, err
+	}
+}
+
+// waitedOut is the error of a wait for name that d bounded and that ran
+// out: it matches advisorylock.ErrTimeout.
+func waitedOut(name string, d time.Duration) error {
+	return fmt.Errorf("lock %q: %w: not acquired within %s", name, advisorylock.ErrTimeout, d)
 }
 
 // run takes the lock, runs the command, and releases the lock once the
@@ -489,7 +512,7 @@ func describe(h *advisorylock.Holder) string {
 		parts = append(parts, "owner "+h.Owner)
 	}
 	if h.Token != 0 {
-		parts = append(parts, "token "+h.Token.String())
+		parts = append(parts, "token "+strconv.FormatUint(uint64(h.Token), 10))
 	}
 	if !h.Since.IsZero() {
 		parts = append(parts, "since "+h.Since.Local().Format(time.DateTime))
@@ -524,7 +547,7 @@ func tokenNote(t advisorylock.FencingToken) string {
 	if t == 0 {
 		return ""
 	}
-	return " (fencing token " + t.String() + ")"
+	return " (fencing token " + strconv.FormatUint(uint64(t), 10) + ")"
 }
 
 // supervise starts the command and waits for it, passing signals on to
@@ -605,7 +628,7 @@ func childEnv(env []string, name string, token advisorylock.FencingToken, extra 
 	out = append(out, extra...)
 	out = append(out, "LOCKRUN_LOCK_NAME="+name)
 	if token != 0 {
-		out = append(out, "LOCKRUN_FENCING_TOKEN="+token.String())
+		out = append(out, "LOCKRUN_FENCING_TOKEN="+strconv.FormatUint(uint64(token), 10))
 	}
 	return out
 }
@@ -627,7 +650,6 @@ func notRunnable(say *reporter, name string, err error) int {
 // failed reports why the lock was not taken and returns the exit code. A
 // conflict is silent unless -v, as in flock.
 func failed(say *reporter, o *options, err error) int {
-	var timeout *advisorylock.TimeoutError
 	var sig signaled
 	switch {
 	case errors.As(err, &sig):
@@ -635,8 +657,8 @@ func failed(say *reporter, o *options, err error) int {
 		return exitSignalOffset + signalNumber(sig.sig)
 	case errors.Is(err, advisorylock.ErrNotAcquired):
 		return o.conflictCode // -v said who holds it, in acquireTelling
-	case errors.As(err, &timeout):
-		say.debugf("gave up waiting for lock %q after %s", o.name, timeout.Waited.Round(time.Millisecond))
+	case errors.Is(err, advisorylock.ErrTimeout):
+		say.debugf("gave up waiting for lock %q after %s", o.name, o.wait)
 		return o.conflictCode
 	case errors.Is(err, advisorylock.ErrTransactionPooler):
 		if o.isSet() {

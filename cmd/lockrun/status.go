@@ -474,7 +474,7 @@ func printTable(w io.Writer, rows []holding) {
 		}
 		fields := []string{name, r.kind, strconv.FormatInt(h.Key, 10), orDash(holderPID(&h) != 0, strconv.Itoa(holderPID(&h))),
 			orDash(h.Application != "", h.Application), orDash(h.ClientAddr != "", h.ClientAddr),
-			orDash(h.Owner != "", h.Owner), orDash(h.Token != 0, h.Token.String()),
+			orDash(h.Owner != "", h.Owner), orDash(h.Token != 0, strconv.FormatUint(uint64(h.Token), 10)),
 			orDash(!h.Since.IsZero(), h.Since.Local().Format(time.DateTime)),
 			orDash(!h.ExpiresAt.IsZero(), h.ExpiresAt.Local().Format(time.DateTime))}
 		for i, f := range fields {

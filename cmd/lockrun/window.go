@@ -111,8 +111,8 @@ const (
 // sleepThroughWindow sleeps until window w ends, or at most windowPauseCeil,
 // for an acquire that started at start with wait (< 0: no bound), and
 // returns the wait left for the next attempt. When the bound ends first
-// it sleeps to the bound and returns the TimeoutError a bounded wait
-// ends with; when ctx ends, its cause.
+// it sleeps to the bound and returns the timeout (advisorylock.ErrTimeout)
+// a bounded wait ends with; when ctx ends, its cause.
 func sleepThroughWindow(ctx context.Context, name string, w *advisorylock.Holder, start time.Time, wait time.Duration) (time.Duration, error) {
 	pause := min(max(time.Until(w.ExpiresAt), windowPauseFloor), windowPauseCeil)
 	timedOut := wait > 0 && wait-time.Since(start) <= pause
@@ -131,7 +131,7 @@ func sleepThroughWindow(ctx context.Context, name string, w *advisorylock.Holder
 	}
 	left := wait - time.Since(start)
 	if timedOut || left <= 0 {
-		return 0, &advisorylock.TimeoutError{Name: name, Waited: time.Since(start)}
+		return 0, waitedOut(name, wait)
 	}
 	return left, nil
 }

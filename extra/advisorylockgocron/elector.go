@@ -25,7 +25,6 @@ var ErrNotLeader = errors.New("advisorylockgocron: not the leader")
 // job may run on two replicas. Jobs that write where that matters pass
 // Term's token to an advisorylock.Fence.
 type Elector struct {
-	name   string
 	cancel context.CancelFunc
 	done   chan struct{} // closed when Run has returned
 	err    error         // Run's error, written before done is closed
@@ -51,7 +50,7 @@ func NewElector(ctx context.Context, e *advisorylock.Election) (*Elector, error)
 		return nil, errors.New("advisorylockgocron: nil election")
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	el := &Elector{name: e.Name(), cancel: cancel, done: make(chan struct{})}
+	el := &Elector{cancel: cancel, done: make(chan struct{})}
 	go el.run(ctx, e)
 	return el, nil
 }
@@ -79,9 +78,9 @@ func (el *Elector) IsLeader(context.Context) error {
 	}
 	select {
 	case <-el.done:
-		return fmt.Errorf("%w: election %q: campaign ended: %w", ErrNotLeader, el.name, el.err)
+		return fmt.Errorf("%w: campaign ended: %w", ErrNotLeader, el.err)
 	default:
-		return fmt.Errorf("%w: election %q", ErrNotLeader, el.name)
+		return ErrNotLeader
 	}
 }
 

@@ -391,7 +391,8 @@ func (m *Memory) holder(key int64, row *memRow, shared bool) *backend.Holder {
 
 // AdmitToken stores token as resource's highest if it is not lower than
 // the stored one, and returns the highest (token, if admitted; a higher
-// one refuses it, and Fence.Admit returns a *advisorylock.StaleTokenError).
+// one refuses it, and Fence.Admit returns an error matching
+// advisorylock.ErrStaleToken).
 // It takes effect at once: unlike a database's, it is not undone when tx
 // rolls back, and tx (which may come from any handle, such as OpenDB's)
 // runs nothing. A done ctx returns its cause.

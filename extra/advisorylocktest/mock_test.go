@@ -223,8 +223,8 @@ func TestLeaseWinsCarriesTheToken(t *testing.T) {
 		if err != nil {
 			t.Fatalf("LeaseLock.TryLock on ExpectLeaseWins = %v", err)
 		}
-		if g.Token() != 42 {
-			t.Fatalf("token %d, want the 42 expected", g.Token())
+		if g.Lease().Token() != 42 {
+			t.Fatalf("token %d, want the 42 expected", g.Lease().Token())
 		}
 		if err := g.Release(context.Background()); err != nil {
 			t.Fatal(err)

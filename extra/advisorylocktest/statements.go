@@ -86,7 +86,7 @@ func (postgresStatements) release(m *Mock, held bool) {
 func (postgresStatements) acquireLease(m *Mock, token advisorylock.FencingToken) {
 	rows := sqlmock.NewRows([]string{"generation"})
 	if token != 0 {
-		rows.AddRow(token.Int64())
+		rows.AddRow(int64(token))
 	}
 	m.mock.ExpectQuery(regexp.QuoteMeta("INSERT INTO advisorylock_leases AS l") + pgText(m, "SELECT ")).WillReturnRows(rows)
 }
@@ -165,7 +165,7 @@ func (mysqlStatements) release(m *Mock, held bool) {
 func (mysqlStatements) acquireLease(m *Mock, token advisorylock.FencingToken) {
 	res := sqlmock.NewResult(0, 0)
 	if token != 0 {
-		res = sqlmock.NewResult(token.Int64(), 1)
+		res = sqlmock.NewResult(int64(token), 1)
 	}
 	m.mock.ExpectExec(regexp.QuoteMeta("INSERT INTO advisorylock_leases (name_hash,") + mysqlNameHash(m, "VALUES (")).WillReturnResult(res)
 }
@@ -247,7 +247,7 @@ func (sqliteStatements) release(m *Mock, held bool) {
 func (sqliteStatements) acquireLease(m *Mock, token advisorylock.FencingToken) {
 	rows := sqlmock.NewRows([]string{"generation"})
 	if token != 0 {
-		rows.AddRow(token.Int64())
+		rows.AddRow(int64(token))
 	}
 	sqliteQuery(m, "INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)", sqliteArgs(m, sqliteName, 4), rows)
 }

@@ -102,7 +102,7 @@ func CancelWaitingLock(t *testing.T, db *sql.DB, l *advisorylock.Lock) {
 		_, err := l.Lock(ctx)
 		done <- err
 	}()
-	k := uint64(l.Key())
+	k := uint64(advisorylock.Key(l.Name()))
 	q := fmt.Sprintf(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
 		AND classid = %d AND objid = %d AND objsubid = 1`, k>>32, k&0xFFFFFFFF)
 	testdb.WaitFor(t, 0, func() bool {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/observetest"
+	"github.com/advisorylock/advisorylock/internal/renewal"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/lib/pq"
 )
@@ -80,7 +81,7 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				}
 			}
 			for _, e := range released {
-				if !granted[e.Span] || e.Value != "" || e.Err != nil || e.Took <= 0 {
+				if !granted[e.Span] || e.Value != "" || e.Err != nil || e.Duration <= 0 {
 					t.Errorf("Released %+v: want a granted acquire's context, not forgotten, no error, a hold time", e)
 				}
 			}
@@ -96,17 +97,17 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				t.Errorf("Lost came with acquire %d's context, the lost lock's release with %d", lost[0].Span, released[1].Span)
 			}
 
-			c, l, n := rec.Count("discard", "canceled"), rec.Count("discard", "lost"), len(rec.Events("discard"))
+			c, l, n := rec.Count("discard", "canceled"), rec.Count("discard", "session_ended"), len(rec.Events("discard"))
 			if driver == "postgres" {
 				// lib/pq's cancel request may miss answerGrace on a loaded
 				// machine: the statement is then abandoned, not answered.
 				c += rec.Count("discard", "no_answer")
 			}
 			if c != 1 || l != 1 || n != 2 {
-				t.Errorf("discards: %d canceled, %d lost, %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events("discard"))
+				t.Errorf("discards: %d canceled, %d session_ended (the lost lock's), %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events("discard"))
 			}
 			for _, e := range rec.Events("renew") {
-				if e.Kind != "lease" || e.Value != "renewed" || e.Took <= 0 || e.Err != nil {
+				if e.Kind != "lease" || e.Value != "renewed" || e.Duration <= 0 || e.Err != nil {
 					t.Errorf("Renewed %+v: want a lease renewed, with its latency", e)
 				}
 			}
@@ -136,7 +137,7 @@ func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
 	if a, n := rec.Count("acquire_end", "acquired"), rec.Count("acquire_end", "not_acquired"); a != 1 || n != 1 {
 		t.Errorf("acquires: %d acquired, %d not_acquired; want 1, 1", a, n)
 	}
-	if r := rec.Events("release"); len(r) != 1 || r[0].Took <= 0 {
+	if r := rec.Events("release"); len(r) != 1 || r[0].Duration <= 0 {
 		t.Errorf("Released events %+v, want one with a hold time", r)
 	}
 	if d := rec.Events("discard"); len(d) != 0 {
@@ -215,7 +216,7 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	clock := testdb.NewFakeClock()
 	rec := &observetest.Recorder{}
 	name := testdb.UniqueName(t)
-	opts := []advisorylock.Option{advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock), advisorylock.WithObserver(rec)}
+	opts := []advisorylock.Option{advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock.Now), advisorylock.WithObserver(rec)}
 	first := newLeaseLock(t, open(), name, opts...)
 	second := newLeaseLock(t, open(), name, opts...)
 	g := tryLease(t, first)
@@ -281,7 +282,8 @@ func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 // keep-alive gets no answer (cause no_answer). Where the driver does not
 // end a statement with its context (lib/pq), the check is abandoned and
 // its connection discarded for no_answer; pgx ends it, and the release of
-// the lost lock discards the connection for "lost".
+// the lost lock discards the connection for the loss's cause, no_answer
+// too: one discard either way.
 func TestObserverSeesANetworkCut(t *testing.T) {
 	testdb.Slow(t, "fault: network cut")
 	for _, driver := range []string{"pgx", "postgres"} {
@@ -305,12 +307,8 @@ func TestObserverSeesANetworkCut(t *testing.T) {
 			if lost := rec.Events("loss"); len(lost) != 1 || lost[0].Value != "no_answer" {
 				t.Fatalf("Lost events %+v, want one no_answer", lost)
 			}
-			want := "lost"
-			if driver == "postgres" {
-				want = "no_answer"
-			}
-			if d := rec.Events("discard"); len(d) != 1 || d[0].Value != want {
-				t.Errorf("discards %+v, want one %s", d, want)
+			if d := rec.Events("discard"); len(d) != 1 || d[0].Value != "no_answer" {
+				t.Errorf("discards %+v, want one no_answer", d)
 			}
 			if r := rec.Events("release"); len(r) != 1 {
 				t.Errorf("Released events %+v, want one", r)
@@ -418,25 +416,26 @@ func (t *turns) list() []string {
 }
 
 // TestObserverVocabularyKeepsItsStrings pins the strings of the event
-// types, outcomes, causes and reasons: they are the values of metric
-// labels that dashboards and alerts already match.
+// types, outcomes and causes, and the outcomes the metric adapters give a
+// renewal: they are the values of metric labels that dashboards and
+// alerts already match.
 func TestObserverVocabularyKeepsItsStrings(t *testing.T) {
 	got := []string{
 		string(advisorylock.EventAcquireStart), string(advisorylock.EventAcquireEnd), string(advisorylock.EventRelease),
 		string(advisorylock.EventLoss), string(advisorylock.EventDiscard), string(advisorylock.EventRenew),
 		string(advisorylock.OutcomeAcquired), string(advisorylock.OutcomeNotAcquired), string(advisorylock.OutcomeTimeout),
-		string(advisorylock.OutcomeCanceled), string(advisorylock.OutcomeError), string(advisorylock.OutcomeRenewed),
-		string(advisorylock.OutcomeLost),
+		string(advisorylock.OutcomeCanceled), string(advisorylock.OutcomeError),
 		string(advisorylock.CauseSessionEnded), string(advisorylock.CauseNotHeld), string(advisorylock.CauseNoAnswer),
 		string(advisorylock.CauseExpired), string(advisorylock.CauseTakenOver),
-		string(advisorylock.ReasonCanceled), string(advisorylock.ReasonError), string(advisorylock.ReasonLost),
-		string(advisorylock.ReasonForgotten), string(advisorylock.ReasonNoAnswer),
+		string(advisorylock.CauseCanceled), string(advisorylock.CauseError), string(advisorylock.CauseForgotten),
+		renewal.Renewed, renewal.Lost, renewal.Error,
 	}
 	want := []string{
 		"acquire_start", "acquire_end", "release", "loss", "discard", "renew",
-		"acquired", "not_acquired", "timeout", "canceled", "error", "renewed", "lost",
+		"acquired", "not_acquired", "timeout", "canceled", "error",
 		"session_ended", "not_held", "no_answer", "expired", "taken_over",
-		"canceled", "error", "lost", "forgotten", "no_answer",
+		"canceled", "error", "forgotten",
+		"renewed", "lost", "error",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("observer vocabulary %q, want %q", got, want)

@@ -247,6 +247,38 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	}
 }
 
+// TestObserverTellsARenewalThatFoundTheLeaseLost hands a held lease's
+// row to another owner: the next renewal's EventRenew carries an Err that
+// matches ErrLockLost (the adapters' "lost"), and the EventLoss that
+// follows says taken_over. (SQLite: renewals a third of a second apart,
+// each before the local deadline.)
+func TestObserverTellsARenewalThatFoundTheLeaseLost(t *testing.T) {
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
+	rec := &observetest.Recorder{}
+	name := testdb.UniqueName(t)
+	g := tryLease(t, newLeaseLock(t, db, name, quiet, advisorylock.WithLeaseTTL(time.Second), advisorylock.WithObserver(rec)))
+	defer releaseLease(t, g)
+	testdb.WaitFor(t, 0, func() bool { return rec.Count("renew", "renewed") > 0 }, "no renewal observed")
+	if _, err := db.Exec("UPDATE advisorylock_leases SET owner = 'someone-else' WHERE name = ?", name); err != nil {
+		t.Fatal(err)
+	}
+	testdb.WaitFor(t, 0, func() bool { return len(rec.Events("loss")) > 0 }, "the lease handed to another owner was not lost")
+	lost := rec.Events("loss")
+	renewals := rec.Events("renew")
+	last := renewals[len(renewals)-1]
+	if len(lost) != 1 || lost[0].Value != "taken_over" {
+		t.Fatalf("loss events %+v, want one taken_over", lost)
+	}
+	if !errors.Is(last.Err, advisorylock.ErrLockLost) || last.Value != "lost" || last.Outcome != "" || last.Duration <= 0 {
+		t.Fatalf("the last renewal %+v: want an Err matching ErrLockLost, no Outcome, its latency", last)
+	}
+	for _, e := range renewals[:len(renewals)-1] {
+		if e.Err != nil {
+			t.Errorf("renewal %+v before the takeover: want Err nil", e)
+		}
+	}
+}
+
 // TestObserverLearnsTheBackendOfAWrappedDriver checks the one case where
 // a lock does not know its backend before its first use (a driver wrapped
 // by instrumentation): the first "acquire_start" says "unknown", and every

@@ -139,7 +139,7 @@ mutation "a set is held while any one of its names is" set.go \
 	'^TestSetLosesOneNameAlone$'
 mutation "a lost pinned set's connection goes back to the pool with its other names" conn_guard.go \
 	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(s\.discardCause\(\), why\)/if gone, _ := s.isLost(); gone {\n\t\tdbutil.Recycle(s.p.conn)/' \
-	'^TestSetLosesOneNameAlone$'
+	'^(TestSetLosesOneNameAlone|TestEngineReleaseOfALostLockDiscardsItsConnection|TestEngineLossIsToldToLostDoAndTheObserver)$'
 mutation "a set of rows is lost only with its first name" set.go \
 	's/for _, p := range parts \{\n\t\tp\.onLost\(/for _, p := range parts[:1] {\n\t\tp.onLost(/' \
 	'^TestSetLosesOneNameAlone$'
@@ -889,6 +889,9 @@ mutation "a Fence ignores WithObserver" observer.go \
 mutation "an observer label value renamed" observer.go \
 	's/CauseNotHeld Cause = "not_held"/CauseNotHeld Cause = "not-held"/' \
 	'^TestObserverVocabularyKeepsItsStrings$'
+mutation "a renewal that found the lease lost is told as an error" observer.go \
+	's/if errors\.Is\(err, backend\.ErrLeaseLost\) && !errors\.Is\(err, ErrLockLost\) \{/if false \&\& errors.Is(err, backend.ErrLeaseLost) {/' \
+	'^TestObserverTellsARenewalThatFoundTheLeaseLost$'
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \

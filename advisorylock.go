@@ -95,21 +95,26 @@ func Key(name string) int64 {
 	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8]))
 }
 
-// Holder describes who holds a lock now, for operators and tools.
+// Holder describes who holds a lock now, for operators and tools. The
+// caller knows which lock it asked about (Key gives its key); what else
+// is known depends on the backend and the kind of lock.
+//
+// Client is the holder's session as its server knows it, for people to
+// read: the application name (PostgreSQL's application_name), then the
+// database user and the address joined as user@address, each part left
+// out when unknown. On PostgreSQL, which reports no user, it reads like
+// "billing 10.0.0.7"; on MySQL, which reports no application, like
+// "app@10.0.0.7:51234".
 type Holder struct {
-	Name        string // the lock's name, where the backend stores it
-	Backend     string // "postgres", "sqlite", …
-	Key         int64
-	PID         int          // the server's session: PostgreSQL backend pid, MySQL connection id (not the holder's OS process); 0 if unknown
-	User        string       // the holder's database user (MySQL), if known
-	Application string       // application_name, if known
-	ClientAddr  string       // the holder's address, if known
-	Owner       string       // lease owner label, if a lease
-	Token       FencingToken // the lease's latest grant (see FencingToken), 0 for session locks
-	Since       time.Time    // when the hold began (or an earlier bound)
-	ExpiresAt   time.Time    // zero for session locks
-	Slot        int          // a semaphore holder's slot (see Semaphore.Holders); 0 otherwise
-	Shared      bool         // a shared holder (RLock), not an exclusive one
+	Name      string       // the lock's name, where the backend stores it
+	PID       int          // the server's session: PostgreSQL backend pid, MySQL connection id (not the holder's OS process); 0 if unknown
+	Client    string       // the holder's application, user and address, as far as known (see above); "" if none is
+	Owner     string       // lease owner label, if a lease
+	Token     FencingToken // the lease's latest grant (see FencingToken), 0 for session locks
+	Since     time.Time    // when the hold began (or an earlier bound)
+	ExpiresAt time.Time    // zero for session locks
+	Slot      int          // a semaphore holder's slot (see Semaphore.Holders); 0 otherwise
+	Shared    bool         // a shared holder (RLock), not an exclusive one
 }
 
 // holderOf returns h, as a backend reported it, as a Holder; nil for nil.
@@ -118,11 +123,28 @@ func holderOf(h *backend.Holder) *Holder {
 		return nil
 	}
 	return &Holder{
-		Name: h.Name, Backend: h.Backend, Key: h.Key, PID: h.PID, User: h.User,
-		Application: h.Application, ClientAddr: h.ClientAddr, Owner: h.Owner,
-		Token: FencingToken(h.Token), Since: h.Since, ExpiresAt: h.ExpiresAt,
+		Name: h.Name, PID: h.PID, Client: clientOf(h.Application, h.User, h.ClientAddr),
+		Owner: h.Owner, Token: FencingToken(h.Token), Since: h.Since, ExpiresAt: h.ExpiresAt,
 		Slot: h.Slot, Shared: h.Shared,
 	}
+}
+
+// clientOf is Holder.Client, from what a backend knows of the session.
+func clientOf(application, user, addr string) string {
+	who := user
+	switch {
+	case user != "" && addr != "":
+		who = user + "@" + addr
+	case addr != "":
+		who = addr
+	}
+	switch {
+	case application == "":
+		return who
+	case who == "":
+		return application
+	}
+	return application + " " + who
 }
 
 // holdersOf returns hs as Holders, with err.
@@ -814,7 +836,7 @@ func (h *hold) doRelease(ctx context.Context) error {
 		ctx = context.WithoutCancel(ctx)
 	}
 	err := wrapErr(h.name, "release", h.end.release(ctx, h.relTO))
-	h.observer().released(false, err)
+	h.observer().released("", err)
 	return err
 }
 
@@ -829,7 +851,7 @@ func (h *hold) forgotten() {
 	defer h.markReleased()
 	h.warn("advisorylock: guard was never released; freeing the lock", "lock", h.name, "key", h.key)
 	h.end.forget()
-	h.observer().released(true, nil)
+	h.observer().released(CauseForgotten, nil)
 }
 
 // warn logs a warning about the hold.

@@ -122,12 +122,12 @@ func TestThirdBackendPlugsIn(t *testing.T) {
 	if _, err := l.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 		t.Fatalf("second TryLock = %v, want ErrNotAcquired", err)
 	}
-	if h, err := l.Holder(ctx); err != nil || h == nil || h.Backend != "map" {
-		t.Fatalf("Holder = %+v, %v", h, err)
+	if h, err := l.Holder(ctx); err != nil || h == nil || h.Name != "plugged" || h.Owner == "" {
+		t.Fatalf("Holder = %+v, %v; want the map's holder of plugged", h, err)
 	}
 	// A store without shared rows (no SharedRowStore) lists its one
 	// holder through LeaseHolder, and refuses shared holds.
-	if hs, err := l.Holders(ctx); err != nil || len(hs) != 1 || hs[0].Backend != "map" {
+	if hs, err := l.Holders(ctx); err != nil || len(hs) != 1 || hs[0].Name != "plugged" || hs[0].Owner == "" {
 		t.Fatalf("Holders = %+v, %v; want the one holder", hs, err)
 	}
 	if _, err := l.TryRLock(ctx); !errors.Is(err, advisorylock.ErrUnsupported) {
@@ -179,7 +179,7 @@ func TestThirdBackendHoldsElections(t *testing.T) {
 	var terms []advisorylock.FencingToken
 	done := errors.New("done")
 	err = e.Run(context.Background(), func(ctx context.Context, term advisorylock.FencingToken) error {
-		if h, err := e.Leader(ctx); err != nil || h == nil || h.Owner != "me" || h.Token != term || h.Backend != "map" {
+		if h, err := e.Leader(ctx); err != nil || h == nil || h.Owner != "me" || h.Token != term || h.Name != "plugged" {
 			return fmt.Errorf("Leader during term %v: %+v, %v", term, h, err)
 		}
 		if terms = append(terms, term); len(terms) < 2 {
@@ -213,8 +213,8 @@ func TestWrappedDriverIsDetectedByAskingTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := l.Holder(context.Background()); h == nil || h.Backend != "postgres" {
-		t.Fatalf("Holder = %+v, want the postgres backend", h)
+	if h, _ := l.Holder(context.Background()); h == nil || h.PID <= 0 || h.Owner != "" {
+		t.Fatalf("Holder = %+v, want the postgres backend's: a session lock, read with its backend pid", h)
 	}
 	mustRelease(t, g)
 }

@@ -13,8 +13,9 @@ import (
 // modernc.org/sqlite, mattn/go-sqlite3) without importing one.
 //
 // Locks exclude every process that opens the same database file, on one
-// host. Lease times are Unix milliseconds from the Clock (WithClock), so
-// every process sharing the file must share the host's clock. An
+// host. Lease times are Unix milliseconds from the lock's clock
+// (WithClock), so every process sharing the file must share the host's
+// clock. An
 // in-memory database is refused with ErrUnsupported: database/sql gives
 // each connection its own, so a lock there would exclude nothing.
 //

@@ -160,7 +160,7 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 
 	t.Run("Lock", func(t *testing.T) {
 		name := testdb.UniqueName(t)
-		l := sqliteLock(t, db, name, advisorylock.WithOwner("worker-7"), advisorylock.WithClock(clock), advisorylock.WithLeaseTTL(ttl))
+		l := sqliteLock(t, db, name, advisorylock.WithOwner("worker-7"), advisorylock.WithClock(clock.Now), advisorylock.WithLeaseTTL(ttl))
 		if h, err := l.Holder(ctx); h != nil || err != nil {
 			t.Fatalf("Holder of a free lock: %+v, %v; want nil, nil", h, err)
 		}
@@ -173,21 +173,21 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 		if err != nil || h == nil {
 			t.Fatalf("Holder: %+v, %v", h, err)
 		}
-		want := advisorylock.Holder{Name: name, Backend: "sqlite", Key: advisorylock.Key(name), Owner: h.Owner, Since: clock.Now(), ExpiresAt: clock.Now().Add(ttl)}
+		want := advisorylock.Holder{Name: name, Owner: h.Owner, Since: clock.Now(), ExpiresAt: clock.Now().Add(ttl)}
 		if !strings.HasPrefix(h.Owner, "worker-7/") {
 			t.Errorf("Owner = %q, want the label worker-7 and a per-acquire suffix", h.Owner)
 		}
-		if !h.Since.Equal(want.Since) || !h.ExpiresAt.Equal(want.ExpiresAt) || h.Name != want.Name || h.Backend != want.Backend || h.Key != want.Key || h.Token != 0 {
+		if !h.Since.Equal(want.Since) || !h.ExpiresAt.Equal(want.ExpiresAt) || h.Name != want.Name || h.PID != 0 || h.Client != "" || h.Token != 0 {
 			t.Errorf("Holder = %+v, want %+v", *h, want)
 		}
-		later := sqliteLock(t, db, name, advisorylock.WithClock(testdb.FakeClockAt(clock.Now().Add(ttl))))
+		later := sqliteLock(t, db, name, advisorylock.WithClock(testdb.FakeClockAt(clock.Now().Add(ttl)).Now))
 		if h, err := later.Holder(ctx); h != nil || err != nil {
 			t.Errorf("Holder as of the expiry: %+v, %v; want nil (expired)", h, err)
 		}
 	})
 	t.Run("LeaseLock", func(t *testing.T) {
 		name := testdb.UniqueName(t)
-		l := sqliteLeaseLock(t, db, name, advisorylock.WithOwner("worker-8"), advisorylock.WithClock(clock), advisorylock.WithLeaseTTL(ttl))
+		l := sqliteLeaseLock(t, db, name, advisorylock.WithOwner("worker-8"), advisorylock.WithClock(clock.Now), advisorylock.WithLeaseTTL(ttl))
 		g, err := l.TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -196,7 +196,7 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 		if err != nil || h == nil {
 			t.Fatalf("Holder: %+v, %v", h, err)
 		}
-		if !strings.HasPrefix(h.Owner, "worker-8/") || h.Token != g.Lease().Token() || h.Token != 1 || !h.ExpiresAt.Equal(clock.Now().Add(ttl)) || !h.Since.Equal(clock.Now()) || h.Backend != "sqlite" || h.Name != name {
+		if !strings.HasPrefix(h.Owner, "worker-8/") || h.Token != g.Lease().Token() || h.Token != 1 || !h.ExpiresAt.Equal(clock.Now().Add(ttl)) || !h.Since.Equal(clock.Now()) || h.Name != name {
 			t.Errorf("Holder = %+v; want owner worker-8/…, token 1, expiry now+%v", *h, ttl)
 		}
 		mustRelease(t, g)
@@ -222,11 +222,11 @@ func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 
 	t.Run("Lock", func(t *testing.T) {
 		name := testdb.UniqueName(t)
-		g, err := sqliteLock(t, db, name, advisorylock.WithClock(stale), advisorylock.WithLeaseTTL(ttl)).TryLock(ctx)
+		g, err := sqliteLock(t, db, name, advisorylock.WithClock(stale.Now), advisorylock.WithLeaseTTL(ttl)).TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		successor := sqliteLock(t, other, name, advisorylock.WithClock(ahead), advisorylock.WithLeaseTTL(time.Hour))
+		successor := sqliteLock(t, other, name, advisorylock.WithClock(ahead.Now), advisorylock.WithLeaseTTL(time.Hour))
 		g2, err := successor.TryLock(ctx)
 		if err != nil {
 			t.Fatalf("successor TryLock on an expired row: %v", err)
@@ -245,17 +245,17 @@ func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 		if isClosed(g2.Lost()) {
 			t.Error("the successor's guard is lost")
 		}
-		if _, err := sqliteLock(t, db, name, advisorylock.WithClock(ahead)).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+		if _, err := sqliteLock(t, db, name, advisorylock.WithClock(ahead.Now)).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 			t.Errorf("TryLock after the stale Release: %v, want ErrNotAcquired (the successor still holds it)", err)
 		}
 	})
 	t.Run("LeaseLock", func(t *testing.T) {
 		name := testdb.UniqueName(t)
-		g, err := sqliteLeaseLock(t, db, name, advisorylock.WithClock(stale), advisorylock.WithLeaseTTL(ttl)).TryLock(ctx)
+		g, err := sqliteLeaseLock(t, db, name, advisorylock.WithClock(stale.Now), advisorylock.WithLeaseTTL(ttl)).TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		successor := sqliteLeaseLock(t, other, name, advisorylock.WithClock(ahead), advisorylock.WithLeaseTTL(time.Hour))
+		successor := sqliteLeaseLock(t, other, name, advisorylock.WithClock(ahead.Now), advisorylock.WithLeaseTTL(time.Hour))
 		g2, err := successor.TryLock(ctx)
 		if err != nil {
 			t.Fatalf("successor TryLock on an expired lease: %v", err)

@@ -44,9 +44,9 @@ func (g *connGuard) settle() {
 	if g.armed {
 		g.armed = false
 		if g.ctx.Err() != nil {
-			g.p.discard(ReasonCanceled, context.Cause(g.ctx))
+			g.p.discard(CauseCanceled, context.Cause(g.ctx))
 		} else {
-			g.p.discard(ReasonError, nil)
+			g.p.discard(CauseError, nil)
 		}
 	}
 }
@@ -106,12 +106,12 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 		return err
 	}
 	if gone, why := s.isLost(); gone {
-		s.p.discard(ReasonLost, why)
+		s.p.discard(s.discardCause(), why)
 		return nil
 	}
 	if len(s.keys) > 1 {
 		if err := unlockKeys(ctx, s.locker, &s.p, s.keys, time.Until(deadline)); err != nil {
-			s.p.discard(ReasonError, err)
+			s.p.discard(CauseError, err)
 			return err
 		}
 		dbutil.Recycle(s.p.conn)
@@ -122,16 +122,28 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 	})
 	switch {
 	case err != nil:
-		s.p.discard(ReasonError, err)
+		s.p.discard(CauseError, err)
 		return err
 	case s.session != 0 && res.Session != 0 && res.Session != s.session:
-		s.p.discard(ReasonError, ErrTransactionPooler)
+		s.p.discard(CauseError, ErrTransactionPooler)
 		return fmt.Errorf("%w: acquired on server session %d, released on %d", ErrTransactionPooler, s.session, res.Session)
 	case !res.OK:
 		s.warn("advisorylock: unlock found the lock not held by its session", "lock", s.name, "key", s.key)
 	}
 	dbutil.Recycle(s.p.conn)
 	return nil
+}
+
+// discardCause is why the connection of a hold found lost is discarded:
+// the loss's cause, or CauseError for a loss told without one (a term
+// statement of an Election failed on it).
+func (s *sessionHold) discardCause() Cause {
+	s.lostMu.Lock()
+	defer s.lostMu.Unlock()
+	if s.lostCause == "" {
+		return CauseError
+	}
+	return s.lostCause
 }
 
 // forget runs in the runtime's single cleanup goroutine, which must not
@@ -141,7 +153,7 @@ func (s *sessionHold) release(ctx context.Context, timeout time.Duration) error 
 func (s *sessionHold) forget() {
 	go func() {
 		s.stopWatch()
-		s.p.discard(ReasonForgotten, nil)
+		s.p.discard(CauseForgotten, nil)
 	}()
 }
 
@@ -222,11 +234,11 @@ type pinned struct {
 	abandoned atomic.Bool
 }
 
-// discard discards the connection, for reason, unless ask already does.
-func (p *pinned) discard(reason Reason, err error) {
+// discard discards the connection, for cause, unless ask already does.
+func (p *pinned) discard(cause Cause, err error) {
 	if !p.abandoned.Load() {
 		dbutil.Discard(p.conn)
-		p.obs.discarded(reason, err)
+		p.obs.discarded(cause, err)
 	}
 }
 
@@ -247,7 +259,7 @@ func ask[T any](ctx context.Context, p *pinned, stmt func(ctx context.Context, c
 	}
 	return dbutil.Within(ctx, func() (T, error) { return stmt(driverCtx, p.conn) }, func() {
 		p.abandoned.Store(true)
-		p.obs.discarded(ReasonNoAnswer, context.Cause(ctx))
+		p.obs.discarded(CauseNoAnswer, context.Cause(ctx))
 	}, func(T) { dbutil.Discard(p.conn) })
 }
 
@@ -348,7 +360,7 @@ func cutShort[T any](p *pinned, wasCut bool, cause error, v T, err error) (T, er
 	}
 	p.abandoned.Store(true)
 	dbutil.Discard(p.conn)
-	p.obs.discarded(ReasonNoAnswer, cause)
+	p.obs.discarded(CauseNoAnswer, cause)
 	var zero T
 	return zero, fmt.Errorf("no answer from the database: %w", cause)
 }

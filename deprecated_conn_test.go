@@ -51,16 +51,16 @@ func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 				if _, err := c.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
 					return fmt.Errorf("ExecContext: %w", err)
 				}
-				stmt, err := c.PrepareContext(ctx, "INSERT INTO "+table+" VALUES (2)")
-				if err != nil {
-					return fmt.Errorf("PrepareContext: %w", err)
-				}
-				if _, err := stmt.ExecContext(ctx); err != nil {
-					return fmt.Errorf("Stmt.ExecContext: %w", err)
-				}
 				tx, err := guardConn(advisorylock.GuardFromContext(ctx)).BeginTx(ctx, nil)
 				if err != nil {
 					return fmt.Errorf("BeginTx on a second call of Conn: %w", err)
+				}
+				stmt, err := tx.PrepareContext(ctx, "INSERT INTO "+table+" VALUES (2)")
+				if err != nil {
+					return fmt.Errorf("Tx.PrepareContext: %w", err)
+				}
+				if _, err := stmt.ExecContext(ctx); err != nil {
+					return fmt.Errorf("Stmt.ExecContext: %w", err)
 				}
 				if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (3)"); err != nil {
 					return fmt.Errorf("Tx.ExecContext: %w", err)
@@ -89,9 +89,10 @@ func TestGuardConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 
 // TestGuardConnReleaseEndsWhatWasLeftOpen: Release rolls back the
 // transaction left open on the deprecated Guard.Conn (its write is not
-// kept, Commit fails), closes its rows and statements, and frees the
-// lock; after Release every call on the Conn fails with sql.ErrConnDone,
-// so does a Conn asked for then, and the pool has its connection back.
+// kept, Commit fails, the statement prepared on it is closed), closes its
+// rows, and frees the lock; after Release every call on the Conn fails
+// with sql.ErrConnDone, so does a Conn asked for then, and the pool has
+// its connection back.
 func TestGuardConnReleaseEndsWhatWasLeftOpen(t *testing.T) {
 	t.Parallel()
 	for _, s := range connServers {
@@ -107,11 +108,11 @@ func TestGuardConnReleaseEndsWhatWasLeftOpen(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := guardConn(g)
-			stmt, err := c.PrepareContext(ctx, "SELECT 1")
+			tx, err := c.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tx, err := c.BeginTx(ctx, nil)
+			stmt, err := tx.PrepareContext(ctx, "SELECT 1")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -136,7 +137,7 @@ func TestGuardConnReleaseEndsWhatWasLeftOpen(t *testing.T) {
 				t.Fatal("rows of the transaction left open still read after Release")
 			}
 			if _, err := stmt.ExecContext(ctx); err == nil {
-				t.Fatal("a statement prepared on Guard.Conn ran after Release")
+				t.Fatal("a statement prepared on Guard.Conn's transaction ran after Release")
 			}
 			if g, err := newPinned(t, other, name).TryLock(ctx); err != nil {
 				t.Fatalf("TryLock after Release: %v", err)

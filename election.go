@@ -434,7 +434,7 @@ func (e *Election) endTerm(ctx context.Context, t term) {
 
 // Leader reports who leads now: Owner is the leader's WithOwner label,
 // Token its term, Since the term's start, and on PostgreSQL and MySQL PID
-// the leader's server session (ClientAddr and Application, or User, where
+// the leader's server session (and Client, where
 // known); on SQLite ExpiresAt is the leader's lease expiry. It returns nil
 // when nobody leads, also between a leader's grant and the recording of
 // its term (about one round trip).
@@ -452,7 +452,7 @@ func (e *Election) Leader(ctx context.Context) (*Holder, error) {
 		h.Owner = ownerLabelOf(h.Owner)
 	}
 	if h != nil {
-		h.Name, h.Key = e.name, e.lock.key
+		h.Name = e.name
 	}
 	return h, wrapErr(e.name, "leader", err)
 }

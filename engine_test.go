@@ -41,7 +41,7 @@ func fakeOptions(s *fakeServer) []advisorylock.Option {
 }
 
 // eventLog is an Observer that keeps each event as a line, "type
-// outcome cause reason" with the fields that are set.
+// outcome cause" with the fields that are set.
 type eventLog struct {
 	mu      sync.Mutex
 	lines   []string
@@ -50,7 +50,7 @@ type eventLog struct {
 }
 
 func (o *eventLog) Observe(ctx context.Context, e advisorylock.Event) context.Context {
-	line := strings.Join(strings.Fields(fmt.Sprint(e.Type, " ", e.Outcome, " ", e.Cause, " ", e.Reason)), " ")
+	line := strings.Join(strings.Fields(fmt.Sprint(e.Type, " ", e.Outcome, " ", e.Cause)), " ")
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.lines = append(o.lines, line)
@@ -385,7 +385,7 @@ func TestEngineLossIsToldToLostDoAndTheObserver(t *testing.T) {
 				t.Fatalf("fn's context ended with %v; want ErrLockLost", cause)
 			}
 			got := obs.seen()
-			want := []string{"acquire_start", "acquire_end acquired", "loss " + tc.cause, "discard lost", "release"}
+			want := []string{"acquire_start", "acquire_end acquired", "loss " + tc.cause, "discard " + tc.cause, "release"}
 			if !slices.Equal(got, want) {
 				t.Fatalf("the observer saw %q; want %q", got, want)
 			}
@@ -472,7 +472,7 @@ func TestEngineForgottenGuardIsDiscarded(t *testing.T) {
 	if n := s.discards(); n != 1 {
 		t.Fatalf("%d connections discarded; want the forgotten guard's", n)
 	}
-	obs.await(t, "release")
+	obs.await(t, "release forgotten")
 	obs.await(t, "discard forgotten")
 }
 

@@ -184,8 +184,8 @@ func ExampleLock_Holder() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(h.Backend, h.Name, h.PID > 0)
-	// Output: postgres example-held-by-someone true
+	fmt.Println(h.Name, h.PID > 0)
+	// Output: example-held-by-someone true
 }
 
 // Key is what a service in another language computes to take the same

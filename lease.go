@@ -60,7 +60,7 @@ type leaseState struct {
 	store backend.LeaseStore
 	db    DB
 	req   backend.LeaseRequest
-	clock Clock
+	clock clockFunc
 	hold  // the Guard's state; leaseState is its end
 
 	mu       sync.Mutex
@@ -566,7 +566,7 @@ func pollPause(interval, longest time.Duration, n int) time.Duration {
 // without our knowing: the owner label is unique to that acquire, so this
 // can free nobody else's lease. It is bounded by the release timeout, also
 // when it runs in the background.
-func abandonLease(store backend.LeaseStore, db DB, timeout time.Duration, clock Clock, req backend.LeaseRequest) {
+func abandonLease(store backend.LeaseStore, db DB, timeout time.Duration, clock clockFunc, req backend.LeaseRequest) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req.Now = clock.Now()
@@ -685,7 +685,7 @@ func (s *leaseState) keep() {
 		case <-s.quit:
 			return
 		case <-expiry.C:
-			if left := s.untilDeadline(); left > 0 { // the Clock is not the timer's
+			if left := s.untilDeadline(); left > 0 { // the clock is not the timer's
 				expiry.Reset(left)
 				continue
 			}
@@ -722,7 +722,7 @@ func (s *leaseState) keep() {
 	}
 }
 
-// untilDeadline is how long the local deadline is away, by the Clock.
+// untilDeadline is how long the local deadline is away, by the lock's clock.
 func (s *leaseState) untilDeadline() time.Duration {
 	return s.localDeadline().Sub(s.clock.Now())
 }
@@ -868,7 +868,7 @@ func (l *Lock) rowRequest(owner string) backend.LeaseRequest {
 // no connection while held. Every grant gets a FencingToken larger than
 // any earlier grant of the name. It works on PostgreSQL (also through a
 // transaction-mode pooler) and MySQL/MariaDB, where times come from the
-// database clock, and on SQLite (where times come from the Clock). It is
+// database clock, and on SQLite (where times come from WithClock). It is
 // safe for concurrent use.
 type LeaseLock struct {
 	db    DB

@@ -83,9 +83,9 @@ func TestLeaseDeadlineCountsFromTheSentAcquire(t *testing.T) {
 	other := testdb.OpenSQLite(t, path, sqliteWAL)
 	name := testdb.UniqueName(t)
 	sqlite := advisorylock.WithBackend(advisorylock.SQLite())
-	a := newLeaseLock(t, db, name, quiet, sqlite, advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock))
-	b := newLeaseLock(t, other, name, quiet, advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock))
-	releaseLease(t, tryLease(t, newLeaseLock(t, db, testdb.UniqueName(t), quiet, sqlite, advisorylock.WithClock(clock))))
+	a := newLeaseLock(t, db, name, quiet, sqlite, advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock.Now))
+	b := newLeaseLock(t, other, name, quiet, advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock.Now))
+	releaseLease(t, tryLease(t, newLeaseLock(t, db, testdb.UniqueName(t), quiet, sqlite, advisorylock.WithClock(clock.Now))))
 
 	const slow = ttl * 5 / 6 // past the local deadline (TTL minus a third), short of the expiry
 	during.Store(int64(slow))
@@ -128,7 +128,7 @@ func TestLateGrantIsLostBeforeTheSectionBegins(t *testing.T) {
 	clock := testdb.NewFakeClock()
 	db, _, during := clockMovedDuring(t, clock, "INSERT INTO advisorylock_locks")
 	l := newLock(t, db, testdb.UniqueName(t), quiet, advisorylock.WithBackend(advisorylock.SQLite()),
-		advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock))
+		advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock.Now))
 	mustRelease(t, mustTry(t, l)) // the schema, before the clock moves
 
 	during.Store(int64(ttl * 5 / 6)) // past the local deadline (TTL minus a third)

@@ -160,7 +160,7 @@ func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
 			defer cancel()
 			name := "h-rows/" + testdb.UniqueName(t)
 			clock := testdb.NewFakeClock()
-			r, err := advisorylock.New(srv.open(t), name, advisorylock.WithLeaseRows(), advisorylock.WithLeaseTTL(rowsTTL), advisorylock.WithClock(clock))
+			r, err := advisorylock.New(srv.open(t), name, advisorylock.WithLeaseRows(), advisorylock.WithLeaseTTL(rowsTTL), advisorylock.WithClock(clock.Now))
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}

@@ -20,12 +20,13 @@ import (
 // Conn runs statements on the connection whose session holds a lock, for
 // the length of a Guard.WithConn callback (or, deprecated, until the
 // release: Guard.Conn). Its methods are those of *sql.Conn; there is no
-// Close and no Raw, so the Guard keeps sole ownership of the connection.
+// Close and no Raw, so the Guard keeps sole ownership of the connection,
+// and no PrepareContext: prepare on a transaction (BeginTx), whose
+// statements end with it.
 type Conn interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
@@ -47,9 +48,9 @@ type Conn interface {
 // whose own context ends while it runs may cost the connection (pgx
 // closes it), and with it the lock: Lost closes once fn has returned.
 //
-// When fn returns, WithConn closes the rows and statements it opened on
-// conn and left open and rolls back its transactions left open (their
-// writes are not kept); a *sql.Row must be scanned within fn. If that
+// When fn returns, WithConn closes the rows it opened on conn and left
+// open and rolls back its transactions left open (their writes are not
+// kept, their statements are closed); a *sql.Row must be scanned within fn. If that
 // fails, the session's state is unknown: the connection is discarded,
 // which frees the lock, the lock is lost, and WithConn returns the error
 // (unless fn returned one). From then on every statement on conn fails
@@ -120,16 +121,16 @@ type lender interface {
 // waits for a keep-alive check in flight.
 //
 // Deprecated: use WithConn, which lends the connection for the length of
-// a callback. Conn cannot know when you are done with the rows,
-// statements and transactions it hands out, so once it was called the
+// a callback. Conn cannot know when you are done with the rows and
+// transactions it hands out, so once it was called the
 // lock's keep-alive steps aside for the rest of the hold: a lost lock
 // (its session ended, its lock freed) is told neither by Lost nor by
 // Do's context until Release. Conn will be removed in a later minor
 // release.
 //
-// Release (and Do's end) closes the rows and statements left open on the
-// Conn and rolls back its transactions left open (their writes are not
-// kept), then unlocks. A statement on the Conn still running when
+// Release (and Do's end) closes the rows left open on the Conn and rolls
+// back its transactions left open (their writes are not kept, their
+// statements are closed), then unlocks. A statement on the Conn still running when
 // Release starts gets the release timeout (WithReleaseTimeout) to end;
 // then its context is cancelled and the connection discarded, which frees
 // the lock; a statement that does not end when cancelled (statements on a
@@ -144,8 +145,8 @@ type lender interface {
 // for each other. Conn called while WithConn's fn runs makes that
 // lending Conn's: it lasts until Release.
 //
-// The Conn keeps the Guard reachable; the rows, statements and
-// transactions it returned do not: a Guard dropped without Release is
+// The Conn keeps the Guard reachable; the rows and transactions it
+// returned do not: a Guard dropped without Release is
 // cleaned up under them (its connection closed, which frees the lock).
 func (g *Guard) Conn() Conn {
 	s, ok := g.h.end.(*sessionHold)
@@ -184,8 +185,7 @@ func GuardFromContext(ctx context.Context) *Guard {
 }
 
 // lentConn is the Conn that WithConn gives fn: the hold's *sql.Conn, and
-// the rows, statements and transactions fn opened on it, which end when
-// fn returns. A lending until release (Guard.Conn's, deprecated) ends
+// the rows and transactions fn opened on it, which end when fn returns. A lending until release (Guard.Conn's, deprecated) ends
 // instead when Release has started and its users (fns that joined it,
 // statements in flight) are gone. Every statement's context is the
 // caller's, also ended when the lending is cut short (cancel): that is
@@ -205,7 +205,6 @@ type lentConn struct {
 	users   int           // fns and statements in flight on the lending
 	drained chan struct{} // made by Release for a lending until release; closed once users is 0
 	rows    []*sql.Rows
-	stmts   []*sql.Stmt
 	txs     []*sql.Tx
 
 	err          error // from ending the leftovers; set before returned closes
@@ -263,16 +262,6 @@ func (c *lentConn) QueryRowContext(ctx context.Context, query string, args ...an
 	conn, ctx, done := c.on(ctx, true)
 	defer done()
 	return conn.QueryRowContext(ctx, query, args...)
-}
-
-func (c *lentConn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	conn, ctx, done := c.on(ctx, false)
-	defer done()
-	stmt, err := conn.PrepareContext(ctx, query)
-	if err == nil {
-		c.track(func() { c.stmts = append(c.stmts, stmt) }, stmt.Close)
-	}
-	return stmt, err
 }
 
 // BeginTx keeps the joined context until the lending ends: database/sql
@@ -340,17 +329,17 @@ func (c *lentConn) track(add func(), end func() error) {
 func (c *lentConn) isOver() bool { return c.ended || c.drained != nil || c.ctx.Err() != nil }
 
 // end ends what was left open, once the lending is over: its rows, then its
-// transactions (rolled back, with their rows and statements), then its
-// statements. Later statements run on closedConn and fail; then the
-// lending's context ends, which ends anything database/sql still watches
-// (a Row never scanned, rows of a Stmt or a Tx), and which on some drivers
+// transactions (rolled back, with their rows and statements). Later
+// statements run on closedConn and fail; then the lending's context ends,
+// which ends anything database/sql still watches (a Row never scanned,
+// rows of a Tx or of its statements), and which on some drivers
 // (lib/pq, pgx) costs the connection: the keep-alive then finds it gone.
 // It returns the first error.
 func (c *lentConn) end() error {
 	c.mu.Lock()
 	c.ended = true
-	rows, txs, stmts := c.rows, c.txs, c.stmts
-	c.rows, c.txs, c.stmts = nil, nil, nil
+	rows, txs := c.rows, c.txs
+	c.rows, c.txs = nil, nil
 	c.mu.Unlock()
 	var errs []error
 	for _, r := range rows {
@@ -360,9 +349,6 @@ func (c *lentConn) end() error {
 		if err := tx.Rollback(); !errors.Is(err, sql.ErrTxDone) {
 			errs = append(errs, err)
 		}
-	}
-	for _, s := range stmts {
-		errs = append(errs, s.Close())
 	}
 	c.cancel(errConnReleased)
 	return errors.Join(errs...)
@@ -499,13 +485,13 @@ func (s *sessionHold) endLending(c *lentConn) error {
 	close(c.returned)
 	switch {
 	case c.abandoned:
-		s.p.discard(ReasonNoAnswer, errStatementRunning)
+		s.p.discard(CauseNoAnswer, errStatementRunning)
 	case err != nil && !s.stopped:
 		s.stopped = true
 		if s.timer != nil {
 			s.timer.Stop()
 		}
-		s.p.discard(ReasonError, err)
+		s.p.discard(CauseError, err)
 		s.p.abandoned.Store(true) // discarded: the release must not again
 		s.lose(CauseSessionEnded, fmt.Errorf("%w: ending what WithConn's fn left open: %w", ErrLockLost, err))
 	}
@@ -551,11 +537,11 @@ func (s *sessionHold) waitLent(deadline time.Time) (ok bool, err error) {
 			}
 			s.watchMu.Unlock()
 		}
-		s.p.discard(ReasonCanceled, errConnReleased)
+		s.p.discard(CauseCanceled, errConnReleased)
 		return false, nil
 	}
 	if c.err != nil {
-		s.p.discard(ReasonError, c.err)
+		s.p.discard(CauseError, c.err)
 		return false, fmt.Errorf("ending what was left open on the lent connection: %w", c.err)
 	}
 	return true, nil

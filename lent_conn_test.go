@@ -93,19 +93,19 @@ func TestWithConnRunsQueriesInsideDoOnAPoolOfOne(t *testing.T) {
 					if _, err := c.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
 						return fmt.Errorf("ExecContext: %w", err)
 					}
-					stmt, err := c.PrepareContext(ctx, "INSERT INTO "+table+" VALUES (2)")
+					tx, err := c.BeginTx(ctx, nil)
 					if err != nil {
-						return fmt.Errorf("PrepareContext: %w", err)
+						return fmt.Errorf("BeginTx: %w", err)
+					}
+					stmt, err := tx.PrepareContext(ctx, "INSERT INTO "+table+" VALUES (2)")
+					if err != nil {
+						return fmt.Errorf("Tx.PrepareContext: %w", err)
 					}
 					if _, err := stmt.ExecContext(ctx); err != nil {
 						return fmt.Errorf("Stmt.ExecContext: %w", err)
 					}
 					if err := stmt.Close(); err != nil {
 						return fmt.Errorf("Stmt.Close: %w", err)
-					}
-					tx, err := c.BeginTx(ctx, nil)
-					if err != nil {
-						return fmt.Errorf("BeginTx: %w", err)
 					}
 					if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (3)"); err != nil {
 						return fmt.Errorf("Tx.ExecContext: %w", err)
@@ -255,8 +255,8 @@ func TestWithConnStepsTheKeepAliveAside(t *testing.T) {
 }
 
 // TestWithConnEndsWhatFnLeftOpen: when fn returns, the transaction it
-// left open is rolled back (its write is not kept), its rows and
-// statements are closed, and the Conn it kept fails with sql.ErrConnDone;
+// left open is rolled back (its write is not kept, the statement
+// prepared on it is closed), its rows are closed, and the Conn it kept fails with sql.ErrConnDone;
 // the lock stays held on a usable session, and Release frees it and
 // gives the connection back to the pool.
 func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
@@ -283,9 +283,6 @@ func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
 			)
 			err = g.WithConn(ctx, func(c advisorylock.Conn) (err error) {
 				kept = c
-				if stmt, err = c.PrepareContext(ctx, "SELECT 1"); err != nil {
-					return err
-				}
 				if rows, err = c.QueryContext(ctx, s.rows); err != nil {
 					return err
 				}
@@ -306,11 +303,11 @@ func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
 			if rows.Next() {
 				t.Fatal("rows left open by fn still read after WithConn")
 			}
-			if _, err := stmt.ExecContext(ctx); err == nil {
-				t.Fatal("a statement prepared in fn ran after WithConn")
-			}
 			err = g.WithConn(ctx, func(c advisorylock.Conn) (err error) {
 				if tx, err = c.BeginTx(ctx, nil); err != nil {
+					return err
+				}
+				if stmt, err = tx.PrepareContext(ctx, "SELECT 1"); err != nil {
 					return err
 				}
 				if _, err := tx.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
@@ -324,6 +321,9 @@ func TestWithConnEndsWhatFnLeftOpen(t *testing.T) {
 			}
 			if err := tx.Commit(); err == nil {
 				t.Fatal("Commit after WithConn succeeded")
+			}
+			if _, err := stmt.ExecContext(ctx); err == nil {
+				t.Fatal("a statement prepared in fn ran after WithConn")
 			}
 			var n int
 			if err := other.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 0 {

@@ -597,8 +597,8 @@ func (s *muxSession) retireIfIdle() {
 }
 
 // end ends s, whose state is unknown: every lock on it is told it is lost
-// (with err, for cause), and then its connection is discarded, which
-// frees them. s.mu is held.
+// (with err, for cause), and then its connection is discarded (for the
+// same cause), which frees them. s.mu is held.
 func (s *muxSession) end(cause Cause, err error) {
 	mp := s.pool
 	mp.mu.Lock()
@@ -626,7 +626,7 @@ func (s *muxSession) end(cause Cause, err error) {
 	for _, h := range holds {
 		h.lose(cause, err)
 	}
-	s.p.discard(ReasonLost, err)
+	s.p.discard(cause, err)
 	mp.mu.Lock()
 	mp.leaveIfIdle()
 	mp.mu.Unlock()

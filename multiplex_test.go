@@ -591,7 +591,7 @@ func TestMultiplexingOptionsAndRefusals(t *testing.T) {
 // TestMultiplexedLocksTellTheObserver: acquires, misses, releases and the
 // loss of every lock on a killed shared session reach the Observer as for
 // pinned locks, each loss with its lock's name, and the session's
-// connection is discarded once.
+// connection is discarded once, for the loss's cause.
 func TestMultiplexedLocksTellTheObserver(t *testing.T) {
 	db := testdb.OpenPostgres(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
@@ -647,8 +647,8 @@ func TestMultiplexedLocksTellTheObserver(t *testing.T) {
 	if len(lost) != 2 || !lost[names[0]] || !lost[names[1]] {
 		t.Errorf("losses reported for %v, want %s and %s", lost, names[0], names[1])
 	}
-	if n := rec.Count("discard", "lost"); n != 1 {
-		t.Errorf("%d discards of the killed session, want 1", n)
+	if n, all := rec.Count("discard", "session_ended"), len(rec.Events("discard")); n != 1 || all != 1 {
+		t.Errorf("%d discards of the killed session (session_ended), %d in all; want 1, 1", n, all)
 	}
 	if n := len(rec.Events("release")); n != 3 {
 		t.Errorf("%d release events, want 3", n)

@@ -3,6 +3,7 @@ package advisorylock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -12,7 +13,7 @@ import (
 
 // Observer sees what locks do, for metrics and traces: every acquire
 // (start; end with outcome and wait), release (hold time), loss (cause),
-// discarded connection (reason) and lease renewal (latency, outcome), for
+// discarded connection (cause) and lease renewal (latency, error), for
 // every kind of lock. WithObserver installs one; the adapters in
 // extra/advisorylockotel and extra/advisorylockprom turn its events into
 // the metrics listed in docs/observability.md.
@@ -24,8 +25,8 @@ import (
 // A panic in an Observer is not recovered.
 type Observer interface {
 	// Observe is told of one event; e.Type says which, and which of e's
-	// fields it sets. Later versions may add event types, outcomes,
-	// causes and reasons: ignore the ones you do not know, returning ctx.
+	// fields it sets. Later versions may add event types, outcomes and
+	// causes: ignore the ones you do not know, returning ctx.
 	//
 	// The context returned matters for two types. For EventAcquireStart,
 	// ctx is the acquire's and the one returned is the one the acquire
@@ -124,7 +125,8 @@ type Event struct {
 	// taken in a transaction by Lock.LockTx or Lock.TryLockTx). A
 	// transaction's commit or rollback releases its lock, which the
 	// package does not see: its EventRelease follows its EventAcquireEnd
-	// at once, with Held 0, so that gauges of held locks stay balanced.
+	// at once, with Duration 0, so that gauges of held locks stay
+	// balanced.
 	Kind string
 	// Name is the lock's name. Names can be many (one per tenant, per
 	// job): adapters do not put them on metrics unless asked.
@@ -133,21 +135,20 @@ type Event struct {
 	// MayWait is false for a single attempt (TryLock), true for an
 	// acquire that may wait.
 	MayWait bool
-	// Outcome says how an acquire or a renewal ended, the "outcome"
-	// attribute of the metrics.
+	// Outcome says how an acquire ended, the "outcome" attribute of the
+	// acquire metrics.
 	Outcome Outcome
-	// Cause says why a held lock was lost, the "cause" attribute of the
-	// metrics.
+	// Cause says why: why a held lock was lost (EventLoss, the "cause"
+	// attribute of the metrics), why a connection was discarded
+	// (EventDiscard, their "reason" attribute), and CauseForgotten for
+	// the end of a hold whose Guard was cleaned up, not released
+	// (EventRelease).
 	Cause Cause
-	// Reason says why a connection was discarded, the "reason" attribute
-	// of the metrics.
-	Reason Reason
-
-	Wait      time.Duration // EventAcquireEnd: from the acquire's start to its end
-	Held      time.Duration // EventRelease, EventLoss: from the grant to the release, or to the loss being noticed
-	Latency   time.Duration // EventRenew: from sending the renewal to its answer
-	Forgotten bool          // EventRelease: the Guard was cleaned up, not released
-	Err       error         // see each EventType
+	// Duration is how long, as each EventType says: an acquire's wait, a
+	// hold, or a renewal's round trip.
+	Duration time.Duration
+	// Err is the error of the event, as each EventType says.
+	Err error
 }
 
 // EventType says what an Event reports, and which of its fields are set.
@@ -159,34 +160,42 @@ const (
 	// EventAcquireStart: TryLock, Lock or LockTimeout (and the Do family
 	// through them) begins. Sets MayWait.
 	EventAcquireStart EventType = "acquire_start"
-	// EventAcquireEnd: that acquire returns. Sets MayWait, Outcome (one of
-	// an acquire's), Wait and Err (the error returned to the caller; nil
-	// when acquired).
+	// EventAcquireEnd: that acquire returns. Sets MayWait, Outcome,
+	// Duration (the wait: from the acquire's start to its end) and Err
+	// (the error returned to the caller; nil when acquired).
 	EventAcquireEnd EventType = "acquire_end"
 	// EventRelease: a granted hold ends, once per hold: released by its
-	// holder, or cleaned up after its Guard was forgotten. Sets Held,
-	// Forgotten and Err (the release's error, if any).
+	// holder, or cleaned up after its Guard was forgotten (then Cause is
+	// CauseForgotten; otherwise it is empty). Sets Duration (the hold:
+	// from the grant to the release) and Err (the release's error, if
+	// any).
 	EventRelease EventType = "release"
 	// EventLoss: a held lock is found lost, at most once per hold and
-	// before its EventRelease. Sets Cause, Held and Err (what the lock's
-	// Lost error wraps).
+	// before its EventRelease. Sets Cause (a loss's: CauseSessionEnded,
+	// CauseNotHeld, CauseNoAnswer, CauseExpired, CauseTakenOver), Duration
+	// (the hold: from the grant to the loss being noticed) and Err (what
+	// the lock's Lost error wraps).
 	EventLoss EventType = "loss"
 	// EventDiscard: a connection is closed instead of returned to the
-	// pool, so that the server frees what it may hold. Sets Reason and
+	// pool, so that the server frees what it may hold. Sets Cause
+	// (CauseCanceled, CauseError, CauseForgotten, CauseNoAnswer, or, for
+	// the connection of a lock found lost, the cause of that loss) and
 	// Err (the error that made the session's state unknown, if any).
 	EventDiscard EventType = "discard"
 	// EventRenew: a lease renewal statement answered, or failed. Sets
-	// Outcome (one of a renewal's), Latency and Err (nil when renewed).
+	// Duration (from sending the renewal to its answer) and Err: nil when
+	// the renewal extended the lease; an error matching ErrLockLost when
+	// it found the lease no longer this holder's (an EventLoss with
+	// CauseTakenOver follows); any other error when its outcome is
+	// unknown (the keeper tries again sooner, until the local deadline).
+	// It sets no Outcome.
 	EventRenew EventType = "renew"
 )
 
-// Outcome says how an acquire (EventAcquireEnd) or a lease renewal
-// (EventRenew) ended.
+// Outcome says how an acquire ended (EventAcquireEnd).
 type Outcome string
 
-// The outcomes of an acquire: OutcomeAcquired, OutcomeNotAcquired,
-// OutcomeTimeout, OutcomeCanceled, OutcomeError; of a renewal:
-// OutcomeRenewed, OutcomeLost, OutcomeError.
+// The outcomes of an acquire.
 const (
 	// OutcomeAcquired: the acquire got the lock, which is now held.
 	OutcomeAcquired Outcome = "acquired"
@@ -198,21 +207,17 @@ const (
 	OutcomeTimeout Outcome = "timeout"
 	// OutcomeCanceled: ctx was cancelled before a grant.
 	OutcomeCanceled Outcome = "canceled"
-	// OutcomeError: an acquire failed otherwise (see Err), or a renewal's
-	// outcome is unknown (the keeper tries again sooner, until the local
-	// deadline).
+	// OutcomeError: an acquire failed otherwise (see Err).
 	OutcomeError Outcome = "error"
-	// OutcomeRenewed: the renewal extended the lease.
-	OutcomeRenewed Outcome = "renewed"
-	// OutcomeLost: the renewal found the lease no longer this holder's
-	// (an EventLoss with CauseTakenOver follows).
-	OutcomeLost Outcome = "lost"
 )
 
-// Cause says why a held lock was lost (EventLoss).
+// Cause says why a held lock was lost (EventLoss), why a connection was
+// discarded (EventDiscard), or that a hold ended because its Guard was
+// forgotten (EventRelease).
 type Cause string
 
-// The causes of a loss.
+// The causes of a loss (the first five) and of a discard: a lost lock's
+// connection is discarded with the cause of its loss.
 const (
 	// CauseSessionEnded: the keep-alive check failed on the session's
 	// connection (the session was killed, the server restarted).
@@ -220,35 +225,26 @@ const (
 	// CauseNotHeld: the session answered but no longer holds the lock.
 	CauseNotHeld Cause = "not_held"
 	// CauseNoAnswer: the keep-alive check got no answer in time (a dead
-	// network or a stalled server).
+	// network or a stalled server); for a discard, a statement got no
+	// answer in time and was abandoned. On lib/pq the library closes the
+	// connection under the statement at once; with a driver it cannot do
+	// that for (a wrapped one), the connection closes when the driver
+	// lets go.
 	CauseNoAnswer Cause = "no_answer"
 	// CauseExpired: a lease reached its local deadline without a renewal.
 	CauseExpired Cause = "expired"
 	// CauseTakenOver: a renewal found the lease row gone or another's.
 	CauseTakenOver Cause = "taken_over"
-)
-
-// Reason says why a connection was discarded (EventDiscard): closed
-// instead of returned to the pool, so that the server frees what its
-// session may hold.
-type Reason string
-
-// The reasons for a discard.
-const (
-	// ReasonCanceled: an acquire's context ended while it was talking to
-	// the database (a statement may have been cut short mid-grant).
-	ReasonCanceled Reason = "canceled"
-	// ReasonError: a statement failed, so the session's state is unknown.
-	ReasonError Reason = "error"
-	// ReasonLost: the connection of a lost lock was closed at release.
-	ReasonLost Reason = "lost"
-	// ReasonForgotten: a Guard was garbage collected without Release.
-	ReasonForgotten Reason = "forgotten"
-	// ReasonNoAnswer: a statement got no answer in time and was abandoned
-	// (a dead network). On lib/pq the library closes the connection under
-	// the statement at once; with a driver it cannot do that for (a
-	// wrapped one), the connection closes when the driver lets go.
-	ReasonNoAnswer Reason = "no_answer"
+	// CauseCanceled: a discard because an acquire's context ended while
+	// it was talking to the database (a statement may have been cut
+	// short mid-grant), or a release gave up waiting for WithConn's fn.
+	CauseCanceled Cause = "canceled"
+	// CauseError: a discard because a statement failed, so the session's
+	// state is unknown.
+	CauseError Cause = "error"
+	// CauseForgotten: a Guard was garbage collected without Release; its
+	// hold's EventRelease and its connection's EventDiscard say so.
+	CauseForgotten Cause = "forgotten"
 )
 
 // The kinds of lock, as Event.Kind names them, beside backend.KindLock,
@@ -333,7 +329,7 @@ func (a acquiring) end(h *hold, err error) {
 		a.ob = a.l.observed() // the acquire's first use may have learnt it
 	}
 	outcome := acquireOutcome(err)
-	ctx := a.ob.emit(a.ctx, Event{Type: EventAcquireEnd, MayWait: a.mayWait, Outcome: outcome, Wait: now.Sub(a.start), Err: err})
+	ctx := a.ob.emit(a.ctx, Event{Type: EventAcquireEnd, MayWait: a.mayWait, Outcome: outcome, Duration: now.Sub(a.start), Err: err})
 	if h == nil || outcome != OutcomeAcquired {
 		return
 	}
@@ -354,12 +350,13 @@ type holdObserved struct {
 	granted time.Time
 }
 
-// released reports the end of a hold.
-func (w holdObserved) released(forgotten bool, err error) {
+// released reports the end of a hold: cause is CauseForgotten for a
+// forgotten Guard's, "" for a release.
+func (w holdObserved) released(cause Cause, err error) {
 	if w.ob == nil {
 		return
 	}
-	w.ob.emit(w.ctx, Event{Type: EventRelease, Held: time.Since(w.granted), Forgotten: forgotten, Err: err})
+	w.ob.emit(w.ctx, Event{Type: EventRelease, Cause: cause, Duration: time.Since(w.granted), Err: err})
 }
 
 // lost reports a loss of the hold.
@@ -367,30 +364,27 @@ func (w holdObserved) lost(cause Cause, err error) {
 	if w.ob == nil {
 		return
 	}
-	w.ob.emit(w.ctx, Event{Type: EventLoss, Cause: cause, Held: time.Since(w.granted), Err: err})
+	w.ob.emit(w.ctx, Event{Type: EventLoss, Cause: cause, Duration: time.Since(w.granted), Err: err})
 }
 
 // discarded reports a discarded connection.
-func (ob *observed) discarded(reason Reason, err error) {
+func (ob *observed) discarded(cause Cause, err error) {
 	if ob == nil {
 		return
 	}
-	ob.emit(context.Background(), Event{Type: EventDiscard, Reason: reason, Err: err})
+	ob.emit(context.Background(), Event{Type: EventDiscard, Cause: cause, Err: err})
 }
 
-// renewed reports a lease renewal's outcome.
+// renewed reports a lease renewal's answer, err as RenewLease returned
+// it: a lease found lost (backend.ErrLeaseLost) is told as ErrLockLost.
 func (ob *observed) renewed(latency time.Duration, err error) {
 	if ob == nil {
 		return
 	}
-	outcome := OutcomeRenewed
-	switch {
-	case errors.Is(err, backend.ErrLeaseLost):
-		outcome = OutcomeLost
-	case err != nil:
-		outcome = OutcomeError
+	if errors.Is(err, backend.ErrLeaseLost) && !errors.Is(err, ErrLockLost) {
+		err = fmt.Errorf("%w: %w", ErrLockLost, err)
 	}
-	ob.emit(context.Background(), Event{Type: EventRenew, Outcome: outcome, Latency: latency, Err: err})
+	ob.emit(context.Background(), Event{Type: EventRenew, Duration: latency, Err: err})
 }
 
 // unknownBackend is the backend events name before a lock knows its own.

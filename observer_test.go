@@ -13,6 +13,7 @@ import (
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/observetest"
+	"github.com/advisorylock/advisorylock/internal/renewal"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 	"github.com/lib/pq"
 )
@@ -81,7 +82,7 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				}
 			}
 			for _, e := range released {
-				if !granted[e.Span] || e.Value != "" || e.Err != nil || e.Took <= 0 {
+				if !granted[e.Span] || e.Value != "" || e.Err != nil || e.Duration <= 0 {
 					t.Errorf("Released %+v: want a granted acquire's context, not forgotten, no error, a hold time", e)
 				}
 			}
@@ -97,17 +98,17 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 				t.Errorf("Lost came with acquire %d's context, the lost lock's release with %d", lost[0].Span, released[1].Span)
 			}
 
-			c, l, n := rec.Count("discard", "canceled"), rec.Count("discard", "lost"), len(rec.Events("discard"))
+			c, l, n := rec.Count("discard", "canceled"), rec.Count("discard", "session_ended"), len(rec.Events("discard"))
 			if driver == "postgres" {
 				// lib/pq's cancel request may miss answerGrace on a loaded
 				// machine: the statement is then abandoned, not answered.
 				c += rec.Count("discard", "no_answer")
 			}
 			if c != 1 || l != 1 || n != 2 {
-				t.Errorf("discards: %d canceled, %d lost, %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events("discard"))
+				t.Errorf("discards: %d canceled, %d session_ended (the lost lock's), %d in all; want 1, 1, 2: %+v", c, l, n, rec.Events("discard"))
 			}
 			for _, e := range rec.Events("renew") {
-				if e.Kind != "lease" || e.Value != "renewed" || e.Took <= 0 || e.Err != nil {
+				if e.Kind != "lease" || e.Value != "renewed" || e.Duration <= 0 || e.Err != nil {
 					t.Errorf("Renewed %+v: want a lease renewed, with its latency", e)
 				}
 			}
@@ -137,7 +138,7 @@ func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
 	if a, n := rec.Count("acquire_end", "acquired"), rec.Count("acquire_end", "not_acquired"); a != 1 || n != 1 {
 		t.Errorf("acquires: %d acquired, %d not_acquired; want 1, 1", a, n)
 	}
-	if r := rec.Events("release"); len(r) != 1 || r[0].Took <= 0 {
+	if r := rec.Events("release"); len(r) != 1 || r[0].Duration <= 0 {
 		t.Errorf("Released events %+v, want one with a hold time", r)
 	}
 	if d := rec.Events("discard"); len(d) != 0 {
@@ -216,7 +217,7 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	clock := testdb.NewFakeClock()
 	rec := &observetest.Recorder{}
 	name := testdb.UniqueName(t)
-	opts := []advisorylock.Option{advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock), advisorylock.WithObserver(rec)}
+	opts := []advisorylock.Option{advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock.Now), advisorylock.WithObserver(rec)}
 	first := newLeaseLock(t, open(), name, opts...)
 	second := newLeaseLock(t, open(), name, opts...)
 	g := tryLease(t, first)
@@ -244,6 +245,38 @@ func TestObserverSeesALeaseLoss(t *testing.T) {
 	}
 	if r := rec.Events("release"); len(r) != 1 || r[0].Span != lost[0].Span {
 		t.Errorf("Released %+v: want the lost lease's release, with its acquire's context", r)
+	}
+}
+
+// TestObserverTellsARenewalThatFoundTheLeaseLost hands a held lease's
+// row to another owner: the next renewal's EventRenew carries an Err that
+// matches ErrLockLost (the adapters' "lost"), and the EventLoss that
+// follows says taken_over. (SQLite: renewals a third of a second apart,
+// each before the local deadline.)
+func TestObserverTellsARenewalThatFoundTheLeaseLost(t *testing.T) {
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
+	rec := &observetest.Recorder{}
+	name := testdb.UniqueName(t)
+	g := tryLease(t, newLeaseLock(t, db, name, quiet, advisorylock.WithLeaseTTL(time.Second), advisorylock.WithObserver(rec)))
+	defer releaseLease(t, g)
+	testdb.WaitFor(t, 0, func() bool { return rec.Count("renew", "renewed") > 0 }, "no renewal observed")
+	if _, err := db.Exec("UPDATE advisorylock_leases SET owner = 'someone-else' WHERE name = ?", name); err != nil {
+		t.Fatal(err)
+	}
+	testdb.WaitFor(t, 0, func() bool { return len(rec.Events("loss")) > 0 }, "the lease handed to another owner was not lost")
+	lost := rec.Events("loss")
+	renewals := rec.Events("renew")
+	last := renewals[len(renewals)-1]
+	if len(lost) != 1 || lost[0].Value != "taken_over" {
+		t.Fatalf("loss events %+v, want one taken_over", lost)
+	}
+	if !errors.Is(last.Err, advisorylock.ErrLockLost) || last.Value != "lost" || last.Outcome != "" || last.Duration <= 0 {
+		t.Fatalf("the last renewal %+v: want an Err matching ErrLockLost, no Outcome, its latency", last)
+	}
+	for _, e := range renewals[:len(renewals)-1] {
+		if e.Err != nil {
+			t.Errorf("renewal %+v before the takeover: want Err nil", e)
+		}
 	}
 }
 
@@ -282,7 +315,8 @@ func TestObserverLearnsTheBackendOfAWrappedDriver(t *testing.T) {
 // keep-alive gets no answer (cause no_answer). Where the driver does not
 // end a statement with its context (lib/pq), the check is abandoned and
 // its connection discarded for no_answer; pgx ends it, and the release of
-// the lost lock discards the connection for "lost".
+// the lost lock discards the connection for the loss's cause, no_answer
+// too: one discard either way.
 func TestObserverSeesANetworkCut(t *testing.T) {
 	testdb.Slow(t, "fault: network cut")
 	for _, driver := range []string{"pgx", "postgres"} {
@@ -306,12 +340,8 @@ func TestObserverSeesANetworkCut(t *testing.T) {
 			if lost := rec.Events("loss"); len(lost) != 1 || lost[0].Value != "no_answer" {
 				t.Fatalf("Lost events %+v, want one no_answer", lost)
 			}
-			want := "lost"
-			if driver == "postgres" {
-				want = "no_answer"
-			}
-			if d := rec.Events("discard"); len(d) != 1 || d[0].Value != want {
-				t.Errorf("discards %+v, want one %s", d, want)
+			if d := rec.Events("discard"); len(d) != 1 || d[0].Value != "no_answer" {
+				t.Errorf("discards %+v, want one no_answer", d)
 			}
 			if r := rec.Events("release"); len(r) != 1 {
 				t.Errorf("Released events %+v, want one", r)
@@ -419,25 +449,26 @@ func (t *turns) list() []string {
 }
 
 // TestObserverVocabularyKeepsItsStrings pins the strings of the event
-// types, outcomes, causes and reasons: they are the values of metric
-// labels that dashboards and alerts already match.
+// types, outcomes and causes, and the outcomes the metric adapters give a
+// renewal: they are the values of metric labels that dashboards and
+// alerts already match.
 func TestObserverVocabularyKeepsItsStrings(t *testing.T) {
 	got := []string{
 		string(advisorylock.EventAcquireStart), string(advisorylock.EventAcquireEnd), string(advisorylock.EventRelease),
 		string(advisorylock.EventLoss), string(advisorylock.EventDiscard), string(advisorylock.EventRenew),
 		string(advisorylock.OutcomeAcquired), string(advisorylock.OutcomeNotAcquired), string(advisorylock.OutcomeTimeout),
-		string(advisorylock.OutcomeCanceled), string(advisorylock.OutcomeError), string(advisorylock.OutcomeRenewed),
-		string(advisorylock.OutcomeLost),
+		string(advisorylock.OutcomeCanceled), string(advisorylock.OutcomeError),
 		string(advisorylock.CauseSessionEnded), string(advisorylock.CauseNotHeld), string(advisorylock.CauseNoAnswer),
 		string(advisorylock.CauseExpired), string(advisorylock.CauseTakenOver),
-		string(advisorylock.ReasonCanceled), string(advisorylock.ReasonError), string(advisorylock.ReasonLost),
-		string(advisorylock.ReasonForgotten), string(advisorylock.ReasonNoAnswer),
+		string(advisorylock.CauseCanceled), string(advisorylock.CauseError), string(advisorylock.CauseForgotten),
+		renewal.Renewed, renewal.Lost, renewal.Error,
 	}
 	want := []string{
 		"acquire_start", "acquire_end", "release", "loss", "discard", "renew",
-		"acquired", "not_acquired", "timeout", "canceled", "error", "renewed", "lost",
+		"acquired", "not_acquired", "timeout", "canceled", "error",
 		"session_ended", "not_held", "no_answer", "expired", "taken_over",
-		"canceled", "error", "lost", "forgotten", "no_answer",
+		"canceled", "error", "forgotten",
+		"renewed", "lost", "error",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("observer vocabulary %q, want %q", got, want)

@@ -190,7 +190,7 @@ func TestTryDoOncePrunesRecordsPastTheRetention(t *testing.T) {
 	ctx := context.Background()
 	clock := testdb.NewFakeClock()
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), "")
-	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithClock(clock), advisorylock.WithRunRetention(time.Minute))
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithClock(clock.Now), advisorylock.WithRunRetention(time.Minute))
 	once := func(run string) bool {
 		t.Helper()
 		ran, err := l.TryDoOnce(ctx, run, func(context.Context) error { return nil })

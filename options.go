@@ -15,15 +15,11 @@ import (
 // with an error naming the option: nothing is ignored or clamped.
 type Option func(*config)
 
-// Clock tells the time. The default is the system clock; tests inject one
-// to drive lease expiry deterministically. On PostgreSQL, lease expiry is
-// decided by the database clock, and the Clock only times the holder's own
-// local deadline.
-type Clock interface{ Now() time.Time }
+// clockFunc tells the time: WithClock's function, time.Now by default.
+type clockFunc func() time.Time
 
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
+// Now returns the time by c.
+func (c clockFunc) Now() time.Time { return c() }
 
 const (
 	defaultLeaseTTL       = 30 * time.Second
@@ -49,7 +45,7 @@ type config struct {
 	poolerCheck    bool
 	serverChecks   bool
 	logger         *slog.Logger
-	clock          Clock
+	clock          clockFunc
 	owner          string
 	observer       Observer // see WithObserver
 	deadHolder     time.Duration
@@ -125,7 +121,7 @@ func newConfig(opts []Option) config {
 		releaseTimeout: defaultReleaseTimeout,
 		poolerCheck:    true,
 		serverChecks:   true,
-		clock:          systemClock{},
+		clock:          time.Now,
 		deadHolder:     defaultDeadHolder,
 		poolWait:       defaultPoolWait,
 		runRetention:   defaultRunRetention,
@@ -136,7 +132,7 @@ func newConfig(opts []Option) config {
 		}
 	}
 	if c.clock == nil {
-		c.clock = systemClock{}
+		c.clock = time.Now
 	}
 	return c
 }
@@ -225,8 +221,15 @@ func WithServerChecks(on bool) Option {
 // forgotten guard) [slog.Default()].
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l; c.set(optLogger) } }
 
-// WithClock sets the clock [system clock]; see Clock.
-func WithClock(cl Clock) Option { return func(c *config) { c.clock = cl; c.set(optClock) } }
+// WithClock sets the clock that leases read the time from [time.Now]; nil
+// keeps time.Now. Tests pass a fake clock's Now to drive lease expiry
+// deterministically. It times the holder's own local deadline everywhere;
+// on SQLite it is also the clock by which lease rows and min-hold windows
+// expire and TryDoOnce's runs are recorded (on PostgreSQL and MySQL the
+// database's clock decides those).
+func WithClock(now func() time.Time) Option {
+	return func(c *config) { c.clock = now; c.set(optClock) }
+}
 
 // WithOwner sets a label that lease rows record as their owner, such as
 // "host-a:4242", shown by Holder. A unique suffix is added per acquire, so
@@ -239,7 +242,7 @@ func WithOwner(label string) Option { return func(c *config) { c.owner = label; 
 // Holder shows the last holder with ExpiresAt at the window's end. It is
 // what makes a short job that every replica's cron fires, a little apart,
 // run once per tick (ShedLock's lockAtLeastFor). The window counts from
-// the grant, by the database's clock on PostgreSQL (the Clock on SQLite);
+// the grant, by the database's clock on PostgreSQL (WithClock's on SQLite);
 // a window counted from the release is not offered, see
 // docs/cron.md. Every user of a name must use the same d. A
 // Lock without it does not look for windows on PostgreSQL and MySQL (that

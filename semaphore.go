@@ -151,7 +151,7 @@ func (s *Semaphore) TryDo(ctx context.Context, fn func(ctx context.Context) erro
 }
 
 // Holders lists the holders of the semaphore's slots, in slot order (each
-// with its Slot and Key), and an empty list when none is held. On
+// with its Slot), and an empty list when none is held. On
 // PostgreSQL it reads every slot in one statement, one snapshot (one
 // round trip); on MySQL in one statement that asks the slots one after
 // another, microseconds apart, so a slot that changes hands within them
@@ -171,7 +171,7 @@ func (s *Semaphore) Holders(ctx context.Context) ([]*Holder, error) {
 	holders := []*Holder{}
 	for i, h := range bySlot {
 		if h != nil {
-			h.Name, h.Key, h.Slot = s.name, s.keys[i], i
+			h.Name, h.Slot = s.name, i
 			holders = append(holders, h)
 		}
 	}

@@ -86,7 +86,7 @@ func (l *Lock) holdersOn(ctx context.Context, b *lockBackend) ([]*Holder, error)
 	}
 	for _, h := range hs {
 		if h != nil {
-			h.Name, h.Key = l.name, l.key
+			h.Name = l.name
 		}
 	}
 	return hs, err

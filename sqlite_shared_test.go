@@ -24,7 +24,7 @@ func TestSQLiteExclusiveGrantWaitsForTheLatestSharedExpiry(t *testing.T) {
 	const ttl = 10 * time.Second
 	start := testdb.NewFakeClock()
 	at := func(d time.Duration) advisorylock.Option {
-		return advisorylock.WithClock(testdb.FakeClockAt(start.Now().Add(d)))
+		return advisorylock.WithClock(testdb.FakeClockAt(start.Now().Add(d)).Now)
 	}
 	name := testdb.UniqueName(t)
 	lock := func(opts ...advisorylock.Option) *advisorylock.Lock {
@@ -57,7 +57,7 @@ func TestSQLiteRenewedReaderKeepsExclusiveGrantsOut(t *testing.T) {
 	clock := testdb.NewFakeClock()
 	start := clock.Now()
 	name := testdb.UniqueName(t)
-	l := sqliteLock(t, db, name, advisorylock.WithClock(clock), advisorylock.WithLeaseTTL(ttl))
+	l := sqliteLock(t, db, name, advisorylock.WithClock(clock.Now), advisorylock.WithLeaseTTL(ttl))
 	r, err := l.TryRLock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestSQLiteRenewedReaderKeepsExclusiveGrantsOut(t *testing.T) {
 		hs, err := l.Holders(ctx)
 		return err == nil && len(hs) == 1 && hs[0].ExpiresAt.Equal(start.Add(ttl/2+ttl))
 	}, "the reader's row was not renewed")
-	w := sqliteLock(t, db, name, advisorylock.WithClock(testdb.FakeClockAt(start.Add(ttl+ttl/4))))
+	w := sqliteLock(t, db, name, advisorylock.WithClock(testdb.FakeClockAt(start.Add(ttl+ttl/4)).Now))
 	if g, err := w.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 		t.Fatalf("TryLock after the reader's first expiry, before its renewed one: %v, %v; want ErrNotAcquired", g, err)
 	}
@@ -80,7 +80,7 @@ func TestSQLiteExclusiveGrantGoesInOnceTheLastReaderReleases(t *testing.T) {
 	ctx := context.Background()
 	start := testdb.NewFakeClock()
 	at := func(d time.Duration) advisorylock.Option {
-		return advisorylock.WithClock(testdb.FakeClockAt(start.Now().Add(d)))
+		return advisorylock.WithClock(testdb.FakeClockAt(start.Now().Add(d)).Now)
 	}
 	t.Run("the last one", func(t *testing.T) {
 		name := testdb.UniqueName(t)
@@ -261,7 +261,7 @@ BEGIN DELETE FROM advisorylock_writers WHERE key = NEW.key AND owner = NEW.owner
 		t.Fatalf("TryRLock beside the old shared holder: %v", err)
 	}
 	mustRelease(t, r)
-	later := sqliteLock(t, db, name, advisorylock.WithClock(testdb.FakeClockAt(now.Add(time.Hour))))
+	later := sqliteLock(t, db, name, advisorylock.WithClock(testdb.FakeClockAt(now.Add(time.Hour)).Now))
 	g, err := later.TryLock(ctx)
 	if err != nil {
 		t.Fatalf("TryLock once the old shared row expired: %v", err)

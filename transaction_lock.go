@@ -69,7 +69,7 @@ func (l *Lock) lockTx(ctx context.Context, tx *sql.Tx, op string, wait bool) err
 		h := &hold{name: l.name, key: l.key}
 		a.end(h, err)
 		if err == nil {
-			h.observer().released(false, nil)
+			h.observer().released("", nil)
 		}
 	}
 	return err

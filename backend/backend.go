@@ -152,7 +152,7 @@ type LeaseRequest struct {
 	Owner string        // unique per acquire
 	Token uint64        // the grant being renewed or released (0 to acquire)
 	TTL   time.Duration // lease length
-	Now   time.Time     // the lock's Clock, for backends that keep time in the application
+	Now   time.Time     // the lock's clock (WithClock), for backends that keep time in the application
 	// MinHold is the window of WithMinHold (0: none): the row stays taken
 	// until the grant's time plus MinHold, through renewals, a release
 	// (which keeps the owner until then) and the holder's death. Only a

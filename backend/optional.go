@@ -285,8 +285,8 @@ type RunRecorder interface {
 	RunDone(ctx context.Context, db DB, name, run string) (bool, error)
 	// RecordRun records run of name done, durably, before it returns, and
 	// deletes name's other records older than keep (WithRunRetention)
-	// before now (the lock's Clock, for backends that keep time in the
-	// application); a record already there is kept.
+	// before now (the lock's clock, WithClock, for backends that keep
+	// time in the application); a record already there is kept.
 	RecordRun(ctx context.Context, db DB, name, run string, now time.Time, keep time.Duration) error
 }
 

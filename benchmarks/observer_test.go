@@ -77,21 +77,21 @@ var observerEvents = []struct {
 }{
 	{"trylock_release", func(ctx context.Context, o advisorylock.Observer) {
 		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireStart}))
-		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired, Wait: 50 * time.Microsecond}))
-		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventRelease, Held: time.Millisecond}))
+		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired, Duration: 50 * time.Microsecond}))
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventRelease, Duration: time.Millisecond}))
 	}},
 	{"not_acquired", func(ctx context.Context, o advisorylock.Observer) {
 		ctx = o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireStart}))
-		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeNotAcquired, Wait: 50 * time.Microsecond, Err: advisorylock.ErrNotAcquired}))
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeNotAcquired, Duration: 50 * time.Microsecond, Err: advisorylock.ErrNotAcquired}))
 	}},
 	{"lost", func(ctx context.Context, o advisorylock.Observer) {
-		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventLoss, Cause: advisorylock.CauseSessionEnded, Held: time.Second, Err: errBenchLoss}))
+		o.Observe(ctx, benchEvent(advisorylock.Event{Type: advisorylock.EventLoss, Cause: advisorylock.CauseSessionEnded, Duration: time.Second, Err: errBenchLoss}))
 	}},
 	{"discarded", func(_ context.Context, o advisorylock.Observer) {
-		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: advisorylock.EventDiscard, Reason: advisorylock.ReasonCanceled}))
+		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: advisorylock.EventDiscard, Cause: advisorylock.CauseCanceled}))
 	}},
 	{"renewed", func(_ context.Context, o advisorylock.Observer) {
-		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed, Latency: time.Millisecond}))
+		o.Observe(context.Background(), benchEvent(advisorylock.Event{Type: advisorylock.EventRenew, Duration: time.Millisecond}))
 	}},
 }
 

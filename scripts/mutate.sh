@@ -61,10 +61,10 @@ mutation "a grant that arrives after its caller cancelled is kept" advisorylock.
 	's/if ctx\.Err\(\) != nil \{\n(\t+)\/\/ Cancelled as it was granted/if ctx.Err() != nil \&\& false {\n$1\/\/ Cancelled as it was granted/' \
 	'^TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant$'
 mutation "a cancelled acquire recycles its connection" conn_guard.go \
-	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(ReasonCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1dbutil.Recycle(g.p.conn)/' \
+	's/if g\.ctx\.Err\(\) != nil \{\n(\t+)g\.p\.discard\(CauseCanceled, context\.Cause\(g\.ctx\)\)/if g.ctx.Err() != nil {\n$1dbutil.Recycle(g.p.conn)/' \
 	'^(TestEngineCancelledAsTheGrantArrivesDiscardsTheGrant|TestEngineCancelledWaitLeavesNoHold)$'
 mutation "a clean release discards the connection" conn_guard.go \
-	's/(key", s\.key\)\n\t\}\n\t)dbutil\.Recycle\(s\.p\.conn\)/$1s.p.discard(ReasonError, nil)/' \
+	's/(key", s\.key\)\n\t\}\n\t)dbutil\.Recycle\(s\.p\.conn\)/$1s.p.discard(CauseError, nil)/' \
 	'^TestEngineTryLockTakesAFreeLockAndReleaseRecyclesIt$'
 mutation "a set's release lets go of its first name only" conn_guard.go \
 	's/unlockKeys\(ctx, s\.locker, &s\.p, s\.keys, /unlockKeys(ctx, s.locker, \&s.p, s.keys[:1], /' \
@@ -79,7 +79,7 @@ mutation "a semaphore guard reports slot 0" advisorylock.go \
 	's/\tg\.slot = slot\n/\tg.slot = 0 * slot\n/' \
 	'^TestEngineSemaphoreGivesEachSlotOnceAndAWaiterTheFreedOne$'
 mutation "a failed unlock recycles the connection" conn_guard.go \
-	's/case err != nil:\n\t\ts\.p\.discard\(ReasonError, err\)\n\t\treturn err/case err != nil:\n\t\tdbutil.Recycle(s.p.conn)\n\t\treturn err/' \
+	's/case err != nil:\n\t\ts\.p\.discard\(CauseError, err\)\n\t\treturn err/case err != nil:\n\t\tdbutil.Recycle(s.p.conn)\n\t\treturn err/' \
 	'^TestEngineFailedStatementsDiscardTheConnection$'
 mutation "a release recycles the connection without unlocking (the lock rides to the pool)" conn_guard.go \
 	's/return unlockHeld\(ctx, s\.locker, conn, s\.l\)/return backend.SessionResult{Session: s.session, OK: true}, nil/' \
@@ -139,16 +139,16 @@ mutation "a set is held while any one of its names is" set.go \
 	's/len\(held\) == len\(keys\) && !slices\.Contains\(held, false\), err/len(held) == len(keys) \&\& slices.Contains(held, true), err/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a lost pinned set's connection goes back to the pool with its other names" conn_guard.go \
-	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(ReasonLost, why\)/if gone, _ := s.isLost(); gone {\n\t\tdbutil.Recycle(s.p.conn)/' \
-	'^TestSetLosesOneNameAlone$'
+	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(s\.discardCause\(\), why\)/if gone, _ := s.isLost(); gone {\n\t\tdbutil.Recycle(s.p.conn)/' \
+	'^(TestSetLosesOneNameAlone|TestEngineReleaseOfALostLockDiscardsItsConnection|TestEngineLossIsToldToLostDoAndTheObserver)$'
 mutation "a set of rows is lost only with its first name" set.go \
 	's/for _, p := range parts \{\n\t\tp\.onLost\(/for _, p := range parts[:1] {\n\t\tp.onLost(/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a set of rows' loss is not told to the Observer" set.go \
 	's/sh\.lose\(cause, err\)/sh.lose(cause[:0], err)/' \
 	'^TestSetLosesOneNameAlone$'
-mutation "a set's Holder carries its first key" advisorylock.go \
-	's/(h != nil \|\| err != nil \{\n)(\t+)return h, wrapErr\(l\.name, "holder", err\)/$1$2if h != nil { h.Key = l.key }\n$2return h, wrapErr(l.name, "holder", err)/' \
+mutation "a set's Holder names its first name" advisorylock.go \
+	's/(h != nil \|\| err != nil \{\n)(\t+)return h, wrapErr\(l\.name, "holder", err\)/$1$2if h != nil \&\& l.set != nil { h.Name = l.setNames[0] }\n$2return h, wrapErr(l.name, "holder", err)/' \
 	'^TestSetTakesAllOrNone$'
 mutation "MySQL: a set's or shared session's keep-alive takes a freed name (NULL) for held" internal/mysqlbackend/mysql.go \
 	's/IFNULL\(IS_USED_LOCK\(%s\) = CONNECTION_ID\(\), 0\)/IFNULL(IS_USED_LOCK(%s) = CONNECTION_ID(), 1)/' \
@@ -169,7 +169,7 @@ mutation "a lock its shared session's keep-alive lost stays reserved in the proc
 	's/\t\t\t\tdelete\(s\.holds, hk\)\n\t\t\t\tdelete\(mp\.held, hk\)\n/\t\t\t\tdelete(s.holds, hk)\n/' \
 	'^TestMultiplexedKeepAliveLosesOnlyTheMissingKeys$'
 mutation "an ended shared session frees its names before it tells its locks" multiplex.go \
-	's/(\tfor _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}\n)(\ts\.p\.discard\(ReasonLost, err\)\n)/$2$1/' \
+	's/(\tfor _, h := range holds \{\n\t\th\.lose\(cause, err\)\n\t\}\n)(\ts\.p\.discard\(cause, err\)\n)/$2$1/' \
 	'^TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames$'
 mutation "a multiplexed wait fails when no connection comes for a shared session" advisorylock.go \
 	's/if !wait \|\| !errors\.Is\(err, ErrNotAcquired\) && !errors\.Is\(err, ErrPoolUnavailable\) \{/if !wait || !errors.Is(err, ErrNotAcquired) {/' \
@@ -893,6 +893,9 @@ mutation "a Fence ignores WithObserver" observer.go \
 mutation "an observer label value renamed" observer.go \
 	's/CauseNotHeld Cause = "not_held"/CauseNotHeld Cause = "not-held"/' \
 	'^TestObserverVocabularyKeepsItsStrings$'
+mutation "a renewal that found the lease lost is told as an error" observer.go \
+	's/if errors\.Is\(err, backend\.ErrLeaseLost\) && !errors\.Is\(err, ErrLockLost\) \{/if false \&\& errors.Is(err, backend.ErrLeaseLost) {/' \
+	'^TestObserverTellsARenewalThatFoundTheLeaseLost$'
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -418,11 +419,14 @@ func TestVerboseWaitingSaysWhoHolds(t *testing.T) {
 		testdb.WaitFor(t, 0, func() bool { return strings.Contains(loud.stderr.String(), "waiting for lock") }, "the -v waiter said nothing in 20s")
 		msg := loud.stderr.String()
 		want := []string{strconv.Quote(name), "held by"}
+		var client *regexp.Regexp // what the message says of the holder's session
 		switch dsn := envValue(env, "LOCKRUN_DSN"); {
-		case strings.HasPrefix(dsn, "postgres"):
-			want = append(want, `application "lockrun"`, "pid ")
+		case strings.HasPrefix(dsn, "postgres"): // the backend pid and the application, lockrun
+			want = append(want, "pid ")
+			client = regexp.MustCompile(`, client "?lockrun\b`)
 		case strings.HasPrefix(dsn, "mysql"): // the connection id and the client's address
-			want = append(want, "pid ", "client 127.0.0.1:")
+			want = append(want, "pid ")
+			client = regexp.MustCompile(`, client ([^ ,]*@)?127\.0\.0\.1:\d+`)
 		default:
 			want = append(want, fmt.Sprintf("pid %d, owner %s:%d/", holder.cmd.Process.Pid, hostname(t), holder.cmd.Process.Pid))
 		}
@@ -430,6 +434,9 @@ func TestVerboseWaitingSaysWhoHolds(t *testing.T) {
 			if !strings.Contains(msg, w) {
 				t.Errorf("the waiting message %q does not say %q", msg, w)
 			}
+		}
+		if client != nil && !client.MatchString(msg) {
+			t.Errorf("the waiting message %q does not say the holder's client (%s)", msg, client)
 		}
 		d.touch(t, "go")
 		for _, p := range []*proc{holder, quiet, loud} {

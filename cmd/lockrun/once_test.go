@@ -162,7 +162,7 @@ func TestStatusListsTheRunsRecordedDone(t *testing.T) {
 			if row[0] != name || row[1] != kind {
 				t.Errorf("row %d: name %q, kind %q; want %q, %q", i+1, row[0], row[1], name, kind)
 			}
-			if since := row[8]; kind != "free" && since == "-" {
+			if since := row[7]; kind != "free" && since == "-" {
 				t.Errorf("row %d (%s) has no SINCE: when the run was recorded", i+1, kind)
 			}
 		}

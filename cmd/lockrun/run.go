@@ -55,13 +55,14 @@ type sessionTarget struct {
 func (t sessionTarget) holder(ctx context.Context) (*holding, error) {
 	w, err := t.window(ctx)
 	if w != nil || err != nil {
-		return windowHolding(w), err
+		return windowHolding(t.db, w), err
 	}
 	h, err := t.l.Holder(ctx)
 	if h == nil || err != nil {
 		return nil, err
 	}
-	return &holding{kind: lockKind(t.db, h), h: *h}, nil
+	r := t.db.row(lockKind(t.db, h), advisorylock.Key(h.Name), *h)
+	return &r, nil
 }
 
 // acquire takes the lock as wait says. A gated lock granted inside a
@@ -113,7 +114,10 @@ func (t sessionTarget) window(ctx context.Context) (*advisorylock.Holder, error)
 	return nil, nil
 }
 
-type semaphoreTarget struct{ s *advisorylock.Semaphore }
+type semaphoreTarget struct {
+	s  *advisorylock.Semaphore
+	db *database
+}
 
 // holder reports the first of the semaphore's holders, nil when none.
 func (t semaphoreTarget) holder(ctx context.Context) (*holding, error) {
@@ -121,7 +125,9 @@ func (t semaphoreTarget) holder(ctx context.Context) (*holding, error) {
 	if err != nil || len(hs) == 0 {
 		return nil, err
 	}
-	return &holding{kind: "slot " + strconv.Itoa(hs[0].Slot), h: *hs[0]}, nil
+	h := hs[0]
+	r := t.db.row("slot "+strconv.Itoa(h.Slot), slotKey(h.Name, h.Slot), *h)
+	return &r, nil
 }
 
 func (t semaphoreTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
@@ -132,14 +138,18 @@ func (t semaphoreTarget) acquire(ctx context.Context, wait time.Duration) (*held
 	return &held{lost: g.Lost(), env: []string{"LOCKRUN_SLOT=" + strconv.Itoa(g.Slot())}, release: g.Release}, nil
 }
 
-type leaseTarget struct{ l *advisorylock.LeaseLock }
+type leaseTarget struct {
+	l  *advisorylock.LeaseLock
+	db *database
+}
 
 func (t leaseTarget) holder(ctx context.Context) (*holding, error) {
 	h, err := t.l.Holder(ctx)
 	if h == nil || err != nil {
 		return nil, err
 	}
-	return &holding{kind: "lease", h: *h}, nil
+	r := t.db.row("lease", advisorylock.Key(t.l.Name()), *h)
+	return &r, nil
 }
 
 func (t leaseTarget) acquire(ctx context.Context, wait time.Duration) (*held, error) {
@@ -370,14 +380,14 @@ func newTarget(db *database, o *options, say *reporter) (target, error) {
 		if err != nil {
 			return nil, err
 		}
-		return semaphoreTarget{s}, nil
+		return semaphoreTarget{s: s, db: db}, nil
 	}
 	if o.lease {
 		l, err := advisorylock.NewLeaseLock(db, o.name, opts...)
 		if err != nil {
 			return nil, err
 		}
-		return leaseTarget{l}, nil
+		return leaseTarget{l: l, db: db}, nil
 	}
 	l, err := advisorylock.New(db, o.name, opts...)
 	if err != nil {
@@ -487,9 +497,9 @@ func heldBy(h *holding, o *options) string {
 		on = " (name " + strconv.Quote(h.h.Name) + ")"
 	}
 	if h.kind != "window" {
-		return describe(&h.h) + on
+		return describe(h) + on
 	}
-	s := "a min-hold window until " + h.h.ExpiresAt.Local().Format(time.DateTime) + " (last holder: " + describe(&h.h) + ")" + on
+	s := "a min-hold window until " + h.h.ExpiresAt.Local().Format(time.DateTime) + " (last holder: " + describe(h) + ")" + on
 	if o.minHold == 0 {
 		s += "; run with the same --min-hold as its holders"
 	}
@@ -497,16 +507,14 @@ func heldBy(h *holding, o *options) string {
 }
 
 // describe says who a holder is, in the words an operator greps for.
-func describe(h *advisorylock.Holder) string {
+func describe(r *holding) string {
+	h := &r.h
 	var parts []string
-	if pid := holderPID(h); pid != 0 {
+	if pid := holderPID(r); pid != 0 {
 		parts = append(parts, "pid "+strconv.Itoa(pid))
 	}
-	if h.Application != "" {
-		parts = append(parts, "application "+strconv.Quote(h.Application))
-	}
-	if h.ClientAddr != "" {
-		parts = append(parts, "client "+h.ClientAddr)
+	if h.Client != "" {
+		parts = append(parts, "client "+shown(h.Client))
 	}
 	if h.Owner != "" {
 		parts = append(parts, "owner "+h.Owner)
@@ -524,13 +532,19 @@ func describe(h *advisorylock.Holder) string {
 }
 
 // holderPID is the PostgreSQL backend's pid of a session holder, or the
-// process id of a SQLite holder on this host, read from the owner label
-// that lockrun (and the library by default) gives it, HOST:PID, to which
-// the library adds /SUFFIX. It is 0 if unknown.
-func holderPID(h *advisorylock.Holder) int {
-	if h.PID != 0 || h.Backend != "sqlite" {
-		return h.PID
+// process id of a SQLite holder on this host (see ownerPID). It is 0 if
+// unknown.
+func holderPID(r *holding) int {
+	if r.h.PID != 0 || !r.sqlite {
+		return r.h.PID
 	}
+	return ownerPID(&r.h)
+}
+
+// ownerPID is the process id of a holder on this host, read from the
+// owner label that lockrun (and the library by default) gives it,
+// HOST:PID, to which the library adds /SUFFIX; 0 if it has none.
+func ownerPID(h *advisorylock.Holder) int {
 	host, rest, _ := strings.Cut(h.Owner, ":")
 	if this, err := os.Hostname(); err != nil || host != this {
 		return 0

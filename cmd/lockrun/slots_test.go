@@ -146,9 +146,10 @@ func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
 	})
 }
 
-// slotKey and maxSlots are the library's: every held slot's key, as
-// Semaphore.Holders reports it, is slotKey of its slot, and NewSemaphore
-// takes maxSlots slots but not one more.
+// slotKey and maxSlots are the library's: every held slot's key (the
+// Guard's, and the key of the row of each slot Semaphore.Holders
+// reports) is slotKey of its slot, and NewSemaphore takes maxSlots slots
+// but not one more.
 func TestSlotKeyAndMaxSlotsAreTheLibrarys(t *testing.T) {
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "locks.db"))
 	if err != nil {
@@ -172,9 +173,10 @@ func TestSlotKeyAndMaxSlotsAreTheLibrarys(t *testing.T) {
 	if err != nil || len(hs) != 3 {
 		t.Fatalf("Holders = %v, %v; want three", hs, err)
 	}
-	for _, h := range hs {
-		if h.Key != slotKey(name, h.Slot) {
-			t.Errorf("Holders: slot %d's key is %d, slotKey says %d", h.Slot, h.Key, slotKey(name, h.Slot))
+	for _, h := range hs { // the key of the slot's row, as the library wrote it
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM advisorylock_locks WHERE name = ? AND key = ?", name, slotKey(name, h.Slot)).Scan(&n); err != nil || n != 1 {
+			t.Errorf("Holders: slot %d has %d rows under slotKey's key %d (%v); want its one row", h.Slot, n, slotKey(name, h.Slot), err)
 		}
 	}
 	if _, err := advisorylock.NewSemaphore(db, name, maxSlots); err != nil {

@@ -29,8 +29,15 @@ type holding struct {
 	// ExpiresAt, and the rest is its last grant's holder), "free", "run
 	// KEY" (a run TryDoOnce or --once recorded done, at Since) or "N older
 	// runs" (the name's runs before those listed, the oldest at Since)
-	kind string
-	h    advisorylock.Holder
+	kind   string
+	key    int64 // the lock's key (a slot's key for a semaphore's slot)
+	sqlite bool  // a holder on SQLite, whose PID is read from its owner label (see holderPID)
+	h      advisorylock.Holder
+}
+
+// row makes a status row, of a holder of key on db.
+func (db *database) row(kind string, key int64, h advisorylock.Holder) holding {
+	return holding{kind: kind, key: key, sqlite: db.kind == "sqlite", h: h}
 }
 
 // status prints which database it asks (a line like -v's), then, as a
@@ -88,7 +95,7 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 				if kind == "lock" {
 					k = lockKind(db, h)
 				}
-				rows = append(rows, holding{kind: k, h: *h})
+				rows = append(rows, db.row(k, advisorylock.Key(name), *h))
 				found = true
 			}
 		}
@@ -98,11 +105,11 @@ func namedHolders(ctx context.Context, db *database, names []string, slots int, 
 				return nil, err
 			}
 			if w != nil {
-				rows, found = append(rows, *windowHolding(w)), true
+				rows, found = append(rows, *windowHolding(db, w)), true
 			}
 		}
 		if !found {
-			rows = append(rows, holding{kind: "free", h: advisorylock.Holder{Name: name, Key: advisorylock.Key(name)}})
+			rows = append(rows, db.row("free", advisorylock.Key(name), advisorylock.Holder{Name: name}))
 		}
 		runs, err := doneRuns(ctx, db, name)
 		if err != nil {
@@ -148,15 +155,15 @@ func doneRuns(ctx context.Context, db *database, name string) ([]holding, error)
 		if err := rs.Scan(&run, &doneAt, &total, &oldest); err != nil {
 			return nil, fmt.Errorf("listing the runs of lock %q: %w", name, err)
 		}
-		h := advisorylock.Holder{Name: name, Key: advisorylock.Key(name), Since: time.UnixMilli(doneAt)}
-		rows = append(rows, holding{kind: "run " + shown(run), h: h})
+		h := advisorylock.Holder{Name: name, Since: time.UnixMilli(doneAt)}
+		rows = append(rows, db.row("run "+shown(run), advisorylock.Key(name), h))
 	}
 	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("listing the runs of lock %q: %w", name, err)
 	}
 	if older := total - len(rows); older > 0 {
-		h := advisorylock.Holder{Name: name, Key: advisorylock.Key(name), Since: time.UnixMilli(oldest)}
-		rows = append(rows, holding{kind: strconv.Itoa(older) + " older runs", h: h})
+		h := advisorylock.Holder{Name: name, Since: time.UnixMilli(oldest)}
+		rows = append(rows, db.row(strconv.Itoa(older)+" older runs", advisorylock.Key(name), h))
 	}
 	return rows, nil
 }
@@ -199,7 +206,7 @@ func slotHolders(ctx context.Context, db *database, name string, slots int, say 
 	hs, err := s.Holders(ctx)
 	var rows []holding
 	for _, h := range hs {
-		rows = append(rows, holding{kind: "slot " + strconv.Itoa(h.Slot), h: *h})
+		rows = append(rows, db.row("slot "+strconv.Itoa(h.Slot), slotKey(name, h.Slot), *h))
 	}
 	return rows, err
 }
@@ -252,7 +259,7 @@ func allHolders(ctx context.Context, db *database, say *reporter) ([]holding, er
 			return nil, err
 		}
 		if h != nil { // nil: expired since
-			rows = append(rows, holding{kind: "lease", h: *h})
+			rows = append(rows, db.row("lease", advisorylock.Key(name), *h))
 		}
 	}
 	if query, ok := windowNames[db.kind]; ok {
@@ -266,7 +273,7 @@ func allHolders(ctx context.Context, db *database, say *reporter) ([]holding, er
 				return nil, err
 			}
 			if w != nil { // nil: ended since
-				rows = append(rows, *windowHolding(w))
+				rows = append(rows, *windowHolding(db, w))
 			}
 		}
 	}
@@ -309,7 +316,7 @@ func sqliteLockRows(ctx context.Context, db *database, say *reporter) ([]holding
 			return nil, err
 		}
 		for _, h := range hs {
-			rows = append(rows, holding{kind: lockKind(db, h), h: *h})
+			rows = append(rows, db.row(lockKind(db, h), advisorylock.Key(name), *h))
 		}
 		slots, err := sqliteSlots(ctx, db, name)
 		if err != nil {
@@ -361,6 +368,25 @@ func slotKey(name string, i int) int64 {
 	h := sha256.New()
 	h.Write([]byte("advisorylock:v1:slot\x00" + name + "\x00" + strconv.Itoa(i)))
 	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8]))
+}
+
+// client is advisorylock.Holder.Client, for the sessions lockrun reads
+// itself: "application user@address", each part left out when unknown.
+func client(application, user, addr string) string {
+	who := user
+	switch {
+	case user != "" && addr != "":
+		who = user + "@" + addr
+	case addr != "":
+		who = addr
+	}
+	switch {
+	case application == "":
+		return who
+	case who == "":
+		return application
+	}
+	return application + " " + who
 }
 
 // kindOf is the KIND of a lock's holder: "lock", or "shared".
@@ -421,14 +447,14 @@ ORDER BY l.pid, l.classid, l.objid`)
 	var rows []holding
 	for rs.Next() {
 		var hi, lo int64
+		var application, addr string
 		var since sql.NullTime
-		h := advisorylock.Holder{Backend: "postgres"}
-		if err := rs.Scan(&hi, &lo, &h.Shared, &h.PID, &h.Application, &h.ClientAddr, &since); err != nil {
+		var h advisorylock.Holder
+		if err := rs.Scan(&hi, &lo, &h.Shared, &h.PID, &application, &addr, &since); err != nil {
 			return nil, fmt.Errorf("listing session locks: %w", err)
 		}
-		h.Key = int64(uint64(hi)<<32 | uint64(lo))
-		h.Since = since.Time
-		rows = append(rows, holding{kind: kindOf(&h), h: h})
+		h.Client, h.Since = client(application, "", addr), since.Time
+		rows = append(rows, db.row(kindOf(&h), int64(uint64(hi)<<32|uint64(lo)), h))
 	}
 	return rows, rs.Err()
 }
@@ -451,13 +477,14 @@ ORDER BY s.lock_key, s.conn_id`)
 	defer rs.Close()
 	var rows []holding
 	for rs.Next() {
-		var since int64
-		h := advisorylock.Holder{Backend: "mysql", Shared: true}
-		if err := rs.Scan(&h.Key, &h.PID, &h.User, &h.ClientAddr, &since); err != nil {
+		var key, since int64
+		var user, addr string
+		h := advisorylock.Holder{Shared: true}
+		if err := rs.Scan(&key, &h.PID, &user, &addr, &since); err != nil {
 			return nil, fmt.Errorf("listing shared holders: %w", err)
 		}
-		h.Since = time.UnixMicro(since)
-		rows = append(rows, holding{kind: "shared", h: h})
+		h.Client, h.Since = client("", user, addr), time.UnixMicro(since)
+		rows = append(rows, db.row("shared", key, h))
 	}
 	return rows, rs.Err()
 }
@@ -465,15 +492,16 @@ ORDER BY s.lock_key, s.conn_id`)
 // printTable writes rows aligned in columns; "-" marks what is unknown.
 func printTable(w io.Writer, rows []holding) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tKIND\tKEY\tPID\tAPPLICATION\tCLIENT\tOWNER\tTOKEN\tSINCE\tEXPIRES")
+	fmt.Fprintln(tw, "NAME\tKIND\tKEY\tPID\tCLIENT\tOWNER\tTOKEN\tSINCE\tEXPIRES")
 	for _, r := range rows {
 		h := r.h
 		name := "-"
 		if h.Name != "" {
 			name = shown(h.Name)
 		}
-		fields := []string{name, r.kind, strconv.FormatInt(h.Key, 10), orDash(holderPID(&h) != 0, strconv.Itoa(holderPID(&h))),
-			orDash(h.Application != "", h.Application), orDash(h.ClientAddr != "", h.ClientAddr),
+		pid := holderPID(&r)
+		fields := []string{name, r.kind, strconv.FormatInt(r.key, 10), orDash(pid != 0, strconv.Itoa(pid)),
+			orDash(h.Client != "", shown(h.Client)),
 			orDash(h.Owner != "", h.Owner), orDash(h.Token != 0, strconv.FormatUint(uint64(h.Token), 10)),
 			orDash(!h.Since.IsZero(), h.Since.Local().Format(time.DateTime)),
 			orDash(!h.ExpiresAt.IsZero(), h.ExpiresAt.Local().Format(time.DateTime))}

@@ -29,20 +29,22 @@ import (
 // creating the table: where it is missing, no Lock ever had a window.
 func openWindow(ctx context.Context, db *database, name string) (*advisorylock.Holder, error) {
 	key := advisorylock.Key(name)
-	h := &advisorylock.Holder{Name: name, Key: key, Backend: db.kind}
+	h := &advisorylock.Holder{Name: name}
+	var application, user, addr string
 	var err error
 	switch db.kind {
 	case "sqlite":
 		return sqliteWindow(ctx, db, name)
 	case "postgres":
-		err = db.QueryRowContext(ctx, pgWindow, key).Scan(&h.PID, &h.Application, &h.ClientAddr, &h.Since, &h.ExpiresAt)
+		err = db.QueryRowContext(ctx, pgWindow, key).Scan(&h.PID, &application, &addr, &h.Since, &h.ExpiresAt)
 	case "mysql":
 		var since, until int64
-		err = db.QueryRowContext(ctx, mysqlWindow+strconv.FormatInt(key, 10)).Scan(&h.PID, &h.User, &h.ClientAddr, &since, &until)
+		err = db.QueryRowContext(ctx, mysqlWindow+strconv.FormatInt(key, 10)).Scan(&h.PID, &user, &addr, &since, &until)
 		h.Since, h.ExpiresAt = time.UnixMicro(since), time.UnixMicro(until)
 	default:
 		return nil, nil
 	}
+	h.Client = client(application, user, addr)
 	switch {
 	case errors.Is(err, sql.ErrNoRows), missingTable(err):
 		return nil, nil
@@ -81,19 +83,20 @@ func sqliteWindow(ctx context.Context, db *database, name string) (*advisorylock
 // another host, or not a lockrun) is taken to be alive.
 func lockKind(db *database, h *advisorylock.Holder) string {
 	if db.kind == "sqlite" && !h.Shared {
-		if pid := holderPID(h); pid != 0 && !processRunning(pid) {
+		if pid := ownerPID(h); pid != 0 && !processRunning(pid) {
 			return "window"
 		}
 	}
 	return kindOf(h)
 }
 
-// windowHolding is the status row of an open window, nil for none.
-func windowHolding(w *advisorylock.Holder) *holding {
+// windowHolding is the status row of an open window on db, nil for none.
+func windowHolding(db *database, w *advisorylock.Holder) *holding {
 	if w == nil {
 		return nil
 	}
-	return &holding{kind: "window", h: *w}
+	r := db.row("window", advisorylock.Key(w.Name), *w)
+	return &r
 }
 
 // errWindowOpen refuses a run without --min-hold inside a min-hold

@@ -78,8 +78,8 @@ func TestStatusShowsAnOpenMinHoldWindow(t *testing.T) {
 		if len(rows) != 2 {
 			t.Fatalf("status printed %d lines, want a header and the window:\n%s", len(rows), stdout)
 		}
-		// NAME KIND KEY PID APPLICATION CLIENT OWNER TOKEN SINCE EXPIRES
-		if w := rows[1]; w[0] != name || w[1] != "window" || w[2] != key || w[3] != pid || w[8] == "-" || w[9] != end {
+		// NAME KIND KEY PID CLIENT OWNER TOKEN SINCE EXPIRES
+		if w := rows[1]; w[0] != name || w[1] != "window" || w[2] != key || w[3] != pid || w[7] == "-" || w[8] != end {
 			t.Errorf("status shows %q, want NAME %s, KIND window, KEY %s, PID %s (its last holder), a SINCE, EXPIRES %s:\n%s",
 				w, name, key, pid, end, stdout)
 		}
@@ -88,7 +88,7 @@ func TestStatusShowsAnOpenMinHoldWindow(t *testing.T) {
 		_, table, _ = strings.Cut(stdout, "\n")
 		listed := false
 		for _, r := range checkAligned(t, table) {
-			listed = listed || r[0] == name && r[1] == "window" && r[2] == key && r[3] == pid && r[9] == end
+			listed = listed || r[0] == name && r[1] == "window" && r[2] == key && r[3] == pid && r[8] == end
 		}
 		if code != 0 || !listed {
 			t.Errorf("status with no names exited %d and does not list the window of %s:\n%s", code, name, stdout)

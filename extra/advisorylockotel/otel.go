@@ -39,6 +39,7 @@ import (
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/buckets"
+	"github.com/advisorylock/advisorylock/internal/renewal"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -69,13 +70,15 @@ const (
 	AttrKind attribute.Key = "advisorylock.kind"
 	// AttrName is the lock's name; only with WithLockNames(true).
 	AttrName attribute.Key = "advisorylock.name"
-	// AttrOutcome is how an acquire or a renewal ended
-	// (advisorylock.Event.Outcome).
+	// AttrOutcome is how an acquire ended (advisorylock.Event.Outcome),
+	// or a lease renewal: "renewed", "lost" (its Err matches
+	// advisorylock.ErrLockLost) or "error" (another Err).
 	AttrOutcome attribute.Key = "advisorylock.outcome"
-	// AttrCause is why a lock was lost (advisorylock.Event.Cause).
+	// AttrCause is why a lock was lost (advisorylock.Event.Cause of an
+	// EventLoss).
 	AttrCause attribute.Key = "advisorylock.cause"
 	// AttrReason is why a connection was discarded
-	// (advisorylock.Event.Reason).
+	// (advisorylock.Event.Cause of an EventDiscard).
 	AttrReason attribute.Key = "advisorylock.reason"
 	// AttrWait is on acquire spans: false for a single attempt (TryLock),
 	// true for an acquire that may wait.
@@ -300,11 +303,11 @@ func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Co
 	case advisorylock.EventLoss:
 		o.lose(ctx, e)
 	case advisorylock.EventDiscard:
-		a := o.attrsFor(e, false, AttrReason, string(e.Reason))
+		a := o.attrsFor(e, false, AttrReason, string(e.Cause))
 		o.discarded.Add(ctx, 1, a.add...)
 	case advisorylock.EventRenew:
-		a := o.attrsFor(e, false, AttrOutcome, string(e.Outcome))
-		o.renew.Record(ctx, e.Latency.Seconds(), a.rec...)
+		a := o.attrsFor(e, false, AttrOutcome, renewal.Outcome(e.Err))
+		o.renew.Record(ctx, e.Duration.Seconds(), a.rec...)
 	}
 	return ctx
 }
@@ -328,7 +331,7 @@ func (o *observer) acquireStart(ctx context.Context, e advisorylock.Event) conte
 
 func (o *observer) acquireEnd(ctx context.Context, e advisorylock.Event) {
 	a := o.attrsFor(e, true, AttrOutcome, string(e.Outcome))
-	o.acquire.Record(ctx, e.Wait.Seconds(), a.rec...)
+	o.acquire.Record(ctx, e.Duration.Seconds(), a.rec...)
 	s, traced := ctx.Value(spansKey{}).(*spans)
 	if traced {
 		s.acquire.SetAttributes(AttrOutcome.String(string(e.Outcome)))
@@ -357,10 +360,10 @@ func holdSpan(ctx context.Context) trace.Span {
 
 func (o *observer) released(ctx context.Context, e advisorylock.Event) {
 	a := o.attrsFor(e, true, "", "")
-	o.hold.Record(ctx, e.Held.Seconds(), a.rec...)
+	o.hold.Record(ctx, e.Duration.Seconds(), a.rec...)
 	a.held.Add(-1)
 	if span := holdSpan(ctx); span != nil {
-		if e.Forgotten {
+		if e.Cause == advisorylock.CauseForgotten {
 			span.SetAttributes(AttrForgotten.Bool(true))
 		}
 		if e.Err != nil {

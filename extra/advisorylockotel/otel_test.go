@@ -2,6 +2,8 @@ package advisorylockotel_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -136,8 +138,8 @@ func TestObserverRecordsEveryMetricAndSpan(t *testing.T) {
 			"advisorylock.backend=postgres,advisorylock.cause=session_ended,advisorylock.kind=lock": 1,
 		},
 		advisorylockotel.MetricConnectionsDiscarded: {
-			"advisorylock.backend=postgres,advisorylock.reason=canceled": 1,
-			"advisorylock.backend=postgres,advisorylock.reason=lost":     1,
+			"advisorylock.backend=postgres,advisorylock.reason=canceled":      1,
+			"advisorylock.backend=postgres,advisorylock.reason=session_ended": 1,
 		},
 	}
 	for name, series := range want {
@@ -205,11 +207,14 @@ func TestAttributeKeysAreNamespacedAndNamesOptIn(t *testing.T) {
 		o := p.observer(advisorylockotel.WithLockNames(named), advisorylockotel.WithRootSpans(true))
 		nightly := advisorylock.Event{Backend: "postgres", Kind: "lock", Name: "nightly"}
 		ctx := o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventAcquireStart}))
-		ctx = o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired, Wait: time.Millisecond}))
+		ctx = o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired, Duration: time.Millisecond}))
 		o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventLoss, Cause: advisorylock.CauseNotHeld}))
-		o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventRelease, Held: time.Second, Forgotten: true}))
-		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventDiscard, Reason: advisorylock.ReasonForgotten}))
-		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed}))
+		o.Observe(ctx, with(nightly, advisorylock.Event{Type: advisorylock.EventRelease, Duration: time.Second, Cause: advisorylock.CauseForgotten}))
+		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventDiscard, Cause: advisorylock.CauseForgotten}))
+		// A renewal's outcome label comes from its Err.
+		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventRenew}))
+		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventRenew, Err: fmt.Errorf("%w: taken over", advisorylock.ErrLockLost)}))
+		o.Observe(context.Background(), with(nightly, advisorylock.Event{Type: advisorylock.EventRenew, Err: errors.New("connection refused")}))
 
 		name := ""
 		if named {
@@ -222,7 +227,11 @@ func TestAttributeKeysAreNamespacedAndNamesOptIn(t *testing.T) {
 			advisorylockotel.MetricHeld:                 {lock + name: 0},
 			advisorylockotel.MetricLost:                 {"advisorylock.backend=postgres,advisorylock.cause=not_held,advisorylock.kind=lock" + name: 1},
 			advisorylockotel.MetricConnectionsDiscarded: {"advisorylock.backend=postgres" + name + ",advisorylock.reason=forgotten": 1},
-			advisorylockotel.MetricLeaseRenewDuration:   {"advisorylock.backend=postgres" + name + ",advisorylock.outcome=renewed": 1},
+			advisorylockotel.MetricLeaseRenewDuration: {
+				"advisorylock.backend=postgres" + name + ",advisorylock.outcome=renewed": 1,
+				"advisorylock.backend=postgres" + name + ",advisorylock.outcome=lost":    1,
+				"advisorylock.backend=postgres" + name + ",advisorylock.outcome=error":   1,
+			},
 		}
 		m := p.metrics(t)
 		for metric, series := range want {

@@ -16,6 +16,10 @@
 //
 // They are the metrics of extra/advisorylockotel in Prometheus's spelling:
 // its attribute keys without their "advisorylock." prefix are the labels.
+// An acquire's outcome is its Event.Outcome; a loss's cause and a
+// discard's reason are their Event.Cause; a renewal's outcome is
+// "renewed", "lost" (its Event.Err matches advisorylock.ErrLockLost) or
+// "error".
 // Lock names are not a label unless WithLockNames(true): one series per
 // name can be many series. dashboard.json in this folder is a Grafana
 // dashboard for them.
@@ -29,6 +33,7 @@ import (
 
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/buckets"
+	"github.com/advisorylock/advisorylock/internal/renewal"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -267,13 +272,13 @@ func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Co
 		k := seriesKey{metric: MetricAcquireDuration, backend: e.Backend, kind: e.Kind, outcome: string(e.Outcome), name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{duration: o.acquireVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
-		}).duration.Observe(e.Wait.Seconds())
+		}).duration.Observe(e.Duration.Seconds())
 		if e.Outcome == advisorylock.OutcomeAcquired {
 			o.holdSeries(e).gauge.Inc()
 		}
 	case advisorylock.EventRelease:
 		s := o.holdSeries(e)
-		s.duration.Observe(e.Held.Seconds())
+		s.duration.Observe(e.Duration.Seconds())
 		s.gauge.Dec()
 	case advisorylock.EventLoss:
 		k := seriesKey{metric: MetricLost, backend: e.Backend, kind: e.Kind, outcome: string(e.Cause), name: o.keyName(e)}
@@ -281,15 +286,15 @@ func (o *observer) Observe(ctx context.Context, e advisorylock.Event) context.Co
 			return &series{counter: o.lostVec.WithLabelValues(o.labels(k, k.backend, k.kind, k.outcome)...)}
 		}).counter.Inc()
 	case advisorylock.EventDiscard:
-		k := seriesKey{metric: MetricConnectionsDiscarded, backend: e.Backend, outcome: string(e.Reason), name: o.keyName(e)}
+		k := seriesKey{metric: MetricConnectionsDiscarded, backend: e.Backend, outcome: string(e.Cause), name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{counter: o.discardedVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
 		}).counter.Inc()
 	case advisorylock.EventRenew:
-		k := seriesKey{metric: MetricLeaseRenewDuration, backend: e.Backend, outcome: string(e.Outcome), name: o.keyName(e)}
+		k := seriesKey{metric: MetricLeaseRenewDuration, backend: e.Backend, outcome: renewal.Outcome(e.Err), name: o.keyName(e)}
 		o.seriesFor(k, func() *series {
 			return &series{duration: o.renewVec.WithLabelValues(o.labels(k, k.backend, k.outcome)...)}
-		}).duration.Observe(e.Latency.Seconds())
+		}).duration.Observe(e.Duration.Seconds())
 	}
 	return ctx
 }

@@ -3,6 +3,8 @@ package advisorylockprom_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -97,7 +99,7 @@ func TestObserverRecordsEveryMetric(t *testing.T) {
 		"advisorylock_held{backend=postgres,kind=lease}":                                         0,
 		"advisorylock_lost_total{backend=postgres,cause=session_ended,kind=lock}":                1,
 		"advisorylock_connections_discarded_total{backend=postgres,reason=canceled}":             1,
-		"advisorylock_connections_discarded_total{backend=postgres,reason=lost}":                 1,
+		"advisorylock_connections_discarded_total{backend=postgres,reason=session_ended}":        1,
 	}
 	if got[renewed] < 1 {
 		t.Errorf("%s = %v, want at least 1", renewed, got[renewed])
@@ -128,7 +130,7 @@ func TestObserversShareARegistry(t *testing.T) {
 			if err != nil {
 				t.Fatalf("WithLockNames(%v): %v", named, err)
 			}
-			o.Observe(context.Background(), advisorylock.Event{Type: advisorylock.EventDiscard, Backend: "sqlite", Kind: "lock", Name: "x", Reason: advisorylock.ReasonError})
+			o.Observe(context.Background(), advisorylock.Event{Type: advisorylock.EventDiscard, Backend: "sqlite", Kind: "lock", Name: "x", Cause: advisorylock.CauseError})
 		}
 		key := "advisorylock_connections_discarded_total{backend=sqlite,reason=error}"
 		if named {
@@ -150,16 +152,20 @@ func TestLockNamesAreALabelOnlyWhenAsked(t *testing.T) {
 			"advisorylock_hold_duration_seconds{backend=postgres,kind=lock}":                     1,
 			"advisorylock_held{backend=postgres,kind=lock}":                                      0,
 			"advisorylock_lost_total{backend=postgres,cause=not_held,kind=lock}":                 1,
-			"advisorylock_connections_discarded_total{backend=postgres,reason=lost}":             1,
+			"advisorylock_connections_discarded_total{backend=postgres,reason=not_held}":         1,
 			"advisorylock_lease_renew_duration_seconds{backend=postgres,outcome=renewed}":        1,
+			"advisorylock_lease_renew_duration_seconds{backend=postgres,outcome=lost}":           1,
+			"advisorylock_lease_renew_duration_seconds{backend=postgres,outcome=error}":          1,
 		},
 		true: {
 			"advisorylock_acquire_duration_seconds{backend=postgres,kind=lock,name=nightly,outcome=acquired}": 1,
 			"advisorylock_hold_duration_seconds{backend=postgres,kind=lock,name=nightly}":                     1,
 			"advisorylock_held{backend=postgres,kind=lock,name=nightly}":                                      0,
 			"advisorylock_lost_total{backend=postgres,cause=not_held,kind=lock,name=nightly}":                 1,
-			"advisorylock_connections_discarded_total{backend=postgres,name=nightly,reason=lost}":             1,
+			"advisorylock_connections_discarded_total{backend=postgres,name=nightly,reason=not_held}":         1,
 			"advisorylock_lease_renew_duration_seconds{backend=postgres,name=nightly,outcome=renewed}":        1,
+			"advisorylock_lease_renew_duration_seconds{backend=postgres,name=nightly,outcome=lost}":           1,
+			"advisorylock_lease_renew_duration_seconds{backend=postgres,name=nightly,outcome=error}":          1,
 		},
 	} {
 		reg := prometheus.NewRegistry()
@@ -188,7 +194,7 @@ func TestObserversDisagreeingOnLockNamesFail(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "WithLockNames") {
 			t.Fatalf("WithLockNames(%v) after WithLockNames(%v) on one registry: error %v, want one naming WithLockNames", !firstNamed, firstNamed, err)
 		}
-		first.Observe(context.Background(), advisorylock.Event{Type: advisorylock.EventDiscard, Backend: "sqlite", Name: "x", Reason: advisorylock.ReasonError})
+		first.Observe(context.Background(), advisorylock.Event{Type: advisorylock.EventDiscard, Backend: "sqlite", Name: "x", Cause: advisorylock.CauseError})
 		key := "advisorylock_connections_discarded_total{backend=sqlite,reason=error}"
 		if firstNamed {
 			key = "advisorylock_connections_discarded_total{backend=sqlite,name=x,reason=error}"
@@ -211,7 +217,8 @@ func TestObserverRefusesAClashingMetric(t *testing.T) {
 
 // feedOneOfEach gives o one event of each type for the lock that lock
 // describes (its Backend, Kind and Name): an acquire that is granted, a
-// loss, the release, a discard and a renewal.
+// loss, the release, the discard of the lost lock's connection, and
+// renewals that renewed, found the lease lost, and failed.
 func feedOneOfEach(o advisorylock.Observer, lock advisorylock.Event) {
 	with := func(e advisorylock.Event) advisorylock.Event {
 		e.Backend, e.Kind, e.Name = lock.Backend, lock.Kind, lock.Name
@@ -221,8 +228,10 @@ func feedOneOfEach(o advisorylock.Observer, lock advisorylock.Event) {
 	ctx = o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventAcquireEnd, Outcome: advisorylock.OutcomeAcquired}))
 	o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventLoss, Cause: advisorylock.CauseNotHeld}))
 	o.Observe(ctx, with(advisorylock.Event{Type: advisorylock.EventRelease}))
-	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventDiscard, Reason: advisorylock.ReasonLost}))
-	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventRenew, Outcome: advisorylock.OutcomeRenewed}))
+	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventDiscard, Cause: advisorylock.CauseNotHeld}))
+	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventRenew}))
+	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventRenew, Err: fmt.Errorf("%w: taken over", advisorylock.ErrLockLost)}))
+	o.Observe(context.Background(), with(advisorylock.Event{Type: advisorylock.EventRenew, Err: errors.New("connection refused")}))
 }
 
 // exported feeds one event of each kind to a fresh observer and returns

@@ -24,8 +24,9 @@ import (
 // third of its TTL (advisorylock.WithLeaseTTL) and lost when a renewal
 // finds it gone. Lock, LeaseLock (with fencing tokens), shared holds
 // (RLock), once-per-window locks (advisorylock.WithMinHold), runs done
-// once (Lock.TryDoOnce), Semaphore, Election and Fence work. Times are each request's Now, the lock's Clock
-// (advisorylock.WithClock), so a test clock drives expiry.
+// once (Lock.TryDoOnce), Semaphore, Election and Fence work. Times are
+// each request's Now, the lock's clock (advisorylock.WithClock), so a
+// test clock drives expiry.
 //
 // It is safe for concurrent use. The zero Memory is empty and ready to
 // use; it must not be copied after first use.
@@ -79,7 +80,7 @@ func (m *Memory) OpenDB() *sql.DB { return sql.OpenDB(noStatements{}) }
 // operator deleting its rows would: another lock on m can take it at
 // once, while the holder learns of it only at its next renewal (a third
 // of its TTL, 10s by default), which finds it gone and closes the Guard's
-// Lost channel. Renewals run on real timers, so a test Clock does not
+// Lost channel. Renewals run on real timers, so a test clock does not
 // hasten them: a test that waits for Lost gives the holder a short TTL
 // (advisorylock.WithLeaseTTL(time.Second), the shortest, closes it within
 // about 333ms). A semaphore's slots are not revoked.
@@ -95,7 +96,7 @@ func (m *Memory) Revoke(name string) {
 	}
 }
 
-// Name returns "memory", as Holder.Backend shows it.
+// Name returns "memory", as the Observer's Event.Backend shows it.
 func (m *Memory) Name() string { return "memory" }
 
 // Schema returns "": m keeps no tables.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/renewal"
 	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
@@ -39,13 +40,14 @@ type Hooks struct {
 //  5. Release of A: one hold of kind lock.
 //  6. TryLock on lock B (keep-alive 50ms): acquired; its session is
 //     terminated (pg_terminate_backend); the keep-alive finds it lost
-//     ("session_ended"); Release discards its connection ("lost").
+//     ("session_ended"); Release discards its connection (for that cause,
+//     "session_ended").
 //  7. TryLock on LeaseLock C (TTL 1s): acquired; held until
 //     hooks.Renewed reports a renewal; Release: one hold of kind lease.
 //
 // So an observer ends with acquires (lock: 2 acquired, 1 not_acquired,
 // 1 timeout, 1 canceled; lease: 1 acquired), holds (lock 2, lease 1), held
-// 0, one loss (lock, session_ended), two discards (canceled, lost) and at
+// 0, one loss (lock, session_ended), two discards (canceled, session_ended) and at
 // least one renewal (renewed).
 func PostgresScenario(t *testing.T, db *sql.DB, obs advisorylock.Observer, hooks Hooks) {
 	t.Helper()
@@ -146,9 +148,8 @@ func must[T any](v T, err error) func(t *testing.T) T {
 // Event is one recorded event, with what a test compares most often.
 type Event struct {
 	advisorylock.Event
-	Value string        // Outcome, Cause or Reason; "forgotten" for a forgotten Guard's release; "" otherwise
-	Span  int           // the acquire's number, as the context the event came with carries it
-	Took  time.Duration // Wait, Held or Latency
+	Value string // an acquire's Outcome; a renewal's outcome (renewal.Outcome); a Cause otherwise ("" for a release)
+	Span  int    // the acquire's number, as the context the event came with carries it
 }
 
 // Recorder is an Observer that records every event, and checks that each
@@ -172,17 +173,12 @@ func (r *Recorder) Observe(ctx context.Context, e advisorylock.Event) context.Co
 		r.starts++
 		ev.Span = r.starts
 		ctx = context.WithValue(ctx, spanKey{}, r.starts)
-	case advisorylock.EventAcquireEnd, advisorylock.EventRenew:
-		ev.Value, ev.Took = string(e.Outcome), e.Wait+e.Latency
-	case advisorylock.EventRelease:
-		if e.Forgotten {
-			ev.Value = "forgotten"
-		}
-		ev.Took = e.Held
-	case advisorylock.EventLoss:
-		ev.Value, ev.Took = string(e.Cause), e.Held
-	case advisorylock.EventDiscard:
-		ev.Value = string(e.Reason)
+	case advisorylock.EventAcquireEnd:
+		ev.Value = string(e.Outcome)
+	case advisorylock.EventRenew:
+		ev.Value = renewal.Outcome(e.Err)
+	default:
+		ev.Value = string(e.Cause)
 	}
 	r.events = append(r.events, ev)
 	return ctx

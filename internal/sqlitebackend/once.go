@@ -10,7 +10,7 @@ import (
 
 // Runs done on SQLite (Lock.TryDoOnce): one row per (name, run) in
 // advisorylock_runs, written after the run's fn returned and read under
-// the lock by the next caller. Times are the Clock's, in Unix
+// the lock by the next caller. Times are the lock's clock's, in Unix
 // milliseconds, as the other tables'.
 
 // sqliteRunsTable is the DDL of advisorylock_runs.

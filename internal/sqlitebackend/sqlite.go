@@ -145,7 +145,8 @@ const sqliteSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
 )`
 
 // The statements. Each is one autocommit statement with bound parameters;
-// ?1 is the key or name, and times are Unix milliseconds from the Clock.
+// ?1 is the key or name, and times are Unix milliseconds from the lock's
+// clock (WithClock).
 const (
 	// The upsert takes the row only if it is absent or expired (live
 	// shared holders keep their summary row live): one row changed means

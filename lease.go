@@ -104,7 +104,7 @@ func acquireLease(ctx, budget context.Context, store backend.LeaseStore, db DB, 
 	if _, shared := store.(backend.SharedRowStore); wait && req.Kind == backend.KindLock && shared {
 		return claimLease(ctx, budget, store, db, cfg, req)
 	}
-	var wake <-chan struct{} // nil: releases are not heard, and waiting is polling
+	var lw *leaseWaiter // nil: releases are not heard, and waiting is polling
 	if wait && req.Kind == backend.KindLease {
 		queue, queues := store.(backend.LeaseQueuer)
 		queues = queues && cfg.minHold == 0
@@ -114,10 +114,8 @@ func acquireLease(ctx, budget context.Context, store backend.LeaseStore, db DB, 
 		}
 		// Joined before the first attempt, so that a release after it
 		// misses is heard (see releaseWatch).
-		lw := joinReleases(ctx, store, db, req.Key, owner)
-		if lw != nil {
+		if lw = joinReleases(ctx, store, db, req.Key, owner); lw != nil {
 			defer lw.leave()
-			wake = lw.wake
 		}
 		if s := sleeper(store, db); queues && (lw != nil || s != nil) {
 			req.Owner = owner
@@ -129,7 +127,8 @@ func acquireLease(ctx, budget context.Context, store backend.LeaseStore, db DB, 
 		if !wait || !errors.Is(err, ErrNotAcquired) {
 			return s, err
 		}
-		if err := waitUntilFree(budget, store, db, cfg, req, wake); err != nil {
+		lw.listen()
+		if err := waitUntilFree(budget, store, db, cfg, req, lw.wakes()); err != nil {
 			return nil, err
 		}
 	}
@@ -217,6 +216,7 @@ func waitInLine(ctx, budget context.Context, store backend.LeaseQueuer, db DB, c
 			}
 			return s, err
 		}
+		lw.listen()
 		if woken, wokenGranted, err = l.wait(budget, l.pause(h, pollPause(cfg.poll, longest, n)), poll); err != nil {
 			l.withdraw(ctx)
 			return nil, err

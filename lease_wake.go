@@ -67,9 +67,11 @@ func sparesAConn(db DB) bool {
 // errNoReleaseSignals: the store's releases signal nothing.
 var errNoReleaseSignals = fmt.Errorf("%w: the store signals no lease releases", ErrUnsupported)
 
-// joinReleases registers a waiter for key on db's watch, starting its
-// listener; nil where releases cannot be heard (the waiter polls). owner
-// is the waiter's label where it queues (see waitInLine), else "".
+// joinReleases registers a waiter for key on db's watch; nil where
+// releases cannot be heard (the waiter polls). owner is the waiter's label
+// where it queues (see waitInLine), else "". A listener that runs (one
+// lingers after a wait) tells the waiter from now on; where none runs,
+// the waiter starts one (see listen) once it is about to wait.
 func joinReleases(ctx context.Context, store backend.LeaseStore, db DB, key int64, owner string) *leaseWaiter {
 	if _, ok := store.(backend.ReleaseListener); !ok {
 		return nil
@@ -94,11 +96,26 @@ func joinReleases(ctx context.Context, store backend.LeaseStore, db DB, key int6
 		w.linger.Stop()
 		w.linger = nil
 	}
-	if !w.running {
+	return lw
+}
+
+// listen starts the watch's listener if none runs. A waiter calls it
+// when its acquire missed, not when it joins: an acquire that needs no
+// wait then opens no listener (a connection of the pool and a LISTEN for
+// nothing; through go-sqlmock, a connection the expected statements
+// need). A release before the listener listens goes unheard: the waiter
+// polls, as it does for any signal lost.
+func (lw *leaseWaiter) listen() {
+	if lw == nil {
+		return
+	}
+	w := lw.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.running && !w.off {
 		w.running = true
 		go w.run()
 	}
-	return lw
 }
 
 // leave unregisters the waiter; the last one to leave starts the linger.

@@ -687,3 +687,36 @@ func leaseLost(lease Lease) bool {
 		return false
 	}
 }
+
+// TestLeaseLockThatNeedsNoWaitOpensNoListener: Lock and Do on a free
+// lease join the release watch but start no listener: no connection of
+// the pool and no LISTEN for a wait that never came (through go-sqlmock,
+// such a listener took the one connection the expected statements need).
+func TestLeaseLockThatNeedsNoWaitOpensNoListener(t *testing.T) {
+	db, _ := openNamed(t, "pgx")
+	l, err := NewLeaseLock(db, testdb.UniqueName(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g, err := l.Lock(ctx)
+	if err != nil {
+		t.Fatalf("Lock of a free lease: %v", err)
+	}
+	if err := g.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Do(ctx, func(context.Context, Lease) error { return nil }); err != nil {
+		t.Fatalf("Do on a free lease: %v", err)
+	}
+	w := watchOf(db)
+	if w == nil {
+		t.Fatal("no release watch: the acquires did not join one, so this test proves nothing")
+	}
+	w.mu.Lock()
+	running := w.running
+	w.mu.Unlock()
+	if running {
+		t.Error("a listener runs after two acquires that never waited")
+	}
+}

@@ -271,6 +271,7 @@ func (c slotClaim) wait(ctx, budget context.Context, p *pinned) (int, backend.Se
 	if store, ok := c.locker.(backend.LeaseStore); ok {
 		if _, signals := c.locker.(backend.ReleaseSignaler); signals {
 			lw = joinReleases(ctx, store, s.db, s.lock.key, "")
+			lw.listen() // it waits: its try missed
 		}
 	}
 	if lw != nil {

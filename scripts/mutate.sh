@@ -214,6 +214,12 @@ mutation "MySQL: a release recycles a session still holding the lock (taken twic
 mutation "a LeaseLock waiter is never woken by a release" lease_wake.go \
 	's/case lw\.wake <- struct\{\}\{\}:/case <-make(chan struct{}):/' \
 	'^(TestLeaseWaiterWakesOnRelease|TestLeaseWaiterSurvivesAKilledListener)$'
+mutation "a lease acquire starts the release listener before it misses" lease_wake.go \
+	's/(\t\tw\.linger = nil\n\t\}\n)(\treturn lw\n)/$1\tif !w.running {\n\t\tw.running = true\n\t\tgo w.run()\n\t}\n$2/' \
+	'^TestLeaseLockThatNeedsNoWaitOpensNoListener$'
+mutation "a lease waiter never starts the release listener" lease_wake.go \
+	's/\tif !w\.running && !w\.off \{/\tif false \&\& !w.running \&\& !w.off {/' \
+	'^TestLeaseWaiterWakesOnRelease$'
 mutation "a Notifier's notifications are not listened to (lib/pq waiters poll)" internal/postgresbackend/postgres.go \
 	's/\tif own \{\n\t\treturn n\.Listen\(ctx, pgReleaseChannel, ready, heard\)/\tif own {\n\t\t_ = n\n\t\treturn backend.ErrUnsupported/' \
 	'^(TestWaiterWakesOnRelease|TestWaiterWakesAfterItsListenerWasKilled|TestSemaphoreWaiterWakesOnRelease)$' extra/advisorylockpq

@@ -83,7 +83,7 @@ func TestSQLiteTryLockIsNotReentrant(t *testing.T) {
 		t.Fatalf("TryLock on another handle of the file: got %v, want ErrNotAcquired", err)
 	}
 	if _, err := l.LockTimeout(ctx, 100*time.Millisecond); !errors.Is(err, advisorylock.ErrTimeout) {
-		t.Fatalf("LockTimeout while held: got %v, want a *TimeoutError", err)
+		t.Fatalf("LockTimeout while held: got %v, want ErrTimeout", err)
 	}
 	if ran, err := l.TryDo(ctx, func(context.Context) error { return nil }); ran || err != nil {
 		t.Fatalf("TryDo while held: ran=%v err=%v, want false, nil", ran, err)
@@ -270,7 +270,7 @@ func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 			t.Fatal("Lost() did not close after the lease was taken over")
 		}
 		if !isLost(g.Lease()) {
-			t.Error("IsLost() false after Lost() closed")
+			t.Error("the lease reads not lost after Lost() closed")
 		}
 		mustRelease(t, g)
 		h, err := successor.Holder(ctx)
@@ -575,7 +575,7 @@ func TestSQLiteBusyIsWaitedOutNotReported(t *testing.T) {
 			}
 			_, err = l.LockTimeout(ctx, 200*time.Millisecond)
 			if !errors.Is(err, advisorylock.ErrTimeout) {
-				t.Errorf("LockTimeout while busy: %v; want a *TimeoutError", err)
+				t.Errorf("LockTimeout while busy: %v; want ErrTimeout", err)
 			}
 			unblock()
 			if h, err := l.Holder(ctx); h != nil || err != nil {

@@ -419,7 +419,7 @@ func (f *figures) String() string {
 // this process and catches two running at once. An overlap is a violation
 // unless the older holder had been told of its loss before the newer one
 // was granted, by timestamps: told is when Do's context was cancelled for
-// a loss, (a lease) when its IsLost first read true, or (a Lock) when its
+// a loss, (a lease) when its Lost first read closed, or (a Lock) when its
 // Do returned an error; granted is the lease row's acquired_at where
 // grantedAt can read it, else when fn started. A session lock is the one
 // exception the server makes unavoidable: when a fault ends the holder's
@@ -528,8 +528,8 @@ func (sec *section) token() int64 {
 func (sec *section) tell() { sec.told.CompareAndSwap(0, time.Now().UnixNano()) }
 
 // watchLease notes when the lease first reads lost (its Lost channel
-// closes only when a goroutine of the library notices; IsLost is true
-// from the local deadline on), until the section ends.
+// reads closed from the local deadline on, even before a goroutine of
+// the library notices), until the section ends.
 func (sec *section) watchLease() {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()

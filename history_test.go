@@ -23,8 +23,8 @@ package advisorylock_test
 //     reached the server leaves the lock to the server (the session's
 //     end, the lease's expiry), which grants it to no one meanwhile.
 //   - loss: [earliest, told], told being when the holder was first told
-//     (fn's context cancelled with ErrLockLost, a lease's IsLost first
-//     true, a Lock's Do returning an error after its section). earliest
+//     (fn's context cancelled with ErrLockLost, a lease's Lost first
+//     closed, a Lock's Do returning an error after its section). earliest
 //     is told itself: the library promises that a holder is told before
 //     the database can grant its lock to anyone else. Two exceptions make
 //     it earlier: on a name with session-ending faults (noticeWithin > 0),

@@ -313,7 +313,7 @@ func partitionedHolderGivesUp(t *testing.T, ttl time.Duration, open func(t *test
 		t.Fatal("the cut-off holder never noticed")
 	}
 	if !isLost(ga.Lease()) {
-		t.Fatal("Lost() closed but IsLost() is false")
+		t.Fatal("Lost() closed but the lease reads not lost")
 	}
 	assertHeldElsewhere(t, b) // the database still counts A's lease: A gave up first
 

@@ -289,7 +289,7 @@ func TestLockTimeoutHoldsOnADeadNetworkWithAWarmConnection(t *testing.T) {
 			t.Fatal("acquired over a dead network")
 		}
 		if !errors.Is(err, advisorylock.ErrTimeout) {
-			t.Fatalf("LockTimeout on a dead network = %v, want a *TimeoutError", err)
+			t.Fatalf("LockTimeout on a dead network = %v, want ErrTimeout", err)
 		}
 		if took > 3*d {
 			t.Fatalf("LockTimeout(%v) on a dead network returned after %v, want no later than about %v", d, took, d)
@@ -384,10 +384,10 @@ func TestReleasedLeaseReadsAsLostInEveryCopy(t *testing.T) {
 		}
 		releaseLease(t, g)
 		if !isLost(lease) || !isDone(lease.Lost()) || !isLost(g.Lease()) || !isDone(g.Lease().Lost()) {
-			t.Fatalf("after Release: lease IsLost=%v Lost closed=%v, guard IsLost=%v; want lost everywhere", isLost(lease), isDone(lease.Lost()), isLost(g.Lease()))
+			t.Fatalf("after Release: lease lost=%v Lost closed=%v, guard's lease lost=%v; want lost everywhere", isLost(lease), isDone(lease.Lost()), isLost(g.Lease()))
 		}
 		// Do returns fn's result for a section that ended normally, never
-		// a LeaseLostError caused by its own release.
+		// a lost-lease error caused by its own release.
 		if err := l.Do(context.Background(), func(context.Context, advisorylock.Lease) error { return nil }); err != nil {
 			t.Fatalf("Do of a section that ended normally = %v, want nil", err)
 		}

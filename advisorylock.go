@@ -123,28 +123,10 @@ func holderOf(h *backend.Holder) *Holder {
 		return nil
 	}
 	return &Holder{
-		Name: h.Name, PID: h.PID, Client: clientOf(h.Application, h.User, h.ClientAddr),
+		Name: h.Name, PID: h.PID, Client: dbutil.Client(h.Application, h.User, h.ClientAddr),
 		Owner: h.Owner, Token: FencingToken(h.Token), Since: h.Since, ExpiresAt: h.ExpiresAt,
 		Slot: h.Slot, Shared: h.Shared,
 	}
-}
-
-// clientOf is Holder.Client, from what a backend knows of the session.
-func clientOf(application, user, addr string) string {
-	who := user
-	switch {
-	case user != "" && addr != "":
-		who = user + "@" + addr
-	case addr != "":
-		who = addr
-	}
-	switch {
-	case application == "":
-		return who
-	case who == "":
-		return application
-	}
-	return application + " " + who
 }
 
 // holdersOf returns hs as Holders, with err.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -370,25 +371,6 @@ func slotKey(name string, i int) int64 {
 	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8]))
 }
 
-// client is advisorylock.Holder.Client, for the sessions lockrun reads
-// itself: "application user@address", each part left out when unknown.
-func client(application, user, addr string) string {
-	who := user
-	switch {
-	case user != "" && addr != "":
-		who = user + "@" + addr
-	case addr != "":
-		who = addr
-	}
-	switch {
-	case application == "":
-		return who
-	case who == "":
-		return application
-	}
-	return application + " " + who
-}
-
 // kindOf is the KIND of a lock's holder: "lock", or "shared".
 func kindOf(h *advisorylock.Holder) string {
 	if h.Shared {
@@ -453,7 +435,7 @@ ORDER BY l.pid, l.classid, l.objid`)
 		if err := rs.Scan(&hi, &lo, &h.Shared, &h.PID, &application, &addr, &since); err != nil {
 			return nil, fmt.Errorf("listing session locks: %w", err)
 		}
-		h.Client, h.Since = client(application, "", addr), since.Time
+		h.Client, h.Since = dbutil.Client(application, "", addr), since.Time
 		rows = append(rows, db.row(kindOf(&h), int64(uint64(hi)<<32|uint64(lo)), h))
 	}
 	return rows, rs.Err()
@@ -483,7 +465,7 @@ ORDER BY s.lock_key, s.conn_id`)
 		if err := rs.Scan(&key, &h.PID, &user, &addr, &since); err != nil {
 			return nil, fmt.Errorf("listing shared holders: %w", err)
 		}
-		h.Client, h.Since = client("", user, addr), time.UnixMicro(since)
+		h.Client, h.Since = dbutil.Client("", user, addr), time.UnixMicro(since)
 		rows = append(rows, db.row("shared", key, h))
 	}
 	return rows, rs.Err()

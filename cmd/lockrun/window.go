@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/dbutil"
 )
 
 // Min-hold windows (--min-hold, the library's WithMinHold) keep a name
@@ -44,7 +45,7 @@ func openWindow(ctx context.Context, db *database, name string) (*advisorylock.H
 	default:
 		return nil, nil
 	}
-	h.Client = client(application, user, addr)
+	h.Client = dbutil.Client(application, user, addr)
 	switch {
 	case errors.Is(err, sql.ErrNoRows), missingTable(err):
 		return nil, nil

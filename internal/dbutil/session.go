@@ -220,3 +220,23 @@ func DriverPkg(db backend.DB) string {
 	}
 	return t.PkgPath()
 }
+
+// Client is how advisorylock.Holder.Client shows the session that holds
+// a lock, from what the server tells of it: "application user@address",
+// each part left out when unknown.
+func Client(application, user, addr string) string {
+	who := user
+	switch {
+	case user != "" && addr != "":
+		who = user + "@" + addr
+	case addr != "":
+		who = addr
+	}
+	switch {
+	case application == "":
+		return who
+	case who == "":
+		return application
+	}
+	return application + " " + who
+}

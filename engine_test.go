@@ -535,11 +535,25 @@ func TestEngineRefusesBadInput(t *testing.T) {
 	}
 }
 
+// TestEngineSetTakesAllOrNone runs on a shared session (the default) and
+// on a pinned one: their try, release and keep-alive are separate code.
 func TestEngineSetTakesAllOrNone(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []struct {
+		name string
+		opts []advisorylock.Option
+	}{{"shared", nil}, {"pinned", []advisorylock.Option{advisorylock.WithMultiplexing(0)}}} {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			setTakesAllOrNone(t, mode.opts)
+		})
+	}
+}
+
+func setTakesAllOrNone(t *testing.T, opts []advisorylock.Option) {
 	s, db := openFake(t)
 	names := []string{"a", "b", "c"}
-	set, err := advisorylock.NewSet(db, names, fakeOptions(s)...)
+	set, err := advisorylock.NewSet(db, names, append(fakeOptions(s), opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

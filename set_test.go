@@ -268,7 +268,7 @@ type setLoss struct {
 // is a Lock of another pool), and SQLite's sets of rows, whose row is
 // deleted, or handed to another owner.
 func setLosses() []setLoss {
-	sessionOpts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(50 * time.Millisecond)}
+	sessionOpts := []advisorylock.Option{quiet, advisorylock.WithKeepAlive(50 * time.Millisecond), advisorylock.WithMultiplexing(0)}
 	onOwnSession := func(unlock string, arg func(key int64) any, open func(t *testing.T) *sql.DB) func(*testing.T, context.Context, *sql.DB, string, int64, bool) {
 		return func(t *testing.T, fctx context.Context, _ *sql.DB, name string, key int64, taken bool) {
 			t.Helper()

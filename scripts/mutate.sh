@@ -134,13 +134,13 @@ mutation "a set waits for its names in the given order, not key order" set.go \
 # mux_fault_test.go, multiplex_test.go):
 mutation "a pinned set's keep-alive checks its first name only" conn_guard.go \
 	's/held, err := heldOn\(ctx, s\.locker, &s\.p, s\.keys\)/held, err := heldOn(ctx, s.locker, \&s.p, s.keys[:1])/' \
-	'^TestSetLosesOneNameAlone$'
+	'^(TestSetLosesOneNameAlone|TestEngineSetTakesAllOrNone)$'
 mutation "a set is held while any one of its names is" set.go \
 	's/len\(held\) == len\(keys\) && !slices\.Contains\(held, false\), err/len(held) == len(keys) \&\& slices.Contains(held, true), err/' \
 	'^TestSetLosesOneNameAlone$'
 mutation "a lost pinned set's connection goes back to the pool with its other names" conn_guard.go \
 	's/if gone, why := s\.isLost\(\); gone \{\n\t\ts\.p\.discard\(s\.discardCause\(\), why\)/if gone, _ := s.isLost(); gone {\n\t\tdbutil.Recycle(s.p.conn)/' \
-	'^(TestSetLosesOneNameAlone|TestEngineReleaseOfALostLockDiscardsItsConnection|TestEngineLossIsToldToLostDoAndTheObserver)$'
+	'^(TestSetLosesOneNameAlone|TestEngineSetTakesAllOrNone|TestEngineReleaseOfALostLockDiscardsItsConnection|TestEngineLossIsToldToLostDoAndTheObserver)$'
 mutation "a set of rows is lost only with its first name" set.go \
 	's/for _, p := range parts \{\n\t\tp\.onLost\(/for _, p := range parts[:1] {\n\t\tp.onLost(/' \
 	'^TestSetLosesOneNameAlone$'

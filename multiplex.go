@@ -100,10 +100,10 @@ type muxSession struct {
 type muxOp struct {
 	key   int64
 	name  string
-	grant *muxHold                                // a try's hold, registered on s if granted
-	hold  *muxHold                                // the hold an unlock frees; nil for a try
-	alone func(ctx context.Context) (bool, error) // a try's statement on its own
-	ctx   context.Context                         // a try's caller's (its values; never its end)
+	grant *muxHold        // a try's hold, registered on s if granted
+	hold  *muxHold        // the hold an unlock frees; nil for a try
+	claim claim           // a try's, for its statement on its own
+	ctx   context.Context // a try's caller's (its values; never its end)
 
 	ok   bool          // granted, or freed
 	err  error         // the statement's, errSessionEnded, or a full lock table's
@@ -189,17 +189,32 @@ func (l *Lock) tryMux(ctx, budget context.Context, lb *lockBackend) (*Guard, err
 		mp.held[k] = nil // this try's, until it ends
 	}
 	mp.mu.Unlock()
+	claim := l.claimOn(mp.locker, nil)
 	for {
 		s, err := mp.choose(budget, l)
 		if err != nil {
 			mp.unreserve(keys)
 			return nil, err
 		}
-		g, err := s.try(ctx, l)
-		if errors.Is(err, errSessionEnded) {
-			continue
+		// The try is an op of s's next statement; s's inflight counts it.
+		h := s.newHold(l)
+		op := &muxOp{key: l.key, name: l.name, grant: h, ctx: ctx, claim: claim}
+		s.exec(op)
+		switch {
+		case errors.Is(op.err, errSessionEnded):
+			continue // another session; the keys stay reserved
+		case op.err != nil:
+			mp.unreserve(keys)
+			return nil, op.err
+		case !op.ok:
+			mp.unreserve(keys)
+			return nil, ErrNotAcquired
+		case ctx.Err() != nil:
+			// Granted as the caller went away: let it go again.
+			_ = h.release(context.Background(), h.relTO)
+			return nil, context.Cause(ctx)
 		}
-		return g, err
+		return newGuard(&h.hold), nil
 	}
 }
 
@@ -304,34 +319,6 @@ func (mp *muxPool) leaveIfIdle() {
 	muxPools.mu.Unlock()
 }
 
-// try makes l's attempt on s, whose inflight counts the caller: an op
-// of s's next statement (see exec).
-func (s *muxSession) try(ctx context.Context, l *Lock) (*Guard, error) {
-	mp := s.pool
-	h := s.newHold(l)
-	claim := l.claimOn(mp.locker, nil)
-	op := &muxOp{key: l.key, name: l.name, grant: h, ctx: ctx, alone: func(ctx context.Context) (bool, error) {
-		_, res, err := claim.try(ctx, &s.p)
-		return res.OK, err
-	}}
-	s.exec(op)
-	switch {
-	case errors.Is(op.err, errSessionEnded):
-		return nil, op.err // the caller chooses another session; keys stay reserved
-	case op.err != nil:
-		mp.unreserve(h.keys)
-		return nil, op.err
-	case !op.ok:
-		mp.unreserve(h.keys)
-		return nil, ErrNotAcquired
-	case ctx.Err() != nil:
-		// Granted as the caller went away: let it go again.
-		_ = h.release(context.Background(), h.relTO)
-		return nil, context.Cause(ctx)
-	}
-	return newGuard(&h.hold), nil
-}
-
 // newHold returns l's hold on s, not yet registered (see addHold).
 func (s *muxSession) newHold(l *Lock) *muxHold {
 	h := &muxHold{s: s, keys: l.keysOf()}
@@ -366,7 +353,9 @@ func (s *muxSession) dropHold(h *muxHold) {
 
 // exec runs op on s: it waits for the statement in flight on s, if any,
 // and goes in the next, with every op that queued by then (one of them
-// leads it). What it buys: throughput where many goroutines share few
+// leads it). The ops with nothing left to do on s settle first (see
+// settled); the rest go in one statement where the backend batches
+// (backend.BatchLocker), else one statement each. What it buys: throughput where many goroutines share few
 // sessions. A session runs one statement at a time, so with 32
 // goroutines on 4 sessions each try and release waited for up to 7
 // others' round trips; batched, one round trip answers them all
@@ -393,7 +382,10 @@ func (s *muxSession) exec(op *muxOp) {
 	batch := append([]*muxOp{op}, s.queue...)
 	s.queue = nil
 	mp.mu.Unlock()
-	s.run(batch)
+	live := slices.DeleteFunc(slices.Clone(batch), s.settled)
+	if bl, ok := mp.locker.(backend.BatchLocker); !ok || len(live) < 2 || !s.runBatch(bl, live) {
+		s.runEach(live)
+	}
 	mp.mu.Lock()
 	var next *muxOp
 	if len(s.queue) > 0 {
@@ -412,16 +404,6 @@ func (s *muxSession) exec(op *muxOp) {
 	}
 }
 
-// run runs batch's ops on s, in one statement where the backend batches
-// (backend.BatchLocker), else one by one. s.mu is held.
-func (s *muxSession) run(batch []*muxOp) {
-	live := slices.DeleteFunc(slices.Clone(batch), s.settled)
-	if bl, ok := s.pool.locker.(backend.BatchLocker); ok && len(live) > 1 && s.runBatch(bl, live) {
-		return
-	}
-	s.runEach(live)
-}
-
 // runEach runs ops on s one statement each. s.mu is held.
 func (s *muxSession) runEach(ops []*muxOp) {
 	for _, o := range ops {
@@ -432,7 +414,9 @@ func (s *muxSession) runEach(ops []*muxOp) {
 		var err error
 		if o.hold == nil {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), s.pool.key.timeout)
-			ok, err = o.alone(sctx)
+			var res backend.SessionResult
+			_, res, err = o.claim.try(sctx, &s.p)
+			ok = res.OK
 			cancel()
 		} else {
 			err = unlockKeys(context.Background(), s.pool.locker, &s.p, o.hold.keys, s.pool.key.timeout)

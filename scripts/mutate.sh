@@ -178,7 +178,7 @@ mutation "a batch refused for a full lock table ends its session" multiplex.go \
 	's/(recovered := false\n\tif )err != nil && dbutil\.SQLState\(err\) == pgOutOfSharedMemory/$1false/' \
 	'^TestEngineMultiplexedBatchOnAFullLockTableKeepsTheSession$'
 mutation "a shared session runs each queued op alone" multiplex.go \
-	's/ok && len\(live\) > 1 && s\.runBatch\(bl, live\)/ok \&\& false \&\& s.runBatch(bl, live)/' \
+	's/!ok \|\| len\(live\) < 2 \|\| !s\.runBatch/true || !ok || len(live) < 2 || !s.runBatch/' \
 	'^TestEngineMultiplexedOpsShareTheNextStatement$'
 mutation "a batch unlocks with the try function (PostgreSQL)" internal/postgresbackend/batch.go \
 	's/"pg_try_advisory_lock", "pg_advisory_unlock"\)/"pg_try_advisory_lock", "pg_try_advisory_lock")/' \

@@ -1159,21 +1159,40 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 	# ADVISORYLOCK_MUTANT=0 is set, not left out: a test that sees the
 	# variable (lockrun's pass it on to the lockrun they start) sees it
 	# here too.
+	# The targets of each package are shared out among runs, MUTATE_JOBS
+	# side by side.
 	if [ "$dry" -eq 0 ] && [ "${#schema[@]}" -gt 0 ]; then
 		start=$SECONDS
+		checks=() running=0
 		for p in "${!built[@]}"; do
 			[ "${built[$p]}" = ok ] || continue
-			union=()
+			n=0
+			declare -A chunk=()
 			for i in "${!schema[@]}"; do
-				[[ " ${pkgs[$i]} " == *" $p "* ]] && union+=("${tests[$i]}")
+				[[ " ${pkgs[$i]} " == *" $p "* ]] || continue
+				k=$((n % jobs)) n=$((n + 1))
+				chunk[$k]+="${chunk[$k]:+|}${tests[$i]}"
 			done
-			[ "${#union[@]}" -gt 0 ] || continue
-			run=$(IFS='|'; echo "${union[*]}")
-			if ! (cd "$schemata/$p" && ADVISORYLOCK_MUTANT=0 "$scratch/bin/$(binname "$p")" "${testflags[@]}" -test.run "$run") >"$scratch/sanity.log" 2>&1; then
-				echo "schemata: with no mutant, the targets in $p fail on the schemata tree; the switch changed what the code does:" >&2
-				tail -n 40 "$scratch/sanity.log" >&2
-				exit 1
-			fi
+			for k in "${!chunk[@]}"; do
+				log="$scratch/sanity.$(binname "$p").$k"
+				checks+=("$log")
+				if [ "$running" -ge "$jobs" ]; then
+					wait -n || true
+					running=$((running - 1))
+				fi
+				running=$((running + 1))
+				(
+					cd "$schemata/$p" && ADVISORYLOCK_MUTANT=0 "$scratch/bin/$(binname "$p")" "${testflags[@]}" -test.run "${chunk[$k]}" >"$log" 2>&1 || touch "$log.failed"
+				) &
+			done
+			unset chunk
+		done
+		wait
+		for log in "${checks[@]}"; do
+			[ -f "$log.failed" ] || continue
+			echo "schemata: with no mutant, targets fail on the schemata tree; the switch changed what the code does:" >&2
+			tail -n 40 "$log" >&2
+			exit 1
 		done
 		echo "schemata: with no mutant the targets pass ($((SECONDS - start))s)"
 	fi

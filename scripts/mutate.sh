@@ -13,14 +13,15 @@
 # scripts/schemata compiles every mutation that changes only function
 # bodies into one copy of the tree, switched by ADVISORYLOCK_MUTANT, so
 # each package's test binary is built once and a mutation is one run of
-# it; a run first checks that, with no mutant, that tree passes every
-# target, and stops if not. The classic one (build): the mutation applied
-# to a tree of its own and go test built for it, as before. A mutation
-# that changes anything else (SQL text, constants, signatures), one whose
-# tests are in a module under extra/, and one the fast path's targets do
-# not catch take the classic path, so FINDING and MISSED are decided there
-# alone. The run starts by counting the schema-able mutations; -n says for
-# each which path it takes and why.
+# it; a run first checks that, with no mutant, that tree passes the
+# targets (under -short; every one with MUTATE_SANITY=full), and stops if
+# not. The classic one (build): the mutation applied to a tree of its own
+# and go test built for it, as before. A mutation that changes anything
+# else (SQL text, constants, signatures), one whose tests are in a module
+# under extra/, and one the fast path's targets do not catch take the
+# classic path, so FINDING and MISSED are decided there alone. The run
+# starts by counting the schema-able mutations; -n says for each which
+# path it takes and why.
 #
 #   scripts/mutate.sh               # every mutation
 #   scripts/mutate.sh 'slice|55P03' # those whose name matches a regexp
@@ -1154,8 +1155,9 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 	done
 	echo "schemata: ${#schema[@]} of ${#todo[@]} mutations are schema-able (built in $((SECONDS - start))s); the other ${#why[@]} build their own:"
 	for r in "${why[@]}"; do echo "$r"; done | sort | uniq -c | sed 's/^/  /'
-	# With no mutant, the schemata tree must pass every target the
-	# fast path will run: the switch must not change what the code does.
+	# With no mutant, the schemata tree must pass the targets the fast
+	# path will run (those of the fast tier, -short; all of them with
+	# MUTATE_SANITY=full): the switch must not change what the code does.
 	# ADVISORYLOCK_MUTANT=0 is set, not left out: a test that sees the
 	# variable (lockrun's pass it on to the lockrun they start) sees it
 	# here too.
@@ -1163,7 +1165,8 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 	# side by side.
 	if [ "$dry" -eq 0 ] && [ "${#schema[@]}" -gt 0 ]; then
 		start=$SECONDS
-		checks=() running=0
+		checks=() running=0 sanityflags=("${testflags[@]}")
+		[ "${MUTATE_SANITY:-}" = full ] || [ "$short" = 1 ] || sanityflags+=(-test.short)
 		for p in "${!built[@]}"; do
 			[ "${built[$p]}" = ok ] || continue
 			n=0
@@ -1182,7 +1185,7 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 				fi
 				running=$((running + 1))
 				(
-					cd "$schemata/$p" && ADVISORYLOCK_MUTANT=0 "$scratch/bin/$(binname "$p")" "${testflags[@]}" -test.run "${chunk[$k]}" >"$log" 2>&1 || touch "$log.failed"
+					cd "$schemata/$p" && ADVISORYLOCK_MUTANT=0 "$scratch/bin/$(binname "$p")" "${sanityflags[@]}" -test.run "${chunk[$k]}" >"$log" 2>&1 || touch "$log.failed"
 				) &
 			done
 			unset chunk
@@ -1194,7 +1197,7 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 			read -r p log <<<"$check"
 			[ -f "$log.failed" ] || continue
 			again=$(grep -o '^--- FAIL: [^ ]*' "$log" | cut -d' ' -f3 | paste -sd'|' || true)
-			if [ -n "$again" ] && (cd "$schemata/$p" && ADVISORYLOCK_MUTANT=0 "$scratch/bin/$(binname "$p")" "${testflags[@]}" -test.run "^($again)\$") >"$log.again" 2>&1; then
+			if [ -n "$again" ] && (cd "$schemata/$p" && ADVISORYLOCK_MUTANT=0 "$scratch/bin/$(binname "$p")" "${sanityflags[@]}" -test.run "^($again)\$") >"$log.again" 2>&1; then
 				echo "schemata: with no mutant, $again failed beside the other targets and passed alone"
 				continue
 			fi

@@ -1153,7 +1153,9 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 			fi
 		done
 	done
-	echo "schemata: ${#schema[@]} of ${#todo[@]} mutations are schema-able (built in $((SECONDS - start))s); the other ${#why[@]} build their own:"
+	took=" (built in $((SECONDS - start))s)"
+	[ "$dry" -eq 0 ] || took=""
+	echo "schemata: ${#schema[@]} of ${#todo[@]} mutations are schema-able$took; the other ${#why[@]} build their own:"
 	for r in "${why[@]}"; do echo "$r"; done | sort | uniq -c | sed 's/^/  /'
 	# With no mutant, the schemata tree must pass the targets the fast
 	# path will run (those of the fast tier, -short; all of them with

@@ -9,6 +9,20 @@
 # runs the ordinary suite only. A mutation whose anchor no longer matches
 # the code fails the run loudly: rewrite it for the code as it is now.
 #
+# Two paths decide, and each line says which. The fast one (schema):
+# scripts/schemata compiles every mutation that changes only function
+# bodies into one copy of the tree, switched by ADVISORYLOCK_MUTANT, so
+# each package's test binary is built once and a mutation is one run of
+# it; a run first checks that, with no mutant, that tree passes the
+# targets (under -short; every one with MUTATE_SANITY=full), and stops if
+# not. The classic one (build): the mutation applied to a tree of its own
+# and go test built for it, as before. A mutation that changes anything
+# else (SQL text, constants, signatures), one whose tests are in a module
+# under extra/, and one the fast path's targets do not catch take the
+# classic path, so FINDING and MISSED are decided there alone. The run
+# starts by counting the schema-able mutations; -n says for each which
+# path it takes and why.
+#
 #   scripts/mutate.sh               # every mutation
 #   scripts/mutate.sh 'slice|55P03' # those whose name matches a regexp
 #   scripts/mutate.sh -l            # list them
@@ -16,6 +30,7 @@
 #   MUTATE_FROM=45 scripts/mutate.sh # resume: skip the first 44 (as -l numbers them)
 #   MUTATE_SHORT=1 scripts/mutate.sh # which mutations the fast tier (go test -short) catches
 #   MUTATE_JOBS=1 scripts/mutate.sh  # one at a time [3 side by side]
+#   MUTATE_SCHEMATA=0 scripts/mutate.sh # every mutation by the classic path
 #
 # With MUTATE_SHORT=1 every run has -short: a mutation the whole fast tier
 # catches but its targets do not (they may be slow tests, skipped) is
@@ -23,7 +38,8 @@
 # SLOW TIER ONLY, which is not a failure of the run.
 #
 # Needs what the test suite needs (PostgreSQL on 127.0.0.1:5432). Extra
-# flags for go test in MUTATE_GOFLAGS (say, -race). Exits non-zero if a
+# build flags for go test in MUTATE_GOFLAGS (say, -race); the fast path
+# builds its binaries with them too. Exits non-zero if a
 # mutation was missed or did not apply.
 set -euo pipefail
 
@@ -953,11 +969,15 @@ failures() {
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
-# one runs mutation i in a scratch tree of its own and prints one result
-# line (with the log's tail where no test is named). Its first word is the
-# verdict the tally below counts.
+# one runs mutation i, by the fast path when it is schema-able and else
+# (or when its targets miss it there) in a scratch tree of its own, and
+# prints one result line (with the log's tail where no test is named).
+# Its first word is the verdict the tally below counts.
 one() {
 	local i=$1 name=${names[$1]} tree="$scratch/tree.$1" log="$scratch/log.$1"
+	if [ "$dry" -eq 0 ] && [ -n "${schema[$i]:-}" ] && fast "$i"; then
+		return
+	fi
 	mkdir "$tree"
 	(cd "$root" && tar --exclude=.git -cf - .) | (cd "$tree" && tar -xf -)
 	local target="$tree/${files[$i]}"
@@ -972,7 +992,11 @@ one() {
 		return
 	fi
 	if [ "$dry" -eq 1 ]; then
-		echo "APPLIES         $name"
+		if [ -n "${schema[$i]:-}" ]; then
+			echo "APPLIES         $name (schema)"
+		else
+			echo "APPLIES         $name (build${why[$i]:+: ${why[$i]}})"
+		fi
 		return
 	fi
 	# Every test the mutation names must still exist, or a rename would
@@ -997,7 +1021,7 @@ one() {
 		by=suite
 		(cd "$tree/$dir" && go test "${goflags[@]}" -failfast -timeout 30m ./...) >"$log" 2>&1 || status=$?
 	fi
-	local took=$((SECONDS - start))
+	local took="$((SECONDS - start))s, build"
 	if [ "$status" -ne 0 ] && grep -q -e '\[build failed\]' -e '\[setup failed\]' "$log"; then
 		echo "DOES NOT BUILD  $name:"
 		sed -n 1,20p "$log"
@@ -1005,22 +1029,60 @@ one() {
 	fi
 	if [ "$status" -eq 0 ]; then
 		if [ "$short" = 1 ]; then
-			echo "SLOW TIER ONLY  $name (${took}s; the fast tier passes, targets ${tests[$i]})"
+			echo "SLOW TIER ONLY  $name (${took}; the fast tier passes, targets ${tests[$i]})"
 		else
-			echo "MISSED          $name (${took}s; its targets ${tests[$i]} and the whole suite pass)"
+			echo "MISSED          $name (${took}; its targets ${tests[$i]} and the whole suite pass)"
 		fi
 		return
 	fi
 	local failed
 	failed=$(failures "$log")
 	if [ "$by" = targets ]; then
-		echo "CAUGHT          $name (${took}s) by: ${failed:-a failing run, see below}"
+		echo "CAUGHT          $name (${took}) by: ${failed:-a failing run, see below}"
 	elif [ "$short" = 1 ]; then
 		# Under -short the targets may be slow tests, skipped: not a finding.
-		echo "CAUGHT BY TIER  $name (${took}s): its targets ${tests[$i]} pass or skip; the $whole caught it, by: ${failed:-a failing run, see below}"
+		echo "CAUGHT BY TIER  $name (${took}): its targets ${tests[$i]} pass or skip; the $whole caught it, by: ${failed:-a failing run, see below}"
 	else
-		echo "FINDING         $name (${took}s): its targets ${tests[$i]} pass; the $whole caught it, by: ${failed:-a failing run, see below}"
+		echo "FINDING         $name (${took}): its targets ${tests[$i]} pass; the $whole caught it, by: ${failed:-a failing run, see below}"
 	fi
+	[ -n "$failed" ] || tail -n 20 "$log"
+}
+
+# fast runs mutation i on the schemata tree: the test binaries built once
+# for every schema-able mutation, run with ADVISORYLOCK_MUTANT set to its
+# number. It prints CAUGHT and succeeds when the targets catch the
+# mutation; otherwise it prints nothing and fails, and the mutation takes
+# the classic path (a build of its own), which decides FINDING and MISSED.
+fast() {
+	local i=$1 name=${names[$1]} log="$scratch/fastlog.$1" p bin listed want gone="" status=0
+	local start=$SECONDS
+	local -a pkgargs
+	read -ra pkgargs <<<"${pkgs[$i]}"
+	for p in "${pkgargs[@]}"; do
+		listed+=$'\n'$("$scratch/bin/$(binname "$p")" -test.list "${tests[$i]}" 2>/dev/null | grep '^Test' || true)
+	done
+	for want in $(echo "${tests[$i]}" | tr -d '^$()' | tr '|' ' '); do
+		grep -qx "$want" <<<"$listed" || gone+=" $want"
+	done
+	if [ -n "$gone" ]; then
+		echo "DOES NOT APPLY  $name: no test named$gone"
+		return 0
+	fi
+	: >"$log"
+	for p in "${pkgargs[@]}"; do
+		bin="$scratch/bin/$(binname "$p")"
+		if (cd "$schemata/$p" && ADVISORYLOCK_MUTANT=$((i + 1)) "$bin" "${testflags[@]}" -test.failfast -test.run "${tests[$i]}") >>"$log" 2>&1; then
+			echo "ok  	$(cat "$bin.path")	(schema)" >>"$log"
+		else
+			status=1
+			echo "FAIL	$(cat "$bin.path")	(schema)" >>"$log"
+			break
+		fi
+	done
+	[ "$status" -ne 0 ] || return 1
+	local failed
+	failed=$(failures "$log")
+	echo "CAUGHT          $name ($((SECONDS - start))s, schema) by: ${failed:-a failing run, see below}"
 	[ -n "$failed" ] || tail -n 20 "$log"
 }
 
@@ -1035,6 +1097,120 @@ for i in "${!names[@]}"; do
 	[ $((i + 1)) -ge "${MUTATE_FROM:-1}" ] || continue
 	todo+=("$i")
 done
+# The schemata: every schema-able mutation compiled into one copy of the
+# tree (scripts/schemata), and a test binary built once per package its
+# targets are in. Mutations of a module under extra/ (its own go.mod) and
+# those scripts/schemata cannot take (see its doc) build their own.
+schemata="$scratch/schemata"
+schema=()
+declare -A why=()
+binname() { local p=${1#./}; echo "${p//\//_}.test"; }
+testflags=(-test.count=1 -test.timeout=15m -test.paniconexit0)
+[ "$short" = 1 ] && testflags+=(-test.short)
+if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
+	mkdir -p "$schemata" "$scratch/bin" "$scratch/mutated"
+	(cd "$root" && tar --exclude=.git -cf - .) | (cd "$schemata" && tar -xf -)
+	: >"$scratch/manifest"
+	for i in "${todo[@]}"; do
+		pkg=${pkgs[$i]}
+		if [ "$pkg" != . ] && [ -f "$root/$pkg/go.mod" ]; then
+			why[$i]="its tests are in a module of their own"
+			continue
+		fi
+		[ -f "$root/${files[$i]}" ] || continue
+		m="$scratch/mutated/$((i + 1))"
+		cp "$root/${files[$i]}" "$m"
+		perl -0pi -e "${edits[$i]}" "$m"
+		if ! cmp -s "$m" "$root/${files[$i]}"; then
+			printf '%d\t%s\t%s\n' $((i + 1)) "${files[$i]}" "$m" >>"$scratch/manifest"
+		fi
+	done
+	(cd "$root" && go build -o "$scratch/schemata-tool" ./scripts/schemata)
+	"$scratch/schemata-tool" -tree "$schemata" "$scratch/manifest" >"$scratch/verdicts"
+	while IFS=$'\t' read -r id kind detail; do
+		if [ "$kind" = schema ]; then schema[$((id - 1))]=1; else why[$((id - 1))]=$detail; fi
+	done <"$scratch/verdicts"
+	# Build each package the schema-able mutations' targets are in; a
+	# package that does not build sends its mutations down the classic path.
+	declare -A built=()
+	start=$SECONDS
+	for i in "${!schema[@]}"; do
+		read -ra pkgargs <<<"${pkgs[$i]}"
+		for p in "${pkgargs[@]}"; do
+			if [ -z "${built[$p]:-}" ] && [ "$dry" -eq 0 ]; then
+				bin="$scratch/bin/$(binname "$p")"
+				if (cd "$schemata" && go test -c -o "$bin" ${MUTATE_GOFLAGS:-} -vet=off -ldflags=-w "$p" && go list "$p" >"$bin.path") >"$scratch/build.log" 2>&1; then
+					built[$p]=ok
+				else
+					built[$p]=failed
+					echo "schemata: $p does not build; its mutations build their own:" >&2
+					sed -n 1,20p "$scratch/build.log" >&2
+				fi
+			fi
+			if [ "${built[$p]:-}" = failed ]; then
+				unset "schema[$i]"
+				why[$i]="the schemata of $p do not build"
+			fi
+		done
+	done
+	took=" (built in $((SECONDS - start))s)"
+	[ "$dry" -eq 0 ] || took=""
+	echo "schemata: ${#schema[@]} of ${#todo[@]} mutations are schema-able$took; the other ${#why[@]} build their own:"
+	for r in "${why[@]}"; do echo "$r"; done | sort | uniq -c | sed 's/^/  /'
+	# With no mutant, the schemata tree must pass the targets the fast
+	# path will run (those of the fast tier, -short; all of them with
+	# MUTATE_SANITY=full): the switch must not change what the code does.
+	# ADVISORYLOCK_MUTANT=0 is set, not left out: a test that sees the
+	# variable (lockrun's pass it on to the lockrun they start) sees it
+	# here too.
+	# The targets of each package are shared out among runs, MUTATE_JOBS
+	# side by side.
+	if [ "$dry" -eq 0 ] && [ "${#schema[@]}" -gt 0 ]; then
+		start=$SECONDS
+		checks=() running=0 sanityflags=("${testflags[@]}")
+		[ "${MUTATE_SANITY:-}" = full ] || [ "$short" = 1 ] || sanityflags+=(-test.short)
+		for p in "${!built[@]}"; do
+			[ "${built[$p]}" = ok ] || continue
+			n=0
+			declare -A chunk=()
+			for i in "${!schema[@]}"; do
+				[[ " ${pkgs[$i]} " == *" $p "* ]] || continue
+				k=$((n % jobs)) n=$((n + 1))
+				chunk[$k]+="${chunk[$k]:+|}${tests[$i]}"
+			done
+			for k in "${!chunk[@]}"; do
+				log="$scratch/sanity.$(binname "$p").$k"
+				checks+=("$p $log")
+				if [ "$running" -ge "$jobs" ]; then
+					wait -n || true
+					running=$((running - 1))
+				fi
+				running=$((running + 1))
+				(
+					cd "$schemata/$p" && ADVISORYLOCK_MUTANT=0 "$scratch/bin/$(binname "$p")" "${sanityflags[@]}" -test.run "${chunk[$k]}" >"$log" 2>&1 || touch "$log.failed"
+				) &
+			done
+			unset chunk
+		done
+		wait
+		# A test that fails there is run again alone: one that passes then
+		# failed for the company it kept (load, the pool), not the switch.
+		for check in "${checks[@]}"; do
+			read -r p log <<<"$check"
+			[ -f "$log.failed" ] || continue
+			again=$(grep -o '^--- FAIL: [^ ]*' "$log" | cut -d' ' -f3 | paste -sd'|' || true)
+			if [ -n "$again" ] && (cd "$schemata/$p" && ADVISORYLOCK_MUTANT=0 "$scratch/bin/$(binname "$p")" "${sanityflags[@]}" -test.run "^($again)\$") >"$log.again" 2>&1; then
+				echo "schemata: with no mutant, $again failed beside the other targets and passed alone"
+				continue
+			fi
+			echo "schemata: with no mutant, targets fail on the schemata tree; the switch changed what the code does:" >&2
+			tail -n 40 "$log" >&2
+			exit 1
+		done
+		echo "schemata: with no mutant the targets pass ($((SECONDS - start))s)"
+	fi
+fi
+
 next=0 # index into todo of the next result to print
 flush() {
 	while [ "$next" -lt "${#todo[@]}" ] && [ -f "$scratch/done.${todo[$next]}" ]; do

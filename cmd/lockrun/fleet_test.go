@@ -198,7 +198,7 @@ func startAsNobody(t *testing.T, env []string, home string, args ...string) *pro
 		}
 	}
 	p := &proc{cmd: exec.Command(bin, args...), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd.Env, p.cmd.Stdout, p.cmd.Stderr, p.cmd.Dir = env, p.stdout, p.stderr, "/"
+	p.cmd.Env, p.cmd.Stdout, p.cmd.Stderr, p.cmd.Dir = withMutant(env), p.stdout, p.stderr, "/"
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

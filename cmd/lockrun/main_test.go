@@ -131,6 +131,17 @@ func cronEnv(home string, env ...string) []string {
 	return append([]string{"HOME=" + home, "LOGNAME=root", "SHELL=/bin/sh", "PATH=/usr/bin:/bin"}, env...)
 }
 
+// withMutant adds scripts/mutate.sh's ADVISORYLOCK_MUTANT, when it is
+// set, to the environment of a lockrun started with an environment of its
+// own: lockrun is built from the tree the tests run in and must run the
+// mutant the tests do.
+func withMutant(env []string) []string {
+	if v, ok := os.LookupEnv("ADVISORYLOCK_MUTANT"); ok {
+		return append(env, "ADVISORYLOCK_MUTANT="+v)
+	}
+	return env
+}
+
 // proc is a running lockrun.
 type proc struct {
 	cmd    *exec.Cmd
@@ -159,7 +170,7 @@ func startBare(t *testing.T, env []string, args ...string) *proc {
 func startWithEnv(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(lockrunBin(t), args...), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd.Env = env
+	p.cmd.Env = withMutant(env)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	p.cmd.Dir = t.TempDir()
 	p.start = time.Now()

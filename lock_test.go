@@ -760,7 +760,7 @@ func TestDiscardedLockOnAPgxpoolIsFreed(t *testing.T) {
 	ctx := context.Background()
 	_, db := openPgxpool(t, 0)
 	name := testdb.UniqueName(t)
-	forgetGuard(t, newLock(t, db, name))
+	forgetGuard(t, newLock(t, db, name, pinned)) // a pinned hold's forgetting discards its connection
 	rival := newLock(t, testdb.OpenPostgres(t, "pgx"), name)
 	testdb.WaitFor(t, wait, func() bool {
 		runtime.GC()

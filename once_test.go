@@ -430,7 +430,9 @@ func TestTryDoOnceBurstOnASmallPoolDoesNotHang(t *testing.T) {
 			const callers = 16
 			errs := make(chan error, callers)
 			for i := range callers {
-				l := newLock(t, db, base+"/"+strconv.Itoa(i), advisorylock.WithPoolWait(200*time.Millisecond))
+				// Pinned: each holds a connection of its own, so the burst
+				// takes the whole pool (shared sessions leave it one).
+				l := newLock(t, db, base+"/"+strconv.Itoa(i), advisorylock.WithPoolWait(200*time.Millisecond), pinned)
 				go func() {
 					_, err := l.TryDoOnce(ctx, "run", func(context.Context) error { return nil })
 					errs <- err

@@ -213,6 +213,7 @@ func TestSQLiteHolderReportsOwnerAndExpiry(t *testing.T) {
 // expired and it takes it over.
 func TestSQLiteTakenOverGuardIsLostAndCannotFreeItsSuccessor(t *testing.T) {
 	testdb.Slow(t, "waits for renewals a second apart")
+	t.Parallel() // a file of its own
 	path, db := sqliteFile(t, "")
 	other := testdb.OpenSQLite(t, path, "")
 	ctx := context.Background()
@@ -497,6 +498,7 @@ func TestSQLiteSchemaIsCreatedOnFirstUseAndExported(t *testing.T) {
 // driver that reports SQLITE_BUSY at once.
 func TestSQLiteBusyIsWaitedOutNotReported(t *testing.T) {
 	testdb.Slow(t, "holds SQLite's write lock for seconds")
+	t.Parallel() // files of its own
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
 			t.Parallel() // a file of its own per journal mode
@@ -623,6 +625,7 @@ func TestSQLiteReleasedGuardLeavesNoGoroutine(t *testing.T) {
 // transaction while another connection writes.
 func TestSQLiteFenceAdmitUnderBusy(t *testing.T) {
 	testdb.Slow(t, "holds SQLite's write lock for seconds")
+	t.Parallel() // files of its own
 	ctx := context.Background()
 	setup := func(t *testing.T, options string) (*sql.DB, *sql.Conn, *advisorylock.Fence) {
 		path, db := sqliteFile(t, options)

@@ -49,6 +49,7 @@ const rowsSlotWork = 300 * time.Millisecond
 // refuses the stopped leader's own write after it resumes, deposed.
 func TestLeaseRowsElectionAcrossProcesses(t *testing.T) {
 	testdb.Slow(t, "three candidate processes per pool; two takeovers each wait out a lease")
+	t.Parallel() // names, record tables and processes of its own
 	for _, p := range pooledEndpoints {
 		t.Run(p.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -144,6 +145,7 @@ func TestLeaseRowsElectionAcrossProcesses(t *testing.T) {
 // fourth), and every process gets each of its turns.
 func TestLeaseRowsSemaphoreAcrossProcesses(t *testing.T) {
 	testdb.Slow(t, "eight holder processes per pool, a few seconds each")
+	t.Parallel() // names, record tables and processes of its own
 	const slots, procs, turns = 3, 8, 2
 	for _, p := range pooledEndpoints {
 		t.Run(p.name, func(t *testing.T) {

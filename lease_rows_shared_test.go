@@ -153,6 +153,7 @@ func TestLeaseRowsSharedHoldersExcludeWriters(t *testing.T) {
 // happens once the reader's row expires on the database.
 func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
 	testdb.Slow(t, "waits out a reader's lease on each server")
+	t.Parallel() // names of its own
 	for _, srv := range sharedRowsServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			t.Parallel() // a name of its own on each server
@@ -212,6 +213,7 @@ func TestLeaseRowsSharedHolderLostBeforeWriter(t *testing.T) {
 // ever holds beside anyone, and readers do hold together.
 func TestLeaseRowsSharedUnderContention(t *testing.T) {
 	testdb.Slow(t, "seconds of contention on each server")
+	t.Parallel() // a name and pools of its own on each server
 	const workers, rounds = 6, 25
 	for _, srv := range sharedRowsServers() {
 		t.Run(srv.name, func(t *testing.T) {

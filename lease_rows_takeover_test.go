@@ -18,6 +18,7 @@ import (
 // owner still holds it.
 func TestLeaseRowsLostHoldersRenewalLeavesTheNewOwnersRowAlone(t *testing.T) {
 	testdb.Slow(t, "a lock row taken over, one renewal period each")
+	t.Parallel() // names of its own
 	for _, srv := range rowsServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			t.Parallel() // a name of its own on each server

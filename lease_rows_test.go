@@ -95,6 +95,7 @@ func (p pooledEndpoint) open(t *testing.T) *sql.DB {
 // is taken over after its expiry is told (Lost closes).
 func TestLeaseRowsLockExcludesThroughAPooler(t *testing.T) {
 	testdb.Slow(t, "lock rows through PgBouncer and on MariaDB, seconds each")
+	t.Parallel() // names of its own
 	for _, srv := range rowsServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			t.Parallel() // a name of its own on each server
@@ -155,6 +156,7 @@ func TestLeaseRowsLockExcludesThroughAPooler(t *testing.T) {
 // concurrent waiting holders never more than 3 hold at once.
 func TestLeaseRowsSemaphoreAdmitsAtMostItsSlots(t *testing.T) {
 	testdb.Slow(t, "semaphore rows through PgBouncer and on MariaDB, seconds each")
+	t.Parallel() // names of its own
 	const slots, holders = 3, 8
 	for _, srv := range rowsServers() {
 		t.Run(srv.name, func(t *testing.T) {
@@ -353,6 +355,7 @@ func rowsLock(t *testing.T, db *sql.DB, name string) *advisorylock.Lock {
 // its term exceeds the dead leader's.
 func TestLeaseRowsElectionKilledLeaderProcessIsTakenOver(t *testing.T) {
 	testdb.Slow(t, "kills a leader process, waits out its lease")
+	t.Parallel() // names and a helper process of its own
 	txDSN, _ := testdb.PgBouncer(t)
 	for _, c := range []struct{ driver, params string }{{"postgres", ""}, {"pgx", "&default_query_exec_mode=exec"}} {
 		t.Run(c.driver, func(t *testing.T) {
@@ -417,6 +420,7 @@ func TestLeaseRowsElectionKilledLeaderProcessIsTakenOver(t *testing.T) {
 // handle's TryLock misses until then, and takes it after.
 func TestLeaseRowsKeepTheMinHoldWindow(t *testing.T) {
 	testdb.Slow(t, "waits out a min-hold window on each server")
+	t.Parallel() // names of its own
 	const window = 2 * time.Second
 	for _, srv := range rowsServers() {
 		t.Run(srv.name, func(t *testing.T) {

@@ -170,6 +170,7 @@ func TestLeaseTokensOnlyGrow(t *testing.T) {
 // the lease once, as the library must when it cannot renew in time).
 func TestLeaseIsExclusiveAndRenewalOutlivesTheTTL(t *testing.T) {
 	testdb.Slow(t, "holds leases for 2.5 TTLs of 4 s")
+	t.Parallel() // names of its own
 	const ttl = 4 * time.Second
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		t.Parallel()
@@ -201,6 +202,7 @@ func TestLeaseIsExclusiveAndRenewalOutlivesTheTTL(t *testing.T) {
 }
 
 func TestTakenOverLeaseIsLostAndEndsDo(t *testing.T) {
+	t.Parallel() // names of its own
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		t.Parallel()
 		for _, via := range []string{"Do", "TryDo"} {
@@ -349,6 +351,7 @@ func partitionedHolderGivesUp(t *testing.T, ttl time.Duration, open func(t *test
 
 func TestLeaseTimesOnPostgresComeFromTheDatabaseClock(t *testing.T) {
 	testdb.Slow(t, "waits through renewals for two TTLs of 2 s")
+	t.Parallel() // names of its own
 	const ttl = 2 * time.Second
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		t.Parallel()
@@ -504,6 +507,7 @@ func TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine(t *testing.T) {
 }
 
 func TestLeaseLockTimeoutReturnsTimeoutError(t *testing.T) {
+	t.Parallel() // names of its own
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		t.Parallel()
 		ctx := context.Background()
@@ -611,6 +615,7 @@ var weirdNames = []string{
 
 func TestLeaseNamesAreData(t *testing.T) {
 	testdb.Slow(t, "about a second on 2 CPUs, over every backend")
+	t.Parallel() // names of its own
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		db := b.open(t)
 		suffix := testdb.UniqueName(t)
@@ -705,6 +710,7 @@ func TestReleasedLeaseLeavesNoGoroutine(t *testing.T) {
 
 func TestLeaseSchemaIsCreatedOnFirstUseByConcurrentCallers(t *testing.T) {
 	testdb.Slow(t, "creates a fresh database")
+	t.Parallel() // databases of its own
 	ctx := context.Background()
 	admin := testdb.OpenPostgres(t, "postgres")
 	fresh := freshDatabase(t, admin)

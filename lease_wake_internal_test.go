@@ -66,6 +66,7 @@ func holdAndWait(t *testing.T, db DB, name string, poll time.Duration) (release 
 // the lease within a few round trips of the release, long before its
 // first poll could come: the release's notification woke it.
 func TestLeaseWaiterWakesOnRelease(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
 	release, got := holdAndWait(t, db, testdb.UniqueName(t), farPoll)
@@ -77,6 +78,7 @@ func TestLeaseWaiterWakesOnRelease(t *testing.T) {
 // terminated (its own pid only) while a waiter waits; the library listens
 // again on a new session, and the next release still wakes the waiter.
 func TestLeaseWaiterSurvivesAKilledListener(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
 	release, got := holdAndWait(t, db, testdb.UniqueName(t), farPoll)
@@ -89,6 +91,7 @@ func TestLeaseWaiterSurvivesAKilledListener(t *testing.T) {
 // to the waiter, by its poll, on both drivers; lib/pq, which delivers no
 // notifications, never listens.
 func TestLeaseHandoffWithoutNotificationPolls(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db, app := openNamed(t, drv)
@@ -127,6 +130,7 @@ func TestLeaseHandoffWithoutNotificationPolls(t *testing.T) {
 // the waiter does not listen (the watch is off) and polls, and the
 // handoff works.
 func TestLeaseWaiterThroughTransactionPoolPolls(t *testing.T) {
+	t.Parallel() // names and pools of its own
 	txDSN, _ := testdb.PgBouncer(t)
 	for drv, dsn := range map[string]string{"pgx": txDSN + "&default_query_exec_mode=exec", "postgres": txDSN} {
 		t.Run(drv, func(t *testing.T) {
@@ -174,6 +178,7 @@ func holdSlots(t *testing.T, db DB, name string, n int, poll time.Duration) ([]*
 // slot's release notified it. (A waiter on one slot server-side would
 // see another slot's release only at its slice's end.)
 func TestSemaphoreWaiterWakesOnRelease(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
 	gs, got := holdSlots(t, db, testdb.UniqueName(t), 3, farPoll)
@@ -185,6 +190,7 @@ func TestSemaphoreWaiterWakesOnRelease(t *testing.T) {
 // terminated while a semaphore's waiter waits; the library listens again,
 // and the next slot's release still wakes the waiter.
 func TestSemaphoreWaiterSurvivesAKilledListener(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
 	gs, got := holdSlots(t, db, testdb.UniqueName(t), 2, farPoll)
@@ -196,6 +202,7 @@ func TestSemaphoreWaiterSurvivesAKilledListener(t *testing.T) {
 // notification, by its holder's session ending (terminated by the
 // server), still goes to a listening waiter, by its poll.
 func TestSemaphoreSlotFreedSilentlyStillHandsOff(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
 	name := testdb.UniqueName(t)
@@ -221,6 +228,7 @@ func TestSemaphoreSlotFreedSilentlyStillHandsOff(t *testing.T) {
 // whose polls come too late to matter, waits server-side in slices and
 // still gets a released slot promptly.
 func TestSemaphoreWaiterWithoutNotificationsWaitsInSlices(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, _ := openNamed(t, "postgres")
 	gs, got := holdSlots(t, db, testdb.UniqueName(t), 2, farPoll)
 	waitWatchOff(t, db)
@@ -342,6 +350,7 @@ func TestLeaseReleaseHandsOverToTheQueuedWaiter(t *testing.T) {
 // the notification were lost); the waiter's poll reads that the lease is
 // its own and returns with it.
 func TestUnheardHandoverIsFoundByThePoll(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
 	name := testdb.UniqueName(t)
@@ -383,6 +392,7 @@ VALUES ($1, 'gone', nextval('advisorylock_token_seq'), now(), now() + interval '
 // waiter that has gone.
 func TestWaiterThatGivesUpLeavesNoPlace(t *testing.T) {
 	testdb.Slow(t, "20 LockTimeouts of 300 ms")
+	t.Parallel() // names and pools of its own
 	db, _ := openNamed(t, "pgx")
 	admin := testdb.OpenPostgres(t, "pgx")
 	type outcome struct {
@@ -524,6 +534,7 @@ func sleeperPID(t *testing.T, admin *sql.DB, app string) int {
 // lease wakes it: it returns within a few round trips, long before its
 // first poll, holding its place's token.
 func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "postgres")
 	admin := testdb.OpenPostgres(t, "pgx")
 	name := testdb.UniqueName(t)
@@ -551,6 +562,7 @@ func TestPlainLibPQWaiterSleepsInLine(t *testing.T) {
 // statement_timeout, not by a cancel.
 func TestHandoverSignalsOnlyASessionSleepingInLine(t *testing.T) {
 	testdb.Slow(t, "waits out a statement_timeout")
+	t.Parallel() // a name and sessions of its own
 	admin := testdb.OpenPostgres(t, "pgx")
 	ctx, cancel := context.WithTimeout(context.Background(), wakeWait)
 	defer cancel()
@@ -607,6 +619,7 @@ func TestHandoverSignalsOnlyASessionSleepingInLine(t *testing.T) {
 // the release's handover to its place, which wakes no one, is found by
 // its next poll.
 func TestSleeperWhoseConnectionDiesStillGetsTheLease(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "postgres")
 	admin := testdb.OpenPostgres(t, "pgx")
 	g, _, token, got := holdThenQueue(t, admin, admin, db, testdb.UniqueName(t), time.Minute, time.Minute, 50*time.Millisecond)
@@ -641,6 +654,7 @@ func TestSleeperWhoseConnectionDiesStillGetsTheLease(t *testing.T) {
 // still find connections); a second waiter, on another key, polls, and
 // both get their leases. Their slots are returned once they have.
 func TestSleepersInLineAreBounded(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, app := openNamed(t, "postgres")
 	db.SetMaxOpenConns(4)
 	admin := testdb.OpenPostgres(t, "pgx")
@@ -693,6 +707,7 @@ func leaseLost(lease Lease) bool {
 // the pool and no LISTEN for a wait that never came (through go-sqlmock,
 // such a listener took the one connection the expected statements need).
 func TestLeaseLockThatNeedsNoWaitOpensNoListener(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
 	db, _ := openNamed(t, "pgx")
 	l, err := NewLeaseLock(db, testdb.UniqueName(t))
 	if err != nil {

@@ -170,6 +170,7 @@ func TestWithConnFailsWithoutAPinnedConnection(t *testing.T) {
 // then refuses.
 func TestWithConnStepsTheKeepAliveAside(t *testing.T) {
 	testdb.Slow(t, "statements of a second under a keep-alive, per server")
+	t.Parallel() // names and sessions of its own; it ends only its own
 	const keepAlive = 20 * time.Millisecond
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
@@ -462,6 +463,7 @@ func releaseWhileAStatementRuns(t *testing.T, drv string, releaseTimeout time.Du
 // then on, and the lock is freed (its connection discarded) when fn
 // returns.
 func TestReleaseWhileWithConnDoesNotReturn(t *testing.T) {
+	t.Parallel() // names and pools of its own
 	const releaseTimeout = 300 * time.Millisecond
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {

@@ -325,6 +325,7 @@ func TestWaiterDoesNotStallCreateIndexConcurrently(t *testing.T) {
 
 func TestLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
 	testdb.Slow(t, "waits out a LockTimeout budget")
+	t.Parallel() // names and pools of its own
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			t.Parallel() // pools and a name of its own
@@ -451,6 +452,7 @@ func TestCancelledWaitLeavesNoLock(t *testing.T) {
 // as the lock is granted — must leave no lock held and no connection out.
 func TestCancelHammerLeavesNothingBehind(t *testing.T) {
 	testdb.Slow(t, "hundreds of cancelled acquires")
+	t.Parallel() // names and pools of its own
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)

@@ -157,6 +157,7 @@ func checkWindowHolder(t *testing.T, l windowLock, name string, notBefore, notAf
 // next firing after the window runs it again.
 func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
+	t.Parallel() // names of its own
 	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
@@ -203,6 +204,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowOnPostgresAndMySQL(t *testing.T) {
 // Lock and LockTimeout bounded shorter than the window give up.
 func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
+	t.Parallel() // names and files of its own
 	eachWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
@@ -252,6 +254,7 @@ func TestMinHoldLockWaitsForTheWindow(t *testing.T) {
 // that grant opens a window of its own.
 func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
+	t.Parallel() // names of its own
 	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
 			t.Parallel() // a name of its own; mostly waiting out the windows
@@ -305,6 +308,7 @@ func TestMinHoldWaiterAfterALongHolderClaimsANewWindow(t *testing.T) {
 // PostgreSQL and MySQL.
 func TestMinHoldWindowIsTheDatabaseClocks(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
+	t.Parallel() // names of its own
 	eachServerWindowLock(t, func(t *testing.T, kind string, open func() *sql.DB) {
 		t.Parallel() // a name (and SQLite file) of its own; mostly waiting out the window
 		ctx := context.Background()
@@ -335,6 +339,7 @@ func TestMinHoldWindowIsTheDatabaseClocks(t *testing.T) {
 // creating advisorylock_windows; with the option its first use creates it.
 func TestLockWithoutMinHoldNeverTouchesTheWindowsTable(t *testing.T) {
 	testdb.Slow(t, "creates a fresh database")
+	t.Parallel() // a database of its own
 	admin := testdb.OpenPostgres(t, "pgx")
 	fresh := freshDatabase(t, admin)
 	for _, drv := range testdb.Drivers {
@@ -554,6 +559,7 @@ func countLines(t testing.TB, path string) int {
 // their job late).
 func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
 	testdb.Slow(t, "processes waiting out 3 s windows")
+	t.Parallel() // files and helper processes of its own
 	for _, kind := range windowKinds {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel() // a file of its own; the processes start before the gun
@@ -608,6 +614,7 @@ func TestMinHoldRunsASkewedJobOncePerWindowAcrossSQLiteProcesses(t *testing.T) {
 // test's own while it holds the name.
 func TestMinHoldWindowOutlivesAKilledHolder(t *testing.T) {
 	testdb.Slow(t, "kills holder processes and waits out 3 s windows")
+	t.Parallel() // names, files and helper processes of its own
 	const window = 3 * time.Second
 	type setup struct {
 		kind, driver string
@@ -755,6 +762,7 @@ func TestWithoutMinHoldASkewedJobRunsOnSeveralReplicas(t *testing.T) {
 // operator made from it.
 func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
 	testdb.Slow(t, "creates a fresh database")
+	t.Parallel() // a database of its own
 	ddl := advisorylock.Schema(advisorylock.Postgres())
 	if !strings.Contains(ddl, "advisorylock_windows") {
 		t.Fatalf("Schema(Postgres()) lacks advisorylock_windows:\n%s", ddl)
@@ -780,6 +788,7 @@ func TestMinHoldRunsOnTheTableFromSchema(t *testing.T) {
 // keep getting them.
 func TestMinHoldGrantsAreAWindowApartUnderContention(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
+	t.Parallel() // names of its own
 	const window = 150 * time.Millisecond
 	for _, drv := range append(slices.Clone(testdb.Drivers), "mysql") {
 		t.Run(drv, func(t *testing.T) {
@@ -919,6 +928,7 @@ func TestMinHoldOnSQLiteFollowsTheClock(t *testing.T) {
 // the dead-holder settings to a session that lacks them, as the plain try
 // does.
 func TestMinHoldPinnedSessionGetsDeadHolderSettings(t *testing.T) {
+	t.Parallel() // names and pools of its own
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
@@ -1026,6 +1036,7 @@ func mysqlServerLockName(name string) string {
 // do not cut the window short.
 func TestMinHoldOnSQLiteWindowEndsAtTheGrantPlusTheWindow(t *testing.T) {
 	testdb.Slow(t, "waits out min-hold windows of seconds")
+	t.Parallel() // files of its own, on a fake clock
 	const window = 3 * time.Second
 	cases := []struct {
 		name         string

@@ -342,6 +342,7 @@ func checkOnlyTheseLost(t *testing.T, srv muxServer, admin *sql.DB, guards []*ad
 // cleanly.
 func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 	testdb.Slow(t, "waits for keep-alives to report the kill, per server")
+	t.Parallel() // names and pools of its own; it ends only its own session
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			t.Parallel() // names and pools of its own; it kills only its own session
@@ -417,6 +418,7 @@ func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 // freed, and no cancelled try leaves its key held.
 func TestMultiplexingCancelledTriesSpareTheirNeighbours(t *testing.T) {
 	testdb.Slow(t, "many cancelled tries, per server")
+	t.Parallel() // names and pools of its own
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)
@@ -467,6 +469,7 @@ func TestMultiplexingCancelledTriesSpareTheirNeighbours(t *testing.T) {
 // and a waiting Lock gets the name when the holder releases it.
 func TestMultiplexingExcludesInProcessAndHandsOff(t *testing.T) {
 	testdb.Slow(t, "waiters handed over, per server")
+	t.Parallel() // names and pools of its own
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db := srv.open(t)

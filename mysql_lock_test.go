@@ -107,6 +107,7 @@ func TestMySQLLockNameIsDerivedFromTheKey(t *testing.T) {
 // second), and gets the lock promptly when the holder releases it.
 func TestMySQLLockWaitsServerSideAndHandsOff(t *testing.T) {
 	testdb.Slow(t, "counts statements over 1.5 s of waiting")
+	t.Parallel() // a name, pools and a proxy of its own
 	ctx := context.Background()
 	name := testdb.UniqueName(t)
 	dbA := testdb.OpenMySQL(t)
@@ -153,6 +154,7 @@ func TestMySQLLockWaitsServerSideAndHandsOff(t *testing.T) {
 
 func TestMySQLLockTimeoutReturnsTimeoutErrorAndKeepsTheConnection(t *testing.T) {
 	testdb.Slow(t, "waits out a LockTimeout budget")
+	t.Parallel() // a name and pools of its own
 	ctx := context.Background()
 	name := testdb.UniqueName(t)
 	dbA, dbB := testdb.OpenMySQL(t), testdb.OpenMySQL(t)
@@ -688,6 +690,7 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 // each waiting statement lifts it for itself.
 func TestMySQLShortServerStatementTimeoutDoesNotBreakLock(t *testing.T) {
 	testdb.Slow(t, "waits across server statement timeouts")
+	t.Parallel() // a name and pools of its own
 	ctx := context.Background()
 	admin := testdb.OpenMySQL(t)
 	var version string

@@ -24,6 +24,7 @@ import (
 // events carry the context its acquire's "acquire_end" returned.
 func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 	testdb.Slow(t, "drives every event, per driver")
+	t.Parallel() // names and pools of its own; it ends only its own holder's session
 	for _, driver := range []string{"pgx", "postgres"} {
 		t.Run(driver, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, driver)
@@ -121,6 +122,7 @@ func TestObserverSeesEveryEventOnPostgres(t *testing.T) {
 // is pinned, so none is discarded.
 func TestObserverSeesLockRowsOnSQLite(t *testing.T) {
 	testdb.Slow(t, "waits for renewals a second apart")
+	t.Parallel() // a file of its own
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	rec := &observetest.Recorder{}
 	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithObserver(rec), advisorylock.WithLeaseTTL(3*time.Second)) // a renewal within a second; a stall of one loses no lease

@@ -204,6 +204,7 @@ func TestDetectPoolerOneConnection(t *testing.T) {
 // by the test), the probe gives up waiting and reads one connection.
 func TestDetectPoolerDoesNotWaitForASecondConnection(t *testing.T) {
 	testdb.Slow(t, "about a second on 2 CPUs")
+	t.Parallel() // a pool of its own
 	db := testdb.OpenPostgres(t, "postgres")
 	db.SetMaxOpenConns(2)
 	ctx := context.Background()

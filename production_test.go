@@ -209,6 +209,7 @@ func TestDeadHolderTimeoutMustExceedKeepAlivePlusReleaseTimeout(t *testing.T) {
 }
 
 func TestPinnedSessionGetsDeadHolderSettings(t *testing.T) {
+	t.Parallel() // names and pools of its own
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		for _, checks := range []bool{true, false} {
 			db := testdb.OpenPostgres(t, drv)
@@ -242,6 +243,7 @@ func TestPinnedSessionGetsDeadHolderSettings(t *testing.T) {
 
 func TestShortStatementTimeoutDoesNotBreakLock(t *testing.T) {
 	testdb.Slow(t, "waits across statement timeouts for seconds")
+	t.Parallel() // names and pools of its own
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		dsn := testdb.WithParam(testdb.PostgresDSN(t), "options", "-c statement_timeout=300")
 		holderDB, waiterDB := testdb.OpenPostgresDSN(t, drv, dsn), testdb.OpenPostgresDSN(t, drv, dsn)
@@ -457,6 +459,7 @@ func (c cancelAfterConn) Conn(ctx context.Context) (*sql.Conn, error) {
 
 func TestLeaseWaitersBackOffAndStillSeeAnEarlyRelease(t *testing.T) {
 	testdb.Slow(t, "waiters backing off for seconds")
+	t.Parallel() // a name, pools and a proxy of its own
 	db, proxy := testdb.OpenPostgresProxied(t, "pgx")
 	holderDB := testdb.OpenPostgres(t, "pgx")
 	name := testdb.UniqueName(t)
@@ -696,6 +699,7 @@ func TestMissedTryReadsNoLockTable(t *testing.T) {
 // Both on a shared session (the default) and pinned, whose WithConn
 // each forget what the session was known to have.
 func TestRememberedSessionTriesWithoutItsChecks(t *testing.T) {
+	t.Parallel() // names and pools of its own
 	for _, drv := range testdb.Drivers {
 		t.Run(drv+"/shared", func(t *testing.T) { rememberedSessionTriesWithoutItsChecks(t, drv) })
 		t.Run(drv+"/pinned", func(t *testing.T) { rememberedSessionTriesWithoutItsChecks(t, drv, pinned) })

@@ -40,6 +40,7 @@ RETURNING generation`
 
 func TestSchemaUpgradesARoundOneDatabaseLive(t *testing.T) {
 	testdb.Slow(t, "creates a fresh database")
+	t.Parallel() // a database of its own
 	admin := testdb.OpenPostgres(t, "postgres")
 	dsn := testdb.WithDatabase(testdb.PostgresDSN(t), freshDatabase(t, admin))
 	old := testdb.OpenPostgresDSN(t, "postgres", dsn)
@@ -168,6 +169,7 @@ func ordinaryRole(t *testing.T, admin *sql.DB) string {
 
 func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 	testdb.Slow(t, "creates a fresh database")
+	t.Parallel() // a role and databases of its own
 	admin := testdb.OpenPostgres(t, "postgres")
 	ctx := context.Background()
 	role := ordinaryRole(t, admin)
@@ -268,6 +270,7 @@ func roleAndDatabase(t *testing.T) (role, dsn string, owner *sql.DB) {
 // Schema's comment are given, each Check passes.
 func TestCheckRefusesAMissingGrant(t *testing.T) {
 	testdb.Slow(t, "creates fresh databases and roles")
+	t.Parallel() // a role and a database of its own
 	ctx := context.Background()
 	role, withTables, owner := roleAndDatabase(t)
 	checkAs := func(grants []string, want func(err error) bool, wanted string) {
@@ -304,6 +307,7 @@ func TestCheckRefusesAMissingGrant(t *testing.T) {
 // every grant their operations need, and only those (a Fence and a
 // min-hold Lock draw no tokens).
 func TestCheckRefusesAPartialGrant(t *testing.T) {
+	t.Parallel() // a role and a database of its own
 	ctx := context.Background()
 	role, withTables, owner := roleAndDatabase(t)
 	const tables = "advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections"

@@ -115,6 +115,7 @@ func TestSlotKeyIsTheDocumentedHashAndApartFromKey(t *testing.T) {
 // from the server while they run, no session holding two slots.
 func TestSemaphoreAdmitsAtMostSlotsHolders(t *testing.T) {
 	testdb.Slow(t, "8 workers contending for seconds")
+	t.Parallel() // names of its own
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		t.Parallel() // a name of its own on each backend
 		const workers, slots, rounds = 8, 3, 25
@@ -270,6 +271,7 @@ func watchHolders(ctx context.Context, s *advisorylock.Semaphore, slots int, adm
 // (on MySQL, where a session may take a named lock twice, even as the
 // same slot).
 func TestSemaphoreReleaseLeavesNoSlotOnTheConnection(t *testing.T) {
+	t.Parallel() // names and pools of its own
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		ctx := context.Background()
 		const slots = 2
@@ -450,6 +452,7 @@ func slotSnapshot(admin *sql.DB, backend, name string, slots int) (map[int64]int
 // waiter, and releases one slot: the waiter gets that slot soon.
 func TestSemaphoreWaiterGetsTheReleasedSlot(t *testing.T) {
 	testdb.Slow(t, "waiters handed slots, per backend")
+	t.Parallel() // names of its own
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -670,6 +673,7 @@ func helpSemaphoreHold(ctx context.Context, t *testing.T, db *sql.DB, job sqlite
 // free afterwards.
 func TestSQLiteKilledSemaphoreHolderFreesItsSlotAtExpiry(t *testing.T) {
 	testdb.Slow(t, "kills a holder process, waits out its TTL")
+	t.Parallel() // a file and a helper process of its own
 	const ttl = 2 * time.Second
 	path, db := sqliteFile(t, "")
 	ctx := context.Background()
@@ -746,6 +750,7 @@ func TestSemaphoreRefusesTransactionPooler(t *testing.T) {
 // server backends only: SQLite's slots are rows, which pin no connection.
 func TestSemaphorePoolWaitBoundsTheCheckout(t *testing.T) {
 	testdb.Slow(t, "waits out a pool wait, per backend")
+	t.Parallel() // names and pools of its own
 	eachServerSemaphoreBackend(t, func(t *testing.T, _ string, open func() *sql.DB) {
 		ctx := context.Background()
 		db := open()

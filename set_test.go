@@ -59,6 +59,7 @@ func newSet(t testing.TB, db advisorylock.DB, names []string, opts ...advisorylo
 // which keeps each name from everyone else until Release frees them all.
 func TestSetTakesAllOrNone(t *testing.T) {
 	testdb.Slow(t, "sets contending, per backend")
+	t.Parallel() // names and pools of its own
 	for _, sb := range setBackends(t) {
 		t.Run(sb.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -194,6 +195,7 @@ func TestSetsInOppositeOrdersNeverDeadlock(t *testing.T) {
 // pinned or multiplexed.
 func TestSetLostWithAnyName(t *testing.T) {
 	testdb.Slow(t, "waits for keep-alives to report losses, per backend")
+	t.Parallel() // names and pools of its own; it kills only its own session
 	for _, srv := range muxServers() {
 		for _, mux := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/multiplexed=%v", srv.name, mux), func(t *testing.T) {

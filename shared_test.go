@@ -51,6 +51,7 @@ var sharedOpts = []advisorylock.Option{advisorylock.WithPollInterval(5 * time.Mi
 
 func TestSharedHoldersCoexistAndExcludeWriters(t *testing.T) {
 	testdb.Slow(t, "waits out 300 ms timeouts, per backend")
+	t.Parallel() // names of its own
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -104,6 +105,7 @@ func TestSharedHoldersCoexistAndExcludeWriters(t *testing.T) {
 
 func TestWaitingWriterGetsInWhenTheReadersLeave(t *testing.T) {
 	testdb.Slow(t, "waiters handed over, per backend")
+	t.Parallel() // names of its own
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -152,6 +154,7 @@ func TestWaitingWriterGetsInWhenTheReadersLeave(t *testing.T) {
 
 func TestWaitingReadersGetInWhenTheWriterLeaves(t *testing.T) {
 	testdb.Slow(t, "waiters handed over, per backend")
+	t.Parallel() // names of its own
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
@@ -239,6 +242,7 @@ func TestHoldersListsSharedAndExclusiveHolders(t *testing.T) {
 // the server: the writer waiting behind it gets in, and the holder's Lost
 // closes.
 func TestKilledSharedHolderFreesTheLock(t *testing.T) {
+	t.Parallel() // names of its own; it ends only its holder's session
 	for _, b := range sharedBackends[:3] {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -300,6 +304,7 @@ func TestKilledSharedHolderFreesTheLock(t *testing.T) {
 // anyone as a violation.
 func TestSharedAndExclusiveHoldersNeverOverlap(t *testing.T) {
 	testdb.Slow(t, "readers and writers under load for seconds")
+	t.Parallel() // names of its own
 	for _, b := range sharedBackends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel() // a name of its own on each backend
@@ -358,6 +363,7 @@ func TestObserverSeesSharedHoldsAsKindShared(t *testing.T) {
 // in pg_stat_activity; on MySQL, ten periods), Lost stays open.
 func TestLiveSharedHolderIsNotLost(t *testing.T) {
 	testdb.Slow(t, "holds through ten keep-alive periods, per backend")
+	t.Parallel() // names of its own
 	for _, b := range sharedBackends[:3] {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel() // a name of its own on each backend
@@ -393,6 +399,7 @@ func TestLiveSharedHolderIsNotLost(t *testing.T) {
 // gets in at once, and every pool has all its connections back.
 func TestCancelledSharedWaitLeavesNothing(t *testing.T) {
 	testdb.Slow(t, "hundreds of cancelled waits")
+	t.Parallel() // names of its own
 	eachSharedBackend(t, func(t *testing.T, open func() *sql.DB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)

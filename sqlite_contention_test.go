@@ -19,6 +19,7 @@ import (
 // timeout ends.
 func TestSQLiteWritersOfOnePoolTakeTurns(t *testing.T) {
 	testdb.Slow(t, "32 goroutines over 256 names")
+	t.Parallel() // a file of its own
 	const goroutines, names, rounds = 32, 256, 10
 	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
 	locks := make([]*advisorylock.Lock, names)

@@ -245,6 +245,7 @@ func helpHold(ctx context.Context, t *testing.T, db *sql.DB, job sqliteJob) {
 // show no overlap, and every process must have got in under Do.
 func TestSQLiteLockIsExclusiveAcrossProcesses(t *testing.T) {
 	testdb.Slow(t, "several processes on one SQLite file")
+	t.Parallel() // files and helper processes of its own
 	const procs, iters = 5, 24
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
@@ -298,6 +299,7 @@ func TestSQLiteLockIsExclusiveAcrossProcesses(t *testing.T) {
 // out as "not acquired", "lost" or an error.
 func TestSQLiteBusyNeverSurfacesUnderContention(t *testing.T) {
 	testdb.Slow(t, "processes contending for one SQLite file for seconds")
+	t.Parallel() // files and helper processes of its own
 	const procs = 6
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
@@ -312,6 +314,7 @@ func TestSQLiteBusyNeverSurfacesUnderContention(t *testing.T) {
 // once on a file without tables.
 func TestSQLiteTablesAreCreatedConcurrentlyByProcesses(t *testing.T) {
 	testdb.Slow(t, "several processes on one SQLite file")
+	t.Parallel() // files and helper processes of its own
 	const procs = 6
 	for _, j := range sqliteJournals {
 		t.Run(j.name, func(t *testing.T) {
@@ -331,6 +334,7 @@ func TestSQLiteTablesAreCreatedConcurrentlyByProcesses(t *testing.T) {
 // free from the expiry on.
 func TestSQLiteKilledHolderFreesTheLockAtExpiry(t *testing.T) {
 	testdb.Slow(t, "kills a holder process, waits out its TTL")
+	t.Parallel() // a file and a helper process of its own
 	const ttl = 2 * time.Second
 	path, db := sqliteFile(t, "")
 	ctx := context.Background()

@@ -13,6 +13,7 @@ import (
 // connection (none stays idle), and the cache still holds at most the one
 // open now.
 func TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen(t *testing.T) {
+	t.Parallel() // a pool of its own
 	ctx := context.Background()
 	db := testdb.OpenPostgres(t, "postgres")
 	db.SetMaxIdleConns(0) // a connection goes back to the pool only to be closed

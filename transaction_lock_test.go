@@ -196,6 +196,7 @@ func startProbeTx(t *testing.T, db *sql.DB) (*sql.Tx, txState) {
 // the settings as they were too. The transaction then commits.
 func TestLockTxThatEndsWithoutTheLockLeavesTheTransactionUsable(t *testing.T) {
 	testdb.Slow(t, "waits out 1.5 s timeouts, per backend")
+	t.Parallel() // names and pools of its own
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			name := testdb.UniqueName(t)

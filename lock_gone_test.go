@@ -33,69 +33,77 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 		backends = append(backends, backend{"postgres/" + drv, func(t *testing.T) *sql.DB { return testdb.OpenPostgres(t, drv) }, "SELECT pg_advisory_unlock_all()"})
 	}
 	backends = append(backends, backend{"mysql", func(t *testing.T) *sql.DB { return testdb.OpenMySQL(t) }, "DO RELEASE_ALL_LOCKS()"})
+	// A pinned lock's keep-alive and a shared session's are separate
+	// statements: both run.
+	modes := []struct {
+		name string
+		opts []advisorylock.Option
+	}{{"shared", nil}, {"pinned", []advisorylock.Option{pinned}}}
 	for _, b := range backends {
-		for _, taken := range []bool{false, true} {
-			sub := b.name + "/freed"
-			if taken {
-				sub = b.name + "/taken-by-another-session"
-			}
-			t.Run(sub, func(t *testing.T) {
-				checkGoroutines(t)
-				ctx, cancel := context.WithTimeout(context.Background(), wait)
-				defer cancel()
-				name := testdb.UniqueName(t)
-				rec := &observetest.Recorder{}
-				l := newLock(t, b.open(t), name, advisorylock.WithKeepAlive(50*time.Millisecond), advisorylock.WithObserver(rec))
-				g, err := l.TryLock(ctx)
-				if err != nil {
-					t.Fatal(err)
+		for _, mode := range modes {
+			for _, taken := range []bool{false, true} {
+				sub := b.name + "/" + mode.name + "/freed"
+				if taken {
+					sub = b.name + "/" + mode.name + "/taken-by-another-session"
 				}
-				defer func() { _ = g.Release(context.Background()) }() // on a failure; releasing twice is harmless
-				other := newLock(t, b.open(t), name)
-				var og *advisorylock.Guard
-				err = g.WithConn(ctx, func(c advisorylock.Conn) error {
-					tx, err := c.BeginTx(ctx, nil)
+				t.Run(sub, func(t *testing.T) {
+					checkGoroutines(t)
+					ctx, cancel := context.WithTimeout(context.Background(), wait)
+					defer cancel()
+					name := testdb.UniqueName(t)
+					rec := &observetest.Recorder{}
+					l := newLock(t, b.open(t), name, append([]advisorylock.Option{advisorylock.WithKeepAlive(50 * time.Millisecond), advisorylock.WithObserver(rec)}, mode.opts...)...)
+					g, err := l.TryLock(ctx)
 					if err != nil {
-						return err
+						t.Fatal(err)
 					}
-					if _, err := tx.ExecContext(ctx, b.unlockAll); err != nil {
-						return fmt.Errorf("freeing the lock on its own session: %w", err)
-					}
-					if taken {
-						if og, err = other.TryLock(ctx); err != nil {
-							return fmt.Errorf("TryLock from another session after the holder's session freed the lock: %w", err)
+					defer func() { _ = g.Release(context.Background()) }() // on a failure; releasing twice is harmless
+					other := newLock(t, b.open(t), name)
+					var og *advisorylock.Guard
+					err = g.WithConn(ctx, func(c advisorylock.Conn) error {
+						tx, err := c.BeginTx(ctx, nil)
+						if err != nil {
+							return err
 						}
+						if _, err := tx.ExecContext(ctx, b.unlockAll); err != nil {
+							return fmt.Errorf("freeing the lock on its own session: %w", err)
+						}
+						if taken {
+							if og, err = other.TryLock(ctx); err != nil {
+								return fmt.Errorf("TryLock from another session after the holder's session freed the lock: %w", err)
+							}
+						}
+						return tx.Commit()
+					})
+					if og != nil {
+						defer mustRelease(t, og)
 					}
-					return tx.Commit()
+					if err != nil {
+						t.Fatal(err)
+					}
+					select {
+					case <-g.Lost():
+					case <-time.After(wait):
+						t.Fatalf("the keep-alive (every 50ms) never reported the lock lost after its session freed it (taken by another session: %v)", taken)
+					}
+					testdb.WaitFor(t, wait, func() bool { return len(rec.Events("loss")) > 0 }, "no loss event after Lost closed")
+					_ = g.Release(ctx) // lost: its error says so
+					if n := rec.Count("loss", "not_held"); n != 1 {
+						t.Fatalf("loss events %+v, want one with cause not_held", rec.Events("loss"))
+					}
+					if !taken {
+						return
+					}
+					select {
+					case <-og.Lost():
+						t.Fatal("the other session's lock was lost after the first holder's release")
+					default:
+					}
+					if _, err := newLock(t, b.open(t), name).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
+						t.Fatalf("TryLock after the lost Guard's release = %v, want ErrNotAcquired (the other session holds it)", err)
+					}
 				})
-				if og != nil {
-					defer mustRelease(t, og)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				select {
-				case <-g.Lost():
-				case <-time.After(wait):
-					t.Fatalf("the keep-alive (every 50ms) never reported the lock lost after its session freed it (taken by another session: %v)", taken)
-				}
-				testdb.WaitFor(t, wait, func() bool { return len(rec.Events("loss")) > 0 }, "no loss event after Lost closed")
-				_ = g.Release(ctx) // lost: its error says so
-				if n := rec.Count("loss", "not_held"); n != 1 {
-					t.Fatalf("loss events %+v, want one with cause not_held", rec.Events("loss"))
-				}
-				if !taken {
-					return
-				}
-				select {
-				case <-og.Lost():
-					t.Fatal("the other session's lock was lost after the first holder's release")
-				default:
-				}
-				if _, err := newLock(t, b.open(t), name).TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
-					t.Fatalf("TryLock after the lost Guard's release = %v, want ErrNotAcquired (the other session holds it)", err)
-				}
-			})
+			}
 		}
 	}
 }

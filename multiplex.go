@@ -355,12 +355,12 @@ func (s *muxSession) dropHold(h *muxHold) {
 // and goes in the next, with every op that queued by then (one of them
 // leads it). The ops with nothing left to do on s settle first (see
 // settled); the rest go in one statement where the backend batches
-// (backend.BatchLocker), else one statement each. What it buys: throughput where many goroutines share few
-// sessions. A session runs one statement at a time, so with 32
-// goroutines on 4 sessions each try and release waited for up to 7
-// others' round trips; batched, one round trip answers them all
-// (BenchmarkPeers/throughput, 32 goroutines over 256 names, WithMultiplexing(4);
-// see benchmarks/README.md for the figures).
+// (backend.BatchLocker), else one statement each. What it buys:
+// throughput where many goroutines share few sessions. A session runs one
+// statement at a time, so with 32 goroutines on 4 sessions each try and
+// release waited for up to 7 others' round trips; batched, one round trip
+// answers them all (BenchmarkPeers/throughput, 32 goroutines over 256
+// names, WithMultiplexing(4); see benchmarks/README.md for the figures).
 func (s *muxSession) exec(op *muxOp) {
 	mp := s.pool
 	op.done = make(chan struct{})
@@ -383,8 +383,26 @@ func (s *muxSession) exec(op *muxOp) {
 	s.queue = nil
 	mp.mu.Unlock()
 	live := slices.DeleteFunc(slices.Clone(batch), s.settled)
-	if bl, ok := mp.locker.(backend.BatchLocker); !ok || len(live) < 2 || !s.runBatch(bl, live) {
-		s.runEach(live)
+	if bl, ok := mp.locker.(backend.BatchLocker); ok && len(live) > 1 {
+		live = s.runBatch(bl, live)
+	}
+	for _, o := range live { // one statement each
+		if s.settled(o) { // an op before it ended s
+			continue
+		}
+		var ok bool
+		var err error
+		if o.hold == nil {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), mp.key.timeout)
+			var res backend.SessionResult
+			_, res, err = o.claim.try(sctx, &s.p)
+			ok = res.OK
+			cancel()
+		} else {
+			err = unlockKeys(context.Background(), mp.locker, &s.p, o.hold.keys, mp.key.timeout)
+			ok = err == nil
+		}
+		s.settle(o, ok, err)
 	}
 	mp.mu.Lock()
 	var next *muxOp
@@ -404,34 +422,14 @@ func (s *muxSession) exec(op *muxOp) {
 	}
 }
 
-// runEach runs ops on s one statement each. s.mu is held.
-func (s *muxSession) runEach(ops []*muxOp) {
-	for _, o := range ops {
-		if s.settled(o) {
-			continue
-		}
-		var ok bool
-		var err error
-		if o.hold == nil {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(o.ctx), s.pool.key.timeout)
-			var res backend.SessionResult
-			_, res, err = o.claim.try(sctx, &s.p)
-			ok = res.OK
-			cancel()
-		} else {
-			err = unlockKeys(context.Background(), s.pool.locker, &s.p, o.hold.keys, s.pool.key.timeout)
-			ok = err == nil
-		}
-		s.settle(o, ok, err)
-	}
-}
-
-// runBatch runs ops on s in one statement, and reports false where the
-// backend could not batch them (nothing was sent). s.mu is held.
-func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) bool {
+// runBatch runs ops on s in one statement, and returns those left to run
+// one statement each: all of them where the backend could not batch them
+// (nothing was sent), those the statement may not have done where the
+// server's lock table was full. s.mu is held.
+func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) []*muxOp {
 	mp := s.pool
 	if slices.ContainsFunc(ops, (*muxOp).ofSet) {
-		return false // a set's statement may take some of its keys: it runs alone
+		return ops // a set's statement may take some of its keys: it runs alone
 	}
 	var tries, unlocks []int64
 	for _, o := range ops {
@@ -449,7 +447,7 @@ func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) bool {
 		return answer{g, f}, err
 	})
 	if errors.Is(err, ErrUnsupported) {
-		return false
+		return ops
 	}
 	recovered := false
 	if err != nil && dbutil.SQLState(err) == pgOutOfSharedMemory && !s.p.abandoned.Load() {
@@ -490,8 +488,7 @@ func (s *muxSession) runBatch(bl backend.BatchLocker, ops []*muxOp) bool {
 			s.settle(o, false, fmt.Errorf("advisorylock: the session did not hold key %d", o.key))
 		}
 	}
-	s.runEach(rest)
-	return true
+	return rest
 }
 
 // ofSet reports whether o is a set's try or unlock.

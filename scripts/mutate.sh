@@ -115,7 +115,7 @@ mutation "a set takes the claim of its first key alone" advisorylock.go \
 	's/\tcase l\.set != nil:\n\t\treturn setClaim\{l, s\}/\tcase l.set != nil \&\& false:\n\t\treturn setClaim{l, s}/' \
 	'^TestSetTakesAllOrNone$'
 mutation "a caller's context can cancel a statement on a shared session" multiplex.go \
-	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(o\.ctx\), s\.pool\.key\.timeout\)/sctx, cancel := context.WithTimeout(o.ctx, s.pool.key.timeout)/' \
+	's/sctx, cancel := context\.WithTimeout\(context\.WithoutCancel\(o\.ctx\), mp\.key\.timeout\)/sctx, cancel := context.WithTimeout(o.ctx, mp.key.timeout)/' \
 	'^(TestMultiplexingCancelledTriesSpareTheirNeighbours|TestEngineMultiplexedTryWhoseCallerLeavesSparesItsNeighbours)$'
 mutation "a name held in the process is tried again on its shared session" multiplex.go \
 	's/if _, ok := mp\.held\[k\]; ok \{/if _, ok := mp.held[k]; ok \&\& false {/' \
@@ -194,7 +194,7 @@ mutation "a batch refused for a full lock table ends its session" multiplex.go \
 	's/(recovered := false\n\tif )err != nil && dbutil\.SQLState\(err\) == pgOutOfSharedMemory/$1false/' \
 	'^TestEngineMultiplexedBatchOnAFullLockTableKeepsTheSession$'
 mutation "a shared session runs each queued op alone" multiplex.go \
-	's/!ok \|\| len\(live\) < 2 \|\| !s\.runBatch/true || !ok || len(live) < 2 || !s.runBatch/' \
+	's/ok && len\(live\) > 1 \{/false && ok && len(live) > 1 {/' \
 	'^TestEngineMultiplexedOpsShareTheNextStatement$'
 mutation "a batch unlocks with the try function (PostgreSQL)" internal/postgresbackend/batch.go \
 	's/"pg_try_advisory_lock", "pg_advisory_unlock"\)/"pg_try_advisory_lock", "pg_try_advisory_lock")/' \

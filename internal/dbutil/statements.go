@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/advisorylock/advisorylock/backend"
@@ -284,4 +285,23 @@ func TermToken(v int64) (uint64, error) {
 		return 0, fmt.Errorf("advisorylock: invalid fencing token %d (tokens start at 1)", v)
 	}
 	return uint64(v), nil
+}
+
+// SchemaScript writes a backend's Schema: versions (the DDL of the
+// version table), then each upgrade step of steps (steps[0] is unused:
+// version 0 has none) with the statement that records it (record, which
+// the backend's own upgrade runs too), then grants (a comment for the
+// administrator).
+func SchemaScript(versions string, steps [][]string, record func(version int) string, grants string) string {
+	var b strings.Builder
+	b.WriteString(versions + ";\n")
+	for v := 1; v < len(steps); v++ {
+		fmt.Fprintf(&b, "\n-- version %d\n", v)
+		for _, ddl := range steps[v] {
+			b.WriteString(ddl + ";\n")
+		}
+		b.WriteString(record(v) + ";\n")
+	}
+	b.WriteString(grants)
+	return b.String()
 }

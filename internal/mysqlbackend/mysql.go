@@ -531,16 +531,7 @@ const mysqlSchemaVersions = `CREATE TABLE IF NOT EXISTS advisorylock_schema (
 // (advisorylock_windows) or WithLeaseRows (advisorylock_locks, and
 // advisorylock_shared_rows for its shared holders).
 func (mysqlBackend) Schema() string {
-	var b strings.Builder
-	b.WriteString(mysqlSchemaVersions + ";\n")
-	for v, step := range mysqlSteps[1:] {
-		fmt.Fprintf(&b, "\n-- version %d\n", v+1)
-		for _, ddl := range step {
-			b.WriteString(ddl + ";\n")
-		}
-		fmt.Fprintf(&b, "INSERT IGNORE INTO advisorylock_schema (version, applied_at) VALUES (%d, UTC_TIMESTAMP(6));\n", v+1)
-	}
-	b.WriteString(`
+	return dbutil.SchemaScript(mysqlSchemaVersions, mysqlSteps, mysqlRecordVersion, `
 -- The application's user needs (no CREATE; PROCESS only for Holder's user and host):
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_leases TO app;
 --   GRANT SELECT, INSERT, UPDATE ON db.advisorylock_fences TO app;
@@ -551,7 +542,11 @@ func (mysqlBackend) Schema() string {
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON db.advisorylock_locks, db.advisorylock_shared_rows TO app; -- WithLeaseRows
 --   GRANT SELECT ON db.advisorylock_schema TO app;
 `)
-	return b.String()
+}
+
+// mysqlRecordVersion records that version v's step has run.
+func mysqlRecordVersion(v int) string {
+	return "INSERT IGNORE INTO advisorylock_schema (version, applied_at) VALUES (" + strconv.Itoa(v) + ", UTC_TIMESTAMP(6))"
 }
 
 // mysqlNowMicros is the database clock in microseconds since 1970 (UTC).
@@ -815,7 +810,7 @@ func applyMySQLSteps(ctx context.Context, conn *sql.Conn) error {
 				return err
 			}
 		}
-		if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO advisorylock_schema (version, applied_at) VALUES ("+strconv.Itoa(v)+", UTC_TIMESTAMP(6))"); err != nil {
+		if _, err := conn.ExecContext(ctx, mysqlRecordVersion(v)); err != nil {
 			return err
 		}
 	}

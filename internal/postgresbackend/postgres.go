@@ -928,16 +928,7 @@ const schemaLock = "SELECT pg_advisory_xact_lock(1924073131, 2075971670)"
 // (advisorylock_windows) or WithLeaseRows (advisorylock_locks); an
 // Election records its terms in advisorylock_elections.
 func (p *postgres) Schema() string {
-	var b strings.Builder
-	b.WriteString(pgSchemaVersions + ";\n")
-	for v, step := range postgresSteps[1:] {
-		fmt.Fprintf(&b, "\n-- version %d\n", v+1)
-		for _, ddl := range step {
-			b.WriteString(ddl + ";\n")
-		}
-		fmt.Fprintf(&b, "INSERT INTO advisorylock_schema (version) VALUES (%d) ON CONFLICT DO NOTHING;\n", v+1)
-	}
-	b.WriteString(`
+	return dbutil.SchemaScript(pgSchemaVersions, postgresSteps, pgRecordVersion, `
 -- The application's role needs (no CREATE, no superuser):
 --   GRANT SELECT, INSERT, UPDATE ON advisorylock_leases, advisorylock_fences, advisorylock_windows, advisorylock_elections TO app;
 --   GRANT SELECT, INSERT, DELETE ON advisorylock_runs TO app; -- Lock.TryDoOnce
@@ -945,7 +936,11 @@ func (p *postgres) Schema() string {
 --   GRANT USAGE ON SEQUENCE advisorylock_token_seq TO app;
 --   GRANT SELECT ON advisorylock_schema TO app;
 `)
-	return b.String()
+}
+
+// pgRecordVersion records that version v's step has run.
+func pgRecordVersion(v int) string {
+	return "INSERT INTO advisorylock_schema (version) VALUES (" + strconv.Itoa(v) + ") ON CONFLICT DO NOTHING"
 }
 
 // pgNextToken makes a grant's fencing token: the server's WAL timeline in
@@ -1523,7 +1518,7 @@ func applySteps(ctx context.Context, tx *sql.Tx) error {
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO advisorylock_schema (version) VALUES ("+strconv.Itoa(v)+") ON CONFLICT DO NOTHING"); err != nil {
+		if _, err := tx.ExecContext(ctx, pgRecordVersion(v)); err != nil {
 			return err
 		}
 	}

@@ -277,16 +277,13 @@ func (sqliteBackend) Traits() backend.Traits {
 // advisorylock_fences, the token counter and the schema version table,
 // with every upgrade step (idempotent: run it again after an upgrade).
 func (sqliteBackend) Schema() string {
-	var b strings.Builder
-	b.WriteString(sqliteSchemaVersions + ";\n")
-	for v, step := range sqliteSteps[1:] {
-		fmt.Fprintf(&b, "\n-- version %d\n", v+1)
-		for _, ddl := range step {
-			b.WriteString(ddl + ";\n")
-		}
-		fmt.Fprintf(&b, "INSERT OR IGNORE INTO advisorylock_schema (version, applied_at) VALUES (%d, 0);\n", v+1)
-	}
-	return b.String()
+	return dbutil.SchemaScript(sqliteSchemaVersions, sqliteSteps, func(v int) string { return sqliteRecordVersion(v, 0) }, "")
+}
+
+// sqliteRecordVersion records that version v's step has run, at
+// (milliseconds since 1970; 0 in Schema's script).
+func sqliteRecordVersion(v int, at int64) string {
+	return fmt.Sprintf("INSERT OR IGNORE INTO advisorylock_schema (version, applied_at) VALUES (%d, %d)", v, at)
 }
 
 // Validate refuses an in-memory database and creates the tables.
@@ -343,7 +340,7 @@ func createTables(ctx context.Context, q dbutil.Querier) error {
 	stmts := []string{sqliteSchemaVersions}
 	for v := 1; v < len(sqliteSteps); v++ {
 		stmts = append(stmts, sqliteSteps[v]...)
-		stmts = append(stmts, fmt.Sprintf("INSERT OR IGNORE INTO advisorylock_schema (version, applied_at) VALUES (%d, %d)", v, time.Now().UnixMilli()))
+		stmts = append(stmts, sqliteRecordVersion(v, time.Now().UnixMilli()))
 	}
 	for _, ddl := range stmts {
 		if err := retryBusy(ctx, busyNewcomer, func() error {

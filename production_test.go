@@ -274,6 +274,7 @@ func TestShortStatementTimeoutDoesNotBreakLock(t *testing.T) {
 func TestLockTimeoutHoldsOnADeadNetworkWithAWarmConnection(t *testing.T) {
 	testdb.Slow(t, "fault: network cut under a LockTimeout")
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		t.Parallel() // side by side: a proxy and a name of its own
 		db, proxy := testdb.OpenPostgresProxied(t, drv)
 		db.SetMaxIdleConns(2)
 		l := newLockOpts(t, db, testdb.UniqueName(t))

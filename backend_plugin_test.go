@@ -172,6 +172,7 @@ func TestThirdBackendPlugsIn(t *testing.T) {
 // elections with nothing more; its lease tokens are the terms.
 func TestThirdBackendHoldsElections(t *testing.T) {
 	testdb.Slow(t, "campaigns several terms")
+	t.Parallel() // a backend of its own, in the process: nothing shared
 	e, err := advisorylock.NewElection(noDB{}, "plugged", advisorylock.WithBackend(newMapBackend()), advisorylock.WithOwner("me"))
 	if err != nil {
 		t.Fatal(err)

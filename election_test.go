@@ -388,6 +388,7 @@ func TestElectionVanishedLeaderIsTakenOverWithinTheDeadHolderTimeout(t *testing.
 	const d = 3 * time.Second
 	opts := []advisorylock.Option{advisorylock.WithDeadHolderTimeout(d), advisorylock.WithKeepAlive(time.Second), advisorylock.WithReleaseTimeout(time.Second)}
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		t.Parallel() // side by side: a name and a blackholed client port of its own
 		// No goroutine check: the drivers' reads of the blackholed socket
 		// end only when the kernel gives up on it (as for a Lock, see
 		// TestVanishedHolderIsFreedWithinTheDeadHolderTimeout).

@@ -203,16 +203,19 @@ func TestEngineCancelledAcquireSendsNothing(t *testing.T) {
 // own).
 func TestEngineCheckoutEndsWithItsContextOrThePoolWait(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name  string
-		opts  []advisorylock.Option
-		lines int64 // the pool's lines the Lock joins: the shared session's, then its own
-	}{{"pinned", []advisorylock.Option{advisorylock.WithMultiplexing(0)}, 1}, {"multiplexed", []advisorylock.Option{advisorylock.WithMultiplexing(1)}, 2}} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, mode := range sessionModes() {
+		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
+			opts := append(mode.opts, advisorylock.WithPoolWait(time.Millisecond))
+			lines := int64(1) // the pool's lines the Lock joins: a pinned Lock its own
+			if mode.opts == nil {
+				// One shared session (the default's number depends on the
+				// pool's limit): its line first, then its own.
+				opts, lines = append(opts, advisorylock.WithMultiplexing(1)), 2
+			}
 			s, db := openFake(t)
 			db.SetMaxOpenConns(1)
-			l := fakeLock(t, s, db, "job", append(tc.opts, advisorylock.WithPoolWait(time.Millisecond))...)
+			l := fakeLock(t, s, db, "job", opts...)
 			g := mustTry(t, fakeLock(t, s, db, "other")) // the pool's one connection
 			defer mustRelease(t, g)
 			tries := s.count("try")
@@ -225,7 +228,7 @@ func TestEngineCheckoutEndsWithItsContextOrThePoolWait(t *testing.T) {
 				_, err := l.Lock(ctx) // a wait's checkout is bounded by ctx alone
 				done <- err
 			}()
-			want := 1 + tc.lines
+			want := 1 + lines
 			waitForPool := time.Now().Add(wait)
 			for db.Stats().WaitCount < want && time.Now().Before(waitForPool) {
 				runtime.Gosched() // database/sql tells no event for a checkout in line
@@ -539,10 +542,7 @@ func TestEngineRefusesBadInput(t *testing.T) {
 // on a pinned one: their try, release and keep-alive are separate code.
 func TestEngineSetTakesAllOrNone(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []struct {
-		name string
-		opts []advisorylock.Option
-	}{{"shared", nil}, {"pinned", []advisorylock.Option{advisorylock.WithMultiplexing(0)}}} {
+	for _, mode := range sessionModes() {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			setTakesAllOrNone(t, mode.opts)

@@ -1067,9 +1067,13 @@ func TestServerRestart(t *testing.T) {
 // the network heals, and the stale release does not free the successor.
 func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 	testdb.Slow(t, "fault: network cuts, waits out lease expiry")
+	// The drivers' subtests run side by side, each on a proxy and names of
+	// its own; the goroutine check covers them together, on the whole
+	// test, which no other test runs beside.
+	checkGoroutines(t)
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
-			checkGoroutines(t)
+			t.Parallel()
 			ctx := context.Background()
 			db, proxy := testdb.OpenPostgresProxied(t, drv)
 			admin := testdb.OpenPostgres(t, drv)

@@ -569,6 +569,20 @@ func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
 // (the default shares sessions: see WithMultiplexing).
 var pinned = advisorylock.WithMultiplexing(0)
 
+// sessionMode is a way for a Lock or Set to hold its session: shared
+// with other holds (the default) or pinned to one hold.
+type sessionMode struct {
+	name string                // the subtest's name: "shared" or "pinned"
+	opts []advisorylock.Option // what the Lock or Set is given for it
+}
+
+// sessionModes are the two ways to hold a session, for the tests that run
+// both: a shared session's try, release and keep-alive are other code
+// than a pinned one's.
+func sessionModes() []sessionMode {
+	return []sessionMode{{"shared", nil}, {"pinned", []advisorylock.Option{pinned}}}
+}
+
 // newPinned returns a Lock that pins one session per held lock: what the
 // tests of a lock's own connection (WithConn, Guard.Conn) are about.
 func newPinned(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Lock {

@@ -35,12 +35,8 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 	backends = append(backends, backend{"mysql", func(t *testing.T) *sql.DB { return testdb.OpenMySQL(t) }, "DO RELEASE_ALL_LOCKS()"})
 	// A pinned lock's keep-alive and a shared session's are separate
 	// statements: both run.
-	modes := []struct {
-		name string
-		opts []advisorylock.Option
-	}{{"shared", nil}, {"pinned", []advisorylock.Option{pinned}}}
 	for _, b := range backends {
-		for _, mode := range modes {
+		for _, mode := range sessionModes() {
 			for _, taken := range []bool{false, true} {
 				sub := b.name + "/" + mode.name + "/freed"
 				if taken {

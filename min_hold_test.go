@@ -859,6 +859,7 @@ func TestMinHoldLockTimeoutHoldsOnADeadNetwork(t *testing.T) {
 	const budget = 2 * time.Second
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
+			t.Parallel() // side by side: a proxy and a name of its own
 			ctx := context.Background()
 			name := testdb.UniqueName(t)
 			first := newLock(t, testdb.OpenPostgres(t, drv), name, advisorylock.WithMinHold(time.Minute))

@@ -162,6 +162,7 @@ func TestVanishedHolderIsFreedWithinTheDeadHolderTimeout(t *testing.T) {
 	const d = 3 * time.Second
 	opts := []advisorylock.Option{advisorylock.WithDeadHolderTimeout(d), advisorylock.WithKeepAlive(time.Second), advisorylock.WithReleaseTimeout(time.Second)}
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		t.Parallel() // side by side: a name and a blackholed client port of its own
 		dsn := testdb.PostgresDSN(t)
 		holderDB, waiterDB := testdb.OpenPostgres(t, drv), testdb.OpenPostgres(t, drv)
 		name := testdb.UniqueName(t)
@@ -273,6 +274,7 @@ func TestShortStatementTimeoutDoesNotBreakLock(t *testing.T) {
 func TestLockTimeoutHoldsOnADeadNetworkWithAWarmConnection(t *testing.T) {
 	testdb.Slow(t, "fault: network cut under a LockTimeout")
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
+		t.Parallel() // side by side: a proxy and a name of its own
 		db, proxy := testdb.OpenPostgresProxied(t, drv)
 		db.SetMaxIdleConns(2)
 		l := newLockOpts(t, db, testdb.UniqueName(t))

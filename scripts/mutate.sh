@@ -1126,7 +1126,7 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 		fi
 	done
 	(cd "$root" && go build -o "$scratch/schemata-tool" ./scripts/schemata)
-	"$scratch/schemata-tool" -tree "$schemata" "$scratch/manifest" >"$scratch/verdicts"
+	"$scratch/schemata-tool" -build -tree "$schemata" "$scratch/manifest" >"$scratch/verdicts"
 	while IFS=$'\t' read -r id kind detail; do
 		if [ "$kind" = schema ]; then schema[$((id - 1))]=1; else why[$((id - 1))]=$detail; fi
 	done <"$scratch/verdicts"

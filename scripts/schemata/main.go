@@ -21,12 +21,15 @@
 // mutantID_X a variable holding the mutated value appended to the file. A
 // changed constant becomes such a variable: its spec is blanked in place
 // (its lines kept) and "var X = mutantSchemataPick(...)" appended, and so
-// does every constant of the file whose value names it. Nothing moves in
-// the original lines, so file:line positions stay as they were and, with
-// the variable unset, the program does what the pristine one does. Every
-// other mutation is left for a build of its own ("classic"): one in a
-// test file, one that changes a signature, a type or the names declared,
-// a constant whose group has specs without values or uses iota.
+// does every constant of the file whose value names it. A mutated value
+// is computed at initialisation whichever mutant runs: one that panics
+// there fails every run (mutate.sh's check with no mutant then stops the
+// run). Nothing moves in the original lines, so file:line positions stay
+// as they were and, with the variable unset, the program does what the
+// pristine one does. Every other mutation is left for a build of its own
+// ("classic"): one in a file that is not Go or is a test, one that
+// changes a signature, a type or the names declared, one of a value that
+// uses iota, or of a constant whose group has a spec without values.
 //
 // With -build, schemata then builds each module that holds a value
 // mutation (go build ./... in its folder, the nearest with a go.mod): a

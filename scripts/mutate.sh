@@ -11,17 +11,21 @@
 #
 # Two paths decide, and each line says which. The fast one (schema):
 # scripts/schemata compiles every mutation that changes only function
-# bodies into one copy of the tree, switched by ADVISORYLOCK_MUTANT, so
-# each package's test binary is built once and a mutation is one run of
-# it; a run first checks that, with no mutant, that tree passes the
-# targets (under -short; every one with MUTATE_SANITY=full), and stops if
-# not. The classic one (build): the mutation applied to a tree of its own
-# and go test built for it, as before. A mutation that changes anything
-# else (SQL text, constants, signatures), one whose tests are in a module
-# under extra/, and one the fast path's targets do not catch take the
-# classic path, so FINDING and MISSED are decided there alone. The run
-# starts by counting the schema-able mutations; -n says for each which
-# path it takes and why.
+# bodies and values of top-level constants and variables (SQL text) into
+# one copy of the tree, switched by ADVISORYLOCK_MUTANT (a mutated
+# constant, and each constant of its file built from it, becomes a
+# variable there; one needed as a constant fails schemata's build and
+# goes classic, said in -n), so each package's test binary (each
+# module's under extra/) is built once and a mutation is one run of it:
+# its targets under -short first, then all of them. A run first checks
+# that, with no mutant, that tree passes the targets (under -short; every
+# one with MUTATE_SANITY=full), and stops if not. The classic one
+# (build): the mutation applied to a tree of its own and go test built
+# for it, as before. A mutation that changes anything else (a file that
+# is not Go, a signature, a type, a name) and one the fast path's targets
+# do not catch take the classic path, so FINDING and MISSED are decided
+# there alone. The run starts by counting the schema-able mutations; -n
+# says for each which path it takes and why.
 #
 #   scripts/mutate.sh               # every mutation
 #   scripts/mutate.sh 'slice|55P03' # those whose name matches a regexp
@@ -31,6 +35,7 @@
 #   MUTATE_SHORT=1 scripts/mutate.sh # which mutations the fast tier (go test -short) catches
 #   MUTATE_JOBS=1 scripts/mutate.sh  # one at a time [3 side by side]
 #   MUTATE_SCHEMATA=0 scripts/mutate.sh # every mutation by the classic path
+#   MUTATE_SHORT_FIRST=0 scripts/mutate.sh # the fast path runs all targets at once
 #
 # With MUTATE_SHORT=1 every run has -short: a mutation the whole fast tier
 # catches but its targets do not (they may be slow tests, skipped) is
@@ -1068,21 +1073,34 @@ fast() {
 		echo "DOES NOT APPLY  $name: no test named$gone"
 		return 0
 	fi
+	# The targets run twice at most: first under -short, where their slow
+	# ones skip (go test runs a package's tests in file order, not in
+	# the order they are named: a fast target that catches the mutation
+	# would otherwise wait for a slow one, a soak, before it), then all
+	# of them. MUTATE_SHORT_FIRST=0 runs them all at once.
+	local pass passes=(-test.short -test.v=false) how=""
+	[ "$short" = 0 ] && [ "${MUTATE_SHORT_FIRST:-1}" = 1 ] || passes=(-test.v=false)
 	: >"$log"
-	for p in "${pkgargs[@]}"; do
-		bin="$scratch/bin/$(binname "$p")"
-		if (cd "$schemata/$p" && ADVISORYLOCK_MUTANT=$((i + 1)) "$bin" "${testflags[@]}" -test.failfast -test.run "${tests[$i]}") >>"$log" 2>&1; then
-			echo "ok  	$(cat "$bin.path")	(schema)" >>"$log"
-		else
-			status=1
-			echo "FAIL	$(cat "$bin.path")	(schema)" >>"$log"
+	for pass in "${passes[@]}"; do
+		for p in "${pkgargs[@]}"; do
+			bin="$scratch/bin/$(binname "$p")"
+			if (cd "$schemata/$p" && ADVISORYLOCK_MUTANT=$((i + 1)) "$bin" "${testflags[@]}" "$pass" -test.failfast -test.run "${tests[$i]}") >>"$log" 2>&1; then
+				echo "ok  	$(cat "$bin.path")	(schema)" >>"$log"
+			else
+				status=1
+				echo "FAIL	$(cat "$bin.path")	(schema)" >>"$log"
+				break
+			fi
+		done
+		if [ "$status" -ne 0 ]; then
+			[ "$pass" = -test.short ] && [ "${#passes[@]}" -gt 1 ] && how=" -short"
 			break
 		fi
 	done
 	[ "$status" -ne 0 ] || return 1
 	local failed
 	failed=$(failures "$log")
-	echo "CAUGHT          $name ($((SECONDS - start))s, schema) by: ${failed:-a failing run, see below}"
+	echo "CAUGHT          $name ($((SECONDS - start))s, schema$how) by: ${failed:-a failing run, see below}"
 	[ -n "$failed" ] || tail -n 20 "$log"
 }
 
@@ -1099,8 +1117,8 @@ for i in "${!names[@]}"; do
 done
 # The schemata: every schema-able mutation compiled into one copy of the
 # tree (scripts/schemata), and a test binary built once per package its
-# targets are in. Mutations of a module under extra/ (its own go.mod) and
-# those scripts/schemata cannot take (see its doc) build their own.
+# targets are in (a module under extra/ is one package). Those
+# scripts/schemata cannot take (see its doc) build their own.
 schemata="$scratch/schemata"
 schema=()
 declare -A why=()
@@ -1112,11 +1130,6 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 	(cd "$root" && tar --exclude=.git -cf - .) | (cd "$schemata" && tar -xf -)
 	: >"$scratch/manifest"
 	for i in "${todo[@]}"; do
-		pkg=${pkgs[$i]}
-		if [ "$pkg" != . ] && [ -f "$root/$pkg/go.mod" ]; then
-			why[$i]="its tests are in a module of their own"
-			continue
-		fi
 		[ -f "$root/${files[$i]}" ] || continue
 		m="$scratch/mutated/$((i + 1))"
 		cp "$root/${files[$i]}" "$m"
@@ -1126,7 +1139,7 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 		fi
 	done
 	(cd "$root" && go build -o "$scratch/schemata-tool" ./scripts/schemata)
-	"$scratch/schemata-tool" -tree "$schemata" "$scratch/manifest" >"$scratch/verdicts"
+	"$scratch/schemata-tool" -build -tree "$schemata" "$scratch/manifest" >"$scratch/verdicts"
 	while IFS=$'\t' read -r id kind detail; do
 		if [ "$kind" = schema ]; then schema[$((id - 1))]=1; else why[$((id - 1))]=$detail; fi
 	done <"$scratch/verdicts"
@@ -1139,7 +1152,11 @@ if [ "${MUTATE_SCHEMATA:-1}" = 1 ] && [ "${#todo[@]}" -gt 0 ]; then
 		for p in "${pkgargs[@]}"; do
 			if [ -z "${built[$p]:-}" ] && [ "$dry" -eq 0 ]; then
 				bin="$scratch/bin/$(binname "$p")"
-				if (cd "$schemata" && go test -c -o "$bin" ${MUTATE_GOFLAGS:-} -vet=off -ldflags=-w "$p" && go list "$p" >"$bin.path") >"$scratch/build.log" 2>&1; then
+				# A module under extra/ (its own go.mod, which replaces the
+				# library by ../..) is built from its folder.
+				dir=. q=$p
+				if [ -f "$root/$p/go.mod" ]; then dir=$p q=.; fi
+				if (cd "$schemata/$dir" && go test -c -o "$bin" ${MUTATE_GOFLAGS:-} -vet=off -ldflags=-w "$q" && go list "$q" >"$bin.path") >"$scratch/build.log" 2>&1; then
 					built[$p]=ok
 				else
 					built[$p]=failed

@@ -28,7 +28,17 @@ var fixtureMutations = []struct {
 	{"return s + s }", "return s }", true},                             // ...
 	{`"recovered: %v"`, `"caught: %v"`, true},                          // recover inside a closure
 	{`*out = fmt.Sprint("rescued ", r)`, `*out = "lost"`, false},       // recover in its own frame
-	{`greeting = "hello"`, `greeting = "bye"`, false},                  // a constant
+	{`greeting = "hello"`, `greeting = "bye"`, true},                   // a constant
+	{`table = "items"`, `table = "things"`, true},                      // a constant others are built from
+	{"WHERE n > 1", "WHERE n >= 1", true},                              // a constant across lines
+	{"WHERE n > 1", "WHERE n < 1", true},                               // ... and a second mutant of it
+	{`labelB label = "b"`, `labelB label = "B"`, true},                 // a typed constant in a group
+	{"second0\n", "second0 = 5\n", false},                              // a spec's values added
+	{"first0 = iota", "first0 = iota + 1", false},                      // iota
+	{`"%s-%d", "x", 1)`, `"%s-%d", "y", 1)`, true},                     // a variable set by a call
+	{"\t\"two\",\n", "\t\"TWO\",\n", true},                             // a variable across lines
+	{`"left", "right"`, `"left", "RIGHT"`, true},                       // the second of two names
+	{"limit = 10", "limit = 10 + len(table)", true},                    // a new value naming another constant
 }
 
 func TestSchemataBehaveAsEachMutantAndTheOriginal(t *testing.T) {
@@ -64,7 +74,7 @@ func TestSchemataBehaveAsEachMutantAndTheOriginal(t *testing.T) {
 	writeFiles(t, plain, programs)
 	build(t, plain, "./...")
 
-	verdicts, err := rewrite(tree, "FIXTURE_MUTANT", muts)
+	verdicts, err := rewrite(tree, "FIXTURE_MUTANT", muts, exclusion{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +108,48 @@ func TestSchemataBehaveAsEachMutantAndTheOriginal(t *testing.T) {
 	for i, line := range before {
 		if strings.HasPrefix(line, "func ") != strings.HasPrefix(after[i], "func ") {
 			t.Errorf("line %d was %q, is %q", i+1, line, after[i])
+		}
+	}
+}
+
+// A constant that becomes a variable may be needed as a constant: with
+// -build, its mutation is left classic, and the others still compiled in.
+func TestSchemataLeaveClassicAConstantThatMustStayOne(t *testing.T) {
+	src := `package main
+
+import "fmt"
+
+const size = 3
+
+var slots [size]int
+
+const word = "w"
+
+func main() { fmt.Println(len(slots), word) }
+`
+	tree := t.TempDir()
+	writeFiles(t, tree, map[string][]byte{"go.mod": []byte("module fixture\n\ngo 1.24\n"), "main.go": []byte(src)})
+	muts := []mutation{
+		{1, "main.go", []byte(strings.Replace(src, "size = 3", "size = 4", 1))},
+		{2, "main.go", []byte(strings.Replace(src, `word = "w"`, `word = "W"`, 1))},
+		{3, "main.go", []byte(strings.Replace(src, "len(slots), word", "len(slots)+1, word", 1))},
+	}
+	verdicts, err := rewriteBuilt(tree, "FIXTURE_MUTANT", muts, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []bool{false, true, true}
+	for _, v := range verdicts {
+		if v.schema != want[v.id-1] {
+			t.Errorf("mutation %d: schema %v, want %v (%s)", v.id, v.schema, want[v.id-1], v.detail)
+		}
+	}
+	build(t, tree, ".")
+	for id, want := range map[string]string{"0": "3 w\n", "1": "3 w\n", "2": "3 W\n", "3": "4 w\n"} {
+		cmd := exec.Command(filepath.Join(tree, "bin", "fixture"))
+		cmd.Env = append(os.Environ(), "FIXTURE_MUTANT="+id)
+		if got := output(t, cmd); got != want {
+			t.Errorf("mutant %s prints %q, want %q", id, got, want)
 		}
 	}
 }

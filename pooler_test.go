@@ -515,10 +515,18 @@ func TestNewOnOneConnectionPool(t *testing.T) {
 // server session the pooler picks. The test makes sure it is another one
 // by keeping the acquiring session busy in a transaction of another
 // client; Release must then report ErrTransactionPooler. The lock left on
-// the acquiring session is freed from inside that transaction.
+// the acquiring session is freed from inside that transaction. In the
+// "name taken" case the other server sessions already have a statement
+// of the name lib/pq gives the unlock ("1", another client's): its
+// prepare then fails (SQLSTATE 42P05), which is a sign of the pooler too.
 func TestReleaseOnAnotherServerSessionIsTransactionPooler(t *testing.T) {
-	for _, drv := range testdb.Drivers {
-		t.Run(drv, func(t *testing.T) {
+	cases := []struct {
+		name, drv string
+		taken     bool
+	}{{"postgres", "postgres", false}, {"pgx", "pgx", false}, {"postgres/name-taken", "postgres", true}}
+	for _, c := range cases {
+		drv := c.drv
+		t.Run(c.name, func(t *testing.T) {
 			txDSN, _ := testdb.PgBouncer(t)
 			direct := testdb.OpenPostgres(t, "postgres")
 			tx := testdb.OpenPostgresDSN(t, drv, bouncerDSN(drv, txDSN))
@@ -537,6 +545,9 @@ func TestReleaseOnAnotherServerSessionIsTransactionPooler(t *testing.T) {
 			}
 			holder := holderPID(t, direct, key)
 			pinned := pinServerSession(t, txDSN, holder)
+			if c.taken {
+				prepareOnFreeSessions(t, txDSN, `PREPARE "1" AS SELECT 1`)
+			}
 
 			err = g.Release(ctx)
 			if !errors.Is(err, advisorylock.ErrTransactionPooler) {
@@ -557,6 +568,33 @@ func TestReleaseOnAnotherServerSessionIsTransactionPooler(t *testing.T) {
 				t.Fatalf("%d locks left behind", n)
 			}
 		})
+	}
+}
+
+// prepareOnFreeSessions runs prepare on every server session of the
+// transaction pool but the one pinned (PgBouncerPoolSize-1 transactions
+// open at once, so each has a session of its own); a statement of that
+// name already there (42P05) will do as well. Prepared statements outlive
+// the transaction.
+func prepareOnFreeSessions(t *testing.T, txDSN, prepare string) {
+	t.Helper()
+	db := testdb.OpenPostgresDSN(t, "postgres", txDSN)
+	var txs []*sql.Tx
+	defer func() {
+		for _, tx := range txs {
+			_ = tx.Rollback()
+		}
+	}()
+	for range testdb.PgBouncerPoolSize - 1 {
+		tx, err := db.Begin()
+		if err != nil {
+			t.Fatalf("BEGIN through the transaction pool: %v", err)
+		}
+		txs = append(txs, tx)
+		var code interface{ SQLState() string }
+		if _, err := tx.Exec(prepare); err != nil && !(errors.As(err, &code) && code.SQLState() == "42P05") {
+			t.Fatalf("%s: %v", prepare, err)
+		}
 	}
 }
 

@@ -187,11 +187,12 @@ func startAsNobody(t *testing.T, env []string, home string, args ...string) *pro
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "lockrun")
-	data, err := os.ReadFile(lockrunBin(t))
-	if err != nil {
-		t.Fatal(err)
+	// cp writes the copy, not this process: a file this process had open
+	// for writing would be inherited by any child a parallel test forks
+	// meanwhile, and exec would then fail with "text file busy".
+	if out, err := exec.Command("cp", lockrunBin(t), bin).CombinedOutput(); err != nil {
+		t.Fatalf("copy lockrun: %v: %s", err, out)
 	}
-	writeFile(t, bin, string(data))
 	for _, p := range []string{bin, dir, filepath.Dir(dir), filepath.Dir(filepath.Dir(systemConfigPath(t))), home, filepath.Dir(home), filepath.Join(home, ".config"), filepath.Join(home, ".config", "lockrun")} {
 		if err := os.Chmod(p, 0o755); err != nil {
 			t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"reflect"
@@ -81,7 +82,9 @@ func PreparedOf(db backend.DB) *Prepared {
 }
 
 // stmt returns text prepared on dc's session, preparing it if needed
-// (added true when the cache held no statement of dc's before).
+// (added true when the cache held no statement of dc's before). A
+// statement of the driver's name for it already on the session (SQLSTATE
+// 42P05) is an error matching ErrTransactionPooler.
 func (ps *Prepared) Stmt(ctx context.Context, dc any, text string) (st driver.Stmt, added bool, err error) {
 	if !PreparesOn(dc) { // a wrapper's statements stay where it sees them (and it may not be a map key)
 		return nil, false, ErrNotPrepared
@@ -99,6 +102,13 @@ func (ps *Prepared) Stmt(ctx context.Context, dc any, text string) (st driver.St
 		return nil, false, ErrNotPrepared
 	}
 	if st, err = pc.PrepareContext(ctx, text); err != nil {
+		if SQLState(err) == "42P05" {
+			// The driver names its statements per connection (lib/pq:
+			// "1", "2", ...): one of that name on this session is
+			// another connection's, so the connection's statements reach
+			// sessions not its own.
+			err = fmt.Errorf("%w: %s: %w", ErrTransactionPooler, PoolerSign(err), err)
+		}
 		return nil, false, err
 	}
 	ps.mu.Lock()

@@ -469,7 +469,7 @@ mutation "a session that lost its prepared statements fails its steps" internal/
 	's/if dbutil\.SQLState\(err\) == "26000" \{/if false \&\& dbutil.SQLState(err) == "26000" {/' \
 	'^TestLibPQLockAfterTheSessionLostItsPreparedStatements$'
 mutation "lib/pq's try and unlock go as text, parsed and planned each time" internal/postgresbackend/postgres.go \
-	's/\tif p\.prepared == nil \{\n\t\treturn p\.rowStatement/\tif true || p.prepared == nil {\n\t\treturn p.rowStatement/' \
+	's/if hot \&\& p\.prepared != nil \{/if false \&\& hot \&\& p.prepared != nil {/' \
 	'^TestLibPQPreparesTheTryAndTheUnlockOncePerSession$'
 mutation "lib/pq sends a statement's arguments (two round trips)" internal/postgresbackend/postgres.go \
 	's/\tif p\.params \{\n\t\treturn text, args, nil/\tif true || p.params {\n\t\treturn text, args, nil/' \

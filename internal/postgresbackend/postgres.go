@@ -392,8 +392,19 @@ func quoteLiteral(s string) (string, error) {
 	return b.String(), nil
 }
 
-// rowStatement runs text on conn and reports whether it returned a row.
-func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string, key int64) (bool, error) {
+// rowStatement runs text, a statement whose one argument is key, on conn
+// and reports whether it returned a row. A hot statement (a lock step's,
+// sent on every try or unlock) runs prepared on the connection's session
+// where p keeps statements prepared (lib/pq: one parse and plan per
+// session instead of one per statement); any other, or where preparing
+// sends nothing (see execPrepared), runs as text.
+func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string, key int64, hot bool) (bool, error) {
+	if hot && p.prepared != nil {
+		n, err := execPrepared(ctx, p.prepared, conn, text, key)
+		if !errors.Is(err, dbutil.ErrNotPrepared) {
+			return n == 1, err
+		}
+	}
 	q, args, err := p.statement(text, key)
 	if err != nil {
 		return false, err
@@ -403,20 +414,6 @@ func (p *postgres) rowStatement(ctx context.Context, conn *sql.Conn, text string
 		return false, err
 	}
 	n, err := res.RowsAffected()
-	return n == 1, err
-}
-
-// hotStatement runs text, a statement of a lock step whose one argument
-// is key, as rowStatement does: prepared on the connection's session
-// where p keeps statements prepared (lib/pq), as text otherwise.
-func (p *postgres) hotStatement(ctx context.Context, conn *sql.Conn, text string, key int64) (bool, error) {
-	if p.prepared == nil {
-		return p.rowStatement(ctx, conn, text, key)
-	}
-	n, err := execPrepared(ctx, p.prepared, conn, text, key)
-	if errors.Is(err, dbutil.ErrNotPrepared) {
-		return p.rowStatement(ctx, conn, text, key)
-	}
 	return n == 1, err
 }
 
@@ -578,10 +575,10 @@ func (p *postgres) TryLockSession(ctx context.Context, conn *sql.Conn, key int64
 		if p.shared {
 			bare = pgTryLockSharedBare
 		}
-		ok, err := p.hotStatement(ctx, conn, bare, key)
+		ok, err := p.rowStatement(ctx, conn, bare, key, true)
 		return backend.SessionResult{OK: ok}, err
 	}
-	ok, err := p.rowStatement(ctx, conn, text, key)
+	ok, err := p.rowStatement(ctx, conn, text, key, false)
 	if ok {
 		dbutil.RememberSession(conn, fact)
 	}
@@ -660,7 +657,7 @@ func (p *postgres) UnlockSession(ctx context.Context, conn *sql.Conn, key int64)
 	if p.shared {
 		unlock = pgUnlockShared
 	}
-	ok, err := p.hotStatement(ctx, conn, unlock, key)
+	ok, err := p.rowStatement(ctx, conn, unlock, key, true)
 	if ok || err != nil {
 		return backend.SessionResult{OK: ok}, err
 	}

@@ -510,12 +510,16 @@ func (r *report) missWhy(what, drv string) string {
 		if drv != "pgx" {
 			return "on a plain lib/pq handle the waiter next in line sleeps on the server and the handover cancels the sleep; the sleep's message then reads the row once the release commits (see the handoff gate above); wrapped by extra/advisorylockpq it is woken, as on pgx."
 		}
-		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll, and 20× faster is a few hundred microseconds. A woken LeaseLock waiter waits in line in the lease's row, and its holder releases once the place is taken, as a session `Lock`'s releases once the waiters are in `pg_locks`; each release then wakes every contender's listener backend (one per `*sql.DB`) on the server's one CPU, and the waiter passed over queues for the next place, so the handoff costs about two session handoffs here (\"The lease handoff, handed over\" below)."
+		return "goose's table locker runs here at a 20 ms poll (its default is 5 s), so its handoff is about half a poll, and 20× faster is a few hundred microseconds. A woken LeaseLock waiter waits in line in the lease's row, and its holder releases once the place is taken, as a session `Lock`'s releases once the waiters are in `pg_locks`; each release then wakes every contender's listener backend (one per `*sql.DB`) on the server's one CPU, and the waiter passed over queues for the next place, so the handoff costs about two session handoffs here (\"The lease handoff, handed over\" in findings.md)."
 	case leaseGrowth.what:
 		if drv != "pgx" {
 			return "a plain lib/pq handle hears no releases: the waiter next in line sleeps on the server and is woken by the handover, but the one behind it polls, backing off from 20 ms to half a second so that a hundred waiting replicas do not send thousands of queries a second, and takes the place only at its next poll after the handover; the longer it has waited, the later that poll, and a release before it frees the lease to whoever polls first. Wrap the handle with extra/advisorylockpq and every waiter is woken, as on pgx."
 		}
 		return "the p99 of a run's handoffs is close to its slowest; a woken waiter does not back off, but a handoff whose notification came late is caught by the poll, which does."
+	case peerThrough.what:
+		return "a pinned lock holds a session of its own and costs it two round trips, the try and the unlock, as redislock's two commands cost it; " +
+			"with the benchmark process on one CPU, the sockets' system calls take most of the client's time on either side, and a PostgreSQL statement costs the server more CPU than a Redis command. " +
+			"The multiplexed rows (the default) answer many tries and releases in one statement. \"Where the pinned rows' time goes\" in findings.md has the measurements."
 	case leaseGate.what:
 		return "both are bound by the WAL flush of the acquire's commit; the release already commits without waiting for it."
 	}

@@ -1,5 +1,7 @@
 package advisorylock
 
+import "fmt"
+
 // Unexported values the external tests check against their documented
 // definitions.
 var SlotKey = slotKey
@@ -33,4 +35,20 @@ func MuxQueued(l *Lock) int {
 		mp.mu.Unlock()
 	}
 	return n
+}
+
+// GuardOrigin says where g's lock is held, for a violation's report: on
+// which shared session (by identity) or on a pinned connection (with the
+// server session that granted it).
+func GuardOrigin(g *Guard) string {
+	if g == nil {
+		return "no guard"
+	}
+	switch h := g.h.end.(type) {
+	case *muxHold:
+		return fmt.Sprintf("shared session %p", h.s)
+	case *sessionHold:
+		return fmt.Sprintf("pinned, server session %d", h.session)
+	}
+	return fmt.Sprintf("%T", g.h.end)
 }

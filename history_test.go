@@ -345,3 +345,52 @@ func TestHistoryExcusesALossOnlyWithinTheNoticeWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestSectionsExcuseASessionGrantThatStartedLate: of two session locks'
+// sections that overlap, the one entered second may hold the older grant
+// (its fn started late), lost with its session before the other's grant.
+// The sections' check excuses that as the history check does, and counts
+// an overlap that no fault explains either way.
+func TestSectionsExcuseASessionGrantThatStartedLate(t *testing.T) {
+	at := func(ms int64) time.Time { return time.Unix(1000, ms*int64(time.Millisecond)) }
+	for _, tc := range []struct {
+		name   string
+		fault  int64 // ms; -1: none
+		told   int64 // ms, when the section entered second was told; -1: never
+		excuse bool
+	}{
+		{"the second section's session ended before the first's grant, told 1s after", 400, 1400, true},
+		{"the second section told, no fault", -1, 1400, false},
+		{"the second section's session ended only during the overlap", 700, 1400, false},
+		{"the second section told 3.5s after the fault", 400, 3900, false},
+		{"neither told", 400, -1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSections("name", &figures{}, t.Logf).sessionFaults(3 * time.Second)
+			if tc.fault >= 0 {
+				s.ended = []time.Time{at(tc.fault)}
+			}
+			// The first section runs from 500 to 2000, never told; the
+			// second's call began at 100, before it, and its fn ran from
+			// 600 to 1500.
+			first := &section{granted: at(500), entered: at(500), exited: at(2000)}
+			second := &section{granted: at(600), entered: at(600), exited: at(1500)}
+			if tc.told >= 0 {
+				second.told.Store(at(tc.told).UnixNano())
+			}
+			s.pairs = [][2]*section{{first, second}}
+			s.hist.calls = []doCall{
+				{called: at(100), returned: at(1600), sec: second},
+				{called: at(450), returned: at(2010), sec: first},
+			}
+			s.settle()
+			if got := s.figs.violations.Load() == 0; got != tc.excuse {
+				t.Errorf("excused %v, want %v", got, tc.excuse)
+			}
+			lock, _, _ := s.objects()
+			if r := lock.check(testBudget); r.gaveUp || r.ok != tc.excuse {
+				t.Errorf("history linearizable %v (gave up %v), want %v as the sections' check; operations:%s", r.ok, r.gaveUp, tc.excuse, describe(lock.ops, 10))
+			}
+		})
+	}
+}

@@ -149,8 +149,10 @@ func (l *muxLoad) worker(ctx context.Context, lock *advisorylock.Lock, names []s
 		secs := make([]*section, len(names))
 		fn := func(fctx context.Context) error {
 			figs.acquiredAfter(time.Since(start))
+			who := fmt.Sprintf("Lock %p (try %v), %s", lock, try, advisorylock.GuardOrigin(advisorylock.GuardFromContext(fctx)))
 			for i, n := range names {
 				secs[i] = l.secs[n].enter(fctx, nil)
+				secs[i].who = who
 			}
 			defer func() {
 				for i, n := range names {

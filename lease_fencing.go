@@ -96,9 +96,12 @@ const fenceOptions = optBackend | optServerChecks | optLogger
 // Check runs the first-use work now (see NewFence), which creates the
 // tables if they are missing and proves the role may read and write the
 // fence table, so that a hot standby or a missing grant is refused here
-// rather than in the caller's transaction; later Admits skip it. With a
-// pool of one connection (SetMaxOpenConns(1)), call it before the first
-// Admit: Admit's transaction holds the only connection.
+// rather than in the caller's transaction; later Admits skip it. Call it
+// before the first Admit wherever every connection may be in a
+// transaction at once: a pool of one connection (SetMaxOpenConns(1)), or
+// as many first Admits at once as a transaction pooler has server
+// sessions. Each Admit's transaction holds one, and the first-use work
+// would wait for another (PgBouncer ends the wait at query_wait_timeout).
 func (f *Fence) Check(ctx context.Context) error {
 	_, err := f.store(ctx)
 	return f.wrap(err)

@@ -80,10 +80,7 @@ func TestLeaseRowsElectionAcrossProcesses(t *testing.T) {
 			second := rec.nextLead(t, admin, job.Counter, first.term, rowsProcTakeoverIn)
 			tookKill := second.seen.Sub(killed)
 
-			fence, err := advisorylock.NewFence(db, name)
-			if err != nil {
-				t.Fatalf("NewFence: %v", err)
-			}
+			fence := checkedFence(t, db, name)
 			if err := admitOnce(ctx, db, fence, second.term); err != nil {
 				t.Fatalf("Admit of the leader's term %d: %v", second.term, err)
 			}
@@ -240,10 +237,7 @@ func signal(t *testing.T, cmd *exec.Cmd, sig syscall.Signal) time.Time {
 // would, it writes with its term once more, and records what the Fence
 // said ("refused", "admitted", or the error).
 func recordedLead(t *testing.T, db *sql.DB, job electionJob, owner string) func(context.Context, advisorylock.FencingToken) error {
-	fence, err := advisorylock.NewFence(db, job.Name)
-	if err != nil {
-		t.Fatalf("NewFence: %v", err)
-	}
+	fence := checkedFence(t, db, job.Name)
 	return func(ctx context.Context, term advisorylock.FencingToken) error {
 		if err := job.Record.enter(ctx, db, owner, int64(term)); err != nil {
 			return err

@@ -301,10 +301,7 @@ func TestLeaseRowsElectionThroughAPooler(t *testing.T) {
 			third := next(second)
 
 			db := srv.open(t)
-			fence, err := advisorylock.NewFence(db, name)
-			if err != nil {
-				t.Fatalf("NewFence: %v", err)
-			}
+			fence := checkedFence(t, db, name)
 			admit := func(token advisorylock.FencingToken) error {
 				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {

@@ -100,10 +100,7 @@ func TestLeaseLockThroughTransactionPool(t *testing.T) {
 
 			// The fence runs in the caller's transaction, which the pooler
 			// keeps on one server session until it ends.
-			f, err := advisorylock.NewFence(a, testdb.UniqueName(t))
-			if err != nil {
-				t.Fatalf("NewFence: %v", err)
-			}
+			f := checkedFence(t, a, testdb.UniqueName(t))
 			for _, c := range []struct {
 				token advisorylock.FencingToken
 				stale bool
@@ -136,6 +133,23 @@ func leaseRow(t *testing.T, direct *sql.DB, name string) (generation int64, expi
 
 // admitOnce admits token in a transaction of its own, committed when
 // admitted and rolled back otherwise.
+// checkedFence is NewFence with its first-use work done (Check), as
+// Check's documentation asks where the pool's connections may all be in
+// transactions: behind the test PgBouncer's transaction pool of
+// PgBouncerPoolSize server sessions, parallel first Admits each held one
+// in its transaction and waited for another (query_wait_timeout).
+func checkedFence(t *testing.T, db *sql.DB, resource string) *advisorylock.Fence {
+	t.Helper()
+	f, err := advisorylock.NewFence(db, resource)
+	if err != nil {
+		t.Fatalf("NewFence: %v", err)
+	}
+	if err := f.Check(context.Background()); err != nil {
+		t.Fatalf("Fence.Check: %v", err)
+	}
+	return f
+}
+
 func admitOnce(ctx context.Context, db *sql.DB, f *advisorylock.Fence, token advisorylock.FencingToken) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {

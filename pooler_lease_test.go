@@ -131,8 +131,6 @@ func leaseRow(t *testing.T, direct *sql.DB, name string) (generation int64, expi
 	return generation, expires
 }
 
-// admitOnce admits token in a transaction of its own, committed when
-// admitted and rolled back otherwise.
 // checkedFence is NewFence with its first-use work done (Check), as
 // Check's documentation asks where the pool's connections may all be in
 // transactions: behind the test PgBouncer's transaction pool of
@@ -150,6 +148,8 @@ func checkedFence(t *testing.T, db *sql.DB, resource string) *advisorylock.Fence
 	return f
 }
 
+// admitOnce admits token in a transaction of its own, committed when
+// admitted and rolled back otherwise.
 func admitOnce(ctx context.Context, db *sql.DB, f *advisorylock.Fence, token advisorylock.FencingToken) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {

@@ -144,6 +144,7 @@ type inLine struct {
 	placed  time.Time            // when the last place the store confirmed was sent; zero before one
 	queued  bool                 // that place is believed live
 	token   FencingToken         // the token of its grant
+	moved   bool                 // a later place drew another token: a grant heard may be an earlier place's
 	cannot  bool                 // the store said it keeps no places (ErrUnsupported): wait as acquireLease does
 	asked   bool                 // a place was asked for, so a wait that ends withdraws it
 	sleeper backend.LeaseSleeper // where it may sleep in line once releases are known unheard; nil once it cannot
@@ -307,13 +308,17 @@ func (l *inLine) letGo(clean bool) {
 }
 
 // pass makes one pass of waitInLine: it takes a lease a release was heard
-// handing over; else, holding a place or not woken, it reads the row
+// handing over, unless its place has moved (a release signal names the
+// owner, not the place: one heard late may be of a place handed over
+// unnoticed and since lost, and trusted it would hold the new place's
+// token while another holds the lease); else, holding a place or not
+// woken, it reads the row
 // (taking the lease if it was handed over unheard) and, free, tries to
 // take it; woken without a place it tries at once, unless the release it
 // heard handed the lease to another waiter (passed). A miss queues, or
 // renews the place when due. It returns the holder it read, if any.
 func (l *inLine) pass(ctx, budget context.Context, woken, granted, passed bool) (*leaseState, *Holder, error) {
-	if granted && l.queued {
+	if granted && l.queued && !l.moved {
 		return l.handedOver(l.token), nil, nil
 	}
 	var h *Holder
@@ -358,6 +363,7 @@ func (l *inLine) queue(budget context.Context) error {
 	token, err := l.store.QueueLease(budget, l.db, l.conn, req)
 	switch {
 	case err == nil:
+		l.moved = l.moved || l.token != 0 && FencingToken(token) != l.token
 		l.placed, l.token, l.queued = sent, FencingToken(token), true
 	case errors.Is(err, ErrNotAcquired):
 		l.queued = false // the place went (or was never had); l.placed stays, should it have been handed the lease

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -383,6 +384,86 @@ VALUES ($1, 'gone', nextval('advisorylock_token_seq'), now(), now() + interval '
 		}
 	case <-time.After(wakeWait):
 		t.Fatal("the waiter never found the lease handed over to it")
+	}
+}
+
+// TestGrantHeardForAnEarlierPlaceIsRead: a waiter whose place was
+// consumed without its knowing (handed over, expired, the lease taken by
+// another) queues again and draws a new token; the signal of that old
+// handover, heard only now (a listener's connection can lag), names the
+// waiter but not the new place. The waiter reads the row instead of
+// taking the signal's word, so it does not hold a lease that another
+// holds; it gets the lease when that holder lets it go.
+func TestGrantHeardForAnEarlierPlaceIsRead(t *testing.T) {
+	t.Parallel() // a name and a pool of its own, found by its own application_name
+	db, app := openNamed(t, "pgx")
+	admin := testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	if _, err := admin.Exec(`INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
+VALUES ($1, 'first', nextval('advisorylock_token_seq'), now(), now() + interval '1 minute')`, name); err != nil {
+		t.Fatal(err)
+	}
+	const ttl = time.Second // the place renewed every 333ms
+	waiter, err := NewLeaseLock(db, name, WithLeaseTTL(ttl), WithPollInterval(farPoll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	place, first, got := queuedWaiter(t, admin, waiter)
+	testdb.ListenerPID(t, admin, app, 0)
+	// The place was handed over and the grant ran out unnoticed; another
+	// took the lease. The waiter's next renewal finds no place of its own.
+	if _, err := admin.Exec(`UPDATE advisorylock_leases SET owner = 'other', generation = nextval('advisorylock_token_seq'), acquired_at = now(),
+	expires_at = now() + interval '1 minute', next_owner = NULL, next_generation = NULL, next_expires_at = NULL WHERE name = $1`, name); err != nil {
+		t.Fatal(err)
+	}
+	var second FencingToken
+	testdb.WaitFor(t, wakeWait, func() bool {
+		err := admin.QueryRow("SELECT next_generation FROM advisorylock_leases WHERE name = $1 AND next_owner = $2", name, place).Scan(&second)
+		return err == nil && second != first
+	}, "the waiter never queued again")
+	var placed time.Time
+	if err := admin.QueryRow("SELECT next_expires_at FROM advisorylock_leases WHERE name = $1", name).Scan(&placed); err != nil {
+		t.Fatal(err)
+	}
+	// The old handover's signal arrives now.
+	if _, err := admin.Exec("SELECT pg_notify('advisorylock_leases', $1)", fmt.Sprintf("%d %s", Key(name), place)); err != nil {
+		t.Fatal(err)
+	}
+	// A renewal of the new place after the signal: the pass the signal
+	// woke has run, and had it taken the lease there would be no place.
+	var early *LeaseGuard
+	testdb.WaitFor(t, wakeWait, func() bool {
+		select {
+		case early = <-got:
+			return true
+		default:
+		}
+		var renewed bool
+		err := admin.QueryRow("SELECT next_expires_at > $2 FROM advisorylock_leases WHERE name = $1 AND next_owner IS NOT NULL", name, placed).Scan(&renewed)
+		return err == nil && renewed
+	}, "the waiter stopped renewing its place")
+	if early != nil {
+		owner, token, _ := leaseRow(t, admin, name)
+		_ = early.Release(context.Background())
+		t.Fatalf("the waiter took the lease with token %d on an old signal; the row says %q holds %d", early.Lease().Token(), owner, token)
+	}
+	if _, err := admin.Exec(`UPDATE advisorylock_leases SET owner = next_owner, generation = next_generation, acquired_at = now(),
+	expires_at = next_expires_at, next_owner = NULL, next_generation = NULL, next_expires_at = NULL WHERE name = $1`, name); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case g := <-got:
+		if g == nil {
+			t.FailNow()
+		}
+		if owner, token, _ := leaseRow(t, admin, name); owner != place || token != g.Lease().Token() {
+			t.Fatalf("the waiter holds token %d; the row says %q holds %d", g.Lease().Token(), owner, token)
+		}
+		if err := g.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(wakeWait):
+		t.Fatal("the waiter never found the lease handed over to its new place")
 	}
 }
 

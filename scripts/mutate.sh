@@ -372,6 +372,9 @@ mutation "a release frees the lease instead of handing it to the waiter in line"
 mutation "a waiter that gives up keeps its place in line" lease.go \
 	's/\tif !l\.asked \{\n\t\treturn\n\t\}\n\tif ctx\.Err/\tif true {\n\t\treturn\n\t}\n\tif ctx.Err/' \
 	'^TestWaiterThatGivesUpLeavesNoPlace$'
+mutation "a waiter takes a grant heard for a place it no longer has" lease.go \
+	's/if granted \&\& l\.queued \&\& !l\.moved \{/if granted \&\& l.queued {/' \
+	'^TestGrantHeardForAnEarlierPlaceIsRead$'
 mutation "a waiter passed over by a handover tries the held lease before it queues" lease.go \
 	's/\} else if passed \{/} else if false {/' \
 	'^TestPassedOverWaiterQueuesWithoutTrying$'

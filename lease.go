@@ -581,7 +581,10 @@ func abandonLease(store backend.LeaseStore, db DB, timeout time.Duration, clock 
 
 // keepLease holds a granted lease. Its keeper starts at the first
 // renewal, on a timer: a lease released before then (most are) costs no
-// goroutine.
+// goroutine. The first renewal comes one renew interval after sent, or
+// halfway to the local deadline if that is sooner: a lease handed over
+// on a place sent a while ago (see waitInLine) has less than the usual
+// time left, and a renewal at its deadline would come too late.
 func keepLease(store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRequest, sent time.Time) *leaseState {
 	s := &leaseState{store: store, db: db, req: req, clock: cfg.clock, deadline: localDeadline(sent, req.TTL)}
 	s.hold = hold{name: req.Name, key: req.Key, logger: cfg.log(), relTO: cfg.releaseTimeout, end: s}
@@ -593,7 +596,7 @@ func keepLease(store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRe
 		s.lose(CauseExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
 		return s
 	}
-	start := min(renewInterval(req.TTL), left)
+	start := min(renewInterval(req.TTL), left/2)
 	s.mu.Lock()
 	s.starter = time.AfterFunc(start, s.startKeeping)
 	s.mu.Unlock()

@@ -467,6 +467,41 @@ VALUES ($1, 'first', nextval('advisorylock_token_seq'), now(), now() + interval 
 	}
 }
 
+// TestHandedOverLeaseWithLittleLeftRenewsInTime: a lease handed over on
+// a place sent one renew interval before (the place was due for renewal
+// when the release came) has one interval left, not two; its keeper
+// renews it halfway there rather than at its deadline, where it would
+// only find it lost.
+func TestHandedOverLeaseWithLittleLeftRenewsInTime(t *testing.T) {
+	t.Parallel() // a name of its own
+	db := testdb.OpenPostgres(t, "pgx")
+	const ttl = 3 * time.Second // renew every second; the local deadline 2s after sending
+	ll, err := NewLeaseLock(db, testdb.UniqueName(t), WithLeaseTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g, err := ll.TryLock(ctx) // the row the handover would have written
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = g.Release(ctx) }()
+	store, err := ll.store(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := keepLease(store, db, &ll.cfg, g.lease.s.req, time.Now().Add(-renewInterval(ttl)))
+	defer s.stop()
+	first := s.localDeadline()
+	testdb.WaitFor(t, wakeWait, func() bool {
+		gone, _ := s.isLost()
+		return gone || s.localDeadline().After(first)
+	}, "the handed-over lease was neither renewed nor lost")
+	if gone, why := s.isLost(); gone {
+		t.Fatalf("the handed-over lease was lost before its first renewal: %v", why)
+	}
+}
+
 // TestWaiterThatGivesUpLeavesNoPlace: a waiter whose LockTimeout ends
 // withdraws its place, so the holder's release frees the lease instead of
 // handing it to nobody; and where the release comes just as the waiter

@@ -375,6 +375,9 @@ mutation "a waiter that gives up keeps its place in line" lease.go \
 mutation "a waiter takes a grant heard for a place it no longer has" lease.go \
 	's/if granted \&\& l\.queued \&\& !l\.moved \{/if granted \&\& l.queued {/' \
 	'^TestGrantHeardForAnEarlierPlaceIsRead$'
+mutation "a lease handed over with little time left is first renewed at its deadline" lease.go \
+	's|start := min\(renewInterval\(req\.TTL\), left/2\)|start := min(renewInterval(req.TTL), left)|' \
+	'^TestHandedOverLeaseWithLittleLeftRenewsInTime$'
 mutation "a waiter passed over by a handover tries the held lease before it queues" lease.go \
 	's/\} else if passed \{/} else if false {/' \
 	'^TestPassedOverWaiterQueuesWithoutTrying$'

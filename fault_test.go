@@ -457,6 +457,7 @@ type section struct {
 	// history hook (history_test.go): when fn started and returned.
 	entered, exited time.Time
 	who             string // the holder, for a violation's report (set by the caller after enter)
+	unknown         bool   // a lease whose grant the row did not show as it entered (see grantedAt)
 }
 
 func newSections(name string, figs *figures, log func(string, ...any)) *sections {
@@ -502,11 +503,13 @@ func (s *sections) enter(fctx context.Context, lease *advisorylock.Lease) *secti
 	s.inside[sec] = struct{}{}
 	s.mu.Unlock()
 	if overlap && lease != nil && s.grantedAt != nil {
-		if at, ok := s.grantedAt(*lease); ok && at.Before(sec.granted) {
-			s.mu.Lock()
+		at, ok := s.grantedAt(*lease)
+		s.mu.Lock()
+		if ok && at.Before(sec.granted) {
 			sec.granted = at
-			s.mu.Unlock()
 		}
+		sec.unknown = !ok
+		s.mu.Unlock()
 	}
 	return sec
 }
@@ -602,12 +605,17 @@ func (sec *section) holder() string {
 	return sec.who
 }
 
-// toldAfter says when the holder was told of a loss, from its grant.
+// toldAfter says when the holder was told of a loss, from its grant, and
+// whether the row showed that grant as the holder entered.
 func (sec *section) toldAfter() string {
+	told := "never told"
 	if n := sec.told.Load(); n != 0 {
-		return fmt.Sprintf("told %v after its grant", time.Unix(0, n).Sub(sec.granted))
+		told = fmt.Sprintf("told %v after its grant", time.Unix(0, n).Sub(sec.granted))
 	}
-	return "never told"
+	if sec.unknown {
+		told += " (the row did not show its grant as it entered)"
+	}
+	return told
 }
 
 // faultsBefore lists how long before t each session-ending fault came.

@@ -312,11 +312,11 @@ func (l *inLine) letGo(clean bool) {
 // owner, not the place: one heard late may be of a place handed over
 // unnoticed and since lost, and trusted it would hold the new place's
 // token while another holds the lease); else, holding a place or not
-// woken, it reads the row
-// (taking the lease if it was handed over unheard) and, free, tries to
-// take it; woken without a place it tries at once, unless the release it
-// heard handed the lease to another waiter (passed). A miss queues, or
-// renews the place when due. It returns the holder it read, if any.
+// woken, it reads the row (taking the lease if it was handed over
+// unheard) and, free, tries to take it; woken without a place it tries
+// at once, unless the release it heard handed the lease to another
+// waiter (passed). A miss queues, or renews the place when due. It
+// returns the holder it read, if any.
 func (l *inLine) pass(ctx, budget context.Context, woken, granted, passed bool) (*leaseState, *Holder, error) {
 	if granted && l.queued && !l.moved {
 		return l.handedOver(l.token), nil, nil
@@ -581,7 +581,7 @@ func abandonLease(store backend.LeaseStore, db DB, timeout time.Duration, clock 
 
 // keepLease holds a granted lease. Its keeper starts at the first
 // renewal, on a timer: a lease released before then (most are) costs no
-// goroutine. The first renewal comes one renew interval after sent, or
+// goroutine. The first renewal comes a renew interval from now, or
 // halfway to the local deadline if that is sooner: a lease handed over
 // on a place sent a while ago (see waitInLine) has less than the usual
 // time left, and a renewal at its deadline would come too late.

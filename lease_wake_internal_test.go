@@ -348,29 +348,53 @@ func TestLeaseReleaseHandsOverToTheQueuedWaiter(t *testing.T) {
 	}
 }
 
+// waiterOnHeldLease returns a waiter, with opts, for a new name that
+// holder holds (see leaseHeldBy), on a pool of its own (see openNamed),
+// with that pool's application_name and an admin pool.
+func waiterOnHeldLease(t *testing.T, holder string, opts ...Option) (waiter *LeaseLock, app string, admin *sql.DB) {
+	t.Helper()
+	db, app := openNamed(t, "pgx")
+	admin = testdb.OpenPostgres(t, "pgx")
+	name := testdb.UniqueName(t)
+	leaseHeldBy(t, admin, name, holder)
+	waiter, err := NewLeaseLock(db, name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return waiter, app, admin
+}
+
+// leaseHeldBy writes name's row as held by owner for a minute, with a
+// token of the sequence's, as a holder elsewhere would.
+func leaseHeldBy(t *testing.T, admin *sql.DB, name, owner string) {
+	t.Helper()
+	if _, err := admin.Exec(`INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
+VALUES ($1, $2, nextval('advisorylock_token_seq'), now(), now() + interval '1 minute')`, name, owner); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// handOverUnheard hands name's lease to the waiter whose place is in its
+// row, as a release does, without a notification.
+func handOverUnheard(t *testing.T, admin *sql.DB, name string) {
+	t.Helper()
+	if _, err := admin.Exec(`UPDATE advisorylock_leases SET owner = next_owner, generation = next_generation, acquired_at = now(),
+	expires_at = next_expires_at, next_owner = NULL, next_generation = NULL, next_expires_at = NULL WHERE name = $1`, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestUnheardHandoverIsFoundByThePoll: the lease is handed over to the
 // queued waiter without a notification (the row written directly, as if
 // the notification were lost); the waiter's poll reads that the lease is
 // its own and returns with it.
 func TestUnheardHandoverIsFoundByThePoll(t *testing.T) {
 	t.Parallel() // a name and a pool of its own, found by its own application_name
-	db, app := openNamed(t, "pgx")
-	admin := testdb.OpenPostgres(t, "pgx")
-	name := testdb.UniqueName(t)
-	if _, err := admin.Exec(`INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
-VALUES ($1, 'gone', nextval('advisorylock_token_seq'), now(), now() + interval '1 minute')`, name); err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := NewLeaseLock(db, name, WithPollInterval(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	waiter, app, admin := waiterOnHeldLease(t, "gone", WithPollInterval(50*time.Millisecond))
+	name := waiter.Name()
 	_, token, got := queuedWaiter(t, admin, waiter)
 	testdb.ListenerPID(t, admin, app, 0)
-	if _, err := admin.Exec(`UPDATE advisorylock_leases SET owner = next_owner, generation = next_generation, acquired_at = now(),
-	expires_at = next_expires_at, next_owner = NULL, next_generation = NULL, next_expires_at = NULL WHERE name = $1`, name); err != nil {
-		t.Fatal(err)
-	}
+	handOverUnheard(t, admin, name)
 	select {
 	case g := <-got:
 		if g == nil {
@@ -395,19 +419,9 @@ VALUES ($1, 'gone', nextval('advisorylock_token_seq'), now(), now() + interval '
 // taking the signal's word, so it does not hold a lease that another
 // holds; it gets the lease when that holder lets it go.
 func TestGrantHeardForAnEarlierPlaceIsRead(t *testing.T) {
-	t.Parallel() // a name and a pool of its own, found by its own application_name
-	db, app := openNamed(t, "pgx")
-	admin := testdb.OpenPostgres(t, "pgx")
-	name := testdb.UniqueName(t)
-	if _, err := admin.Exec(`INSERT INTO advisorylock_leases (name, owner, generation, acquired_at, expires_at)
-VALUES ($1, 'first', nextval('advisorylock_token_seq'), now(), now() + interval '1 minute')`, name); err != nil {
-		t.Fatal(err)
-	}
-	const ttl = time.Second // the place renewed every 333ms
-	waiter, err := NewLeaseLock(db, name, WithLeaseTTL(ttl), WithPollInterval(farPoll))
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Parallel()                                                                                              // a name and a pool of its own, found by its own application_name
+	waiter, app, admin := waiterOnHeldLease(t, "first", WithLeaseTTL(time.Second), WithPollInterval(farPoll)) // the place renewed every 333ms
+	name := waiter.Name()
 	place, first, got := queuedWaiter(t, admin, waiter)
 	testdb.ListenerPID(t, admin, app, 0)
 	// The place was handed over and the grant ran out unnoticed; another
@@ -447,10 +461,7 @@ VALUES ($1, 'first', nextval('advisorylock_token_seq'), now(), now() + interval 
 		_ = early.Release(context.Background())
 		t.Fatalf("the waiter took the lease with token %d on an old signal; the row says %q holds %d", early.Lease().Token(), owner, token)
 	}
-	if _, err := admin.Exec(`UPDATE advisorylock_leases SET owner = next_owner, generation = next_generation, acquired_at = now(),
-	expires_at = next_expires_at, next_owner = NULL, next_generation = NULL, next_expires_at = NULL WHERE name = $1`, name); err != nil {
-		t.Fatal(err)
-	}
+	handOverUnheard(t, admin, name)
 	select {
 	case g := <-got:
 		if g == nil {

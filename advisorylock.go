@@ -664,10 +664,11 @@ func (l *Lock) holderOn(ctx context.Context, b *lockBackend) (*Holder, error) {
 // fn returns, fails or panics. Do serializes: every caller runs fn, one at
 // a time. fn's context is cancelled, with cause ErrLockLost, if the lock is
 // lost while fn runs; Do then returns an error matching ErrLockLost unless
-// fn returned an error of its own. A lock already lost when it is granted
-// (a lease grant that came back past its local deadline) does not run fn:
-// Do returns an error matching ErrLockLost. Otherwise Do returns fn's
-// error, or the release's.
+// fn returned an error of its own. A lock already lost when fn would
+// start (a lease row whose grant came back past its local deadline, or
+// whose deadline passed before fn's turn) does not run fn: Do returns an
+// error matching ErrLockLost. Otherwise Do returns fn's error, or the
+// release's.
 func (l *Lock) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	return do(ctx, l.name, l.Lock, fn)
 }
@@ -765,6 +766,22 @@ type holdEnd interface {
 	forget()
 }
 
+// deadlineEnd is a holdEnd whose hold ends at a local deadline (a lease,
+// lease rows): expireIfPast marks it lost once that has passed.
+type deadlineEnd interface {
+	expireIfPast()
+}
+
+// checkDeadline marks the hold lost if it ends at a local deadline that
+// has passed, also when no goroutine has noticed yet: what Lost and run
+// promise. The method's name is not deadlineEnd's, so that a holdEnd
+// that embeds a hold does not answer to it.
+func (h *hold) checkDeadline() {
+	if e, ok := h.end.(deadlineEnd); ok {
+		e.expireIfPast()
+	}
+}
+
 func newGuard(h *hold) *Guard {
 	g := &Guard{h: h}
 	runtime.AddCleanup(g, (*hold).forgotten, h)
@@ -788,8 +805,13 @@ func (g *Guard) Slot() int { return g.slot }
 // anything: the lock is known lost (its session is gone, or its lease row
 // expired or was taken over), or the guard was released (Release, or the
 // cleanup of a forgotten guard). A release is not a loss: Do still returns
-// fn's result for a section that ended normally.
-func (g *Guard) Lost() <-chan struct{} { return g.h.lost() }
+// fn's result for a section that ended normally. A lock kept as a lease
+// row reads lost from its local deadline on, even before a goroutine of
+// the library notices (see Lease.Lost).
+func (g *Guard) Lost() <-chan struct{} {
+	g.h.checkDeadline()
+	return g.h.lost()
+}
 
 // Release frees the lock. It runs on its own context bounded by
 // WithReleaseTimeout, keeping only ctx's values, so a caller whose context
@@ -920,9 +942,12 @@ func (h *hold) isLost() (bool, error) {
 
 // run runs fn under the guard and releases it afterwards, also when fn
 // panics (the release runs as the panic unwinds), and reports whether fn
-// ran. A guard already lost when it is handed over (a lease grant that
-// arrived past its local deadline) does not run fn: run returns the loss.
+// ran. A guard already lost when it is handed over does not run fn: run
+// returns the loss. So does a lease whose local deadline passed since its
+// grant (a grant that arrived late, or a caller held up after it), though
+// no goroutine has noticed yet.
 func (g *Guard) run(ctx context.Context, fn func(ctx context.Context) error) (ran bool, err error) {
+	g.h.checkDeadline()
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, g))
 	g.h.onLost(cancel)
 	defer func() {

@@ -589,8 +589,10 @@ func keepLease(store backend.LeaseStore, db DB, cfg *config, req backend.LeaseRe
 	s := &leaseState{store: store, db: db, req: req, clock: cfg.clock, deadline: localDeadline(sent, req.TTL)}
 	s.hold = hold{name: req.Name, key: req.Key, logger: cfg.log(), relTO: cfg.releaseTimeout, end: s}
 	// A grant that arrived past its local deadline (a slow answer) is lost
-	// before anyone sees it: Lost is closed when the acquire returns, and Do does not run its function. It has nothing
-	// to keep. Otherwise the keeper starts at the first renewal.
+	// before anyone sees it: the acquire's Observer hears the loss as the
+	// acquire ends, and no keeper starts (Lost and Do would find it lost
+	// anyway: see hold.checkDeadline). Otherwise the keeper starts at the
+	// first renewal.
 	left := s.untilDeadline()
 	if left <= 0 {
 		s.lose(CauseExpired, s.lostErr(), errors.New("granted past its local deadline (the answer came too late)"))
@@ -1050,9 +1052,10 @@ func (l *LeaseLock) Holder(ctx context.Context) (*Holder, error) {
 // returns, fails or panics. fn's context is cancelled with a
 // cause matching ErrLockLost (naming the lease and its token) if the
 // lease is lost, and Do then returns that error unless fn returned one of
-// its own. A lease lost as it was granted (its grant came back past its
-// local deadline) does not run fn: Do returns that loss. Pass lease.Token() to the resource's Fence
-// with every write.
+// its own. A lease lost by the time fn would start (its grant came back
+// past its local deadline, or the deadline passed before fn's turn) does
+// not run fn: Do returns that loss. Pass lease.Token() to the resource's
+// Fence with every write.
 func (l *LeaseLock) Do(ctx context.Context, fn func(ctx context.Context, lease Lease) error) error {
 	return do(ctx, l.name, l.Lock, fn)
 }

@@ -157,6 +157,72 @@ func TestLateGrantIsLostBeforeTheSectionBegins(t *testing.T) {
 	mustRelease(t, mustTry(t, l))
 }
 
+// TestLeaseWhoseDeadlinePassedBeforeTheSectionDoesNotRunIt: a grant
+// that arrived in time but whose local deadline has passed by the time
+// Do would start its function (the caller held up between the two: here
+// the Observer's acquire event moves the clock) does not run it, though
+// no goroutine of the library has noticed yet: Do returns the loss, as
+// Lost would have said.
+func TestLeaseWhoseDeadlinePassedBeforeTheSectionDoesNotRunIt(t *testing.T) {
+	const ttl = 30 * time.Second // renewals every 10s of real time: none runs during the test
+	clock := testdb.NewFakeClock()
+	late := &clockMover{clock: clock}
+	l := newLeaseLock(t, testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL), testdb.UniqueName(t), quiet,
+		advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock.Now), advisorylock.WithObserver(late))
+	late.by.Store(int64(ttl * 5 / 6)) // past the local deadline (TTL minus a third)
+	ran := false
+	err := l.Do(context.Background(), func(context.Context, advisorylock.Lease) error {
+		ran = true
+		return nil
+	})
+	if late.by.Load() != 0 {
+		t.Fatal("the clock never moved after the acquire: nothing was tested")
+	}
+	if ran || !errors.Is(err, advisorylock.ErrLockLost) {
+		t.Fatalf("Do with a lease whose deadline passed before its function: ran %v, returned %v; want it not run and ErrLockLost", ran, err)
+	}
+}
+
+// TestRowGuardReadsLostAtItsDeadline: a Lock kept as a lease row (SQLite),
+// and a set of such rows, read lost from the local deadline on, as a
+// Lease does, though no goroutine of the library has noticed (the
+// keeper's timers run on real time, a third of the TTL away).
+func TestRowGuardReadsLostAtItsDeadline(t *testing.T) {
+	const ttl = 30 * time.Second
+	clock := testdb.NewFakeClock()
+	db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteWAL)
+	opts := []advisorylock.Option{quiet, advisorylock.WithLeaseTTL(ttl), advisorylock.WithClock(clock.Now)}
+	one := mustTry(t, newLock(t, db, testdb.UniqueName(t), opts...))
+	defer mustRelease(t, one)
+	set := mustTry(t, newSet(t, db, []string{testdb.UniqueName(t), testdb.UniqueName(t)}, opts...))
+	defer mustRelease(t, set)
+	for what, g := range map[string]*advisorylock.Guard{"a row": one, "a set of rows": set} {
+		if isClosed(g.Lost()) {
+			t.Fatalf("%s reads lost as granted", what)
+		}
+	}
+	clock.Add(ttl * 5 / 6) // past the local deadline (TTL minus a third), short of the expiry
+	for what, g := range map[string]*advisorylock.Guard{"a row": one, "a set of rows": set} {
+		if !isClosed(g.Lost()) {
+			t.Errorf("%s past its local deadline does not read lost", what)
+		}
+	}
+}
+
+// clockMover moves clock by the amount stored in by (once: by is zeroed)
+// when an acquire ends with a grant, before the caller gets it.
+type clockMover struct {
+	clock *testdb.FakeClock
+	by    atomic.Int64
+}
+
+func (m *clockMover) Observe(ctx context.Context, e advisorylock.Event) context.Context {
+	if e.Type == advisorylock.EventAcquireEnd && e.Outcome == advisorylock.OutcomeAcquired {
+		m.clock.Add(time.Duration(m.by.Swap(0)))
+	}
+	return ctx
+}
+
 // clockMovedDuring opens a new SQLite file whose statements containing
 // part move clock, before they run, by the amount stored in the returned
 // counter (once: the counter is zeroed), to make an answer arrive late

@@ -217,6 +217,14 @@ type rowSetHold struct {
 	parts []*hold
 }
 
+// expireIfPast marks the set lost once a row's local deadline has passed
+// (see deadlineEnd): the row's loss ends the set.
+func (s *rowSetHold) expireIfPast() {
+	for _, p := range s.parts {
+		p.checkDeadline()
+	}
+}
+
 // release frees every row; ctx never ends (see doRelease).
 func (s *rowSetHold) release(ctx context.Context, _ time.Duration) error {
 	var errs []error

@@ -438,6 +438,15 @@ mutation "local deadline counts from the answer (acquire and renew)" lease.go \
 mutation "local deadline is the full TTL" lease.go \
 	's/return sent\.Add\(ttl - renewInterval\(ttl\)\)/return sent.Add(ttl)/' \
 	'^(TestSoak|TestNetworkCutsUnderLoad|TestNetworkCutLosesLocksBeforeExpiry|TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine)$'
+mutation "a row Guard's Lost waits for a goroutine past the local deadline" advisorylock.go \
+	's/\tg\.h\.checkDeadline\(\)\n\treturn g\.h\.lost\(\)/\treturn g.h.lost()/' \
+	'^TestRowGuardReadsLostAtItsDeadline$'
+mutation "a set of rows reads lost only when a row's keeper runs" set.go \
+	's/\t\tp\.checkDeadline\(\)\n/\t\t_ = p\n/' \
+	'^TestRowGuardReadsLostAtItsDeadline$'
+mutation "Do starts fn on a lease whose deadline passed after its grant" advisorylock.go \
+	's/\(ran bool, err error\) \{\n\tg\.h\.checkDeadline\(\)\n/(ran bool, err error) {\n/' \
+	'^TestLeaseWhoseDeadlinePassedBeforeTheSectionDoesNotRunIt$'
 mutation "a lease's Lost waits for a goroutine past the local deadline" lease.go \
 	's/gone \|\| s\.clock\.Now\(\)\.Before\(s\.localDeadline\(\)\)/gone || true/' \
 	'^TestLeaseIsLostAtTheLocalDeadlineWithoutAnyGoroutine$'
@@ -568,9 +577,6 @@ mutation "SQLite waiting writer keeps its claim after its grant" internal/sqlite
 mutation "a waiting writer's later attempts are not marked as retries" lease.go \
 	's/\n\t\treq\.Retry = true \/\/[^\n]*\n/\n/' \
 	'^TestSQLiteReadersGetInRightAfterAWaitingWritersRelease$'
-mutation "a grant that arrived past its deadline is lost only when the keeper runs" lease.go \
-	's/if left <= 0 \{\n(\t+)s\.lose\(CauseExpired/if false \&\& left <= 0 {\n$1s.lose(CauseExpired/' \
-	'^TestLateGrantIsLostBeforeTheSectionBegins$'
 mutation "Do runs its function under a grant already lost" advisorylock.go \
 	's/if _, why := g\.h\.isLost\(\); why != nil \{/if _, why := g.h.isLost(); why != nil \&\& false {/' \
 	'^TestLateGrantIsLostBeforeTheSectionBegins$'

@@ -21,7 +21,9 @@ import (
 // holder's own session, in a transaction in WithConn, during which the
 // keep-alive steps aside: the other session's grant comes before the next
 // check. Releasing the lost Guard then leaves the other session's lock
-// alone.
+// alone. A shared holder (RLock) is read the same way: PostgreSQL's
+// ShareLock gone from pg_locks; on MySQL its holder lock gone, which
+// leaves its advisorylock_shared row stale, so a writer gets in.
 func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 	type backend struct {
 		name      string
@@ -37,19 +39,20 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 	// statements: both run.
 	for _, b := range backends {
 		for _, mode := range sessionModes() {
-			for _, taken := range []bool{false, true} {
-				sub := b.name + "/" + mode.name + "/freed"
-				if taken {
-					sub = b.name + "/" + mode.name + "/taken-by-another-session"
-				}
-				t.Run(sub, func(t *testing.T) {
+			for _, c := range goneCases() {
+				shared, taken := c.shared, c.taken
+				t.Run(b.name+"/"+mode.name+"/"+c.name, func(t *testing.T) {
 					checkGoroutines(t)
 					ctx, cancel := context.WithTimeout(context.Background(), wait)
 					defer cancel()
 					name := testdb.UniqueName(t)
 					rec := &observetest.Recorder{}
 					l := newLock(t, b.open(t), name, append([]advisorylock.Option{advisorylock.WithKeepAlive(50 * time.Millisecond), advisorylock.WithObserver(rec)}, mode.opts...)...)
-					g, err := l.TryLock(ctx)
+					try := l.TryLock
+					if shared {
+						try = l.TryRLock
+					}
+					g, err := try(ctx)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -80,7 +83,7 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 					select {
 					case <-g.Lost():
 					case <-time.After(wait):
-						t.Fatalf("the keep-alive (every 50ms) never reported the lock lost after its session freed it (taken by another session: %v)", taken)
+						t.Fatalf("the keep-alive (every 50ms) never reported the lock lost after its session freed it (shared: %v, taken by another session: %v)", shared, taken)
 					}
 					testdb.WaitFor(t, wait, func() bool { return len(rec.Events("loss")) > 0 }, "no loss event after Lost closed")
 					_ = g.Release(ctx) // lost: its error says so
@@ -101,5 +104,21 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// goneCase is how TestKeepAliveReportsALockGoneFromItsLiveSession's
+// holder holds, and whether another session takes the lock once it is gone.
+type goneCase struct {
+	name          string
+	shared, taken bool
+}
+
+func goneCases() []goneCase {
+	return []goneCase{
+		{"freed", false, false},
+		{"taken-by-another-session", false, true},
+		{"rlock/freed", true, false},
+		{"rlock/taken-by-another-session", true, true},
 	}
 }

@@ -811,6 +811,9 @@ mutation "MySQL keep-alive takes another connection's lock for its own" internal
 mutation "PostgreSQL keep-alive takes another session's lock for its own" internal/postgresbackend/postgres.go \
 	's/(l\.mode = '"'"'"\+p\.lockMode\(\)\+"'"'"') AND l\.pid = pg_backend_pid\(\)\)/$1)/' \
 	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
+mutation "MySQL: a shared holder's keep-alive reads its row, not its holder lock" internal/mysqlbackend/shared.go \
+	's/return "IS_USED_LOCK\(" \+ mysqlHolderLock\(key, "CONNECTION_ID\(\)"\) \+ "\) = CONNECTION_ID\(\) AND EXISTS/return "EXISTS/' \
+	'^TestKeepAliveReportsALockGoneFromItsLiveSession$'
 # SQLite's min-hold window: taken until exactly the grant plus WithMinHold.
 mutation "SQLite Lock's window counts from the release, not the grant" internal/sqlitebackend/sqlite.go \
 	's/(sqliteReleaseLockWindow = `UPDATE advisorylock_locks SET expires_at = min\(expires_at, max\(\?3, )acquired_at \+ \?4\)\)/$1?3 + ?4))/' \

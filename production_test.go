@@ -153,6 +153,64 @@ func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 				t.Fatalf("%d advisory locks left on the standby, want 0", n)
 			}
 		})
+		t.Run(drv+"/reached-after-first-use", func(t *testing.T) {
+			standbyReachedAfterFirstUse(t, drv, primary, standby)
+		})
+	}
+}
+
+// standbyReachedAfterFirstUse: a pool whose first use met the primary,
+// and whose later connections reach the standby (an address moved to it
+// without a promotion, or a multi-host DSN that picks it): the first-use
+// check passed and is not run again, so each acquire refuses on its new
+// connection's answer, naming the lock, and leaves nothing held there.
+func standbyReachedAfterFirstUse(t *testing.T, drv string, primary, standby *testdb.Cluster) {
+	front := testdb.NewProxy(t, testdb.HostPort(t, primary.DSN))
+	db := testdb.OpenPostgresDSN(t, drv, front.DSN(primary.DSN))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	name := testdb.UniqueName(t)
+	pinned := newLock(t, db, name, advisorylock.WithMultiplexing(0))
+	muxed := newLock(t, db, name+"/shared-session") // the default
+	set := newSet(t, db, []string{name + "/set/1", name + "/set/2"}, advisorylock.WithMultiplexing(0))
+	sem := newSemaphore(t, db, name+"/semaphore", 2)
+	lease := newLeaseLock(t, db, name+"/lease")
+	type guard interface{ Release(context.Context) error }
+	tries := []struct {
+		what string
+		try  func() (guard, error)
+	}{
+		{"pinned TryLock", func() (guard, error) { return pinned.TryLock(ctx) }},
+		{"pinned LockTimeout", func() (guard, error) { return pinned.LockTimeout(ctx, time.Second) }},
+		{"pinned TryRLock", func() (guard, error) { return pinned.TryRLock(ctx) }},
+		{"multiplexed TryLock", func() (guard, error) { return muxed.TryLock(ctx) }},
+		{"set TryLock", func() (guard, error) { return set.TryLock(ctx) }},
+		{"Semaphore.TryAcquire", func() (guard, error) { return sem.TryAcquire(ctx) }},
+		{"LeaseLock.TryLock", func() (guard, error) { return lease.TryLock(ctx) }},
+	}
+	for _, c := range tries { // first use, on the primary
+		g, err := c.try()
+		if err != nil {
+			t.Fatalf("%s on the primary: %v", c.what, err)
+		}
+		mustRelease(t, g)
+	}
+	front.Retarget(testdb.HostPort(t, standby.DSN))
+	db.SetMaxIdleConns(0) // closes the pool's connections to the primary
+	testdb.WaitFor(t, wait, func() bool { return db.Stats().OpenConnections == 0 }, "connections to the primary stayed open: %+v", db.Stats())
+	db.SetMaxIdleConns(2)
+	for _, c := range tries {
+		g, err := c.try()
+		if err == nil {
+			_ = g.Release(ctx)
+			t.Fatalf("%s granted on a connection that reached the hot standby", c.what)
+		}
+		if !errors.Is(err, advisorylock.ErrUnsupported) || !strings.Contains(err.Error(), "standby") || !strings.Contains(err.Error(), name) {
+			t.Fatalf("%s on a connection that reached the hot standby = %v, want ErrUnsupported saying hot standby and naming the lock", c.what, err)
+		}
+	}
+	if n := testdb.AdvisoryLocks(t, testdb.OpenPostgresDSN(t, "postgres", standby.DSN), nil); n != 0 {
+		t.Fatalf("%d advisory locks left on the standby, want 0", n)
 	}
 }
 
@@ -166,7 +224,7 @@ func TestVanishedHolderIsFreedWithinTheDeadHolderTimeout(t *testing.T) {
 		dsn := testdb.PostgresDSN(t)
 		holderDB, waiterDB := testdb.OpenPostgres(t, drv), testdb.OpenPostgres(t, drv)
 		name := testdb.UniqueName(t)
-		holder, waiter := newLockOpts(t, holderDB, name, opts...), newLockOpts(t, waiterDB, name, opts...)
+		holder, waiter := newLock(t, holderDB, name, opts...), newLock(t, waiterDB, name, opts...)
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
 		g, err := holder.TryLock(ctx)
@@ -215,7 +273,7 @@ func TestPinnedSessionGetsDeadHolderSettings(t *testing.T) {
 		for _, checks := range []bool{true, false} {
 			db := testdb.OpenPostgres(t, drv)
 			db.SetMaxOpenConns(1) // the guard's pinned connection is the pool's only one
-			l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithDeadHolderTimeout(20*time.Second), advisorylock.WithServerChecks(checks))
+			l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithDeadHolderTimeout(20*time.Second), advisorylock.WithServerChecks(checks))
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			for range 2 { // a new session, then one that has the settings
@@ -249,7 +307,7 @@ func TestShortStatementTimeoutDoesNotBreakLock(t *testing.T) {
 		dsn := testdb.WithParam(testdb.PostgresDSN(t), "options", "-c statement_timeout=300")
 		holderDB, waiterDB := testdb.OpenPostgresDSN(t, drv, dsn), testdb.OpenPostgresDSN(t, drv, dsn)
 		name := testdb.UniqueName(t)
-		holder, waiter := newLockOpts(t, holderDB, name), newLockOpts(t, waiterDB, name)
+		holder, waiter := newLock(t, holderDB, name), newLock(t, waiterDB, name)
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
 		g, err := holder.TryLock(ctx)
@@ -277,7 +335,7 @@ func TestLockTimeoutHoldsOnADeadNetworkWithAWarmConnection(t *testing.T) {
 		t.Parallel() // side by side: a proxy and a name of its own
 		db, proxy := testdb.OpenPostgresProxied(t, drv)
 		db.SetMaxIdleConns(2)
-		l := newLockOpts(t, db, testdb.UniqueName(t))
+		l := newLock(t, db, testdb.UniqueName(t))
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
 		if err := db.PingContext(ctx); err != nil { // a warm connection in the pool
@@ -335,7 +393,7 @@ func TestTryLockDoesNotWaitForAnExhaustedPool(t *testing.T) {
 		t.Parallel() // a pool and a name of its own
 		db := testdb.OpenPostgres(t, drv)
 		name := testdb.UniqueName(t)
-		session := newLockOpts(t, db, name)
+		session := newLock(t, db, name)
 		lease := newLeaseLock(t, db, name, advisorylock.WithPoolWait(300*time.Millisecond))
 		holdOnlyConnection(t, db)
 		for what, try := range map[string]func() error{
@@ -418,7 +476,7 @@ func forgetLease(t *testing.T, l *advisorylock.LeaseLock) advisorylock.Lease {
 
 func TestReleasedSessionGuardReadsAsLost(t *testing.T) {
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
-		l := newLockOpts(t, testdb.OpenPostgres(t, drv), testdb.UniqueName(t))
+		l := newLock(t, testdb.OpenPostgres(t, drv), testdb.UniqueName(t))
 		g, err := l.TryLock(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -544,15 +602,6 @@ func TestTokensStrictlyIncreaseAcrossAFailoverWithALaggingStandby(t *testing.T) 
 	}
 }
 
-func newLockOpts(t testing.TB, db advisorylock.DB, name string, opts ...advisorylock.Option) *advisorylock.Lock {
-	t.Helper()
-	l, err := advisorylock.New(db, name, opts...)
-	if err != nil {
-		t.Fatalf("New(%.40q): %v", name, err)
-	}
-	return l
-}
-
 // A forgotten session guard's cleanup runs in the runtime's one cleanup
 // goroutine; if it waited there for its keep-alive check, stuck on a dead
 // network, every other cleanup of the process would wait too.
@@ -562,7 +611,7 @@ func TestForgottenGuardOnADeadNetworkDelaysNoOtherCleanup(t *testing.T) {
 	started := make(chan struct{}, 1)
 	logger := slog.New(signalHandler{on: "never released", ch: started})
 	const relTO = 3 * time.Second
-	l := newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(20*time.Millisecond),
+	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(20*time.Millisecond),
 		advisorylock.WithReleaseTimeout(relTO), advisorylock.WithDeadHolderTimeout(0), advisorylock.WithLogger(logger))
 	forgetGuard(t, l)
 	proxy.Cut()
@@ -637,12 +686,12 @@ func TestMissedTryReadsNoLockTable(t *testing.T) {
 				return out
 			}
 			name := testdb.UniqueName(t)
-			rival := newLockOpts(t, testdb.OpenPostgres(t, drv), name)
+			rival := newLock(t, testdb.OpenPostgres(t, drv), name)
 			held, err := rival.TryLock(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := newLockOpts(t, db, name, advisorylock.WithDeadHolderTimeout(20*time.Second))
+			l := newLock(t, db, name, advisorylock.WithDeadHolderTimeout(20*time.Second))
 			if err := l.Check(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -674,7 +723,7 @@ func TestMissedTryReadsNoLockTable(t *testing.T) {
 			// first try is a grant on a session without its settings (noted),
 			// then the name is taken by the rival, and the third Lock's
 			// first try (its own settings again) must read its own miss.
-			other := newLockOpts(t, db, name, advisorylock.WithDeadHolderTimeout(40*time.Second))
+			other := newLock(t, db, name, advisorylock.WithDeadHolderTimeout(40*time.Second))
 			g, err := other.TryLock(ctx)
 			if err != nil {
 				t.Fatalf("a try on a free name: %v", err)
@@ -684,7 +733,7 @@ func TestMissedTryReadsNoLockTable(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer mustRelease(t, held)
-			third := newLockOpts(t, db, name, advisorylock.WithDeadHolderTimeout(60*time.Second))
+			third := newLock(t, db, name, advisorylock.WithDeadHolderTimeout(60*time.Second))
 			if g, err := third.TryLock(ctx); !errors.Is(err, advisorylock.ErrNotAcquired) {
 				if g != nil {
 					_ = g.Release(ctx)
@@ -712,7 +761,7 @@ func rememberedSessionTriesWithoutItsChecks(t *testing.T, drv string, mode ...ad
 	ctx := context.Background()
 	db, lastTry := testdb.OpenRecording(t, drv, testdb.PostgresDSN(t), "pg_try_advisory_lock")
 	db.SetMaxOpenConns(1)
-	l := newLockOpts(t, db, testdb.UniqueName(t), append(mode, advisorylock.WithBackend(advisorylock.Postgres()),
+	l := newLock(t, db, testdb.UniqueName(t), append(mode, advisorylock.WithBackend(advisorylock.Postgres()),
 		advisorylock.WithDeadHolderTimeout(20*time.Second))...)
 	checked := func(q string) bool {
 		return strings.Contains(q, "pg_is_in_recovery") && strings.Contains(q, "advisorylock.dead_holder")
@@ -770,7 +819,7 @@ func rememberedSessionTriesWithoutItsChecks(t *testing.T, drv string, mode ...ad
 	}
 	// Shared tries on a remembered session stay shared: beside
 	// another shared holder, and refused beside an exclusive one.
-	other := newLockOpts(t, testdb.OpenPostgres(t, drv), l.Name())
+	other := newLock(t, testdb.OpenPostgres(t, drv), l.Name())
 	reader, err := other.TryRLock(ctx)
 	if err != nil {
 		t.Fatal(err)

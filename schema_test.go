@@ -202,7 +202,7 @@ func TestOrdinaryRoleWorksWithTablesAnAdministratorCreated(t *testing.T) {
 			t.Fatalf("%s: Admit as an ordinary role: %v", drv, err)
 		}
 		releaseLease(t, g)
-		sg, err := newLockOpts(t, app, name).TryLock(ctx)
+		sg, err := newLock(t, app, name).TryLock(ctx)
 		if err != nil {
 			t.Fatalf("%s: a session lock as an ordinary role: %v", drv, err)
 		}
@@ -248,7 +248,7 @@ func checkers(t *testing.T, db *sql.DB) map[string]func(context.Context) error {
 		"LeaseLock":          newLeaseLock(t, db, testdb.UniqueName(t)).Check,
 		"Fence":              fence.Check,
 		"Election":           newElection(t, db, testdb.UniqueName(t)).Check,
-		"Lock (WithMinHold)": newLockOpts(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second)).Check,
+		"Lock (WithMinHold)": newLock(t, db, testdb.UniqueName(t), advisorylock.WithMinHold(time.Second)).Check,
 	}
 }
 

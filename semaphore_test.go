@@ -905,7 +905,7 @@ func TestRememberedSessionTriesSemaphoreSlotsWithoutItsChecks(t *testing.T) {
 				advisorylock.WithDeadHolderTimeout(20 * time.Second)}
 			name := testdb.UniqueName(t)
 			s := newSemaphore(t, db, name, 2, opts...)
-			l := newLockOpts(t, db, name+"-lock", opts...)
+			l := newLock(t, db, name+"-lock", opts...)
 			checked := func(q string) bool {
 				return strings.Contains(q, "pg_is_in_recovery") && strings.Contains(q, "advisorylock.dead_holder")
 			}

@@ -353,6 +353,27 @@ mutation "PoolerHint takes PgBouncer's port for a pooler on MySQL" internal/dsnh
 	's/name := hostHint\(host, port\)\n\t\tif p\.mysql \{/name := hostHint(host, port)\n\t\tif p.mysql \&\& name == "" {/' \
 	'^TestPoolerHint$'
 
+mutation "a PostgreSQL wait polls instead of waiting in the server's queue" advisorylock.go \
+	's/\t\t\treturn session\.WaitLockSession\(ctx, conn, key, slice\)\n/\t\t\tif r, err := session.TryLockSession(ctx, conn, key); err != nil || r.OK {\n\t\t\t\treturn r, err\n\t\t\t}\n\t\t\ttime.Sleep(slice)\n\t\t\treturn backend.SessionResult{}, nil\n/' \
+	'^TestLockWaitsServerSideAndHandsOff$'
+mutation "a lease row's release waits ten release timeouts" lease.go \
+	's/(r\.Now = s\.clock\.Now\(\)\n\tctx, cancel := context\.WithTimeout\(ctx, )timeout\)/${1}10*timeout)/' \
+	'^TestSQLiteReleaseIsBoundedWhileBusy$'
+mutation "the pooler probe's verdict is not kept for the pool" internal/dbutil/verdict.go \
+	's/\t\tif err != nil \{\n\t\t\tforgetVerdict\(key, what, v\)\n\t\t\}\n/\t\tforgetVerdict(key, what, v)\n/' \
+	'^TestNewProbesOncePerDB$'
+mutation "PostgreSQL: the first use takes a hot standby for a primary" internal/postgresbackend/postgres.go \
+	's/\tif standby \{\n\t\treturn errStandby\n/\tif false \&\& standby {\n\t\treturn errStandby\n/' \
+	'^TestHotStandbyRefusesLocksAndLeases$'
+mutation "PostgreSQL: a try on a connection that reached a hot standby is a miss" internal/postgresbackend/postgres.go \
+	's/\tif standby \{\n\t\treturn backend\.SessionResult\{\}, errStandby/\tif false \&\& standby {\n\t\treturn backend.SessionResult{}, errStandby/' \
+	'^TestHotStandbyRefusesLocksAndLeases$'
+mutation "PostgreSQL: a semaphore on a hot standby's connection misses" internal/postgresbackend/semaphore.go \
+	's/\tcase got == -2:\n\t\treturn 0, backend\.SessionResult\{\}, errStandby/\tcase got == -3:\n\t\treturn 0, backend.SessionResult{}, errStandby/' \
+	'^TestHotStandbyRefusesLocksAndLeases$'
+mutation "PostgreSQL: a lease statement refused read-only is not told as a hot standby" internal/postgresbackend/postgres.go \
+	's/\treturn fmt\.Errorf\("%w \(%w\)", errStandby, err\)/\treturn err/' \
+	'^TestHotStandbyRefusesLocksAndLeases$'
 # --- Leases and fencing -------------------------------------------------------
 mutation "lease re-granted 1.2 s before it expires" internal/postgresbackend/postgres.go \
 	"s/= \`\\(l\\.owner IS NULL OR l\\.expires_at <= now\\(\\)\\)/= \`(l.owner IS NULL OR l.expires_at <= now() + interval '1200 milliseconds')/" \
@@ -941,6 +962,22 @@ mutation "an observer label value renamed" observer.go \
 mutation "a renewal that found the lease lost is told as an error" observer.go \
 	's/if errors\.Is\(err, backend\.ErrLeaseLost\) && !errors\.Is\(err, ErrLockLost\) \{/if false \&\& errors.Is(err, backend.ErrLeaseLost) {/' \
 	'^TestObserverTellsARenewalThatFoundTheLeaseLost$'
+
+mutation "an acquire's start is not told to the Observer" observer.go \
+	's/\tctx = ob\.emit\(ctx, Event\{Type: EventAcquireStart, MayWait: mayWait\}\)\n//' \
+	'^TestEngineObserverSeesEachAcquireInOrder$'
+mutation "a miss is told to the Observer as an error" observer.go \
+	's/(case errors\.Is\(err, ErrNotAcquired\):\n\t\treturn )OutcomeNotAcquired/$1OutcomeError/' \
+	'^TestEngineObserverSeesEachAcquireInOrder$'
+mutation "a semaphore's events say kind lock" semaphore.go \
+	's/l := newLock\(db, name, cfg, kindSemaphore\)/l := newLock(db, name, cfg, "lock")/' \
+	'^TestSemaphoreReportsItsEventsAsSemaphore$'
+mutation "a shared hold's events say kind lock" advisorylock.go \
+	's/p, kind = &l\.sobs, backend\.KindShared/p, kind = \&l.sobs, l.kind/' \
+	'^TestObserverSeesSharedHoldsAsKindShared$'
+mutation "an election's events say kind lock" election.go \
+	's/lock, lease := newLock\(db, name, cfg, kindElection\), newLeaseLock\(db, name, cfg, kindElection\)/lock, lease := newLock(db, name, cfg, "lock"), newLeaseLock(db, name, cfg, "lease")/' \
+	'^TestElectionEventsHaveKindElection$'
 
 # --- Keys ---------------------------------------------------------------------
 mutation "key domain changed" advisorylock.go \

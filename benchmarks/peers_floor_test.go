@@ -190,33 +190,25 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// cpuOf sums the CPU time (user and system) of pids, from /proc; false
-// when one cannot be read (the server runs elsewhere).
+// cpuOf sums the CPU time of pids, from /proc's schedstat (nanoseconds;
+// /proc's stat counts in ticks of 10 ms, coarser than a lap's server
+// time); false when one cannot be read (the server runs elsewhere).
 func cpuOf(pids []int) (time.Duration, bool) {
 	var sum time.Duration
 	for _, pid := range pids {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/schedstat")
 		if err != nil {
 			return 0, false
 		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
+		f := strings.Fields(string(b)) // time on a CPU, time waiting for one (ns), timeslices
+		if len(f) < 1 {
 			return 0, false
 		}
-		f := strings.Fields(s[i+1:]) // state, ppid, …: utime and stime are the 12th and 13th
-		if len(f) < 13 {
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
 			return 0, false
 		}
-		u, err1 := strconv.ParseInt(f[11], 10, 64)
-		k, err2 := strconv.ParseInt(f[12], 10, 64)
-		if err1 != nil || err2 != nil {
-			return 0, false
-		}
-		sum += time.Duration(u+k) * (time.Second / clockTicks)
+		sum += time.Duration(ns)
 	}
 	return sum, len(pids) > 0
 }
-
-// clockTicks is the unit of /proc's CPU times (USER_HZ, 100 on Linux).
-const clockTicks = 100

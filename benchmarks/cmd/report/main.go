@@ -48,7 +48,7 @@ type group struct {
 // name; any other Benchmark function of the package runs in the group
 // "other benchmarks" (see otherGroup).
 var knownBenchmarks = []string{"BenchmarkPG", "BenchmarkSQLite", "BenchmarkPaired", "BenchmarkRoundTrips",
-	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkLeaseHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired", "BenchmarkPeers", "BenchmarkMissCost"}
+	"BenchmarkHandoff", "BenchmarkHandoffPaired", "BenchmarkLeaseHandoffPaired", "BenchmarkScaling", "BenchmarkMySQLPaired", "BenchmarkMySQLHandoffPaired", "BenchmarkPeers", "BenchmarkPeersPinnedFloor", "BenchmarkMissCost"}
 
 // groups returns the suite; other, when not "", is the -bench expression
 // of the benchmarks no group names (see otherGroup). The full run takes

@@ -24,6 +24,7 @@ func peerGroups(count int) []group {
 		{"peers: handoff", `^BenchmarkPeers$/^handoff$`, "300x", count, true},
 		{"peers: throughput", `^BenchmarkPeers$/^throughput$`, "20x", count, true},
 		{"peers: held names", `^BenchmarkPeers$/^held$`, "6x", count, true},
+		{"peers: the pinned rows' floor", `^BenchmarkPeersPinnedFloor$`, "40x", count, false},
 	}
 }
 
@@ -46,6 +47,64 @@ func (r *report) writePeers(w func(string, ...any)) {
 		w("Unpinned (the same benchmarks right after, with nothing pinned):\n\n")
 		r.writePeerTable(w, r.unp)
 	}
+	r.writeFloor(w)
+}
+
+// floorName is BenchmarkPeersPinnedFloor's sub-benchmark for driver drv.
+func floorName(drv string) string { return "BenchmarkPeersPinnedFloor/" + drv }
+
+// writeFloor shows the pinned throughput rows beside the bare statements
+// a user would write for the same lock, from BenchmarkPeersPinnedFloor:
+// how much of the pinned rows' gap to redislock is the library's.
+func (r *report) writeFloor(w func(string, ...any)) {
+	if _, ok := r.res.median(floorName("pgx"), "redislock-ops/s"); !ok {
+		return
+	}
+	w("### The pinned rows' floor\n\n")
+	w("From `BenchmarkPeersPinnedFloor` (`peers_floor_test.go`, in the pinned phase): the throughput lap above run three ways, interleaved, on pools of their own: redislock, the pinned `Lock`, and the bare statements a user would write for the same lock on a connection of the pool (`pg_try_advisory_lock`, then `pg_advisory_unlock`). ")
+	w("CPU per operation: the benchmark process's (getrusage) and the server's (the row's PostgreSQL backends, or Redis's process, from /proc's schedstat). Medians of the passes; \"× bare\" divides the medians.\n\n")
+	w("| driver | row | throughput | × redislock | × bare | client CPU/op | server CPU/op |\n|---|---|---:|---:|---:|---:|---:|\n")
+	for _, d := range pgDrivers {
+		name := floorName(d.id)
+		bare, bareOK := r.res.median(name, d.id+"-bare-ops/s")
+		for _, row := range []struct{ id, label string }{{"redislock", "redislock"}, {d.id + "-pinned", "`Lock`, pinned"}, {d.id + "-bare", "bare statements"}} {
+			ops, ok := r.res.median(name, row.id+"-ops/s")
+			if !ok {
+				continue
+			}
+			x, xBare := "1.00×", "–"
+			if row.id != "redislock" {
+				x = "–"
+				if v, ok := r.res.median(name, row.id+"-x-redislock"); ok {
+					x = ratio(v)
+				}
+				if bareOK && bare > 0 {
+					xBare = ratio(ops / bare)
+				}
+			}
+			cpu := func(unit string) string {
+				if v, ok := r.res.median(name, row.id+"-"+unit); ok && v > 0 {
+					return dur(v * 1e3)
+				}
+				return "–"
+			}
+			w("| %s | %s | %.0f ops/s | %s | %s | %s | %s |\n", d.label, row.label, ops, x, xBare, cpu("client-us/op"), cpu("server-us/op"))
+		}
+	}
+	w("\n")
+}
+
+// floorWhy says, for the pinned throughput gate on driver drv, how the
+// bare statements and the pinned Lock compared in BenchmarkPeersPinnedFloor.
+func (r *report) floorWhy(drv string) string {
+	name := floorName(drv)
+	bare, ok1 := r.res.median(name, drv+"-bare-x-redislock")
+	pinnedOps, ok2 := r.res.median(name, drv+"-pinned-ops/s")
+	bareOps, ok3 := r.res.median(name, drv+"-bare-ops/s")
+	if !ok1 || !ok2 || !ok3 || bareOps == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" In this run's floor benchmark (\"The pinned rows' floor\", below) the bare statements measured %s redislock, and the pinned `Lock` %s the bare statements.", ratio(bare), ratio(pinnedOps/bareOps))
 }
 
 // writePeerTable writes one table of BenchmarkPeers' figures from res.

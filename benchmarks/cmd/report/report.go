@@ -264,8 +264,8 @@ func (r *report) peerTargets() []target {
 		d, dok := res.median("BenchmarkPeers/"+bench, den)
 		return n / d, nok && dok && d > 0
 	}
-	check := func(g gate, driver, bench, num, den string) {
-		t := target{what: g.what, driver: driver, limit: g.limit, measured: "not measured", unpinned: "–"}
+	check := func(g gate, drv, driver, bench, num, den string) {
+		t := target{what: g.what, drv: drv, driver: driver, limit: g.limit, measured: "not measured", unpinned: "–"}
 		if x, ok := ratioOf(r.res, bench, num, den); ok {
 			met := g.met(x)
 			t.met, t.measured = &met, fine(x, g.bound)
@@ -281,11 +281,11 @@ func (r *report) peerTargets() []target {
 	for _, d := range pgDrivers {
 		id := d.id
 		for _, mode := range []string{"pinned", "mux"} {
-			check(peerThrough, d.label+" "+mode, "throughput", id+"-"+mode+"-ops/s", "redislock-ops/s")
+			check(peerThrough, id+"-"+mode, d.label+" "+mode, "throughput", id+"-"+mode+"-ops/s", "redislock-ops/s")
 		}
-		check(muxThrough, d.label, "throughput", id+"-mux-ops/s", id+"-pinned-ops/s")
-		check(muxHandoff, d.label, "handoff", id+"-mux-p50-us", id+"-pinned-p50-us")
-		check(muxTail, d.label, "handoff", id+"-mux-p99-us", id+"-mux-p50-us")
+		check(muxThrough, id, d.label, "throughput", id+"-mux-ops/s", id+"-pinned-ops/s")
+		check(muxHandoff, id, d.label, "handoff", id+"-mux-p50-us", id+"-pinned-p50-us")
+		check(muxTail, id, d.label, "handoff", id+"-mux-p99-us", id+"-mux-p50-us")
 	}
 	return ts
 }
@@ -519,7 +519,8 @@ func (r *report) missWhy(what, drv string) string {
 	case peerThrough.what:
 		return "a pinned lock holds a session of its own and costs it two round trips, the try and the unlock, as redislock's two commands cost it; " +
 			"with the benchmark process on one CPU, the sockets' system calls take most of the client's time on either side, and a PostgreSQL statement costs the server more CPU than a Redis command. " +
-			"The multiplexed rows (the default) answer many tries and releases in one statement. \"Where the pinned rows' time goes\" in findings.md has the measurements."
+			"The multiplexed rows (the default) answer many tries and releases in one statement. \"Where the pinned rows' time goes\" in findings.md has the measurements." +
+			r.floorWhy(strings.TrimSuffix(drv, "-pinned"))
 	case leaseGate.what:
 		return "both are bound by the WAL flush of the acquire's commit; the release already commits without waiting for it."
 	}

@@ -195,6 +195,7 @@ func standbyReachedAfterFirstUse(t *testing.T, drv string, primary, standby *tes
 		}
 		mustRelease(t, g)
 	}
+	standby.CatchUp(t, primary) // the tables the first uses made are there
 	front.Retarget(testdb.HostPort(t, standby.DSN))
 	db.SetMaxIdleConns(0) // closes the pool's connections to the primary
 	testdb.WaitFor(t, wait, func() bool { return db.Stats().OpenConnections == 0 }, "connections to the primary stayed open: %+v", db.Stats())

@@ -523,6 +523,14 @@ func (r *report) missWhy(what, drv string) string {
 			r.floorWhy(strings.TrimSuffix(drv, "-pinned"))
 	case leaseGate.what:
 		return "both are bound by the WAL flush of the acquire's commit; the release already commits without waiting for it."
+	case muxTail.what:
+		p50, ok1 := r.res.median("BenchmarkPeers/handoff", drv+"-pinned-p50-us")
+		p99, ok2 := r.res.median("BenchmarkPeers/handoff", drv+"-pinned-p99-us")
+		if !ok1 || !ok2 || p50 == 0 {
+			return ""
+		}
+		return "in the timed window (the holder's release to the waiter's return) a multiplexed handoff runs what a pinned one does: the waiter missed on its shared session and waits on a connection of its own. " +
+			"The pinned rows' p99 in the same passes was " + ratio(p99/p50) + " their p50 (the gate asks it of the multiplexed rows alone); a pass's p99 is the third slowest of its 300 handoffs, so the machine's pauses set it (\"The multiplexed handoff's p99\" in findings.md)."
 	}
 	return ""
 }

@@ -232,14 +232,7 @@ func TestLibraryStaysSmall(t *testing.T) {
 	const most = 8000
 	lines := 0
 	for _, dir := range []string{".", "backend"} {
-		paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, path := range paths {
-			if strings.HasSuffix(path, "_test.go") {
-				continue
-			}
+		for _, path := range libraryFiles(t, dir) {
 			b, err := os.ReadFile(path)
 			if err != nil {
 				t.Fatal(err)
@@ -270,14 +263,7 @@ func TestUsersPageNamesNoContract(t *testing.T) {
 	word := regexp.MustCompile(`\b(` + strings.Join(forbidden, "|") + `)\b`)
 	fset := token.NewFileSet()
 	var files []*ast.File
-	paths, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, path := range paths {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
+	for _, path := range libraryFiles(t, ".") {
 		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments|parser.SkipObjectResolution)
 		if err != nil {
 			t.Fatal(err)
@@ -312,20 +298,23 @@ func TestUsersPageNamesNoContract(t *testing.T) {
 	}
 }
 
+// libraryFiles returns the package's Go files in dir, its tests left out.
+func libraryFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(paths, func(p string) bool { return strings.HasSuffix(p, "_test.go") })
+}
+
 // exportedSurface returns the exported names of the package in dir (see
 // exportedNames) and the count of its exported members (see
 // exportedMembers).
 func exportedSurface(t *testing.T, dir string) (names []string, members int) {
 	t.Helper()
 	fset := token.NewFileSet()
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, path := range files {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
+	for _, path := range libraryFiles(t, dir) {
 		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution|parser.ParseComments)
 		if err != nil {
 			t.Fatal(err)

@@ -419,8 +419,9 @@ func TestUnheardHandoverIsFoundByThePoll(t *testing.T) {
 // taking the signal's word, so it does not hold a lease that another
 // holds; it gets the lease when that holder lets it go.
 func TestGrantHeardForAnEarlierPlaceIsRead(t *testing.T) {
-	t.Parallel()                                                                                              // a name and a pool of its own, found by its own application_name
-	waiter, app, admin := waiterOnHeldLease(t, "first", WithLeaseTTL(time.Second), WithPollInterval(farPoll)) // the place renewed every 333ms
+	t.Parallel() // a name and a pool of its own, found by its own application_name
+	// A TTL of a second: the place is renewed every 333ms.
+	waiter, app, admin := waiterOnHeldLease(t, "first", WithLeaseTTL(time.Second), WithPollInterval(farPoll))
 	name := waiter.Name()
 	place, first, got := queuedWaiter(t, admin, waiter)
 	testdb.ListenerPID(t, admin, app, 0)

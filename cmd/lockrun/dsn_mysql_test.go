@@ -81,7 +81,7 @@ func TestLockrunOnMySQLExcludesAndReportsConflicts(t *testing.T) {
 	t.Parallel() // a name of its own
 	env := []string{"LOCKRUN_DSN=" + mysqlURL(t)}
 	name, d := lockName(t), newDir(t)
-	holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+	holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil(t, "go")...)...)
 	testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
 	if code, _, stderr := runLockrun(t, env, "-n", name, "--", "true"); code != 1 {
 		t.Fatalf("-n while held: exit %d, want 1; stderr %q", code, stderr)

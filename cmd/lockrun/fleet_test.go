@@ -38,7 +38,7 @@ func TestCronJobWithConfigFileTakesTheClusterLock(t *testing.T) {
 	home, d, name := t.TempDir(), newDir(t), lockName(t)
 	writeFile(t, filepath.Join(home, ".config", "lockrun", "lockrun.conf"), "# the fleet's lock database\ndsn = "+dsn+"\n")
 
-	holder := startBare(t, cronEnv(home), append([]string{"-v", name}, d.holdUntil("go")...)...)
+	holder := startBare(t, cronEnv(home), append([]string{"-v", name}, d.holdUntil(t, "go")...)...)
 	testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the cron job did not start; stderr: %q", holder.stderr)
 	// The command can start before the -v line has come through the pipe.
 	testdb.WaitFor(t, 0, func() bool {
@@ -131,7 +131,7 @@ func TestConfigSetsTheFlagsDefaults(t *testing.T) {
 	home, d, name := t.TempDir(), newDir(t), lockName(t)
 	conf := filepath.Join(home, ".config", "lockrun", "lockrun.conf")
 	writeFile(t, conf, "conflict-exit-code = 9\nlease = true\nlog-format = json\n")
-	holder := startBare(t, cronEnv(home), append([]string{name}, d.holdUntil("go")...)...)
+	holder := startBare(t, cronEnv(home), append([]string{name}, d.holdUntil(t, "go")...)...)
 	testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start; stderr: %q", holder.stderr)
 	if code, _, stderr := runBare(t, cronEnv(home), "-n", name, "true"); code != 9 || stderr != "" {
 		t.Errorf("conflict-exit-code = 9: -n exited %d (stderr %q), want 9", code, stderr)
@@ -250,7 +250,7 @@ func TestFlockFormsRunTheCommand(t *testing.T) {
 				t.Errorf("%q: exit %d, stdout %q, stderr %q; want a lock named as the subcommand word, taken", args, code, stdout, stderr)
 			}
 		}
-		script := `echo $PPID > '` + d.path("ran") + `'; while [ ! -e '` + d.path("go") + `' ]; do sleep 0.02; done`
+		script := `echo $PPID > '` + d.path("ran") + `'; exec 9<'` + d.gate(t, "go") + `'; flock -s 9`
 		holder := startLockrun(t, env, name, "-c", script)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "-c holder did not start: %q", holder.stderr)
 		if code, _, _ := runLockrun(t, env, "-n", name, "true"); code != exitConflict {
@@ -279,7 +279,7 @@ func TestGlobalFlagsGoBeforeASubcommand(t *testing.T) {
 		t.Run(db.name, func(t *testing.T) {
 			t.Parallel()
 			name, d, env := lockName(t), newDir(t), cronEnv(home)
-			holder := startBare(t, env, append([]string{"--dsn", db.dsn, name}, d.holdUntil("release")...)...)
+			holder := startBare(t, env, append([]string{"--dsn", db.dsn, name}, d.holdUntil(t, "release")...)...)
 			testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start; stderr: %q", holder.stderr)
 			for _, args := range [][]string{
 				{"--dsn", db.dsn, "-v", "status", name},
@@ -323,7 +323,7 @@ func TestGlobalFlagsGoBeforeASubcommand(t *testing.T) {
 func TestConflictsAreSilentUnlessVerbose(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
-		holder := startLockrun(t, env, append([]string{name}, d.holdUntil("go")...)...)
+		holder := startLockrun(t, env, append([]string{name}, d.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
 		for _, args := range [][]string{{"-n"}, {"-w", "0.3"}, {"-E", "5", "--wait=0.2"}} {
 			want := exitConflict
@@ -367,7 +367,7 @@ func TestStatusShowsThePIDOfSQLiteHolders(t *testing.T) {
 	env := backends[0].env(t)
 	name, d := lockName(t), newDir(t)
 	for _, lease := range []bool{false, true} {
-		args := append([]string{name}, d.holdUntil("go")...)
+		args := append([]string{name}, d.holdUntil(t, "go")...)
 		if lease {
 			args = append([]string{"--lease"}, args...)
 		}
@@ -483,7 +483,7 @@ func TestConfigFileSettingsTakeEffectInARun(t *testing.T) {
 		return d.path(name)
 	}
 	name := lockName(t)
-	holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+	holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil(t, "go")...)...)
 	testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
 	p := startLockrun(t, env, "--config", conf("wait.conf", "wait = 0.3\n"), name, "--", "touch", d.path("waiter-ran"))
 	select {
@@ -513,7 +513,7 @@ func TestConfigFileSettingsTakeEffectInARun(t *testing.T) {
 
 	name = lockName(t)
 	leaseConf := conf("lease.conf", "lease = true\nttl = 7\n")
-	holder = startLockrun(t, env, append([]string{"--config", leaseConf, name, "--"}, d.holdUntil("go-lease")...)...)
+	holder = startLockrun(t, env, append([]string{"--config", leaseConf, name, "--"}, d.holdUntil(t, "go-lease")...)...)
 	testdb.WaitFor(t, 0, func() bool { return strings.Count(d.read("ran"), "\n") == 2 }, "the lease holder did not start")
 	db, _ := openStore(t, env)
 	var ahead int64 // the row's expiry past its grant, in milliseconds

@@ -29,7 +29,7 @@ func TestNonblockRunsTheCommandExactlyOnce(t *testing.T) {
 			if i%2 == 1 {
 				args = []string{"-n", "-E", "3", name, "--"}
 			}
-			procs[i] = startLockrun(t, env, append(args, d.holdUntil("go")...)...)
+			procs[i] = startLockrun(t, env, append(args, d.holdUntil(t, "go")...)...)
 		}
 		testdb.WaitFor(t, 0, func() bool { return d.read("ran") != "" }, "no lockrun ran the command")
 		holder := strings.TrimSpace(d.read("ran"))
@@ -98,7 +98,7 @@ func TestWaitersTakeTurns(t *testing.T) {
 func TestWaitGivesUpOnTime(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
-		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
 
 		p := startLockrun(t, env, "-w", "0.3", name, "--", "touch", d.path("waiter-ran"))
@@ -136,8 +136,8 @@ func TestWaitGivesUpOnTime(t *testing.T) {
 func TestSharedAndSlotWaitsGiveUpOnTime(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
-		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
-		slot := startLockrun(t, env, append([]string{"--slots", "1", name + "-slots", "--"}, d.holdUntil("go")...)...)
+		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil(t, "go")...)...)
+		slot := startLockrun(t, env, append([]string{"--slots", "1", name + "-slots", "--"}, d.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("ran"))) == 2 }, "the holders did not start")
 		for _, args := range [][]string{{"--shared", name}, {"--slots", "1", name + "-slots"}} {
 			start := time.Now()
@@ -231,7 +231,7 @@ func TestSignalReachesCommandThenLockIsReleased(t *testing.T) {
 func TestSignalWhileWaitingEndsLockrun(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
-		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
 		waiter := startLockrun(t, env, "-v", name, "--", "touch", d.path("waiter-ran"))
 		testdb.WaitFor(t, 0, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for lock") }, "the waiter is not waiting: %q", waiter.stderr)
@@ -403,7 +403,7 @@ func TestLateGrantDoesNotRunTheCommand(t *testing.T) {
 func TestVerboseWaitingSaysWhoHolds(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
-		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil("go")...)...)
+		holder := startLockrun(t, env, append([]string{name, "--"}, d.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
 		quiet := startLockrun(t, env, name, "--", "true")
 		if strings.HasPrefix(envValue(env, "LOCKRUN_DSN"), "postgres") {
@@ -480,8 +480,8 @@ func TestStatusPrintsAlignedTable(t *testing.T) {
 			}
 			holdEnv = append(append([]string{}, env...), "LOCKRUN_DSN="+dsn+sep+"application_name=nightly-host-7")
 		}
-		h1 := startLockrun(t, holdEnv, append([]string{locked, "--"}, d.holdUntil("go")...)...)
-		h2 := startLockrun(t, env, append([]string{"--lease", leased, "--"}, d.holdUntil("go")...)...)
+		h1 := startLockrun(t, holdEnv, append([]string{locked, "--"}, d.holdUntil(t, "go")...)...)
+		h2 := startLockrun(t, env, append([]string{"--lease", leased, "--"}, d.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("ran"))) == 2 }, "the holders did not start")
 
 		code, stdout, stderr := runLockrun(t, env, "status", locked, leased, free)
@@ -848,8 +848,8 @@ func TestSharedRunsSideBySideAndExcludesExclusive(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
 		procs := []*proc{
-			startLockrun(t, env, append([]string{"-s", "-n", name, "--"}, d.holdUntil("go")...)...),
-			startLockrun(t, env, append([]string{"--shared", "-w", "30", name, "--"}, d.holdUntil("go")...)...),
+			startLockrun(t, env, append([]string{"-s", "-n", name, "--"}, d.holdUntil(t, "go")...)...),
+			startLockrun(t, env, append([]string{"--shared", "-w", "30", name, "--"}, d.holdUntil(t, "go")...)...),
 		}
 		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("ran"))) == 2 }, "the two shared lockruns did not both run their commands")
 		if code, out, errOut := runLockrun(t, env, "-n", name, "true"); code != 1 {

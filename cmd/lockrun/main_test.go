@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -230,10 +231,34 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-// dirFiles are the files a test's commands use to say what they did.
-type dirFiles struct{ dir string }
+// dirFiles are the files a test's commands use to say what they did,
+// and the gates they wait at.
+type dirFiles struct {
+	dir   string
+	gates *gates
+}
 
-func newDir(t *testing.T) dirFiles { return dirFiles{t.TempDir()} }
+// gates are files the test holds an exclusive flock on: a command that
+// waits at one (holdUntil) blocks in flock(1) until touch opens it,
+// instead of polling for a file with a sleep(1) every few milliseconds
+// (which cost the fast tier about 1,400 processes).
+type gates struct {
+	mu     sync.Mutex
+	closed map[string]*os.File // a gate's locked file, until touch
+	opened map[string]bool     // touched: waiting there no longer blocks
+}
+
+func newDir(t *testing.T) dirFiles {
+	d := dirFiles{t.TempDir(), &gates{closed: map[string]*os.File{}, opened: map[string]bool{}}}
+	t.Cleanup(func() { // a failed test's commands go on, and end
+		d.gates.mu.Lock()
+		defer d.gates.mu.Unlock()
+		for _, f := range d.gates.closed {
+			_ = f.Close()
+		}
+	})
+	return d
+}
 
 func (d dirFiles) path(name string) string { return filepath.Join(d.dir, name) }
 
@@ -247,17 +272,61 @@ func (d dirFiles) exists(name string) bool {
 	return err == nil
 }
 
+// gate returns the path of the gate name, closed until touch(name) (or,
+// once touched, again after the test removed the file): the file exists,
+// locked exclusive by the test (the descriptor is close-on-exec: no
+// command inherits the lock).
+func (d dirFiles) gate(t *testing.T, name string) string {
+	t.Helper()
+	g := d.gates
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.opened[name] && !d.exists(name) {
+		delete(g.opened, name)
+	}
+	if g.closed[name] == nil && !g.opened[name] {
+		f, err := os.OpenFile(d.path(name), os.O_CREATE|os.O_RDONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			_ = f.Close()
+			t.Fatalf("closing the gate %s: %v", name, err)
+		}
+		g.closed[name] = f
+	}
+	return d.path(name)
+}
+
+// touch creates the file name, or opens the gate name: every command
+// waiting there goes on, and so does any that comes later.
 func (d dirFiles) touch(t *testing.T, name string) {
 	t.Helper()
+	g := d.gates
+	g.mu.Lock()
+	f := g.closed[name]
+	delete(g.closed, name)
+	g.opened[name] = true
+	g.mu.Unlock()
+	if f != nil {
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
 	if err := os.WriteFile(d.path(name), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// waitAt is the shell that blocks until the gate at path $N opens
+// (flock(1) on a descriptor of the shell's own: one process).
+func waitAt(n int) string { return `exec 9<"$` + strconv.Itoa(n) + `"; flock -s 9` }
+
 // holdUntil is a command that records its lockrun's pid in ran and holds
-// the lock until the file release exists.
-func (d dirFiles) holdUntil(release string) []string {
-	return []string{"sh", "-c", `echo $PPID >> "$1"; while [ ! -e "$2" ]; do sleep 0.02; done`, "sh", d.path("ran"), d.path(release)}
+// the lock until the gate release opens (touch).
+func (d dirFiles) holdUntil(t *testing.T, release string) []string {
+	return []string{"sh", "-c", `echo $PPID >> "$1"; ` + waitAt(2), "sh", d.path("ran"), d.gate(t, release)}
 }
 
 // envValue returns the value of key in env (the last one wins).

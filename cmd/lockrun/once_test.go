@@ -26,7 +26,7 @@ func TestOnceRunsACommandOncePerRunKey(t *testing.T) {
 
 		// While a first lockrun holds the run, another --once exits 0
 		// without running it.
-		holder := startLockrun(t, env, append([]string{"--once", "02:00", name}, d.holdUntil("release")...)...)
+		holder := startLockrun(t, env, append([]string{"--once", "02:00", name}, d.holdUntil(t, "release")...)...)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder of run 02:00 did not start; stderr: %q", holder.stderr)
 		if code, stderr := once("02:00", "beside"); code != 0 || !strings.Contains(stderr, "is done, or running elsewhere") {
 			t.Fatalf("--once beside a holder of the run: exit %d, stderr %q; want 0, saying it did not run", code, stderr)
@@ -78,7 +78,7 @@ func TestOnceDoneExitCodeSaysTheCommandDidNotRun(t *testing.T) {
 		conf := d.path("lockrun.conf")
 		writeFile(t, conf, "done-exit-code = 4\n")
 
-		holder := startLockrun(t, env, append([]string{"--done-exit-code", "3", "--once", "k", name}, d.holdUntil("release")...)...)
+		holder := startLockrun(t, env, append([]string{"--done-exit-code", "3", "--once", "k", name}, d.holdUntil(t, "release")...)...)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder of run k did not start; stderr: %q", holder.stderr)
 		if code := once("k", "--done-exit-code", "3"); code != 3 {
 			t.Errorf("--done-exit-code 3 beside the holder of the run: exit %d, want 3", code)

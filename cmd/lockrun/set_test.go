@@ -107,7 +107,7 @@ func TestSetNonblockRefusesWhileAnyNameIsHeld(t *testing.T) {
 		d := newDir(t)
 		for i, held := range names {
 			hd := newDir(t)
-			holder := startLockrun(t, env, append([]string{held, "--"}, hd.holdUntil("go")...)...)
+			holder := startLockrun(t, env, append([]string{held, "--"}, hd.holdUntil(t, "go")...)...)
 			testdb.WaitFor(t, 0, func() bool { return hd.exists("ran") }, "the holder of %s did not start; stderr %q", held, holder.stderr)
 			for _, flags := range [][]string{{"-n"}, {"-n", "-E", "3"}} {
 				want := exitConflict
@@ -164,7 +164,7 @@ func TestSetNonblockRefusesWhileAnyNameIsHeld(t *testing.T) {
 
 		// While the set runs, each of its names is held.
 		hd := newDir(t)
-		holder := startLockrun(t, env, append(append([]string{"-n"}, set...), append([]string{"--"}, hd.holdUntil("go")...)...)...)
+		holder := startLockrun(t, env, append(append([]string{"-n"}, set...), append([]string{"--"}, hd.holdUntil(t, "go")...)...)...)
 		testdb.WaitFor(t, 0, func() bool { return hd.exists("ran") }, "the set did not start; stderr %q", holder.stderr)
 		for _, n := range names {
 			if code, _, stderr := runLockrun(t, env, "-n", n, "--", "true"); code != exitConflict {
@@ -223,7 +223,7 @@ func TestSetOnceRunsOncePerRunKey(t *testing.T) {
 		once("k1", "first", a, b)
 		once("k1", "again", b, a)
 		hd := newDir(t)
-		holder := startLockrun(t, env, append([]string{b, "--"}, hd.holdUntil("go")...)...)
+		holder := startLockrun(t, env, append([]string{b, "--"}, hd.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return hd.exists("ran") }, "the holder of %s did not start; stderr %q", b, holder.stderr)
 		once("k2", "beside", a, b)
 		hd.touch(t, "go")

@@ -20,7 +20,7 @@ import (
 func TestSlotsLetNHoldersInAtOnce(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
-		hold := []string{"sh", "-c", `echo "$LOCKRUN_SLOT" >> "$1"; while [ ! -e "$2" ]; do sleep 0.02; done`, "sh", d.path("slots"), d.path("go")}
+		hold := []string{"sh", "-c", `echo "$LOCKRUN_SLOT" >> "$1"; ` + waitAt(2), "sh", d.path("slots"), d.gate(t, "go")}
 		var procs []*proc
 		for range 2 {
 			procs = append(procs, startLockrun(t, env, append([]string{"--slots", "2", name, "--"}, hold...)...))
@@ -107,8 +107,8 @@ func TestStatusWithoutNamesListsSharedHoldersAndSlots(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		d := newDir(t)
 		shared, sem := lockName(t), lockName(t)+"-sem"
-		startLockrun(t, env, append([]string{"-s", shared, "--"}, d.holdUntil("go")...)...)
-		startLockrun(t, env, append([]string{"--slots", "2", sem, "--"}, d.holdUntil("go")...)...)
+		startLockrun(t, env, append([]string{"-s", shared, "--"}, d.holdUntil(t, "go")...)...)
+		startLockrun(t, env, append([]string{"--slots", "2", sem, "--"}, d.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return len(strings.Fields(d.read("ran"))) == 2 }, "the holders did not start")
 		defer d.touch(t, "go")
 

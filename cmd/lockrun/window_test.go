@@ -143,7 +143,7 @@ func TestWaiterWithoutMinHoldRunsAfterTheWindow(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
 		const window = 3 * time.Second
-		holder := startLockrun(t, env, append([]string{"--min-hold", window.String(), name, "--"}, d.holdUntil("go")...)...)
+		holder := startLockrun(t, env, append([]string{"--min-hold", window.String(), name, "--"}, d.holdUntil(t, "go")...)...)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "the holder did not start")
 		until, _ := windowRow(t, env, name, window)
 

@@ -42,6 +42,9 @@ var fixtureMutations = []struct {
 }
 
 func TestSchemataBehaveAsEachMutantAndTheOriginal(t *testing.T) {
+	if testing.Short() { // as testdb.Slow does, without its drivers in this binary
+		t.Skip("slow, skipped under -short: builds and links a program per mutation (about 11 s of CPU)")
+	}
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatal("the test builds the fixture with go:", err)
 	}

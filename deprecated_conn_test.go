@@ -342,6 +342,7 @@ func TestGuardConnAndWithConnShareOneLending(t *testing.T) {
 // statements keep running on the lock's session); once both are dropped
 // without Release, it is: the connection is discarded and the lock freed.
 func TestForgottenGuardConnIsCleanedUp(t *testing.T) {
+	t.Parallel()
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
 			db := s.open(t)

@@ -18,7 +18,7 @@ import (
 // the second (PostgreSQL: the token sequence; MySQL: the database clock
 // in microseconds).
 func TestElectionTermExceedsEveryTokenIssuedBeforeIt(t *testing.T) {
-	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, true, func(t *testing.T, edb electionDB) {
 		db := edb.open(t)
 		e := newElection(t, db, testdb.UniqueName(t), edb.opts...)
 		lease := newLeaseLock(t, db, testdb.UniqueName(t), edb.opts...)
@@ -53,7 +53,7 @@ func TestElectionTermExceedsEveryTokenIssuedBeforeIt(t *testing.T) {
 // does), has lost its term: Run campaigns again and the candidate leads a
 // new, larger term, instead of Run returning that error.
 func TestElectionLeadReturningItsContextErrorAfterALossCampaignsAgain(t *testing.T) {
-	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, true, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		admin := edb.open(t)
 		e := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithKeepAlive(100*time.Millisecond))...)

@@ -417,7 +417,7 @@ func TestElectionVanishedLeaderIsTakenOverWithinTheDeadHolderTimeout(t *testing.
 // window). The new leader's term is larger; once it has written through
 // the Fence, the old leader's write is refused with ErrStaleToken.
 func TestElectionStaleLeadersFencedWriteIsRefused(t *testing.T) {
-	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, true, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		c := startCandidates(t, edb, name, 2, advisorylock.WithKeepAlive(0))
 		admin := edb.open(t)
@@ -540,7 +540,7 @@ func TestElectionRunReturnsContextError(t *testing.T) {
 // new one. The test takes the lock on that session with a plain Lock,
 // which never records a term: Leader must say nobody leads.
 func TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock(t *testing.T) {
-	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, true, func(t *testing.T, edb electionDB) {
 		ctx := context.Background()
 		db := edb.open(t)
 		db.SetMaxOpenConns(1) // every statement on one server session
@@ -575,7 +575,7 @@ func TestElectionLeaderIgnoresTheResignersSessionRetakingTheLock(t *testing.T) {
 // server has freed it, nor while another session holds the lock without
 // having recorded a term (a plain Lock on the name).
 func TestElectionLeaderForgetsAKilledLeadersTerm(t *testing.T) {
-	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, true, func(t *testing.T, edb electionDB) {
 		ctx := context.Background()
 		name := testdb.UniqueName(t)
 		c := startCandidates(t, edb, name, 1, advisorylock.WithKeepAlive(0))
@@ -647,7 +647,7 @@ func receive(t *testing.T, ch <-chan *advisorylock.Holder) *advisorylock.Holder 
 // TestElectionEventsHaveKindElection: an Observer sees a term as an
 // acquire and a release of kind "election".
 func TestElectionEventsHaveKindElection(t *testing.T) {
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		rec := &observetest.Recorder{}
 		name := testdb.UniqueName(t)
 		e := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithObserver(rec))...)
@@ -813,7 +813,7 @@ func TestElectionLeadReturningAtOnceDoesNotHammer(t *testing.T) {
 // and leaves Run campaigning; a Resign from a replica that does not lead
 // returns nil at once.
 func TestElectionResignHandsOverAndRunGoesOn(t *testing.T) {
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		c := startCandidates(t, edb, name, 2)
 		ctx, cancel := context.WithTimeout(context.Background(), wait)

@@ -168,6 +168,7 @@ func TestFenceAdmitRolledBackAdmitsNothing(t *testing.T) {
 // the first transaction, and then judges its token against the committed
 // one.
 func TestFenceOrdersConcurrentWriters(t *testing.T) {
+	t.Parallel()
 	eachPostgresDriver(t, func(t *testing.T, drv string) {
 		for _, c := range []struct {
 			name          string

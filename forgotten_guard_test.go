@@ -16,6 +16,7 @@ import (
 // the garbage collector's cleanup frees the lease row long before its TTL
 // would, and a warning names the lease (docs/semantics.md: forgotten guards).
 func TestForgottenLeaseGuardIsCleanedUp(t *testing.T) {
+	t.Parallel()
 	eachLeaseBackend(t, func(t *testing.T, b leaseBackend) {
 		db := b.open(t)
 		name := testdb.UniqueName(t)

@@ -384,12 +384,14 @@ var lenders = []struct {
 // TestReleaseWhileWithConnRunsAStatement: Release gives fn (or a
 // statement on the deprecated Guard.Conn) the release timeout to return,
 // then cancels its statement in flight and discards the connection,
-// which frees the lock at once; the statement fails.
+// which frees the lock at once; the statement fails. The cases mostly
+// wait, side by side (no other test beside them: the bound is tight).
 func TestReleaseWhileWithConnRunsAStatement(t *testing.T) {
 	const releaseTimeout = 300 * time.Millisecond
 	for _, lender := range lenders {
 		for _, drv := range testdb.Drivers {
 			t.Run(lender.name+"/"+drv, func(t *testing.T) {
+				t.Parallel()
 				releaseWhileAStatementRuns(t, drv, releaseTimeout, lender.lend)
 			})
 		}
@@ -522,6 +524,7 @@ func TestReleaseWhileWithConnDoesNotReturn(t *testing.T) {
 // running on the lock's session); dropped after, without Release, it is:
 // the connection is discarded and the lock freed.
 func TestForgottenGuardWithConnIsCleanedUp(t *testing.T) {
+	t.Parallel()
 	for _, s := range connServers {
 		t.Run(s.name, func(t *testing.T) {
 			db := s.open(t)

@@ -36,13 +36,15 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 	}
 	backends = append(backends, backend{"mysql", func(t *testing.T) *sql.DB { return testdb.OpenMySQL(t) }, "DO RELEASE_ALL_LOCKS()"})
 	// A pinned lock's keep-alive and a shared session's are separate
-	// statements: both run.
+	// statements: both run. The cases wait on names and handles of their
+	// own, side by side; the goroutine check covers them together.
+	checkGoroutines(t)
 	for _, b := range backends {
 		for _, mode := range sessionModes() {
 			for _, c := range goneCases() {
 				shared, taken := c.shared, c.taken
 				t.Run(b.name+"/"+mode.name+"/"+c.name, func(t *testing.T) {
-					checkGoroutines(t)
+					t.Parallel()
 					ctx, cancel := context.WithTimeout(context.Background(), wait)
 					defer cancel()
 					name := testdb.UniqueName(t)

@@ -617,6 +617,7 @@ func TestTryDoReportsNotRunWhenHeldElsewhere(t *testing.T) {
 }
 
 func TestKilledSessionClosesLostAndCancelsDo(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			ctx := context.Background()

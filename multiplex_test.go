@@ -662,6 +662,7 @@ func TestMultiplexedLocksTellTheObserver(t *testing.T) {
 // shared session without Release: the cleanup unlocks its name (another
 // handle can take it), warns, and leaves its neighbour on the session held.
 func TestForgottenMultiplexedGuardIsCleanedUp(t *testing.T) {
+	t.Parallel()
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
 			db, other, admin := srv.open(t), srv.open(t), srv.open(t)
@@ -801,6 +802,7 @@ func TestMultiplexingAtTheServersLockTableLimit(t *testing.T) {
 // shared sessions are bounded to one fewer than the pool's limit, so the
 // held locks leave a connection for the application's own statements.
 func TestMultiplexingLeavesThePoolAConnection(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)

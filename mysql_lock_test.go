@@ -309,6 +309,7 @@ func TestMySQLCancelHammerLeavesNothingBehind(t *testing.T) {
 }
 
 func TestMySQLKilledSessionClosesLostAndCancelsDo(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, admin := testdb.OpenMySQL(t), testdb.OpenMySQL(t)
 	l := newLock(t, db, testdb.UniqueName(t), advisorylock.WithKeepAlive(100*time.Millisecond))
@@ -571,6 +572,7 @@ func (c *countingSessions) UnlockSession(ctx context.Context, conn *sql.Conn, ke
 }
 
 func TestSessionLockerPlugsInOnMariaDB(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	inner, ok := advisorylock.MySQL().(backend.SessionLocker)
 	if !ok {

@@ -417,6 +417,7 @@ func TestTryDoOnceBoundsTheRecordByTheReleaseTimeout(t *testing.T) {
 // WithPoolWait, as a try's does, so a call that finds the pool taken by
 // the other holders returns ErrPoolUnavailable and lets its lock go.
 func TestTryDoOnceBurstOnASmallPoolDoesNotHang(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)

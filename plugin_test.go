@@ -462,6 +462,7 @@ func wantCalls(t *testing.T, c *calls, ifaces ...string) {
 // (waiting for one too), checks its tables, ends its terms, records runs
 // and listens for a LeaseLock waiter: every optional interface is called.
 func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
+	t.Parallel()
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			db := testdb.OpenPostgres(t, drv)
@@ -542,6 +543,7 @@ func TestAThirdPartysBackendGetsEveryCapability(t *testing.T) {
 // party answers ErrUnsupported there: a set's keys go one statement each,
 // and LockTx is refused.
 func TestAThirdPartysMySQLBackendGetsEveryCapability(t *testing.T) {
+	t.Parallel()
 	db := testdb.OpenMySQL(t)
 	c := &calls{n: map[string]int{}}
 	b := party{inner: advisorylock.MySQL(), calls: c}

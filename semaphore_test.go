@@ -628,6 +628,7 @@ func TestSemaphoreReportsItsEventsAsSemaphore(t *testing.T) {
 // TestSemaphoreDoCancelsFnWhenItsSlotIsLost: Do's fn sees ErrLockLost as
 // its context's cause when the holder's session ends.
 func TestSemaphoreDoCancelsFnWhenItsSlotIsLost(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db, admin := testdb.OpenPostgres(t, "pgx"), testdb.OpenPostgres(t, "pgx")
 	s := newSemaphore(t, db, testdb.UniqueName(t), 3, advisorylock.WithKeepAlive(100*time.Millisecond))
@@ -830,6 +831,7 @@ func TestSemaphoreOnAPluggedInSessionLocker(t *testing.T) {
 // Release: the garbage collector's cleanup frees its slot (a session's
 // connection discarded, a SQLite row deleted) and a warning names it.
 func TestForgottenSemaphoreGuardIsCleanedUp(t *testing.T) {
+	t.Parallel()
 	eachSemaphoreBackend(t, func(t *testing.T, backend string, open func() *sql.DB) {
 		name := testdb.UniqueName(t)
 		var logs syncBuffer

@@ -342,8 +342,10 @@ func byKey(names []string) ([]string, []int64) {
 // them held). It is so whether nobody holds the name now, or another
 // holder took it (whose lock the keep-alive must not count as the set's;
 // it keeps it through the set's release). A neighbour set on the same
-// handle is told nothing and stays held.
+// handle is told nothing and stays held. The cases run side by side, on
+// names and handles of their own; the goroutine check covers them together.
 func TestSetLosesOneNameAlone(t *testing.T) {
+	checkGoroutines(t)
 	for _, sl := range setLosses() {
 		for _, taken := range []bool{false, true} {
 			sub := sl.name + "/freed"
@@ -351,7 +353,7 @@ func TestSetLosesOneNameAlone(t *testing.T) {
 				sub = sl.name + "/taken"
 			}
 			t.Run(sub, func(t *testing.T) {
-				checkGoroutines(t)
+				t.Parallel()
 				path := testdb.SQLitePath(t)
 				db, admin, rivalDB := sl.open(t, path), sl.open(t, path), sl.open(t, path)
 				ctx, cancel := context.WithTimeout(context.Background(), wait)

@@ -319,9 +319,12 @@ func (d dirFiles) touch(t *testing.T, name string) {
 	}
 }
 
-// waitAt is the shell that blocks until the gate at path $N opens
-// (flock(1) on a descriptor of the shell's own: one process).
-func waitAt(n int) string { return `exec 9<"$` + strconv.Itoa(n) + `"; flock -s 9` }
+// waitAt is the shell's last words: it becomes flock(1), which blocks
+// until the gate at path $N opens. Becoming it (exec), not running it,
+// keeps a lockrun that dies from leaving a blocked flock behind: the
+// command lockrun started is flock itself, which gets lockrun's SIGTERM
+// on Linux, and no orphan keeps the test's output pipes open.
+func waitAt(n int) string { return `exec 9<"$` + strconv.Itoa(n) + `"; exec flock -s 9` }
 
 // holdUntil is a command that records its lockrun's pid in ran and holds
 // the lock until the gate release opens (touch).

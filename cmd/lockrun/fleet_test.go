@@ -250,7 +250,7 @@ func TestFlockFormsRunTheCommand(t *testing.T) {
 				t.Errorf("%q: exit %d, stdout %q, stderr %q; want a lock named as the subcommand word, taken", args, code, stdout, stderr)
 			}
 		}
-		script := `echo $PPID > '` + d.path("ran") + `'; exec 9<'` + d.gate(t, "go") + `'; exec flock -s 9`
+		script := `echo $PPID > '` + d.path("ran") + `'; ` + waitAt(`'`+d.gate(t, "go")+`'`)
 		holder := startLockrun(t, env, name, "-c", script)
 		testdb.WaitFor(t, 0, func() bool { return d.exists("ran") }, "-c holder did not start: %q", holder.stderr)
 		if code, _, _ := runLockrun(t, env, "-n", name, "true"); code != exitConflict {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -320,16 +319,20 @@ func (d dirFiles) touch(t *testing.T, name string) {
 }
 
 // waitAt is the shell's last words: it becomes flock(1), which blocks
-// until the gate at path $N opens. Becoming it (exec), not running it,
+// until the gate at file (a shell word: "$2", or a quoted path) opens. Becoming it (exec), not running it,
 // keeps a lockrun that dies from leaving a blocked flock behind: the
 // command lockrun started is flock itself, which gets lockrun's SIGTERM
-// on Linux, and no orphan keeps the test's output pipes open.
-func waitAt(n int) string { return `exec 9<"$` + strconv.Itoa(n) + `"; exec flock -s 9` }
+// on Linux. Its output goes nowhere, so that even a flock that outlived
+// lockrun holds no pipe of the test's open (the test's wait for lockrun
+// waits for those), and it ends when the test's cleanup opens the gate.
+func waitAt(file string) string {
+	return `exec 9<` + file + `; exec flock -s 9 </dev/null >/dev/null 2>&1`
+}
 
 // holdUntil is a command that records its lockrun's pid in ran and holds
 // the lock until the gate release opens (touch).
 func (d dirFiles) holdUntil(t *testing.T, release string) []string {
-	return []string{"sh", "-c", `echo $PPID >> "$1"; ` + waitAt(2), "sh", d.path("ran"), d.gate(t, release)}
+	return []string{"sh", "-c", `echo $PPID >> "$1"; ` + waitAt(`"$2"`), "sh", d.path("ran"), d.gate(t, release)}
 }
 
 // envValue returns the value of key in env (the last one wins).

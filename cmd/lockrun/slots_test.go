@@ -20,7 +20,7 @@ import (
 func TestSlotsLetNHoldersInAtOnce(t *testing.T) {
 	eachBackend(t, func(t *testing.T, env []string) {
 		name, d := lockName(t), newDir(t)
-		hold := []string{"sh", "-c", `echo "$LOCKRUN_SLOT" >> "$1"; ` + waitAt(2), "sh", d.path("slots"), d.gate(t, "go")}
+		hold := []string{"sh", "-c", `echo "$LOCKRUN_SLOT" >> "$1"; ` + waitAt(`"$2"`), "sh", d.path("slots"), d.gate(t, "go")}
 		var procs []*proc
 		for range 2 {
 			procs = append(procs, startLockrun(t, env, append([]string{"--slots", "2", name, "--"}, hold...)...))

@@ -319,12 +319,13 @@ func (d dirFiles) touch(t *testing.T, name string) {
 }
 
 // waitAt is the shell's last words: it becomes flock(1), which blocks
-// until the gate at file (a shell word: "$2", or a quoted path) opens. Becoming it (exec), not running it,
-// keeps a lockrun that dies from leaving a blocked flock behind: the
-// command lockrun started is flock itself, which gets lockrun's SIGTERM
-// on Linux. Its output goes nowhere, so that even a flock that outlived
-// lockrun holds no pipe of the test's open (the test's wait for lockrun
-// waits for those), and it ends when the test's cleanup opens the gate.
+// until the gate at file (a shell word: "$2", or a quoted path) opens.
+// Becoming it (exec), not running it, keeps a lockrun that dies from
+// leaving a blocked flock behind: the command lockrun started is flock
+// itself, which gets lockrun's SIGTERM on Linux. Its output goes
+// nowhere, so that even a flock that outlived lockrun holds no pipe of
+// the test's open (the test's wait for lockrun waits for those), and it
+// ends when the test's cleanup opens the gate.
 func waitAt(file string) string {
 	return `exec 9<` + file + `; exec flock -s 9 </dev/null >/dev/null 2>&1`
 }

@@ -240,15 +240,15 @@ type dirFiles struct {
 // gates are files the test holds an exclusive flock on: a command that
 // waits at one (holdUntil) blocks in flock(1) until touch opens it,
 // instead of polling for a file with a sleep(1) every few milliseconds
-// (which cost the fast tier about 1,400 processes).
+// (which cost the fast tier about 1,400 processes). A file that exists
+// and is not locked is an open gate, as the polling read it.
 type gates struct {
 	mu     sync.Mutex
 	closed map[string]*os.File // a gate's locked file, until touch
-	opened map[string]bool     // touched: waiting there no longer blocks
 }
 
 func newDir(t *testing.T) dirFiles {
-	d := dirFiles{t.TempDir(), &gates{closed: map[string]*os.File{}, opened: map[string]bool{}}}
+	d := dirFiles{t.TempDir(), &gates{closed: map[string]*os.File{}}}
 	t.Cleanup(func() { // a failed test's commands go on, and end
 		d.gates.mu.Lock()
 		defer d.gates.mu.Unlock()
@@ -280,10 +280,7 @@ func (d dirFiles) gate(t *testing.T, name string) string {
 	g := d.gates
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.opened[name] && !d.exists(name) {
-		delete(g.opened, name)
-	}
-	if g.closed[name] == nil && !g.opened[name] {
+	if g.closed[name] == nil && !d.exists(name) {
 		f, err := os.OpenFile(d.path(name), os.O_CREATE|os.O_RDONLY, 0o644)
 		if err != nil {
 			t.Fatal(err)
@@ -305,7 +302,6 @@ func (d dirFiles) touch(t *testing.T, name string) {
 	g.mu.Lock()
 	f := g.closed[name]
 	delete(g.closed, name)
-	g.opened[name] = true
 	g.mu.Unlock()
 	if f != nil {
 		if err := f.Close(); err != nil {

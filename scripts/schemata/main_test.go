@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // fixtureMutations are edits of testdata/fixture/fixture.go, numbered
@@ -42,9 +44,7 @@ var fixtureMutations = []struct {
 }
 
 func TestSchemataBehaveAsEachMutantAndTheOriginal(t *testing.T) {
-	if testing.Short() { // as testdb.Slow does, without its drivers in this binary
-		t.Skip("slow, skipped under -short: builds and links a program per mutation (about 11 s of CPU)")
-	}
+	testdb.Slow(t, "builds and links a program per mutation (about 11 s of CPU)")
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatal("the test builds the fixture with go:", err)
 	}

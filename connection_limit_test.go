@@ -50,7 +50,7 @@ func checkLimitError(t *testing.T, err error, limit string, reachable func(error
 // pinned connection) and a LeaseLock (a statement on the pool).
 func TestAcquireAtTheConnectionLimitKeepsTheServersReason(t *testing.T) {
 	testdb.Slow(t, "starts a private PostgreSQL cluster")
-	checkGoroutines(t)
+	testdb.CheckGoroutines(t)
 	c := testdb.OwnCluster(t, "max_connections=5", "superuser_reserved_connections=0")
 	is53300 := func(err error) bool {
 		var s interface{ SQLState() string }
@@ -75,7 +75,7 @@ func TestAcquireAtTheConnectionLimitKeepsTheServersReason(t *testing.T) {
 
 // The same on MariaDB, at a user's MAX_USER_CONNECTIONS (1226).
 func TestMySQLAcquireAtTheConnectionLimitKeepsTheServersReason(t *testing.T) {
-	checkGoroutines(t)
+	testdb.CheckGoroutines(t)
 	cfg, err := mysql.ParseDSN(testdb.MySQLDSN(t))
 	if err != nil {
 		t.Fatal(err)

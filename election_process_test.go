@@ -77,7 +77,7 @@ func TestElectionHelperProcess(t *testing.T) {
 // takeover times are logged (see docs/election.md).
 func TestElectionKilledLeaderProcessIsTakenOver(t *testing.T) {
 	testdb.Slow(t, "server kill: kills leader processes, waits out a TTL on SQLite")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		within := takeoverWithin
 		if !edb.session {

@@ -60,13 +60,13 @@ func eachElectionDB(t *testing.T, sessionOnly bool, f func(t *testing.T, edb ele
 	forElectionDBs(t, sessionOnly, false, f)
 }
 
-// eachElectionDBInParallel is eachElectionDB with the subtests run in
-// parallel with each other, for a test whose subtests mostly wait (on
-// names of their own; none touches process-wide state). The goroutine
-// check covers them together: it is on for the whole test, which no other
-// test runs beside, so what one subtest left running still fails it.
+// eachElectionDBInParallel is eachElectionDB with the test run beside
+// other tests and its subtests beside each other, for a test whose
+// subtests mostly wait (on names of their own; none touches process-wide
+// state). The goroutine check, on the whole test, covers them together.
 func eachElectionDBInParallel(t *testing.T, sessionOnly bool, f func(t *testing.T, edb electionDB)) {
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	forElectionDBs(t, sessionOnly, true, f)
 }
 
@@ -84,7 +84,7 @@ func forElectionDBs(t *testing.T, sessionOnly, parallel bool, f func(t *testing.
 			if parallel {
 				t.Parallel()
 			} else {
-				checkGoroutines(t)
+				testdb.CheckGoroutines(t)
 			}
 			switch edb.name {
 			case "mysql":
@@ -231,7 +231,7 @@ func medianOf(ds []time.Duration) time.Duration {
 // waiters' poll), and terms strictly increase.
 func TestElectionThreeCandidatesTakeTurnsOnResign(t *testing.T) {
 	testdb.Slow(t, "three candidates taking turns, per backend")
-	eachElectionDB(t, false, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, false, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		c := startCandidates(t, edb, name, 3)
 		watcher := newElection(t, edb.open(t), name, append(slices.Clone(edb.opts), advisorylock.WithPollInterval(10*time.Millisecond))...)
@@ -336,7 +336,7 @@ func killSession(t *testing.T, edb electionDB, admin *sql.DB, h *advisorylock.Ho
 func TestElectionKilledSessionIsTakenOver(t *testing.T) {
 	testdb.Slow(t, "kills leader sessions, waits for keep-alives")
 	const keepAlive = 200 * time.Millisecond
-	eachElectionDB(t, true, func(t *testing.T, edb electionDB) {
+	eachElectionDBInParallel(t, true, func(t *testing.T, edb electionDB) {
 		name := testdb.UniqueName(t)
 		c := startCandidates(t, edb, name, 3, advisorylock.WithKeepAlive(keepAlive))
 		admin := edb.open(t)
@@ -707,7 +707,7 @@ func TestElectionRefusesTransactionPooler(t *testing.T) {
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			_, _, tx := poolerDBs(t, drv)
-			checkGoroutines(t) // after PgBouncer started: it runs on for the package's tests
+			testdb.CheckGoroutines(t) // after PgBouncer started: it runs on for the package's tests
 			e := newElection(t, tx, testdb.UniqueName(t))
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()

@@ -26,7 +26,6 @@ import (
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
-	"go.uber.org/goleak"
 )
 
 // faultJobEnv carries a helper process's faultJob, as JSON.
@@ -173,6 +172,7 @@ func fencedWrite(ctx context.Context, db *sql.DB, f *advisorylock.Fence, c *test
 // its own token, and the fence log never goes back in token order.
 func TestMutualExclusionUnderLoad(t *testing.T) {
 	testdb.Slow(t, "fault: several processes under load")
+	t.Parallel()
 	const procs, goroutines = 3, 4
 	for _, tc := range []struct {
 		name, kind string
@@ -185,7 +185,7 @@ func TestMutualExclusionUnderLoad(t *testing.T) {
 		{"sqlite/LeaseLock", "lease", true, 6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			checkGoroutines(t)
+			testdb.CheckGoroutines(t)
 			job := faultJob{Kind: tc.kind, Name: testdb.UniqueName(t), Goroutines: goroutines, Iters: tc.iters}
 			var admin *sql.DB
 			if tc.sqlite {
@@ -273,19 +273,6 @@ func fenceToken(t testing.TB, db *sql.DB, sqlite bool, resource string) int64 {
 		t.Fatalf("reading fence %q: %v", resource, err)
 	}
 	return top
-}
-
-// checkGoroutines fails t if goroutines started during it outlive it. Call
-// it first, so that its check runs after every other cleanup (closing
-// pools, proxies and clusters).
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() {
-		if err := goleak.Find(ignore); err != nil {
-			t.Errorf("goroutines left running: %v", err)
-		}
-	})
 }
 
 // leakCheck names what a scenario may have left behind.
@@ -822,7 +809,8 @@ func waitGroupWithin(t *testing.T, wg *sync.WaitGroup, d time.Duration, what str
 // checked out.
 func TestKilledSessionsUnderLoad(t *testing.T) {
 	testdb.Slow(t, "fault: sessions killed under load")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	app := appName()
 	admin := testdb.OpenPostgres(t, "postgres")
 	names := []string{testdb.UniqueName(t), testdb.UniqueName(t)}
@@ -896,7 +884,8 @@ var quiet = advisorylock.WithLogger(slog.New(slog.DiscardHandler))
 // after the restart, and the fence refuses the lost holder's writes.
 func TestServerRestart(t *testing.T) {
 	testdb.Slow(t, "server kill: restarts a private PostgreSQL")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	c := testdb.OwnCluster(t)
 	admin := testdb.OpenPostgresDSN(t, "postgres", c.DSN)
 	admin.SetMaxIdleConns(-1) // a fresh session per query: none dies in the restart
@@ -1116,10 +1105,11 @@ func TestServerRestart(t *testing.T) {
 // the network heals, and the stale release does not free the successor.
 func TestNetworkCutLosesLocksBeforeExpiry(t *testing.T) {
 	testdb.Slow(t, "fault: network cuts, waits out lease expiry")
+	t.Parallel()
 	// The drivers' subtests run side by side, each on a proxy and names of
 	// its own; the goroutine check covers them together, on the whole
-	// test, which no other test runs beside.
-	checkGoroutines(t)
+	// test.
+	testdb.CheckGoroutines(t)
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			t.Parallel()
@@ -1603,7 +1593,8 @@ func (l *pgLoad) check(t *testing.T) {
 // after each heal, and nothing is left behind.
 func TestNetworkCutsUnderLoad(t *testing.T) {
 	testdb.Slow(t, "fault: network cuts under load")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	// One section in three holds its lock long enough (or until lost) for
 	// a cut to find a holder: 200ms between keep-alive checks, 1s per check.
 	l := startPGLoad(t, 2, 1, func() time.Duration {

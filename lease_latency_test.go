@@ -27,7 +27,8 @@ import (
 // still told before anyone else is granted the lease.
 func TestSlowGrantIsLostBeforeItsDatabaseExpiry(t *testing.T) {
 	testdb.Slow(t, "fault: answers held back and the network cut")
-	checkGoroutines(t) // on the whole test: its subtests run side by side
+	t.Parallel()
+	testdb.CheckGoroutines(t) // on the whole test: its subtests run side by side
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
 			t.Parallel() // a proxy and names of its own

@@ -606,6 +606,7 @@ func TestWaiterThatGivesUpLeavesNoPlace(t *testing.T) {
 // survived, the waiter's lease does).
 func TestHandoverLostInACrashStillKeepsOthersOut(t *testing.T) {
 	testdb.Slow(t, "server kill: crashes a private PostgreSQL")
+	t.Parallel()
 	c := testdb.OwnCluster(t, "synchronous_commit=on", "wal_writer_delay=10000")
 	open := func() *sql.DB { return testdb.OpenPostgresDSN(t, "pgx", c.DSN) }
 	admin, other := open(), open()

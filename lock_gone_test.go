@@ -25,6 +25,7 @@ import (
 // ShareLock gone from pg_locks; on MySQL its holder lock gone, which
 // leaves its advisorylock_shared row stale, so a writer gets in.
 func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
+	t.Parallel()
 	type backend struct {
 		name      string
 		open      func(t *testing.T) *sql.DB
@@ -38,7 +39,7 @@ func TestKeepAliveReportsALockGoneFromItsLiveSession(t *testing.T) {
 	// A pinned lock's keep-alive and a shared session's are separate
 	// statements: both run. The cases wait on names and handles of their
 	// own, side by side; the goroutine check covers them together.
-	checkGoroutines(t)
+	testdb.CheckGoroutines(t)
 	for _, b := range backends {
 		for _, mode := range sessionModes() {
 			for _, c := range goneCases() {

@@ -961,6 +961,7 @@ func TestMinHoldPinnedSessionGetsDeadHolderSettings(t *testing.T) {
 // standby is refused as a plain Lock is.
 func TestMinHoldOnAHotStandbyIsUnsupported(t *testing.T) {
 	testdb.Slow(t, "standby: a private cluster and its standby")
+	t.Parallel()
 	primary := testdb.OwnCluster(t)
 	standby := testdb.StandbyOf(t, primary)
 	for _, drv := range testdb.Drivers {

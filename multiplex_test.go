@@ -20,7 +20,6 @@ import (
 	"github.com/advisorylock/advisorylock"
 	"github.com/advisorylock/advisorylock/internal/observetest"
 	"github.com/advisorylock/advisorylock/internal/testdb"
-	"go.uber.org/goleak"
 )
 
 // muxServer is one server that multiplexed locks are tested on: how to
@@ -381,6 +380,7 @@ func TestMultiplexingSessionKilledLosesOnlyItsLocks(t *testing.T) {
 // held.
 func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 	testdb.Slow(t, "iptables: blackholes a shared session")
+	t.Parallel()
 	testdb.RequireIptables(t)
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -395,7 +395,7 @@ func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 				victim = s
 				break
 			}
-			ignore := goleak.IgnoreCurrent()
+			mark := testdb.Mark(t)
 			heal := testdb.Blackhole(t, testdb.Port(t, testdb.PostgresDSN(t)), testdb.ClientPort(t, admin, int(victim)))
 			checkOnlyTheseLost(t, srv, admin, guards, keys, held, victim)
 			heal()
@@ -408,7 +408,7 @@ func TestMultiplexingSessionBlackholedLosesOnlyItsLocks(t *testing.T) {
 			releaseAll(t, rest)
 			releaseAll(t, guards) // the lost ones: nothing left to free
 			srv.kill(t, admin, victim)
-			waitForReaders(t, ignore)
+			waitForReaders(t, mark)
 		})
 	}
 }
@@ -708,6 +708,7 @@ func TestForgottenMultiplexedGuardIsCleanedUp(t *testing.T) {
 // returns its error, the neighbour has been told it is lost.
 func TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours(t *testing.T) {
 	testdb.Slow(t, "iptables: blackholes a shared session")
+	t.Parallel()
 	testdb.RequireIptables(t)
 	for _, drv := range testdb.Drivers {
 		t.Run(drv, func(t *testing.T) {
@@ -727,7 +728,7 @@ func TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours(t *testing.T) {
 			if held[keys[1]] != victim {
 				t.Fatalf("WithMultiplexing(1) used sessions %v", held)
 			}
-			ignore := goleak.IgnoreCurrent()
+			mark := testdb.Mark(t)
 			heal := testdb.Blackhole(t, testdb.Port(t, testdb.PostgresDSN(t)), testdb.ClientPort(t, admin, int(victim)))
 			if err := first.Release(context.Background()); err == nil {
 				t.Fatal("Release on a cut-off session returned nil")
@@ -744,17 +745,18 @@ func TestMultiplexedUnlockWithoutAnAnswerTellsTheNeighbours(t *testing.T) {
 			if _, err := admin.Exec("SELECT pg_terminate_backend($1)", victim); err != nil {
 				t.Fatal(err)
 			}
-			waitForReaders(t, ignore)
+			waitForReaders(t, mark)
 		})
 	}
 }
 
-// waitForReaders waits until the goroutines started since ignore are gone:
-// a driver that gave up on a cut-off connection (pgx) reads it until the
-// server's end closes, once the cut is healed and the session ended.
-func waitForReaders(t *testing.T, ignore goleak.Option) {
+// waitForReaders waits until the goroutines the test started since mark
+// are gone: a driver that gave up on a cut-off connection (pgx) reads it
+// until the server's end closes, once the cut is healed and the session
+// ended.
+func waitForReaders(t *testing.T, mark string) {
 	t.Helper()
-	testdb.WaitFor(t, wait, func() bool { return goleak.Find(ignore) == nil }, "a cut-off connection's reader never ended")
+	testdb.WaitFor(t, wait, func() bool { return testdb.Labelled(mark) == "" }, "a cut-off connection's reader never ended")
 }
 
 // TestMultiplexingAtTheServersLockTableLimit fills a PostgreSQL server's

@@ -41,9 +41,10 @@ type muxHolder struct {
 // be linearizable, with no section entered beside an untold holder.
 func TestMultiplexedSessionKilledUnderContention(t *testing.T) {
 	testdb.Slow(t, "fault: sessions killed under contention")
+	t.Parallel()
 	for _, srv := range muxServers() {
 		t.Run(srv.name, func(t *testing.T) {
-			checkGoroutines(t)
+			testdb.CheckGoroutines(t)
 			db, rivalDB, admin := srv.open(t), srv.open(t), srv.open(t)
 			db.SetMaxOpenConns(8)
 			rivalDB.SetMaxOpenConns(6)
@@ -357,10 +358,11 @@ func (d keyDropper) HeldKeys(ctx context.Context, conn *sql.Conn, keys []int64) 
 // neighbours keep theirs. PostgreSQL (pgx) and MariaDB.
 func TestMultiplexedKeepAliveLosesOnlyTheMissingKeys(t *testing.T) {
 	testdb.Slow(t, "fault: locks dropped under a shared session")
+	t.Parallel()
 	// The servers' subtests run side by side: each has its own names,
 	// pools and key dropper. The goroutine check covers them together, on
-	// the whole test, which no other test runs beside.
-	checkGoroutines(t)
+	// the whole test.
+	testdb.CheckGoroutines(t)
 	for _, srv := range muxServers()[1:] {
 		t.Run(srv.name, func(t *testing.T) {
 			t.Parallel()
@@ -529,9 +531,10 @@ func (o *slowToTell) Observe(ctx context.Context, e advisorylock.Event) context.
 // take the names again on its shared sessions. PostgreSQL (pgx), MariaDB.
 func TestSharedSessionTellsItsHoldsBeforeARivalGetsTheirNames(t *testing.T) {
 	testdb.Slow(t, "fault: an Observer held a second while a rival waits on the server")
+	t.Parallel()
 	for _, srv := range muxServers()[1:] {
 		t.Run(srv.name, func(t *testing.T) {
-			checkGoroutines(t)
+			testdb.CheckGoroutines(t)
 			db, rivalDB := srv.open(t), srv.open(t)
 			d := newKeyDropper(srv.name)
 			opts := []advisorylock.Option{quiet, advisorylock.WithBackend(d), advisorylock.WithMultiplexing(1),

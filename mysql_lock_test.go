@@ -460,7 +460,8 @@ func TestMySQLEachStepIsOneRoundTrip(t *testing.T) {
 // on time, and Release returns within its timeout.
 func TestMySQLPartitionBoundsEveryStatement(t *testing.T) {
 	testdb.Slow(t, "fault: network cut, every statement waits its bound")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	ctx := context.Background()
 	db, proxy := testdb.OpenMySQLProxied(t)
 	admin := testdb.OpenMySQL(t)

@@ -19,13 +19,14 @@ import (
 // log never back in token order; nothing may be left held.
 func TestMySQLMutualExclusionAcrossProcesses(t *testing.T) {
 	testdb.Slow(t, "several processes under load")
+	t.Parallel()
 	const procs, goroutines = 3, 4
 	for _, tc := range []struct {
 		kind  string
 		iters int
 	}{{"lock", 15}, {"lease", 6}} {
 		t.Run(tc.kind, func(t *testing.T) {
-			checkGoroutines(t)
+			testdb.CheckGoroutines(t)
 			ctx := context.Background()
 			admin := testdb.OpenMySQL(t)
 			job := faultJob{Kind: tc.kind, Driver: "mysql", MySQL: testdb.MySQLDSN(t), Name: testdb.UniqueName(t), Goroutines: goroutines, Iters: tc.iters}

@@ -163,7 +163,8 @@ func (l *mysqlLoad) check(t *testing.T) {
 // every fault: no violation, progress after the faults, nothing left.
 func TestMySQLFaultsUnderLoad(t *testing.T) {
 	testdb.Slow(t, "fault: soak of MySQL with injected faults")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	l := startMySQLLoad(t, 2, 1, holdBriefly)
 	var kills, cuts, resets int
 	for start := time.Now(); time.Since(start) < 5*time.Second || kills == 0 || cuts == 0 || resets == 0; {

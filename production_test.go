@@ -33,6 +33,7 @@ func firstUse[L any](mk func() (L, error), op func(L) error) error {
 
 func TestHotStandbyRefusesLocksAndLeases(t *testing.T) {
 	testdb.Slow(t, "standby: a private cluster and its standby")
+	t.Parallel()
 	primary := testdb.OwnCluster(t)
 	standby := testdb.StandbyOf(t, primary)
 	for _, drv := range testdb.Drivers {
@@ -555,6 +556,7 @@ func TestLeaseWaitersBackOffAndStillSeeAnEarlyRelease(t *testing.T) {
 
 func TestTokensStrictlyIncreaseAcrossAFailoverWithALaggingStandby(t *testing.T) {
 	testdb.Slow(t, "failover: a private cluster and a lagging standby")
+	t.Parallel()
 	primary := testdb.OwnCluster(t)
 	standby := testdb.StandbyOf(t, primary)
 	name := testdb.UniqueName(t)

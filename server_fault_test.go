@@ -57,7 +57,8 @@ func serverFaultHold() time.Duration {
 // back an acknowledged grant or fenced write.
 func TestPostgresServerKilledUnderLoad(t *testing.T) {
 	testdb.Slow(t, "server kill: kills a private PostgreSQL under load")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	c := testdb.OwnCluster(t, "synchronous_commit=on")
 	l := startPGLoadOn(t, c.DSN, 2, 2, serverFaultHold)
 	l.admin.SetMaxIdleConns(-1) // a fresh session per query: none is left dead by the kill
@@ -86,7 +87,8 @@ func TestPostgresServerKilledUnderLoad(t *testing.T) {
 // held lock knows it lost, and starts it again (InnoDB crash recovery).
 func TestMariaDBKilledUnderLoad(t *testing.T) {
 	testdb.Slow(t, "server kill: kills a private MariaDB under load")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	m := testdb.OwnMariaDB(t)
 	l := startMySQLLoadOn(t, m.DSN, 2, 1, serverFaultHold)
 	pool := testdb.OpenMySQLDSN(t, m.DSN)
@@ -119,7 +121,8 @@ func TestMariaDBKilledUnderLoad(t *testing.T) {
 // every token the old primary issued.
 func TestFailoverToStandbyUnderLoad(t *testing.T) {
 	testdb.Slow(t, "failover: promotes a streaming standby under load")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	primary := testdb.OwnCluster(t, "synchronous_commit=on", "synchronous_standby_names=*")
 	standby := testdb.StandbyOf(t, primary)
 	direct := testdb.OpenPostgresDSN(t, "pgx", primary.DSN)

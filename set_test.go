@@ -345,7 +345,8 @@ func byKey(names []string) ([]string, []int64) {
 // handle is told nothing and stays held. The cases run side by side, on
 // names and handles of their own; the goroutine check covers them together.
 func TestSetLosesOneNameAlone(t *testing.T) {
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	for _, sl := range setLosses() {
 		for _, taken := range []bool{false, true} {
 			sub := sl.name + "/freed"

@@ -358,7 +358,8 @@ func (l *muxLoad) check(t *testing.T) {
 // linearizable history, nothing left.
 func TestMultiplexedAndSetRowsUnderFaults(t *testing.T) {
 	testdb.Slow(t, "fault: sessions killed and cut under load")
-	checkGoroutines(t)
+	t.Parallel()
+	testdb.CheckGoroutines(t)
 	loads := startMuxLoads(t)
 	injectMuxRounds(t, loads)()
 	for try := 0; try < 5 && slices.ContainsFunc(loads, func(l *muxLoad) bool { return !l.reached() }); try++ {

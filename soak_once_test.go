@@ -77,11 +77,11 @@ type onceLoad struct {
 // holders at once, save a killed holder not yet told).
 func TestSoakTryDoOnce(t *testing.T) {
 	testdb.Slow(t, "soak: TryDoOnce replicas under faults, per backend")
+	t.Parallel()
 	// The backends' rows run side by side, as in TestSoak: each has its
 	// own name, pools and proxies, and its faults hit only those. The
-	// goroutine check covers them together, on the whole test, which no
-	// other test runs beside.
-	checkGoroutines(t)
+	// goroutine check covers them together, on the whole test.
+	testdb.CheckGoroutines(t)
 	for _, backend := range onceBackends {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()

@@ -51,8 +51,9 @@ type rowsLoad struct {
 // histories included. It is TestSoak's lease-row part for a quick run.
 func TestSoakLeaseRows(t *testing.T) {
 	testdb.Slow(t, "soak: Locks, Semaphores and Elections on lease rows through PgBouncer")
+	t.Parallel()
 	testdb.PgBouncer(t) // started before the goroutine check: it runs for the whole process
-	checkGoroutines(t)
+	testdb.CheckGoroutines(t)
 	rows := startRowsLoad(t, 2)
 	sem := startSemaphoreLoad(t, semRowsBackend)
 	time.Sleep(soakDuration(t)) // the load's length, not a wait for an event

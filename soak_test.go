@@ -131,7 +131,7 @@ func soakFaults(t *testing.T) []*faultClass {
 func TestSoak(t *testing.T) {
 	testdb.Slow(t, "soak: a minute of load with every fault")
 	testdb.PgBouncer(t) // started before the goroutine check: it runs for the whole process
-	checkGoroutines(t)
+	testdb.CheckGoroutines(t)
 	d := soakDuration(t)
 	pg := startPGLoad(t, 2, 2, func() time.Duration {
 		if rand.IntN(5) == 0 {

@@ -77,7 +77,7 @@ func (r mainRunner) Run() int {
 // rather than go test's default of GOMAXPROCS, because the harness's tests
 // mostly wait (on servers, helper processes and timers) rather than
 // compute, and each such test uses names, pools and files of its own.
-const Parallel = 4
+const Parallel = 6
 
 // raiseParallel sets -test.parallel to Parallel unless it was given or
 // GOMAXPROCS is already larger.

@@ -616,6 +616,17 @@ func TestTryDoReportsNotRunWhenHeldElsewhere(t *testing.T) {
 	}
 }
 
+// awaitLoss waits, within wait, for a Do's fn context to end: the loss
+// of its lock told to fn. It returns an error if that never comes.
+func awaitLoss(fctx context.Context) error {
+	select {
+	case <-fctx.Done():
+		return nil
+	case <-time.After(wait):
+		return errors.New("fn's context was not cancelled after its session ended")
+	}
+}
+
 func TestKilledSessionClosesLostAndCancelsDo(t *testing.T) {
 	t.Parallel()
 	for _, drv := range testdb.Drivers {
@@ -642,7 +653,9 @@ func TestKilledSessionClosesLostAndCancelsDo(t *testing.T) {
 
 			err = l.Do(ctx, func(fctx context.Context) error {
 				observetest.TerminateHolder(t, admin, l)
-				<-fctx.Done()
+				if err := awaitLoss(fctx); err != nil {
+					return err
+				}
 				if !errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) {
 					t.Errorf("fn's context cause = %v, want ErrLockLost", context.Cause(fctx))
 				}

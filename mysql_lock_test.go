@@ -338,7 +338,9 @@ func TestMySQLKilledSessionClosesLostAndCancelsDo(t *testing.T) {
 	}
 	err = l.Do(ctx, func(fctx context.Context) error {
 		kill()
-		<-fctx.Done()
+		if err := awaitLoss(fctx); err != nil {
+			return err
+		}
 		if !errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) {
 			t.Errorf("fn's context cause = %v, want ErrLockLost", context.Cause(fctx))
 		}

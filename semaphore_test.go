@@ -640,7 +640,9 @@ func TestSemaphoreDoCancelsFnWhenItsSlotIsLost(t *testing.T) {
 		if _, err := admin.Exec(fmt.Sprintf("SELECT pg_terminate_backend(%d)", hs[0].PID)); err != nil {
 			return err
 		}
-		<-fctx.Done()
+		if err := awaitLoss(fctx); err != nil {
+			return err
+		}
 		if !errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) {
 			t.Errorf("fn's context cause = %v, want ErrLockLost", context.Cause(fctx))
 		}

@@ -77,32 +77,20 @@ func (r mainRunner) Run() int {
 // rather than go test's default of GOMAXPROCS, because the harness's tests
 // mostly wait (on servers, helper processes and timers) rather than
 // compute, and each such test uses names, pools and files of its own.
-// Under -short it is ParallelShort: the fast tier's tests wait little and
-// keep two CPUs busy, so more of them at once only contend. Measured on 2
-// CPUs: the fast tier took 85 s with six at once, 68-76 s with four; the
-// root package's whole suite with -race 323-376 s with six, 378 s with
-// four (its fault tests wait out keep-alives, TTLs and windows).
-const (
-	Parallel      = 6
-	ParallelShort = 4
-)
+const Parallel = 4
 
-// raiseParallel sets -test.parallel to Parallel (ParallelShort under
-// -short) unless it was given or GOMAXPROCS is already larger.
+// raiseParallel sets -test.parallel to Parallel unless it was given or
+// GOMAXPROCS is already larger.
 func raiseParallel() {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
-	want := Parallel
-	if testing.Short() {
-		want = ParallelShort
-	}
 	given := false
 	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if given || runtime.GOMAXPROCS(0) >= want {
+	if given || runtime.GOMAXPROCS(0) >= Parallel {
 		return
 	}
-	if err := flag.Set("test.parallel", strconv.Itoa(want)); err != nil {
+	if err := flag.Set("test.parallel", strconv.Itoa(Parallel)); err != nil {
 		panic("testdb: " + err.Error())
 	}
 }

@@ -37,7 +37,7 @@ type rowsLoad struct {
 	bumps    atomic.Int64    // counter bumps that succeeded
 	lock     *figures
 	election *figures
-	secs     []*sections
+	secs     []*sections   // the Lock's, the Election's, MariaDB's Lock's
 	shared   []*sharedLoad // readers and writers of a name on rows
 	maria    mariaRows
 	stop     context.CancelFunc
@@ -121,6 +121,7 @@ type mariaRows struct {
 	counter *testdb.Counter
 	bumps   atomic.Int64
 	lock    *figures
+	secs    *sections
 }
 
 // startMaria starts workers Lock.Do workers on rows on MariaDB, each on a
@@ -130,6 +131,7 @@ func (l *rowsLoad) startMaria(ctx context.Context, t *testing.T, workers int, op
 	m.admin, m.name, m.lock = testdb.OpenMySQL(t), testdb.UniqueName(t), &figures{}
 	m.counter = testdb.NewMySQLCounter(t, m.admin)
 	secs := newSections(m.name, m.lock, t.Logf)
+	m.secs = secs
 	l.secs = append(l.secs, secs)
 	for range workers {
 		db := testdb.OpenMySQL(t)
@@ -203,22 +205,10 @@ func (l *rowsLoad) halt(t *testing.T) {
 	for _, s := range l.secs {
 		s.settle()
 	}
-	s, err := l.counter.State(context.Background(), l.admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.N != l.bumps.Load() || s.Violations != 0 || s.Holders != 0 {
-		l.lock.violations.Add(1)
-		t.Logf("VIOLATION: lease-row counter %d after %d bumps; %d overlapping holders seen, %d inside at the end", s.N, l.bumps.Load(), s.Violations, s.Holders)
-	}
+	l.secs[0].checkCounter(t, "lease-row", l.counter, l.admin, l.bumps.Load())
 	checkFenced(t, l.admin, false, l.fenced, l.elected, l.election)
 	m := &l.maria
-	if s, err := m.counter.State(context.Background(), m.admin); err != nil {
-		t.Fatal(err)
-	} else if s.N != m.bumps.Load() || s.Violations != 0 || s.Holders != 0 {
-		m.lock.violations.Add(1)
-		t.Logf("VIOLATION: MariaDB lease-row counter %d after %d bumps; %d overlapping holders seen, %d inside at the end", s.N, m.bumps.Load(), s.Violations, s.Holders)
-	}
+	m.secs.checkCounter(t, "MariaDB lease-row", m.counter, m.admin, m.bumps.Load())
 }
 
 // check checks a halted load: no violation, no live row left, every

@@ -27,7 +27,12 @@ import (
 // its holder learns of it at its next keep-alive), or had been told of
 // the loss before the newcomer was granted (a lease whose renewals a
 // loaded machine held up past its local deadline: SQLite's and the lease
-// rows' slots are leases, and no fault is injected there). A holder is told by
+// rows' slots are leases, and no fault is injected there). The newcomer
+// itself may be the one that lost its slot: granted, its session ended
+// by a fault, and fn started late (a loaded machine) after another holder
+// had taken the freed slot; that excess is excused the same way, by the
+// newcomer's being told (as the sections of fault_test.go excuse two
+// session locks entered in the other order). A holder is told by
 // fn's context, its guard's Lost channel or its Do's (or release's)
 // error, or else by the Observer's Lost event: a holder that left its
 // section before the keep-alive saw the loss releases a lost guard
@@ -111,9 +116,10 @@ func (h *semHolder) String(fault time.Time) string {
 // semExcess is a grant that made more holders than slots (or two on one
 // slot): over of the others must have been lost to a fault.
 type semExcess struct {
-	at     time.Time
-	others []*semHolder
-	over   int
+	at       time.Time
+	newcomer *semHolder
+	others   []*semHolder
+	over     int
 }
 
 // startSemaphoreLoad starts the semaphore row on the named backends
@@ -200,13 +206,24 @@ func (r *semRow) work(ctx context.Context, s *advisorylock.Semaphore) {
 // has a guard; else fctx's cancellation with cause ErrLockLost tells.
 func (r *semRow) section(fctx context.Context, lost <-chan struct{}, h *semHolder, start time.Time) error {
 	r.figs.acquiredAfter(time.Since(start))
-	r.enter(h)
-	defer r.exit(h)
-	stop := context.AfterFunc(fctx, func() {
+	told := func() {
 		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) {
 			h.tell()
 		}
-	})
+	}
+	// Lost before the section began: told now, before it enters, not
+	// when AfterFunc's goroutine or the select below gets to it.
+	if fctx.Err() != nil {
+		told()
+	}
+	select {
+	case <-lost:
+		h.tell()
+	default:
+	}
+	r.enter(h)
+	defer r.exit(h)
+	stop := context.AfterFunc(fctx, told)
 	defer stop()
 	select {
 	case <-time.After(holdBriefly()):
@@ -233,10 +250,10 @@ func (r *semRow) enter(h *semHolder) {
 		}
 	}
 	if len(others)+1 > semSoakSlots {
-		r.excess = append(r.excess, semExcess{at: h.granted, others: others, over: len(others) + 1 - semSoakSlots})
+		r.excess = append(r.excess, semExcess{at: h.granted, newcomer: h, others: others, over: len(others) + 1 - semSoakSlots})
 	}
 	if len(sameSlot) > 0 {
-		r.excess = append(r.excess, semExcess{at: h.granted, others: sameSlot, over: len(sameSlot)})
+		r.excess = append(r.excess, semExcess{at: h.granted, newcomer: h, others: sameSlot, over: len(sameSlot)})
 	}
 	r.inside[h] = struct{}{}
 	r.grants++
@@ -291,17 +308,17 @@ func (l *semaphoreLoad) halt(t *testing.T) {
 				for _, o := range e.others {
 					others = append(others, o.String(fault))
 				}
-				t.Logf("VIOLATION: semaphore on %s: at %v, %d more holders than slots (or on one slot), not lost to a fault; last fault before it at %v; the holders inside: %v",
-					r.backend, e.at.Format(time.StampMicro), e.over, fault.Format(time.StampMicro), others)
+				t.Logf("VIOLATION: semaphore on %s: at %v, %d more holders than slots (or on one slot), not lost to a fault; last fault before it at %v; the newcomer %s; the holders inside: %v",
+					r.backend, e.at.Format(time.StampMicro), e.over, fault.Format(time.StampMicro), e.newcomer.String(fault), others)
 			}
 		}
 	}
 }
 
-// excused reports whether at least e.over of the holders already inside
-// had been told of a loss before e's grant, or within semNoticeWithin of
-// the last session-ending fault injected before e; and that fault's time
-// (zero if none).
+// excused reports whether at least e.over of the holders inside at e
+// (the newcomer among them) had been told of a loss before e's grant, or
+// within semNoticeWithin of the last session-ending fault injected before
+// e; and that fault's time (zero if none).
 func (r *semRow) excused(e semExcess) (time.Time, bool) {
 	var fault time.Time
 	for _, f := range r.ended {
@@ -310,7 +327,7 @@ func (r *semRow) excused(e semExcess) (time.Time, bool) {
 		}
 	}
 	told := 0
-	for _, o := range e.others {
+	for _, o := range append(slices.Clone(e.others), e.newcomer) {
 		n := o.told.Load()
 		switch {
 		case n == 0:

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -687,6 +688,31 @@ func TestMySQLRefusesGaleraAndTellsReleaseAnswersApart(t *testing.T) {
 	}
 	if s := rdb.Stats(); s.OpenConnections != 0 {
 		t.Fatalf("the replica's connection was kept: %+v", s)
+	}
+}
+
+// A first try that creates the library's tables and loses its connection
+// on the way reports why, not only the schema lock's release that then
+// fails ("bad connection"): both errors are reachable, and the lock is
+// named. go-sqlmock stands in for a connection the server drops between
+// two statements of the creation.
+func TestMySQLFirstTryThatBreaksCreatingTablesSaysWhy(t *testing.T) {
+	db, mock, err := sqlmock.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	l := newLock(t, db, "schema", pinned, advisorylock.WithBackend(advisorylock.MySQL()), advisorylock.WithServerChecks(false), advisorylock.WithKeepAlive(0))
+	mock.ExpectQuery("SELECT CASE GET_LOCK").WillReturnError(&mysql.MySQLError{Number: 1146, Message: "Table 'test.advisorylock_shared' doesn't exist"})
+	mock.ExpectQuery(regexp.QuoteMeta("SELECT GET_LOCK('advisorylock:schema'")).WillReturnRows(sqlmock.NewRows([]string{"got"}).AddRow(int64(1)))
+	mock.ExpectQuery(regexp.QuoteMeta("SELECT COALESCE(MAX(version), 0) FROM advisorylock_schema")).WillReturnError(mysql.ErrInvalidConn)
+	mock.ExpectExec(regexp.QuoteMeta("DO RELEASE_LOCK('advisorylock:schema')")).WillReturnError(driver.ErrBadConn)
+	_, err = l.TryLock(context.Background())
+	if !errors.Is(err, mysql.ErrInvalidConn) || !errors.Is(err, driver.ErrBadConn) || !strings.Contains(err.Error(), `"schema"`) {
+		t.Fatalf("TryLock whose table creation broke = %v, want the creation's error and the release's, naming the lock", err)
+	}
+	if err := mock.ExpectationsWereMet(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -105,7 +105,9 @@ func (m mysqlBackend) grabExclusive(ctx context.Context, conn *sql.Conn, key int
 		created, unlockErr := createMySQLTablesOn(ctx, conn)
 		switch {
 		case unlockErr != nil: // the session may still hold the schema lock
-			return backend.SessionResult{}, grabMissed, fmt.Errorf("advisorylock: releasing the schema lock: %w", unlockErr)
+			// created says first why (a statement that broke the
+			// connection makes the release's error a bare "bad connection").
+			return backend.SessionResult{}, grabMissed, errors.Join(created, fmt.Errorf("advisorylock: releasing the schema lock: %w", unlockErr))
 		case created == nil:
 			r, got, err = m.lockStatement(ctx, conn, stmt)
 		case dbutil.MySQLErrno(created) == mysqlDenied:

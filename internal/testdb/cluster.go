@@ -58,7 +58,13 @@ func OwnCluster(t testing.TB, settings ...string) *Cluster {
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
-	t.Cleanup(c.destroy)
+	t.Cleanup(func() {
+		if t.Failed() { // what the server said, before its directory goes
+			b, _ := os.ReadFile(c.logPath())
+			t.Logf("testdb: the throwaway cluster at %s; the end of its log: %s", c.DSN, lastLines(string(b), 20))
+		}
+		c.destroy()
+	})
 	return c
 }
 

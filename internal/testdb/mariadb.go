@@ -55,7 +55,12 @@ func OwnMariaDB(t testing.TB) *MariaDB {
 		t.Fatalf("testdb: %v", err)
 	}
 	m := &MariaDB{dir: dir, bin: server}
-	t.Cleanup(m.destroy)
+	t.Cleanup(func() {
+		if t.Failed() { // what the server said, before its directory goes
+			t.Logf("testdb: the throwaway MariaDB on port %d%s; the end of its log: %s", m.port, m.exitedAlone(), lastLines(m.log(), 20))
+		}
+		m.destroy()
+	})
 	initdb := exec.Command(install, append([]string{"--no-defaults", "--datadir=" + m.dataDir(),
 		"--auth-root-authentication-method=normal", "--skip-test-db"}, asRoot()...)...)
 	initdb.Dir = dir
@@ -195,9 +200,27 @@ func (m *MariaDB) destroy() {
 	_ = os.RemoveAll(m.dir)
 }
 
-func (m *MariaDB) logTail() string {
+func (m *MariaDB) logTail() string { return lastLines(m.log(), 5) }
+
+func (m *MariaDB) log() string {
 	b, _ := os.ReadFile(m.logPath())
-	return lastLines(string(b), 5)
+	return string(b)
+}
+
+// exitedAlone says whether the server, meant to be running, had exited
+// without being killed.
+func (m *MariaDB) exitedAlone() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cmd == nil {
+		return ""
+	}
+	select {
+	case <-m.exited:
+		return " (it had exited on its own: " + m.cmd.ProcessState.String() + ")"
+	default:
+		return ""
+	}
 }
 
 // findMariaDBBin finds mariadbd and mariadb-install-db.

@@ -45,6 +45,7 @@ package advisorylock_test
 //     cannot have taken effect and is left out.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -54,6 +55,7 @@ import (
 	"time"
 
 	"github.com/advisorylock/advisorylock"
+	"github.com/advisorylock/advisorylock/internal/testdb"
 )
 
 // history is what one sections recorded under its name.
@@ -390,6 +392,55 @@ func TestSectionsExcuseASessionGrantThatStartedLate(t *testing.T) {
 			lock, _, _ := s.objects()
 			if r := lock.check(testBudget); r.gaveUp || r.ok != tc.excuse {
 				t.Errorf("history linearizable %v (gave up %v), want %v as the sections' check; operations:%s", r.ok, r.gaveUp, tc.excuse, describe(lock.ops, 10))
+			}
+		})
+	}
+}
+
+// checkCounter allows in the counter row only what the sections excused:
+// as many overlaps as they excused, at most one bump lost to each, and
+// nobody left inside.
+func TestCounterCheckAllowsOnlyWhatTheSectionsExcused(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		excused   int
+		lost      int64 // of three bumps counted
+		leftIn    bool
+		violation bool
+	}{
+		{"an overlap the sections excused, a bump lost to it", 1, 1, false, false},
+		{"an overlap the sections did not excuse", 0, 0, false, true},
+		{"two bumps lost to one excused overlap", 1, 2, false, true},
+		{"a holder left inside", 1, 0, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			db := testdb.OpenSQLite(t, testdb.SQLitePath(t), sqliteLoadOptions)
+			c := testdb.NewCounter(t, db, true)
+			for want := range int64(2) { // two holders inside at once
+				if inside, err := c.Enter(ctx, db); err != nil || inside != want+1 {
+					t.Fatalf("enter: %d inside, %v", inside, err)
+				}
+			}
+			for range 3 - tc.lost {
+				if err := c.Bump(ctx, db); err != nil {
+					t.Fatal(err)
+				}
+			}
+			exits := 2
+			if tc.leftIn {
+				exits = 1
+			}
+			for range exits {
+				if err := c.Exit(ctx, db); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := newSections("name", &figures{}, t.Logf)
+			s.excusedPairs = tc.excused
+			s.checkCounter(t, "test", c, db, 3)
+			if got := s.figs.violations.Load() != 0; got != tc.violation {
+				t.Errorf("violation %v, want %v", got, tc.violation)
 			}
 		})
 	}

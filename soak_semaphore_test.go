@@ -361,3 +361,46 @@ func (l *semaphoreLoad) check(t *testing.T) {
 		}, "semaphore on %s: slots still held after the workers stopped: %v", r.backend, hs)
 	}
 }
+
+// The semaphore row's check excuses an excess only by a loss that someone
+// inside was told of: a holder already inside, or the newcomer itself (its
+// session killed after its grant, its fn started late, after another
+// holder took the freed slot); a tell that no fault or earlier loss
+// explains excuses nothing.
+func TestSemaphoreSoakExcusesOnlyATold(t *testing.T) {
+	at := func(ms int64) time.Time { return time.Unix(1000, ms*int64(time.Millisecond)) }
+	told := func(ms int64) *semHolder {
+		h := &semHolder{slot: -1}
+		if ms >= 0 {
+			h.told.Store(at(ms).UnixNano())
+		}
+		return h
+	}
+	for _, tc := range []struct {
+		name            string
+		fault           int64 // ms; -1: none
+		older, newcomer int64 // when told, ms; -1: never
+		excuse          bool
+	}{
+		{"the newcomer's session ended before it entered, told 800ms after", 400, -1, 1200, true},
+		{"a holder inside told within the window of the fault", 400, 1200, -1, true},
+		{"a holder inside told before the newcomer entered, no fault", -1, 550, -1, true},
+		{"the newcomer told, no fault", -1, -1, 1200, false},
+		{"the newcomer told before it entered, no fault (a lease lost before fn)", -1, -1, 590, true},
+		{"the newcomer told 11s after the fault", 400, -1, 11500, false},
+		{"no one told", 400, -1, -1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &semRow{}
+			if tc.fault >= 0 {
+				r.ended = []time.Time{at(tc.fault)}
+			}
+			// Two holders inside on two slots, one never told; the
+			// newcomer enters at 600.
+			e := semExcess{at: at(600), newcomer: told(tc.newcomer), others: []*semHolder{told(-1), told(tc.older)}, over: 1}
+			if _, got := r.excused(e); got != tc.excuse {
+				t.Errorf("excused %v, want %v", got, tc.excuse)
+			}
+		})
+	}
+}

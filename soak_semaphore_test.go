@@ -114,7 +114,8 @@ func (h *semHolder) String(fault time.Time) string {
 }
 
 // semExcess is a grant that made more holders than slots (or two on one
-// slot): over of the others must have been lost to a fault.
+// slot): over of the holders inside (the others or the newcomer) must
+// have been lost to a fault.
 type semExcess struct {
 	at       time.Time
 	newcomer *semHolder

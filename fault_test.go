@@ -466,20 +466,28 @@ func (s *sections) fault() {
 	s.ended = append(s.ended, time.Now())
 }
 
+// tellOnLoss calls tell when fctx ends for the loss of its lock (cause
+// ErrLockLost, a lease's loss too): at once if it already has (lost
+// before the section began: told now, not when AfterFunc's goroutine
+// runs), else from AfterFunc, whose stop it returns.
+func tellOnLoss(fctx context.Context, tell func()) (stop func() bool) {
+	told := func() {
+		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) {
+			tell()
+		}
+	}
+	if fctx.Err() != nil {
+		told()
+	}
+	return context.AfterFunc(fctx, told)
+}
+
 // enter records a section starting now in fn, whose context is fctx;
 // call exit when fn returns.
 func (s *sections) enter(fctx context.Context, lease *advisorylock.Lease) *section {
 	now := time.Now()
 	sec := &section{lease: lease, granted: now, entered: now, done: make(chan struct{})}
-	told := func() {
-		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) { // a lease's loss too
-			sec.tell()
-		}
-	}
-	if fctx.Err() != nil {
-		told() // lost before the section began: told now, not when AfterFunc's goroutine runs
-	}
-	context.AfterFunc(fctx, told)
+	tellOnLoss(fctx, sec.tell)
 	if lease != nil {
 		go sec.watchLease()
 	}

@@ -207,16 +207,9 @@ func (r *semRow) work(ctx context.Context, s *advisorylock.Semaphore) {
 // has a guard; else fctx's cancellation with cause ErrLockLost tells.
 func (r *semRow) section(fctx context.Context, lost <-chan struct{}, h *semHolder, start time.Time) error {
 	r.figs.acquiredAfter(time.Since(start))
-	told := func() {
-		if errors.Is(context.Cause(fctx), advisorylock.ErrLockLost) {
-			h.tell()
-		}
-	}
-	// Lost before the section began: told now, before it enters, not
-	// when AfterFunc's goroutine or the select below gets to it.
-	if fctx.Err() != nil {
-		told()
-	}
+	// Lost before the section began: told before it enters, not when
+	// AfterFunc's goroutine or the select below gets to it.
+	stop := tellOnLoss(fctx, h.tell)
 	select {
 	case <-lost:
 		h.tell()
@@ -224,7 +217,6 @@ func (r *semRow) section(fctx context.Context, lost <-chan struct{}, h *semHolde
 	}
 	r.enter(h)
 	defer r.exit(h)
-	stop := context.AfterFunc(fctx, told)
 	defer stop()
 	select {
 	case <-time.After(holdBriefly()):

@@ -60,8 +60,7 @@ func OwnCluster(t testing.TB, settings ...string) *Cluster {
 	}
 	t.Cleanup(func() {
 		if t.Failed() { // what the server said, before its directory goes
-			b, _ := os.ReadFile(c.logPath())
-			t.Logf("testdb: the throwaway cluster at %s; the end of its log: %s", c.DSN, lastLines(string(b), 20))
+			t.Logf("testdb: the throwaway cluster at %s; the end of its log: %s", c.DSN, lastLines(c.log(), 20))
 		}
 		c.destroy()
 	})
@@ -217,9 +216,11 @@ func (c *Cluster) destroy() {
 	_ = os.RemoveAll(c.dir)
 }
 
-func (c *Cluster) logTail() string {
+func (c *Cluster) logTail() string { return lastLines(c.log(), 5) }
+
+func (c *Cluster) log() string {
 	b, _ := os.ReadFile(c.logPath())
-	return lastLines(string(b), 5)
+	return string(b)
 }
 
 // lastLines returns the last n non-empty lines of s joined by " | ", so a

@@ -21,7 +21,7 @@ func TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 30 {
+	for range 10 {
 		g, err := l.TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -35,6 +35,6 @@ func TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen(t *testing.T)
 		t.Fatal("lib/pq keeps no prepared statements")
 	}
 	if n := ps.Size(); n > 1 {
-		t.Fatalf("the cache holds the statements of %d connections after 30 steps on as many connections; the pool has %d open", n, db.Stats().OpenConnections)
+		t.Fatalf("the cache holds the statements of %d connections after 10 steps on as many connections; the pool has %d open", n, db.Stats().OpenConnections)
 	}
 }

@@ -21,7 +21,8 @@ func TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 10 {
+	const steps = 10 // a leaking cache holds one connection's statements a step
+	for range steps {
 		g, err := l.TryLock(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -35,6 +36,6 @@ func TestPreparedStatementsHoldNoMoreConnectionsThanThePoolHasOpen(t *testing.T)
 		t.Fatal("lib/pq keeps no prepared statements")
 	}
 	if n := ps.Size(); n > 1 {
-		t.Fatalf("the cache holds the statements of %d connections after 10 steps on as many connections; the pool has %d open", n, db.Stats().OpenConnections)
+		t.Fatalf("the cache holds the statements of %d connections after %d steps on as many connections; the pool has %d open", n, steps, db.Stats().OpenConnections)
 	}
 }
